@@ -1,0 +1,96 @@
+"""Model registry: every model is a :class:`SplitModel` (body -> features -> head -> logits).
+
+``build_model`` raises ``ValueError`` for a bad name, split, option or image size, with the
+valid choices in the message; config-level callers turn it into ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from fedhet.models.base import SplitModel, count_params, param_groups
+from fedhet.models.cnn import alexnet_cifar, alexnet_fedrema, cnn2, simple_cnn
+from fedhet.models.resnet import resnet
+
+
+@dataclass(frozen=True)
+class _Entry:
+    build: Callable[..., SplitModel]
+    default_split: str
+    options: tuple[str, ...] = ()  # extra keyword arguments the builder accepts
+    has_norm: bool = False  # whether the `norm` argument means anything for this model
+
+
+_RESNET_OPTIONS = ("stem", "gn_groups")
+_MODELS: dict[str, _Entry] = {
+    "cnn2": _Entry(cnn2, "fc2"),
+    "simple_cnn": _Entry(simple_cnn, "fc3"),
+    "alexnet_cifar": _Entry(alexnet_cifar, "fc3"),
+    "alexnet_fedrema": _Entry(alexnet_fedrema, "fc1"),
+    "resnet18": _Entry(partial(resnet, 18), "fc", _RESNET_OPTIONS, has_norm=True),
+    "resnet34": _Entry(partial(resnet, 34), "fc", _RESNET_OPTIONS, has_norm=True),
+    "resnet50": _Entry(partial(resnet, 50), "fc", _RESNET_OPTIONS, has_norm=True),
+}
+MODEL_NAMES: tuple[str, ...] = tuple(_MODELS)
+
+__all__ = [
+    "MODEL_NAMES",
+    "SplitModel",
+    "build_model",
+    "count_params",
+    "default_split",
+    "param_groups",
+]
+
+
+def _entry(name: str) -> _Entry:
+    if name not in _MODELS:
+        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODEL_NAMES)}")
+    return _MODELS[name]
+
+
+def default_split(name: str) -> str:
+    """Name of the stage where ``name``'s head starts by default."""
+    return _entry(name).default_split
+
+
+def build_model(
+    name: str,
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    split: str | None = None,
+    norm: str = "bn",
+    **kwargs: object,
+) -> SplitModel:
+    """Build model ``name`` for square ``image_size`` inputs with ``in_channels`` channels.
+
+    ``split`` names the first head stage (default: ``default_split(name)``). ``norm`` ("bn"
+    or "gn") applies to the ResNets, which also take ``stem`` ("cifar" default, or
+    "imagenet") and ``gn_groups`` (default 2). The other models have no normalization
+    layers, so anything but the default ``norm="bn"`` is rejected rather than ignored.
+    """
+    entry = _entry(name)
+    for arg, value in (
+        ("in_channels", in_channels),
+        ("num_classes", num_classes),
+        ("image_size", image_size),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{arg} must be a positive integer, got {value!r}")
+    unknown = sorted(set(kwargs) - set(entry.options))
+    if unknown:
+        accepted = ", ".join(entry.options) or "none"
+        raise ValueError(f"model {name!r} does not take option(s) {unknown}; accepted: {accepted}")
+    if entry.has_norm:
+        kwargs["norm"] = norm
+    elif norm != "bn":
+        with_norm = ", ".join(n for n, e in _MODELS.items() if e.has_norm)
+        raise ValueError(
+            f"model {name!r} has no normalization layers, so norm={norm!r} cannot apply; "
+            f"models with a norm option: {with_norm}"
+        )
+    chosen = entry.default_split if split is None else split
+    return entry.build(in_channels, num_classes, image_size, chosen, **kwargs)

@@ -1,0 +1,39 @@
+"""Server-side averaging rules shared by the methods."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fedhet.algorithms.base import Arrays
+
+
+def weighted_average(models: Sequence[Arrays], weights: Sequence[float], keys: Sequence[str] | None = None) -> Arrays:
+    """sum_k w_k * model_k / sum_k w_k for every tensor name (or only ``keys``).
+
+    Integer tensors (BatchNorm's ``num_batches_tracked``) are averaged in float and rounded
+    back, so BatchNorm statistics are averaged like weights (fedhet's stated default).
+    """
+    if not models:
+        raise ValueError("weighted_average needs at least one model")
+    w = torch.tensor([float(x) for x in weights], dtype=torch.float64)
+    if (w < 0).any() or w.sum() <= 0:
+        raise ValueError(f"aggregation weights must be non-negative with a positive sum, got {list(weights)}")
+    w = w / w.sum()
+    names = list(keys) if keys is not None else list(models[0].keys())
+    out = {}
+    for name in names:
+        stacked = torch.stack([m[name] for m in models])
+        if stacked.is_floating_point():
+            coef = w.to(stacked.dtype).view(-1, *([1] * (stacked.dim() - 1)))
+            out[name] = (stacked * coef).sum(0)
+        else:
+            coef = w.view(-1, *([1] * (stacked.dim() - 1)))
+            out[name] = torch.round((stacked.double() * coef).sum(0)).to(stacked.dtype)
+    return out
+
+
+def select(weights: Arrays, prefix: str) -> Arrays:
+    """The tensors whose names start with ``prefix`` (e.g. ``"head."``)."""
+    return {k: v for k, v in weights.items() if k.startswith(prefix)}

@@ -1,0 +1,156 @@
+"""Local training shared by every method: mini-batch SGD on a functional objective.
+
+The model object is only a reusable *function*: weights live in plain dicts and are passed in
+with ``torch.func.functional_call``, so one model instance per architecture serves every
+client, and a vectorised engine can call the same loss over stacked weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.func import functional_call
+
+from fedhet.algorithms.base import Arrays
+from fedhet.algorithms.objective import Batch, Forward, LossTerm, total_loss
+from fedhet.errors import NumericalError
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    drop_last: bool = False
+    clip_grad_norm: float | None = None
+    precision: str = "fp32"            # fp32 | bf16 (autocast; weights stay fp32)
+
+
+@dataclass
+class LocalResult:
+    weights: Arrays                    # trained weights and buffers (detached copies)
+    optimizer_state: Arrays            # momentum buffers by parameter name (empty without momentum)
+    steps: int
+    samples: int                       # sample-steps processed (forward+backward)
+    mean_loss: float
+    loss_parts: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class ClientData:
+    """A client's view of the shared in-memory pools: index tensors, no copies of images."""
+
+    x: torch.Tensor                    # uint8 pool (N, C, H, W) shared by all clients
+    y: torch.Tensor                    # int64 pool labels
+    train_idx: torch.Tensor            # int64 indices into the pool
+    mean: torch.Tensor                 # (1, C, 1, 1) normalisation
+    std: torch.Tensor
+
+    def inputs(self, idx: torch.Tensor) -> torch.Tensor:
+        return (self.x[idx].float().div_(255.0) - self.mean) / self.std
+
+    def batch(self, positions: torch.Tensor) -> Batch:
+        idx = self.train_idx[positions]
+        return Batch(self.inputs(idx), self.y[idx], positions)
+
+
+def forward(model: torch.nn.Module, weights: Arrays, x: torch.Tensor) -> Forward:
+    """Features and logits of ``model`` evaluated with ``weights`` in one pass."""
+    features, logits = functional_call(model, weights, (x,), {"with_features": True}, strict=False)
+    return Forward(features, logits)
+
+
+def epoch_batches(n: int, batch_size: int, drop_last: bool, generator: torch.Generator) -> list[torch.Tensor]:
+    """Shuffled position batches for one epoch."""
+    order = torch.randperm(n, generator=generator)
+    stop = n - n % batch_size if drop_last else n
+    return [order[i:i + batch_size] for i in range(0, stop, batch_size)]
+
+
+def train_local(
+    model: torch.nn.Module,
+    weights: Arrays,
+    data: ClientData,
+    terms: list[LossTerm],
+    settings: TrainSettings,
+    epoch_generator: Callable[[int], torch.Generator],
+    *,
+    start_epoch: int = 0,
+    trainable: Callable[[str], bool] | None = None,
+    optimizer_state: Arrays | None = None,
+    where: str = "",
+) -> LocalResult:
+    """Run ``settings.epochs`` epochs of SGD on ``sum(terms)`` starting from ``weights``.
+
+    ``epoch_generator(e)`` gives the batch-order stream of absolute epoch ``start_epoch + e``,
+    so a round split into phases (FedCME) draws the same batches as an unsplit one.
+    ``trainable(name)`` freezes the parameters it rejects (FedBABU's head, FedRep's phases).
+    ``optimizer_state`` carries momentum buffers over from an earlier call when a method keeps
+    them (FedReMa); by default each call starts with fresh SGD state like ``torch.optim.SGD``.
+    ``where`` names the round/client/algorithm in the error raised on a non-finite loss.
+    """
+    param_names = {name for name, _ in model.named_parameters()}
+    trainable = trainable or (lambda name: True)
+    work = {}
+    leaves = {}
+    for name, tensor in weights.items():
+        t = tensor.detach().clone()
+        if name in param_names and trainable(name):
+            t.requires_grad_(True)
+            leaves[name] = t
+        work[name] = t
+    opt = torch.optim.SGD(list(leaves.values()), lr=settings.lr, momentum=settings.momentum,
+                          weight_decay=settings.weight_decay)
+    if optimizer_state and settings.momentum > 0:
+        for name, buf in optimizer_state.items():
+            if name in leaves:
+                opt.state[leaves[name]]["momentum_buffer"] = buf.clone()
+
+    model.train()
+    n = len(data.train_idx)
+    steps = samples = 0
+    loss_sum = 0.0
+    part_sums: dict[str, float] = {}
+    use_bf16 = settings.precision == "bf16"
+    for e in range(settings.epochs):
+        for positions in epoch_batches(n, settings.batch_size, settings.drop_last, epoch_generator(start_epoch + e)):
+            batch = data.batch(positions)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+                out = forward(model, work, batch.x)
+            out = Forward(out.features.float(), out.logits.float())
+            loss, parts = total_loss(terms, out, batch, work)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise NumericalError(
+                    f"non-finite loss ({value}) {where} at local epoch {start_epoch + e}, step {steps}; "
+                    f"loss parts: { {k: float(v) for k, v in parts.items()} }. Lower the learning rate or "
+                    f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
+                )
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if settings.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(list(leaves.values()), settings.clip_grad_norm)
+            opt.step()
+            steps += 1
+            samples += len(positions)
+            loss_sum += value
+            for k, v in parts.items():
+                part_sums[k] = part_sums.get(k, 0.0) + float(v)
+
+    new_state = {}
+    if settings.momentum > 0:
+        for name, leaf in leaves.items():
+            buf = opt.state.get(leaf, {}).get("momentum_buffer")
+            if buf is not None:
+                new_state[name] = buf.detach().clone()
+    out_weights = {name: t.detach() for name, t in work.items()}
+    for name, t in out_weights.items():
+        if not torch.isfinite(t).all():
+            raise NumericalError(f"parameter {name!r} became non-finite {where}; lower the learning rate.")
+    return LocalResult(out_weights, new_state, steps, samples, loss_sum / max(steps, 1),
+                       {k: v / max(steps, 1) for k, v in part_sums.items()})

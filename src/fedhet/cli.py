@@ -1,0 +1,124 @@
+"""The ``fedhet`` command line: run, partition, compare, list."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from fedhet.errors import FedhetError
+
+
+def _cmd_run(args) -> int:
+    from fedhet.experiment.config import load_config
+    from fedhet.experiment.report import compare
+    from fedhet.experiment.runner import Experiment
+
+    if args.resume:
+        if args.config or args.set:
+            raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG or --set")
+        exp = Experiment.resume(args.resume)
+        print(f"resuming {exp.run_dir} after round {exp.start_round}", file=sys.stderr)
+    else:
+        if not args.config:
+            raise FedhetError("fedhet run needs a CONFIG file (see configs/) or --resume RUN_DIR")
+        cfg = load_config(args.config, args.set)
+        exp = Experiment.create(cfg, args.out)
+        print(f"run directory: {exp.run_dir}", file=sys.stderr)
+    exp.run(progress=False if args.no_progress else None)
+    print(compare([exp.run_dir], None, None))
+    print(f"\nresults: {exp.run_dir}/summary.json, metrics.jsonl, accuracy.png")
+    return 0
+
+
+def _cmd_partition(args) -> int:
+    import numpy as np
+
+    from fedhet.data.federated import build_federation
+    from fedhet.experiment.config import load_config
+    from fedhet.experiment.plots import plot_partition
+
+    cfg = load_config(args.config, args.set)
+    fed = build_federation(cfg.data, cfg.seed)
+    train, test = fed.train_counts(), fed.test_counts()
+    header = "client | " + " ".join(f"{c:>5}" for c in range(fed.num_classes)) + " |  train   test"
+    print(header)
+    print("-" * len(header))
+    for k in range(fed.num_clients):
+        print(f"{k:>6} | " + " ".join(f"{n:>5}" for n in train[k]) + f" | {train[k].sum():>6} {test[k].sum():>6}")
+    sizes = train.sum(1)
+    present = (train > 0).sum(1)
+    print(f"\n{fed.num_clients} clients, {sizes.sum()} training samples (min {sizes.min()}, median {int(np.median(sizes))}, "
+          f"max {sizes.max()}); classes per client: mean {present.mean():.1f}; local test: {fed.local_test_source}")
+    out = Path(args.out or f"{cfg.name}-partition.png")
+    plot_partition(train, out, f"{cfg.data.dataset}: {cfg.data.partition.kind} {cfg.data.partition.options()}")
+    print(f"heatmap: {out}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from fedhet.experiment.report import compare
+
+    print(compare([Path(d) for d in args.run_dirs], args.metric, Path(args.plot) if args.plot else None))
+    if args.plot:
+        print(f"\noverlay plot: {args.plot}")
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from fedhet.algorithms import ALGORITHMS
+    from fedhet.data.datasets import DATASET_NAMES
+    from fedhet.data.partition import PARTITIONS
+    from fedhet.models import MODEL_NAMES
+
+    print("algorithms:", ", ".join(sorted(ALGORITHMS)))
+    print("datasets:  ", ", ".join(DATASET_NAMES))
+    print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural")
+    print("models:    ", ", ".join(MODEL_NAMES))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fedhet", description="Federated learning under data heterogeneity.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run an experiment from a YAML config")
+    r.add_argument("config", nargs="?", help="YAML config (see configs/)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config value, e.g. --set train.rounds=5 (repeatable)")
+    r.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>)")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=_cmd_run)
+
+    pa = sub.add_parser("partition", help="print per-client label counts and write a client x class heatmap")
+    pa.add_argument("config")
+    pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pa.add_argument("--out", help="heatmap PNG path (default: <name>-partition.png)")
+    pa.set_defaults(func=_cmd_partition)
+
+    c = sub.add_parser("compare", help="markdown table (mean ± std over seeds) and overlay plot of runs")
+    c.add_argument("run_dirs", nargs="+")
+    c.add_argument("--metric", help="metric to compare (default: each run's headline metric)")
+    c.add_argument("--plot", help="write an overlay plot to this PNG")
+    c.set_defaults(func=_cmd_compare)
+
+    ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
+    ls.set_defaults(func=_cmd_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except FedhetError as e:
+        print(f"fedhet: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedhet: interrupted; recorded metrics are kept (resume with fedhet run --resume RUN_DIR)", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

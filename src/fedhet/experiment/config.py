@@ -1,0 +1,169 @@
+"""The run configuration: one validated, documented schema; unknown keys are errors.
+
+A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
+:class:`ExperimentConfig`. Every error names the offending key and says what is accepted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import pydantic
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from fedhet.errors import ConfigError
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PartitionConfig(BaseModel):
+    """``kind`` plus that partitioner's own parameters (checked by the partitioner)."""
+
+    model_config = ConfigDict(extra="allow")
+    kind: str = "dirichlet"
+
+    def options(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class LocalTestConfig(Strict):
+    # holdout: a fraction of each client's own data is held out (FedFM, FedReMa);
+    # test_set: drawn from the global test set with the client's label proportions (FedClassAvg, FedNH).
+    source: Literal["holdout", "test_set"] = "test_set"
+    fraction: float = Field(0.2, gt=0, lt=1)
+
+
+class DataConfig(Strict):
+    dataset: str = "fashion_mnist"
+    root: str | None = None            # default: $FEDHET_DATA, ~/.cache/fedhet/data, Debian's dataset dir
+    download: bool = False
+    verify: bool = True                # check known files against their published checksums
+    pool: Literal["train", "train+test"] = "train"   # train+test: FedReMa pools both before partitioning
+    num_clients: int = Field(50, ge=1)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    local_test: LocalTestConfig = Field(default_factory=LocalTestConfig)
+
+
+class ModelConfig(Strict):
+    # One architecture, or a list assigned round-robin (client i gets arch[i % len]) as in FedClassAvg.
+    arch: str | list[str] = "cnn2"
+    split: str | None = None           # first head stage; default: the model's last Linear
+    norm: Literal["bn", "gn"] = "bn"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def archs(self) -> list[str]:
+        return [self.arch] if isinstance(self.arch, str) else list(self.arch)
+
+
+class AlgorithmConfig(Strict):
+    name: str = "fedavg"
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class TrainConfig(Strict):
+    rounds: int = Field(100, ge=1)
+    clients_per_round: int = Field(10, ge=1)
+    local_epochs: int = Field(6, ge=1)
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.01, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    drop_last: bool = False
+    clip_grad_norm: float | None = Field(None, gt=0)
+
+
+class EvalConfig(Strict):
+    every: int = Field(1, ge=1)                    # evaluate every N rounds (and always after the last)
+    final_window: int = Field(5, ge=1)             # "final" = mean of the last N evaluations
+    batch_size: int = Field(2048, ge=1)
+    personalized: bool = True                      # also test each client's model on its local test split
+
+
+class RunConfig(Strict):
+    out_dir: str = "runs"
+    checkpoint_every: int = Field(10, ge=1)
+    device: str = "cpu"
+    precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    threads: int | None = Field(None, ge=1)        # torch intra-op threads; default: torch's choice
+    progress: bool = True
+
+
+class ExperimentConfig(Strict):
+    name: str = "experiment"
+    seed: int = 0
+    data: DataConfig = Field(default_factory=DataConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @pydantic.model_validator(mode="after")
+    def _check(self) -> "ExperimentConfig":
+        if self.train.clients_per_round > self.data.num_clients:
+            raise ValueError(f"train.clients_per_round ({self.train.clients_per_round}) exceeds "
+                             f"data.num_clients ({self.data.num_clients})")
+        if self.data.pool == "train+test" and self.data.local_test.source == "test_set":
+            raise ValueError("data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")
+        return self
+
+
+def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
+    lines = [f"invalid config ({origin}):"]
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; see configs/README.md for every key)"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: parsed as YAML so numbers, booleans and lists work (``k=[a,b]``)."""
+    return yaml.safe_load(text)
+
+
+def apply_override(raw: dict, assignment: str) -> None:
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects key=value, got {assignment!r}")
+    key, value = assignment.split("=", 1)
+    node = raw
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {key}: {part!r} is not a section")
+        node = child
+    node[parts[-1]] = parse_value(value)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
+                raw: dict | None = None) -> ExperimentConfig:
+    origin = str(path) if path else "overrides"
+    if raw is None:
+        raw = {}
+        if path is not None:
+            p = Path(path)
+            if not p.is_file():
+                raise ConfigError(f"config file {p} does not exist")
+            try:
+                raw = yaml.safe_load(p.read_text()) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{p} is not valid YAML: {e}") from None
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{p} must hold a mapping of sections (data, model, algorithm, train, ...)")
+    for assignment in overrides or []:
+        apply_override(raw, assignment)
+    try:
+        return ExperimentConfig.model_validate(raw)
+    except pydantic.ValidationError as e:
+        raise ConfigError(_format_validation_error(e, origin)) from None
+
+
+def dump_config(cfg: ExperimentConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

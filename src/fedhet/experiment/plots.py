@@ -1,0 +1,68 @@
+"""Plots written by runs and commands (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+CURVES = (("global_acc", "global model, global test set"),
+          ("global_labeldist_acc", "global model, client label-distribution weighted"),
+          ("personal_acc", "each client's model, its local test split (mean)"))
+
+
+def plot_run(rows: list[dict], path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, label in CURVES:
+        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            x, y = zip(*pts)
+            ax.plot(x, np.array(y) * 100, label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, path: Path) -> None:
+    """Overlay: one line per group (mean over its seeds), shaded min..max band."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, runs in series.items():
+        rounds = sorted(set.intersection(*[{r for r, _ in run} for run in runs]))
+        if not rounds:
+            continue
+        vals = np.array([[dict(run)[r] for r in rounds] for run in runs]) * 100
+        ax.plot(rounds, vals.mean(0), label=f"{label} (n={len(runs)})")
+        if len(runs) > 1:
+            ax.fill_between(rounds, vals.min(0), vals.max(0), alpha=0.2)
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"{metric} (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
+    """Client x class heatmap of training sample counts."""
+    k, c = counts.shape
+    fig, ax = plt.subplots(figsize=(max(5, c * 0.45 + 2), max(3, min(k, 100) * 0.18 + 1.5)))
+    im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("class")
+    ax.set_ylabel("client")
+    ax.set_title(title)
+    if c <= 20:
+        ax.set_xticks(range(c))
+    fig.colorbar(im, ax=ax, label="training samples")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,100 @@
+"""What is measured each evaluation round, named so nobody has to guess which model on which data.
+
+* ``global_acc`` - the global model on the balanced global test set (generic FL methods);
+  ``global_per_class`` - its accuracy per class.
+* ``global_labeldist_acc`` - the same model's per-class results re-weighted by each client's
+  training label distribution, mean over clients (FedACD Table 2; FedNH's ``labeldist`` metric):
+  acc_k = sum_c pi_kc correct_c / sum_c pi_kc count_c.
+* ``personal_acc`` / ``personal_acc_std`` - each client's own evaluation model
+  (``Algorithm.client_model``) on its own local test split; mean and std over clients.
+  ``personal_acc_pooled`` is sum(correct)/sum(samples) over all clients (FedReMa's metric).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import torch
+from torch.func import functional_call
+
+from fedhet.engine.reference import Simulator
+
+
+@torch.no_grad()
+def class_counts(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize,
+                 num_classes: int, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """(correct per class, samples per class, summed cross-entropy) of ``weights`` on (x, y)."""
+    model.eval()
+    correct = torch.zeros(num_classes, dtype=torch.long)
+    loss = 0.0
+    for i in range(0, len(y), batch_size):
+        logits = functional_call(model, weights, (normalize(x_uint8[i:i + batch_size]),), strict=False)
+        yb = y[i:i + batch_size]
+        loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        hit = logits.argmax(1) == yb
+        correct += torch.bincount(yb[hit], minlength=num_classes)
+    total = torch.bincount(y, minlength=num_classes)
+    return correct.numpy(), total.numpy(), loss
+
+
+def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Per-client accuracy of one model re-weighted by each client's label distribution pi_k:
+    acc_k = sum_c pi_kc correct_c / sum_c pi_kc total_c (FedNH ``labeldist``; FedACD Table 2)."""
+    pi = train_counts / train_counts.sum(1, keepdims=True)
+    return (pi @ correct) / (pi @ total)
+
+
+def evaluate(sim: Simulator, batch_size: int = 2048, personalized: bool = True) -> dict:
+    fed = sim.federation
+    model_of = lambda cid: sim.models[sim.client_arch[cid]]  # noqa: E731
+    out: dict = {}
+
+    global_weights = sim.algorithm.global_model(sim.server_state)
+    if global_weights is not None and fed.test is not None:
+        arch = sim.client_arch[0]
+        correct, total, loss = class_counts(sim.models[arch], global_weights, fed.test.x, fed.test.y,
+                                            fed.normalize, fed.num_classes, batch_size)
+        out["global_acc"] = float(correct.sum() / total.sum())
+        out["global_loss"] = loss / float(total.sum())
+        out["global_per_class"] = [float(c / t) if t else None for c, t in zip(correct, total)]
+        out["global_labeldist_acc"] = float(labeldist_accuracy(fed.train_counts(), correct, total).mean())
+
+    if personalized:
+        # Clients evaluated with the same weights object are tested in one batched pass.
+        groups: dict[int, list[int]] = defaultdict(list)
+        weights_of = {}
+        for cid in range(fed.num_clients):
+            w = sim.client_model(cid)
+            key = (id(w), sim.client_arch[cid])
+            groups[key].append(cid)
+            weights_of[key] = w
+        correct_k = np.zeros(fed.num_clients)
+        count_k = np.zeros(fed.num_clients)
+        for key, cids in groups.items():
+            xs, ys, owner = [], [], []
+            for cid in cids:
+                x, y = fed.local_test(cid)
+                xs.append(x)
+                ys.append(y)
+                owner.append(torch.full((len(y),), cid, dtype=torch.long))
+            x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
+            hits = _hits(model_of(cids[0]), weights_of[key], x, y, fed.normalize, batch_size)
+            correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
+            count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
+        acc = correct_k / count_k
+        out["personal_acc"] = float(acc.mean())
+        out["personal_acc_std"] = float(acc.std())
+        out["personal_acc_pooled"] = float(correct_k.sum() / count_k.sum())
+        out["personal_acc_by_client"] = [round(float(a), 5) for a in acc]
+    return out
+
+
+@torch.no_grad()
+def _hits(model, weights, x_uint8, y, normalize, batch_size) -> torch.Tensor:
+    model.eval()
+    hits = []
+    for i in range(0, len(y), batch_size):
+        logits = functional_call(model, weights, (normalize(x_uint8[i:i + batch_size]),), strict=False)
+        hits.append(logits.argmax(1) == y[i:i + batch_size])
+    return torch.cat(hits)

@@ -1,0 +1,43 @@
+"""Communication ledger: floats and bytes by direction and message group, per round and in total."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fedhet.algorithms.base import Message
+
+
+class CommLedger:
+    def __init__(self):
+        self.total: dict[str, list[int]] = defaultdict(lambda: [0, 0])   # "down/model" -> [floats, bytes]
+        self.by_round: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+
+    def record(self, rnd: int, direction: str, msg: Message) -> None:
+        for group, (floats, nbytes) in msg.payload().items():
+            key = f"{direction}/{group}"
+            for table in (self.total, self.by_round[rnd]):
+                table[key][0] += floats
+                table[key][1] += nbytes
+
+    def round_summary(self, rnd: int) -> dict[str, dict[str, int]]:
+        return {k: {"floats": v[0], "bytes": v[1]} for k, v in sorted(self.by_round.get(rnd, {}).items())}
+
+    def totals(self) -> dict[str, dict[str, int]]:
+        out = {k: {"floats": v[0], "bytes": v[1]} for k, v in sorted(self.total.items())}
+        for direction in ("up", "down"):
+            out[direction] = {
+                "floats": sum(v[0] for k, v in self.total.items() if k.startswith(direction + "/")),
+                "bytes": sum(v[1] for k, v in self.total.items() if k.startswith(direction + "/")),
+            }
+        return out
+
+    def state_dict(self) -> dict:
+        return {"total": dict(self.total), "by_round": {r: dict(t) for r, t in self.by_round.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.__init__()
+        for k, v in state["total"].items():
+            self.total[k] = list(v)
+        for r, table in state["by_round"].items():
+            for k, v in table.items():
+                self.by_round[int(r)][k] = list(v)

@@ -1,0 +1,101 @@
+"""Models with an explicit feature-extractor (body) / classifier (head) split.
+
+Every FL method in fedhet sees a model as ``logits = head(features(x))``: FedCME exchanges
+heads, FedFM matches features to anchors, FedReMa personalises heads and FedClassAvg averages
+heads over different bodies. :class:`SplitModel` puts that split in the module tree, so
+parameter names read ``body.<stage>...`` / ``head.<stage>...`` and picking the shared or the
+personal part of a state dict is a prefix test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+_UNFLATTEN = "unflatten"
+_PARTS = ("body", "head")
+
+
+class SplitModel(nn.Module):
+    """A model built from named stages; the head starts at stage ``split``.
+
+    ``stages`` is an ordered list of ``(name, module)``; the valid split names
+    (``split_points``) are every stage name but the first, so body and head are never empty.
+    Stages must not use in-place ops, so ``torch.func.functional_call``/``vmap`` work.
+
+    ``forward(x)`` gives logits, ``forward(x, with_features=True)`` gives ``(features,
+    logits)``. ``features(x)`` is the body output flattened to ``(B, feature_dim)``;
+    ``feature_dim`` is found once at init by a dummy forward of shape ``(1, *input_shape)``
+    (recorded as ``input_shape``; the unflattened shape is ``feature_shape``). If the split falls
+    before the stage that flattens, the head starts with an ``nn.Unflatten`` (named
+    "unflatten", no parameters) so that ``head(features(x)) == forward(x)`` still holds.
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[tuple[str, nn.Module]],
+        split: str,
+        input_shape: tuple[int, int, int],
+    ) -> None:
+        super().__init__()
+        names = [name for name, _ in stages]
+        if len(set(names)) != len(names) or _UNFLATTEN in names:
+            raise ValueError(f"stage names must be unique and not {_UNFLATTEN!r}: {names}")
+        self.stage_names: tuple[str, ...] = tuple(names)
+        self.split_points: tuple[str, ...] = tuple(names[1:])
+        if split not in self.split_points:
+            raise ValueError(
+                f"unknown split {split!r}; valid splits: {', '.join(self.split_points)}"
+            )
+        self.split = split
+        self.input_shape = tuple(input_shape)
+        k = names.index(split)
+        self.body = nn.Sequential(OrderedDict(stages[:k]))
+        self.feature_shape: tuple[int, ...] = self._body_output_shape()
+        self.feature_dim: int = math.prod(self.feature_shape)
+        head = list(stages[k:])
+        if len(self.feature_shape) > 1:
+            head.insert(0, (_UNFLATTEN, nn.Unflatten(1, self.feature_shape)))
+        self.head = nn.Sequential(OrderedDict(head))
+
+    def _body_output_shape(self) -> tuple[int, ...]:
+        was_training = self.body.training
+        self.body.eval()  # the dummy forward must not update BatchNorm running statistics
+        with torch.no_grad():
+            out = self.body(torch.zeros(1, *self.input_shape))
+        self.body.train(was_training)
+        return tuple(out.shape[1:])
+
+    def features(self, x: Tensor) -> Tensor:
+        """Body output, flattened to ``(B, feature_dim)``."""
+        return self.body(x).flatten(1)
+
+    def forward(self, x: Tensor, with_features: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Logits; with ``with_features=True``, ``(features, logits)`` from one pass.
+
+        The keyword exists so that ``functional_call(model, weights, (x,), {"with_features":
+        True})`` gets both under the swapped-in weights: functional_call swaps them only for
+        the duration of that one call, so a separate ``model.features(x)`` would not see them.
+        """
+        h = self.features(x)
+        logits = self.head(h)
+        return (h, logits) if with_features else logits
+
+
+def param_groups(model: SplitModel) -> dict[str, list[str]]:
+    """Parameter names of the body and of the head, in ``named_parameters`` order."""
+    names = [name for name, _ in model.named_parameters()]
+    return {part: [n for n in names if n.startswith(part + ".")] for part in _PARTS}
+
+
+def count_params(model: nn.Module, part: str | None = None) -> int:
+    """Number of parameter elements in the whole model, or in ``part`` ("body" or "head")."""
+    if part is None:
+        return sum(p.numel() for p in model.parameters())
+    if part not in _PARTS:
+        raise ValueError(f"unknown part {part!r}; valid parts: {', '.join(_PARTS)}")
+    return sum(p.numel() for p in getattr(model, part).parameters())
