@@ -1,0 +1,31 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from synthetic import write_fashion_mnist  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def synth_root(tmp_path_factory) -> Path:
+    """A small learnable dataset in the real Fashion-MNIST IDX format."""
+    return write_fashion_mnist(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture
+def small_config(synth_root, tmp_path):
+    """A raw config dict for a fast end-to-end FedAvg run on the synthetic data."""
+    return {
+        "name": "tiny",
+        "seed": 3,
+        "data": {"root": str(synth_root), "verify": False, "num_clients": 6,
+                 "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 20},
+                 "local_test": {"source": "test_set", "fraction": 0.2}},
+        "model": {"arch": "cnn2"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": 3, "clients_per_round": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
+        "eval": {"every": 1, "final_window": 2},
+        "run": {"out_dir": str(tmp_path / "runs"), "checkpoint_every": 2, "progress": False},
+    }

@@ -1,0 +1,100 @@
+"""Functional local training equals ordinary PyTorch training, phases compose, guards fire."""
+
+import pytest
+import torch
+
+from fedhet.algorithms.local import ClientData, TrainSettings, epoch_batches, train_local
+from fedhet.algorithms.objective import CrossEntropy
+from fedhet.errors import NumericalError
+from fedhet.models import build_model
+from fedhet.seeding import torch_generator
+
+
+@pytest.fixture
+def setup():
+    torch.manual_seed(0)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    x = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8)
+    y = torch.randint(0, 10, (70,))
+    data = ClientData(x, y, torch.arange(5, 65), torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.3))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    return model, data, weights
+
+
+def gen(e):
+    return torch_generator(1, "batches", e)
+
+
+def test_matches_plain_torch_sgd_with_momentum_and_weight_decay(setup):
+    model, data, weights = setup
+    s = TrainSettings(epochs=2, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    result = train_local(model, weights, data, [CrossEntropy()], s, gen)
+
+    ref = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    ref.load_state_dict(weights)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for e in range(2):
+        for pos in epoch_batches(60, 16, False, gen(e)):
+            b = data.batch(pos)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(ref(b.x), b.y).backward()
+            opt.step()
+    for name, p in ref.state_dict().items():
+        torch.testing.assert_close(result.weights[name], p, rtol=1e-5, atol=1e-6)
+    assert result.steps == 2 * 4 and result.samples == 120
+    assert set(result.optimizer_state) == {n for n, _ in ref.named_parameters()}
+
+
+def test_two_phases_equal_one_call(setup):
+    """FedCME-style rounds split local epochs into phases; batches depend on the absolute epoch."""
+    model, data, weights = setup
+    s2 = TrainSettings(epochs=3, batch_size=16, lr=0.05)
+    whole = train_local(model, weights, data, [CrossEntropy()], s2, gen)
+    a = train_local(model, weights, data, [CrossEntropy()], TrainSettings(epochs=1, batch_size=16, lr=0.05), gen)
+    b = train_local(model, a.weights, data, [CrossEntropy()], TrainSettings(epochs=2, batch_size=16, lr=0.05), gen,
+                    start_epoch=1)
+    for k in whole.weights:
+        assert torch.equal(whole.weights[k], b.weights[k])
+
+
+def test_persisted_momentum_continues_like_one_optimizer(setup):
+    model, data, weights = setup
+    s = TrainSettings(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
+    whole = train_local(model, weights, data, [CrossEntropy()], TrainSettings(epochs=2, batch_size=16, lr=0.05, momentum=0.9), gen)
+    a = train_local(model, weights, data, [CrossEntropy()], s, gen)
+    b = train_local(model, a.weights, data, [CrossEntropy()], s, gen, start_epoch=1, optimizer_state=a.optimizer_state)
+    fresh = train_local(model, a.weights, data, [CrossEntropy()], s, gen, start_epoch=1)
+    for k in whole.weights:
+        torch.testing.assert_close(whole.weights[k], b.weights[k], rtol=1e-6, atol=1e-7)
+    assert any(not torch.allclose(whole.weights[k], fresh.weights[k]) for k in whole.weights)
+
+
+def test_frozen_parameters_stay_bitwise_unchanged(setup):
+    model, data, weights = setup
+    s = TrainSettings(epochs=1, batch_size=16, lr=0.1)
+    result = train_local(model, weights, data, [CrossEntropy()], s, gen, trainable=lambda n: not n.startswith("head."))
+    for k, v in weights.items():
+        if k.startswith("head."):
+            assert torch.equal(result.weights[k], v)
+        else:
+            assert not torch.equal(result.weights[k], v)
+
+
+def test_input_weights_are_not_modified(setup):
+    model, data, weights = setup
+    before = {k: v.clone() for k, v in weights.items()}
+    train_local(model, weights, data, [CrossEntropy()], TrainSettings(epochs=1, batch_size=16, lr=0.1), gen)
+    assert all(torch.equal(before[k], weights[k]) for k in weights)
+
+
+def test_non_finite_loss_names_where(setup):
+    model, data, weights = setup
+    s = TrainSettings(epochs=3, batch_size=16, lr=1e12)
+    with pytest.raises(NumericalError, match="round 4, client 7, algorithm fedavg"):
+        train_local(model, weights, data, [CrossEntropy()], s, gen, where="in round 4, client 7, algorithm fedavg")
+
+
+def test_drop_last_batches():
+    g = torch_generator(0, "x")
+    assert [len(b) for b in epoch_batches(10, 4, True, g)] == [4, 4]
+    assert [len(b) for b in epoch_batches(10, 4, False, g)] == [4, 4, 2]

@@ -1,0 +1,184 @@
+"""End-to-end runs on the synthetic IDX data: determinism, resume, ledger, failures, CLI."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedhet.cli import main
+from fedhet.data.federated import build_federation
+from fedhet.errors import CheckpointError, ConfigError, NumericalError, PartitionError
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
+
+VOLATILE = {"seconds"}
+
+
+def stable(rows):
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]
+
+
+def run(raw, out):
+    exp = Experiment.create(load_config(raw=copy.deepcopy(raw)), out)
+    exp.run(progress=False)
+    return exp
+
+
+def test_same_seed_same_metrics_and_weights(small_config, tmp_path):
+    a = run(small_config, tmp_path / "a")
+    b = run(small_config, tmp_path / "b")
+    assert stable(read_metrics(a.run_dir)) == stable(read_metrics(b.run_dir))
+    for k, v in a.sim.server_state["model"].items():
+        assert torch.equal(v, b.sim.server_state["model"][k])
+    other = dict(small_config, seed=4)
+    c = run(other, tmp_path / "c")
+    assert stable(read_metrics(c.run_dir)) != stable(read_metrics(a.run_dir))
+
+
+def test_fedavg_learns_and_records_everything(small_config, tmp_path):
+    exp = run(small_config, tmp_path / "r")
+    rows = read_metrics(exp.run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["global_acc"] > 0.5            # 10 balanced classes: chance is 0.1
+    for key in ("global_acc", "global_per_class", "global_labeldist_acc", "personal_acc", "personal_acc_std", "comm"):
+        assert key in rows[-1]
+    summary = json.loads((exp.run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["headline_metric"] == "global_acc"
+    assert summary["headline"]["final"] == pytest.approx(np.mean([r["global_acc"] for r in rows[-2:]]))
+    assert summary["headline"]["best"] == max(r["global_acc"] for r in rows)
+    assert "max of global_acc" in summary["headline"]["best_rule"]
+    assert (exp.run_dir / "accuracy.png").stat().st_size > 1000
+    assert (exp.run_dir / "config.yaml").exists() and (exp.run_dir / "partition.json").exists()
+
+
+def test_fedavg_ledger_is_two_models_per_client_per_round(small_config, tmp_path):
+    exp = run(small_config, tmp_path / "r")
+    n_params = sum(v.numel() for v in exp.sim.server_state["model"].values())
+    for row in read_metrics(exp.run_dir):
+        assert row["comm"]["down/model"]["floats"] == 3 * n_params
+        assert row["comm"]["up/model"]["floats"] == 3 * n_params
+        assert row["comm"]["up/model"]["bytes"] == 4 * 3 * n_params
+    totals = exp.summary["communication"]
+    assert totals["up"]["floats"] + totals["down"]["floats"] == 2 * 3 * 3 * n_params
+
+
+def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
+    cfg = dict(small_config, train={**small_config["train"], "rounds": 4})
+    full = run(cfg, tmp_path / "full")
+
+    exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "cut")
+    real = exp.sim.run_round
+
+    def killed_at_round_4(rnd):   # rounds 1-3 recorded, checkpoint after round 2
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return real(rnd)
+
+    monkeypatch.setattr(exp.sim, "run_round", killed_at_round_4)
+    with pytest.raises(KeyboardInterrupt):
+        exp.run(progress=False)
+    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3]
+    assert json.loads((exp.run_dir / "summary.json").read_text())["status"] == "interrupted"
+
+    resumed = Experiment.resume(exp.run_dir)
+    assert resumed.start_round == 2
+    resumed.run(progress=False)
+    assert stable(read_metrics(resumed.run_dir)) == stable(read_metrics(full.run_dir))
+    for k, v in full.sim.server_state["model"].items():
+        assert torch.equal(v, resumed.sim.server_state["model"][k])
+    assert resumed.summary["communication"] == full.summary["communication"]
+
+
+def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(small_config, tmp_path):
+    exp = run(small_config, tmp_path / "r")
+    (exp.run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    before = (exp.run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        Experiment.resume(exp.run_dir)
+    assert (exp.run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_non_finite_training_stops_with_named_cause_and_keeps_record(small_config, tmp_path):
+    cfg = dict(small_config, train={**small_config["train"], "lr": 1e9})
+    exp = Experiment.create(load_config(raw=cfg), tmp_path / "nan")
+    with pytest.raises(NumericalError, match=r"round \d+, client \d+, algorithm fedavg"):
+        exp.run(progress=False)
+    summary = json.loads((exp.run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "non-finite" in summary["error"]
+
+
+def test_local_only_communicates_nothing_and_is_personalized(small_config, tmp_path):
+    cfg = dict(small_config, algorithm={"name": "local"})
+    exp = run(cfg, tmp_path / "local")
+    rows = read_metrics(exp.run_dir)
+    assert all(r["comm"] == {} for r in rows)
+    assert "global_acc" not in rows[-1] and "personal_acc" in rows[-1]
+    assert exp.summary["headline_metric"] == "personal_acc"
+    trained = sorted(exp.sim.client_states)
+    assert trained == sorted({c for r in rows for c in r["clients"]})
+    w0 = exp.sim.client_states[trained[0]]["model"]["head.fc2.weight"]
+    w1 = exp.sim.client_states[trained[1]]["model"]["head.fc2.weight"]
+    assert not torch.equal(w0, w1)
+
+
+def test_holdout_local_tests_share_no_image_with_any_training_split(small_config):
+    cfg = load_config(raw={**small_config, "data": {**small_config["data"], "local_test": {"source": "holdout", "fraction": 0.25},
+                                                      "partition": {"kind": "classes_per_client", "k": 2, "samples_per_client": 150}}})
+    fed = build_federation(cfg.data, cfg.seed)
+    all_train = set(np.concatenate([t.numpy() for t in fed.train_idx]).tolist())
+    for te in fed.test_idx:
+        assert len(te) > 0 and not (set(te.tolist()) & all_train)
+
+
+def test_test_set_local_splits_follow_client_label_distribution(small_config):
+    fed = build_federation(load_config(raw=small_config).data, 3)
+    train, test = fed.train_counts(), fed.test_counts()
+    for k in range(fed.num_clients):
+        assert set(np.flatnonzero(test[k])) <= set(np.flatnonzero(train[k]))
+        assert abs(test[k].sum() - round(0.2 * train[k].sum())) <= 1
+
+
+def test_config_errors_name_the_key(small_config):
+    with pytest.raises(ConfigError, match=r"train\.lrr: unknown key"):
+        load_config(raw={**small_config, "train": {**small_config["train"], "lrr": 1}})
+    with pytest.raises(ConfigError, match=r"train\.lr"):
+        load_config(raw={**small_config, "train": {**small_config["train"], "lr": -1}})
+    with pytest.raises(ConfigError, match="exceeds"):
+        load_config(raw={**small_config, "train": {**small_config["train"], "clients_per_round": 99}})
+    with pytest.raises(ConfigError, match="unknown algorithm 'fedxyz'.*fedavg"):
+        Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedxyz"}}))
+    with pytest.raises(ConfigError, match=r"algorithm\.params\.mu"):
+        Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedavg", "params": {"mu": 1}}}))
+    with pytest.raises(ConfigError, match="single architecture"):
+        Experiment.create(load_config(raw={**small_config, "model": {"arch": ["cnn2", "simple_cnn"]}}))
+
+
+def test_impossible_partition_is_a_clear_error(small_config):
+    raw = {**small_config, "data": {**small_config["data"], "num_clients": 500, "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 10}}}
+    with pytest.raises(PartitionError):
+        build_federation(load_config(raw=raw).data, 0)
+
+
+def test_cli_run_partition_compare(small_config, tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(small_config))
+    assert main(["run", str(path), "--set", "train.rounds=2", "--out", str(tmp_path / "r1"), "--no-progress"]) == 0
+    assert main(["run", str(path), "--set", "train.rounds=2", "--set", "seed=5", "--out", str(tmp_path / "r2"),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | fedavg | global_acc | 1 | 2 |" in out
+    assert main(["compare", str(tmp_path / "r1"), str(tmp_path / "r2"), "--plot", str(tmp_path / "cmp.png")]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | fedavg | global_acc | 2 | 2 |" in out and "±" in out
+    assert (tmp_path / "cmp.png").exists()
+    assert main(["partition", str(path), "--out", str(tmp_path / "p.png")]) == 0
+    out = capsys.readouterr().out
+    assert "6 clients" in out and (tmp_path / "p.png").exists()
+    # errors come back as a message and exit code 2, not a traceback
+    assert main(["run", str(path), "--set", "train.bogus=1"]) == 2
+    assert "train.bogus: unknown key" in capsys.readouterr().err
+    assert main(["run", str(path), "--out", str(tmp_path / "r1")]) == 2
