@@ -67,7 +67,7 @@ class FakeClient:
     cid, round, arch, num_classes, num_samples = 0, 0, "cnn", 2, 10
     buffer_names = ["bn.running_mean"]
 
-    def train(self, weights, **kw):
+    def train(self, weights, terms=None, **kw):
         return LocalResult({k: v + 1 for k, v in weights.items()}, {}, 1, 10, 0.0)
 
 
@@ -119,3 +119,41 @@ def test_labeldist_accuracy_hand_computed():
     correct, total = np.array([8, 1]), np.array([10, 10])
     acc = labeldist_accuracy(counts, correct, total)
     assert acc == pytest.approx([0.8, 0.45])
+
+
+def test_composed_methods_chain_their_terms_and_merge_params():
+    from fedhet.algorithms import algorithm_class, compose
+    from fedhet.algorithms.objective import LossTerm
+
+    class TermA(LossTerm):
+        name = "a"
+
+    class TermB(LossTerm):
+        name = "b"
+
+    class A(FedAvg):
+        name = "a"
+
+        class Params(FedAvg.Params):
+            alpha: float = 1.0
+
+        def local_terms(self, msg, state, client):
+            return [*super().local_terms(msg, state, client), TermA()]
+
+    class B(FedAvg):
+        name = "b"
+
+        class Params(FedAvg.Params):
+            beta: float = 2.0
+
+        def local_terms(self, msg, state, client):
+            return [*super().local_terms(msg, state, client), TermB()]
+
+    AB = compose([A, B])
+    algo = AB(AB.Params(alpha=3.0))
+    assert AB.name == "a+b" and algo.params.alpha == 3.0 and algo.params.beta == 2.0
+    assert [t.name for t in algo.local_terms(None, None, None)] == ["b", "a"]
+    with pytest.raises(Exception):
+        AB.Params(gamma=1)
+    with pytest.raises(KeyError, match="unknown algorithm 'nope'"):
+        algorithm_class("fedavg+nope")

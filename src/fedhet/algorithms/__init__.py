@@ -1,4 +1,4 @@
-"""Registry of federated methods by config name."""
+"""Registry of federated methods by config name, and composition (``fedprox+moon``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,36 @@ from fedhet.algorithms.local_only import LocalOnly
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, LocalOnly)}
 
 
-def algorithm_class(name: str) -> type[Algorithm]:
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
+    """One method whose hooks chain through every component (Python's MRO, left first).
+
+    Each FedAvg hook calls ``super()``, so ``fedprox+moon`` trains on CE + proximal + contrastive
+    terms, and a component that replaces the server rule (FedNova's ``aggregate``) or the round
+    (FedFM's anchor phase) supplies it for the combination. Hyper-parameters of all components
+    live in one ``algorithm.params`` mapping.
+    """
+    for cls in classes:
+        if not issubclass(cls, FedAvg):
+            raise KeyError(f"{cls.name!r} cannot be combined with other methods: only FedAvg-family methods compose")
+    name = "+".join(cls.name for cls in classes)
+    params = type(f"Params[{name}]", tuple(cls.Params for cls in classes), {})
     try:
-        return ALGORITHMS[name]
-    except KeyError:
-        raise KeyError(f"unknown algorithm {name!r}; available: {', '.join(sorted(ALGORITHMS))}") from None
+        return type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
+    except TypeError as e:
+        raise KeyError(f"cannot combine {name}: {e}") from None
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    parts = [p.strip() for p in name.split("+")]
+    unknown = [p for p in parts if p not in ALGORITHMS]
+    if unknown:
+        raise KeyError(f"unknown algorithm {unknown[0]!r}; available: {', '.join(sorted(ALGORITHMS))} "
+                       f"(combine FedAvg-family methods with '+', e.g. fedprox+moon)")
+    if len(parts) == 1:
+        return ALGORITHMS[parts[0]]
+    return compose([ALGORITHMS[p] for p in parts])

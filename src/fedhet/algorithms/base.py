@@ -114,7 +114,8 @@ class Algorithm:
     def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
         """Weights with which client ``cid`` is evaluated on its own local test split.
 
-        Default: the global model. Personalized methods return the client's own model.
+        Default: the global model. Personalized methods return the client's own model; ``None``
+        means the common initialisation of the client's architecture (a client never trained).
         Returning the *same object* for many clients lets the evaluator test them in one batch.
         """
         return self.global_model(state)
@@ -127,20 +128,27 @@ class Algorithm:
 class ClientRuntime:
     """What a client function may use: its id, data, a reusable model, settings and random streams.
 
-    Provided by the engine. Defined as a protocol-like base so that algorithm code type-checks
-    against one place; see :class:`fedhet.engine.reference.SimClient` for the implementation.
+    Provided by the engine (:class:`fedhet.engine.reference.SimClient` in the simulator); algorithm
+    code relies on these members only.
     """
 
     cid: int
     round: int
-    arch: str
+    arch: str                        # architecture name of this client's model
+    model: torch.nn.Module           # a reusable instance of that architecture (weights are passed in)
+    buffer_names: list[str]          # names of its non-trainable buffers (BatchNorm statistics)
     num_classes: int
-    num_samples: int
+    num_samples: int                 # size of the client's training split
+    data: Any                        # fedhet.algorithms.local.ClientData
 
-    def train(self, weights: Arrays, **kwargs):  # -> fedhet.algorithms.local.LocalResult
+    def train(self, weights: Arrays, terms=None, *, epochs: int | None = None, start_epoch: int = 0,
+              trainable=None, optimizer_state: Arrays | None = None, augment=None):
+        """Local SGD from ``weights`` on ``terms`` (default: cross-entropy) with the run's settings;
+        returns a :class:`fedhet.algorithms.local.LocalResult`. See ``train_local`` for the options."""
         raise NotImplementedError
 
     def generator(self, *purpose: int | str) -> torch.Generator:
+        """A random stream fixed by (run seed, round, client, purpose)."""
         raise NotImplementedError
 
     def init_weights(self) -> Arrays:

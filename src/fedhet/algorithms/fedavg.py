@@ -1,6 +1,15 @@
 """FedAvg (McMahan et al., 2017): sample-size weighted averaging of locally trained models.
 
-Every other generic method in fedhet is written as a delta from this file.
+Every other generic method in fedhet is a delta from this class, made by overriding hooks:
+
+  server:  ``train_message`` (what each client receives), ``aggregate`` (the server rule),
+           or ``round`` itself for extra phases;
+  client:  ``local_terms`` (loss terms added to cross-entropy), ``train_options`` (frozen
+           parameters, kept optimizer state, augmentation), ``after_training`` (new client
+           state), ``uploads`` (extra tensors sent back).
+
+Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+moon``: see
+:func:`fedhet.algorithms.compose`).
 
 BatchNorm statistics (policy ``bn_buffers``):
   * ``average`` (default) - running mean/var are averaged like weights, so the global model
@@ -12,10 +21,13 @@ BatchNorm statistics (policy ``bn_buffers``):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Algorithm, Arrays, ClientRuntime, Message, RoundContext, RoundGenerator, State
+from fedhet.algorithms.base import (Algorithm, Arrays, ClientRuntime, Message, Replies, RoundContext,
+                                   RoundGenerator, State)
+from fedhet.algorithms.local import LocalResult
+from fedhet.algorithms.objective import CrossEntropy, LossTerm
 
 
 class FedAvg(Algorithm):
@@ -24,6 +36,7 @@ class FedAvg(Algorithm):
     class Params(Algorithm.Params):
         bn_buffers: Literal["average", "local"] = "average"
 
+    # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         if len(init_models) != 1:
             raise ValueError(f"{self.name} averages whole models, so every client needs the same architecture; "
@@ -32,25 +45,42 @@ class FedAvg(Algorithm):
         return {"model": weights}
 
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
-        replies = yield {cid: Message("train", {"model": state["model"]}) for cid in ctx.clients}
-        state = dict(state)
-        state["model"] = self.aggregate(replies)
+        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
+        return self.aggregate(dict(state), replies, ctx)
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        return Message("train", {"model": state["model"]})
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        cids = sorted(replies)  # a fixed order keeps float sums identical across engines
+        state["model"] = weighted_average([replies[c].arrays["model"] for c in cids],
+                                          [replies[c].scalars["num_samples"] for c in cids])
         return state
 
-    def aggregate(self, replies: dict[int, Message]) -> Arrays:
-        cids = sorted(replies)  # a fixed order keeps float sums identical across engines
-        return weighted_average([replies[c].arrays["model"] for c in cids],
-                                [replies[c].scalars["num_samples"] for c in cids])
-
+    # --- client ---------------------------------------------------------------------------
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         weights = self.with_local_buffers(msg.arrays["model"], state, client)
-        result = client.train(weights)
-        state = self.keep_local_buffers(result.weights, state, client)
-        reply = Message("update", {"model": result.weights},
-                        {"num_samples": client.num_samples, "loss": result.mean_loss})
+        terms = [CrossEntropy(), *self.local_terms(msg, state, client)]
+        result = client.train(weights, terms, **self.train_options(msg, state, client))
+        state = self.after_training(result, msg, state, client)
+        reply = Message("update", {"model": result.weights, **self.uploads(result, msg, state, client)},
+                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
         return reply, state
 
-    # --- BatchNorm policy ---------------------------------------------------------------
+    def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        return []
+
+    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
+        return {}
+
+    def after_training(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> State | None:
+        return self.keep_local_buffers(result.weights, state, client)
+
+    def uploads(self, result: LocalResult, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
+        return {}
+
+    # --- BatchNorm policy -----------------------------------------------------------------
     def with_local_buffers(self, weights: Arrays, state: State | None, client: ClientRuntime) -> Arrays:
         if self.params.bn_buffers == "local" and state and "buffers" in state:
             weights = {**weights, **state["buffers"]}
@@ -62,7 +92,7 @@ class FedAvg(Algorithm):
         buffers = {k: weights[k] for k in client.buffer_names}
         return {**(state or {}), "buffers": buffers} if buffers else state
 
-    # --- evaluation ---------------------------------------------------------------------
+    # --- evaluation -----------------------------------------------------------------------
     def global_model(self, state: State) -> Arrays | None:
         return state["model"]
 

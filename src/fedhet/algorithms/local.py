@@ -83,6 +83,7 @@ def train_local(
     start_epoch: int = 0,
     trainable: Callable[[str], bool] | None = None,
     optimizer_state: Arrays | None = None,
+    augment: Callable[[Batch, torch.Generator], Batch] | None = None,
     where: str = "",
 ) -> LocalResult:
     """Run ``settings.epochs`` epochs of SGD on ``sum(terms)`` starting from ``weights``.
@@ -92,6 +93,8 @@ def train_local(
     ``trainable(name)`` freezes the parameters it rejects (FedBABU's head, FedRep's phases).
     ``optimizer_state`` carries momentum buffers over from an earlier call when a method keeps
     them (FedReMa); by default each call starts with fresh SGD state like ``torch.optim.SGD``.
+    ``augment(batch, generator)`` transforms each batch before the forward pass (FedACD's mixup,
+    FedClassAvg's two views) with a per-epoch stream, so augmentation is reproducible too.
     ``where`` names the round/client/algorithm in the error raised on a non-finite loss.
     """
     param_names = {name for name, _ in model.named_parameters()}
@@ -118,8 +121,11 @@ def train_local(
     part_sums: dict[str, float] = {}
     use_bf16 = settings.precision == "bf16"
     for e in range(settings.epochs):
-        for positions in epoch_batches(n, settings.batch_size, settings.drop_last, epoch_generator(start_epoch + e)):
+        generator = epoch_generator(start_epoch + e)
+        for positions in epoch_batches(n, settings.batch_size, settings.drop_last, generator):
             batch = data.batch(positions)
+            if augment is not None:
+                batch = augment(batch, generator)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
                 out = forward(model, work, batch.x)
             out = Forward(out.features.float(), out.logits.float())

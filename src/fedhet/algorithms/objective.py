@@ -8,7 +8,7 @@ is FedProx, and a method's own term is appended the same way (``fedprox+fm``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ class Batch:
     x: torch.Tensor          # normalised float inputs
     y: torch.Tensor          # int64 labels
     index: torch.Tensor      # positions of these samples in the client's training split
+    extras: dict = field(default_factory=dict)   # what an augmentation adds (mixup partner labels, views)
 
 
 @dataclass

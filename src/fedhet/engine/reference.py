@@ -50,14 +50,14 @@ class SimClient(ClientRuntime):
 
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable=None, optimizer_state: Arrays | None = None,
-              settings: TrainSettings | None = None) -> LocalResult:
+              augment=None, settings: TrainSettings | None = None) -> LocalResult:
         s = settings or self.sim.settings
         if epochs is not None:
             s = TrainSettings(**{**s.__dict__, "epochs": epochs})
         result = train_local(
             self.model, weights, self.data, terms if terms is not None else [CrossEntropy()], s,
             lambda e: self.generator("batches", e), start_epoch=start_epoch, trainable=trainable,
-            optimizer_state=optimizer_state,
+            optimizer_state=optimizer_state, augment=augment,
             where=f"in round {self.round}, client {self.cid}, algorithm {self.sim.algorithm.name}",
         )
         self._stats.samples += result.samples
