@@ -2,10 +2,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from synthetic import write_fashion_mnist  # noqa: E402
+
+# Small models at small batches gain little from intra-op threads, and two multi-threaded torch
+# processes on a small machine (tests beside a benchmark) slow each other down by 10x or more.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
