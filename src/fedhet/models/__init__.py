@@ -63,6 +63,7 @@ def build_model(
     image_size: int,
     split: str | None = None,
     norm: str = "bn",
+    projection_dim: int | None = None,
     **kwargs: object,
 ) -> SplitModel:
     """Build model ``name`` for square ``image_size`` inputs with ``in_channels`` channels.
@@ -71,6 +72,8 @@ def build_model(
     or "gn") applies to the ResNets, which also take ``stem`` ("cifar" default, or
     "imagenet") and ``gn_groups`` (default 2). The other models have no normalization
     layers, so anything but the default ``norm="bn"`` is rejected rather than ignored.
+    ``projection_dim`` (any model) appends MOON's projection head to the body, so the
+    features are the ``projection_dim``-d projection (see ``SplitModel.add_projection``).
     """
     entry = _entry(name)
     for arg, value in (
@@ -93,4 +96,7 @@ def build_model(
             f"models with a norm option: {with_norm}"
         )
     chosen = entry.default_split if split is None else split
-    return entry.build(in_channels, num_classes, image_size, chosen, **kwargs)
+    model = entry.build(in_channels, num_classes, image_size, chosen, **kwargs)
+    if projection_dim is not None:
+        model.add_projection(projection_dim)
+    return model

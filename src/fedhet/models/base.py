@@ -62,6 +62,36 @@ class SplitModel(nn.Module):
             head.insert(0, (_UNFLATTEN, nn.Unflatten(1, self.feature_shape)))
         self.head = nn.Sequential(OrderedDict(head))
 
+    def add_projection(self, dim: int) -> None:
+        """Append a MOON projection stage ``proj`` to the body and rebuild the first head Linear.
+
+        ``proj`` is Linear(d, d) + ReLU + Linear(d, dim) on the flattened features (MOON's
+        ModelFedCon ``l1``/``l2``, Li, He & Song 2021), so ``features(x)`` becomes the projection z
+        (``feature_dim == dim``) and the head's first Linear is replaced by a freshly initialised
+        one taking ``dim`` inputs (same outputs and bias setting). ``head(features(x)) ==
+        forward(x)`` still holds. The split must fall after the flatten.
+        """
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"projection_dim must be a positive integer, got {dim!r}")
+        if "proj" in self.stage_names:
+            raise ValueError("the model already has a projection stage")
+        if len(self.feature_shape) > 1:
+            raise ValueError(f"a projection needs flat features, but split {self.split!r} falls before the "
+                             f"flatten (features {self.feature_shape}); split at a Linear stage instead")
+        linears = [name for name, m in self.head.named_modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ValueError("a projection needs a Linear in the head to feed")
+        d = self.feature_dim
+        self.body.add_module("proj", nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, dim)))
+        parent_name, _, leaf = linears[0].rpartition(".")
+        parent = self.head.get_submodule(parent_name) if parent_name else self.head
+        old = getattr(parent, leaf)
+        setattr(parent, leaf, nn.Linear(dim, old.out_features, bias=old.bias is not None))
+        k = self.stage_names.index(self.split)
+        self.stage_names = (*self.stage_names[:k], "proj", *self.stage_names[k:])
+        self.feature_shape = (dim,)
+        self.feature_dim = dim
+
     def _body_output_shape(self) -> tuple[int, ...]:
         was_training = self.body.training
         self.body.eval()  # the dummy forward must not update BatchNorm running statistics

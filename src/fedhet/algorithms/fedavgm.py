@@ -1,0 +1,60 @@
+"""FedAvgM (Hsu, Qi & Brown, 2019, "Measuring the Effects of Non-Identical Data Distribution
+for Federated Visual Classification", Sec. 3): FedAvg with server momentum.
+
+The averaged client update is treated as a pseudo-gradient and applied with heavy-ball momentum:
+
+    d_t     = w_t - avg_k(w_k)            (avg: FedAvg's sample-size weighted average)
+    v_t     = beta * v_{t-1} + d_t        (v_0 = 0)
+    w_{t+1} = w_t - server_lr * v_t
+
+With ``beta = 0`` and ``server_lr = 1`` it is FedAvg (up to float rounding of ``w - (w - avg)``).
+The velocity lives in the server state. BatchNorm statistics (running mean/var, the integer
+``num_batches_tracked``) are not optimised by gradients, so they simply take the average: a
+momentum step on a running variance could overshoot below zero.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from fedhet.algorithms.base import Arrays, Replies, RoundContext, State
+from fedhet.algorithms.fedavg import FedAvg
+
+BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def server_trainable(weights: Arrays) -> list[str]:
+    """Names the server treats as trainable: floating tensors that are not BatchNorm statistics.
+
+    The server never sees the model object, so buffers are recognised by PyTorch's BatchNorm
+    buffer names (fedhet's models have no other buffers).
+    """
+    return [k for k, v in weights.items()
+            if v.is_floating_point() and k.rsplit(".", 1)[-1] not in BN_STATISTICS]
+
+
+class FedAvgM(FedAvg):
+    name = "fedavgm"
+
+    class Params(FedAvg.Params):
+        server_momentum: float = Field(0.9, ge=0)
+        server_lr: float = Field(1.0, gt=0)
+
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        state["velocity"] = {k: torch.zeros_like(state["model"][k]) for k in server_trainable(state["model"])}
+        return state
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        old = state["model"]
+        state = super().aggregate(state, replies, ctx)
+        avg = state["model"]
+        beta, lr = self.params.server_momentum, self.params.server_lr
+        velocity, model = {}, dict(avg)
+        for k, v_prev in state["velocity"].items():
+            v = beta * v_prev + (old[k] - avg[k])
+            velocity[k] = v
+            model[k] = old[k] - lr * v
+        state["model"], state["velocity"] = model, velocity
+        return state

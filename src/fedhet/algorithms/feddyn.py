@@ -1,0 +1,80 @@
+"""FedDyn (Acar et al., ICLR 2021, "Federated Learning Based on Dynamic Regularization",
+Algorithm 1).
+
+Client k keeps ``grad_k`` (its explicit state, initially zero) and minimises (Alg. 1, line 5)
+
+    L_k(theta) - <grad_k, theta> + (alpha/2) * ||theta - theta^{t-1}||^2
+
+(:class:`~fedhet.algorithms.scaffold.Linear` with ``-grad_k`` plus
+:class:`~fedhet.algorithms.fedprox.Proximal` with ``mu = alpha``), then updates (line 6)
+
+    grad_k <- grad_k - alpha * (theta_k^t - theta^{t-1}).
+
+The server keeps ``h`` (lines 8-9), with m = all clients and P_t the clients that answered:
+
+    h^t     = h^{t-1} - alpha * (1/m) * sum_{k in P_t} (theta_k^t - theta^{t-1})
+    theta^t = (1/|P_t|) * sum_{k in P_t} theta_k^t - (1/alpha) * h^t
+
+``theta^t`` is both the model sent next round and the one evaluated (the paper's server model).
+The average is the paper's uniform mean, not FedAvg's sample-size weighting. BatchNorm
+statistics get no ``h`` correction: they are plain (uniform) averages.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import Field
+
+from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedavgm import server_trainable
+from fedhet.algorithms.fedprox import Proximal, parameter_names
+from fedhet.algorithms.local import LocalResult
+from fedhet.algorithms.objective import LossTerm
+from fedhet.algorithms.scaffold import Linear
+
+
+class FedDyn(FedAvg):
+    name = "feddyn"
+
+    class Params(FedAvg.Params):
+        alpha: float = Field(0.01, gt=0)
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        state["h"] = {k: torch.zeros_like(state["model"][k]) for k in server_trainable(state["model"])}
+        return state
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        alpha, prev = self.params.alpha, state["model"]
+        cids = sorted(replies)
+        models = [replies[c].arrays["model"] for c in cids]
+        avg = weighted_average(models, [1.0] * len(models))
+        h = {k: hk - (alpha / ctx.num_clients) * torch.stack([m[k] - prev[k] for m in models]).sum(0)
+             for k, hk in state["h"].items()}
+        state["model"] = {k: v - h[k] / alpha if k in h else v for k, v in avg.items()}
+        state["h"] = h
+        return state
+
+    # --- client ---------------------------------------------------------------------------
+    def client_grad(self, msg: Message, state: State | None, client: ClientRuntime) -> Arrays:
+        """grad_k from the client's state; zeros before its first round."""
+        if state and "dyn_grad" in state:
+            return state["dyn_grad"]
+        x = msg.arrays["model"]
+        return {k: torch.zeros_like(x[k]) for k in parameter_names(client) if k in x}
+
+    def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        grad = self.client_grad(msg, state, client)
+        return [*super().local_terms(msg, state, client),
+                Linear({k: -g for k, g in grad.items()}, name="dyn_linear"),
+                Proximal(msg.arrays["model"], self.params.alpha, list(grad), name="dyn_prox")]
+
+    def after_training(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> State | None:
+        new_state = super().after_training(result, msg, state, client)
+        x, alpha = msg.arrays["model"], self.params.alpha
+        grad = {k: g - alpha * (result.weights[k] - x[k]) for k, g in self.client_grad(msg, state, client).items()}
+        return {**(new_state or {}), "dyn_grad": grad}

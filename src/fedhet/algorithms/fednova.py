@@ -1,0 +1,82 @@
+"""FedNova (Wang, Liu, Liang, Joshi & Poor, NeurIPS 2020): normalized averaging of local updates.
+
+Clients that run more local steps move further; plain averaging then biases the global model
+towards their objectives. FedNova divides each client's update by the norm of its local
+gradient-coefficient vector and rescales the average by an effective step count (paper eq. 6,
+and the momentum case of its Section 5; reference code: NIID-Bench ``train_net_fednova`` and the
+FedNova branch of its ``experiments.py``):
+
+  client i:  tau_i = local SGD steps,  a_i = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho)
+             for SGD momentum rho (a_i = tau_i when rho = 0),  d_i = (w_global - w_i) / a_i
+  server:    p_i = n_i / sum_j n_j,  tau_eff = sum_i p_i a_i,  w <- w - tau_eff * sum_i p_i d_i
+
+The client computes a_i (as in the reference) from the momentum it actually trained with and
+reports it in the reply scalars next to ``steps``; the uploaded payload is the trained model as
+in FedAvg (the server forms d_i itself), so communication equals FedAvg's. Floating-point
+tensors, BatchNorm statistics included, follow the normalized rule as in the reference;
+non-float buffers (``num_batches_tracked``) are averaged by sample count.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.base import ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.fedavg import FedAvg
+
+
+def normalizing_factor(tau: int, rho: float) -> float:
+    """a_i = ||a||_1 of the local coefficient vector for ``tau`` SGD steps with momentum ``rho``."""
+    if rho == 0:
+        return float(tau)
+    return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
+
+
+def local_momentum(client: ClientRuntime) -> float:
+    """The SGD momentum the client's ``train`` uses (the run's ``train.momentum``).
+
+    Read from ``client.settings`` (proposed ClientRuntime member) or, in the reference simulator
+    today, from ``client.sim.settings``.
+    """
+    settings = getattr(client, "settings", None)
+    if settings is None:
+        settings = getattr(getattr(client, "sim", None), "settings", None)
+    if settings is None:
+        raise TypeError("FedNova needs the local SGD momentum, but the client runtime exposes no `settings`")
+    return float(settings.momentum)
+
+
+class FedNova(FedAvg):
+    name = "fednova"
+
+    class Params(FedAvg.Params):
+        pass
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        reply, state = super().client_update(msg, state, client)
+        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), local_momentum(client))
+        return reply, state
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        cids = sorted(replies)  # fixed order: identical float sums across engines
+        models = [replies[c].arrays["model"] for c in cids]
+        n = [float(replies[c].scalars["num_samples"]) for c in cids]
+        a = [float(replies[c].scalars["a_i"]) for c in cids]
+        p = [x / sum(n) for x in n]
+        tau_eff = sum(pi * ai for pi, ai in zip(p, a))
+        glob = state["model"]
+        new = {}
+        for name, w in glob.items():
+            if not w.is_floating_point():
+                continue
+            direction = torch.zeros_like(w)
+            for pi, ai, m in zip(p, a, models):
+                if ai > 0:  # a client that took no step has w_i == w and d_i = 0
+                    direction += (pi / ai) * (w - m[name])
+            new[name] = w - tau_eff * direction
+        ints = [k for k, w in glob.items() if not w.is_floating_point()]
+        if ints:
+            new.update(weighted_average(models, n, keys=ints))
+        state["model"] = {k: new[k] for k in glob}
+        return state

@@ -1,0 +1,90 @@
+"""FedRS (Li & Zhan, KDD 2021): federated learning with restricted softmax for label-skewed clients.
+
+A client that lacks some classes pushes their classifier weights away during local training.
+FedRS scales each class's logit by how present the class is locally (paper Sec. 4, eq. 6;
+reference code: lxcnju/FedRepo ``algorithms/fedrs.py``):
+
+  cdist_c = n_c / max_c' n_c'   over the client's training labels,  cdist = cdist (1 - alpha) + alpha
+  logits  = cdist * (h @ W^T),  loss = CE(logits, y)
+
+with h the classifier's input features and W the classifier (last Linear) weight, so a missing
+class's logit is damped by alpha (alpha = 1 is plain softmax). The restricted CE *replaces*
+the plain cross-entropy during local training; aggregation is FedAvg's.
+
+Bias: the reference classifier product ``hs.mm(ws.T)`` has no bias term, and fedhet keeps that
+faithfully: the restricted logits use the weight only. With a classifier that has a bias
+(``cnn2``'s ``head.fc2``) the bias gets no gradient under FedRS, so it stays at the common
+initialisation and is still added when the model is evaluated (as in the reference, which
+evaluates with the full classifier); ``simple_cnn``'s classifier has no bias at all.
+
+The head must be a single Linear (every model's default split); the features reaching it are
+``Forward.features``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedhet.algorithms.base import Arrays, ClientRuntime, Message, State
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.objective import Batch, Forward, LossTerm
+
+
+def restricted_distribution(counts: torch.Tensor, alpha: float) -> torch.Tensor:
+    """cdist = (n_c / max n) (1 - alpha) + alpha, as float."""
+    counts = counts.float()
+    return counts / counts.max() * (1.0 - alpha) + alpha
+
+
+def classifier_weight_name(model: nn.Module) -> str:
+    """Name of the weight of the head's one Linear layer (the classifier FedRS restricts)."""
+    head = model.head
+    owners = {name.rpartition(".")[0] for name, _ in head.named_parameters()}
+    linears = [name for name, m in head.named_modules() if isinstance(m, nn.Linear)]
+    if len(linears) != 1 or owners != {linears[0]}:
+        raise ValueError("FedRS restricts a linear classifier: the model's head must be a single Linear layer "
+                         "(use the architecture's default split)")
+    return f"head.{linears[0]}.weight"
+
+
+class RestrictedCrossEntropy(LossTerm):
+    """CE of ``cdist * (h @ W^T)``: the restricted softmax, with no bias (as in the reference)."""
+
+    name = "restricted_ce"
+
+    def __init__(self, cdist: torch.Tensor, weight_name: str):
+        self.cdist = cdist
+        self.weight_name = weight_name
+
+    def logits(self, features: torch.Tensor, weights: Arrays) -> torch.Tensor:
+        return self.cdist * (features @ weights[self.weight_name].T)
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        return F.cross_entropy(self.logits(out.features, weights), batch.y)
+
+
+class FedRS(FedAvg):
+    name = "fedrs"
+
+    class Params(FedAvg.Params):
+        alpha: float = 0.5
+
+    def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        """The data term (proposed FedAvg hook, default ``[CrossEntropy()]``): the restricted CE."""
+        labels = client.data.y[client.data.train_idx]
+        counts = torch.bincount(labels, minlength=client.num_classes)
+        cdist = restricted_distribution(counts, self.params.alpha)
+        return [RestrictedCrossEntropy(cdist, classifier_weight_name(client.model))]
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        # FedAvg.client_update with its fixed CrossEntropy() replaced by ``data_terms``; drop this
+        # override once FedAvg has the ``data_terms`` hook.
+        weights = self.with_local_buffers(msg.arrays["model"], state, client)
+        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
+        result = client.train(weights, terms, **self.train_options(msg, state, client))
+        state = self.after_training(result, msg, state, client)
+        reply = Message("update", {"model": result.weights, **self.uploads(result, msg, state, client)},
+                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        return reply, state

@@ -1,0 +1,189 @@
+"""SCAFFOLD (Karimireddy et al., ICML 2020, "SCAFFOLD: Stochastic Controlled Averaging for
+Federated Learning", Algorithm 1).
+
+Server control variate ``c`` (server state), client control variate ``c_i`` (the client's
+explicit state, initially zero). Each local step corrects the client drift:
+
+    y_i <- y_i - eta * (g_i(y_i) + c - c_i)                             (Alg. 1, line 10)
+
+implemented as the :class:`Linear` loss term ``sum_p <c_p - c_i,p, w_p>``, whose gradient is
+exactly ``c - c_i``, so the run's SGD needs no special optimizer. After the K local steps:
+
+    option I:  c_i+ = grad f_i(x)   (mean gradient of the cross-entropy at the received model x,
+                                     one full pass over the client's data; costs that pass)
+    option II: c_i+ = c_i - c + (x - y_i) / (K * eta)                   (Alg. 1, line 12)
+
+The client uploads its model and ``delta c_i = c_i+ - c_i`` (message group ``"control"``); the
+server sends the model and ``c``, so both directions carry two parameter-sized groups.
+
+Server rule (Alg. 1, lines 16-17), over the set S of clients that answered, N = all clients:
+
+    x <- x + server_lr * (avg(y_i) - x)
+    c <- c + (1/N) * sum_{i in S} delta c_i          (= |S|/N * mean delta c_i)
+
+Choice: ``avg`` is FedAvg's sample-size weighted average rather than the paper's uniform mean,
+so that ``server_lr = 1`` (the paper's experiments) gives exactly FedAvg's aggregate and SCAFFOLD
+differs from FedAvg only by the control variates. BatchNorm statistics are averaged and have no
+control variate (they are not trained by gradients).
+
+Option II and the optimizer: the formula assumes plain SGD, where ``x - y_i = eta * sum_k
+(g_k + c - c_i)``. Weight decay only adds its own gradient ``wd * w`` to the estimate (the
+control then tracks the gradient of the regularised loss, which is what is minimised). SGD
+momentum ``rho`` enlarges the displacement by up to ``1/(1 - rho)``, which would inflate ``c_i``
+round after round until the loss is non-finite; fedhet therefore divides by the momentum-aware
+step count ``eta * sum_{k=1..K} (1 - rho^k)/(1 - rho)`` (the displacement of K heavy-ball steps
+under a constant gradient; ``K * eta`` when ``rho = 0``). Gradient clipping is not accounted for.
+A client that took no step keeps its control variate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+
+from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedavgm import server_trainable
+from fedhet.algorithms.fedprox import parameter_names
+from fedhet.algorithms.local import LocalResult, TrainSettings, forward
+from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+
+
+class Linear(LossTerm):
+    """``sum_p <v_p, w_p>``: a term whose gradient with respect to ``w_p`` is exactly ``v_p``.
+
+    SCAFFOLD's drift correction (``v = c - c_i``) and FedDyn's linear penalty (``v = -grad_i``).
+    """
+
+    name = "linear"
+
+    def __init__(self, coefficients: Arrays, name: str | None = None):
+        self.coefficients = {k: v.detach() for k, v in coefficients.items()}
+        if name is not None:
+            self.name = name
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        if not self.coefficients:
+            return out.logits.new_zeros(())
+        return torch.stack([(weights[k] * v).sum() for k, v in self.coefficients.items()]).sum()
+
+
+def local_settings(client: ClientRuntime) -> TrainSettings:
+    """The run's local training settings as seen by ``client``.
+
+    ``ClientRuntime`` does not (yet) expose them; the simulator's client reaches them through its
+    engine. A runtime may provide a ``settings`` attribute instead.
+    """
+    settings = getattr(client, "settings", None)
+    if settings is None:
+        settings = getattr(getattr(client, "sim", None), "settings", None)
+    if settings is None:
+        raise TypeError(f"{type(client).__name__} exposes no training settings (needed for SCAFFOLD's "
+                        f"control-variate update); give it a `settings` attribute")
+    return settings
+
+
+def effective_steps(steps: int, momentum: float) -> float:
+    """sum_{k=1..K} (1 - rho^k)/(1 - rho): displacement of K heavy-ball SGD steps in units of lr*g."""
+    if momentum == 0:
+        return float(steps)
+    rho = momentum
+    return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
+
+
+def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batch_size: int) -> Arrays:
+    """Mean cross-entropy gradient over the client's whole training split at ``weights``.
+
+    Batches are weighted by their size, so the result does not depend on ``batch_size`` for
+    models without BatchNorm. The model runs in training mode like local training does; the
+    BatchNorm statistics it updates belong to private copies and are discarded.
+    """
+    work = {k: v.detach().clone() for k, v in weights.items()}
+    leaves = [k for k in names if k in work]
+    for k in leaves:
+        work[k].requires_grad_(True)
+    grads = {k: torch.zeros_like(work[k]) for k in leaves}
+    n = len(client.data.train_idx)
+    client.model.train()
+    ce = CrossEntropy()
+    for start in range(0, n, batch_size):
+        positions = torch.arange(start, min(n, start + batch_size))
+        batch = client.data.batch(positions)
+        loss = ce(forward(client.model, work, batch.x), batch, work) * (len(positions) / n)
+        for k, g in zip(leaves, torch.autograd.grad(loss, [work[k] for k in leaves], allow_unused=True)):
+            if g is not None:
+                grads[k] += g
+    return grads
+
+
+class Scaffold(FedAvg):
+    name = "scaffold"
+
+    class Params(FedAvg.Params):
+        option: Literal["I", "II"] = "II"
+        server_lr: float = Field(1.0, gt=0)
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        state["control"] = {k: torch.zeros_like(state["model"][k]) for k in server_trainable(state["model"])}
+        return state
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        msg = super().train_message(state, cid, ctx)
+        msg.arrays["control"] = state["control"]
+        return msg
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        x = state["model"]
+        state = super().aggregate(state, replies, ctx)
+        lr = self.params.server_lr
+        if lr != 1.0:
+            state["model"] = {k: x[k] + lr * (v - x[k]) if k in state["control"] else v
+                              for k, v in state["model"].items()}
+        cids = sorted(replies)
+        state["control"] = {
+            k: c + torch.stack([replies[i].arrays["control"][k] for i in cids]).sum(0) / ctx.num_clients
+            for k, c in state["control"].items()}
+        return state
+
+    # --- client ---------------------------------------------------------------------------
+    def client_control(self, msg: Message, state: State | None) -> Arrays:
+        """c_i from the client's state; zeros (shaped like ``c``) before its first round."""
+        if state and "control" in state:
+            return state["control"]
+        return {k: torch.zeros_like(v) for k, v in msg.arrays["control"].items()}
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        reply, new_state = super().client_update(msg, state, client)
+        old, new = self.client_control(msg, state), new_state["control"]
+        reply.arrays["control"] = {k: new[k] - old[k] for k in new}
+        return reply, new_state
+
+    def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        c, ci = msg.arrays["control"], self.client_control(msg, state)
+        params = set(parameter_names(client))
+        correction = Linear({k: c[k] - ci[k] for k in c if k in params}, name="scaffold")
+        return [*super().local_terms(msg, state, client), correction]
+
+    def after_training(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> State | None:
+        new_state = super().after_training(result, msg, state, client)
+        x, c, ci = msg.arrays["model"], msg.arrays["control"], self.client_control(msg, state)
+        params = set(parameter_names(client))
+        if self.params.option == "I":
+            grads = full_gradient(client, x, [k for k in c if k in params], local_settings(client).batch_size)
+            new_ci = {k: grads[k] if k in grads else ci[k] for k in c}
+        elif result.steps == 0:
+            new_ci = dict(ci)
+        else:
+            s = local_settings(client)
+            scale = s.lr * effective_steps(result.steps, s.momentum)
+            new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / scale if k in params else ci[k] for k in c}
+        return {**(new_state or {}), "control": new_ci}
+
+    def round_metrics(self, state: State) -> dict[str, Any]:
+        norm = sum(float(v.pow(2).sum()) for v in state["control"].values()) ** 0.5
+        return {**super().round_metrics(state), "scaffold_control_norm": norm}

@@ -1,0 +1,129 @@
+"""A federation: the in-memory data pools and every client's train and local-test indices.
+
+Images stay in one compact uint8 tensor per pool; clients hold index tensors into it, so no
+image is copied per client or per round.
+
+Local test splits never share an image with any client's training split: ``holdout`` takes a
+fraction of the client's own (unique) indices and then drops any index that some other client
+trains on (possible with partitions that sample with replacement); ``test_set`` draws from the
+global test set with the client's training label proportions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedhet.algorithms.local import ClientData
+from fedhet.data import partition as partitioners
+from fedhet.data.datasets import ImageData, load_dataset
+from fedhet.errors import PartitionError
+from fedhet.experiment.config import DataConfig
+from fedhet.seeding import numpy_rng
+
+
+@dataclass
+class Federation:
+    dataset: str
+    num_classes: int
+    in_channels: int
+    image_size: int
+    pool: ImageData                   # training pool (train split, or train+test when pooled)
+    test: ImageData | None            # balanced global test set (None when pooled)
+    train_idx: list[torch.Tensor]     # per client, into pool
+    test_idx: list[torch.Tensor]      # per client, into test_source(cid)
+    local_test_source: str            # "holdout" (indices into pool) or "test_set"
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.train_idx)
+
+    def client_data(self, cid: int) -> ClientData:
+        return ClientData(self.pool.x, self.pool.y, self.train_idx[cid], self.mean, self.std)
+
+    def local_test(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 images, labels) of client ``cid``'s local test split."""
+        src = self.pool if self.local_test_source == "holdout" else self.test
+        idx = self.test_idx[cid]
+        return src.x[idx], src.y[idx]
+
+    def train_counts(self) -> np.ndarray:
+        """(clients, classes) training label counts."""
+        y = self.pool.y.numpy()
+        return np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes) for i in self.train_idx])
+
+    def test_counts(self) -> np.ndarray:
+        src = self.pool if self.local_test_source == "holdout" else self.test
+        y = src.y.numpy()
+        return np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes) for i in self.test_idx])
+
+    def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
+        return (x_uint8.float().div_(255.0) - self.mean) / self.std
+
+
+def _concat(a: ImageData, b: ImageData) -> ImageData:
+    return ImageData(torch.cat([a.x, b.x]), torch.cat([a.y, b.y]), a.num_classes, a.mean, a.std, name=a.name)
+
+
+def build_federation(cfg: DataConfig, seed: int) -> Federation:
+    train = load_dataset(cfg.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
+    test = load_dataset(cfg.dataset, cfg.root, train=False, download=cfg.download, verify=cfg.verify)
+    pool, global_test = (train, test) if cfg.pool == "train" else (_concat(train, test), None)
+    labels = pool.y.numpy()
+    k = cfg.num_clients
+
+    options = cfg.partition.options()
+    if cfg.partition.kind == "natural":
+        parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
+    else:
+        parts = partitioners.partition(cfg.partition.kind, labels, k, seed=int(numpy_rng(seed, "partition").integers(2**31)),
+                                       **options)
+
+    rng = numpy_rng(seed, "local_test")
+    train_idx, test_idx = [], []
+    if cfg.local_test.source == "holdout":
+        for part in parts:
+            tr, te = partitioners.holdout_split(np.unique(part), cfg.local_test.fraction, rng)
+            keep = np.isin(part, tr)  # duplicates drawn with replacement stay with their image's side
+            train_idx.append(part[keep])
+            test_idx.append(te)
+        used = np.unique(np.concatenate(train_idx))
+        test_idx = [te[~np.isin(te, used)] for te in test_idx]
+    else:
+        test_labels = global_test.y.numpy()
+        for part in parts:
+            size = max(1, round(cfg.local_test.fraction * len(part)))
+            test_idx.append(partitioners.sample_like(labels[part], test_labels, size, train.num_classes, rng))
+            train_idx.append(part)
+    for cid, (tr, te) in enumerate(zip(train_idx, test_idx)):
+        if len(tr) == 0:
+            raise PartitionError(f"client {cid} received no training samples; use fewer clients or another partition")
+        if len(te) == 0:
+            raise PartitionError(f"client {cid} has an empty local test split (fraction {cfg.local_test.fraction} "
+                                 f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data")
+
+    c = train.x.shape[1]
+    return Federation(
+        dataset=cfg.dataset, num_classes=train.num_classes, in_channels=c, image_size=train.x.shape[-1],
+        pool=pool, test=global_test,
+        train_idx=[torch.as_tensor(np.sort(t), dtype=torch.long) for t in train_idx],
+        test_idx=[torch.as_tensor(np.sort(t), dtype=torch.long) for t in test_idx],
+        local_test_source=cfg.local_test.source,
+        mean=torch.tensor(train.mean, dtype=torch.float32).view(1, c, 1, 1),
+        std=torch.tensor(train.std, dtype=torch.float32).view(1, c, 1, 1),
+    )
+
+
+def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """One client per writer (FEMNIST); ``k`` writers chosen at random when there are more."""
+    if pool.writers is None:
+        raise PartitionError(f"partition 'natural' needs a dataset with natural clients (femnist), not {pool.name}")
+    writers = np.unique(pool.writers)
+    if k > len(writers):
+        raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers")
+    chosen = np.sort(rng.choice(writers, size=k, replace=False))
+    return [np.flatnonzero(pool.writers == w) for w in chosen]
