@@ -135,6 +135,12 @@ def test_fedrs_trains_on_restricted_ce_only_with_client_label_counts():
     FedRS(FedRS.Params(alpha=0.5)).client_update(Message("train", {"model": {"w": torch.zeros(1)}}), None, client)
     assert len(client.terms) == 1 and not isinstance(client.terms[0], CrossEntropy)
     torch.testing.assert_close(client.terms[0].cdist, torch.tensor([1.0, 0.5, 0.75]))
+    # composed with FedNova in either order, the restricted CE and FedNova's a_i both apply
+    for combo in (compose([FedRS, FedNova]), compose([FedNova, FedRS])):
+        client = FakeClient(steps=3, momentum=0.9, model=model)
+        reply, _ = combo().client_update(Message("train", {"model": {"w": torch.zeros(1)}}), None, client)
+        assert [type(t) for t in client.terms] == [RestrictedCrossEntropy]
+        assert reply.scalars["a_i"] == pytest.approx(5.61)
     with pytest.raises(ValueError, match="single Linear"):
         classifier_weight_name(build_model("cnn2", 1, 3, 28, split="fc1"))
 

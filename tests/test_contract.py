@@ -157,3 +157,11 @@ def test_composed_methods_chain_their_terms_and_merge_params():
         AB.Params(gamma=1)
     with pytest.raises(KeyError, match="unknown algorithm 'nope'"):
         algorithm_class("fedavg+nope")
+
+
+def test_composition_refuses_clashing_parameter_names():
+    from fedhet.algorithms import algorithm_class
+
+    with pytest.raises(KeyError, match="both fedprox and moon have a parameter 'mu'"):
+        algorithm_class("fedprox+moon")
+    assert algorithm_class("fedprox+scaffold").name == "fedprox+scaffold"

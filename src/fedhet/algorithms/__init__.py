@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedavgm import FedAvgM
+from fedhet.algorithms.fedcme import FedCME
+from fedhet.algorithms.feddyn import FedDyn
+from fedhet.algorithms.fednova import FedNova
+from fedhet.algorithms.fedprox import FedProx
+from fedhet.algorithms.fedrs import FedRS
 from fedhet.algorithms.local_only import LocalOnly
+from fedhet.algorithms.moon import Moon
+from fedhet.algorithms.scaffold import Scaffold
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedAvg, LocalOnly)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME)
+}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
@@ -26,6 +36,12 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
         if not issubclass(cls, FedAvg):
             raise KeyError(f"{cls.name!r} cannot be combined with other methods: only FedAvg-family methods compose")
     name = "+".join(cls.name for cls in classes)
+    owner: dict[str, str] = {}
+    for cls in classes:
+        for field in set(cls.Params.model_fields) - set(FedAvg.Params.model_fields):
+            if field in owner:
+                raise KeyError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter {field!r}")
+            owner[field] = cls.name
     params = type(f"Params[{name}]", tuple(cls.Params for cls in classes), {})
     try:
         return type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})

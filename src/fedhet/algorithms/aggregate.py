@@ -37,3 +37,16 @@ def weighted_average(models: Sequence[Arrays], weights: Sequence[float], keys: S
 def select(weights: Arrays, prefix: str) -> Arrays:
     """The tensors whose names start with ``prefix`` (e.g. ``"head."``)."""
     return {k: v for k, v in weights.items() if k.startswith(prefix)}
+
+
+BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+
+
+def server_trainable(weights: Arrays) -> list[str]:
+    """Names the server treats as trainable: floating tensors that are not BatchNorm statistics.
+
+    The server never sees the model object, so buffers are recognised by PyTorch's BatchNorm
+    buffer names (fedhet's models have no other buffers).
+    """
+    return [k for k, v in weights.items()
+            if v.is_floating_point() and k.rsplit(".", 1)[-1] not in BN_STATISTICS]

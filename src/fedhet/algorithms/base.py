@@ -140,6 +140,7 @@ class ClientRuntime:
     num_classes: int
     num_samples: int                 # size of the client's training split
     data: Any                        # fedhet.algorithms.local.ClientData
+    settings: Any                    # fedhet.algorithms.local.TrainSettings: epochs, batch size, lr, momentum, ...
 
     def train(self, weights: Arrays, terms=None, *, epochs: int | None = None, start_epoch: int = 0,
               trainable=None, optimizer_state: Arrays | None = None, augment=None):

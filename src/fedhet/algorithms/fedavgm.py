@@ -18,27 +18,15 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from fedhet.algorithms.aggregate import server_trainable
 from fedhet.algorithms.base import Arrays, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
-
-BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
-
-
-def server_trainable(weights: Arrays) -> list[str]:
-    """Names the server treats as trainable: floating tensors that are not BatchNorm statistics.
-
-    The server never sees the model object, so buffers are recognised by PyTorch's BatchNorm
-    buffer names (fedhet's models have no other buffers).
-    """
-    return [k for k, v in weights.items()
-            if v.is_floating_point() and k.rsplit(".", 1)[-1] not in BN_STATISTICS]
-
 
 class FedAvgM(FedAvg):
     name = "fedavgm"
 
     class Params(FedAvg.Params):
-        server_momentum: float = Field(0.9, ge=0)
+        server_momentum: float = Field(0.9, ge=0, lt=1)
         server_lr: float = Field(1.0, gt=0)
 
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

@@ -33,20 +33,6 @@ def normalizing_factor(tau: int, rho: float) -> float:
     return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
 
 
-def local_momentum(client: ClientRuntime) -> float:
-    """The SGD momentum the client's ``train`` uses (the run's ``train.momentum``).
-
-    Read from ``client.settings`` (proposed ClientRuntime member) or, in the reference simulator
-    today, from ``client.sim.settings``.
-    """
-    settings = getattr(client, "settings", None)
-    if settings is None:
-        settings = getattr(getattr(client, "sim", None), "settings", None)
-    if settings is None:
-        raise TypeError("FedNova needs the local SGD momentum, but the client runtime exposes no `settings`")
-    return float(settings.momentum)
-
-
 class FedNova(FedAvg):
     name = "fednova"
 
@@ -55,7 +41,7 @@ class FedNova(FedAvg):
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         reply, state = super().client_update(msg, state, client)
-        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), local_momentum(client))
+        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), client.settings.momentum)
         return reply, state
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:

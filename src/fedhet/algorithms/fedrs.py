@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 from torch import nn
 
 from fedhet.algorithms.base import Arrays, ClientRuntime, Message, State
@@ -69,22 +70,11 @@ class FedRS(FedAvg):
     name = "fedrs"
 
     class Params(FedAvg.Params):
-        alpha: float = 0.5
+        alpha: float = Field(0.5, ge=0, le=1)
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
-        """The data term (proposed FedAvg hook, default ``[CrossEntropy()]``): the restricted CE."""
+        """FedAvg's data term, plain cross-entropy, replaced by the restricted CE."""
         labels = client.data.y[client.data.train_idx]
         counts = torch.bincount(labels, minlength=client.num_classes)
         cdist = restricted_distribution(counts, self.params.alpha)
         return [RestrictedCrossEntropy(cdist, classifier_weight_name(client.model))]
-
-    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
-        # FedAvg.client_update with its fixed CrossEntropy() replaced by ``data_terms``; drop this
-        # override once FedAvg has the ``data_terms`` hook.
-        weights = self.with_local_buffers(msg.arrays["model"], state, client)
-        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
-        result = client.train(weights, terms, **self.train_options(msg, state, client))
-        state = self.after_training(result, msg, state, client)
-        reply = Message("update", {"model": result.weights, **self.uploads(result, msg, state, client)},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
-        return reply, state

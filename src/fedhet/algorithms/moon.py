@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from fedhet.algorithms.base import Arrays, ClientRuntime, Message, State
 from fedhet.algorithms.fedavg import FedAvg
@@ -67,8 +68,8 @@ class Moon(FedAvg):
     name = "moon"
 
     class Params(FedAvg.Params):
-        mu: float = 1.0
-        tau: float = 0.5
+        mu: float = Field(1.0, ge=0)
+        tau: float = Field(0.5, gt=0)
 
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime):
         glob = self.with_local_buffers(msg.arrays["model"], state, client)

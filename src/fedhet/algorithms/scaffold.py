@@ -45,9 +45,9 @@ from pydantic import Field
 
 from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedavgm import server_trainable
+from fedhet.algorithms.aggregate import server_trainable
 from fedhet.algorithms.fedprox import parameter_names
-from fedhet.algorithms.local import LocalResult, TrainSettings, forward
+from fedhet.algorithms.local import LocalResult, forward
 from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
 
 
@@ -68,21 +68,6 @@ class Linear(LossTerm):
         if not self.coefficients:
             return out.logits.new_zeros(())
         return torch.stack([(weights[k] * v).sum() for k, v in self.coefficients.items()]).sum()
-
-
-def local_settings(client: ClientRuntime) -> TrainSettings:
-    """The run's local training settings as seen by ``client``.
-
-    ``ClientRuntime`` does not (yet) expose them; the simulator's client reaches them through its
-    engine. A runtime may provide a ``settings`` attribute instead.
-    """
-    settings = getattr(client, "settings", None)
-    if settings is None:
-        settings = getattr(getattr(client, "sim", None), "settings", None)
-    if settings is None:
-        raise TypeError(f"{type(client).__name__} exposes no training settings (needed for SCAFFOLD's "
-                        f"control-variate update); give it a `settings` attribute")
-    return settings
 
 
 def effective_steps(steps: int, momentum: float) -> float:
@@ -174,12 +159,13 @@ class Scaffold(FedAvg):
         x, c, ci = msg.arrays["model"], msg.arrays["control"], self.client_control(msg, state)
         params = set(parameter_names(client))
         if self.params.option == "I":
-            grads = full_gradient(client, x, [k for k in c if k in params], local_settings(client).batch_size)
+            start = self.with_local_buffers(x, state, client)       # the weights training started from
+            grads = full_gradient(client, start, [k for k in c if k in params], client.settings.batch_size)
             new_ci = {k: grads[k] if k in grads else ci[k] for k in c}
         elif result.steps == 0:
             new_ci = dict(ci)
         else:
-            s = local_settings(client)
+            s = client.settings
             scale = s.lr * effective_steps(result.steps, s.momentum)
             new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / scale if k in params else ci[k] for k in c}
         return {**(new_state or {}), "control": new_ci}

@@ -30,7 +30,12 @@ class RoundStats:
     train_seconds: float = 0.0
     aggregate_seconds: float = 0.0
     samples: int = 0                   # local sample-steps trained this round
-    losses: dict[int, float] = field(default_factory=dict)
+    loss_sums: dict[int, float] = field(default_factory=dict)   # per client: sum of step losses over all phases
+    steps: dict[int, int] = field(default_factory=dict)
+
+    def mean_train_loss(self) -> float | None:
+        total = sum(self.steps.values())
+        return sum(self.loss_sums.values()) / total if total else None
 
 
 class SimClient(ClientRuntime):
@@ -46,12 +51,13 @@ class SimClient(ClientRuntime):
         self.data = sim.federation.client_data(cid)
         self.num_samples = len(self.data.train_idx)
         self.buffer_names = sim.buffer_names[self.arch]
+        self.settings = sim.settings
         self._stats = stats
 
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable=None, optimizer_state: Arrays | None = None,
               augment=None, settings: TrainSettings | None = None) -> LocalResult:
-        s = settings or self.sim.settings
+        s = settings or self.settings
         if epochs is not None:
             s = TrainSettings(**{**s.__dict__, "epochs": epochs})
         result = train_local(
@@ -61,7 +67,8 @@ class SimClient(ClientRuntime):
             where=f"in round {self.round}, client {self.cid}, algorithm {self.sim.algorithm.name}",
         )
         self._stats.samples += result.samples
-        self._stats.losses[self.cid] = result.mean_loss
+        self._stats.loss_sums[self.cid] = self._stats.loss_sums.get(self.cid, 0.0) + result.mean_loss * result.steps
+        self._stats.steps[self.cid] = self._stats.steps.get(self.cid, 0) + result.steps
         return result
 
     def generator(self, *purpose: int | str) -> torch.Generator:

@@ -212,7 +212,7 @@ class Experiment:
                 stats = self.sim.run_round(rnd)
                 done = rnd + 1
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
-                       "train_loss": (sum(stats.losses.values()) / len(stats.losses)) if stats.losses else None,
+                       "train_loss": stats.mean_train_loss(),
                        "samples": stats.samples, "comm": self.sim.ledger.round_summary(rnd)}
                 t_eval = 0.0
                 if done % cfg.eval.every == 0 or done == cfg.train.rounds:

@@ -1,0 +1,451 @@
+"""FedCME (Nie, Xiao, Yang & Wu): client matching, classifier exchanging and feature alignment.
+
+Source: FedCME paper (papers/000), Algorithm 1 (ServerExecute) and Algorithm 2 (ClientExecute),
+Sec. IV. No official code exists; every choice the paper leaves open is listed below.
+
+One round (Algorithm 1 lines 3-8):
+
+1. Matching (Algorithm 1 lines 11-24, :func:`make_matching`). The server keeps the last uploaded
+   evaluation vector ``eps[k]`` of every client (per-class accuracy, see 3). With the vectors of
+   the sampled clients it forms ``eps_g`` = their mean, sorts the clients by
+   ``cos(eps_k, eps_g)`` ascending (least typical first), and repeatedly pops the first client k
+   and pairs it with the remaining client j that minimises ``cos(eps_k, eps_j)``.
+2. Phase A (Algorithm 2 lines 3-16, epochs ``0 .. floor(E/2)-1``). Every sampled client receives
+   the global model, the global per-class features ``zeta`` (array group ``"features"``) and
+   its counterpart's id, and trains ``floor(E/2)`` epochs on
+   ``CE + mu * L2Loss`` (Eq. 9-10, :class:`FeatureAlignment`) while accumulating detached
+   per-class feature sums. It replies with the part it will hand over (array group
+   ``"exchange"``: the classifier by default).
+3. Phase B (Algorithm 2 lines 4-5 and 22-24, epochs ``floor(E/2) .. E-1``). The server forwards
+   to each client its counterpart's mid-round part; the client puts it in place of its own,
+   trains the remaining ``E - floor(E/2)`` epochs (same batches as an unsplit run), and uploads
+   its model (``"model"``), its per-class feature means ``zeta_k`` (Algorithm 2 line 18,
+   ``"features"``) and its evaluation vector ``eps_k`` (Eq. 4, Algorithm 2 lines 19-20,
+   ``"evaluation"``): per-class accuracy of the final (swapped) model on a random
+   ``eval_fraction`` subset of its TRAINING data.
+4. Aggregation (Algorithm 1 lines 25-36, :func:`aggregate_features`): FedAvg on the models,
+   ``eps[k] <- eps_k``, and the global features with memory (a class a client did not see takes
+   the previous global value; unweighted mean over the clients).
+
+Ablations of the paper's Sec. V-B, all selected by ``algorithm.params``:
+
+============  ==========================================================================
+variant       params
+============  ==========================================================================
+FedCME        ``exchange: classifier, matching: one_to_one, mu > 0`` (defaults, mu 0.01)
+FedCME-OL     ``exchange: none`` - L2 feature alignment only; one phase of E epochs
+FedCME-OE     ``mu: 0`` - classifier exchange only; no features are sent or uploaded
+FedCME-MTO    ``matching: many_to_one`` - every client takes the classifier of its most
+              dissimilar sampled client; one classifier may go to several clients
+FedCME-WM     ``exchange: whole`` - the whole mid-round model is exchanged
+FedCME-FE     ``exchange: extractor`` - only the feature extractor (body) is exchanged
+============  ==========================================================================
+
+Decisions where the paper is silent or inconsistent (seed-specs decision rows 1-7):
+
+* The text of Sec. IV-A says "exchange the feature extractor"; Algorithm 2, the title, Fig. 1
+  and the FedCME-FE ablation say classifier: the classifier is exchanged (row 1).
+* Classifier = the model's head (``model.split``; for ``cnn2`` the last Linear, 512 -> C), so
+  the features are the head's input (row 4).
+* A client never sampled before has no evaluation vector (``None``); cosine similarity with
+  ``None`` or with a zero vector is 0, and ``eps_g`` treats ``None`` as a zero vector (it is
+  the mean over all sampled clients, Algorithm 1 line 15; dividing by the number of known
+  vectors instead would only rescale ``eps_g`` and leave every cosine, hence the matching,
+  unchanged). In round 0 every similarity is 0,
+  so clients pair in sampling order (row 3). Ties in the greedy search go to the client that
+  comes first in the sorted order.
+* Odd number of sampled clients: the last client left has no counterpart and trains all E
+  epochs without an exchange (it still takes part in both phases, receiving an empty
+  ``"continue"`` message in phase B).
+* A client whose counterpart did not answer phase A (dropped out) continues without the swap.
+* ``zeta`` starts undefined (a per-class ``defined`` mask); the L2 term skips undefined
+  classes and, in aggregation, a class without a previous global value is averaged over the
+  clients that saw it, and stays undefined if none did (rows 2, 3). Algorithm 1 lines 29-33
+  are authoritative over the reversed sentence of Sec. IV-B.
+* ``zeta_k`` is the running mean of the detached features over all E epochs' batches, with
+  the evolving model (Algorithm 2 lines 12 and 18), not an extra pass with the final model as
+  Eq. 5 suggests (row 5). ``sum/count`` equals line 18's ``/(E*|D_kc|)`` when no batch is
+  dropped.
+* ``D_eval`` is a random ``round(eval_fraction * n_k)`` (at least 1) subset of the client's
+  training split, drawn from the client's ``"eval_subset"`` stream of the round; classes absent
+  from it get accuracy 0 (Eq. 4 and the sentence after it; row 7).
+* Optimizer: each phase starts from fresh SGD state (plain SGD without momentum, the paper's
+  setting, has none; with momentum this re-creates it after the swap).
+* With ``mu == 0`` (FedCME-OE) there is nothing to align to, so the global features are not
+  sent and the local features are not uploaded (the ablation's communication is the
+  exchange's only).
+
+Engine contract notes: the client reads the run's number of local epochs E from
+``client.settings.epochs``. :class:`FeatureAlignment` is a stateful loss term (its accumulators see every batch once, in order), which the sequential
+``train_local`` guarantees.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import pydantic
+import torch
+
+from fedhet.algorithms.aggregate import select
+from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, RoundGenerator, State
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.local import ClientData, forward
+from fedhet.algorithms.objective import Batch, Forward, LossTerm
+
+Vectors = dict[int, "torch.Tensor | None"]
+
+# Client-state key of what survives between a client's phase A and phase B.
+MID = "fedcme_mid"
+
+
+# --- matching (server) -------------------------------------------------------------------
+def cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
+    """Cosine similarity; 0 when either vector is missing (``None``) or zero (seed-specs row 3)."""
+    if a is None or b is None:
+        return 0.0
+    a = a.double().flatten()
+    b = b.double().flatten()
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0.0 or nb == 0.0:
+        return 0.0
+    return float(a @ b) / (na * nb)
+
+
+def _typicality_order(vectors: Vectors, clients: list[int]) -> list[int]:
+    """Clients sorted by cos(eps_k, eps_g) ascending (FedCME paper (papers/000), Algorithm 1
+    lines 13-17). eps_g is the mean over ALL sampled clients with a missing vector counted as
+    zeros. The sort is stable: equal similarities keep sampling order."""
+    present = [vectors.get(k) for k in clients if vectors.get(k) is not None]
+    if present:
+        g = torch.stack([v.double().flatten() for v in present]).sum(0) / len(clients)
+    else:
+        g = None
+    return sorted(clients, key=lambda k: cosine(vectors.get(k), g))
+
+
+def make_matching(vectors: Vectors, clients: list[int]) -> dict[int, int | None]:
+    """One-to-one counterparts (FedCME paper (papers/000), Algorithm 1 lines 11-24).
+
+    ``vectors[k]`` is client k's last evaluation vector or ``None`` (never seen). Returns
+    ``{k: j}`` with ``j``'s classifier going to ``k`` and vice versa; with an odd number of
+    clients the last one left maps to ``None`` (no exchange).
+    """
+    remaining = _typicality_order(vectors, clients)
+    match: dict[int, int | None] = {}
+    while remaining:
+        k = remaining.pop(0)                                   # Algorithm 1 line 19
+        if not remaining:
+            match[k] = None                                    # odd count: unpaired
+            break
+        # Algorithm 1 line 20; min() keeps the first minimum: ties go to the earliest in sorted order.
+        j = min(remaining, key=lambda c: cosine(vectors.get(k), vectors.get(c)))
+        remaining.remove(j)                                    # Algorithm 1 line 22
+        match[k], match[j] = j, k                              # Algorithm 1 line 21
+    return {k: match[k] for k in clients}
+
+
+def make_many_to_one(vectors: Vectors, clients: list[int]) -> dict[int, int | None]:
+    """FedCME-MTO (paper Sec. V-B, Fig. 4): client k takes the classifier of its most dissimilar
+    other sampled client; several clients may take the same one (and some classifiers go unused).
+    Ties go to the earliest client in the typicality order of :func:`make_matching`; a client
+    alone in its round maps to ``None``."""
+    order = _typicality_order(vectors, clients)
+    out: dict[int, int | None] = {}
+    for k in clients:
+        others = [j for j in order if j != k]
+        out[k] = min(others, key=lambda c: cosine(vectors.get(k), vectors.get(c))) if others else None
+    return out
+
+
+def matching_pairs(match: dict[int, int | None], clients: list[int]) -> list[list[int | None]]:
+    """A one-to-one matching as a list of ``[k, j]`` pairs (each pair once, ``[k, None]`` unpaired)."""
+    seen: set[int] = set()
+    pairs = []
+    for k in clients:
+        if k in seen:
+            continue
+        j = match[k]
+        seen.add(k)
+        if j is not None:
+            seen.add(j)
+        pairs.append([k, j])
+    return pairs
+
+
+# --- feature alignment (client) ----------------------------------------------------------
+class FeatureAlignment(LossTerm):
+    """``mu * L2Loss`` of Eq. 9-10 plus the running per-class feature sums of Algorithm 2.
+
+    L2Loss = sum over classes c present in the batch whose global feature ``zeta[c]`` is
+    defined of ``|| mean_{i in B, y_i = c} h_i - zeta[c] ||_2^2`` (squared L2 summed over
+    feature dimensions and classes; ``zeta`` is a constant). FedCME paper (papers/000),
+    Algorithm 2 lines 8-13.
+
+    Every call also adds the batch's detached per-class feature sums and counts to
+    ``sums`` (C, d, float64) and ``counts`` (C,) (Algorithm 2 line 12); they start from the
+    values given (phase B continues phase A's accumulation) or zeros on the first batch.
+    With ``zeta is None`` (nothing defined yet) the loss is 0 and only the accumulation runs.
+    """
+
+    name = "l2"
+
+    def __init__(self, mu: float, num_classes: int, zeta: torch.Tensor | None = None,
+                 defined: torch.Tensor | None = None, sums: torch.Tensor | None = None,
+                 counts: torch.Tensor | None = None):
+        self.mu = float(mu)
+        self.num_classes = num_classes
+        self.zeta = zeta
+        self.defined = defined.bool() if defined is not None else None
+        if zeta is not None and self.defined is None:
+            self.defined = torch.ones(num_classes, dtype=torch.bool)
+        self.sums = sums.clone() if sums is not None else None
+        self.counts = counts.clone() if counts is not None else None
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        h = out.features
+        onehot = torch.nn.functional.one_hot(batch.y, self.num_classes).to(h.dtype)   # (B, C)
+        class_sums = onehot.T @ h                                                      # (C, d)
+        class_counts = onehot.sum(0)                                                   # (C,)
+        # Algorithm 2 line 12: accumulate detached sums for zeta_k.
+        if self.sums is None:
+            self.sums = torch.zeros(self.num_classes, h.shape[1], dtype=torch.float64)
+            self.counts = torch.zeros(self.num_classes, dtype=torch.int64)
+        self.sums += class_sums.detach().double()
+        self.counts += class_counts.detach().round().long()
+        if self.zeta is None or self.mu == 0.0:
+            return h.sum() * 0.0
+        use = (class_counts > 0) & self.defined.to(h.device)
+        if not bool(use.any()):
+            return h.sum() * 0.0
+        means = class_sums[use] / class_counts[use].unsqueeze(1)                      # Algorithm 2 line 13
+        l2 = ((means - self.zeta[use].to(h.dtype)) ** 2).sum()
+        return self.mu * l2
+
+    def local_features(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(zeta_k, counts)``: per-class means (zeros where count is 0) and counts
+        (Algorithm 2 line 18), or None if no batch was seen."""
+        if self.sums is None:
+            return None
+        cnt = self.counts.clamp(min=1).double().unsqueeze(1)
+        means = torch.where(self.counts.unsqueeze(1) > 0, self.sums / cnt, torch.zeros_like(self.sums))
+        return means.float(), self.counts.clone()
+
+
+def aggregate_features(prev: torch.Tensor | None, prev_defined: torch.Tensor | None,
+                       uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Global features with memory (FedCME paper (papers/000), Algorithm 1 lines 27-35).
+
+    ``uploads`` holds each replying client's ``(zeta_k (C, d), counts (C,))``. For class c, a
+    client that did not see c (count 0) contributes the previous global ``zeta[c]``
+    (lines 30-31); the new value is the unweighted mean over the clients (line 35). A class with
+    no previous value is averaged over the clients that saw it, and stays undefined if none did
+    (seed-specs row 3). Returns ``(zeta, defined)``, or the previous pair if nothing was uploaded.
+    """
+    if not uploads:
+        return (prev, prev_defined) if prev is not None else None
+    num_classes, dim = uploads[0][0].shape
+    if prev is None:
+        prev = torch.zeros(num_classes, dim)
+        prev_defined = torch.zeros(num_classes, dtype=torch.bool)
+    total = torch.zeros(num_classes, dim, dtype=torch.float64)
+    n = torch.zeros(num_classes, dtype=torch.float64)
+    for means, counts in uploads:
+        have = counts > 0
+        fill = ~have & prev_defined
+        total += torch.where(have.unsqueeze(1), means.double(), torch.zeros_like(total))
+        total += torch.where(fill.unsqueeze(1), prev.double(), torch.zeros_like(total))
+        n += (have | fill).double()
+    defined = n > 0
+    zeta = torch.where(defined.unsqueeze(1), total / n.clamp(min=1).unsqueeze(1), torch.zeros_like(total))
+    return zeta.float(), defined
+
+
+# --- evaluation vector (client) ----------------------------------------------------------
+def eval_subset(n: int, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """Positions of a random ``round(fraction * n)`` (at least 1) subset of a training split."""
+    if n == 0:
+        return torch.zeros(0, dtype=torch.long)
+    m = min(n, max(1, int(round(fraction * n))))
+    return torch.randperm(n, generator=generator)[:m]
+
+
+@torch.no_grad()
+def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int,
+                      positions: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
+    """Per-class accuracy of ``weights`` on the training positions given, 0 for absent classes
+    (FedCME paper (papers/000), Eq. 4 and Algorithm 2 line 20)."""
+    correct = torch.zeros(num_classes, dtype=torch.float64)
+    total = torch.zeros(num_classes, dtype=torch.float64)
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(positions), batch_size):
+            idx = data.train_idx[positions[i:i + batch_size]]
+            y = data.y[idx]
+            pred = forward(model, weights, data.inputs(idx)).logits.argmax(1)
+            total += torch.bincount(y, minlength=num_classes).double()
+            correct += torch.bincount(y[pred == y], minlength=num_classes).double()
+    finally:
+        model.train(was_training)
+    return torch.where(total > 0, correct / total.clamp(min=1), torch.zeros_like(total)).float()
+
+
+class FedCME(FedAvg):
+    """FedCME and its ablations (OL, OE, MTO, WM, FE); see the module docstring for the round,
+    the ablation table and every decision."""
+
+    name = "fedcme"
+
+    class Params(FedAvg.Params):
+        mu: float = pydantic.Field(0.01, ge=0)          # feature-alignment weight (paper: 0.1 or 0.01)
+        exchange: Literal["classifier", "whole", "extractor", "none"] = "classifier"
+        matching: Literal["one_to_one", "many_to_one"] = "one_to_one"
+        eval_fraction: float = pydantic.Field(0.2, gt=0, le=1)
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        # eps: last evaluation vector per client; zeta/defined: global per-class features.
+        state.update({"eval": {}, "features": None, "defined": None, "matching": []})
+        return state
+
+    def match(self, state: State, ctx: RoundContext) -> dict[int, int | None]:
+        """``{k: client whose mid-round part k receives}`` for this round (None: no exchange)."""
+        if self.params.exchange == "none":
+            return {k: None for k in ctx.clients}
+        vectors = {k: state["eval"].get(k) for k in ctx.clients}
+        if self.params.matching == "many_to_one":
+            return make_many_to_one(vectors, ctx.clients)
+        return make_matching(vectors, ctx.clients)
+
+    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
+        match = self.match(state, ctx)                                          # Algorithm 1 line 4
+        needed = {j for j in match.values() if j is not None}
+        phase = {}
+        for k in ctx.clients:
+            msg = self.train_message(state, k, ctx)
+            msg.scalars["partner"] = match[k]
+            msg.scalars["share"] = k in needed
+            phase[k] = msg
+        replies = yield phase                                                   # phase A (or the only phase)
+        if self.params.exchange != "none":
+            phase_b = {}
+            for k in ctx.clients:
+                if k not in replies:
+                    continue                                                    # dropped in phase A
+                j = match[k]
+                part = replies[j].arrays.get("exchange") if j is not None and j in replies else None
+                phase_b[k] = (Message("exchange", {"exchange": part}, {"partner": j}) if part is not None
+                              else Message("continue"))
+            replies = yield phase_b                                             # phase B
+        state = self.aggregate(dict(state), replies, ctx)                       # Algorithm 1 line 8
+        if self.params.exchange == "none":
+            state["matching"] = []
+        elif self.params.matching == "many_to_one":
+            state["matching"] = [[k, match[k]] for k in ctx.clients]
+        else:
+            state["matching"] = matching_pairs(match, ctx.clients)
+        return state
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        msg = super().train_message(state, cid, ctx)
+        zeta, defined = state.get("features"), state.get("defined")
+        if self.params.mu > 0 and zeta is not None and bool(defined.any()):
+            msg.arrays["features"] = {"mean": zeta, "defined": defined}
+        return msg
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        state = super().aggregate(state, replies, ctx)                          # Algorithm 1 line 26
+        cids = sorted(replies)
+        evals = dict(state.get("eval") or {})
+        for c in cids:                                                          # Algorithm 1 line 28
+            if "evaluation" in replies[c].arrays:
+                evals[c] = replies[c].arrays["evaluation"]["accuracy"]
+        state["eval"] = evals
+        uploads = [(replies[c].arrays["features"]["mean"], replies[c].arrays["features"]["count"])
+                   for c in cids if "features" in replies[c].arrays]
+        agg = aggregate_features(state.get("features"), state.get("defined"), uploads)  # lines 27-35
+        if agg is not None:
+            state["features"], state["defined"] = agg
+        return state
+
+    def round_metrics(self, state: State) -> dict[str, Any]:
+        key = "fedcme_sources" if self.params.matching == "many_to_one" else "fedcme_pairs"
+        return {key: state.get("matching", [])}
+
+    # --- client ---------------------------------------------------------------------------
+    def exchange_part(self, weights: Arrays) -> Arrays:
+        """The mid-round part handed to the counterpart (Algorithm 2 lines 22-24)."""
+        if self.params.exchange == "classifier":
+            return select(weights, "head.")
+        if self.params.exchange == "extractor":
+            return select(weights, "body.")
+        return dict(weights)
+
+    def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        terms = super().local_terms(msg, state, client)
+        if self.params.mu > 0:
+            g = msg.arrays.get("features")
+            acc = ((state or {}).get(MID) or {}).get("acc") or {}
+            terms.append(FeatureAlignment(self.params.mu, client.num_classes,
+                                          g["mean"] if g else None, g["defined"] if g else None,
+                                          acc.get("sums"), acc.get("counts")))
+        return terms
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        E = client.settings.epochs
+        two_phase = self.params.exchange != "none"
+        if msg.kind == "train":
+            # Phase A (or the single phase of FedCME-OL): start from the global model.
+            base = {k: v for k, v in (state or {}).items() if k != MID} or None
+            train_msg, hook_state = msg, base
+            weights = self.with_local_buffers(msg.arrays["model"], base, client)
+            epochs, start = (E // 2, 0) if two_phase else (E, 0)
+            before = {"steps": 0, "loss": 0.0}
+        elif msg.kind in ("exchange", "continue"):
+            mid = (state or {}).get(MID)
+            if mid is None:
+                raise RuntimeError(f"fedcme client {client.cid} got a {msg.kind!r} message without a phase-A state")
+            base = {k: v for k, v in state.items() if k != MID} or None
+            train_msg, hook_state = Message("train", mid["arrays"], mid["scalars"]), state
+            part = msg.arrays.get("exchange", {})
+            unknown = sorted(set(part) - set(mid["weights"]))
+            if unknown:
+                raise ValueError(f"fedcme exchange carries tensors the model does not have: {unknown[:3]}")
+            # Algorithm 2 lines 4-5, 24: continue with (theta_k, phi_j).
+            weights = {**mid["weights"], **part}
+            epochs, start = E - E // 2, E // 2
+            before = {"steps": mid["steps"], "loss": mid["loss"]}
+        else:
+            raise ValueError(f"fedcme client got an unknown message kind {msg.kind!r}")
+
+        terms = [*self.data_terms(train_msg, hook_state, client), *self.local_terms(train_msg, hook_state, client)]
+        result = client.train(weights, terms, epochs=epochs, start_epoch=start,
+                              **self.train_options(train_msg, hook_state, client))
+        align = next((t for t in terms if isinstance(t, FeatureAlignment)), None)
+        steps = before["steps"] + result.steps
+        loss = (before["loss"] * before["steps"] + result.mean_loss * result.steps) / max(steps, 1)
+
+        if msg.kind == "train" and two_phase:
+            # End of phase A: keep the mid-round model and the accumulators; hand over our part.
+            acc = {"sums": align.sums, "counts": align.counts} if align is not None and align.sums is not None else None
+            share = msg.scalars.get("share", msg.scalars.get("partner") is not None)
+            new_state = {**(base or {}), MID: {"weights": result.weights, "arrays": msg.arrays,
+                                               "scalars": dict(msg.scalars), "acc": acc,
+                                               "steps": result.steps, "loss": result.mean_loss}}
+            reply = Message("mid", {"exchange": self.exchange_part(result.weights)} if share else {},
+                            {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+            return reply, new_state
+
+        # End of local training: zeta_k (Algorithm 2 line 18) and eps_k (lines 19-20).
+        new_state = self.after_training(result, train_msg, base, client)
+        arrays = {"model": result.weights, **self.uploads(result, train_msg, new_state, client)}
+        if align is not None and align.local_features() is not None:
+            means, counts = align.local_features()
+            arrays["features"] = {"mean": means, "count": counts}
+        positions = eval_subset(client.num_samples, self.params.eval_fraction, client.generator("eval_subset"))
+        arrays["evaluation"] = {"accuracy": evaluation_vector(client.model, result.weights, client.data,
+                                                              client.num_classes, positions)}
+        reply = Message("update", arrays, {"num_samples": client.num_samples, "steps": steps, "loss": loss})
+        return reply, new_state

@@ -1,0 +1,411 @@
+"""FedProx, FedAvgM, SCAFFOLD and FedDyn: hand-computed terms, client and server rules, short runs."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedhet.algorithms import algorithm_class, register
+from fedhet.algorithms.base import Message, RoundContext
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedavgm import FedAvgM
+from fedhet.algorithms.feddyn import FedDyn
+from fedhet.algorithms.fedprox import FedProx, Proximal
+from fedhet.algorithms.local import ClientData, TrainSettings, forward, train_local
+from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+from fedhet.algorithms.scaffold import Linear, Scaffold, effective_steps
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
+from fedhet.seeding import torch_generator
+
+for _cls in (FedProx, FedAvgM, Scaffold, FedDyn):
+    register(_cls)
+
+
+# --- tiny fixtures ------------------------------------------------------------------------
+class TinyNet(nn.Module):
+    """A linear classifier with the (features, logits) interface of fedhet's models."""
+
+    def __init__(self, d_in=3, classes=2):
+        super().__init__()
+        self.fc = nn.Linear(d_in, classes)
+
+    def forward(self, x, with_features=False):
+        h = x.flatten(1)
+        logits = self.fc(h)
+        return (h, logits) if with_features else logits
+
+
+class ScalarNet(nn.Module):
+    """One parameter ``w``; the data loss is supplied as a :class:`Quadratic` term."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, with_features=False):
+        h = torch.zeros(len(x), 1)
+        logits = torch.zeros(len(x), 2)
+        return (h, logits) if with_features else logits
+
+
+class Quadratic(LossTerm):
+    """f(w) = 0.5 * a * (w - b)^2, the same on every batch."""
+
+    name = "quad"
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __call__(self, out, batch, weights):
+        return 0.5 * self.a * ((weights["w"] - self.b) ** 2).sum()
+
+
+def tiny_data(n=10, d_in=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, d_in, 1, 1), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
+    return ClientData(x, y, torch.arange(n), torch.full((1, 1, 1, 1), 0.5), torch.full((1, 1, 1, 1), 0.25))
+
+
+class Runtime:
+    """A ClientRuntime running real ``train_local``; ``data_loss`` replaces the cross-entropy term."""
+
+    def __init__(self, model, data, settings, data_loss=None, cid=0):
+        self.cid, self.round, self.arch, self.num_classes = cid, 0, "tiny", 2
+        self.model, self.data, self.settings, self.data_loss = model, data, settings, data_loss
+        self.buffer_names = [n for n, _ in model.named_buffers()]
+        self.num_samples = len(data.train_idx)
+
+    def train(self, weights, terms=None, *, epochs=None, **kw):
+        terms = list(terms or [CrossEntropy()])
+        if self.data_loss is not None:
+            terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]
+        return train_local(self.model, weights, self.data, terms, self.settings,
+                           lambda e: torch_generator(0, "b", self.cid, e), **kw)
+
+    def generator(self, *purpose):
+        return torch_generator(0, *purpose)
+
+
+def ctx(clients, num_clients=4, sizes=None):
+    return RoundContext(round=0, clients=clients, num_clients=num_clients, num_classes=2,
+                        client_sizes=sizes or {c: 1 for c in range(num_clients)}, rng=np.random.default_rng(0))
+
+
+def drive(algo, state, context, replies):
+    """Run one server round with hand-made replies; returns (phase sent, new state)."""
+    gen = algo.round(state, context)
+    phase = next(gen)
+    with pytest.raises(StopIteration) as stop:
+        gen.send(replies)
+    return phase, stop.value.value
+
+
+def reply(model, n=1, **groups):
+    return Message("update", {"model": model, **groups}, {"num_samples": n})
+
+
+def weights_of(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+# --- end-to-end helpers -------------------------------------------------------------------
+def e2e_config(small_config, name, params=None, rounds=3):
+    cfg = copy.deepcopy(small_config)
+    cfg["algorithm"] = {"name": name, "params": params or {}}
+    cfg["data"]["num_clients"] = 12                       # ~100 samples per client keeps runs short
+    cfg["train"]["rounds"] = rounds
+    cfg["eval"] = {"every": rounds, "final_window": 1, "personalized": False}
+    return cfg
+
+
+def run(cfg, out):
+    exp = Experiment.create(load_config(raw=cfg), out)
+    exp.run(progress=False)
+    return exp
+
+
+def assert_learns(exp):
+    rows = read_metrics(exp.run_dir)
+    assert len(rows) == 3
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert math.isfinite(rows[-1]["global_acc"]) and rows[-1]["global_acc"] > 0.1
+    return rows
+
+
+# --- FedProx ------------------------------------------------------------------------------
+def test_proximal_value_and_gradient_hand_computed():
+    anchor = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    w = {"w": torch.tensor([2.0, 4.0], requires_grad=True), "b": torch.tensor([3.0], requires_grad=True)}
+    term = Proximal(anchor, mu=0.5, names=["w"])           # only "w" is pulled
+    out = Forward(torch.zeros(1, 1), torch.zeros(1, 2))
+    value = term(out, None, w)
+    assert value.item() == pytest.approx(0.25 * (1 + 4))
+    value.backward()
+    assert torch.equal(w["w"].grad, torch.tensor([0.5, 1.0]))   # mu * (w - anchor)
+    assert w["b"].grad is None
+
+
+def test_fedprox_gradient_is_ce_gradient_plus_mu_times_distance():
+    torch.manual_seed(0)
+    model, data = TinyNet(), tiny_data()
+    global_w = weights_of(model)
+    w = {k: (v + 0.3 * torch.randn_like(v)).requires_grad_(True) for k, v in global_w.items()}
+    batch = data.batch(torch.arange(10))
+    mu = 0.7
+    prox = FedProx(FedProx.Params(mu=mu)).local_terms(Message("train", {"model": global_w}), None,
+                                                       Runtime(model, data, None))
+    assert [type(t) for t in prox] == [Proximal] and prox[0].mu == mu
+    out = forward(model, w, batch.x)
+    loss = CrossEntropy()(out, batch, w) + prox[0](out, batch, w)
+    total = torch.autograd.grad(loss, list(w.values()))
+    out = forward(model, w, batch.x)
+    ce = torch.autograd.grad(CrossEntropy()(out, batch, w), list(w.values()))
+    for (k, wk), gt, gc in zip(w.items(), total, ce):
+        torch.testing.assert_close(gt, gc + mu * (wk.detach() - global_w[k]), rtol=1e-6, atol=1e-7)
+
+
+def test_fedprox_with_mu_zero_is_bitwise_fedavg(small_config, tmp_path):
+    a = run(e2e_config(small_config, "fedavg", rounds=2), tmp_path / "avg")
+    b = run(e2e_config(small_config, "fedprox", {"mu": 0.0}, rounds=2), tmp_path / "prox")
+    for k, v in a.sim.server_state["model"].items():
+        assert torch.equal(v, b.sim.server_state["model"][k]), k
+
+
+def test_params_are_validated():
+    with pytest.raises(Exception):
+        FedProx.Params(mu=-1)
+    with pytest.raises(Exception):
+        FedAvgM.Params(server_lr=0)
+    with pytest.raises(Exception):
+        Scaffold.Params(option="III")
+    with pytest.raises(Exception):
+        FedDyn.Params(alpha=0)
+    with pytest.raises(Exception):
+        FedDyn.Params(mu=1)           # extra keys are rejected
+
+
+# --- FedAvgM ------------------------------------------------------------------------------
+def test_fedavgm_two_rounds_hand_computed():
+    algo = FedAvgM(FedAvgM.Params(server_momentum=0.5, server_lr=0.5))
+    state = algo.init_server_state({"cnn": {"w": torch.tensor([0.0]), "bn.running_var": torch.tensor([1.0]),
+                                            "bn.num_batches_tracked": torch.tensor(0)}})
+    assert set(state["velocity"]) == {"w"}
+    # round 1: avg = (1*1 + 3*3)/4 = 2.5; d = 0 - 2.5; v = -2.5; w = 0 - 0.5*(-2.5) = 1.25
+    _, state = drive(algo, state, ctx([0, 1]), {
+        0: reply({"w": torch.tensor([1.0]), "bn.running_var": torch.tensor([2.0]), "bn.num_batches_tracked": torch.tensor(4)}, 1),
+        1: reply({"w": torch.tensor([3.0]), "bn.running_var": torch.tensor([6.0]), "bn.num_batches_tracked": torch.tensor(8)}, 3)})
+    assert state["model"]["w"].item() == pytest.approx(1.25)
+    assert state["velocity"]["w"].item() == pytest.approx(-2.5)
+    assert state["model"]["bn.running_var"].item() == pytest.approx(5.0)    # statistics: plain average
+    assert state["model"]["bn.num_batches_tracked"].item() == 7
+    # round 2: avg = 4; d = 1.25 - 4 = -2.75; v = 0.5*(-2.5) - 2.75 = -4; w = 1.25 + 0.5*4 = 3.25
+    _, state = drive(algo, state, ctx([2, 3]), {
+        2: reply({"w": torch.tensor([4.0]), "bn.running_var": torch.tensor([1.0]), "bn.num_batches_tracked": torch.tensor(9)}),
+        3: reply({"w": torch.tensor([4.0]), "bn.running_var": torch.tensor([1.0]), "bn.num_batches_tracked": torch.tensor(9)})})
+    assert state["velocity"]["w"].item() == pytest.approx(-4.0)
+    assert state["model"]["w"].item() == pytest.approx(3.25)
+
+
+def test_fedavgm_without_momentum_is_fedavg():
+    torch.manual_seed(1)
+    init = {"w": torch.randn(4, 3), "b": torch.randn(3)}
+    replies = {c: reply({k: torch.randn_like(v) for k, v in init.items()}, n) for c, n in ((0, 5), (2, 7), (3, 1))}
+    _, avg = drive(FedAvg(), FedAvg().init_server_state({"m": init}), ctx([0, 2, 3]), replies)
+    m = FedAvgM(FedAvgM.Params(server_momentum=0.0, server_lr=1.0))
+    _, new = drive(m, m.init_server_state({"m": init}), ctx([0, 2, 3]), replies)
+    for k in init:
+        torch.testing.assert_close(new["model"][k], avg["model"][k], rtol=0, atol=1e-6)
+
+
+# --- SCAFFOLD -----------------------------------------------------------------------------
+def test_linear_term_sgd_step_is_corrected_gradient_step():
+    torch.manual_seed(2)
+    model, data = TinyNet(), tiny_data()
+    w0 = weights_of(model)
+    c = {k: torch.randn_like(v) for k, v in w0.items()}
+    ci = {k: torch.randn_like(v) for k, v in w0.items()}
+    lr = 0.1
+    settings = TrainSettings(epochs=1, batch_size=10, lr=lr)      # one step on the whole split
+    result = train_local(model, w0, data, [CrossEntropy(), Linear({k: c[k] - ci[k] for k in c})], settings,
+                         lambda e: torch_generator(0, e))
+    assert result.steps == 1
+    w = {k: v.clone().requires_grad_(True) for k, v in w0.items()}
+    batch = data.batch(torch.arange(10))
+    g = torch.autograd.grad(CrossEntropy()(forward(model, w, batch.x), batch, w), list(w.values()))
+    for (k, v), gk in zip(w0.items(), g):
+        torch.testing.assert_close(result.weights[k], v - lr * (gk + c[k] - ci[k]), rtol=1e-6, atol=1e-7)
+
+
+def scalar_runtime(a, b, settings, n=4):
+    data = ClientData(torch.zeros(n, 1, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long), torch.arange(n),
+                      torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+    return Runtime(ScalarNet(), data, settings, data_loss=Quadratic(a, b))
+
+
+def test_scaffold_option_ii_on_a_quadratic_matches_algorithm_1():
+    a, b, x, c, ci, eta = 2.0, 3.0, 1.0, 0.4, -0.3, 0.1
+    settings = TrainSettings(epochs=2, batch_size=2, lr=eta)       # K = 2 epochs * 2 batches = 4 steps
+    algo = Scaffold()
+    msg = Message("train", {"model": {"w": torch.tensor([x])}, "control": {"w": torch.tensor([c])}})
+    state = {"control": {"w": torch.tensor([ci])}}
+    rep, new_state = algo.client_update(msg, state, scalar_runtime(a, b, settings))
+    y = x
+    for _ in range(4):                          # y <- y - eta * (g(y) + c - c_i)
+        y -= eta * (a * (y - b) + c - ci)
+    ci_new = ci - c + (x - y) / (4 * eta)
+    assert rep.arrays["model"]["w"].item() == pytest.approx(y, abs=1e-6)
+    assert new_state["control"]["w"].item() == pytest.approx(ci_new, abs=1e-5)
+    assert rep.arrays["control"]["w"].item() == pytest.approx(ci_new - ci, abs=1e-5)
+    assert rep.scalars["steps"] == 4
+    # a first-time client starts from c_i = 0 and keeps its new c_i in its explicit state only
+    rep0, st0 = algo.client_update(msg, None, scalar_runtime(a, b, settings))
+    assert torch.equal(rep0.arrays["control"]["w"], st0["control"]["w"])
+
+
+def test_scaffold_option_ii_with_momentum_recovers_the_true_gradient():
+    """With a constant local gradient (a = 0: f_i is flat) the correct c_i+ is grad f_i = 0; the momentum-aware
+    step count makes option II exact, where K*eta would give c_i+ = (c - c_i) * (displacement/(K eta) - 1) != 0."""
+    c, ci, eta, rho = 0.5, -0.25, 0.1, 0.9
+    settings = TrainSettings(epochs=3, batch_size=1, lr=eta, momentum=rho)
+    msg = Message("train", {"model": {"w": torch.tensor([0.0])}, "control": {"w": torch.tensor([c])}})
+    rep, st = Scaffold().client_update(msg, {"control": {"w": torch.tensor([ci])}},
+                                       scalar_runtime(0.0, 0.0, settings, n=2))
+    assert rep.scalars["steps"] == 6
+    assert effective_steps(6, 0.0) == 6 and effective_steps(6, rho) == pytest.approx(
+        sum((1 - rho ** k) / (1 - rho) for k in range(1, 7)))
+    assert st["control"]["w"].item() == pytest.approx(0.0, abs=1e-5)
+
+
+def test_scaffold_option_i_is_the_full_gradient_at_the_global_model():
+    torch.manual_seed(3)
+    model, data = TinyNet(), tiny_data(n=10)
+    x = weights_of(model)
+    algo = Scaffold(Scaffold.Params(option="I"))
+    c = {k: torch.randn_like(v) for k, v in x.items()}
+    msg = Message("train", {"model": x, "control": c})
+    rep, st = algo.client_update(msg, None, Runtime(model, data, TrainSettings(epochs=1, batch_size=4, lr=0.1)))
+    w = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    batch = data.batch(torch.arange(10))
+    g = torch.autograd.grad(CrossEntropy()(forward(model, w, batch.x), batch, w), list(w.values()))
+    for k, gk in zip(w, g):
+        torch.testing.assert_close(st["control"][k], gk, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(rep.arrays["control"][k], gk, rtol=1e-5, atol=1e-6)   # c_i was 0
+
+
+def test_scaffold_server_rule_uses_sampled_fraction_of_all_clients():
+    algo = Scaffold(Scaffold.Params(server_lr=0.5))
+    state = algo.init_server_state({"m": {"w": torch.tensor([2.0]), "bn.running_mean": torch.tensor([1.0])}})
+    assert set(state["control"]) == {"w"}            # no control variate for BatchNorm statistics
+    phase, new = drive(algo, state, ctx([1, 3], num_clients=4), {
+        1: reply({"w": torch.tensor([4.0]), "bn.running_mean": torch.tensor([3.0])}, 1, control={"w": torch.tensor([1.0])}),
+        3: reply({"w": torch.tensor([8.0]), "bn.running_mean": torch.tensor([7.0])}, 3, control={"w": torch.tensor([3.0])})})
+    assert all(set(m.arrays) == {"model", "control"} for m in phase.values())
+    assert phase[1].arrays["control"]["w"].item() == 0.0
+    # avg = (4 + 24)/4 = 7; x = 2 + 0.5 * (7 - 2) = 4.5; c = 0 + (2/4) * mean(1, 3) = 1
+    assert new["model"]["w"].item() == pytest.approx(4.5)
+    assert new["model"]["bn.running_mean"].item() == pytest.approx(6.0)
+    assert new["control"]["w"].item() == pytest.approx(1.0)
+    # server_lr = 1 is exactly FedAvg's aggregate
+    one = Scaffold()
+    _, new1 = drive(one, one.init_server_state({"m": {"w": torch.tensor([2.0])}}), ctx([1, 3]), {
+        1: reply({"w": torch.tensor([4.0])}, 1, control={"w": torch.tensor([1.0])}),
+        3: reply({"w": torch.tensor([8.0])}, 3, control={"w": torch.tensor([3.0])})})
+    assert torch.equal(new1["model"]["w"], torch.tensor([7.0]))
+
+
+def test_scaffold_end_to_end_sends_control_both_ways(small_config, tmp_path):
+    exp = run(e2e_config(small_config, "scaffold"), tmp_path / "scaffold")
+    rows = assert_learns(exp)
+    n = sum(v.numel() for v in exp.sim.server_state["model"].values())
+    for row in rows:
+        for d in ("down", "up"):
+            assert row["comm"][f"{d}/control"]["floats"] == row["comm"][f"{d}/model"]["floats"] == 3 * n
+    trained = {c for r in rows for c in r["clients"]}
+    assert set(exp.sim.client_states) == trained
+    assert all(set(s) == {"control"} for s in exp.sim.client_states.values())
+    assert rows[-1]["scaffold_control_norm"] > 0
+
+
+# --- FedDyn -------------------------------------------------------------------------------
+def test_feddyn_terms_value_and_gradient_hand_computed():
+    algo = FedDyn(FedDyn.Params(alpha=0.2))
+    rt = Runtime(ScalarNet(), tiny_data(), None)
+    msg = Message("train", {"model": {"w": torch.tensor([0.0])}})
+    terms = algo.local_terms(msg, {"dyn_grad": {"w": torch.tensor([0.5])}}, rt)
+    w = {"w": torch.tensor([1.0], requires_grad=True)}
+    out = Forward(torch.zeros(1, 1), torch.zeros(1, 2))
+    values = [t(out, None, w) for t in terms]
+    # -<0.5, 1> = -0.5 ; 0.2/2 * (1 - 0)^2 = 0.1
+    assert [t.name for t in terms] == ["dyn_linear", "dyn_prox"]
+    assert values[0].item() == pytest.approx(-0.5) and values[1].item() == pytest.approx(0.1)
+    (g,) = torch.autograd.grad(sum(values), [w["w"]])
+    assert g.item() == pytest.approx(-0.5 + 0.2 * 1.0)        # -grad_i + alpha * (w - w_global)
+
+
+class PlusOne:
+    """A ClientRuntime whose training adds 1 to every weight."""
+
+    cid, round, arch, num_classes, num_samples, buffer_names = 0, 0, "s", 2, 5, []
+    model = ScalarNet()
+
+    def train(self, weights, terms=None, **kw):
+        from fedhet.algorithms.local import LocalResult
+        return LocalResult({k: v + 1 for k, v in weights.items()}, {}, 1, 5, 0.0)
+
+
+def test_feddyn_client_gradient_state_update():
+    algo = FedDyn(FedDyn.Params(alpha=0.3))
+    msg = Message("train", {"model": {"w": torch.tensor([2.0])}})
+    rep, st = algo.client_update(msg, None, PlusOne())
+    assert rep.arrays["model"]["w"].item() == 3.0 and set(rep.arrays) == {"model"}
+    assert st["dyn_grad"]["w"].item() == pytest.approx(-0.3)          # 0 - 0.3 * (3 - 2)
+    _, st = algo.client_update(msg, st, PlusOne())
+    assert st["dyn_grad"]["w"].item() == pytest.approx(-0.6)
+
+
+def test_feddyn_server_h_and_model_two_rounds():
+    algo = FedDyn(FedDyn.Params(alpha=0.5))
+    state = algo.init_server_state({"m": {"w": torch.tensor([1.0]), "bn.running_mean": torch.tensor([0.0])}})
+    assert set(state["h"]) == {"w"}
+    # uniform avg = 4 (sample counts ignored); h = 0 - 0.5/4 * ((3-1) + (5-1)) = -0.75; theta = 4 + 0.75/0.5 = 5.5
+    _, state = drive(algo, state, ctx([0, 1]), {
+        0: reply({"w": torch.tensor([3.0]), "bn.running_mean": torch.tensor([2.0])}, 1),
+        1: reply({"w": torch.tensor([5.0]), "bn.running_mean": torch.tensor([4.0])}, 100)})
+    assert state["h"]["w"].item() == pytest.approx(-0.75)
+    assert state["model"]["w"].item() == pytest.approx(5.5)
+    assert state["model"]["bn.running_mean"].item() == pytest.approx(3.0)
+    # avg = 6.5; h = -0.75 - 0.125 * ((5.5-5.5) + (7.5-5.5)) = -1.0; theta = 6.5 + 2 = 8.5
+    _, state = drive(algo, state, ctx([2, 3]), {
+        2: reply({"w": torch.tensor([5.5]), "bn.running_mean": torch.tensor([0.0])}),
+        3: reply({"w": torch.tensor([7.5]), "bn.running_mean": torch.tensor([0.0])})})
+    assert state["h"]["w"].item() == pytest.approx(-1.0)
+    assert state["model"]["w"].item() == pytest.approx(8.5)
+    assert algo.global_model(state) is state["model"]
+
+
+# --- every method end to end, and composition ---------------------------------------------
+@pytest.mark.parametrize("name,params", [("fedprox", {"mu": 0.01}), ("fedavgm", {}), ("feddyn", {"alpha": 0.01})])
+def test_method_learns_end_to_end(small_config, tmp_path, name, params):
+    exp = run(e2e_config(small_config, name, params), tmp_path / name)
+    assert_learns(exp)
+    if name == "feddyn":
+        assert all(set(s) == {"dyn_grad"} for s in exp.sim.client_states.values())
+
+
+def test_fedprox_plus_scaffold_composes_both_terms():
+    cls = algorithm_class("fedprox+scaffold")
+    algo = cls(cls.Params(mu=0.2, option="I"))
+    assert algo.params.mu == 0.2 and algo.params.option == "I"
+    model = TinyNet()
+    x = weights_of(model)
+    msg = algo.train_message(algo.init_server_state({"t": x}), 0, ctx([0]))
+    assert set(msg.arrays) == {"model", "control"}
+    terms = algo.local_terms(msg, None, Runtime(model, tiny_data(), None))
+    kinds = {type(t) for t in terms}
+    assert kinds == {Proximal, Linear}
+    assert next(t for t in terms if isinstance(t, Proximal)).mu == 0.2

@@ -1,0 +1,350 @@
+"""FedCME (FedCME paper (papers/000), Algorithms 1-2): matching, swap, alignment, memory, evaluation."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from fedhet.algorithms import register
+from fedhet.algorithms.base import Message, RoundContext
+from fedhet.algorithms.fedcme import (MID, FedCME, FeatureAlignment, aggregate_features, eval_subset,
+                                      evaluation_vector, make_many_to_one, make_matching)
+from fedhet.algorithms.local import ClientData
+from fedhet.algorithms.objective import Batch, Forward, LossTerm
+from fedhet.engine.reference import RoundStats, SimClient
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
+from fedhet.models.base import SplitModel
+
+register(FedCME)
+
+T = torch.tensor
+HEAD = 10 * 512 + 10          # cnn2's classifier fc2 (512 -> 10): weight + bias
+FEAT = 10 * 512 + 10          # zeta (10 x 512) + its defined mask / counts (10)
+
+
+# --- matching (Algorithm 1 lines 11-24) ----------------------------------------------------
+def test_least_typical_client_pairs_with_its_least_similar_peer():
+    v = {0: T([1.0, 0, 0]), 1: T([0.9, 0.1, 0]), 2: T([0.0, 1, 1]), 3: T([0.5, 0.5, 0.5])}
+    # eps_g = [2.4, 1.6, 1.5]/4; cos(v, eps_g) is proportional to v.[2.4,1.6,1.5]/|v|:
+    #   0: 2.4, 1: 2.32/0.906 = 2.56, 2: 3.1/1.414 = 2.19, 3: 2.75/0.866 = 3.18  -> order 2, 0, 1, 3.
+    # Pop 2: cos(2,0)=0 < cos(2,1)=0.08 < cos(2,3)=0.82 -> (2,0). Pop 1: only 3 left -> (1,3).
+    # (Sampling-order pairing would give (0,1), (2,3).)
+    assert make_matching(v, [0, 1, 2, 3]) == {0: 2, 1: 3, 2: 0, 3: 1}
+    # A case where the typicality sort decides: eps_g = [5,5,4]/4, cos(v, eps_g) ~ v.[5,5,4]/|v|:
+    #   0: 14/1.73 = 8.08, 1: 9/1.41 = 6.36, 2: 19/2.45 = 7.76, 3: 10/1.41 = 7.07 -> order 1, 3, 2, 0.
+    # Pop 1: cos(1,3) = .5 < cos(1,2) = .58 < cos(1,0) = .82 -> (1,3); then (2,0).
+    # (Greedy in sampling order would start with 0 and pair (0,1), (2,3).)
+    v = {0: T([1.0, 1, 1]), 1: T([1.0, 0, 1]), 2: T([1.0, 2, 1]), 3: T([1.0, 1, 0])}
+    assert make_matching(v, [0, 1, 2, 3]) == {0: 2, 1: 3, 2: 0, 3: 1}
+
+
+def test_matching_ties_go_to_the_earliest_in_sorted_order():
+    v = {5: T([1.0, 0, 0]), 6: T([1.0, 0, 0]), 7: T([1.0, 0, 0]), 8: T([0.0, 1, 0])}
+    # eps_g = [0.75, 0.25, 0]: client 8 is least typical; cos(8, .) = 0 for 5, 6, 7 -> the first, 5.
+    # Then 6 (first left) pairs with 7.
+    assert make_matching(v, [5, 6, 7, 8]) == {8: 5, 5: 8, 6: 7, 7: 6}
+
+
+def test_matching_none_and_zero_vectors_have_cosine_zero_and_odd_count_leaves_one_unpaired():
+    v = {0: None, 1: T([0.0, 0.0]), 2: T([1.0, 0.0])}
+    # eps_g = [1/3, 0] (None counted as zeros): cos = 0, 0, 1 -> order 0, 1, 2. Pop 0: cos(0,1) =
+    # cos(0,2) = 0, tie -> 1. Client 2 is left alone.
+    assert make_matching(v, [0, 1, 2]) == {0: 1, 1: 0, 2: None}
+    # Never-seen clients only: pairs in sampling order.
+    assert make_matching({}, [4, 2, 9, 1]) == {4: 2, 2: 4, 9: 1, 1: 9}
+    assert make_matching({}, [3]) == {3: None}
+
+
+def test_many_to_one_takes_the_most_dissimilar_with_duplicates():
+    v = {0: T([1.0, 0, 0]), 1: T([0.9, 0.1, 0]), 2: T([0.0, 1, 1]), 3: T([0.5, 0.5, 0.5])}
+    # cos rows: 0: (1: .99, 2: 0, 3: .58) -> 2; 1: (0: .99, 2: .08, 3: .64) -> 2;
+    # 2: (0: 0, 1: .08, 3: .82) -> 0; 3: (0: .58, 1: .64, 2: .82) -> 0.
+    assert make_many_to_one(v, [0, 1, 2, 3]) == {0: 2, 1: 2, 2: 0, 3: 0}
+    v2 = {0: T([1.0, 0]), 1: T([0.0, 1]), 2: T([1.0, 0.1])}
+    assert make_many_to_one(v2, [0, 1, 2]) == {0: 1, 1: 0, 2: 1}
+    assert make_many_to_one({}, [7]) == {7: None}
+
+
+# --- feature alignment (Eq. 9, Algorithm 2 lines 8-13) ---------------------------------------
+def test_alignment_loss_value_gradient_and_accumulators():
+    h = T([[1.0, 0.0], [3.0, 2.0], [0.0, 1.0], [5.0, 5.0]], requires_grad=True)
+    y = T([0, 0, 1, 2])
+    zeta = T([[1.0, 1.0], [0.0, 0.0], [9.0, 9.0]])
+    term = FeatureAlignment(0.5, 3, zeta, T([True, True, False]))
+    loss = term(Forward(h, torch.zeros(4, 3)), Batch(torch.zeros(4), y, torch.arange(4)), {})
+    # class 0: mean [2,1] - [1,1] = [1,0] -> 1; class 1: [0,1] - [0,0] -> 1; class 2 undefined: skipped.
+    assert float(loss.detach()) == pytest.approx(0.5 * 2.0)
+    loss.backward()
+    # d/dh_i = mu * 2 (mean_c - zeta_c) / n_c: class 0 -> 0.5*2*[1,0]/2, class 1 -> 0.5*2*[0,1]/1, class 2 -> 0.
+    assert torch.allclose(h.grad, T([[0.5, 0.0], [0.5, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+    assert torch.equal(term.sums, T([[4.0, 2.0], [0.0, 1.0], [5.0, 5.0]], dtype=torch.float64))
+    assert torch.equal(term.counts, T([2, 1, 1]))
+    # A second batch keeps accumulating; a class missing from both stays zero with count 0.
+    term4 = FeatureAlignment(0.5, 4, None)
+    out = Forward(h.detach(), torch.zeros(4, 4))
+    assert float(term4(out, Batch(None, y, None), {})) == 0.0     # nothing defined yet: no loss
+    term4(out, Batch(None, T([3, 3, 3, 3]), None), {})
+    means, counts = term4.local_features()
+    assert torch.equal(counts, T([2, 1, 1, 4]))
+    assert torch.allclose(means, T([[2.0, 1.0], [0.0, 1.0], [5.0, 5.0], [2.25, 2.0]]))
+
+
+# --- server memory aggregation (Algorithm 1 lines 27-35) -----------------------------------
+def test_feature_memory_aggregation():
+    prev = T([[10.0, 10.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    prev_def = T([True, False, False, False])
+    a = (T([[0.0, 0.0], [2.0, 2.0], [4.0, 0.0], [0.0, 0.0]]), T([0, 3, 1, 0]))
+    b = (T([[4.0, 2.0], [0.0, 0.0], [8.0, 2.0], [0.0, 0.0]]), T([5, 0, 2, 0]))
+    zeta, defined = aggregate_features(prev, prev_def, [a, b])
+    # class 0: a lacks it -> previous [10,10]; mean with b's [4,2] -> [7, 6].
+    # class 1: no previous value, only a has it -> [2, 2]. class 2: both -> [6, 1]. class 3: nobody -> undefined.
+    assert torch.equal(defined, T([True, True, True, False]))
+    assert torch.allclose(zeta[:3], T([[7.0, 6.0], [2.0, 2.0], [6.0, 1.0]]))
+    # First round (no previous features at all).
+    zeta, defined = aggregate_features(None, None, [a])
+    assert torch.equal(defined, T([False, True, True, False]))
+    assert torch.allclose(zeta[1:3], T([[2.0, 2.0], [4.0, 0.0]]))
+
+
+# --- evaluation vector (Eq. 4, Algorithm 2 lines 19-20) -------------------------------------
+def test_evaluation_vector_is_per_class_accuracy_with_zero_for_absent_classes():
+    model = SplitModel([("flat", nn.Flatten()), ("fc", nn.Linear(2, 4))], "fc", (1, 1, 2))
+    # logits = [x0, x1, 0.5, -1]: pred 0 if x0=1, 1 if x1=1, 2 if both are 0; never 3.
+    w = {"head.fc.weight": T([[1.0, 0], [0, 1], [0, 0], [0, 0]]), "head.fc.bias": T([0.0, 0, 0.5, -1])}
+    pix = T([[255, 0], [0, 255], [0, 255], [0, 0], [255, 0], [0, 255], [255, 0]], dtype=torch.uint8)
+    data = ClientData(pix.view(-1, 1, 1, 2), T([0, 0, 1, 1, 0, 2, 1]), torch.arange(7),
+                      torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+    eps = evaluation_vector(model, w, data, 4, T([0, 1, 2, 3, 4]))
+    # preds 0,1,1,2,0 vs labels 0,0,1,1,0: class 0 2/3, class 1 1/2, classes 2, 3 absent -> 0.
+    assert torch.allclose(eps, T([2 / 3, 0.5, 0.0, 0.0]))
+    assert torch.allclose(evaluation_vector(model, w, data, 4, T([5, 6])), T([0.0, 0.0, 0.0, 0.0]))
+    sub = eval_subset(10, 0.2, torch.Generator().manual_seed(0))
+    assert len(sub) == 2 and len(set(sub.tolist())) == 2 and int(sub.max()) < 10
+    assert [len(eval_subset(n, 0.2, torch.Generator().manual_seed(1))) for n in (1, 3, 7, 100)] == [1, 1, 1, 20]
+
+
+# --- the round, driven by hand on the synthetic federation ----------------------------------
+def make_sim(small_config, tmp_path, epochs=2, **params):
+    cfg = copy.deepcopy(small_config)
+    cfg["algorithm"] = {"name": "fedcme", "params": params}
+    cfg["train"]["local_epochs"] = epochs
+    return Experiment(load_config(raw=cfg), tmp_path / "run").sim
+
+
+def spy(sim, cid, stats, seen):
+    """A SimClient whose train() records the weights and options it starts from."""
+    client = SimClient(sim, cid, 0, stats)
+    real = client.train
+
+    def train(weights, terms=None, **kw):
+        seen[cid] = ({k: v.clone() for k, v in weights.items()}, kw)
+        return real(weights, terms, **kw)
+
+    client.train = train
+    return client
+
+
+def part(w, prefix):
+    return {k: v for k, v in w.items() if k.startswith(prefix)}
+
+
+def same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("exchange", ["classifier", "extractor", "whole"])
+def test_phase_b_starts_from_the_partners_mid_round_part(small_config, tmp_path, exchange):
+    sim = make_sim(small_config, tmp_path, exchange=exchange)
+    algo, ctx = sim.algorithm, sim.round_context(0)
+    c0, c1, c2 = ctx.clients                       # round 0: no vectors -> (c0, c1), c2 unpaired
+    stats = RoundStats(0, ctx.clients)
+    gen = algo.round(sim.server_state, ctx)
+    phase_a = next(gen)
+    assert [phase_a[c].scalars["partner"] for c in ctx.clients] == [c1, c0, None]
+    assert "features" not in phase_a[c0].arrays    # nothing defined before the first aggregation
+    replies_a = {c: sim.deliver(c, m, 0, stats) for c, m in phase_a.items()}
+    assert "exchange" not in replies_a[c2].arrays  # nobody takes the unpaired client's part
+    mid = {c: sim.client_states[c][MID]["weights"] for c in ctx.clients}
+    glob = sim.server_state["model"]
+    assert not torch.equal(mid[c0]["body.fc1.0.weight"], glob["body.fc1.0.weight"])   # phase A trained
+    assert not torch.equal(mid[c0]["head.fc2.weight"], mid[c1]["head.fc2.weight"])
+
+    phase_b = gen.send(replies_a)
+    assert phase_b[c0].kind == "exchange" and phase_b[c2].kind == "continue" and not phase_b[c2].arrays
+    seen = {}
+    replies_b = {c: algo.client_update(phase_b[c], sim.client_states[c], spy(sim, c, stats, seen))[0]
+                 for c in ctx.clients}
+    for k, j in ((c0, c1), (c1, c0)):
+        w, kw = seen[k]
+        assert kw["epochs"] == 1 and kw["start_epoch"] == 1
+        if exchange == "classifier":
+            assert same(part(w, "head."), part(mid[j], "head.")) and same(part(w, "body."), part(mid[k], "body."))
+            assert sum(t.numel() for t in phase_b[k].arrays["exchange"].values()) == HEAD
+        elif exchange == "extractor":
+            assert same(part(w, "body."), part(mid[j], "body.")) and same(part(w, "head."), part(mid[k], "head."))
+        else:
+            assert same(w, mid[j])
+    assert same(seen[c2][0], mid[c2])              # unpaired: continues with its own model
+
+    # Final replies: model, feature means over both phases, evaluation vector on the 20% subset.
+    client = SimClient(sim, c0, 0, stats)
+    r = replies_b[c0]
+    pos = eval_subset(client.num_samples, 0.2, client.generator("eval_subset"))
+    expect = evaluation_vector(client.model, r.arrays["model"], client.data, 10, pos)
+    assert torch.equal(r.arrays["evaluation"]["accuracy"], expect)
+    counts = torch.bincount(client.data.y[client.data.train_idx], minlength=10)
+    assert torch.equal(r.arrays["features"]["count"], 2 * counts)          # E = 2 epochs accumulated
+    with pytest.raises(StopIteration) as stop:
+        gen.send(replies_b)
+    new = stop.value.value
+    assert set(new["eval"]) == set(ctx.clients) and new["defined"].any()
+    assert new["matching"] == [[c0, c1], [c2, None]]
+
+
+def test_exchange_none_is_a_single_phase_of_e_epochs(small_config, tmp_path):
+    sim = make_sim(small_config, tmp_path, exchange="none")
+    ctx = sim.round_context(0)
+    stats = RoundStats(0, ctx.clients)
+    gen = sim.algorithm.round(sim.server_state, ctx)
+    phase = next(gen)
+    seen = {}
+    replies = {c: sim.algorithm.client_update(m, None, spy(sim, c, stats, seen))[0] for c, m in phase.items()}
+    assert all(kw["epochs"] == 2 and kw["start_epoch"] == 0 for _, kw in seen.values())
+    assert all(set(r.arrays) == {"model", "features", "evaluation"} for r in replies.values())
+    with pytest.raises(StopIteration):
+        gen.send(replies)
+
+
+class Recorder(LossTerm):
+    name = "rec"
+
+    def __init__(self):
+        self.feats, self.labels = [], []
+
+    def __call__(self, out, batch, weights):
+        self.feats.append(out.features.detach().clone())
+        self.labels.append(batch.y.clone())
+        return out.logits.sum() * 0.0
+
+
+def test_feature_accumulation_is_the_mean_over_all_epochs_batches(small_config, tmp_path):
+    sim = make_sim(small_config, tmp_path, epochs=3, mu=0.1)
+    rec = Recorder()
+
+    class Recording(FedCME):
+        def local_terms(self, msg, state, client):
+            return [*super().local_terms(msg, state, client), rec]
+
+    algo = Recording(FedCME.Params(mu=0.1))
+    stats = RoundStats(0, [1])
+    zeta = torch.rand(10, 512, generator=torch.Generator().manual_seed(0)) * 0.1
+    defined = torch.arange(10) % 2 == 0
+    msg = Message("train", {"model": sim.server_state["model"], "features": {"mean": zeta, "defined": defined}},
+                  {"partner": None, "share": False})
+    reply_a, state = algo.client_update(msg, None, SimClient(sim, 1, 0, stats))
+    assert reply_a.kind == "mid" and not reply_a.arrays
+    assert reply_a.scalars["loss"] > 0 and len(rec.feats) > 0
+    n_a = len(rec.feats)
+    reply, state = algo.client_update(Message("continue"), state, SimClient(sim, 1, 0, stats))
+    assert state is None                            # nothing kept after the round (bn_buffers: average)
+    assert len(rec.feats) == 3 * n_a          # floor(3/2) = 1 epoch, then 2 more
+    h, y = torch.cat(rec.feats), torch.cat(rec.labels)
+    got = reply.arrays["features"]
+    for c in range(10):
+        if (y == c).any():
+            assert int(got["count"][c]) == int((y == c).sum())
+            assert torch.allclose(got["mean"][c], h[y == c].mean(0), atol=1e-5)
+        else:
+            assert int(got["count"][c]) == 0 and not got["mean"][c].any()
+    assert reply.scalars["steps"] == len(rec.feats)
+
+
+# --- the server side alone: dropped clients, memory across a round ------------------------
+def test_server_round_with_a_dropped_partner_and_feature_memory():
+    algo = FedCME()
+    w0 = {"body.w": T([0.0]), "head.w": T([0.0])}
+    state = algo.init_server_state({"cnn": w0})
+    state["features"] = T([[1.0, 1.0], [0.0, 0.0]])
+    state["defined"] = T([True, False])
+    state["eval"] = {0: T([1.0, 0.0]), 1: T([1.0, 0.0]), 2: T([0.0, 1.0]), 3: T([0.0, 1.0])}
+    ctx = RoundContext(round=3, clients=[0, 1, 2, 3], num_clients=4, num_classes=2,
+                       client_sizes={c: 1 for c in range(4)}, rng=np.random.default_rng(0))
+    gen = algo.round(state, ctx)
+    phase_a = next(gen)
+    # eps_g = [.5,.5]: every cos = .707 -> order 0,1,2,3; 0 pairs with 2 (cos 0), then 1 with 3.
+    assert {c: m.scalars["partner"] for c, m in phase_a.items()} == {0: 2, 1: 3, 2: 0, 3: 1}
+    assert torch.equal(phase_a[0].arrays["features"]["defined"], T([True, False]))
+    head = {c: {"head.w": T([float(c)])} for c in range(4)}
+    # Client 3 drops out in phase A: its partner 1 continues without a swap.
+    phase_b = gen.send({c: Message("mid", {"exchange": head[c]}, {"num_samples": 1}) for c in (0, 1, 2)})
+    assert set(phase_b) == {0, 1, 2}
+    assert phase_b[0].arrays["exchange"] is head[2] and phase_b[2].arrays["exchange"] is head[0]
+    assert phase_b[1].kind == "continue"
+
+    def final(model, mean, count, acc, n):
+        return Message("update", {"model": {"body.w": T([model]), "head.w": T([model])},
+                                  "features": {"mean": T(mean), "count": T(count)},
+                                  "evaluation": {"accuracy": T(acc)}}, {"num_samples": n})
+
+    with pytest.raises(StopIteration) as stop:
+        gen.send({0: final(1.0, [[0.0, 0.0], [4.0, 2.0]], [0, 3], [0.0, 0.9], 1),
+                  1: final(4.0, [[3.0, 5.0], [0.0, 0.0]], [2, 0], [0.8, 0.0], 3)})
+    new = stop.value.value
+    assert torch.equal(new["model"]["body.w"], T([(1.0 + 12.0) / 4]))
+    # class 0: client 0 lacks it -> previous [1,1]; mean with [3,5] -> [2,3]. class 1: only client 0 -> [4,2].
+    assert torch.allclose(new["features"], T([[2.0, 3.0], [4.0, 2.0]])) and new["defined"].all()
+    assert torch.equal(new["eval"][0], T([0.0, 0.9])) and torch.equal(new["eval"][3], T([0.0, 1.0]))
+    assert new["matching"] == [[0, 2], [1, 3]]
+    assert algo.round_metrics(new) == {"fedcme_pairs": [[0, 2], [1, 3]]}
+
+
+def test_many_to_one_round_sends_one_classifier_to_several_clients():
+    algo = FedCME(FedCME.Params(matching="many_to_one"))
+    state = algo.init_server_state({"cnn": {"head.w": T([0.0])}})
+    state["eval"] = {0: T([1.0, 0]), 1: T([0.0, 1]), 2: T([1.0, 0.1])}
+    ctx = RoundContext(round=1, clients=[0, 1, 2], num_clients=3, num_classes=2,
+                       client_sizes={c: 1 for c in range(3)}, rng=np.random.default_rng(0))
+    gen = algo.round(state, ctx)
+    phase_a = next(gen)
+    assert {c: (m.scalars["partner"], m.scalars["share"]) for c, m in phase_a.items()} == \
+        {0: (1, True), 1: (0, True), 2: (1, False)}          # 2's classifier is used by nobody
+    head = {c: {"head.w": T([float(c)])} for c in range(3)}
+    phase_b = gen.send({c: Message("mid", {"exchange": head[c]} if c < 2 else {}) for c in range(3)})
+    assert phase_b[0].arrays["exchange"] is head[1] and phase_b[2].arrays["exchange"] is head[1]
+    assert phase_b[1].arrays["exchange"] is head[0]
+
+
+def test_only_exchange_sends_no_features():
+    algo = FedCME(FedCME.Params(mu=0.0))
+    state = algo.init_server_state({"cnn": {"head.w": T([0.0])}})
+    state["features"], state["defined"] = torch.ones(2, 3), T([True, True])
+    ctx = RoundContext(round=1, clients=[0], num_clients=1, num_classes=2, client_sizes={0: 1},
+                       rng=np.random.default_rng(0))
+    assert set(algo.train_message(state, 0, ctx).arrays) == {"model"}
+    assert algo.local_terms(Message("train"), None, None) == []
+    assert "features" in FedCME().train_message(state, 0, ctx).arrays
+
+
+# --- end to end ------------------------------------------------------------------------------
+def test_fedcme_end_to_end_ledger_and_learning(small_config, tmp_path):
+    cfg = copy.deepcopy(small_config)
+    cfg["algorithm"] = {"name": "fedcme", "params": {"mu": 0.01}}
+    cfg["train"]["local_epochs"] = 2
+    exp = Experiment.create(load_config(raw=cfg), tmp_path / "r")
+    exp.run(progress=False)
+    rows = read_metrics(exp.run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    for i, row in enumerate(rows):
+        comm = row["comm"]
+        assert row["phases"] == 2
+        assert comm["down/exchange"]["floats"] == 2 * HEAD      # 3 clients: one pair, one unpaired
+        assert comm["up/exchange"]["floats"] == 2 * HEAD
+        assert comm["up/features"]["floats"] == 3 * FEAT
+        assert comm["up/evaluation"]["floats"] == 3 * 10
+        assert comm.get("down/features", {}).get("floats", 0) == (0 if i == 0 else 3 * FEAT)
+        assert len(row["fedcme_pairs"]) == 2 and row["fedcme_pairs"][1][1] is None
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert rows[-1]["global_acc"] > 0.3                          # chance is 0.1
