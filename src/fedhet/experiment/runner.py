@@ -33,6 +33,7 @@ from fedhet.engine.reference import Simulator
 from fedhet.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
 from fedhet.metrics.evaluate import evaluate
+from fedhet.metrics.ledger import tensor_floats
 from fedhet.models import build_model
 from fedhet.seeding import derive_seed
 
@@ -213,7 +214,9 @@ class Experiment:
                 done = rnd + 1
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                        "train_loss": stats.mean_train_loss(),
-                       "samples": stats.samples, "comm": self.sim.ledger.round_summary(rnd)}
+                       "samples": stats.samples, "comm": self.sim.ledger.round_summary(rnd),
+                       # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
+                       "client_state_floats": tensor_floats(self.sim.client_states)}
                 t_eval = 0.0
                 if done % cfg.eval.every == 0 or done == cfg.train.rounds:
                     t1 = time.perf_counter()

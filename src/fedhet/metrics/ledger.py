@@ -41,3 +41,16 @@ class CommLedger:
         for r, table in state["by_round"].items():
             for k, v in table.items():
                 self.by_round[int(r)][k] = list(v)
+
+
+def tensor_floats(obj) -> int:
+    """Number of tensor elements held anywhere inside ``obj`` (nested dicts/lists of tensors)."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel()
+    if isinstance(obj, dict):
+        return sum(tensor_floats(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_floats(v) for v in obj)
+    return 0
