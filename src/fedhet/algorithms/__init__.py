@@ -1,4 +1,4 @@
-"""Registry of federated methods by config name, and composition (``fedprox+moon``)."""
+"""Registry of federated methods by config name, and composition (``fedprox+scaffold``)."""
 
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
     """One method whose hooks chain through every component (Python's MRO, left first).
 
-    Each FedAvg hook calls ``super()``, so ``fedprox+moon`` trains on CE + proximal + contrastive
+    Each FedAvg hook calls ``super()``, so ``fedprox+scaffold`` trains on CE + proximal + control-variate
     terms, and a component that replaces the server rule (FedNova's ``aggregate``) or the round
     (FedFM's anchor phase) supplies it for the combination. Hyper-parameters of all components
-    live in one ``algorithm.params`` mapping.
+    live in one ``algorithm.params`` mapping, so parts may not share a parameter name.
     """
     for cls in classes:
         if not issubclass(cls, FedAvg):
@@ -54,7 +54,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
     unknown = [p for p in parts if p not in ALGORITHMS]
     if unknown:
         raise KeyError(f"unknown algorithm {unknown[0]!r}; available: {', '.join(sorted(ALGORITHMS))} "
-                       f"(combine FedAvg-family methods with '+', e.g. fedprox+moon)")
+                       f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold)")
     if len(parts) == 1:
         return ALGORITHMS[parts[0]]
     return compose([ALGORITHMS[p] for p in parts])

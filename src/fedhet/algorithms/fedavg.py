@@ -9,7 +9,7 @@ Every other generic method in fedhet is a delta from this class, made by overrid
            parameters, kept optimizer state, augmentation), ``after_training`` (new client
            state), ``uploads`` (extra tensors sent back).
 
-Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+moon``: see
+Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+scaffold``: see
 :func:`fedhet.algorithms.compose`).
 
 BatchNorm statistics (policy ``bn_buffers``):

@@ -200,7 +200,7 @@ _SYSTEM_DIRS = {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")}
 
 
 def _how_to_get(name: str) -> str:
-    return _HOW_TO_GET[name] + (" / pass download=True" if name in _DOWNLOADS else "")
+    return _HOW_TO_GET[name] + (" / set data.download: true (download=True in Python)" if name in _DOWNLOADS else "")
 
 
 # --------------------------------------------------------------------------- public functions
@@ -284,7 +284,7 @@ def _missing_error(name: str, split: str, dirs: list[Path], download: bool) -> D
     return DataError(
         f"{name} ({split} split) not found.\nExpected files:\n{expected}\nSearched directories:\n{searched}\n"
         f"How to get it: {_how_to_get(name)}.\n"
-        f"Pass root=... or set FEDHET_DATA to use another directory.{note}"
+        f"Set data.root in the config (root=... in Python) or FEDHET_DATA to use another directory.{note}"
     )
 
 
