@@ -43,9 +43,10 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
+from fedhet.algorithms.aggregate import server_trainable
 from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.aggregate import server_trainable
+from fedhet.algorithms.fednova import normalizing_factor
 from fedhet.algorithms.fedprox import parameter_names
 from fedhet.algorithms.local import LocalResult, forward
 from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
@@ -68,14 +69,6 @@ class Linear(LossTerm):
         if not self.coefficients:
             return out.logits.new_zeros(())
         return torch.stack([(weights[k] * v).sum() for k, v in self.coefficients.items()]).sum()
-
-
-def effective_steps(steps: int, momentum: float) -> float:
-    """sum_{k=1..K} (1 - rho^k)/(1 - rho): displacement of K heavy-ball SGD steps in units of lr*g."""
-    if momentum == 0:
-        return float(steps)
-    rho = momentum
-    return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho)
 
 
 def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batch_size: int) -> Arrays:
@@ -166,7 +159,7 @@ class Scaffold(FedAvg):
             new_ci = dict(ci)
         else:
             s = client.settings
-            scale = s.lr * effective_steps(result.steps, s.momentum)
+            scale = s.lr * normalizing_factor(result.steps, s.momentum)
             new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / scale if k in params else ci[k] for k in c}
         return {**(new_state or {}), "control": new_ci}
 
