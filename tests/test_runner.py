@@ -182,3 +182,20 @@ def test_cli_run_partition_compare(small_config, tmp_path, capsys):
     assert main(["run", str(path), "--set", "train.bogus=1"]) == 2
     assert "train.bogus: unknown key" in capsys.readouterr().err
     assert main(["run", str(path), "--out", str(tmp_path / "r1")]) == 2
+
+
+def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tmp_path):
+    """The evaluator batches clients and reuses the global pass; the numbers must equal the
+    obvious per-client computation."""
+    from fedhet.metrics.evaluate import evaluate, predict
+
+    exp = run(small_config, tmp_path / "r")
+    fed, sim = exp.federation, exp.sim
+    got = evaluate(sim)
+    model = sim.models["cnn2"]
+    for cid in range(fed.num_clients):
+        x, y = fed.local_test(cid)
+        hits, _ = predict(model, sim.client_model(cid), x, y, fed.normalize, batch_size=7)
+        assert got["personal_acc_by_client"][cid] == pytest.approx(float(hits.float().mean()), abs=1e-5)
+    hits, _ = predict(model, sim.server_state["model"], fed.test.x, fed.test.y, fed.normalize, batch_size=7)
+    assert got["global_acc"] == pytest.approx(float(hits.float().mean()))

@@ -22,20 +22,18 @@ from fedhet.engine.reference import Simulator
 
 
 @torch.no_grad()
-def class_counts(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize,
-                 num_classes: int, batch_size: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """(correct per class, samples per class, summed cross-entropy) of ``weights`` on (x, y)."""
+def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize,
+            batch_size: int) -> tuple[torch.Tensor, float]:
+    """Per-sample correctness (bool) of ``weights`` on (x, y) and the summed cross-entropy,
+    in large no-grad batches."""
     model.eval()
-    correct = torch.zeros(num_classes, dtype=torch.long)
-    loss = 0.0
+    hits, loss = [], 0.0
     for i in range(0, len(y), batch_size):
         logits = functional_call(model, weights, (normalize(x_uint8[i:i + batch_size]),), strict=False)
         yb = y[i:i + batch_size]
         loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        hit = logits.argmax(1) == yb
-        correct += torch.bincount(yb[hit], minlength=num_classes)
-    total = torch.bincount(y, minlength=num_classes)
-    return correct.numpy(), total.numpy(), loss
+        hits.append(logits.argmax(1) == yb)
+    return torch.cat(hits), loss
 
 
 def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -51,18 +49,21 @@ def evaluate(sim: Simulator, batch_size: int = 2048, personalized: bool = True) 
     out: dict = {}
 
     global_weights = sim.algorithm.global_model(sim.server_state)
+    global_hits = None
     if global_weights is not None and fed.test is not None:
         arch = sim.client_arch[0]
-        correct, total, loss = class_counts(sim.models[arch], global_weights, fed.test.x, fed.test.y,
-                                            fed.normalize, fed.num_classes, batch_size)
+        global_hits, loss = predict(sim.models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize, batch_size)
+        correct = torch.bincount(fed.test.y[global_hits], minlength=fed.num_classes).numpy()
+        total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
         out["global_acc"] = float(correct.sum() / total.sum())
         out["global_loss"] = loss / float(total.sum())
         out["global_per_class"] = [float(c / t) if t else None for c, t in zip(correct, total)]
         out["global_labeldist_acc"] = float(labeldist_accuracy(fed.train_counts(), correct, total).mean())
 
     if personalized:
-        # Clients evaluated with the same weights object are tested in one batched pass.
-        groups: dict[int, list[int]] = defaultdict(list)
+        # Clients evaluated with the same weights object are tested in one batched pass; clients
+        # evaluated with the global model on test-set splits reuse the global pass.
+        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
         weights_of = {}
         for cid in range(fed.num_clients):
             w = sim.client_model(cid)
@@ -72,6 +73,11 @@ def evaluate(sim: Simulator, batch_size: int = 2048, personalized: bool = True) 
         correct_k = np.zeros(fed.num_clients)
         count_k = np.zeros(fed.num_clients)
         for key, cids in groups.items():
+            if weights_of[key] is global_weights and global_hits is not None and fed.local_test_source == "test_set":
+                for cid in cids:
+                    correct_k[cid] = float(global_hits[fed.test_idx[cid]].sum())
+                    count_k[cid] = len(fed.test_idx[cid])
+                continue
             xs, ys, owner = [], [], []
             for cid in cids:
                 x, y = fed.local_test(cid)
@@ -79,7 +85,7 @@ def evaluate(sim: Simulator, batch_size: int = 2048, personalized: bool = True) 
                 ys.append(y)
                 owner.append(torch.full((len(y),), cid, dtype=torch.long))
             x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
-            hits = _hits(model_of(cids[0]), weights_of[key], x, y, fed.normalize, batch_size)
+            hits, _ = predict(model_of(cids[0]), weights_of[key], x, y, fed.normalize, batch_size)
             correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
             count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
         acc = correct_k / count_k
@@ -88,13 +94,3 @@ def evaluate(sim: Simulator, batch_size: int = 2048, personalized: bool = True) 
         out["personal_acc_pooled"] = float(correct_k.sum() / count_k.sum())
         out["personal_acc_by_client"] = [round(float(a), 5) for a in acc]
     return out
-
-
-@torch.no_grad()
-def _hits(model, weights, x_uint8, y, normalize, batch_size) -> torch.Tensor:
-    model.eval()
-    hits = []
-    for i in range(0, len(y), batch_size):
-        logits = functional_call(model, weights, (normalize(x_uint8[i:i + batch_size]),), strict=False)
-        hits.append(logits.argmax(1) == y[i:i + batch_size])
-    return torch.cat(hits)
