@@ -25,6 +25,10 @@ def _cmd_run(args) -> int:
         cfg = load_config(args.config, args.set)
         exp = Experiment.create(cfg, args.out)
         print(f"run directory: {exp.run_dir}", file=sys.stderr)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)  # speed only (float sums may differ in the last bits)
     exp.run(progress=False if args.no_progress else None)
     print(compare([exp.run_dir], None, None))
     print(f"\nresults: {exp.run_dir}/summary.json, metrics.jsonl, accuracy.png")
@@ -89,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.add_argument("--threads", type=int, help="torch intra-op threads (overrides run.threads, also on --resume)")
     r.set_defaults(func=_cmd_run)
 
     pa = sub.add_parser("partition", help="print per-client label counts and write a client x class heatmap")
