@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from fedhet.experiment.report import compare_table, load_summary
-from fedhet.experiment.runner import git_commit, machine_info
+from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.runner import git_commit, machine_info, read_metrics
 
 
 def main() -> int:
@@ -30,7 +31,7 @@ def main() -> int:
 
     dirs = [Path(d) for d in a.run_dirs]
     summaries = {str(d): load_summary(d) for d in dirs}
-    table, _ = compare_table(dirs, a.metric)
+    table, curves = compare_table(dirs, a.metric)
     lines = [f"# {a.name}", "", "Command:", "", "```bash", a.command, "```", "", table, ""]
     if a.paper:
         lines += ["Published: " + a.paper, ""]
@@ -43,6 +44,14 @@ def main() -> int:
         lines.append(f"| {Path(d).name} | {s['status']} | {s['rounds_completed']} | {h.get('final', 0) * 100:.2f} | "
                      f"{h.get('best', 0) * 100:.2f} ({h.get('best_round')}) | {s['seconds_per_round_median']:.2f} | "
                      f"{s['client_samples_per_second']:.0f} | {s['peak_memory_mb']:.0f} | {floats:.3g} |")
+    lines += ["", "Headline metric at 1/5 .. 5/5 of the rounds (as in the FedCME paper's Table III):", "",
+              "| run dir | " + " | ".join(f"{k}/5 T" for k in range(1, 6)) + " |", "|---|" + "---|" * 5]
+    for d, s in summaries.items():
+        by_round = {r["round"]: r.get(s["headline_metric"]) for r in read_metrics(d)}
+        t = s["rounds_completed"]
+        cells = [by_round.get(round(k * t / 5)) for k in range(1, 6)]
+        lines.append(f"| {Path(d).name} | " + " | ".join(f"{c * 100:.2f} (r{round(k * t / 5)})" if c is not None else "-"
+                                                      for k, c in enumerate(cells, 1)) + " |")
     m = next(iter(summaries.values()))["machine"]
     lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), "
               f"python {m['python']}; run commit {m['commit']}; collected at commit {git_commit()}.", ""]
@@ -50,6 +59,8 @@ def main() -> int:
         lines += [a.notes, ""]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    plot_compare(curves, a.metric or "headline accuracy", out / f"{a.name}.png")
+    lines += [f"![curves]({a.name}.png)", ""]
     (out / f"{a.name}.md").write_text("\n".join(lines))
     (out / f"{a.name}.json").write_text(json.dumps({"name": a.name, "command": a.command, "paper": a.paper,
                                                      "collector_machine": machine_info(), "runs": summaries}, indent=2))
