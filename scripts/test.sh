@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 set +e
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then
