@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job: set everything up, then a real FL experiment on real Fashion-MNIST
-# (FedAvg vs Local-only, 50 clients with Dirichlet(0.5) label skew, 30 rounds; ~8 min on 2 CPU cores).
+# (FedAvg vs Local-only, 50 clients with Dirichlet(0.5) label skew, 30 rounds; about 10 min on 2 CPU cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
