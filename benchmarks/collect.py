@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from fedhet.experiment.report import compare_table, load_summary
 from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.report import compare_table, load_summary
 from fedhet.experiment.runner import git_commit, machine_info, read_metrics
 
 

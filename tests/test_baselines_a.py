@@ -15,7 +15,7 @@ from fedhet.algorithms.fedavgm import FedAvgM
 from fedhet.algorithms.feddyn import FedDyn
 from fedhet.algorithms.fedprox import FedProx, Proximal
 from fedhet.algorithms.local import ClientData, TrainSettings, forward, train_local
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+from fedhet.algorithms.objective import CrossEntropy, Forward, LossTerm
 from fedhet.algorithms.fednova import normalizing_factor as effective_steps
 from fedhet.algorithms.scaffold import Linear, Scaffold
 from fedhet.experiment.config import load_config

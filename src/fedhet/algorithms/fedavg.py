@@ -25,8 +25,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import (Algorithm, Arrays, ClientRuntime, Message, Replies, RoundContext,
-                                   RoundGenerator, State)
+from fedhet.algorithms.base import (
+    Algorithm,
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
 from fedhet.algorithms.local import LocalResult
 from fedhet.algorithms.objective import CrossEntropy, LossTerm
 

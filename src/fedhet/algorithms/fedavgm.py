@@ -22,6 +22,7 @@ from fedhet.algorithms.aggregate import server_trainable
 from fedhet.algorithms.base import Arrays, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
 
+
 class FedAvgM(FedAvg):
     name = "fedavgm"
 

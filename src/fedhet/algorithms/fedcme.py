@@ -88,7 +88,15 @@ import pydantic
 import torch
 
 from fedhet.algorithms.aggregate import select
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, RoundGenerator, State
+from fedhet.algorithms.base import (
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.local import ClientData, forward
 from fedhet.algorithms.objective import Batch, Forward, LossTerm

@@ -25,10 +25,16 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.aggregate import server_trainable, weighted_average
+from fedhet.algorithms.base import (
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.aggregate import server_trainable
 from fedhet.algorithms.fedprox import Proximal, parameter_names
 from fedhet.algorithms.local import LocalResult
 from fedhet.algorithms.objective import LossTerm

@@ -7,7 +7,15 @@ client state.
 
 from __future__ import annotations
 
-from fedhet.algorithms.base import Algorithm, Arrays, ClientRuntime, Message, RoundContext, RoundGenerator, State
+from fedhet.algorithms.base import (
+    Algorithm,
+    Arrays,
+    ClientRuntime,
+    Message,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
 
 
 class LocalOnly(Algorithm):

@@ -44,7 +44,14 @@ import torch
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import server_trainable
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.base import (
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fednova import normalizing_factor
 from fedhet.algorithms.fedprox import parameter_names

@@ -11,10 +11,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
-from fedhet.algorithms.base import Algorithm, Arrays, ClientRuntime, Message, RoundContext, State
+from fedhet.algorithms.base import (
+    Algorithm,
+    Arrays,
+    ClientRuntime,
+    Message,
+    RoundContext,
+    State,
+)
 from fedhet.algorithms.local import LocalResult, TrainSettings, train_local
 from fedhet.algorithms.objective import CrossEntropy, LossTerm
 from fedhet.data.federated import Federation
