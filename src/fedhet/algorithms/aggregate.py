@@ -50,3 +50,8 @@ def server_trainable(weights: Arrays) -> list[str]:
     """
     return [k for k, v in weights.items()
             if v.is_floating_point() and k.rsplit(".", 1)[-1] not in BN_STATISTICS]
+
+
+def zeros_for_trainable(weights: Arrays) -> Arrays:
+    """Zero tensors for the server-trainable entries of ``weights`` (momentum, control variates, FedDyn's h)."""
+    return {k: torch.zeros_like(weights[k]) for k in server_trainable(weights)}

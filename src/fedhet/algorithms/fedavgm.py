@@ -15,10 +15,9 @@ momentum step on a running variance could overshoot below zero.
 
 from __future__ import annotations
 
-import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import server_trainable
+from fedhet.algorithms.aggregate import zeros_for_trainable
 from fedhet.algorithms.base import Arrays, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
 
@@ -32,7 +31,7 @@ class FedAvgM(FedAvg):
 
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)
-        state["velocity"] = {k: torch.zeros_like(state["model"][k]) for k in server_trainable(state["model"])}
+        state["velocity"] = zeros_for_trainable(state["model"])
         return state
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:

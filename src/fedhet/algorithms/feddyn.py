@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import server_trainable, weighted_average
+from fedhet.algorithms.aggregate import weighted_average, zeros_for_trainable
 from fedhet.algorithms.base import (
     Arrays,
     ClientRuntime,
@@ -50,7 +50,7 @@ class FedDyn(FedAvg):
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)
-        state["h"] = {k: torch.zeros_like(state["model"][k]) for k in server_trainable(state["model"])}
+        state["h"] = zeros_for_trainable(state["model"])
         return state
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:

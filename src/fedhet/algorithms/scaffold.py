@@ -43,7 +43,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import server_trainable
+from fedhet.algorithms.aggregate import zeros_for_trainable
 from fedhet.algorithms.base import (
     Arrays,
     ClientRuntime,
@@ -113,7 +113,7 @@ class Scaffold(FedAvg):
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)
-        state["control"] = {k: torch.zeros_like(state["model"][k]) for k in server_trainable(state["model"])}
+        state["control"] = zeros_for_trainable(state["model"])
         return state
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
