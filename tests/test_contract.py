@@ -105,10 +105,11 @@ def test_ledger_counts_floats_and_bytes_by_direction_and_group():
                             "anchors": {"a": torch.zeros(5)}})
     ledger.record(0, "down", msg)
     ledger.record(0, "up", Message("update", {"model": {"w": torch.zeros(3, 4)}}))
-    r = ledger.round_summary(0)
+    r = ledger.take_round(0)
     assert r["down/model"] == {"floats": 14, "bytes": 12 * 4 + 2 * 8}
     assert r["down/anchors"] == {"floats": 5, "bytes": 20}
     assert ledger.totals()["up"] == {"floats": 12, "bytes": 48}
+    assert ledger.take_round(0) == {} and ledger.totals()["up"]["floats"] == 12
     clone = CommLedger()
     clone.load_state_dict(ledger.state_dict())
     assert clone.totals() == ledger.totals()

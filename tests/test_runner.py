@@ -151,7 +151,7 @@ def test_config_errors_name_the_key(small_config):
         Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedxyz"}}))
     with pytest.raises(ConfigError, match=r"algorithm\.params\.mu"):
         Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedavg", "params": {"mu": 1}}}))
-    with pytest.raises(ConfigError, match="single architecture"):
+    with pytest.raises(ConfigError, match="same architecture"):
         Experiment.create(load_config(raw={**small_config, "model": {"arch": ["cnn2", "simple_cnn"]}}))
 
 

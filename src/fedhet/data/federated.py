@@ -11,7 +11,7 @@ global test set with the client's training label proportions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -37,6 +37,7 @@ class Federation:
     local_test_source: str            # "holdout" (indices into pool) or "test_set"
     mean: torch.Tensor
     std: torch.Tensor
+    _train_counts: np.ndarray | None = field(default=None, init=False, repr=False)
 
     @property
     def num_clients(self) -> int:
@@ -52,9 +53,12 @@ class Federation:
         return src.x[idx], src.y[idx]
 
     def train_counts(self) -> np.ndarray:
-        """(clients, classes) training label counts."""
-        y = self.pool.y.numpy()
-        return np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes) for i in self.train_idx])
+        """(clients, classes) training label counts (computed once; the splits never change)."""
+        if self._train_counts is None:
+            y = self.pool.y.numpy()
+            self._train_counts = np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes)
+                                           for i in self.train_idx])
+        return self._train_counts
 
     def test_counts(self) -> np.ndarray:
         src = self.pool if self.local_test_source == "holdout" else self.test

@@ -120,9 +120,6 @@ class Experiment:
         self.algorithm = make_algorithm(cfg)
         self.federation = build_federation(cfg.data, cfg.seed)
         models, client_arch = build_models(cfg, self.federation)
-        if self.algorithm.has_global_model and len(models) > 1 and not self.algorithm.personalized:
-            raise ConfigError(f"algorithm {self.algorithm.name} trains one global model; model.arch must be a single "
-                              f"architecture, got {cfg.model.archs()}")
         t = cfg.train
         self.precision = resolve_precision(cfg.run.precision)
         settings = TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
@@ -134,6 +131,7 @@ class Experiment:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.metric = headline_metric(self.algorithm)
+        self.start_round = 0                        # rounds already done (set by resume)
 
     # --- run directory ----------------------------------------------------------------
     @classmethod
@@ -160,7 +158,6 @@ class Experiment:
         if not (run_dir / "config.yaml").is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         exp = cls(load_config(run_dir / "config.yaml"), run_dir)
-        exp.start_round = 0
         ckpt = run_dir / CHECKPOINT
         if ckpt.exists():
             try:
@@ -201,7 +198,7 @@ class Experiment:
         from tqdm import tqdm
 
         cfg = self.cfg
-        start = getattr(self, "start_round", 0)
+        start = self.start_round
         show = cfg.run.progress if progress is None else progress
         bar = tqdm(range(start, cfg.train.rounds), initial=start, total=cfg.train.rounds, disable=not show,
                    desc=cfg.name, unit="round", dynamic_ncols=True)
@@ -214,7 +211,7 @@ class Experiment:
                 done = rnd + 1
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                        "train_loss": stats.mean_train_loss(),
-                       "samples": stats.samples, "comm": self.sim.ledger.round_summary(rnd),
+                       "samples": stats.samples, "comm": self.sim.ledger.take_round(rnd),
                        # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
                        "client_state_floats": tensor_floats(self.sim.client_states)}
                 t_eval = 0.0
@@ -225,7 +222,6 @@ class Experiment:
                 row.update(self.algorithm.round_metrics(self.sim.server_state))
                 row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
                                   "evaluate": t_eval, "total": time.perf_counter() - t0}
-                self.sim.ledger.by_round.pop(rnd, None)
                 self._append_metrics(row)
                 if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
                     self._checkpoint(done)

@@ -8,6 +8,8 @@ from fedhet.algorithms.base import Message
 
 
 class CommLedger:
+    """Totals for the whole run plus the rounds not yet taken out with :meth:`take_round`."""
+
     def __init__(self):
         self.total: dict[str, list[int]] = defaultdict(lambda: [0, 0])   # "down/model" -> [floats, bytes]
         self.by_round: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -19,8 +21,10 @@ class CommLedger:
                 table[key][0] += floats
                 table[key][1] += nbytes
 
-    def round_summary(self, rnd: int) -> dict[str, dict[str, int]]:
-        return {k: {"floats": v[0], "bytes": v[1]} for k, v in sorted(self.by_round.get(rnd, {}).items())}
+    def take_round(self, rnd: int) -> dict[str, dict[str, int]]:
+        """Round ``rnd``'s traffic by direction/group; forgotten afterwards (the totals keep it)."""
+        table = self.by_round.pop(rnd, {})
+        return {k: {"floats": v[0], "bytes": v[1]} for k, v in sorted(table.items())}
 
     def totals(self) -> dict[str, dict[str, int]]:
         out = {k: {"floats": v[0], "bytes": v[1]} for k, v in sorted(self.total.items())}
@@ -32,15 +36,13 @@ class CommLedger:
         return out
 
     def state_dict(self) -> dict:
-        return {"total": dict(self.total), "by_round": {r: dict(t) for r, t in self.by_round.items()}}
+        # Checkpoints are written between rounds, when no round is pending: the totals are the state.
+        return {"total": dict(self.total)}
 
     def load_state_dict(self, state: dict) -> None:
         self.__init__()
         for k, v in state["total"].items():
             self.total[k] = list(v)
-        for r, table in state["by_round"].items():
-            for k, v in table.items():
-                self.by_round[int(r)][k] = list(v)
 
 
 def tensor_floats(obj) -> int:
