@@ -71,10 +71,10 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "cut")
     real = exp.sim.run_round
 
-    def killed_at_round_4(rnd):   # rounds 1-3 recorded, checkpoint after round 2
+    def killed_at_round_4(rnd, *args):   # rounds 1-3 recorded, checkpoint after round 2
         if rnd == 3:
             raise KeyboardInterrupt
-        return real(rnd)
+        return real(rnd, *args)
 
     monkeypatch.setattr(exp.sim, "run_round", killed_at_round_4)
     with pytest.raises(KeyboardInterrupt):

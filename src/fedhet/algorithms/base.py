@@ -72,6 +72,10 @@ class RoundContext:
     num_classes: int
     client_sizes: dict[int, int]    # training-set size of every client (known to the server in all five papers)
     rng: np.random.Generator        # the server's stream for this (seed, round)
+    # True when the engine evaluates the clients' models after this round: methods whose
+    # personalized models come from an adaptation step (Per-FedAvg, FedBABU's fine-tuning) add
+    # that phase only then.
+    evaluating: bool = False
 
 
 class Algorithm:
@@ -146,6 +150,12 @@ class ClientRuntime:
               trainable=None, optimizer_state: Arrays | None = None, augment=None):
         """Local SGD from ``weights`` on ``terms`` (default: cross-entropy) with the run's settings;
         returns a :class:`fedhet.algorithms.local.LocalResult`. See ``train_local`` for the options."""
+        raise NotImplementedError
+
+    def account(self, result) -> None:
+        """Count a :class:`fedhet.algorithms.local.LocalResult` in the round's statistics (steps,
+        samples, loss). ``train`` does this itself; a method with its own training loop (Per-FedAvg)
+        calls it with the result it built."""
         raise NotImplementedError
 
     def generator(self, *purpose: int | str) -> torch.Generator:

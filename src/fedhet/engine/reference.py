@@ -72,10 +72,13 @@ class SimClient(ClientRuntime):
             optimizer_state=optimizer_state, augment=augment,
             where=f"in round {self.round}, client {self.cid}, algorithm {self.sim.algorithm.name}",
         )
+        self.account(result)
+        return result
+
+    def account(self, result: LocalResult) -> None:
         self._stats.samples += result.samples
         self._stats.loss_sums[self.cid] = self._stats.loss_sums.get(self.cid, 0.0) + result.mean_loss * result.steps
         self._stats.steps[self.cid] = self._stats.steps.get(self.cid, 0) + result.steps
-        return result
 
     def generator(self, *purpose: int | str) -> torch.Generator:
         return torch_generator(self.sim.seed, "client", self.round, self.cid, *purpose)
@@ -108,12 +111,12 @@ class Simulator:
         k = self.federation.num_clients
         return [int(c) for c in rng.choice(k, size=self.clients_per_round, replace=False)]
 
-    def round_context(self, rnd: int) -> RoundContext:
+    def round_context(self, rnd: int, evaluating: bool = False) -> RoundContext:
         return RoundContext(
             round=rnd, clients=self.sample_clients(rnd), num_clients=self.federation.num_clients,
             num_classes=self.federation.num_classes,
             client_sizes={c: len(t) for c, t in enumerate(self.federation.train_idx)},
-            rng=numpy_rng(self.seed, "server", rnd))
+            rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating)
 
     def deliver(self, cid: int, msg: Message, rnd: int, stats: RoundStats) -> Message:
         self.ledger.record(rnd, "down", msg)
@@ -126,8 +129,8 @@ class Simulator:
         self.ledger.record(rnd, "up", reply)
         return reply
 
-    def run_round(self, rnd: int) -> RoundStats:
-        ctx = self.round_context(rnd)
+    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
+        ctx = self.round_context(rnd, evaluating)
         stats = RoundStats(rnd, ctx.clients)
         gen = self.algorithm.round(self.server_state, ctx)
         replies = None

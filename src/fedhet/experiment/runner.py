@@ -207,15 +207,16 @@ class Experiment:
         try:
             for rnd in bar:
                 t0 = time.perf_counter()
-                stats = self.sim.run_round(rnd)
                 done = rnd + 1
+                evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
+                stats = self.sim.run_round(rnd, evaluating)
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                        "train_loss": stats.mean_train_loss(),
                        "samples": stats.samples, "comm": self.sim.ledger.take_round(rnd),
                        # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
                        "client_state_floats": tensor_floats(self.sim.client_states)}
                 t_eval = 0.0
-                if done % cfg.eval.every == 0 or done == cfg.train.rounds:
+                if evaluating:
                     t1 = time.perf_counter()
                     row.update(evaluate(self.sim, cfg.eval.batch_size, cfg.eval.personalized))
                     t_eval = time.perf_counter() - t1
