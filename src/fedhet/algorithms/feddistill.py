@@ -1,0 +1,176 @@
+"""FedDistill: federated distillation by per-class average logits.
+
+Jeong et al. 2018 ("Communication-efficient on-device machine learning: federated distillation
+and augmentation under non-IID private data", FD without the augmentation part), as implemented
+in PFLlib ``clientfd.py`` / ``serverfd.py`` (formerly ``clientdistill``/``serverdistill``),
+the implementation behind the FedDistill rows of FedReMa's tables. No model is ever averaged or
+sent: every client trains its own model, kept in its client state (starting from the common
+initialisation of its architecture), and only logits travel.
+
+Client (PFLlib ``clientFD.train``): local SGD on
+
+    loss = CE(z, y) + distill_weight * D(z, g[y])
+
+where z are the model's logits for a sample of class y and g[y] is the global average logit
+vector of class y from the previous aggregation. For a sample whose class has no global logit
+yet, the target is the sample's own detached logits (PFLlib's ``logit_new`` keeps the output
+row), which contributes no gradient; before the first aggregation the term is absent. While
+training, the client accumulates the detached logits of every sample of every batch of every
+epoch (training mode, the evolving model) and uploads their per-class means with the per-class
+counts (PFLlib ``agg_func`` over the round's outputs).
+
+Server (PFLlib ``serverFD.train`` / ``proto_aggregation``): for each class, the UNWEIGHTED mean of
+the uploaded per-class means over the clients that saw the class (count > 0). A class no
+replying client saw has no global logit - the aggregate is rebuilt from this round's uploads
+only, with no memory of earlier rounds (PFLlib replaces ``global_logits`` every round). If no
+client replied, the previous global logits stay.
+
+The distillation term D (``distill_loss``) - the reference changed it over time:
+
+* ``soft_ce`` (default): cross-entropy of the logits against the softmax of the target,
+  ``-sum_j softmax(g[y])_j log softmax(z)_j``, batch mean - PFLlib from April 2024 (commit
+  83e2182, ``self.loss(output, logit_new.softmax(dim=1))`` with ``nn.CrossEntropyLoss``) until
+  November 2025, the period of FedReMa's experiments. It equals KL(softmax(g[y]) || softmax(z))
+  plus the target's entropy, a constant: the same gradient as the KL form, at temperature 1.
+* ``mse``: mean squared error between logits and target over all B x C entries (PFLlib before
+  April 2024, ``nn.MSELoss()(logit_new, output)``).
+* PFLlib's latest version (November 2025) passes the raw global logits as soft targets of
+  ``CrossEntropyLoss`` (not a distribution); it is not offered.
+
+``distill_weight`` = 1.0 is PFLlib's ``--lamda`` default (FedReMa keeps baselines at their
+defaults). ``personalized = True`` and ``has_global_model = False``: each client is evaluated
+with its own model.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedhet.algorithms.base import (
+    Algorithm,
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
+from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+
+
+class Distillation(LossTerm):
+    """``weight * D(z, target)`` with target = g[y] where class y has a global logit, else z detached;
+    also accumulates per-class sums and counts of the detached logits (every call, in order)."""
+
+    name = "distill"
+
+    def __init__(self, weight: float, num_classes: int, global_logits: torch.Tensor | None = None,
+                 defined: torch.Tensor | None = None, kind: str = "soft_ce"):
+        if kind not in ("soft_ce", "mse"):
+            raise ValueError(f"unknown distillation loss {kind!r}; use 'soft_ce' or 'mse'")
+        self.weight = float(weight)
+        self.num_classes = num_classes
+        self.global_logits = global_logits
+        if global_logits is not None and defined is None:
+            defined = torch.ones(num_classes, dtype=torch.bool)
+        self.defined = defined.bool() if defined is not None else None
+        self.kind = kind
+        self.sums = torch.zeros(num_classes, num_classes, dtype=torch.float64)
+        self.counts = torch.zeros(num_classes, dtype=torch.int64)
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        z = out.logits
+        onehot = F.one_hot(batch.y, self.num_classes).to(torch.float64)
+        self.sums += onehot.T @ z.detach().double()
+        self.counts += torch.bincount(batch.y, minlength=self.num_classes)
+        if self.global_logits is None or not bool(self.defined.any()):
+            return z.sum() * 0.0
+        have = self.defined.to(z.device)[batch.y].unsqueeze(1)
+        target = torch.where(have, self.global_logits.to(z.device, z.dtype)[batch.y], z.detach())
+        if self.kind == "soft_ce":
+            value = F.cross_entropy(z, target.softmax(dim=1))
+        else:
+            value = F.mse_loss(z, target)
+        return self.weight * value
+
+    def local_logits(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(per-class mean logits (C, C), zeros for unseen classes; counts (C,))."""
+        means = torch.where(self.counts.unsqueeze(1) > 0,
+                            self.sums / self.counts.clamp(min=1).double().unsqueeze(1),
+                            torch.zeros_like(self.sums))
+        return means.float(), self.counts.clone()
+
+
+def aggregate_logits(uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per class: unweighted mean of the uploaded means over the clients with count > 0
+    (PFLlib ``proto_aggregation``). Returns ``(global_logits (C, C), defined (C,))``, or None for no uploads."""
+    if not uploads:
+        return None
+    total = torch.zeros_like(uploads[0][0], dtype=torch.float64)
+    n = torch.zeros(total.shape[0], dtype=torch.float64)
+    for means, counts in uploads:
+        have = counts > 0
+        total += torch.where(have.unsqueeze(1), means.double(), torch.zeros_like(total))
+        n += have.double()
+    defined = n > 0
+    mean = torch.where(defined.unsqueeze(1), total / n.clamp(min=1).unsqueeze(1), torch.zeros_like(total))
+    return mean.float(), defined
+
+
+class FedDistill(Algorithm):
+    """Federated distillation (PFLlib FD); see the module docstring."""
+
+    name = "feddistill"
+    personalized = True
+    has_global_model = False
+
+    class Params(Algorithm.Params):
+        distill_weight: float = Field(1.0, ge=0)               # PFLlib --lamda
+        distill_loss: Literal["soft_ce", "mse"] = "soft_ce"
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        return {"logits": None, "defined": None}
+
+    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
+        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
+        return self.aggregate(dict(state), replies, ctx)
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        if state.get("logits") is None:
+            return Message("train")
+        return Message("train", {"global_logits": {"mean": state["logits"], "defined": state["defined"]}})
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        uploads = [(replies[c].arrays["logits"]["mean"], replies[c].arrays["logits"]["count"])
+                   for c in sorted(replies) if "logits" in replies[c].arrays]
+        agg = aggregate_logits(uploads)
+        if agg is not None:
+            state["logits"], state["defined"] = agg
+        return state
+
+    # --- client ---------------------------------------------------------------------------
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        weights = state["model"] if state and "model" in state else client.init_weights()
+        g = msg.arrays.get("global_logits")
+        term = Distillation(self.params.distill_weight, client.num_classes,
+                            g["mean"] if g else None, g["defined"] if g else None, self.params.distill_loss)
+        result = client.train(weights, [CrossEntropy(), term])
+        means, counts = term.local_logits()
+        reply = Message("update", {"logits": {"mean": means, "count": counts}},
+                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        return reply, {**(state or {}), "model": result.weights}
+
+    # --- evaluation -----------------------------------------------------------------------
+    def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
+        # A client never sampled yet is evaluated with the common initialisation (None -> engine supplies it).
+        return client_state["model"] if client_state and "model" in client_state else None
+
+    def round_metrics(self, state: State) -> dict:
+        d = state.get("defined")
+        return {"feddistill_classes_defined": int(d.sum()) if d is not None else 0}

@@ -1,0 +1,244 @@
+"""FedReMa (Liang et al.): personalized classifiers from the most relevant peers.
+
+Source: FedReMa paper (papers/004), Sec. 4, Algorithms 1-2, Eq. 5-10; official code
+``liangh68/FedReMa`` (``serverReMa.py``, ``clientReMa.py``) for what the paper leaves open
+(seed-specs section 6).
+
+One round (Algorithm 2), full participation in the paper:
+
+1. Every client trains its personalized model ``w_k = {theta, phi_k}`` (global feature
+   extractor + its own classifier) for E epochs and uploads it.
+2. The server averages the feature extractors (Eq. 6) and measures relevance: each classifier's
+   soft logits on one random probe feature, ``p_k = softmax(phi_k(h~) / M)`` with
+   ``h~ ~ U[0,1)^d`` (Sec. 4.1), and ``S[k1, k2] = cos(p_k1, p_k2)`` (Eq. 5).
+3. During the critical co-learning period (CCP): for each client, maximum difference
+   segmentation (MDS, Algorithm 1, :func:`mds`) of its similarity row gives the relevant set
+   ``A_k``; ``phi_k`` becomes the sample-weighted mean of the classifiers in ``A_k`` (Eq. 7); the
+   dependency map counts the selections, ``G[k, i] += 1`` for ``i`` in ``A_k``; and the period
+   ends for good when the round's mean maximum gap falls below ``delta`` times its running
+   maximum (Eq. 8-9, :func:`ccp_continues`).
+4. After the CCP: ``phi_k = sum_i G[k, i] phi_i / sum_i G[k, i]`` (Eq. 10).
+5. Each client receives ``{theta, phi_k}``; that is also the model it is evaluated with.
+
+Decisions (seed-specs section 6 lists the paper/code differences):
+
+* The soft logits ``p_k`` are computed by the client on the classifier it uploads, from a
+  probe seed the server sends as a scalar, and uploaded as 10 extra floats. The server's
+  arithmetic is exactly the paper's (the same function of the same classifier), and the server
+  never has to run a model, which keeps the round engine-agnostic (Flower's server holds no
+  model instance).
+* One probe ``h~ ~ U[0,1)^d`` per round shared by all clients and ``M`` for every client (the
+  paper); the reference draws a new ``h~ = 0.5 * rand`` per row and uses ``M`` only for the
+  row's own client.
+* MDS follows the code, not Algorithm 1's off-by-one: sort ``s_k`` ascending with the client
+  itself last (``s_kk = 1``), take the gaps between neighbours, ignore the last gap (self vs. its
+  most similar peer), cut at the largest remaining gap and keep everything above it. So ``A_k``
+  always holds ``k`` and its most similar peer. Ties go to the lowest gap (the largest set). When
+  no gap is positive (all peers equally similar) or there are fewer than three clients, every
+  uploaded client is relevant and the gap is 0.
+* ``Delta s_bar`` is the mean over clients (Eq. 8 writes a sum; the ratio test of Eq. 9 is the
+  same). While every gap so far is 0 the ratio is undefined and the CCP continues.
+* Classifier weights in Eq. 7 are sample sizes (the paper; the code uses uniform weights,
+  ``head_weighting: uniform``; identical for equal client sizes as in Table 1).
+* Aggregation keys every weight by client id (the reference mixes heads with the wrong
+  clients' weights, seed-specs section 6).
+* With partial participation only the uploaded clients get new classifiers; a client whose
+  dependency row has no weight on this round's uploads keeps its own uploaded classifier.
+* Each client's SGD momentum persists across rounds (the reference creates its optimizer once,
+  ``keep_momentum``); ``train.clip_grad_norm: 10`` and ``train.drop_last: true`` reproduce the
+  rest of its local training (configs/papers/fedrema/).
+
+Variants of Sec. 5 (Table 4 and Table 5):
+``ccp: forever`` - MDS in every round (Table 5, "+MDS"); ``feature_alignment: true`` - FedPAC's
+prototype alignment on the client (FedReMa+F); plus ``alternating: true`` - FedPAC's
+classifier-then-extractor training (FedReMa+A&F).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import numpy as np
+import pydantic
+import torch
+from torch.func import functional_call
+
+from fedhet.algorithms.aggregate import select, weighted_average
+from fedhet.algorithms.base import (
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
+from fedhet.algorithms.fedavg import FedAvg
+
+BODY, HEAD = "body.", "head."
+
+
+# --- relevance (server) --------------------------------------------------------------------
+def probe_feature(seed: int, dim: int) -> torch.Tensor:
+    """The round's random feature ``h~ ~ U[0,1)^d`` (paper Sec. 4.1), the same on every client."""
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return torch.rand(dim, generator=g)
+
+
+def soft_logits(model: torch.nn.Module, head: Arrays, probe: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``softmax(phi(h~) / M)`` of a classifier (paper Sec. 4.1)."""
+    weights = {k[len(HEAD):]: v for k, v in head.items()}
+    with torch.no_grad():
+        logits = functional_call(model.head, weights, (probe.unsqueeze(0),), strict=False)
+    return torch.softmax(logits.double() / temperature, dim=1).squeeze(0)
+
+
+def similarity_matrix(p: torch.Tensor) -> np.ndarray:
+    """Cosine similarity of the rows of ``p`` (Eq. 5), diagonal exactly 1."""
+    p = p.double()
+    unit = p / p.norm(dim=1, keepdim=True).clamp_min(1e-300)
+    s = (unit @ unit.T).numpy()
+    np.fill_diagonal(s, 1.0)
+    return s
+
+
+def mds(similarity: np.ndarray, self_pos: int) -> tuple[list[int], float]:
+    """Maximum difference segmentation (Algorithm 1, as in the official code).
+
+    ``similarity`` is one client's row over the uploaded clients, ``self_pos`` its own position.
+    Returns the positions of the relevant set and the maximum gap ``Delta s*``.
+    """
+    n = len(similarity)
+    # Ascending, the client itself last even if a peer ties with it.
+    order = sorted(range(n), key=lambda i: (float(similarity[i]), i == self_pos))
+    gaps = np.diff(np.asarray([similarity[i] for i in order], dtype=np.float64))[:-1]
+    if gaps.size == 0 or gaps.max() <= 0:
+        return list(range(n)), 0.0
+    m = int(np.argmax(gaps))                 # first maximum: the lowest cut, the largest set
+    return sorted(order[m + 1:]), float(gaps[m])
+
+
+def ccp_continues(gap_history: list[float], delta: float) -> bool:
+    """Eq. 9: the period goes on while the latest mean gap is more than ``delta`` of the largest so far."""
+    peak = max(gap_history)
+    if peak <= 0:
+        return True
+    return gap_history[-1] / peak > delta
+
+
+def dependency_average(heads: dict[int, Arrays], row: dict[int, float]) -> Arrays | None:
+    """Eq. 10: classifiers weighted by the dependency counts ``row[i] = G[k, i]`` (uploaded ``i`` only)."""
+    cids = [i for i in sorted(heads) if row.get(i, 0) > 0]
+    if not cids:
+        return None
+    return weighted_average([heads[i] for i in cids], [row[i] for i in cids])
+
+
+class FedReMa(FedAvg):
+    """FedReMa; see the module docstring for the round, the decisions and the variants."""
+
+    name = "fedrema"
+    personalized = True
+    has_global_model = False
+
+    class Params(FedAvg.Params):
+        delta: float = pydantic.Field(0.5, gt=0, lt=1)          # CCP threshold (Eq. 9), paper 0.5
+        temperature: float = pydantic.Field(0.5, gt=0)          # M of the soft logits, paper 0.5
+        ccp: Literal["adaptive", "forever"] = "adaptive"        # forever: MDS every round (Table 5 "+MDS")
+        head_weighting: Literal["samples", "uniform"] = "samples"   # Eq. 7 weights (code: uniform)
+        keep_momentum: bool = True                              # reference keeps one optimizer per client
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        # heads: personalized classifiers by client id; G: dependency counts {k: {i: count}}.
+        state.update({"heads": {}, "G": {}, "ccp": True, "ccp_end_round": None, "gaps": [],
+                      "relevant": {}, "mean_gap": None})
+        return state
+
+    def personal_model(self, state: State, cid: int) -> Arrays:
+        head = state["heads"].get(cid)
+        return {**state["model"], **head} if head is not None else state["model"]
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        msg = Message("train", {"model": self.personal_model(state, cid)})
+        msg.scalars["probe_seed"] = state["probe_seed"]
+        return msg
+
+    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
+        state = dict(state)
+        state["probe_seed"] = int(ctx.rng.integers(2**62))
+        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
+        return self.aggregate(state, replies, ctx)
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        cids = sorted(replies)
+        if not cids:
+            return state
+        sizes = {c: float(replies[c].scalars["num_samples"]) for c in cids}
+        models = {c: replies[c].arrays["model"] for c in cids}
+        body = weighted_average([select(models[c], BODY) for c in cids], [sizes[c] for c in cids])   # Eq. 6
+        state["model"] = {**state["model"], **body}
+        heads = {c: select(models[c], HEAD) for c in cids}
+        sim = similarity_matrix(torch.stack([replies[c].arrays["relevance"]["soft_logits"] for c in cids]))
+
+        new_heads = dict(state["heads"])
+        G = {k: dict(row) for k, row in state["G"].items()}
+        relevant: dict[int, list[int]] = {}
+        if state["ccp"]:
+            gaps = []
+            for pos, k in enumerate(cids):
+                members, gap = mds(sim[pos], pos)
+                A = [cids[i] for i in members]
+                relevant[k] = A
+                gaps.append(gap)
+                w = [sizes[i] if self.params.head_weighting == "samples" else 1.0 for i in A]
+                new_heads[k] = weighted_average([heads[i] for i in A], w)                         # Eq. 7
+                row = G.setdefault(k, {})
+                for i in A:
+                    row[i] = row.get(i, 0) + 1
+            state["mean_gap"] = float(np.mean(gaps))                                             # Eq. 8 (mean)
+            state["gaps"] = [*state["gaps"], state["mean_gap"]]
+            if self.params.ccp == "adaptive" and not ccp_continues(state["gaps"], self.params.delta):   # Eq. 9
+                state["ccp"] = False
+                state["ccp_end_round"] = ctx.round + 1
+        else:
+            for k in cids:
+                avg = dependency_average(heads, G.get(k, {}))                                    # Eq. 10
+                new_heads[k] = avg if avg is not None else heads[k]
+            state["mean_gap"] = None
+        state["heads"], state["G"], state["relevant"] = new_heads, G, relevant
+        return state
+
+    def round_metrics(self, state: State) -> dict[str, Any]:
+        return {"fedrema_ccp": state["ccp"], "fedrema_ccp_end_round": state["ccp_end_round"],
+                "fedrema_mean_gap": state["mean_gap"],
+                "fedrema_relevant": {str(k): v for k, v in state["relevant"].items()},
+                "fedrema_G": {str(k): {str(i): n for i, n in sorted(row.items())} for k, row in sorted(state["G"].items())}}
+
+    # --- client ---------------------------------------------------------------------------
+    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
+        options = super().train_options(msg, state, client)
+        if self.params.keep_momentum and state and "momentum" in state:
+            options["optimizer_state"] = state["momentum"]
+        return options
+
+    def after_training(self, result, msg: Message, state: State | None, client: ClientRuntime) -> State | None:
+        state = super().after_training(result, msg, state, client)
+        if self.params.keep_momentum and result.optimizer_state:
+            state = {**(state or {}), "momentum": result.optimizer_state}
+        return state
+
+    def uploads(self, result, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
+        up = super().uploads(result, msg, state, client)
+        probe = probe_feature(int(msg.scalars["probe_seed"]), client.model.feature_dim)
+        p = soft_logits(client.model, select(result.weights, HEAD), probe, self.params.temperature)
+        return {**up, "relevance": {"soft_logits": p.float()}}
+
+    # --- evaluation -----------------------------------------------------------------------
+    def global_model(self, state: State) -> Arrays | None:
+        return None
+
+    def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
+        return self.personal_model(state, cid)

@@ -1,0 +1,434 @@
+"""Per-FedAvg, FedBABU and FedDistill: hand-computed steps, phases, frozen heads, logits, short runs."""
+
+import copy
+import math
+
+import numpy as np
+import pydantic
+import pytest
+import torch
+from torch import nn
+
+from fedhet.algorithms import algorithm_class
+from fedhet.algorithms.base import Message, RoundContext
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedbabu import FINETUNED, FedBABU
+from fedhet.algorithms.feddistill import Distillation, FedDistill, aggregate_logits
+from fedhet.algorithms.local import (
+    ClientData,
+    TrainSettings,
+    epoch_batches,
+    forward,
+    train_local,
+)
+from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+from fedhet.algorithms.perfedavg import ADAPTED, PerFedAvg, hessian_vector_product
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
+from fedhet.models.base import SplitModel
+from fedhet.seeding import torch_generator
+
+
+# --- tiny fixtures ------------------------------------------------------------------------
+class VecNet(nn.Module):
+    """One parameter vector ``w`` (2,); the loss is supplied by :class:`BatchQuadratic`."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(2))
+
+    def forward(self, x, with_features=False):
+        h, logits = torch.zeros(len(x), 1), torch.zeros(len(x), 2)
+        return (h, logits) if with_features else logits
+
+
+def quad_coeffs(index):
+    """A (2x2, symmetric positive definite) and b (2,) fixed by the batch's positions."""
+    s = float(index.sum())
+    A = torch.tensor([[1.0 + 0.1 * s, 0.3], [0.3, 2.0]])
+    b = torch.tensor([1.0, -0.5 + 0.05 * s])
+    return A, b
+
+
+class BatchQuadratic(LossTerm):
+    """f(w; D) = 0.5 (w - b_D)^T A_D (w - b_D): gradient A_D (w - b_D), Hessian A_D."""
+
+    name = "quad"
+
+    def __call__(self, out, batch, weights):
+        A, b = quad_coeffs(batch.index)
+        d = weights["w"] - b
+        return 0.5 * d @ A @ d
+
+
+def tiny_data(n=10, d_in=3, classes=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, d_in, 1, 1), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, classes, (n,), generator=g)
+    return ClientData(x, y, torch.arange(n), torch.full((1, 1, 1, 1), 0.5), torch.full((1, 1, 1, 1), 0.25))
+
+
+class Runtime:
+    """A ClientRuntime running real ``train_local``; ``data_loss`` replaces the cross-entropy term."""
+
+    def __init__(self, model, data, settings, data_loss=None, cid=0, init=None, classes=2):
+        self.cid, self.round, self.arch, self.num_classes = cid, 0, "tiny", classes
+        self.model, self.data, self.settings, self.data_loss = model, data, settings, data_loss
+        self.buffer_names = [n for n, _ in model.named_buffers()]
+        self.num_samples = len(data.train_idx)
+        self.init = init if init is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.accounted = []
+
+    def train(self, weights, terms=None, *, epochs=None, **kw):
+        terms = list(terms or [CrossEntropy()])
+        if self.data_loss is not None:
+            terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]
+        s = self.settings if epochs is None else TrainSettings(**{**self.settings.__dict__, "epochs": epochs})
+        result = train_local(self.model, weights, self.data, terms, s, lambda e: self.generator("batches", e), **kw)
+        self.account(result)
+        return result
+
+    def account(self, result):
+        self.accounted.append(result)
+
+    def generator(self, *purpose):
+        return torch_generator(0, self.cid, *purpose)
+
+    def init_weights(self):
+        return {k: v.clone() for k, v in self.init.items()}
+
+
+class QuadPerFedAvg(PerFedAvg):
+    """Per-FedAvg whose data term is the batch quadratic."""
+
+    def data_terms(self, msg, state, client):
+        return [BatchQuadratic()]
+
+
+def quad_runtime(n, batch_size, epochs=1, lr=0.1):
+    data = ClientData(torch.zeros(n, 1, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long), torch.arange(n),
+                      torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+    return Runtime(VecNet(), data, TrainSettings(epochs=epochs, batch_size=batch_size, lr=lr))
+
+
+def split_net(seed=0, d_in=3, hidden=4, classes=2):
+    torch.manual_seed(seed)
+    stages = [("fc0", nn.Sequential(nn.Flatten(), nn.Linear(d_in, hidden), nn.ReLU())),
+              ("fc1", nn.Linear(hidden, classes))]
+    return SplitModel(stages, "fc1", (d_in, 1, 1))
+
+
+def ctx(clients, num_clients=4, evaluating=False, sizes=None, num_classes=2):
+    return RoundContext(round=0, clients=clients, num_clients=num_clients, num_classes=num_classes,
+                        client_sizes=sizes or {c: 1 for c in range(num_clients)}, rng=np.random.default_rng(0),
+                        evaluating=evaluating)
+
+
+def drive(algo, state, context, *all_replies):
+    """Run one server round, answering each phase with the next replies; returns (phases, new state)."""
+    gen = algo.round(state, context)
+    phases = [next(gen)]
+    for replies in all_replies:
+        try:
+            phases.append(gen.send(replies))
+        except StopIteration as stop:
+            return phases, stop.value
+    raise AssertionError(f"the round yielded more phases than answered: {len(phases)}")
+
+
+def reply(model, n=1, **groups):
+    return Message("update", {"model": model, **groups}, {"num_samples": n})
+
+
+# --- Per-FedAvg ---------------------------------------------------------------------------
+@pytest.mark.parametrize("hvp", ["exact", "finite_difference"])
+def test_perfedavg_local_steps_match_closed_form(hvp):
+    """Two epochs of Algorithm 1's local step on batch quadratics, FO (2 batches/step) and HF (3 batches)."""
+    alpha, beta, w0 = 0.3, 0.2, torch.tensor([0.5, -1.0])
+    for variant, group in (("fo", 2), ("hf", 3)):
+        rt = quad_runtime(n=6, batch_size=1, epochs=2)       # 6 batches/epoch: 3 FO steps or 2 HF steps
+        algo = QuadPerFedAvg(PerFedAvg.Params(perfedavg_variant=variant, perfedavg_alpha=alpha,
+                                              perfedavg_beta=beta, perfedavg_hvp=hvp))
+        rep, st = algo.client_update(Message("train", {"model": {"w": w0.clone()}}), None, rt)
+        w = w0.double()
+        losses = []
+        for e in range(2):
+            batches = epoch_batches(6, 1, False, rt.generator("batches", e))
+            for i in range(6 // group):
+                coeffs = [tuple(t.double() for t in quad_coeffs(batches[i * group + j])) for j in range(group)]
+                (A1, b1), (A2, b2) = coeffs[0], coeffs[1]
+                w_tmp = w - alpha * A1 @ (w - b1)                        # w - alpha grad f(w; D)
+                g2 = A2 @ (w_tmp - b2)                                   # grad f(w_tmp; D')
+                losses.append(float(0.5 * (w_tmp - b2) @ A2 @ (w_tmp - b2)))
+                if variant == "hf":
+                    A3 = coeffs[2][0]                                    # Hessian on D''
+                    g2 = g2 - alpha * A3 @ g2                            # (I - alpha H) g2
+                w = w - beta * g2
+        tol = 1e-5 if hvp == "exact" or variant == "fo" else 1e-3    # fp32 central difference: ~eps/delta
+        torch.testing.assert_close(rep.arrays["model"]["w"].double(), w, rtol=tol, atol=tol)
+        assert rep.scalars["steps"] == 2 * (6 // group)
+        assert rep.scalars["loss"] == pytest.approx(np.mean(losses), rel=tol)
+        assert len(rt.accounted) == 1 and rt.accounted[0].samples == 2 * (6 // group) * group
+        assert st is None                                                 # FedAvg-like: no client state
+
+
+def test_perfedavg_hvp_exact_on_a_network_matches_autograd_hessian():
+    torch.manual_seed(0)
+    model, data = split_net(), tiny_data()
+    w = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    batch = data.batch(torch.arange(10))
+    v = {k: torch.randn_like(t) for k, t in w.items()}
+    hv = hessian_vector_product(model, w, {}, [CrossEntropy()], batch, v)
+    names = list(w)
+    flat = torch.cat([w[k].flatten() for k in names])
+
+    def f(theta):
+        parts, i = {}, 0
+        for k in names:
+            parts[k] = theta[i:i + w[k].numel()].view_as(w[k])
+            i += w[k].numel()
+        return CrossEntropy()(forward(model, parts, batch.x), batch, parts)
+
+    H = torch.autograd.functional.hessian(f, flat)
+    expect = H @ torch.cat([v[k].flatten() for k in names])
+    torch.testing.assert_close(torch.cat([hv[k].flatten() for k in names]), expect, rtol=1e-4, atol=1e-6)
+    fd = hessian_vector_product(model, w, {}, [CrossEntropy()], batch, v, "finite_difference", 1e-3)
+    torch.testing.assert_close(torch.cat([fd[k].flatten() for k in names]), expect, rtol=1e-2, atol=1e-3)
+
+
+def test_perfedavg_defaults_follow_the_run_learning_rate_and_params_are_specific():
+    p = PerFedAvg.Params()
+    assert p.perfedavg_variant == "fo" and p.perfedavg_alpha is None and p.perfedavg_beta is None
+    rt = quad_runtime(4, 2, lr=0.07)
+    assert PerFedAvg().alpha(rt) == PerFedAvg().beta(rt) == 0.07
+    with pytest.raises(pydantic.ValidationError):
+        PerFedAvg.Params(perfedavg_variant="so")
+    with pytest.raises(pydantic.ValidationError):
+        PerFedAvg.Params(alpha=0.1)                       # generic names are rejected
+    algorithm_class("perfedavg+fedprox")                  # no parameter clash with FedProx
+
+
+def test_perfedavg_adaptation_phase_only_when_evaluating_and_server_state_unchanged():
+    algo, fedavg = PerFedAvg(), FedAvg()
+    init = {"w": torch.tensor([1.0, 2.0])}
+    replies = {1: reply({"w": torch.tensor([3.0, 0.0])}, 1), 2: reply({"w": torch.tensor([5.0, 4.0])}, 3)}
+    _, expect = drive(fedavg, fedavg.init_server_state({"m": init}), ctx([1, 2]), replies)
+
+    phases, state = drive(algo, algo.init_server_state({"m": init}), ctx([1, 2], evaluating=False), replies)
+    assert len(phases) == 1
+    torch.testing.assert_close(state["model"]["w"], expect["model"]["w"])
+
+    adapted_replies = {c: Message("adapted", scalars={"num_samples": 1}) for c in range(4)}
+    phases, state = drive(algo, algo.init_server_state({"m": init}), ctx([1, 2], evaluating=True), replies, adapted_replies)
+    assert len(phases) == 2 and sorted(phases[1]) == [0, 1, 2, 3]          # ALL clients adapt
+    assert {m.kind for m in phases[1].values()} == {"adapt"}
+    assert all(m.arrays["eval_model"] is state["model"] for m in phases[1].values())
+    assert set(state) == {"model"} and torch.equal(state["model"]["w"], expect["model"]["w"])
+
+
+def test_perfedavg_client_adapts_one_step_and_training_ignores_it():
+    alpha = 0.25
+    rt = quad_runtime(n=4, batch_size=2)
+    algo = QuadPerFedAvg(PerFedAvg.Params(perfedavg_alpha=alpha, perfedavg_beta=0.1))
+    w = torch.tensor([0.5, -1.0])
+    rep, st = algo.client_update(Message("adapt", {"eval_model": {"w": w}}), {"other": 1}, rt)
+    assert rep.arrays == {} and rep.scalars == {"num_samples": 4}
+    assert rt.accounted == []                                              # evaluation, not training
+    batch = epoch_batches(4, 2, False, rt.generator("perfedavg_adapt"))[0]
+    A, b = quad_coeffs(batch)
+    torch.testing.assert_close(st[ADAPTED]["w"], w - alpha * A @ (w - b))
+    assert st["other"] == 1
+    assert algo.client_model(0, {"model": {"w": w}}, st) is st[ADAPTED]
+    assert algo.client_model(0, {"model": {"w": w}}, None)["w"] is w     # never adapted: the global model
+    # the next training starts from the received model, not the adapted one, and drops it
+    rep2, st2 = algo.client_update(Message("train", {"model": {"w": w}}), st, rt)
+    rep3, _ = algo.client_update(Message("train", {"model": {"w": w}}), None, quad_runtime(n=4, batch_size=2))
+    assert torch.equal(rep2.arrays["model"]["w"], rep3.arrays["model"]["w"])
+    assert st2 == {"other": 1}
+
+
+# --- FedBABU ------------------------------------------------------------------------------
+def test_fedbabu_head_stays_bitwise_frozen_in_training_and_aggregation():
+    model = split_net(seed=1)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    algo = FedBABU()
+    state = algo.init_server_state({"tiny": {k: v.clone() for k, v in init.items()}})
+    head = [k for k in init if k.startswith("head.")]
+    assert head == ["head.fc1.weight", "head.fc1.bias"]
+    phase = {c: algo.train_message(state, c, ctx([0, 1])) for c in (0, 1)}
+    assert all(not (set(m.arrays["model"]) & set(head)) for m in phase.values())      # head never sent
+    replies = {}
+    for c in (0, 1):
+        rt = Runtime(model, tiny_data(seed=c), TrainSettings(epochs=2, batch_size=4, lr=0.5, momentum=0.9), cid=c, init=init)
+        rep, _ = algo.client_update(phase[c], None, rt)
+        trained = rt.accounted[0].weights
+        for k in head:
+            assert torch.equal(trained[k], init[k]), k                              # bitwise unchanged
+        assert not torch.equal(trained["body.fc0.1.weight"], init["body.fc0.1.weight"])
+        assert set(rep.arrays["model"]) == {"body.fc0.1.weight", "body.fc0.1.bias"}  # head never uploaded
+        replies[c] = Message("update", rep.arrays, {"num_samples": 1 + 2 * c})
+    _, new = drive(algo, state, ctx([0, 1]), replies)
+    for k in head:
+        assert torch.equal(new["model"][k], init[k])
+    body = "body.fc0.1.weight"
+    torch.testing.assert_close(new["model"][body], (replies[0].arrays["model"][body] + 3 * replies[1].arrays["model"][body]) / 4)
+    assert list(new["model"]) == list(init)
+
+
+def test_fedbabu_finetuning_is_per_client_and_never_reaches_the_global_model():
+    model = split_net(seed=2)
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    algo = FedBABU(FedBABU.Params(finetune_epochs=2))
+    state = algo.init_server_state({"tiny": {k: v.clone() for k, v in init.items()}})
+    replies = {0: Message("update", {"model": {k: v + 0.1 for k, v in init.items() if k.startswith("body.")}},
+                          {"num_samples": 1})}
+    phases, _ = drive(algo, state, ctx([0], num_clients=3, evaluating=False), replies)
+    assert len(phases) == 1
+    done = {c: Message("finetuned", scalars={"num_samples": 1}) for c in range(3)}
+    phases, new = drive(algo, state, ctx([0], num_clients=3, evaluating=True), replies, done)
+    assert len(phases) == 2 and sorted(phases[1]) == [0, 1, 2]
+    msg = phases[1][1]
+    assert msg.kind == "finetune" and not any(k.startswith("head.") for k in msg.arrays["eval_model"])
+    before = {k: v.clone() for k, v in new["model"].items()}
+    rt = Runtime(model, tiny_data(seed=5), TrainSettings(epochs=1, batch_size=4, lr=0.5), cid=1, init=init)
+    rep, st = algo.client_update(msg, {"buffers": {}}, rt)
+    assert rep.arrays == {} and rep.scalars == {"num_samples": 10}
+    assert len(rt.accounted) == 1 and rt.accounted[0].steps == 2 * 3               # client compute: counted
+    tuned = st[FINETUNED]
+    assert st["buffers"] == {}
+    for k, v in new["model"].items():
+        assert torch.equal(v, before[k])                                           # global model untouched
+        assert not torch.equal(tuned[k], v), k                                     # full fine-tuning moved all
+    assert algo.client_model(1, new, st) is tuned
+    assert algo.client_model(2, new, None) is new["model"]
+    # the fine-tune equals train_local on the full model, epochs numbered after the E training epochs
+    ref = train_local(model, new["model"], rt.data, [CrossEntropy()],
+                      TrainSettings(epochs=2, batch_size=4, lr=0.5), lambda e: rt.generator("batches", e), start_epoch=1)
+    for k in tuned:
+        torch.testing.assert_close(tuned[k], ref.weights[k])
+    # head-only fine-tuning leaves the body; the next training drops the fine-tuned model
+    head_only = FedBABU(FedBABU.Params(finetune_epochs=1, finetune_part="head"))
+    _, st_h = head_only.client_update(msg, None, rt)
+    assert torch.equal(st_h[FINETUNED]["body.fc0.1.weight"], new["model"]["body.fc0.1.weight"])
+    assert not torch.equal(st_h[FINETUNED]["head.fc1.weight"], new["model"]["head.fc1.weight"])
+    _, st2 = algo.client_update(algo.train_message(new, 1, ctx([1])), st, rt)
+    assert st2 == {"buffers": {}}                                               # fine-tuned model dropped
+
+
+# --- FedDistill ---------------------------------------------------------------------------
+def test_feddistill_global_logits_unweighted_mean_with_a_missing_class():
+    a = (torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]), torch.tensor([5, 1, 0]))
+    b = (torch.tensor([[3.0, 2.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), torch.tensor([1, 0, 0]))
+    mean, defined = aggregate_logits([a, b])
+    assert defined.tolist() == [True, True, False]
+    torch.testing.assert_close(mean[0], torch.tensor([2.0, 1.0, 0.5]))             # (a + b)/2, counts ignored
+    torch.testing.assert_close(mean[1], torch.tensor([0.0, 2.0, 0.0]))             # only a saw class 1
+    torch.testing.assert_close(mean[2], torch.zeros(3))
+    assert aggregate_logits([]) is None
+    # server: rebuilt from this round's uploads only; kept when nobody replied
+    algo = FedDistill()
+    state = algo.init_server_state({})
+    assert algo.train_message(state, 0, ctx([0])).arrays == {}
+    _, state = drive(algo, state, ctx([0, 1], num_classes=3),
+                     {0: Message("update", {"logits": {"mean": a[0], "count": a[1]}}),
+                      1: Message("update", {"logits": {"mean": b[0], "count": b[1]}})})
+    torch.testing.assert_close(state["logits"], mean)
+    msg = algo.train_message(state, 0, ctx([0]))
+    assert torch.equal(msg.arrays["global_logits"]["defined"], defined)
+    _, kept = drive(algo, state, ctx([0], num_classes=3), {})
+    assert kept["logits"] is state["logits"]
+    _, fresh = drive(algo, state, ctx([1], num_classes=3), {1: Message("update", {"logits": {"mean": b[0], "count": b[1]}})})
+    assert fresh["defined"].tolist() == [True, False, False]
+
+
+def test_feddistill_loss_values_hand_computed():
+    z = torch.tensor([[1.0, 0.0], [0.0, 2.0]], requires_grad=True)
+    y = torch.tensor([0, 1])
+    g = torch.tensor([[2.0, 0.0], [9.0, 9.0]])
+    batch = Batch(torch.zeros(2, 1), y, torch.arange(2))
+    out = Forward(torch.zeros(2, 1), z)
+    # class 1 undefined: sample 2's target is its own logits
+    term = Distillation(0.5, 2, g, torch.tensor([True, False]), "soft_ce")
+    p0 = [math.exp(2) / (math.exp(2) + 1), 1 / (math.exp(2) + 1)]                    # softmax(g[0])
+    ls0 = [1 - math.log(math.e + 1), -math.log(math.e + 1)]                         # log softmax([1, 0])
+    q1 = [1 / (1 + math.exp(2)), math.exp(2) / (1 + math.exp(2))]                    # softmax([0, 2])
+    ce0 = -(p0[0] * ls0[0] + p0[1] * ls0[1])
+    ce1 = -(q1[0] * math.log(q1[0]) + q1[1] * math.log(q1[1]))                    # own entropy
+    value = term(out, batch, {})
+    assert value.item() == pytest.approx(0.5 * (ce0 + ce1) / 2, rel=1e-6)
+    (grad,) = torch.autograd.grad(value, z)
+    assert torch.allclose(grad[1], torch.zeros(2), atol=1e-7)                       # no pull without a target
+    torch.testing.assert_close(grad[0], 0.5 / 2 * (torch.tensor(ls0).exp() - torch.tensor(p0)).float())
+    mse = Distillation(2.0, 2, g, torch.tensor([True, False]), "mse")
+    # ((1-2)^2 + (0-0)^2 + 0 + 0) / 4 entries
+    assert mse(out, batch, {}).item() == pytest.approx(2.0 * 1 / 4)
+    none = Distillation(1.0, 2)
+    assert none(out, batch, {}).item() == 0.0
+    means, counts = none.local_logits()                                             # accumulation only
+    assert counts.tolist() == [1, 1] and torch.equal(means, z.detach())
+
+
+def test_feddistill_client_uploads_mean_logits_and_keeps_its_model():
+    model, data = split_net(seed=3, classes=3), tiny_data(n=9, classes=3, seed=4)
+    rt = Runtime(model, data, TrainSettings(epochs=2, batch_size=4, lr=0.0), classes=3)
+    algo = FedDistill()
+    rep, st = algo.client_update(Message("train"), None, rt)
+    assert set(rep.arrays) == {"logits"} and set(st) == {"model"}
+    logits = forward(model, rt.init, data.inputs(data.train_idx)).logits.detach()
+    counts = torch.bincount(data.y, minlength=3)
+    assert rep.arrays["logits"]["count"].tolist() == (2 * counts).tolist()         # every sample of both epochs
+    for c in range(3):
+        if counts[c]:
+            torch.testing.assert_close(rep.arrays["logits"]["mean"][c], logits[data.y == c].mean(0))
+    assert algo.client_model(0, {}, st) is st["model"] and algo.client_model(1, {}, None) is None
+    # with lr > 0 the client continues from its own model on the next round
+    rt2 = Runtime(model, data, TrainSettings(epochs=1, batch_size=4, lr=0.1), classes=3)
+    _, st2 = algo.client_update(Message("train"), {"model": {k: v + 1 for k, v in rt.init.items()}}, rt2)
+    ref = train_local(model, {k: v + 1 for k, v in rt.init.items()}, data, [CrossEntropy()], rt2.settings,
+                      lambda e: rt2.generator("batches", e))
+    for k in ref.weights:
+        torch.testing.assert_close(st2["model"][k], ref.weights[k])
+
+
+# --- end to end ---------------------------------------------------------------------------
+def e2e(small_config, tmp_path, name, params):
+    cfg = copy.deepcopy(small_config)
+    cfg["algorithm"] = {"name": name, "params": params}
+    cfg["train"]["rounds"] = 2
+    exp = Experiment.create(load_config(raw=cfg), tmp_path / name)
+    exp.run(progress=False)
+    return exp, read_metrics(exp.run_dir)
+
+
+@pytest.mark.parametrize("name,params", [
+    ("perfedavg", {"perfedavg_variant": "hf"}),
+    ("fedbabu", {"finetune_epochs": 1}),
+    ("feddistill", {}),
+])
+def test_end_to_end_produces_personal_accuracy(small_config, tmp_path, name, params):
+    exp, rows = e2e(small_config, tmp_path, name, params)
+    assert [r["round"] for r in rows] == [1, 2]
+    assert exp.summary["headline_metric"] == "personal_acc" and exp.summary["status"] == "completed"
+    for r in rows:
+        assert math.isfinite(r["personal_acc"]) and r["personal_acc"] > 0.1           # 10 classes
+        assert math.isfinite(r["train_loss"])
+    K = small_config["data"]["num_clients"]
+    comm = rows[-1]["comm"]
+    if name == "feddistill":
+        assert "global_acc" not in rows[-1] and rows[-1]["feddistill_classes_defined"] > 0
+        assert set(comm) == {"down/global_logits", "up/logits"}
+        assert len(exp.sim.client_states) == len({c for r in rows for c in r["clients"]})
+    else:
+        assert "global_acc" in rows[-1] and rows[-1]["phases"] == 2
+        n = sum(v.numel() for v in exp.sim.server_state["model"].values())
+        shared = n if name == "perfedavg" else n - sum(v.numel() for k, v in exp.sim.server_state["model"].items()
+                                                          if k.startswith("head."))
+        assert comm["down/eval_model"]["floats"] == K * shared                          # all clients, every eval
+        assert comm["up/model"]["floats"] == 3 * shared
+        key = ADAPTED if name == "perfedavg" else FINETUNED
+        assert all(key in s for s in exp.sim.client_states.values()) and len(exp.sim.client_states) == K
+    if name == "fedbabu":
+        init = exp.sim.init_models["cnn2"]
+        for k, v in exp.sim.server_state["model"].items():
+            if k.startswith("head."):
+                assert torch.equal(v, init[k]), k
