@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # FedReMa paper (papers/004) Table 1, Fashion-MNIST column (npc=600, s=0.2, K=20, full participation),
 # as two single-threaded lanes (a and b). The paper runs T=500; ROUNDS says how many were run here.
-#   ROUNDS=100 bash benchmarks/fedrema_t1_fmnist.sh [a|b]   (no lane: both in parallel)
+#   ROUNDS=50 bash benchmarks/fedrema_t1_fmnist.sh [a|b]   (no lane: both in parallel)
 # Re-running resumes unfinished runs and skips finished ones; then:
 #   .venv/bin/python benchmarks/collect.py --metric personal_acc ... (see benchmarks/results/fedrema_t1_fmnist_*.md)
 set -uo pipefail
 cd "$(dirname "$0")/.."
-ROUNDS=${ROUNDS:-100}
+ROUNDS=${ROUNDS:-50}
 OUT=${OUT:-runs/fedrema_t1_fmnist_r$ROUNDS}
 mkdir -p "$OUT"
 P=configs/papers/fedrema
@@ -16,7 +16,7 @@ run() {  # method seed
   if [ -f "$OUT/$tag/config.yaml" ]; then
     .venv/bin/fedhet run --resume "$OUT/$tag" --threads 1 --no-progress >> "$OUT/$tag.log" 2>&1
   else
-    .venv/bin/fedhet run "$P/t1_fmnist_$1.yaml" --set seed="$2" --set train.rounds="$ROUNDS" --set run.threads=1 \
+    .venv/bin/fedhet run "$P/t1_fmnist_$1.yaml" --set seed="$2" --set train.rounds="$ROUNDS" --set run.threads=1 --set run.checkpoint_every=5 \
       --out "$OUT/$tag" --no-progress > "$OUT/$tag.log" 2>&1
   fi
 }

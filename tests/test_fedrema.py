@@ -184,3 +184,28 @@ def test_fedrema_run_records_matching_and_keeps_momentum(small_config):
         if name.startswith("body."):
             assert all(torch.equal(b[name], bodies[0][name]) for b in bodies)
     assert len(s["heads"]) == 6
+
+
+@pytest.mark.parametrize("alternating", [False, True])
+def test_feature_alignment_variants_send_prototypes_and_train_with_them(small_config, alternating):
+    small_config["algorithm"] = {"name": "fedrema", "params": {"feature_alignment": True, "alternating": alternating}}
+    small_config["model"] = {"arch": "cnn2", "split": "fc1"}
+    small_config["train"].update({"clients_per_round": 6, "rounds": 2})
+    exp = Experiment.create(load_config(raw=small_config))
+    exp.run(progress=False)
+    rows = read_metrics(exp.run_dir)
+    state = exp.sim.server_state
+    assert state["prototypes"].shape == (10, 1024) and bool(state["defined"].any())
+    assert "up/prototypes" in rows[0]["comm"] and "down/prototypes" in rows[1]["comm"]
+    assert "down/prototypes" not in rows[0]["comm"]                 # nothing to align to in round 1
+    plain = Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedrema"}}),
+                              exp.run_dir.parent / "plain")
+    plain.run(progress=False)
+    # +A&F trains the classifier E epochs, then the extractor E epochs (official code).
+    ratio = rows[0]["samples"] / read_metrics(plain.run_dir)[0]["samples"]
+    assert ratio == (2 if alternating else 1)
+
+
+def test_alternating_without_alignment_is_refused():
+    with pytest.raises(ValueError, match="feature_alignment"):
+        FedReMa.Params(alternating=True)

@@ -5,17 +5,26 @@ from __future__ import annotations
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedavgm import FedAvgM
+from fedhet.algorithms.fedbabu import FedBABU
 from fedhet.algorithms.fedcme import FedCME
+from fedhet.algorithms.feddistill import FedDistill
 from fedhet.algorithms.feddyn import FedDyn
 from fedhet.algorithms.fednova import FedNova
+from fedhet.algorithms.fedpac import FedPAC
+from fedhet.algorithms.fedper import FedPer
+from fedhet.algorithms.fedproto import FedProto
 from fedhet.algorithms.fedprox import FedProx
+from fedhet.algorithms.fedrema import FedReMa
+from fedhet.algorithms.fedrep import FedRep
 from fedhet.algorithms.fedrs import FedRS
 from fedhet.algorithms.local_only import LocalOnly
 from fedhet.algorithms.moon import Moon
+from fedhet.algorithms.perfedavg import PerFedAvg
 from fedhet.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME)
+    cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedReMa,
+                           PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }
 
 

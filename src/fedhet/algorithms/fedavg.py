@@ -4,7 +4,8 @@ Every other generic method in fedhet is a delta from this class, made by overrid
 
   server:  ``train_message`` (what each client receives), ``aggregate`` (the server rule),
            or ``round`` itself for extra phases;
-  client:  ``data_terms`` (the supervised term, cross-entropy by default), ``local_terms``
+  client:  ``local_training`` (how the round's epochs run), ``data_terms`` (the supervised
+           term, cross-entropy by default), ``local_terms``
            (regularisers added to it), ``train_options`` (frozen
            parameters, kept optimizer state, augmentation), ``after_training`` (new client
            state), ``uploads`` (extra tensors sent back).
@@ -69,12 +70,17 @@ class FedAvg(Algorithm):
     # --- client ---------------------------------------------------------------------------
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         weights = self.with_local_buffers(msg.arrays["model"], state, client)
-        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
-        result = client.train(weights, terms, **self.train_options(msg, state, client))
+        result = self.local_training(weights, msg, state, client)
         state = self.after_training(result, msg, state, client)
         reply = Message("update", {"model": result.weights, **self.uploads(result, msg, state, client)},
                         {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
         return reply, state
+
+    def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
+        """One round's local training: E epochs of SGD on all parameters (FedRep, FedPAC and
+        FedReMa+A&F alternate head and body instead)."""
+        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
+        return client.train(weights, terms, **self.train_options(msg, state, client))
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         """The supervised term; methods that change the softmax itself (FedRS, FedACD) replace it."""

@@ -50,8 +50,12 @@ Decisions (seed-specs section 6 lists the paper/code differences):
 
 Variants of Sec. 5 (Table 4 and Table 5):
 ``ccp: forever`` - MDS in every round (Table 5, "+MDS"); ``feature_alignment: true`` - FedPAC's
-prototype alignment on the client (FedReMa+F); plus ``alternating: true`` - FedPAC's
-classifier-then-extractor training (FedReMa+A&F).
+prototype alignment on the client (FedReMa+F, Eq. 11: ``CE + lambda * MSE(h, proto[y])``, lambda
+``align_weight`` = 1); plus ``alternating: true`` - classifier-then-extractor training
+(FedReMa+A&F). As in the official ``clientReMa.train_separately_with_proto``: the classifier
+trains E epochs, then the extractor E epochs with the alignment term; clients upload per-class
+mean features of their trained model, the server averages them uniformly into the prototypes
+sent next round (a class nobody has is not aligned).
 """
 
 from __future__ import annotations
@@ -74,6 +78,18 @@ from fedhet.algorithms.base import (
     State,
 )
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedper import train_head_then_body
+from fedhet.algorithms.local import LocalResult
+from fedhet.algorithms.objective import LossTerm
+from fedhet.algorithms.prototypes import (
+    GROUP,
+    PrototypeAlignment,
+    aggregate_prototypes,
+    class_means,
+    prototype_arrays,
+    received_prototypes,
+    uploaded_prototypes,
+)
 
 BODY, HEAD = "body.", "head."
 
@@ -148,13 +164,22 @@ class FedReMa(FedAvg):
         ccp: Literal["adaptive", "forever"] = "adaptive"        # forever: MDS every round (Table 5 "+MDS")
         head_weighting: Literal["samples", "uniform"] = "samples"   # Eq. 7 weights (code: uniform)
         keep_momentum: bool = True                              # reference keeps one optimizer per client
+        feature_alignment: bool = False                         # FedReMa+F (Table 4)
+        alternating: bool = False                               # with feature_alignment: FedReMa+A&F
+        align_weight: float = pydantic.Field(1.0, ge=0)         # lambda of Eq. 11
+
+        @pydantic.model_validator(mode="after")
+        def _alternating_needs_alignment(self):
+            if self.alternating and not self.feature_alignment:
+                raise ValueError("alternating: true is the +A&F variant and needs feature_alignment: true")
+            return self
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)
         # heads: personalized classifiers by client id; G: dependency counts {k: {i: count}}.
         state.update({"heads": {}, "G": {}, "ccp": True, "ccp_end_round": None, "gaps": [],
-                      "relevant": {}, "mean_gap": None})
+                      "relevant": {}, "mean_gap": None, "prototypes": None, "defined": None})
         return state
 
     def personal_model(self, state: State, cid: int) -> Arrays:
@@ -164,6 +189,8 @@ class FedReMa(FedAvg):
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
         msg = Message("train", {"model": self.personal_model(state, cid)})
         msg.scalars["probe_seed"] = state["probe_seed"]
+        if self.params.feature_alignment and state["defined"] is not None and bool(state["defined"].any()):
+            msg.arrays[GROUP] = prototype_arrays(state["prototypes"], state["defined"])
         return msg
 
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
@@ -209,6 +236,11 @@ class FedReMa(FedAvg):
                 new_heads[k] = avg if avg is not None else heads[k]
             state["mean_gap"] = None
         state["heads"], state["G"], state["relevant"] = new_heads, G, relevant
+        if self.params.feature_alignment:
+            uploads = [up for c in cids if (up := uploaded_prototypes(replies[c])) is not None]
+            agg = aggregate_prototypes(uploads, "uniform")
+            if agg is not None:
+                state["prototypes"], state["defined"] = agg
         return state
 
     def round_metrics(self, state: State) -> dict[str, Any]:
@@ -218,6 +250,23 @@ class FedReMa(FedAvg):
                 "fedrema_G": {str(k): {str(i): n for i, n in sorted(row.items())} for k, row in sorted(state["G"].items())}}
 
     # --- client ---------------------------------------------------------------------------
+    def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        terms = super().local_terms(msg, state, client)
+        received = received_prototypes(msg)
+        if self.params.feature_alignment and not self.params.alternating and received is not None:
+            terms.append(PrototypeAlignment(*received, self.params.align_weight))
+        return terms
+
+    def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
+        if not self.params.alternating:
+            return super().local_training(weights, msg, state, client)
+        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
+        received = received_prototypes(msg)
+        body_terms = terms + ([PrototypeAlignment(*received, self.params.align_weight)] if received else [])
+        E = client.settings.epochs
+        return train_head_then_body(client, weights, terms, body_terms, head_epochs=E, body_epochs=E,
+                                    **self.train_options(msg, state, client))
+
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
         options = super().train_options(msg, state, client)
         if self.params.keep_momentum and state and "momentum" in state:
@@ -234,7 +283,11 @@ class FedReMa(FedAvg):
         up = super().uploads(result, msg, state, client)
         probe = probe_feature(int(msg.scalars["probe_seed"]), client.model.feature_dim)
         p = soft_logits(client.model, select(result.weights, HEAD), probe, self.params.temperature)
-        return {**up, "relevance": {"soft_logits": p.float()}}
+        up["relevance"] = {"soft_logits": p.float()}
+        if self.params.feature_alignment:
+            means, counts = class_means(client.model, result.weights, client.data, client.num_classes)
+            up[GROUP] = {"mean": means, "count": counts}
+        return up
 
     # --- evaluation -----------------------------------------------------------------------
     def global_model(self, state: State) -> Arrays | None:

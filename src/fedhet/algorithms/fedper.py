@@ -1,0 +1,182 @@
+"""FedPer (Arivazhagan et al., 2019, "Federated Learning with Personalization Layers").
+
+The model is cut into a shared body (base layers) and a personal head (personalization layers,
+``model.split``). Each round the sampled clients receive the global body, train body and head on
+their data from (global body, own head), and upload the body; the server averages the bodies by
+training-set size (FedAvg on the ``"body.*"`` tensors, BatchNorm buffers included) and never sees
+a head. Each client keeps its head in its own client state (``"head"``); on its first
+participation it starts from the initial head (the common initialisation, which is also the head
+of the server's initial model).
+
+Evaluation (``personalized = True``): client k is tested with the current global body and its
+own head; a client never sampled is tested with the global body and the initial head. There is
+no meaningful global model (the initial head on the averaged body), so ``global_acc`` is not
+reported (``has_global_model = False``), as in PFLlib, whose FedPer evaluates personal models only.
+
+Communication: the body goes down and up (the reference PFLlib ``serverper`` sends the whole
+global model but the client copies only the base; fedhet sends what is used).
+
+This class is the base of the head-personalized methods: FedRep (alternating head/body
+training) and FedPAC (server-side classifier combination) override ``local_training``
+(FedAvg's hook: how one round's local training runs), :meth:`FedPer.personal_head` (where a client's head comes
+from) and the server hooks. :func:`train_head_then_body` is the alternating local training that
+FedRep, FedPAC and FedReMa's +A&F variant share.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from fedhet.algorithms.aggregate import select, weighted_average
+from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.local import LocalResult
+from fedhet.algorithms.objective import LossTerm
+
+BODY, HEAD = "body.", "head."
+
+
+def is_head(name: str) -> bool:
+    return name.startswith(HEAD)
+
+
+def is_body(name: str) -> bool:
+    return name.startswith(BODY)
+
+
+def _both(a: Callable[[str], bool], b: Callable[[str], bool] | None) -> Callable[[str], bool]:
+    return a if b is None else (lambda name: a(name) and b(name))
+
+
+def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: list[LossTerm],
+                         body_terms: list[LossTerm], *, head_epochs: int, body_epochs: int,
+                         start_epoch: int = 0, optimizer_state: Arrays | None = None,
+                         trainable: Callable[[str], bool] | None = None, **options: Any) -> LocalResult:
+    """Alternating local training: ``head_epochs`` epochs on the head with the body frozen, then
+    ``body_epochs`` epochs on the body with the (new) head frozen.
+
+    FedRep (Collins et al. 2021, Algorithm 1: tau_h head updates, then tau updates of the
+    representation), FedPAC (Xu et al. 2023, Algorithm 1: the classifier for one epoch,
+    then the feature extractor with the alignment term) and FedReMa+A&F (``clientReMa
+    .train_separately_with_proto``). ``head_terms`` / ``body_terms`` are the objectives of the two
+    phases (FedPAC adds :class:`fedhet.algorithms.prototypes.PrototypeAlignment` to the body's).
+
+    * Frozen means exactly that: a phase's frozen parameters come out bitwise unchanged. BatchNorm
+      running statistics of the frozen part still update in train mode, as in the references
+      (which only switch ``requires_grad``).
+    * Batches: the head phase draws absolute epochs ``start_epoch ..``, the body phase the
+      following ones, so the two phases see different shuffles.
+    * ``optimizer_state`` (momentum kept across rounds, FedReMa): each phase restores the buffers
+      of the parameters it trains, and the result carries the union, i.e. one optimizer over the
+      whole model whose frozen parameters get no step (PFLlib's single optimizer). Without it each
+      phase starts fresh SGD state (FedRep/FedPAC's per-phase optimizers).
+    * ``trainable`` (from a combined method) further restricts both phases; ``options`` go to
+      ``client.train`` (``augment``).
+
+    Returns one :class:`LocalResult`: final weights, summed steps and samples, step-weighted
+    mean loss and loss parts. Each phase is counted in the round's statistics by ``client.train``.
+    """
+    results: list[LocalResult] = []
+    current = weights
+    momentum = dict(optimizer_state) if optimizer_state else None
+    epoch = start_epoch
+    for epochs, part, terms in ((head_epochs, is_head, head_terms), (body_epochs, is_body, body_terms)):
+        if epochs <= 0:
+            continue
+        result = client.train(current, terms, epochs=epochs, start_epoch=epoch,
+                              trainable=_both(part, trainable), optimizer_state=momentum, **options)
+        results.append(result)
+        current = result.weights
+        if momentum is not None or result.optimizer_state:
+            momentum = {**(momentum or {}), **result.optimizer_state}
+        epoch += epochs
+    if not results:
+        return LocalResult({k: v.detach().clone() for k, v in weights.items()}, dict(optimizer_state or {}), 0, 0, 0.0)
+    steps = sum(r.steps for r in results)
+    parts: dict[str, float] = {}
+    for r in results:
+        for k, v in r.loss_parts.items():
+            parts[k] = parts.get(k, 0.0) + v * r.steps / max(steps, 1)
+    return LocalResult(current, momentum or {}, steps, sum(r.samples for r in results),
+                       sum(r.mean_loss * r.steps for r in results) / max(steps, 1), parts)
+
+
+class FedPer(FedAvg):
+    """FedPer; see the module docstring. Base class of FedRep and FedPAC."""
+
+    name = "fedper"
+    personalized = True
+    has_global_model = False
+    # Whether the client keeps its trained head in its state (FedPer, FedRep). FedPAC's heads are
+    # computed by the server and sent down, so its clients keep none.
+    head_on_client: ClassVar[bool] = True
+
+    class Params(FedAvg.Params):
+        """No parameters of its own (a subclass, so that FedPer combines with other methods)."""
+
+    # --- server ---------------------------------------------------------------------------
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        msg = Message("train", {"model": select(state["model"], BODY)})
+        head = self.server_head(state, cid)
+        if head is not None:
+            msg.arrays["head"] = head
+        return msg
+
+    def server_head(self, state: State, cid: int) -> Arrays | None:
+        """A head the server sends to client ``cid`` (FedPAC's combined classifier); FedPer: none."""
+        return None
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        """Sample-size weighted average of the uploaded bodies; the server's head stays the initial one."""
+        cids = sorted(replies)
+        if not cids:
+            return state
+        body = weighted_average([select(replies[c].arrays["model"], BODY) for c in cids],
+                                [replies[c].scalars["num_samples"] for c in cids])
+        state["model"] = {**state["model"], **body}
+        return state
+
+    # --- client ---------------------------------------------------------------------------
+    def start_weights(self, msg: Message, state: State | None, client: ClientRuntime) -> Arrays:
+        """Received body + the head to train from: the one the server sent, else the client's own,
+        else the initial head (first participation)."""
+        head = msg.arrays.get("head")
+        if head is None and state:
+            head = state.get("head")
+        if head is None:
+            head = select(client.init_weights(), HEAD)
+        return {**head, **select(msg.arrays["model"], BODY)}
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        start = self.start_weights(msg, state, client)
+        # Hooks (local terms of a combined method, uploads) see the model the client starts from.
+        msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
+        weights = self.with_local_buffers(start, state, client)
+        result = self.local_training(weights, msg, state, client)
+        state = self.after_training(result, msg, state, client)
+        reply = Message("update", {"model": select(result.weights, BODY), **self.uploads(result, msg, state, client)},
+                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        return reply, state
+
+    def after_training(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> State | None:
+        state = super().after_training(result, msg, state, client)
+        if self.head_on_client:
+            state = {**(state or {}), "head": select(result.weights, HEAD)}
+        return state
+
+    # --- evaluation -----------------------------------------------------------------------
+    def personal_head(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
+        """Client ``cid``'s current head, or None (never trained: the initial head)."""
+        return (client_state or {}).get("head") if self.head_on_client else None
+
+    def global_model(self, state: State) -> Arrays | None:
+        return None
+
+    def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
+        head = self.personal_head(cid, state, client_state)
+        weights = state["model"] if head is None else {**state["model"], **head}
+        if self.params.bn_buffers == "local" and client_state and "buffers" in client_state:
+            weights = {**weights, **client_state["buffers"]}
+        return weights

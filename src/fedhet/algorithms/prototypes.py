@@ -1,0 +1,184 @@
+"""Class prototypes: per-class mean features, their aggregation on the server, and the alignment term.
+
+A client's prototype of class c is the mean body feature of its training samples of class c
+(FedProto, Tan et al. AAAI 2022; FedPAC, Xu, Tong & Huang ICLR 2023). The server combines the
+uploaded prototypes into global ones (FedProto's and FedPAC's prototype aggregation) and sends them
+back; clients then pull their features towards the global prototype of each sample's class.
+
+Used by FedProto (:mod:`fedhet.algorithms.fedproto`), FedPAC (:mod:`fedhet.algorithms.fedpac`)
+and FedReMa's +F / +A&F variants. The public API:
+
+* :func:`class_statistics` / :func:`class_means` - one no-grad pass in eval mode over a client's
+  training split: per-class counts, means (and mean squared norms, which FedPAC's variance term
+  needs).
+* :func:`aggregate_prototypes` - ``[(means, counts), ...]`` to ``(prototypes, defined)``: a
+  class nobody uploaded is undefined (``defined[c] = False``, its row zeros).
+* :class:`PrototypeAlignment` - the loss term ``lam * MSE(h, proto[y])`` over the samples whose
+  class has a prototype.
+* :func:`prototype_arrays` / :func:`received_prototypes` - the ``"prototypes"`` array group of a
+  message and back.
+
+Conventions: prototypes are ``(C, d)`` float32 tensors; counts ``(C,)`` int64; ``defined`` a
+``(C,)`` bool mask. Sums are accumulated in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from fedhet.algorithms.base import Arrays, Message
+from fedhet.algorithms.local import ClientData, forward
+from fedhet.algorithms.objective import Batch, Forward, LossTerm
+
+# The array group that carries prototypes, both ways: down {"mean", "defined"}, up {"mean", "count"}.
+GROUP = "prototypes"
+
+
+@dataclass
+class ClassStatistics:
+    """Per-class feature statistics of one model on one client's training split."""
+
+    counts: torch.Tensor     # (C,) int64, samples of each class
+    means: torch.Tensor      # (C, d) float64, mean feature per class (zeros where the count is 0)
+    sq_norms: torch.Tensor   # (C,) float64, mean of ||h||^2 per class (0 where the count is 0)
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+
+@torch.no_grad()
+def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int, *,
+                     positions: torch.Tensor | None = None, batch_size: int = 1024) -> ClassStatistics:
+    """Per-class counts, mean features and mean squared feature norms of ``weights`` on the
+    client's training split (or on ``positions`` of it), in eval mode and without gradients
+    (as PFLlib ``collect_protos`` / ``statistics_extraction`` and FedPAC ``statistics_extraction``).
+    The model's train/eval mode is restored afterwards."""
+    n = len(data.train_idx)
+    positions = torch.arange(n) if positions is None else positions
+    sums = sq = None
+    counts = torch.zeros(num_classes, dtype=torch.int64)
+    was_training = model.training
+    model.eval()
+    try:
+        for i in range(0, len(positions), batch_size):
+            batch = data.batch(positions[i:i + batch_size])
+            h = forward(model, weights, batch.x).features.double()
+            if sums is None:
+                sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64)
+                sq = torch.zeros(num_classes, dtype=torch.float64)
+            sums.index_add_(0, batch.y, h)
+            sq.index_add_(0, batch.y, (h * h).sum(1))
+            counts += torch.bincount(batch.y, minlength=num_classes)
+    finally:
+        model.train(was_training)
+    if sums is None:
+        raise ValueError("class_statistics needs at least one sample")
+    have = counts > 0
+    denom = counts.clamp(min=1).double()
+    means = torch.where(have.unsqueeze(1), sums / denom.unsqueeze(1), torch.zeros_like(sums))
+    return ClassStatistics(counts, means, torch.where(have, sq / denom, torch.zeros_like(sq)))
+
+
+def class_means(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int, *,
+                positions: torch.Tensor | None = None, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """A client's local prototypes: ``(means (C, d) float32, counts (C,) int64)``, zeros for absent
+    classes (FedProto's and FedPAC's local prototypes), computed in eval mode over its training split."""
+    stats = class_statistics(model, weights, data, num_classes, positions=positions, batch_size=batch_size)
+    return stats.means.float(), stats.counts
+
+
+def aggregate_prototypes(uploads: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                         weighting: Literal["uniform", "counts"] = "uniform") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Global prototypes from the uploaded ``(means (C, d), counts (C,))`` of the clients.
+
+    For each class, over the clients that have it (count > 0):
+
+    * ``"uniform"`` - the plain mean of their prototypes (FedProto's code,
+      ``yuetan031/fedproto`` ``proto_aggregation``, copied by PFLlib's FedProto and FedPAC servers
+      and by FedReMa's server);
+    * ``"counts"`` - weighted by their sample counts of that class (the official FedPAC code,
+      ``tools.protos_aggregation``).
+
+    Returns ``(prototypes (C, d) float32, defined (C,) bool)``; a class nobody has is undefined with
+    a zero row. ``None`` when nothing was uploaded. There is no memory across rounds: as in every
+    reference, the global prototypes are rebuilt from the round's uploads.
+    """
+    if not uploads:
+        return None
+    if weighting not in ("uniform", "counts"):
+        raise ValueError(f"unknown prototype weighting {weighting!r}; use 'uniform' or 'counts'")
+    num_classes, dim = uploads[0][0].shape
+    total = torch.zeros(num_classes, dim, dtype=torch.float64)
+    mass = torch.zeros(num_classes, dtype=torch.float64)
+    for means, counts in uploads:
+        if tuple(means.shape) != (num_classes, dim) or tuple(counts.shape) != (num_classes,):
+            raise ValueError(f"prototype uploads disagree in shape: {tuple(means.shape)} / {tuple(counts.shape)} "
+                             f"vs ({num_classes}, {dim})")
+        have = counts > 0
+        w = counts.double() if weighting == "counts" else have.double()
+        w = torch.where(have, w, torch.zeros_like(w))
+        total += w.unsqueeze(1) * means.double()
+        mass += w
+    defined = mass > 0
+    protos = torch.where(defined.unsqueeze(1), total / mass.clamp(min=1e-300).unsqueeze(1), torch.zeros_like(total))
+    return protos.float(), defined
+
+
+class PrototypeAlignment(LossTerm):
+    """``weight * MSE(h, proto[y])`` over the samples whose class has a global prototype.
+
+    ``value = weight / (B * d) * sum_{i in batch, defined[y_i]} ||h_i - proto[y_i]||^2``
+
+    Normalisation: the references' ``nn.MSELoss()`` (mean over the whole ``(B, d)`` batch) with the
+    target row of a sample whose class has no prototype set to that sample's own detached feature,
+    so such samples add nothing but still count in ``B`` (PFLlib ``clientproto`` / ``clientpac``,
+    FedReMa ``clientReMa.train_*_with_proto``: the regulariser of FedProto's and FedPAC's local
+    objectives with the references' mean). The official FedPAC code instead fills a missing class with the client's
+    own pre-training prototype; pass such a table as ``prototypes`` with ``defined`` all True to get
+    that behaviour. ``prototypes`` is a constant (no gradient).
+    """
+
+    name = "proto"
+
+    def __init__(self, prototypes: torch.Tensor, defined: torch.Tensor | None, weight: float):
+        self.prototypes = prototypes.detach()
+        self.defined = (defined.bool() if defined is not None
+                        else torch.ones(prototypes.shape[0], dtype=torch.bool))
+        self.weight = float(weight)
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        h = out.features
+        use = self.defined.to(h.device)[batch.y]
+        if self.weight == 0.0 or not bool(use.any()):
+            return h.sum() * 0.0
+        target = self.prototypes.to(device=h.device, dtype=h.dtype)[batch.y[use]]
+        return self.weight * (h[use] - target).pow(2).sum() / h.numel()
+
+
+# --- messages -----------------------------------------------------------------------------------
+def prototype_arrays(prototypes: torch.Tensor, defined: torch.Tensor) -> Arrays:
+    """The server->client ``"prototypes"`` group: ``{"mean": (C, d), "defined": (C,) bool}``."""
+    return {"mean": prototypes, "defined": defined}
+
+
+def received_prototypes(msg: Message) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(prototypes, defined)`` from a server message, or ``None`` when it carries none or none is defined."""
+    group = msg.arrays.get(GROUP)
+    if not group or "mean" not in group:
+        return None
+    defined = group.get("defined")
+    defined = defined.bool() if defined is not None else torch.ones(group["mean"].shape[0], dtype=torch.bool)
+    return (group["mean"], defined) if bool(defined.any()) else None
+
+
+def uploaded_prototypes(msg: Message) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(means, counts)`` from a client's reply, or ``None`` when it uploaded none."""
+    group = msg.arrays.get(GROUP)
+    if not group or "count" not in group:
+        return None
+    return group["mean"], group["count"]
