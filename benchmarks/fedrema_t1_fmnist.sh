@@ -16,7 +16,7 @@ run() {  # method seed
   if [ -f "$OUT/$tag/config.yaml" ]; then
     .venv/bin/fedhet run --resume "$OUT/$tag" --threads 1 --no-progress >> "$OUT/$tag.log" 2>&1
   else
-    .venv/bin/fedhet run "$P/t1_fmnist_$1.yaml" --set seed="$2" --set train.rounds="$ROUNDS" --set run.threads=1 --set run.checkpoint_every=5 \
+    .venv/bin/fedhet run "$P/t1_fmnist_$1.yaml" --set seed="$2" --set train.rounds="$ROUNDS" --set run.threads=1 --set run.engine=reference --set run.checkpoint_every=5 \
       --out "$OUT/$tag" --no-progress > "$OUT/$tag.log" 2>&1
   fi
 }

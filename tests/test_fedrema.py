@@ -184,6 +184,12 @@ def test_fedrema_run_records_matching_and_keeps_momentum(small_config):
         if name.startswith("body."):
             assert all(torch.equal(b[name], bodies[0][name]) for b in bodies)
     assert len(s["heads"]) == 6
+    # a distributed engine sends client c only its view of the server state: enough for its model
+    for c in range(6):
+        view = exp.algorithm.client_view(s, c)
+        assert set(view["heads"]) == {c}
+        mine, full = exp.algorithm.client_model(c, view, None), exp.algorithm.client_model(c, s, None)
+        assert all(torch.equal(mine[k], full[k]) for k in full)
 
 
 @pytest.mark.parametrize("alternating", [False, True])

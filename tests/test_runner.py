@@ -199,3 +199,13 @@ def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tm
         assert got["personal_acc_by_client"][cid] == pytest.approx(float(hits.float().mean()), abs=1e-5)
     hits, _ = predict(model, sim.server_state["model"], fed.test.x, fed.test.y, fed.normalize, batch_size=7)
     assert got["global_acc"] == pytest.approx(float(hits.float().mean()))
+
+
+def test_fedavg_without_a_global_test_set_headlines_personal_accuracy(small_config):
+    # FedReMa's protocol pools train+test: FedAvg's global model is tested on the clients' local splits.
+    small_config["data"].update(pool="train+test", local_test={"source": "holdout", "fraction": 0.2})
+    small_config["train"]["rounds"] = 1
+    exp = Experiment.create(load_config(raw=small_config))
+    summary = exp.run(progress=False)
+    assert summary["headline_metric"] == "personal_acc" and summary["headline"]["best"] > 0
+    assert "global_acc" not in read_metrics(exp.run_dir)[0]

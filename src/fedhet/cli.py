@@ -82,6 +82,12 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _cmd_flower(args) -> int:
+    from fedhet.flower.deploy import cli
+
+    return cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fedhet", description="Federated learning under data heterogeneity.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -107,6 +113,31 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--metric", help="metric to compare (default: each run's headline metric)")
     c.add_argument("--plot", help="write an overlay plot to this PNG")
     c.set_defaults(func=_cmd_compare)
+
+    fl = sub.add_parser("flower", help="run on Flower: a loopback deployment, or the app for a real one "
+                                       "(docs/deployment.md; needs pip install -e .[flower])")
+    flc = fl.add_subparsers(dest="flower_command", required=True)
+    flr = flc.add_parser("run", help="one-machine deployment: SuperLink + one SuperNode per client on 127.0.0.1")
+    fla = flc.add_parser("app", help="write the Flower app directory and a run-config file for `flwr run`")
+    for q in (flr, fla):
+        q.add_argument("config", help="YAML config (see configs/)")
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+        q.add_argument("--min-clients", type=int, help="fewest answers a phase needs, else the run fails (default 1)")
+        q.add_argument("--phase-timeout", type=float, help="seconds to wait for a phase's replies (default 600)")
+        q.add_argument("--node-timeout", type=float,
+                       help="seconds to wait for the SuperNodes at the start (default 120)")
+    flr.add_argument("--nodes", type=int,
+                     help="SuperNodes (default: data.num_clients; node i hosts clients i, i+N, ...)")
+    flr.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>-flower)")
+    flr.add_argument("--tls", action="store_true",
+                     help="TLS between SuperNodes and SuperLink (self-signed certificates)")
+    flr.add_argument("--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds")
+    flr.add_argument("--keep-logs", action="store_true",
+                     help="keep the Flower logs and FLWR_HOME (temporary directory)")
+    fla.add_argument("--out", required=True, help="directory to write the app into")
+    fla.add_argument("--run-dir",
+                     help="run directory on the SuperLink host (default: runs/<name>-s<seed>-<time>-flower)")
+    fl.set_defaults(func=_cmd_flower)
 
     ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
     ls.set_defaults(func=_cmd_list)

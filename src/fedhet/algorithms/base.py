@@ -124,6 +124,13 @@ class Algorithm:
         """
         return self.global_model(state)
 
+    def client_view(self, state: State, cid: int) -> State:
+        """The part of the server state that ``client_model(cid, ...)`` reads. A distributed engine
+        sends this (not the whole state) to the node that evaluates client ``cid``; methods that
+        keep every client's personal part on the server (FedReMa's and FedPAC's heads) return
+        only that client's."""
+        return state
+
     def round_metrics(self, state: State) -> dict[str, Any]:
         """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs)."""
         return {}

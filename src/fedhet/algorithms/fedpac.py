@@ -292,3 +292,6 @@ class FedPAC(FedPer):
     def personal_head(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
         return state["heads"].get(cid)
 
+    def client_view(self, state: State, cid: int) -> State:
+        return {"model": state["model"], "heads": {cid: state["heads"][cid]} if cid in state["heads"] else {}}
+

@@ -295,3 +295,6 @@ class FedReMa(FedAvg):
 
     def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
         return self.personal_model(state, cid)
+
+    def client_view(self, state: State, cid: int) -> State:
+        return {"model": state["model"], "heads": {cid: state["heads"][cid]} if cid in state["heads"] else {}}

@@ -88,6 +88,10 @@ class RunConfig(Strict):
     checkpoint_every: int = Field(10, ge=1)
     device: str = "cpu"
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    # Engine: auto | reference | parallel | vectorized, and worker processes for parallel
+    # (auto = one per usable CPU); the auto rule is fedhet.engine.choose_engine (docs/performance.md).
+    engine: Literal["auto", "reference", "parallel", "vectorized"] = "auto"
+    workers: Literal["auto"] | pydantic.PositiveInt = "auto"
     threads: int | None = Field(None, ge=1)        # torch intra-op threads; default: torch's choice
     progress: bool = True
 

@@ -27,9 +27,9 @@ import torch
 from fedhet import __version__
 from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.base import Algorithm
-from fedhet.algorithms.local import TrainSettings
+from fedhet.algorithms.local import TrainSettings, auto_precision, bf16_native
 from fedhet.data.federated import Federation, build_federation
-from fedhet.engine.reference import Simulator
+from fedhet.engine import engine_info, make_engine
 from fedhet.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
 from fedhet.metrics.evaluate import evaluate
@@ -70,9 +70,10 @@ def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torc
     return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
 
 
-def resolve_precision(requested: str) -> str:
-    # 'auto' stays fp32 until the bf16 accuracy cost has been measured (see docs/architecture.md).
-    return "fp32" if requested == "auto" else requested
+def resolve_precision(requested: str, device: str = "cpu") -> str:
+    # 'auto' means bf16 only where the hardware runs it natively AND local.AUTO_BF16 is switched
+    # on, which waits for the bf16 accuracy check (docs/performance.md); until then fp32.
+    return auto_precision(device) if requested == "auto" else requested
 
 
 def git_commit() -> str | None:
@@ -93,8 +94,12 @@ def peak_memory_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def headline_metric(algorithm: Algorithm) -> str:
-    return "personal_acc" if algorithm.personalized or not algorithm.has_global_model else "global_acc"
+def headline_metric(algorithm: Algorithm, federation: Federation) -> str:
+    """personal_acc for personalized methods and wherever there is no global test set (train+test
+    pooled, FedReMa's protocol, where FedAvg's global model is tested on the local splits); else global_acc."""
+    if algorithm.personalized or not algorithm.has_global_model or federation.test is None:
+        return "personal_acc"
+    return "global_acc"
 
 
 def summarize_metrics(rows: list[dict], metric: str, window: int) -> dict:
@@ -121,16 +126,17 @@ class Experiment:
         self.federation = build_federation(cfg.data, cfg.seed)
         models, client_arch = build_models(cfg, self.federation)
         t = cfg.train
-        self.precision = resolve_precision(cfg.run.precision)
+        self.precision = resolve_precision(cfg.run.precision, cfg.run.device)
         settings = TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
                                  weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm,
                                  precision=self.precision)
         try:
-            self.sim = Simulator(self.algorithm, self.federation, models, client_arch, settings,
-                                 t.clients_per_round, cfg.seed)
+            self.sim = make_engine(self.algorithm, self.federation, models, client_arch, settings,
+                                   t.clients_per_round, cfg.seed, engine=cfg.run.engine, workers=cfg.run.workers,
+                                   device=cfg.run.device, threads=cfg.run.threads)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.metric = headline_metric(self.algorithm)
+        self.metric = headline_metric(self.algorithm, self.federation)
         self.start_round = 0                        # rounds already done (set by resume)
 
     # --- run directory ----------------------------------------------------------------
@@ -218,7 +224,7 @@ class Experiment:
                 t_eval = 0.0
                 if evaluating:
                     t1 = time.perf_counter()
-                    row.update(evaluate(self.sim, cfg.eval.batch_size, cfg.eval.personalized))
+                    row.update(self.evaluate_round())
                     t_eval = time.perf_counter() - t1
                 row.update(self.algorithm.round_metrics(self.sim.server_state))
                 row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
@@ -234,10 +240,20 @@ class Experiment:
         except KeyboardInterrupt:
             status, error = "interrupted", "interrupted by the user"
             raise
+        except Exception as e:  # a bug or an unexpected failure: never recorded as "completed"
+            status, error = "failed", f"{type(e).__name__}: {e}"
+            raise
         finally:
             bar.close()
+            if hasattr(self.sim, "close"):      # worker processes of the parallel engine
+                self.sim.close()
             self.write_summary(status, error, time.perf_counter() - t_run)
         return self.summary
+
+    def evaluate_round(self) -> dict:
+        """This round's metrics (metrics/evaluate.py); the Flower engine overrides it to have the
+        clients test their own models (fedhet/flower/engine.py)."""
+        return evaluate(self.sim, self.cfg.eval.batch_size, self.cfg.eval.personalized)
 
     def write_summary(self, status: str, error: str | None, wall: float) -> None:
         rows = self.read_metrics()
@@ -259,6 +275,8 @@ class Experiment:
             "peak_memory_mb": peak_memory_mb(),
             "communication": self.sim.ledger.totals(),
             "precision": self.precision,
+            "bf16_native": bf16_native(self.cfg.run.device),
+            "engine": engine_info(self.sim),
             "machine": machine_info(),
         }
         self.summary = summary

@@ -1,0 +1,402 @@
+"""The client-parallel engine: each phase's clients train in N worker processes.
+
+On a CPU, intra-op parallelism at the batch sizes of FL clients (10-64) leaves cores idle, so
+:class:`ParallelSimulator` runs whole clients side by side instead: N forked worker processes
+with one intra-op thread each (docs/performance.md has the measurements).
+
+What stays in the parent, exactly as in :class:`fedhet.engine.reference.Simulator`: the server
+generator, aggregation, evaluation, the communication ledger, and every client's persistent
+state. A worker is stateless between calls: it receives ``(message, client state)``, runs
+``algorithm.client_update`` with the same :class:`SimClient` runtime the reference gives a
+client, and returns ``(reply, new client state, round statistics)``. So a worker holds nothing
+that a checkpoint could miss (``snapshot()``/``restore()`` are the reference's), and a
+multi-phase round (FedCME) carries its mid-round client state through the parent like any
+other state.
+
+Results are bit-identical to the reference engine run with one intra-op thread: a client's
+computation is a pure function of its inputs and its random streams (keyed by seed, round and
+client), every tensor travels as its exact bytes, and the parent applies the replies, client
+states and per-client loss statistics in the phase's order, as the reference does.
+
+Data is not copied per round: workers are forked once, after the federation is built, and read
+its uint8 pools copy-on-write. Per call only the message and the client's state travel; a
+tensor that several of a phase's calls share (the global model, FedCME's global model inside
+every mid-round state) goes to each worker once per phase and comes back as a reference, so
+the parent keeps one object, as in the reference engine.
+
+Workers are forked (not spawned): no re-import, no pickling of the algorithm or the data. A
+process forked after torch has run OpenMP regions must not use more than one OpenMP thread
+(libgomp hangs), which is why the workers are pinned to one thread - the design wanted that
+anyway. The engine is CPU-only (CUDA cannot be forked).
+"""
+
+from __future__ import annotations
+
+import io
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import traceback
+import warnings
+from collections import deque
+from multiprocessing.connection import wait
+
+import torch
+
+from fedhet.algorithms.base import Message, Phase, Replies
+from fedhet.engine.reference import RoundStats, SimClient, Simulator
+
+# --- exact, fast tensor transport -------------------------------------------------------
+# Python's default tensor pickling goes through torch.save (about 10x slower for a 2 MB model);
+# a plain CPU tensor is sent as its raw bytes instead (protocol 5 buffers), which is exact.
+
+
+def _rebuild_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:
+    if len(buf):
+        t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).view(shape)
+    else:
+        t = torch.empty(shape, dtype=dtype)
+    return t.requires_grad_(True) if requires_grad else t
+
+
+def _plain_cpu(obj) -> bool:
+    return type(obj) is torch.Tensor and obj.layout == torch.strided and obj.device.type == "cpu" \
+        and obj.grad_fn is None and not obj.is_quantized
+
+
+class _Pickler(pickle.Pickler):
+    """Tensors as raw bytes; tensors in ``shared`` (by id) as references to a per-phase table."""
+
+    def __init__(self, file, shared: dict[int, int] | None = None):
+        super().__init__(file, protocol=5)
+        self.shared = shared or {}
+
+    def persistent_id(self, obj):
+        if self.shared and isinstance(obj, torch.Tensor):
+            return self.shared.get(id(obj))
+        return None
+
+    def reducer_override(self, obj):
+        if _plain_cpu(obj):
+            t = obj.detach().contiguous()
+            data = pickle.PickleBuffer(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else b""
+            return _rebuild_tensor, (data, t.dtype, tuple(t.shape), obj.requires_grad)
+        return NotImplemented
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, table: list | None = None):
+        super().__init__(file)
+        self.table = table or []
+
+    def persistent_load(self, pid):
+        return self.table[pid]
+
+
+def dumps(obj, shared: dict[int, int] | None = None) -> bytes:
+    f = io.BytesIO()
+    _Pickler(f, shared).dump(obj)
+    return f.getvalue()
+
+
+def loads(data: bytes, table: list | None = None):
+    return _Unpickler(io.BytesIO(data), table).load()
+
+
+def _tensors(obj, out: list) -> None:
+    """Every tensor inside messages, states and nested containers."""
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, Message):
+        _tensors(obj.arrays, out)
+        _tensors(obj.scalars, out)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensors(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _tensors(v, out)
+
+
+def shared_tensors(items) -> list[torch.Tensor]:
+    """Tensors that occur in more than one of ``items`` (each counted once per item)."""
+    seen: dict[int, int] = {}
+    keep: dict[int, torch.Tensor] = {}
+    for item in items:
+        found: list[torch.Tensor] = []
+        _tensors(item, found)
+        for t in {id(t): t for t in found}.values():
+            seen[id(t)] = seen.get(id(t), 0) + 1
+            if seen[id(t)] == 2 and _plain_cpu(t):
+                keep[id(t)] = t
+    return list(keep.values())
+
+
+# --- errors -----------------------------------------------------------------------------
+class WorkerError(RuntimeError):
+    """A worker process failed outside the client's code (died, or sent an unreadable error)."""
+
+
+class RemoteTraceback(Exception):
+    """The worker-side traceback, attached as ``__cause__`` of an exception raised in a worker."""
+
+    def __init__(self, tb: str):
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return f"\n(in the worker process)\n{self.tb}"
+
+
+# --- the worker -------------------------------------------------------------------------
+_STOP = b"stop"
+
+
+def _worker_main(sim: "ParallelSimulator", conn, inherited) -> None:
+    for c in inherited:          # other workers' pipe ends: closing them lets EOF mean "parent gone"
+        c.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
+    torch.set_num_threads(1)
+    table: list = []
+    table_ids: dict[int, int] = {}
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        if data == _STOP:
+            return
+        kind, body = loads(data, table)
+        if kind == "shared":
+            table = loads(body)
+            table_ids = {id(t): i for i, t in enumerate(table)}
+            continue
+        rnd, cid, msg, state, loss_sum, steps = body
+        try:
+            # The round statistics start from the parent's values for this client, so the
+            # float sums accumulate in the same order as in the reference engine.
+            stats = RoundStats(rnd, [])
+            if loss_sum is not None:
+                stats.loss_sums[cid] = loss_sum
+                stats.steps[cid] = steps
+            client = SimClient(sim, cid, rnd, stats)
+            reply, new_state = sim.algorithm.client_update(msg, state, client)
+            out = dumps(("ok", (reply, new_state, stats.samples, stats.loss_sums.get(cid), stats.steps.get(cid))),
+                        table_ids)
+        except Exception as e:
+            tb = traceback.format_exc()
+            try:
+                exc = dumps(e)
+                loads(exc)
+            except Exception:
+                exc = None
+            out = dumps(("error", (exc, f"{type(e).__name__}: {e}", tb)))
+        del msg, state
+        conn.send_bytes(out)
+
+
+class _Worker:
+    def __init__(self, process, conn):
+        self.process = process
+        self.conn = conn
+
+
+class ParallelSimulator(Simulator):
+    """:class:`Simulator` whose phases run their clients in ``workers`` forked processes.
+
+    Same constructor plus ``workers`` (processes, one intra-op thread each). The processes start
+    with the first round and live until :meth:`close` (or the end of the program); an error in a
+    client's code (a :class:`fedhet.errors.NumericalError`, a bug) is re-raised in the parent
+    with its type and message, the worker's traceback as its cause, and the pool shut down (the
+    next round starts a fresh one).
+    """
+
+    def __init__(self, algorithm, federation, models, client_arch, settings, clients_per_round, seed,
+                 workers: int = 2):
+        super().__init__(algorithm, federation, models, client_arch, settings, clients_per_round, seed)
+        if int(workers) < 1:
+            raise ValueError(f"run.workers must be at least 1, got {workers}")
+        self.workers = int(workers)
+        self._pool: list[_Worker] | None = None
+        self._phase_seq = 0
+
+    # --- pool -----------------------------------------------------------------------------
+    def _start(self) -> list[_Worker]:
+        if self._pool is not None:
+            return self._pool
+        if not fork_available():
+            raise RuntimeError("the parallel engine needs the 'fork' start method (Linux); use run.engine: reference")
+        ctx = mp.get_context("fork")
+        pool: list[_Worker] = []
+        try:
+            for i in range(self.workers):
+                parent_end, child_end = ctx.Pipe(duplex=True)
+                inherited = [w.conn for w in pool] + [parent_end]
+                p = ctx.Process(target=_worker_main, args=(self, child_end, inherited), daemon=True,
+                                name=f"fedhet-worker-{i}")
+                with warnings.catch_warnings():
+                    # Python >= 3.12 warns about forking a multi-threaded process: torch's OpenMP
+                    # pool is the only other thread here, and the workers never use it.
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    p.start()
+                child_end.close()
+                pool.append(_Worker(p, parent_end))
+        except BaseException:
+            self._pool = pool
+            self.close(wait=False)
+            raise
+        self._pool = pool
+        return pool
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the worker processes (``wait``: let them finish; else terminate at once)."""
+        pool, self._pool = self._pool, None
+        if not pool:
+            return
+        for w in pool:
+            if wait:
+                try:
+                    w.conn.send_bytes(_STOP)
+                except OSError:
+                    pass
+        for w in pool:
+            if wait:
+                w.process.join(timeout=5)
+            if w.process.is_alive():
+                w.process.terminate()
+                w.process.join(timeout=5)
+            w.conn.close()
+
+    def __del__(self):
+        try:
+            self.close(wait=False)
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close(wait=exc[0] is None)
+
+    def __getstate__(self):
+        raise TypeError("a ParallelSimulator is not picklable; checkpoint it with snapshot()")
+
+    # --- rounds -----------------------------------------------------------------------------
+    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
+        ctx = self.round_context(rnd, evaluating)
+        stats = RoundStats(rnd, ctx.clients)
+        gen = self.algorithm.round(self.server_state, ctx)
+        replies = None
+        t_train = 0.0
+        t0 = time.perf_counter()
+        try:
+            while True:
+                phase = gen.send(replies)
+                stats.phases += 1
+                t1 = time.perf_counter()
+                replies = self.deliver_phase(phase, rnd, stats)
+                t_train += time.perf_counter() - t1
+        except StopIteration as stop:
+            new_state = stop.value
+        if new_state is None:
+            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
+        self.server_state = new_state
+        stats.train_seconds = t_train
+        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
+        return stats
+
+    def deliver_phase(self, phase: Phase, rnd: int, stats: RoundStats) -> Replies:
+        """Every client of ``phase`` in the workers; replies and states applied in phase order."""
+        if not phase:
+            return {}
+        jobs = list(phase.items())
+        states = [self.client_states.get(cid) for cid, _ in jobs]
+        for cid, msg in jobs:
+            self.ledger.record(rnd, "down", msg)
+        table = shared_tensors([(msg, state) for (_, msg), state in zip(jobs, states)])
+        table_ids = {id(t): i for i, t in enumerate(table)}
+        table_msg = dumps(("shared", dumps(table)))
+        # Largest clients first, each to the next free worker: the phase ends with the last
+        # client, so long jobs must not start last.
+        pending = deque(sorted(range(len(jobs)), key=lambda i: -len(self.federation.train_idx[jobs[i][0]])))
+        results: list = [None] * len(jobs)
+        pool = self._start()
+        idle = list(pool)
+        busy: dict[object, tuple[_Worker, int]] = {}
+        has_table: set[int] = set()
+        try:
+            while pending or busy:
+                while pending and idle:
+                    w = idle.pop()
+                    i = pending.popleft()
+                    cid, msg = jobs[i]
+                    if id(w) not in has_table:
+                        w.conn.send_bytes(table_msg)
+                        has_table.add(id(w))
+                    w.conn.send_bytes(dumps(("job", (rnd, cid, msg, states[i], stats.loss_sums.get(cid),
+                                                     stats.steps.get(cid))), table_ids))
+                    busy[w.conn] = (w, i)
+                    busy[w.process.sentinel] = (w, i)
+                for ready in wait(list(busy)):
+                    if ready not in busy:
+                        continue
+                    w, i = busy[ready]
+                    try:
+                        data = w.conn.recv_bytes() if ready is w.conn or w.conn.poll() else None
+                    except (EOFError, OSError):
+                        data = None
+                    if data is None:
+                        raise WorkerError(f"worker process {w.process.pid} died (exit code {w.process.exitcode}) "
+                                          f"while client {jobs[i][0]} trained in round {rnd}; if the machine ran "
+                                          f"out of memory, use fewer run.workers")
+                    del busy[w.conn], busy[w.process.sentinel]
+                    idle.append(w)
+                    status, body = loads(data, table)
+                    if status == "error":
+                        raise self._remote_error(*body)
+                    results[i] = body
+        except BaseException:
+            self.close(wait=False)
+            raise
+        replies = {}
+        for i, (cid, _) in enumerate(jobs):
+            reply, new_state, samples, loss_sum, steps = results[i]
+            if new_state is None:
+                self.client_states.pop(cid, None)
+            else:
+                self.client_states[cid] = new_state
+            stats.samples += samples
+            if loss_sum is not None:
+                stats.loss_sums[cid] = loss_sum
+                stats.steps[cid] = steps
+            self.ledger.record(rnd, "up", reply)
+            replies[cid] = reply
+        return replies
+
+    @staticmethod
+    def _remote_error(exc_bytes, text: str, tb: str) -> BaseException:
+        exc = None
+        if exc_bytes is not None:
+            try:
+                exc = loads(exc_bytes)
+            except Exception:
+                exc = None
+        if not isinstance(exc, BaseException):
+            exc = WorkerError(text)
+        exc.__cause__ = RemoteTraceback(tb)
+        return exc
+
+
+def fork_available() -> bool:
+    return "fork" in mp.get_all_start_methods()
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (the affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1

@@ -1,0 +1,582 @@
+"""The vectorized engine: many clients' local training as one ``torch.func.vmap`` computation.
+
+The algorithm contract stays untouched: every client of a phase runs its ordinary
+``client_update`` in its own thread, and ``client.train(...)`` does not train but posts a
+request and blocks. Only one thread runs at a time (a baton passed by the engine), so client code
+never runs concurrently and results do not depend on thread timing. When every client of the
+phase is blocked in ``train`` or finished, the engine groups the pending requests by
+(architecture, settings, trainable set, carried optimizer state, loss-term signature, weight
+shapes), stacks each group's weights along a new client dimension and trains the group in one
+loop:
+
+* each step runs ``vmap`` over the clients of ``functional_call`` + the clients' loss terms (the
+  per-client term objects are rebuilt inside the vmapped function from their stacked tensor
+  constants), then ordinary autograd on the *sum* of the per-client losses, which gives every
+  client exactly the gradient of its own loss (the clients share no tensor);
+* the optimizer is ``torch.optim.SGD`` written over the stacked tensors: weight decay, momentum
+  (dampening 0, no Nesterov; a client's first step starts its buffer from the gradient, like
+  torch) and per-client ``clip_grad_norm``;
+* unequal local step counts and batch sizes use buckets, not padding: each client walks its own
+  batch sequence (the exact batches the reference draws), and at every iteration the clients are
+  bucketed by the size of their next batch; each bucket is one vmapped step over the stacked
+  slices of its members. Padding would change what opaque loss terms and BatchNorm compute (the
+  mean over a padded batch, batch statistics), buckets keep every client's arithmetic that of
+  the reference. A client whose steps are done takes no step; clients of equal size and the
+  full batches of unequal ones move in lockstep, only the remainder batches (``n % B``) of each
+  epoch may run as small extra buckets;
+* BatchNorm runs in training mode with per-client stacked running statistics, which the vmapped
+  forward updates in place with the reference's rule (checked against it in the tests).
+
+Exactness: batch order, initial state, optimizer rule and loss are the reference's, but vmapped
+convolutions run as grouped convolutions and batched matmuls, whose float summation order
+differs, so results equal the reference to float tolerance, not bitwise. Measured after two
+rounds (tests/test_engine_vectorized.py): ~1e-7 for a smooth model; with ReLU/max-pool models a
+pre-activation within rounding of a kink occasionally takes the other side, moving a few
+elements by up to lr * |dL/dh| / batch (~1e-5). In a chaotic regime (large lr with momentum 0.9)
+any two float-different runs drift apart, this engine and the reference included. On CUDA,
+cuDNN's default TF32 convolutions widen the differences further.
+
+What falls back to the reference path (``train_local`` on the CPU model, exact): requests with a
+loss term not known to be pure (a term is vectorizable when its class is in ``PURE_TERMS`` or
+sets ``vectorizable = True``; FedCME's :class:`FeatureAlignment` accumulates per-class sums in
+Python-side state across batches and branches on data, so it is not), requests with
+``augment`` (an opaque per-client callable), requests with zero steps, and - when
+``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not
+to be vmappable). Counts are kept in ``VectorizedSimulator.counters``.
+
+On CUDA the training loop runs on the device (the data pool is copied there once); messages,
+client state and all algorithm code stay on the CPU, as in the reference, and so do fallback
+requests (FedCME with feature alignment trains at CPU speed on a GPU machine).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from fedhet.algorithms.base import Arrays, Message, State
+from fedhet.algorithms.fedprox import Proximal
+from fedhet.algorithms.fedrs import RestrictedCrossEntropy
+from fedhet.algorithms.local import (
+    LocalResult,
+    TrainSettings,
+    epoch_batches,
+    forward,
+    train_local,
+)
+from fedhet.algorithms.moon import ModelContrastive
+from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+from fedhet.algorithms.scaffold import Linear
+from fedhet.engine.reference import RoundStats, SimClient, Simulator
+from fedhet.errors import NumericalError
+
+# Loss terms whose call is a pure function of (forward, batch, weights) and their tensor
+# constants: no Python-side state, no data-dependent branching.
+PURE_TERMS: tuple[type, ...] = (CrossEntropy, Proximal, Linear, ModelContrastive, RestrictedCrossEntropy)
+
+
+def available() -> bool:
+    """True where the vectorized engine is the better choice: a CUDA device is present."""
+    return torch.cuda.is_available()
+
+
+def _term_vectorizable(term: LossTerm) -> bool:
+    explicit = getattr(type(term), "vectorizable", None)
+    return bool(explicit) if explicit is not None else type(term) in PURE_TERMS
+
+
+def _term_layout(term: LossTerm):
+    """``(static signature, tensor leaves)`` of a term, or None if it cannot be stacked.
+
+    Tensor leaves are ``((attr, key), tensor)`` for tensor attributes (key None) and for the
+    values of dict-of-tensor attributes; everything else must be a plain value or a module and
+    becomes part of the signature, so grouped clients' terms differ only in tensor values.
+    """
+    if not _term_vectorizable(term):
+        return None
+    static, leaves = [], []
+    for attr, value in sorted(vars(term).items()):
+        if isinstance(value, torch.Tensor):
+            leaves.append(((attr, None), value))
+        elif isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
+            static.append((attr, "dict", tuple(value)))
+            leaves.extend(((attr, k), v) for k, v in value.items())
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            static.append((attr, value))
+        elif isinstance(value, nn.Module):
+            static.append((attr, "module", id(value)))
+        else:
+            return None
+    shapes = tuple((path, tuple(t.shape), t.dtype) for path, t in leaves)
+    return (type(term), tuple(static), shapes), leaves
+
+
+@dataclass
+class _Request:
+    client: VecClient
+    weights: Arrays
+    terms: list[LossTerm]
+    settings: TrainSettings
+    start_epoch: int
+    trainable: Callable[[str], bool] | None
+    optimizer_state: Arrays | None
+    augment: Callable | None
+    result: LocalResult | None = None
+    error: BaseException | None = None
+
+
+class _Abort(Exception):
+    """Raised inside a blocked client thread when its phase is abandoned (another client failed)."""
+
+
+class _Task:
+    """One client's ``client_update`` in its own thread, run only while the engine waits.
+
+    ``resume`` hands the baton to the client and returns when it blocks in ``train`` (then
+    ``request`` is set) or finishes (``done``).
+    """
+
+    def __init__(self, fn: Callable[[_Task], tuple[Message, State | None]]):
+        self._fn = fn
+        self._go: queue.SimpleQueue = queue.SimpleQueue()
+        self._back: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self.started = False
+        self.request: _Request | None = None
+        self.done = False
+        self.output = None
+        self.error: BaseException | None = None
+
+    def _main(self):
+        self._go.get()
+        try:
+            self.output = self._fn(self)
+        except BaseException as e:  # noqa: BLE001 - handed to the engine thread, which re-raises it
+            self.error = e
+        self.done = True
+        self._back.put(None)
+
+    def resume(self) -> None:
+        if not self.started:
+            self.started = True
+            self._thread.start()
+        self._go.put(None)
+        self._back.get()
+
+    def wait(self, request: _Request) -> LocalResult:
+        """Client side: post ``request``, give the baton back, return its result when resumed."""
+        self.request = request
+        self._back.put(None)
+        self._go.get()
+        self.request = None
+        if request.error is not None:
+            raise request.error
+        return request.result
+
+    def abandon(self) -> None:
+        """Engine side, after a failure: end a started client by raising in its pending ``train``."""
+        while self.started and not self.done:
+            self.request.error = _Abort("phase abandoned: another client failed")
+            self.resume()
+        if self.started:
+            self._thread.join()
+
+
+class VecClient(SimClient):
+    """A :class:`SimClient` whose ``train`` is served by the engine, possibly vectorized."""
+
+    def __init__(self, sim: VectorizedSimulator, cid: int, rnd: int, stats: RoundStats, task: _Task):
+        super().__init__(sim, cid, rnd, stats)
+        self._task = task
+
+    def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
+              start_epoch: int = 0, trainable=None, optimizer_state: Arrays | None = None,
+              augment=None, settings: TrainSettings | None = None) -> LocalResult:
+        s = settings or self.settings
+        if epochs is not None:
+            s = TrainSettings(**{**s.__dict__, "epochs": epochs})
+        req = _Request(self, weights, terms if terms is not None else [CrossEntropy()], s, start_epoch,
+                       trainable, optimizer_state, augment)
+        result = self._task.wait(req)
+        self.account(result)
+        return result
+
+    def where(self) -> str:
+        return f"in round {self.round}, client {self.cid}, algorithm {self.sim.algorithm.name}"
+
+
+@dataclass
+class _Group:
+    """Stacked state of one group of requests trained together."""
+
+    requests: list[_Request]
+    model: nn.Module
+    names: list[str]                      # every weight name, in the first request's order
+    leaves: list[str]                     # trainable parameters, in that order
+    weights: dict[str, torch.Tensor]      # name -> (C, ...) on the device
+    momentum: dict[str, torch.Tensor] = field(default_factory=dict)
+    has_momentum: dict[str, torch.Tensor] = field(default_factory=dict)   # name -> (C,) bool
+    templates: list[LossTerm] = field(default_factory=list)
+    batched_paths: list[tuple[int, tuple]] = field(default_factory=list)  # (term index, (attr, key))
+    batched_consts: list[torch.Tensor] = field(default_factory=list)      # (C, ...) each
+    shared_consts: dict[tuple[int, tuple], torch.Tensor] = field(default_factory=dict)
+    records: list = field(default_factory=list)     # (members, batch size, losses, parts) per step
+
+
+class VectorizedSimulator(Simulator):
+    """:class:`Simulator` with the clients of a phase trained together by ``vmap``.
+
+    Same constructor (plus ``device``: default CUDA when available, else CPU) and the same
+    public interface. ``fallback_on_error=False`` makes a failing vmapped group raise instead of
+    retrying on the reference path (the tests use it, so a vectorization bug cannot hide).
+    """
+
+    def __init__(self, algorithm, federation, models, client_arch, settings, clients_per_round, seed,
+                 device: str | torch.device | None = None, fallback_on_error: bool = True):
+        super().__init__(algorithm, federation, models, client_arch, settings, clients_per_round, seed)
+        self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
+        self.fallback_on_error = fallback_on_error
+        self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0}
+        self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._warned: set = set()
+
+    def close(self) -> None:
+        """Free the device copy of the data pool (the runner calls this at the end of a run)."""
+        self._pool_cache.clear()
+
+    # --- rounds -------------------------------------------------------------------------
+    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
+        ctx = self.round_context(rnd, evaluating)
+        stats = RoundStats(rnd, ctx.clients)
+        gen = self.algorithm.round(self.server_state, ctx)
+        replies = None
+        t_train = 0.0
+        t0 = time.perf_counter()
+        try:
+            while True:
+                phase = gen.send(replies)
+                stats.phases += 1
+                t1 = time.perf_counter()
+                replies = self._run_phase(phase, rnd, stats)
+                t_train += time.perf_counter() - t1
+        except StopIteration as stop:
+            new_state = stop.value
+        if new_state is None:
+            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
+        self.server_state = new_state
+        stats.train_seconds = t_train
+        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
+        return stats
+
+    def _run_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
+        tasks: dict[int, _Task] = {}
+        for cid, msg in phase.items():
+            self.ledger.record(rnd, "down", msg)
+
+            def fn(task, cid=cid, msg=msg):
+                client = VecClient(self, cid, rnd, stats, task)
+                return self.algorithm.client_update(msg, self.client_states.get(cid), client)
+
+            tasks[cid] = _Task(fn)
+        order = list(tasks.values())
+        try:
+            for task in order:
+                task.resume()
+                if task.error is not None:
+                    raise task.error
+            while True:
+                waiting = [t for t in order if not t.done]
+                if not waiting:
+                    break
+                self._serve([t.request for t in waiting])
+                for task in waiting:
+                    task.resume()
+                    if task.error is not None:
+                        raise task.error
+        finally:
+            for task in order:   # on failure, end the clients still blocked in train()
+                task.abandon()
+        replies = {}
+        for cid, task in tasks.items():
+            reply, new_state = task.output
+            if new_state is None:
+                self.client_states.pop(cid, None)
+            else:
+                self.client_states[cid] = new_state
+            self.ledger.record(rnd, "up", reply)
+            replies[cid] = reply
+        return replies
+
+    # --- serving train requests ---------------------------------------------------------
+    def _serve(self, requests: list[_Request]) -> None:
+        groups: dict[tuple, list[_Request]] = {}
+        for req in requests:
+            key = self._group_key(req)
+            if key is None:
+                self._train_reference(req)
+            else:
+                groups.setdefault(key, []).append(req)
+        for key, reqs in groups.items():
+            try:
+                self._train_group(reqs)
+                self.counters["vectorized_requests"] += len(reqs)
+                self.counters["groups"] += 1
+            except Exception as e:  # a term that cannot be vmapped after all: reference path
+                if not self.fallback_on_error:
+                    raise
+                if key not in self._warned:
+                    self._warned.add(key)
+                    warnings.warn(f"vectorized training failed ({type(e).__name__}: {e}); "
+                                  f"these clients train on the reference path", RuntimeWarning, stacklevel=2)
+                for req in reqs:
+                    req.result = req.error = None
+                    self._train_reference(req)
+
+    def _train_reference(self, req: _Request) -> None:
+        c = req.client
+        try:
+            req.result = train_local(
+                c.model, req.weights, c.data, req.terms, req.settings, lambda e: c.generator("batches", e),
+                start_epoch=req.start_epoch, trainable=req.trainable, optimizer_state=req.optimizer_state,
+                augment=req.augment, where=c.where())
+        except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
+            req.error = e
+        self.counters["fallback_requests"] += 1
+
+    @staticmethod
+    def _num_steps(req: _Request) -> int:
+        n, b = len(req.client.data.train_idx), req.settings.batch_size
+        per_epoch = n // b if req.settings.drop_last else -(-n // b)
+        return req.settings.epochs * per_epoch
+
+    def _group_key(self, req: _Request) -> tuple | None:
+        if req.augment is not None or self._num_steps(req) == 0:
+            return None
+        layouts = [_term_layout(t) for t in req.terms]
+        if any(lay is None for lay in layouts):
+            return None
+        c = req.client
+        params = {n for n, _ in c.model.named_parameters()}
+        trainable = req.trainable or (lambda name: True)
+        leaves = tuple(n for n in req.weights if n in params and trainable(n))
+        carried = ()
+        if req.optimizer_state and req.settings.momentum > 0:
+            carried = tuple(n for n in leaves if n in req.optimizer_state)
+        shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in req.weights.items())
+        data = c.data
+        return (c.arch, req.settings, leaves, carried, shapes, tuple(lay[0] for lay in layouts),
+                id(data.x), id(data.y), id(data.mean), id(data.std))
+
+    # --- the vectorized training loop ---------------------------------------------------
+    def _pool(self, data) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The shared data pool on the device (copied once per engine)."""
+        key = id(data.x)
+        if key not in self._pool_cache:
+            dev = self.device
+            self._pool_cache[key] = (data.x.to(dev), data.y.to(dev), data.mean.to(dev), data.std.to(dev))
+        return self._pool_cache[key]
+
+    def _stack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([t.detach() for t in tensors]).to(self.device)
+
+    def _build_group(self, reqs: list[_Request]) -> _Group:
+        first = reqs[0]
+        model = first.client.model
+        params = {n for n, _ in model.named_parameters()}
+        trainable = first.trainable or (lambda name: True)
+        names = list(first.weights)
+        leaves = [n for n in names if n in params and trainable(n)]
+        g = _Group(reqs, model, names, leaves,
+                   {n: self._stack([r.weights[n] for r in reqs]) for n in names})
+        s = first.settings
+        if s.momentum > 0:
+            for n in leaves:
+                carried = first.optimizer_state is not None and n in first.optimizer_state
+                g.momentum[n] = (self._stack([r.optimizer_state[n] for r in reqs]) if carried
+                                 else torch.zeros_like(g.weights[n]))
+                g.has_momentum[n] = torch.full((len(reqs),), carried, dtype=torch.bool, device=self.device)
+        # Loss terms: the first client's objects are templates; their tensor constants are
+        # stacked (or shared, when every client holds the very same tensor).
+        layouts = [[_term_layout(t)[1] for t in r.terms] for r in reqs]
+        g.templates = list(first.terms)
+        for j in range(len(first.terms)):
+            for li, (path, tensor) in enumerate(layouts[0][j]):
+                values = [lay[j][li][1] for lay in layouts]
+                if all(v is tensor for v in values):
+                    g.shared_consts[(j, path)] = tensor.detach().to(self.device)
+                else:
+                    g.batched_paths.append((j, path))
+                    g.batched_consts.append(self._stack(values))
+        return g
+
+    def _train_group(self, reqs: list[_Request]) -> None:
+        g = self._build_group(reqs)
+        C = len(reqs)
+        s = reqs[0].settings
+
+        def batches(req: _Request):
+            n = len(req.client.data.train_idx)
+            for e in range(s.epochs):
+                gen = req.client.generator("batches", req.start_epoch + e)
+                yield from epoch_batches(n, s.batch_size, s.drop_last, gen)
+
+        streams = [batches(r) for r in reqs]
+        upcoming = [next(it, None) for it in streams]
+        g.model.train()
+        while True:
+            buckets: dict[int, list[int]] = {}
+            for i, pos in enumerate(upcoming):
+                if pos is not None:
+                    buckets.setdefault(len(pos), []).append(i)
+            if not buckets:
+                break
+            for size in sorted(buckets, reverse=True):
+                members = buckets[size]
+                self._step(g, members, [upcoming[i] for i in members])
+                for i in members:
+                    upcoming[i] = next(streams[i], None)
+        self._finish(g, C)
+
+    def _step(self, g: _Group, members: list[int], positions: list[torch.Tensor]) -> None:
+        """One SGD step for the clients ``members`` of the group (all with equal batch size)."""
+        dev = self.device
+        s = g.requests[0].settings
+        full = len(members) == len(g.requests)
+        idx = None if full else torch.tensor(members, device=dev)
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return t if full else t.index_select(0, idx)
+
+        w = {}
+        for n in g.names:
+            t = take(g.weights[n])
+            w[n] = t.detach().requires_grad_(True) if n in g.leaves else t
+        consts = [take(t) for t in g.batched_consts]
+
+        x_pool, y_pool, mean, std = self._pool(g.requests[0].client.data)
+        pos = torch.stack(positions)
+        pool_idx = torch.stack([g.requests[i].client.data.train_idx[p] for i, p in zip(members, positions)]).to(dev)
+        x = (x_pool[pool_idx].float().div_(255.0) - mean) / std      # ClientData.inputs, per client
+        y = y_pool[pool_idx]
+        pos = pos.to(dev)
+
+        model, templates, paths, shared = g.model, g.templates, g.batched_paths, g.shared_consts
+        use_bf16 = s.precision == "bf16"
+
+        def client_loss(w, x, y, index, consts):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                out = forward(model, w, x)
+            out = Forward(out.features.float(), out.logits.float())
+            batch = Batch(x, y, index)
+            values = {}
+            for (j, (attr, key)), value in [*zip(paths, consts), *shared.items()]:
+                values.setdefault(j, {})
+                if key is None:
+                    values[j][attr] = value
+                else:
+                    values[j].setdefault(attr, {})[key] = value
+            loss, parts = None, []
+            for j, template in enumerate(templates):
+                term = copy.copy(template)
+                for attr, value in values.get(j, {}).items():
+                    # dict attributes keep the template's key order (terms may iterate them)
+                    setattr(term, attr, {k: value[k] for k in getattr(template, attr)} if isinstance(value, dict)
+                            else value)
+                v = term(out, batch, w)
+                parts.append(v.detach().float())
+                loss = v if loss is None else loss + v
+            return loss, torch.stack(parts)
+
+        losses, parts = torch.func.vmap(client_loss)(w, x, y, pos, consts)
+        leaves = [w[n] for n in g.leaves]
+        grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True) if leaves else []
+        with torch.no_grad():
+            self._sgd(g, w, grads, idx, s)
+            if not full:   # the bucket worked on copies: write back weights and BatchNorm statistics
+                for n in g.names:
+                    g.weights[n].index_copy_(0, idx, w[n].detach())
+        g.records.append((members, len(positions[0]), losses.detach(), parts))
+        self.counters["vmapped_steps"] += 1
+
+    def _sgd(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
+        """``torch.optim.SGD`` (dampening 0, no Nesterov) + ``clip_grad_norm_``, per client."""
+        pairs = [(n, gr) for n, gr in zip(g.leaves, grads) if gr is not None]   # torch skips grad=None
+        if not pairs:
+            return
+        m = pairs[0][1].shape[0]
+        if s.clip_grad_norm is not None:
+            norms = torch.stack([torch.linalg.vector_norm(gr.reshape(m, -1), dim=1) for _, gr in pairs])
+            total = torch.linalg.vector_norm(norms, dim=0)
+            coef = torch.clamp(s.clip_grad_norm / (total + 1e-6), max=1.0)
+            pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
+        for n, gr in pairs:
+            p = w[n]
+            if s.weight_decay != 0:
+                gr = gr.add(p, alpha=s.weight_decay)
+            if s.momentum > 0:
+                full = idx is None
+                buf = g.momentum[n] if full else g.momentum[n].index_select(0, idx)
+                had = g.has_momentum[n] if full else g.has_momentum[n].index_select(0, idx)
+                had = had.view(m, *[1] * (gr.dim() - 1))
+                buf = torch.where(had, buf.mul(s.momentum).add_(gr), gr)
+                if full:
+                    g.momentum[n].copy_(buf)
+                    g.has_momentum[n].fill_(True)
+                else:
+                    g.momentum[n].index_copy_(0, idx, buf)
+                    g.has_momentum[n].index_fill_(0, idx, True)
+                gr = buf
+            p.add_(gr, alpha=-s.lr)
+
+    def _finish(self, g: _Group, C: int) -> None:
+        """Unstack the group into one LocalResult per client (accounting like ``train_local``)."""
+        rows = [[] for _ in range(C)]                     # per client: (loss, parts, batch size) per step
+        if g.records:   # one device->host copy for the whole loop, not a sync per step
+            all_losses = torch.cat([r[2] for r in g.records]).cpu().tolist()
+            all_parts = torch.cat([r[3] for r in g.records]).cpu().tolist()
+            k = 0
+            for members, size, _, _ in g.records:
+                for i in members:
+                    rows[i].append((all_losses[k], all_parts[k], size))
+                    k += 1
+        names = [t.name for t in g.templates]
+        cpu = {n: t.detach().cpu() for n, t in g.weights.items()}
+        moms = {n: (t.detach().cpu(), g.has_momentum[n].cpu()) for n, t in g.momentum.items()}
+        for i, req in enumerate(g.requests):
+            where = req.client.where()
+            s = req.settings
+            n = len(req.client.data.train_idx)
+            per_epoch = n // s.batch_size if s.drop_last else -(-n // s.batch_size)
+            loss_sum, part_sums, samples = 0.0, {}, 0
+            for step, (value, parts, size) in enumerate(rows[i]):
+                named = dict(zip(names, parts))           # a repeated name keeps the last term, as total_loss
+                if not math.isfinite(value):
+                    req.error = NumericalError(
+                        f"non-finite loss ({value}) {where} at local epoch {req.start_epoch + step // per_epoch}, "
+                        f"step {step}; loss parts: {named}. Lower the learning rate or check the method's "
+                        f"hyper-parameters; the run directory keeps every round recorded so far.")
+                    break
+                loss_sum += value
+                samples += size
+                for k, v in named.items():
+                    part_sums[k] = part_sums.get(k, 0.0) + v
+            if req.error is not None:
+                continue
+            steps = len(rows[i])
+            weights = {name: cpu[name][i].clone() for name in g.names}
+            bad = next((name for name, t in weights.items() if not torch.isfinite(t).all()), None)
+            if bad is not None:
+                req.error = NumericalError(f"parameter {bad!r} became non-finite {where}; lower the learning rate.")
+                continue
+            opt_state = {name: buf[i].clone() for name, (buf, has) in moms.items() if bool(has[i])}
+            req.result = LocalResult(weights, opt_state, steps, samples, loss_sum / max(steps, 1),
+                                     {k: v / max(steps, 1) for k, v in part_sums.items()})

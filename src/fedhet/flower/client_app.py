@@ -1,0 +1,217 @@
+"""The fedhet ClientApp: one SuperNode hosts one fedhet client (or every ``num-partitions``-th).
+
+Each message may run in a fresh ``flwr-clientapp`` process (Flower's deployment runtime starts
+one per message, flower-notes §2.2), so the handler rebuilds everything it needs from the run
+config: the validated fedhet config (run-config key ``fedhet-config``, YAML text) gives the
+federation, which is deterministic from config + seed, so the node builds it from its *local*
+copy of the dataset and uses only its own clients' indices; no data crosses the wire. The
+node's ``--node-config`` supplies ``partition-id`` and ``num-partitions`` (and optionally
+``data-root``, the dataset directory on that machine). Node ``p`` of ``n`` hosts the fedhet
+clients ``cid`` with ``cid % n == p`` (with ``n`` = number of clients: exactly client ``p``).
+
+The fedhet client id travels in every message (ConfigRecord ``"fedhet"``), never Flower's node
+id, which changes when a SuperNode restarts. Client state survives between messages only in
+``context.state`` (a RecordDict kept by the SuperNode for the run), stored per client id as a
+tree (:func:`fedhet.flower.codec.tree_to_records`).
+
+Message types (Flower routes on them):
+  ``query.identify``  which clients this node hosts, their training-set sizes and a fingerprint
+                      of their indices (the server refuses a node whose data differ from its own)
+  ``train``, ``train.<kind>``  one phase of ``Algorithm.round``: ``client_update`` on the message
+  ``evaluate``        one per node: each listed client's evaluation model (``Algorithm.client_model``
+                      on the server state sent with the message and the local client state) on its
+                      local test split; replies ``correct``/``total`` per client
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from fedhet.algorithms.base import ClientRuntime
+from fedhet.engine.reference import RoundStats, SimClient, Simulator
+from fedhet.errors import ConfigError
+from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config
+from fedhet.experiment.runner import Experiment
+from fedhet.flower import require_flower
+from fedhet.metrics.evaluate import predict
+from fedhet.metrics.ledger import tensor_floats
+
+require_flower()
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.clientapp import ClientApp  # noqa: E402
+
+from fedhet.flower import codec  # noqa: E402
+
+CONFIG_KEY = "fedhet-config"
+
+# Per-process cache of the built federation/models/algorithm: in deployment each message is a
+# new process and this never hits; in-process (tests, Flower's simulation runtime) it saves
+# reloading the data for every message. One entry: one run at a time keeps memory flat.
+_BUILT: dict[tuple, Experiment] = {}
+
+
+def parse_config(config_text: str, data_root: str | None = None) -> ExperimentConfig:
+    """The fedhet config of a Flower run, with this host's dataset directory, and the in-process
+    engine set to ``reference``: Flower carries the clients, so worker processes or vmap
+    (``run.engine``) have nothing to do here (and a node trains one client per message)."""
+    raw = yaml.safe_load(config_text)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"run config {CONFIG_KEY!r} must hold a fedhet YAML config")
+    if data_root:
+        raw.setdefault("data", {})["root"] = str(data_root)
+    if "engine" in RunConfig.model_fields:
+        run = raw.setdefault("run", {})
+        run["engine"] = "reference"
+        run.pop("workers", None)
+    return load_config(raw=raw)
+
+
+def build(config_text: str, data_root: str | None) -> Experiment:
+    key = (config_text, data_root)
+    if key not in _BUILT:
+        cfg = parse_config(config_text, data_root)
+        _BUILT.clear()
+        # Experiment builds but writes nothing until create(); "." is never touched.
+        _BUILT[key] = Experiment(cfg, Path("."))
+    return _BUILT[key]
+
+
+class Node:
+    """What one SuperNode needs to act for its clients: the federation built from local data,
+    the models, the algorithm and training settings - the simulator's own objects, built by
+    :class:`fedhet.experiment.runner.Experiment` - so client updates are bit-identical."""
+
+    def __init__(self, sim: Simulator, partition_id: int, num_partitions: int):
+        self.sim = sim
+        self.algorithm = sim.algorithm
+        self.federation = sim.federation
+        k = sim.federation.num_clients
+        if not 1 <= num_partitions <= k:
+            raise ConfigError(f"num-partitions {num_partitions} must be between 1 and the number of clients {k}")
+        if not 0 <= partition_id < num_partitions:
+            raise ConfigError(f"partition-id {partition_id} must be in [0, num-partitions={num_partitions})")
+        self.partition_id, self.num_partitions = partition_id, num_partitions
+        self.clients = [c for c in range(k) if c % num_partitions == partition_id]
+
+    def fingerprint(self) -> str:
+        """Digest of this node's clients' train and test indices: equal on server and node iff
+        both built the same federation (same data, config, seed and fedhet partitioning)."""
+        h = hashlib.sha256()
+        fed = self.federation
+        for c in self.clients:
+            h.update(fed.train_idx[c].numpy().tobytes())
+            h.update(fed.test_idx[c].numpy().tobytes())
+            h.update(fed.pool.y[fed.train_idx[c]].numpy().tobytes())
+        return h.hexdigest()[:16]
+
+    def runtime(self, cid: int, rnd: int, stats: RoundStats) -> ClientRuntime:
+        if cid not in self.clients:
+            raise ValueError(f"client {cid} is not hosted by partition {self.partition_id} of {self.num_partitions}")
+        return SimClient(self.sim, cid, rnd, stats)
+
+
+def node_of(context: Context) -> Node:
+    cfg_text = context.run_config.get(CONFIG_KEY)
+    if not cfg_text:
+        raise ConfigError(f"the run config has no {CONFIG_KEY!r} (the fedhet YAML config); "
+                          "start runs with `fedhet flower run` or the run-config file of `fedhet flower app`")
+    nc = context.node_config
+    if "partition-id" not in nc or "num-partitions" not in nc:
+        raise ConfigError("this SuperNode has no partition: start it with "
+                          "--node-config 'partition-id=I num-partitions=N'")
+    exp = build(cfg_text, nc.get("data-root"))
+    return Node(exp.sim, int(nc["partition-id"]), int(nc["num-partitions"]))
+
+
+def state_prefix(cid: int) -> str:
+    return f"fedhet.client.{cid}"
+
+
+def load_state(context: Context, cid: int):
+    return codec.tree_from_records(context.state, state_prefix(cid))
+
+
+def save_state(context: Context, cid: int, state) -> None:
+    codec.drop_tree(context.state, state_prefix(cid))
+    if state is not None:
+        codec.tree_to_records(state, context.state, state_prefix(cid))
+
+
+class FedhetClientApp(ClientApp):
+    """A ClientApp that accepts every ``train.<kind>`` type: fedhet methods name their phases
+    freely (``exchange``, ``continue``, ``anchors`` ...), and Flower only routes registered
+    actions (flwr.clientapp.ClientApp.__call__), so unseen actions are registered on arrival."""
+
+    def __init__(self):
+        super().__init__()
+        self._train_actions: set[str] = {"default"}
+        self.train()(handle_train)
+        self.evaluate()(handle_evaluate)
+        self.query("identify")(handle_identify)
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        mtype = message.metadata.message_type
+        if mtype.startswith("train.") and mtype.count(".") == 1:
+            action = mtype.split(".", 1)[1]
+            if action.isidentifier() and action not in self._train_actions:
+                self._train_actions.add(action)
+                self.train(action)(handle_train)
+        return super().__call__(message, context)
+
+
+def handle_identify(msg: Message, context: Context) -> Message:
+    node = node_of(context)
+    sizes = [len(node.federation.train_idx[c]) for c in node.clients]
+    return Message(RecordDict({"identify": ConfigRecord({
+        "partition-id": node.partition_id, "num-partitions": node.num_partitions,
+        "clients": node.clients, "train-sizes": sizes, "fingerprint": node.fingerprint()})}), reply_to=msg)
+
+
+def handle_train(msg: Message, context: Context) -> Message:
+    t0 = time.perf_counter()
+    node = node_of(context)
+    fmsg, cid, rnd = codec.decode_message(msg.content)
+    stats = RoundStats(rnd, [cid])
+    client = node.runtime(cid, rnd, stats)
+    reply, new_state = node.algorithm.client_update(fmsg, load_state(context, cid), client)
+    save_state(context, cid, new_state)    # only after success: a failed update leaves the state as it was
+    content = codec.encode_message(reply, cid, rnd)
+    # What SimClient.account counted, so the server's round statistics equal the simulator's.
+    content["stats"] = MetricRecord({
+        "samples": int(stats.samples), "loss_sum": float(stats.loss_sums.get(cid, 0.0)),
+        "steps": int(stats.steps.get(cid, 0)), "state_floats": int(tensor_floats(new_state)),
+        "seconds": time.perf_counter() - t0})
+    return Message(content, reply_to=msg)
+
+
+@torch.no_grad()
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """Each listed client's evaluation model on its local test split: ``correct``/``total``
+    lists in the order of ``cids`` (what metrics/evaluate.py counts per client)."""
+    node = node_of(context)
+    head = codec.head_of(msg.content)
+    cids = [int(c) for c in head["cids"]]
+    views = codec.tree_from_records(msg.content, "server")
+    sim, fed = node.sim, node.federation
+    correct, total = [], []
+    for cid in cids:
+        if cid not in node.clients:
+            raise ValueError(f"client {cid} is not hosted by partition {node.partition_id} of {node.num_partitions}")
+        weights = node.algorithm.client_model(cid, views[cid], load_state(context, cid))
+        arch = sim.client_arch[cid]
+        if weights is None:                # never trained: the common initialisation (Simulator.client_model)
+            weights = sim.init_models[arch]
+        x, y = fed.local_test(cid)
+        hits, _ = predict(sim.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]))
+        correct.append(int(hits.sum()))
+        total.append(int(len(y)))
+    return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total})}), reply_to=msg)
+
+
+app = FedhetClientApp()

@@ -1,0 +1,437 @@
+"""The server side on Flower: the simulator's round loop with the clients behind a Grid.
+
+:class:`GridEngine` is the reference :class:`fedhet.engine.reference.Simulator` with one change:
+a phase's messages are not handed to ``client_update`` in-process but sent through Flower's
+Grid, one Flower message per client, and the replies that come back within the phase timeout
+are what the round generator receives. Sampling, round contexts, server state, aggregation and
+the communication ledger are the simulator's own code, so a run with every client answering
+equals the simulator's (tests/test_flower.py).
+
+:class:`FlowerExperiment` is :class:`fedhet.experiment.runner.Experiment` driving a GridEngine:
+the same run directory (config.yaml, partition.json, metrics.jsonl, summary.json,
+accuracy.png). Differences, all because client state lives on the nodes:
+
+* personalized metrics come from the clients: each tests its own evaluation model on its local
+  test split in an ``evaluate`` message and reports correct/total (a deployment's server never
+  sees local test data); global metrics are computed on the server's global test set;
+* instead of ``checkpoint.pt`` the server writes ``server_state.pt`` (final/latest server
+  state, e.g. the global model): a Flower run cannot be resumed, because Flower keeps
+  ``context.state`` per run only.
+
+Failure handling: a client whose node does not answer a phase within ``phase-timeout`` seconds,
+answers with an error, or has no connected SuperNode is dropped from the round with a warning
+(recorded in the metrics row under ``flower.dropped``); the round goes on if at least
+``min-clients`` answered each phase, otherwise the run stops with :class:`TooFewClientsError`
+and ``summary.json`` records status ``failed`` with that cause (the runner keeps every row
+written so far).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedhet.algorithms.base import Message, State
+from fedhet.engine.reference import RoundStats, Simulator
+from fedhet.errors import ConfigError, FedhetError
+from fedhet.experiment.runner import Experiment
+from fedhet.flower import require_flower
+from fedhet.metrics.evaluate import evaluate
+
+require_flower()
+
+from flwr.app import ConfigRecord, RecordDict  # noqa: E402
+from flwr.app import Message as FlowerMessage  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+
+from fedhet.flower import codec  # noqa: E402
+from fedhet.flower.client_app import Node  # noqa: E402
+
+# Child of Flower's logger, so the lines appear in `flwr log` / `flwr run --stream`.
+log = logging.getLogger("flwr").getChild("fedhet")
+
+SERVER_STATE = "server_state.pt"
+
+
+class TooFewClientsError(FedhetError):
+    """Fewer than min-clients answered a phase."""
+
+
+class FlowerRunError(FedhetError):
+    """The Flower side of a run failed (no SuperNodes, inconsistent nodes)."""
+
+
+@dataclass
+class FlowerSettings:
+    """Run-config keys of the fedhet Flower app (``[tool.flwr.app.config]``, docs/deployment.md)."""
+
+    min_clients: int = 1          # a phase with fewer answers fails the run
+    phase_timeout: float = 600.0  # seconds to wait for one phase's replies
+    node_timeout: float = 120.0   # seconds to wait at the start for every client's SuperNode
+    poll_interval: float = 0.2    # seconds between pulls (Flower's own send_and_receive sleeps 3 s)
+
+    KEYS = {"min_clients": "min-clients", "phase_timeout": "phase-timeout", "node_timeout": "node-timeout",
+            "poll_interval": "poll-interval"}
+
+    @classmethod
+    def from_run_config(cls, rc) -> "FlowerSettings":
+        s = cls()
+        for attr, key in cls.KEYS.items():
+            if key in rc and rc[key] != "":
+                try:
+                    setattr(s, attr, type(getattr(s, attr))(rc[key]))
+                except (TypeError, ValueError):
+                    raise ConfigError(f"run config {key}={rc[key]!r}: expected a number") from None
+        if s.min_clients < 1 or s.phase_timeout <= 0 or s.node_timeout < 0 or s.poll_interval <= 0:
+            raise ConfigError(f"run config: min-clients >= 1, phase-timeout > 0, node-timeout >= 0 and "
+                              f"poll-interval > 0 are required; got {asdict(s)}")
+        return s
+
+    def run_config(self) -> dict[str, Any]:
+        return {key: getattr(self, attr) for attr, key in self.KEYS.items()}
+
+
+class GridEngine(Simulator):
+    """The simulator with its clients behind a Flower Grid (see the module docstring)."""
+
+    def __init__(self, base: Simulator, grid: Grid, flower: FlowerSettings):
+        super().__init__(base.algorithm, base.federation, base.models, base.client_arch, base.settings,
+                         base.clients_per_round, base.seed)
+        self.grid = grid
+        self.flower = flower
+        self.host: dict[int, int] = {}          # fedhet client id -> Flower node id
+        self.partition_of: dict[int, int] = {}  # node id -> partition id
+        self.seen_nodes: set[int] = set()       # node ids asked to identify themselves
+        self.standby: set[int] = set()          # answered, but their partition had a node already
+        self.node_errors: list[str] = []        # why nodes could not act as fedhet nodes
+        self.num_partitions: int | None = None
+        self.state_floats: dict[int, int] = {}  # latest client-state size reported by each client
+        self.info: dict[str, Any] = {}          # this round's Flower record (metrics row "flower")
+        self.last_round = 0
+        self.discovered = False
+
+    # --- nodes --------------------------------------------------------------------------
+    def discover(self) -> None:
+        """Map fedhet clients to SuperNodes: ask every new node which partition it holds.
+
+        The first call waits up to node-timeout seconds for a node per partition; later calls
+        (each round) only identify nodes that appeared since (a restarted SuperNode has a new
+        node id) and forget nodes Flower no longer lists."""
+        t0 = time.monotonic()
+        deadline = t0 + (0.0 if self.discovered else self.flower.node_timeout)
+        k = self.federation.num_clients
+        while True:
+            listed = set(self.grid.get_node_ids())
+            gone = [n for n in self.partition_of if n not in listed]
+            for nid in gone:
+                lost = [c for c, h in self.host.items() if h == nid]
+                log.warning("fedhet: SuperNode %s (partition %s) is gone; clients %s have no node",
+                            nid, self.partition_of.pop(nid), lost)
+                for c in lost:
+                    del self.host[c]
+            new = sorted(listed - self.seen_nodes)
+            if gone:
+                # A restarted SuperNode (new node id) may have been turned away while its old id
+                # was still listed: ask it again now that its partition is free.
+                new += sorted(self.standby & listed)
+                self.standby.clear()
+            if new:
+                self._identify(new)
+            if len(self.host) == k or time.monotonic() >= deadline:
+                break
+            time.sleep(min(1.0, max(self.flower.poll_interval, 0.05)))
+        if not self.discovered:
+            self.discovered = True
+            missing = [c for c in range(k) if c not in self.host]
+            log.info("fedhet: %d SuperNode(s) host %d of %d clients (%.1f s)", len(self.partition_of),
+                     len(self.host), k, time.monotonic() - t0)
+            if missing:
+                log.warning("fedhet: after node-timeout=%.0f s no SuperNode hosts clients %s; they will be "
+                            "dropped from every round they are sampled in", self.flower.node_timeout, missing)
+            if len(self.host) < self.flower.min_clients:
+                raise FlowerRunError(
+                    f"only {len(self.host)} of {k} clients have a SuperNode after node-timeout="
+                    f"{self.flower.node_timeout:.0f} s (min-clients={self.flower.min_clients}); start one "
+                    f"flower-supernode per partition with --node-config 'partition-id=I num-partitions=N'"
+                    + (f"; node errors: {'; '.join(self.node_errors[:3])}" if self.node_errors else ""))
+
+    def _identify(self, node_ids: list[int]) -> None:
+        self.seen_nodes.update(node_ids)
+        msgs = [FlowerMessage(RecordDict({"fedhet": ConfigRecord({"query": "identify"})}), dst_node_id=nid,
+                              message_type="query.identify", group_id="identify", ttl=self.flower.phase_timeout)
+                for nid in node_ids]
+        replies, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
+        for nid, why in missing.items():
+            log.warning("fedhet: SuperNode %s did not identify itself (%s); ignored", nid, why)
+        for nid, reply in replies.items():
+            if reply.has_error():
+                log.warning("fedhet: SuperNode %s cannot act as a fedhet node: %s", nid, reply.error.reason)
+                self.node_errors.append(f"node {nid}: {reply.error.reason}")
+                continue
+            ident = reply.content["identify"]
+            pid, n = int(ident["partition-id"]), int(ident["num-partitions"])
+            if self.num_partitions is None:
+                self.num_partitions = n
+            if n != self.num_partitions:
+                log.warning("fedhet: SuperNode %s says num-partitions=%d, others %d; ignored", nid, n,
+                            self.num_partitions)
+                continue
+            if pid in self.partition_of.values():
+                log.warning("fedhet: SuperNode %s holds partition %d, which another node already holds; kept "
+                            "as a standby", nid, pid)
+                self.standby.add(nid)
+                continue
+            mine = Node(self, pid, n)
+            if ident["fingerprint"] != mine.fingerprint():
+                log.warning("fedhet: SuperNode %s (partition %d) built a different federation than the server "
+                            "(its data files, config or fedhet version differ); ignored", nid, pid)
+                continue
+            self.partition_of[nid] = pid
+            for c in mine.clients:
+                self.host[c] = nid
+
+    # --- messages -----------------------------------------------------------------------
+    def _send_and_receive(self, msgs: list[FlowerMessage], timeout: float):
+        """Push, then pull every poll-interval until all replied or ``timeout`` passed.
+
+        Returns ``({dst node id: reply}, {dst node id without reply: why})``. A node Flower stops
+        listing while we wait (its SuperNode died) is given up at once instead of at the timeout."""
+        if not msgs:
+            return {}, {}
+        ids = list(self.grid.push_messages(msgs))
+        if len(ids) != len(msgs):
+            raise FlowerRunError(f"the SuperLink accepted {len(ids)} of {len(msgs)} messages")
+        pending = {mid: m.metadata.dst_node_id for mid, m in zip(ids, msgs)}
+        replies: dict[int, FlowerMessage] = {}
+        missing: dict[int, str] = {}
+        end = time.monotonic() + timeout
+        next_check = time.monotonic() + 5.0
+        while pending:
+            for r in self.grid.pull_messages(list(pending)):
+                nid = pending.pop(r.metadata.reply_to_message_id, None)
+                if nid is not None:
+                    replies[nid] = r
+            now = time.monotonic()
+            if not pending or now >= end:
+                break
+            if now >= next_check:
+                listed = set(self.grid.get_node_ids())
+                for mid in [m for m, n in pending.items() if n not in listed]:
+                    missing[pending.pop(mid)] = "its SuperNode left the federation"
+                next_check = now + 5.0
+            time.sleep(min(self.flower.poll_interval, max(0.0, end - now)))
+        missing.update({n: f"no reply within {timeout:g} s" for n in pending.values()})
+        return replies, missing
+
+    def _waves(self, cids: list[int]) -> list[list[int]]:
+        """Client ids split so that no node gets two messages at once: a SuperNode reads a run's
+        context.state when a task starts and writes it when it ends, so two concurrent tasks on
+        one node would lose one client's state update (flwr supernode runtime_handlers)."""
+        per_node: dict[int, list[int]] = defaultdict(list)
+        for c in cids:
+            per_node[self.host[c]].append(c)
+        depth = max((len(v) for v in per_node.values()), default=0)
+        return [[v[i] for v in per_node.values() if i < len(v)] for i in range(depth)]
+
+    def exchange(self, rnd: int, phase_no: int, phase: dict[int, Message], stats: RoundStats) -> dict[int, Message]:
+        """One phase: each client's message to its node, replies back; drops the silent ones."""
+        t0 = time.perf_counter()
+        replies: dict[int, Message] = {}
+        dropped: dict[int, str] = {}
+        client_seconds: dict[str, float] = {}
+        for cid in phase:
+            if cid not in self.host:
+                dropped[cid] = f"phase {phase_no}: no SuperNode hosts this client"
+        sendable = [c for c in phase if c in self.host]
+        for wave in self._waves(sendable):
+            msgs = []
+            for cid in wave:
+                msg = phase[cid]
+                self.ledger.record(rnd, "down", msg)
+                msgs.append(FlowerMessage(codec.encode_message(msg, cid, rnd), dst_node_id=self.host[cid],
+                                          message_type=codec.message_type(msg.kind), group_id=str(rnd + 1),
+                                          ttl=self.flower.phase_timeout))
+            by_node = {self.host[c]: c for c in wave}
+            got, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
+            for nid, why in missing.items():
+                dropped[by_node[nid]] = f"phase {phase_no}: {why}"
+            for nid, r in got.items():
+                cid = by_node[nid]
+                if r.has_error():
+                    dropped[cid] = f"phase {phase_no}: error on its node: {r.error.reason}"
+                    continue
+                reply, rcid, _ = codec.decode_message(r.content)
+                if rcid != cid:
+                    dropped[cid] = f"phase {phase_no}: reply names client {rcid}"
+                    continue
+                self.ledger.record(rnd, "up", reply)
+                s = r.content["stats"]
+                stats.samples += int(s["samples"])
+                if int(s["steps"]):
+                    stats.loss_sums[cid] = stats.loss_sums.get(cid, 0.0) + float(s["loss_sum"])
+                    stats.steps[cid] = stats.steps.get(cid, 0) + int(s["steps"])
+                self.state_floats[cid] = int(s["state_floats"])
+                client_seconds[str(cid)] = round(float(s["seconds"]), 3)
+                replies[cid] = reply
+        for cid, why in dropped.items():
+            log.warning("fedhet: round %d: client %d dropped from the round (%s)", rnd + 1, cid, why)
+            self.info.setdefault("dropped", {})[str(cid)] = why
+        kinds = sorted({m.kind for m in phase.values()})
+        self.info.setdefault("phases", []).append({
+            "phase": phase_no, "kinds": kinds, "sent": len(sendable), "answered": len(replies),
+            "waves": len(self._waves(sendable)), "seconds": round(time.perf_counter() - t0, 4),
+            "client_seconds": client_seconds})     # inside the ClientApp handler; the rest is Flower
+        need = min(self.flower.min_clients, len(phase))
+        if len(replies) < need:
+            causes = "; ".join(f"client {c}: {why}" for c, why in dropped.items())
+            raise TooFewClientsError(
+                f"round {rnd + 1}, phase {phase_no} ({'/'.join(kinds)}): {len(replies)} of {len(phase)} clients "
+                f"answered, fewer than min-clients={self.flower.min_clients} ({causes})")
+        return replies
+
+    # --- the round (Simulator.run_round with exchange() in place of deliver) ----------
+    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
+        self.info = {}
+        self.last_round = rnd
+        t = time.perf_counter()
+        self.discover()
+        self.info["discover_seconds"] = round(time.perf_counter() - t, 4)
+        ctx = self.round_context(rnd, evaluating)
+        stats = RoundStats(rnd, ctx.clients)
+        gen = self.algorithm.round(self.server_state, ctx)
+        replies = None
+        t_train = 0.0
+        t0 = time.perf_counter()
+        try:
+            while True:
+                phase = gen.send(replies)
+                stats.phases += 1
+                t1 = time.perf_counter()
+                replies = self.exchange(rnd, stats.phases, phase, stats)
+                t_train += time.perf_counter() - t1
+        except StopIteration as stop:
+            new_state = stop.value
+        if new_state is None:
+            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
+        self.server_state = new_state
+        stats.train_seconds = t_train
+        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
+        return stats
+
+    # --- evaluation -----------------------------------------------------------------------
+    def client_view(self, cid: int) -> State:
+        """The server state client ``cid`` needs to build its evaluation model (``Algorithm.client_view``)."""
+        return self.algorithm.client_view(self.server_state, cid)
+
+    def evaluate_clients(self, rnd: int, batch_size: int) -> dict[str, Any]:
+        """Personalized metrics of metrics/evaluate.py, computed from the clients' own reports."""
+        t0 = time.perf_counter()
+        k = self.federation.num_clients
+        correct = np.full(k, np.nan)
+        total = np.full(k, np.nan)
+        failed: dict[str, str] = {str(c): "no SuperNode hosts this client" for c in range(k) if c not in self.host}
+        # One message per node for all its clients: evaluation leaves client state unchanged, and
+        # one process per node tests them all (one torch start-up instead of one per client).
+        per_node: dict[int, list[int]] = defaultdict(list)
+        for c in range(k):
+            if c in self.host:
+                per_node[self.host[c]].append(c)
+        msgs = []
+        nbytes = 0
+        for nid, cids in per_node.items():
+            rd = RecordDict({"fedhet": ConfigRecord({"cids": cids, "round": rnd, "batch-size": batch_size})})
+            codec.tree_to_records({c: self.client_view(c) for c in cids}, rd, "server")   # shared tensors sent once
+            nbytes += rd["server.tensors"].count_bytes()
+            msgs.append(FlowerMessage(rd, dst_node_id=nid, message_type="evaluate", group_id=str(rnd + 1),
+                                      ttl=self.flower.phase_timeout))
+        got, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
+        for nid, why in missing.items():
+            for c in per_node[nid]:
+                failed[str(c)] = why
+        for nid, r in got.items():
+            if r.has_error():
+                for c in per_node[nid]:
+                    failed[str(c)] = f"error on its node: {r.error.reason}"
+                continue
+            rec = r.content["eval"]
+            for c, hit, n in zip(per_node[nid], rec["correct"], rec["total"]):
+                correct[c], total[c] = hit, n
+        for c, why in failed.items():
+            log.warning("fedhet: round %d: client %s not evaluated (%s)", rnd + 1, c, why)
+        self.info["evaluate"] = {"answered": int(np.isfinite(total).sum()), "down_bytes": int(nbytes),
+                                 "seconds": round(time.perf_counter() - t0, 4)}
+        if failed:
+            self.info["not_evaluated"] = failed
+        ok = np.isfinite(total)
+        if not ok.any():
+            return {}
+        acc = correct[ok] / total[ok]
+        by_client = [round(float(correct[c] / total[c]), 5) if ok[c] else None for c in range(k)]
+        return {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
+                "personal_acc_pooled": float(correct[ok].sum() / total[ok].sum()),
+                "personal_acc_by_client": by_client}
+
+    def client_state_floats(self) -> int:
+        return sum(self.state_floats.values())
+
+
+class FlowerExperiment(Experiment):
+    """An Experiment whose clients are Flower SuperNodes (see the module docstring)."""
+
+    def attach(self, grid: Grid, flower: FlowerSettings) -> "FlowerExperiment":
+        if self.cfg.train.clients_per_round < flower.min_clients:
+            raise ConfigError(f"min-clients={flower.min_clients} exceeds train.clients_per_round="
+                              f"{self.cfg.train.clients_per_round}: no round could complete")
+        self.flower = flower
+        self.sim = GridEngine(self.sim, grid, flower)
+        return self
+
+    def evaluate_round(self) -> dict:
+        out = evaluate(self.sim, self.cfg.eval.batch_size, personalized=False)   # global test set, on the server
+        if self.cfg.eval.personalized:
+            out.update(self.sim.evaluate_clients(self.sim.last_round, self.cfg.eval.batch_size))
+        return out
+
+    def _append_metrics(self, row: dict) -> None:
+        # The runner counts client state held by the engine; on Flower it is on the nodes, which report it.
+        row["client_state_floats"] = self.sim.client_state_floats()
+        row["flower"] = self.sim.info
+        super()._append_metrics(row)
+        phases = ", ".join(f"{'/'.join(p['kinds'])} {p['answered']}/{p['sent']} in {p['seconds']:.1f} s"
+                           for p in row["flower"].get("phases", []))
+        shown = {k: round(row[k], 4) for k in ("global_acc", "personal_acc") if row.get(k) is not None}
+        log.info("fedhet: round %d/%d: %s; %s", row["round"], self.cfg.train.rounds, phases, shown or "not evaluated")
+
+    def _checkpoint(self, done_rounds: int) -> None:
+        # Server state only: client state lives in the nodes' context.state (per Flower run),
+        # so the run cannot be resumed; the file keeps the trained global model(s).
+        tmp = self.run_dir / (SERVER_STATE + ".tmp")
+        torch.save({"round": done_rounds, "engine": "flower", "server_state": self.sim.server_state}, tmp)
+        os.replace(tmp, self.run_dir / SERVER_STATE)
+
+    def write_summary(self, status: str, error: str | None, wall: float) -> None:
+        super().write_summary(status, error, wall)
+        sim = self.sim if isinstance(self.sim, GridEngine) else None
+        self.summary["engine"] = {"engine": "flower", "workers": len(sim.partition_of) if sim else 0,
+                                  "reason": "clients on Flower SuperNodes (fedhet.flower)"}
+        self.summary["flower"] = {**(asdict(self.flower) if hasattr(self, "flower") else {}),
+                                  "nodes": len(sim.partition_of) if sim else 0,
+                                  "clients_with_node": len(sim.host) if sim else 0}
+        (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
+
+
+def load_server_state(run_dir) -> dict:
+    """``server_state.pt`` of a Flower run directory: ``{"round", "engine", "server_state"}``."""
+    return torch.load(os.path.join(run_dir, SERVER_STATE), weights_only=False)
+
+
+__all__ = ["FlowerExperiment", "FlowerRunError", "FlowerSettings", "GridEngine", "TooFewClientsError",
+           "load_server_state"]

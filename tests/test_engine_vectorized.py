@@ -1,0 +1,317 @@
+"""The vectorized engine equals the reference engine to float tolerance (CPU).
+
+vmapped convolutions run as grouped convolutions and batched matmuls, whose float summation
+order differs from the reference's, so the engines agree to a tolerance, not bitwise. Two
+regimes, both measured over this file's cases after 2 rounds:
+
+* Smooth model (the BatchNorm CNN below: tanh, average pooling): pure rounding, every tensor
+  within TIGHT (observed <= 1.4e-7; SCAFFOLD controls <= 5.5e-7).
+* cnn2 (ReLU, max-pool): mostly ~1e-7 too, but now and then a pre-activation lies within
+  rounding of a ReLU kink (or a max-pool tie) and the engines take different sides, moving a
+  handful of elements by up to lr * |dL/dh| / batch ~ 1e-5 (observed <= 3.9e-6). Each tensor
+  must agree within KINK (bounds such a flip) and the whole model within a relative L2 distance
+  of MODEL_RTOL (the bulk agrees to rounding).
+
+SCAFFOLD's control variates are displacements divided by lr * steps (~0.05 * 7): they get 10x
+the parameters' tolerance. Hyper-parameters stay out of the chaotic regime: at lr 0.05 with
+momentum 0.9 a 1e-7 difference grows to 1e-3 within two rounds between any two float-different
+runs of the same method, which says nothing about the engine.
+"""
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.local import TrainSettings
+from fedhet.algorithms.objective import CrossEntropy
+from fedhet.data.federated import build_federation
+from fedhet.engine import vectorized
+from fedhet.engine.reference import Simulator
+from fedhet.engine.vectorized import VectorizedSimulator, available
+from fedhet.errors import NumericalError
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import build_models, make_algorithm
+from fedhet.models.base import SplitModel
+
+TIGHT = 1e-6         # atol, smooth model
+KINK = 5e-5          # atol, cnn2
+RTOL = 1e-5
+MODEL_RTOL = 1e-5
+EQUAL = {"kind": "iid"}
+# Dir(0.3) sizes over 6 clients: tiny and large clients side by side (checked below).
+UNEQUAL = {"kind": "quantity_skew", "alpha": 0.3, "min_size": 5}
+
+
+def bn_model(projection_dim=None) -> SplitModel:
+    """A small CNN with BatchNorm (the library's only BN models are the ResNets, too slow here).
+
+    Smooth (tanh, average pooling): no ReLU kink or max-pool tie for rounding to flip, so the
+    engines must agree to TIGHT_ATOL.
+    """
+    torch.manual_seed(11)
+    stages = [
+        ("conv1", nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.Tanh(), nn.AvgPool2d(2))),
+        ("conv2", nn.Sequential(nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.Tanh(), nn.AvgPool2d(2), nn.Flatten())),
+        ("fc1", nn.Sequential(nn.Linear(16 * 5 * 5, 64), nn.Tanh())),
+        ("fc2", nn.Linear(64, 10)),
+    ]
+    model = SplitModel(stages, "fc2", (1, 28, 28))
+    if projection_dim:
+        model.add_projection(projection_dim)
+    return model
+
+
+class FrozenKeepMomentum(FedAvg):
+    """Test-only: the head is frozen and each client keeps its momentum buffers across rounds."""
+
+    name = "frozen_keep_momentum"
+
+    def train_options(self, msg, state, client):
+        opts = {"trainable": lambda name: not name.startswith("head.")}
+        if state and "momentum" in state:
+            opts["optimizer_state"] = state["momentum"]
+        return opts
+
+    def after_training(self, result, msg, state, client):
+        return {**(state or {}), "momentum": result.optimizer_state}
+
+
+def make_config(small_config, algorithm="fedavg", params=None, partition=EQUAL, momentum=0.0, lr=0.05,
+                epochs=1, options=None, **train):
+    raw = copy.deepcopy(small_config)
+    raw["data"]["partition"] = dict(partition)
+    raw["model"]["options"] = dict(options or {})
+    raw["algorithm"] = {"name": algorithm, "params": dict(params or {})}
+    raw["train"].update(momentum=momentum, lr=lr, local_epochs=epochs, **train)
+    return load_config(raw=raw)
+
+
+def build(cfg, engine, bn=False, algorithm=None, fed=None):
+    """A simulator built like ``Experiment`` builds it (runner helpers), optionally with the BN CNN."""
+    fed = fed or build_federation(cfg.data, cfg.seed)
+    models, client_arch = build_models(cfg, fed)
+    if bn:
+        models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"))}
+    t = cfg.train
+    settings = TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
+                             weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm)
+    algo = algorithm or make_algorithm(cfg)
+    args = (algo, fed, models, client_arch, settings, t.clients_per_round, cfg.seed)
+    if engine == "vectorized":
+        return VectorizedSimulator(*args, device="cpu", fallback_on_error=False)
+    return Simulator(*args)
+
+
+def assert_tensors_close(a, b, atol, where=""):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        if a.is_floating_point():
+            tol = 10 * atol if ".control" in where else atol
+            torch.testing.assert_close(b, a, atol=tol, rtol=RTOL, msg=lambda m: f"{where}: {m}")
+        else:
+            assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            assert_tensors_close(a[k], b[k], atol, f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_tensors_close(x, y, atol, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def assert_engines_agree(ref, vec, atol):
+    assert_tensors_close(ref.server_state, vec.server_state, atol, "server_state")
+    assert_model_close(ref.server_state["model"], vec.server_state["model"])
+    assert_tensors_close(ref.client_states, vec.client_states, atol, "client_states")
+    assert ref.ledger.totals() == vec.ledger.totals()
+
+
+def assert_model_close(a, b):
+    keys = [k for k, v in a.items() if v.is_floating_point()]
+    diff = torch.cat([(a[k] - b[k]).flatten() for k in keys]).norm()
+    assert diff <= MODEL_RTOL * torch.cat([a[k].flatten() for k in keys]).norm()
+
+
+def run_both(cfg, rounds=2, bn=False, algorithm=None):
+    fed = build_federation(cfg.data, cfg.seed)
+    ref = build(cfg, "reference", bn, copy.deepcopy(algorithm), fed)
+    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed)
+    for rnd in range(rounds):
+        a, b = ref.run_round(rnd), vec.run_round(rnd)
+        assert (a.steps, a.samples, a.phases) == (b.steps, b.samples, b.phases)
+        assert b.mean_train_loss() == pytest.approx(a.mean_train_loss(), rel=1e-4)
+    return ref, vec
+
+
+CASES = [
+    # (id, algorithm, params, model options, momentum, lr, epochs)
+    ("fedavg", "fedavg", {}, {}, 0.0, 0.05, 1),
+    ("fedprox", "fedprox", {"mu": 0.1}, {}, 0.5, 0.05, 1),
+    ("scaffold", "scaffold", {}, {}, 0.0, 0.05, 1),
+    ("moon", "moon", {"mu": 1.0}, {"projection_dim": 16}, 0.5, 0.05, 1),
+    # FedCME-OE: two phases (classifier swap between them), one epoch each.
+    ("fedcme-oe", "fedcme", {"mu": 0, "exchange": "classifier"}, {}, 0.0, 0.05, 2),
+]
+
+
+# Every case with equal and very unequal sizes on cnn2 (no BatchNorm); with BatchNorm (smooth CNN)
+# all cases with unequal sizes, and fedavg and moon with equal sizes (time budget).
+MATRIX = [(case, part, bn) for case in CASES for part in (EQUAL, UNEQUAL) for bn in (False, True)
+          if not (bn and part is EQUAL and case[1] not in ("fedavg", "moon"))]
+
+
+@pytest.mark.parametrize("case,partition,bn", MATRIX, ids=[
+    f"{c[0]}-{'equal' if p is EQUAL else 'unequal'}-{'bn' if bn else 'nobn'}" for c, p, bn in MATRIX])
+def test_parameters_after_two_rounds_equal_reference(small_config, case, partition, bn):
+    _, algorithm, params, options, momentum, lr, epochs = case
+    cfg = make_config(small_config, algorithm, params, partition, momentum, lr, epochs, options)
+    ref, vec = run_both(cfg, bn=bn)
+    assert vec.counters["fallback_requests"] == 0 and vec.counters["vectorized_requests"] > 0
+    assert_engines_agree(ref, vec, TIGHT if bn else KINK)
+    if bn:   # BatchNorm statistics moved (and agreed, above)
+        key = "body.conv1.1.running_mean"
+        assert not torch.equal(vec.server_state["model"][key], vec.init_models["cnn2"][key])
+
+
+def test_unequal_partition_is_very_unequal(small_config):
+    cfg = make_config(small_config, partition=UNEQUAL)
+    sizes = sorted(len(t) for t in build_federation(cfg.data, cfg.seed).train_idx)
+    assert sizes[0] < 32 < 5 * 32 < sizes[-1]     # a client below one batch, one above five
+
+
+def test_bn_local_buffers_moon_and_options(small_config):
+    """FedBN-style local statistics (term constants part shared, part per client), clipping,
+    weight decay, drop_last and two local epochs with BatchNorm and very unequal clients."""
+    cfg = make_config(small_config, "moon", {"bn_buffers": "local"}, UNEQUAL, momentum=0.5, epochs=2,
+                      options={"projection_dim": 16}, clip_grad_norm=0.5, weight_decay=1e-3, drop_last=True)
+    ref, vec = run_both(cfg, bn=True)
+    assert vec.counters["vectorized_requests"] > 0   # a client smaller than a batch takes 0 steps: reference path
+    assert_engines_agree(ref, vec, TIGHT)
+
+
+def test_frozen_parameters_and_carried_momentum(small_config):
+    # 4 of 6 clients per round: round 2 mixes clients with and without kept buffers
+    cfg = make_config(small_config, partition=UNEQUAL, momentum=0.5, clip_grad_norm=1.0, clients_per_round=4)
+    ref, vec = run_both(cfg, bn=True, algorithm=FrozenKeepMomentum())
+    assert_engines_agree(ref, vec, TIGHT)
+    head = [k for k in ref.server_state["model"] if k.startswith("head.")]
+    for k in head:     # frozen: untouched by either engine, so bitwise equal after the same averaging
+        assert torch.equal(vec.server_state["model"][k], ref.server_state["model"][k])
+    some = next(iter(vec.client_states.values()))["momentum"]
+    assert some and not any(k.startswith("head.") for k in some)
+
+
+def test_stateful_term_falls_back_exactly(small_config):
+    """FedCME's feature alignment accumulates Python-side state per batch: reference path, bitwise."""
+    cfg = make_config(small_config, "fedcme", {"mu": 0.01}, UNEQUAL, epochs=2)
+    ref, vec = run_both(cfg, bn=True)
+    assert vec.counters["vectorized_requests"] == 0 and vec.counters["fallback_requests"] > 0
+    for k, v in ref.server_state["model"].items():
+        assert torch.equal(v, vec.server_state["model"][k])
+    assert torch.equal(ref.server_state["features"], vec.server_state["features"])
+
+
+def test_non_finite_loss_raises_like_reference(small_config):
+    cfg = make_config(small_config, lr=1e4)
+    for engine in ("reference", "vectorized"):
+        sim = build(cfg, engine)
+        with pytest.raises(NumericalError, match="non-finite"):
+            for rnd in range(2):
+                sim.run_round(rnd)
+
+
+def test_same_interface_and_checkpoint_round_trip(small_config):
+    cfg = make_config(small_config, "scaffold")
+    vec = build(cfg, "vectorized", bn=True)
+    for name in ("run_round", "client_model", "snapshot", "restore", "server_state", "client_states", "ledger",
+                 "models", "init_models", "client_arch", "federation", "algorithm"):
+        assert hasattr(vec, name)
+    vec.run_round(0)
+    snap = copy.deepcopy(vec.snapshot())
+    other = build(cfg, "vectorized", bn=True)
+    other.restore(snap)
+    vec.run_round(1)
+    other.run_round(1)
+    assert_tensors_close(vec.server_state, other.server_state, 0.0, "server_state")
+    assert isinstance(available(), bool) and available() == torch.cuda.is_available()
+    assert vectorized.VectorizedSimulator is VectorizedSimulator
+
+
+def test_bucket_scheduler_runs_lockstep_for_equal_clients(small_config):
+    """Equal clients share every step; unequal ones add only small remainder buckets."""
+    steps = {}
+    for name, part in (("equal", EQUAL), ("unequal", UNEQUAL)):
+        cfg = make_config(small_config, partition=part)
+        vec = build(cfg, "vectorized", bn=True)
+        stats = vec.run_round(0)
+        steps[name] = (vec.counters["vmapped_steps"], max(stats.steps.values()), sum(stats.steps.values()))
+    calls, longest, _ = steps["equal"]
+    assert calls <= longest + 1
+    calls, longest, total = steps["unequal"]
+    assert longest <= calls < total
+
+
+class Branchy(CrossEntropy):
+    """Test-only: claims to be vectorizable but branches on data, which vmap cannot trace."""
+
+    vectorizable = True
+
+    def __call__(self, out, batch, weights):
+        loss = super().__call__(out, batch, weights)
+        return loss * 2 if bool((batch.y == 0).any()) else loss
+
+
+class BranchyFedAvg(FedAvg):
+    name = "branchy"
+
+    def data_terms(self, msg, state, client):
+        return [Branchy()]
+
+
+def test_group_that_cannot_be_vmapped_falls_back(small_config):
+    cfg = make_config(small_config)
+    fed = build_federation(cfg.data, cfg.seed)
+    strict = build(cfg, "vectorized", True, BranchyFedAvg(), fed)
+    with pytest.raises(RuntimeError):          # fallback_on_error=False: the vmap error surfaces
+        strict.run_round(0)
+    ref = build(cfg, "reference", True, BranchyFedAvg(), fed)
+    vec = build(cfg, "vectorized", True, BranchyFedAvg(), fed)
+    vec.fallback_on_error = True
+    with pytest.warns(RuntimeWarning, match="reference path"):
+        vec.run_round(0)
+    ref.run_round(0)
+    assert vec.counters["fallback_requests"] == 3 and vec.counters["vectorized_requests"] == 0
+    for k, v in ref.server_state["model"].items():
+        assert torch.equal(v, vec.server_state["model"][k])
+
+
+class FailingFedAvg(FedAvg):
+    """Test-only: one client fails after training; the others are blocked in train() then."""
+
+    name = "failing"
+
+    def after_training(self, result, msg, state, client):
+        if client.cid == self.victim:
+            raise ValueError("client failure")
+        return super().after_training(result, msg, state, client)
+
+
+def test_client_error_propagates_and_ends_every_client_thread(small_config):
+    import threading
+
+    cfg = make_config(small_config)
+    vec = build(cfg, "vectorized", bn=True)
+    algo = FailingFedAvg()
+    algo.victim = vec.sample_clients(0)[1]
+    vec.algorithm = algo
+    before = threading.active_count()
+    with pytest.raises(ValueError, match="client failure"):
+        vec.run_round(0)
+    assert threading.active_count() == before
+    assert vec.client_states == {}

@@ -1,0 +1,318 @@
+"""The Flower apps, in-process: the real ServerApp and ClientApp objects through a fake Grid.
+
+No sockets and no Flower runtime: :class:`InProcGrid` hands every pushed message to the
+ClientApp of its destination node at once (flower-notes §5.3), after a serialization round trip
+of the content and of each node's ``context.state`` (what Flower's deployment runtime does
+between processes), so encoding bugs show here too. A fresh ``Context`` object is made for
+every message, like the new ``flwr-clientapp`` process of a deployment. The real transport is
+covered by tests/test_flower_deploy.py.
+
+Equivalence: with every client answering, a run over Flower must leave the same server state
+(bit for bit) and the same metrics as the reference simulator for the same config and seed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+
+import pytest
+import torch
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install -e .[flower])")
+
+from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
+from flwr.common.serde import context_from_proto, context_to_proto, recorddict_from_proto, recorddict_to_proto  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedhet.engine.reference import RoundStats  # noqa: E402
+from fedhet.errors import FedhetError  # noqa: E402
+from fedhet.experiment.config import dump_config, load_config  # noqa: E402
+from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
+from fedhet.flower import client_app as client_mod  # noqa: E402
+from fedhet.flower import codec  # noqa: E402
+from fedhet.flower.client_app import app as client_app  # noqa: E402
+from fedhet.flower.engine import TooFewClientsError, load_server_state  # noqa: E402
+from fedhet.flower.server_app import app as server_app  # noqa: E402
+
+SERVER_NODE = 0
+# Flower's runtime sets the identity of the running task; messages cannot be built without it.
+TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SERVER_NODE, 0
+
+
+def _roundtrip(rd: RecordDict) -> RecordDict:
+    return recorddict_from_proto(recorddict_to_proto(rd))
+
+
+class InProcGrid(Grid):
+    """A Grid whose nodes are ClientApp calls in this process (flwr's InMemoryGrid sets
+    message ids through ``metadata.__dict__`` the same way).
+
+    ``drop(message_type, partition_id, round) -> bool`` makes a node ignore a message (the
+    server then waits out the phase timeout); ``fail`` the same but the node answers with an
+    error, like a ClientApp that raised."""
+
+    def __init__(self, n: int, run_config: dict, drop=None, fail=None):
+        self.n, self.run_config = n, run_config
+        self.drop, self.fail = drop or (lambda *a: False), fail or (lambda *a: False)
+        self.node_ids = [1000 + 7 * i for i in range(n)]        # not the partition ids on purpose
+        self.partition = {nid: i for i, nid in enumerate(self.node_ids)}
+        self.states = {nid: context_to_proto(self._context(nid, RecordDict())) for nid in self.node_ids}
+        self.replies: dict[str, Message] = {}
+        self.log: list[tuple[str, int, int]] = []                # (message type, partition, group)
+        self._run = None
+
+    def _context(self, nid: int, state: RecordDict) -> Context:
+        node_config = {"partition-id": self.partition[nid], "num-partitions": self.n}
+        return Context(run_id=1, node_id=nid, node_config=node_config, state=state, run_config=self.run_config)
+
+    def set_run(self, run):
+        self._run = run
+
+    @property
+    def run(self):
+        return self._run
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):
+        return Message(content, dst_node_id=dst_node_id, message_type=message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self):
+        return list(self.node_ids)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            mid = uuid.uuid4().hex
+            m.metadata.__dict__["_message_id"] = mid
+            ids.append(mid)
+            nid, mtype = m.metadata.dst_node_id, m.metadata.message_type
+            pid = self.partition[nid]
+            rnd = m.metadata.group_id
+            self.log.append((mtype, pid, rnd))
+            if self.drop(mtype, pid, rnd):
+                continue
+            inbound = Message(_roundtrip(m.content), dst_node_id=nid, message_type=mtype, group_id=m.metadata.group_id)
+            inbound.metadata.__dict__["_message_id"] = mid
+            ctx = context_from_proto(self.states[nid])             # a fresh process sees only what was stored
+            if self.fail(mtype, pid, rnd):
+                reply = Message(Error(code=0, reason="<class 'RuntimeError'>:<'injected failure'>"), reply_to=inbound)
+            else:
+                try:
+                    reply = client_app(inbound, ctx)
+                    self.states[nid] = context_to_proto(ctx)
+                except Exception as e:  # what flwr-clientapp turns an exception into
+                    reply = Message(Error(code=0, reason=f"{type(e)}:<'{e}'>"), reply_to=inbound)
+            if reply.has_content():
+                reply = Message(_roundtrip(reply.content), reply_to=inbound)
+            reply.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+            self.replies[mid] = reply
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(i) for i in list(message_ids) if i in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):
+        return self.pull_messages(self.push_messages(messages))
+
+
+def flower_run(cfg, run_dir, n=None, drop=None, fail=None, **settings):
+    """Run ``cfg`` through the real ServerApp/ClientApp over an InProcGrid; returns the grid."""
+    rc = {"fedhet-config": dump_config(cfg), "run-dir": str(run_dir), "phase-timeout": 0.3, "node-timeout": 0.0,
+          "poll-interval": 0.01, **{k.replace("_", "-"): v for k, v in settings.items()}}
+    grid = InProcGrid(n or cfg.data.num_clients, rc, drop, fail)
+    server_app(grid, Context(run_id=1, node_id=SERVER_NODE, node_config={}, state=RecordDict(), run_config=rc))
+    return grid
+
+
+def assert_same(a, b, where="state"):
+    """Equal nested values; tensors bit for bit."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
+
+
+def reference_run(cfg, run_dir):
+    exp = Experiment.create(cfg, run_dir)
+    exp.run(progress=False)
+    return exp
+
+
+def tiny(small_config, algorithm, **params):
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": algorithm, "params": params}
+    raw["train"].update(rounds=2, local_epochs=2)
+    return load_config(raw=raw)
+
+
+# Adding a method to the equivalence test is one line here.
+EQUIVALENCE = [
+    pytest.param("fedavg", {}, id="fedavg"),
+    pytest.param("scaffold", {}, id="scaffold"),
+    pytest.param("fedcme", {}, id="fedcme"),
+    pytest.param("fedrema", {}, id="fedrema"),
+]
+
+# Row keys that measure time or the engine; everything else must match the simulator.
+VOLATILE = {"seconds", "flower"}
+
+
+@pytest.mark.parametrize("algorithm,params", EQUIVALENCE)
+def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
+    cfg = tiny(small_config, algorithm, **params)
+    ref = reference_run(cfg, tmp_path / "sim")
+    flower_run(cfg, tmp_path / "flower")
+
+    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.sim.server_state)
+    sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert len(fl_rows) == len(sim_rows) == cfg.train.rounds
+    for s, f in zip(sim_rows, fl_rows):
+        assert set(s) - VOLATILE == set(f) - VOLATILE
+        for key in set(s) - VOLATILE:
+            assert f[key] == s[key], key
+        assert f["flower"]["phases"] and all(p["answered"] == p["sent"] for p in f["flower"]["phases"])
+        assert "dropped" not in f["flower"]
+    summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["engine"]["engine"] == "flower"
+    assert summary["communication"] == ref.summary["communication"]
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "partition.json"):
+        assert (tmp_path / "flower" / name).is_file(), name
+
+
+def test_fedcme_partner_dropped_continues_without_swap(small_config, tmp_path):
+    """A client silent in phase A is dropped; its partner gets 'continue' in phase B and the
+    round averages the two clients that finished (FedCME module docstring)."""
+    cfg = tiny(small_config, "fedcme")
+    cfg.train.rounds = 1
+    ctx_clients = Experiment(cfg, tmp_path).sim.sample_clients(0)
+    victim = ctx_clients[0]
+    grid = flower_run(cfg, tmp_path / "run", drop=lambda mtype, pid, rnd: pid == victim and mtype == "train")
+    (row,) = read_metrics(tmp_path / "run")
+    assert set(row["flower"]["dropped"]) == {str(victim)}
+    assert "no reply within" in row["flower"]["dropped"][str(victim)]
+    phase_a, phase_b = row["flower"]["phases"]
+    assert (phase_a["sent"], phase_a["answered"]) == (3, 2) and (phase_b["sent"], phase_b["answered"]) == (2, 2)
+    (pair,) = [p for p in row["fedcme_pairs"] if victim in p]       # round 0 pairs in sampling order
+    partner = pair[1] if pair[0] == victim else pair[0]
+    assert partner is not None
+    assert ("train.continue", partner, "1") in grid.log             # partition id = client id here
+    assert not any(t == "train.exchange" and pid == partner for t, pid, _ in grid.log)
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+
+
+def test_too_few_clients_fails_with_cause_and_keeps_rows(small_config, tmp_path):
+    cfg = tiny(small_config, "fedavg")
+    cfg.train.rounds = 3
+    cfg.run.checkpoint_every = 1
+    with pytest.raises(TooFewClientsError, match=r"round 2, phase 1 \(train\): 1 of 3 clients answered, fewer than "
+                                                 r"min-clients=2.*injected failure"):
+        flower_run(cfg, tmp_path / "run", min_clients=2, fail=lambda mtype, pid, rnd: rnd == "2" and pid != 0
+                   and mtype == "train")
+    rows = read_metrics(tmp_path / "run")
+    assert [r["round"] for r in rows] == [1]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "min-clients=2" in summary["error"]
+    assert (tmp_path / "run" / "server_state.pt").is_file()
+
+
+def test_dropped_client_is_left_out_of_the_average(small_config, tmp_path):
+    """FedAvg over the clients that answered: the same state as the simulator when that client
+    is simply not in the replies."""
+    cfg = tiny(small_config, "fedavg")
+    cfg.train.rounds = 1
+    exp = Experiment.create(cfg, tmp_path / "sim")
+    victim = exp.sim.sample_clients(0)[1]
+    # The simulator's own round generator, fed every reply but the victim's.
+    gen = exp.algorithm.round(exp.sim.server_state, exp.sim.round_context(0, True))
+    phase = gen.send(None)
+    stats = RoundStats(0, list(phase))
+    with pytest.raises(StopIteration) as stop:
+        gen.send({c: exp.sim.deliver(c, m, 0, stats) for c, m in phase.items() if c != victim})
+    expected = stop.value.value
+    flower_run(cfg, tmp_path / "run", drop=lambda mtype, pid, rnd: pid == victim)
+    assert_same(load_server_state(tmp_path / "run")["server_state"], expected)
+    (row,) = read_metrics(tmp_path / "run")
+    assert row["personal_acc_by_client"][victim] is None          # its evaluate message was dropped too
+    assert row["flower"]["evaluate"]["answered"] == cfg.data.num_clients - 1
+
+
+def test_node_hosting_several_clients(small_config, tmp_path):
+    """Two SuperNodes for four clients (node p hosts clients p, p+2): messages to one node go in
+    waves, so the node's context.state keeps both clients' state (SCAFFOLD's c_i)."""
+    cfg = tiny(small_config, "scaffold")
+    ref = reference_run(cfg, tmp_path / "sim")
+    flower_run(cfg, tmp_path / "run", n=2)
+    assert_same(load_server_state(tmp_path / "run")["server_state"], ref.sim.server_state)
+    rows = read_metrics(tmp_path / "run")
+    assert max(p["waves"] for r in rows for p in r["flower"]["phases"]) == 2
+    assert rows[-1]["client_state_floats"] == read_metrics(tmp_path / "sim")[-1]["client_state_floats"]
+
+
+def test_node_with_other_data_is_refused(small_config, tmp_path):
+    """A node whose federation differs (here: another seed in its config) is not used: its
+    client is dropped as having no SuperNode, and the others train."""
+    cfg = tiny(small_config, "fedavg")
+    cfg.train.rounds = 1
+    odd = Experiment(cfg, tmp_path).sim.sample_clients(0)[0]
+    rc_other = dump_config(cfg.model_copy(update={"seed": cfg.seed + 1}))
+
+    class Skewed(InProcGrid):
+        def _context(self, nid, state):
+            ctx = super()._context(nid, state)
+            if self.partition[nid] == odd:
+                ctx.run_config = {**ctx.run_config, "fedhet-config": rc_other}
+            return ctx
+
+    rc = {"fedhet-config": dump_config(cfg), "run-dir": str(tmp_path / "run"), "phase-timeout": 0.3,
+          "node-timeout": 0.0, "poll-interval": 0.01}
+    grid = Skewed(cfg.data.num_clients, rc)
+    server_app(grid, Context(run_id=1, node_id=SERVER_NODE, node_config={}, state=RecordDict(), run_config=rc))
+    (row,) = read_metrics(tmp_path / "run")
+    assert [(t, pid) for t, pid, _ in grid.log if pid == odd] == [("query.identify", odd)]
+    assert row["flower"]["dropped"] == {str(odd): "phase 1: no SuperNode hosts this client"}
+    assert row["flower"]["phases"][0]["answered"] == 2
+
+
+def test_codec_roundtrip():
+    state = {"control": {"w": torch.randn(3, 2)}, "eval": {3: torch.ones(4), 7: None},
+             "mid": {"scalars": {"partner": None, "share": True}, "steps": 5, "loss": 0.1 + 0.2,
+                     "pairs": [[1, None], (2, 3)], "acc": None},
+             "counts": torch.arange(5), "mask": torch.tensor([True, False]), "x": float("inf")}
+    state["alias"] = state["control"]["w"]
+    rd = RecordDict()
+    codec.tree_to_records(state, rd, "s")
+    back = codec.tree_from_records(_roundtrip(rd), "s")
+    assert_same(back, state)
+    assert len(rd["s.tensors"]) == 4                                 # the aliased tensor travels once
+
+    from fedhet.algorithms.base import Message as FedMessage
+    msg = FedMessage("exchange", {"exchange": {"head.w": torch.randn(2, 2)}, "empty": {}},
+                     {"partner": None, "num_samples": 12, "loss": 1.5, "tag": "x", "vec": [1, 2], "big": 2**70})
+    out, cid, rnd = codec.decode_message(_roundtrip(codec.encode_message(msg, 5, 9)))
+    assert (cid, rnd, out.kind) == (5, 9, "exchange")
+    assert_same(out.arrays, msg.arrays)
+    assert_same(out.scalars, msg.scalars)
+    assert codec.message_type("train") == "train" and codec.message_type("exchange") == "train.exchange"
+
+
+def test_clear_errors(small_config, tmp_path):
+    cfg = tiny(small_config, "fedavg")
+    with pytest.raises(FedhetError, match="fedhet-config"):
+        server_app(InProcGrid(2, {}), Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={}))
+    with pytest.raises(FedhetError, match="min-clients=4 exceeds"):
+        flower_run(cfg, tmp_path / "a", min_clients=4)
+    # A node started without --node-config answers identify with an error and is not used.
+    rc = {"fedhet-config": dump_config(cfg)}
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config=rc)
+    with pytest.raises(FedhetError, match="partition-id=I num-partitions=N"):
+        client_mod.node_of(ctx)

@@ -1,0 +1,131 @@
+"""Real Flower deployments on 127.0.0.1: SuperLink + 3 SuperNodes, the flwr CLI, processes.
+
+Each test starts its own SuperLink and SuperNodes (free ports, FLWR_HOME in tmp_path), so they
+take about a minute each (Flower polls every few seconds and starts a fresh ClientApp process,
+which imports torch, for every message; flower-notes §4.2). They run in the default ``pytest``
+invocation; ``-m "not deploy"`` leaves them out.
+"""
+
+from __future__ import annotations
+
+import copy
+import ssl
+import threading
+import time
+import urllib.request
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install -e .[flower])")
+
+from test_flower import assert_same  # noqa: E402
+
+from fedhet.experiment.config import load_config  # noqa: E402
+from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
+from fedhet.flower import FlowerMissingError  # noqa: E402
+from fedhet.flower.deploy import run_loopback  # noqa: E402
+from fedhet.flower.engine import load_server_state  # noqa: E402
+
+try:
+    from fedhet.flower.deploy import flower_bin
+
+    flower_bin()
+except FlowerMissingError as e:  # flwr importable but its commands are not on this machine
+    pytest.skip(str(e), allow_module_level=True)
+
+pytestmark = pytest.mark.deploy
+
+# Generous: a phase normally takes 5-40 s here (two shared cores); a killed node is noticed by
+# the SuperLink after about 60 s (2 missed 30 s heartbeats, flwr.common.constant).
+SETTINGS = {"phase_timeout": 150.0, "node_timeout": 120.0}
+
+
+def deploy_config(small_config, algorithm, rounds=2, clients=3):
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": algorithm, "params": {}}
+    raw["data"]["num_clients"] = clients
+    raw["train"].update(rounds=rounds, clients_per_round=clients, local_epochs=2)
+    raw["eval"]["every"] = rounds                  # one evaluation, after the last round
+    raw["run"]["threads"] = 1                      # nodes and the reference: same float sums
+    return load_config(raw=raw)
+
+
+def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
+    """Two-phase FedCME over real Flower: 3 SuperNodes, 2 rounds, same parameters as the simulator."""
+    cfg = deploy_config(small_config, "fedcme")
+    cfg.eval.personalized = False                  # the evaluate message is covered by the kill test
+    res = run_loopback(cfg, tmp_path / "flower", nodes=3, workdir=tmp_path / "work", timeout=600, **SETTINGS)
+    assert res.status == "finished:completed" and res.summary["status"] == "completed"
+
+    ref = Experiment.create(cfg, tmp_path / "sim")
+    ref.run(progress=False)
+    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.sim.server_state)
+    sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in rows] == [1, 2]
+    for s, f in zip(sim_rows, rows):
+        assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"] and f["fedcme_pairs"] == s["fedcme_pairs"]
+        assert [p["kinds"] for p in f["flower"]["phases"]] == [["train"], ["continue", "exchange"]]
+        assert all(p["sent"] == p["answered"] == 3 for p in f["flower"]["phases"])
+    for key in ("global_acc", "global_loss"):
+        assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "server_state.pt"):
+        assert (tmp_path / "flower" / name).is_file(), name
+    print(f"\nloopback fedcme: {res.seconds}; phases: {[[p['seconds'] for p in r['flower']['phases']] for r in rows]}")
+
+
+def test_loopback_tls(small_config, tmp_path):
+    """A deployment over TLS (self-signed CA; SuperNodes verify the SuperLink's certificate;
+    plain HTTP is refused). Two SuperNodes, one round: the transport is what is tested here."""
+    cfg = deploy_config(small_config, "fedavg", rounds=1, clients=2)
+    cfg.eval.personalized = False
+    probes = {}
+
+    def probe(lb, run_id):
+        ctx = ssl.create_default_context(cafile=str(lb.certs["ca"]))
+        with urllib.request.urlopen(f"https://127.0.0.1:{lb.port}/health", context=ctx, timeout=10) as r:
+            probes["https"] = r.status
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/health", timeout=10)
+            probes["http"] = "answered"
+        except OSError as e:
+            probes["http"] = f"refused: {e}"
+
+    res = run_loopback(cfg, tmp_path / "flower", nodes=2, tls=True, workdir=tmp_path / "work", timeout=600,
+                       on_submitted=probe, **SETTINGS)
+    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 1
+    assert probes["https"] == 200 and probes["http"].startswith("refused"), probes
+    (row,) = read_metrics(tmp_path / "flower")
+    assert row["flower"]["phases"][0]["answered"] == 2
+
+
+def test_supernode_killed_mid_round(small_config, tmp_path):
+    """SIGKILL one SuperNode's process group as soon as it receives its first training message:
+    that client is dropped from round 1 (no reply) and from round 2 (its node is gone), the run
+    completes with the other two (min-clients 2), and everything is recorded."""
+    cfg = deploy_config(small_config, "fedavg")
+    killed = threading.Event()
+
+    def kill_node_2_when_training(lb, run_id):
+        log = lb.logs / "supernode-2.log"
+
+        def watch():
+            end = time.monotonic() + 300
+            while time.monotonic() < end:
+                if log.exists() and "Receiving: train" in log.read_text(errors="replace"):
+                    lb.kill("supernode-2")
+                    killed.set()
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    res = run_loopback(cfg, tmp_path / "flower", nodes=3, workdir=tmp_path / "work", timeout=600,
+                       on_submitted=kill_node_2_when_training, min_clients=2, **SETTINGS)
+    assert killed.is_set()
+    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 2
+    r1, r2 = read_metrics(tmp_path / "flower")
+    assert set(r1["flower"]["dropped"]) == {"2"} and set(r2["flower"]["dropped"]) == {"2"}
+    assert r1["flower"]["phases"][0]["answered"] == 2 and r2["flower"]["phases"][0]["answered"] == 2
+    assert r2["personal_acc_by_client"][2] is None and r2["personal_acc_by_client"][0] is not None
+    print(f"\nkilled node: {res.seconds}; round 1 dropped: {r1['flower']['dropped']}; "
+          f"round 2 dropped: {r2['flower']['dropped']}")
