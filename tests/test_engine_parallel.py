@@ -7,11 +7,22 @@ import torch
 
 from fedhet.algorithms.local import TrainSettings
 from fedhet.data.federated import build_federation
-from fedhet.engine import AUTO_PARALLEL_MIN_ROUND_SAMPLES, ParallelSimulator, Simulator, choose_engine, make_engine
+from fedhet.engine import (
+    AUTO_PARALLEL_MIN_ROUND_SAMPLES,
+    ParallelSimulator,
+    Simulator,
+    choose_engine,
+    make_engine,
+)
 from fedhet.engine.parallel import WorkerError, dumps, loads, shared_tensors
 from fedhet.errors import ConfigError, NumericalError
 from fedhet.experiment.config import load_config
-from fedhet.experiment.runner import Experiment, build_models, make_algorithm, read_metrics
+from fedhet.experiment.runner import (
+    Experiment,
+    build_models,
+    make_algorithm,
+    read_metrics,
+)
 from fedhet.metrics.evaluate import evaluate
 
 

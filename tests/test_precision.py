@@ -64,9 +64,10 @@ def test_fp32_is_bit_reproducible_and_leaves_inputs_alone(client):
     assert a.mean_loss == b.mean_loss
 
 
-def test_auto_resolves_to_fp32_until_enabled_then_follows_the_hardware(monkeypatch):
+def test_auto_is_fp32_when_switched_off_else_follows_the_hardware(monkeypatch):
     assert resolve_precision("fp32") == "fp32" and resolve_precision("bf16") == "bf16"
-    assert resolve_precision("auto") == "fp32"                    # AUTO_BF16 is off until the accuracy check
+    monkeypatch.setattr(local, "AUTO_BF16", False)
+    assert resolve_precision("auto") == "fp32"
     monkeypatch.setattr(local, "AUTO_BF16", True)
     monkeypatch.setattr(local, "bf16_native", lambda device="cpu": device == "cpu")
     assert resolve_precision("auto", "cpu") == "bf16"

@@ -281,9 +281,6 @@ class ParallelSimulator(Simulator):
     def __exit__(self, *exc):
         self.close(wait=exc[0] is None)
 
-    def __getstate__(self):
-        raise TypeError("a ParallelSimulator is not picklable; checkpoint it with snapshot()")
-
     # --- rounds -----------------------------------------------------------------------------
     def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
         ctx = self.round_context(rnd, evaluating)
@@ -336,8 +333,14 @@ class ParallelSimulator(Simulator):
                     if id(w) not in has_table:
                         w.conn.send_bytes(table_msg)
                         has_table.add(id(w))
-                    w.conn.send_bytes(dumps(("job", (rnd, cid, msg, states[i], stats.loss_sums.get(cid),
-                                                     stats.steps.get(cid))), table_ids))
+                    try:
+                        job = dumps(("job", (rnd, cid, msg, states[i], stats.loss_sums.get(cid),
+                                             stats.steps.get(cid))), table_ids)
+                    except Exception as e:
+                        raise WorkerError(f"the message or state of client {cid} cannot be sent to a worker process "
+                                          f"({type(e).__name__}: {e}); messages and client states must hold "
+                                          f"tensors and plain Python values") from e
+                    w.conn.send_bytes(job)
                     busy[w.conn] = (w, i)
                     busy[w.process.sentinel] = (w, i)
                 for ready in wait(list(busy)):

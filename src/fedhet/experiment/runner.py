@@ -71,8 +71,8 @@ def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torc
 
 
 def resolve_precision(requested: str, device: str = "cpu") -> str:
-    # 'auto' means bf16 only where the hardware runs it natively AND local.AUTO_BF16 is switched
-    # on, which waits for the bf16 accuracy check (docs/performance.md); until then fp32.
+    # 'auto' means bf16 only where the hardware runs it natively AND local.AUTO_BF16 is on (it is,
+    # since the bf16 accuracy check passed; docs/performance.md).
     return auto_precision(device) if requested == "auto" else requested
 
 

@@ -20,11 +20,10 @@ from torch.func import functional_call
 
 from fedhet.engine.reference import Simulator
 
-
-# Rows per forward pass and intra-op thread. A cnn2 forward at 2048 rows spills its activations
-# out of the caches: 256 rows per thread evaluate about 1.6x faster per core (measured, 1 thread;
-# docs/performance.md). ``batch_size`` (eval.batch_size) stays the upper bound.
-ROWS_PER_THREAD = 256
+# Rows per forward pass and intra-op thread. A cnn2 forward over 2048 rows spills its activations
+# out of the caches: 64 rows per thread (with channels_last) evaluate about 1.8x faster than
+# 2048-row passes (docs/performance.md). ``batch_size`` (eval.batch_size) stays the upper bound.
+ROWS_PER_THREAD = 64
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -38,8 +37,8 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
     in large no-grad batches.
 
     Images and convolution weights go in channels_last: oneDNN's convolutions and max-pooling run
-    about 1.1x faster per core in that layout (logits differ from the default layout's by float
-    rounding, ~1e-7; evaluation is never fed back into training)."""
+    about 1.1x faster in that layout (logits differ from the default layout's by float rounding,
+    ~1e-7; evaluation is never fed back into training)."""
     model.eval()
     rows = max(1, min(batch_size, ROWS_PER_THREAD * torch.get_num_threads()))
     weights = {k: _channels_last(v) for k, v in weights.items()}
