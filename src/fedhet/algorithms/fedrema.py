@@ -78,7 +78,7 @@ from fedhet.algorithms.base import (
     State,
 )
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedper import train_head_then_body
+from fedhet.algorithms.fedper import BODY, HEAD, train_head_then_body
 from fedhet.algorithms.local import LocalResult
 from fedhet.algorithms.objective import LossTerm
 from fedhet.algorithms.prototypes import (
@@ -91,7 +91,6 @@ from fedhet.algorithms.prototypes import (
     uploaded_prototypes,
 )
 
-BODY, HEAD = "body.", "head."
 
 
 # --- relevance (server) --------------------------------------------------------------------

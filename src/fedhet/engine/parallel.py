@@ -37,7 +37,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import time
 import traceback
 import warnings
 from collections import deque
@@ -282,29 +281,6 @@ class ParallelSimulator(Simulator):
         self.close(wait=exc[0] is None)
 
     # --- rounds -----------------------------------------------------------------------------
-    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
-        ctx = self.round_context(rnd, evaluating)
-        stats = RoundStats(rnd, ctx.clients)
-        gen = self.algorithm.round(self.server_state, ctx)
-        replies = None
-        t_train = 0.0
-        t0 = time.perf_counter()
-        try:
-            while True:
-                phase = gen.send(replies)
-                stats.phases += 1
-                t1 = time.perf_counter()
-                replies = self.deliver_phase(phase, rnd, stats)
-                t_train += time.perf_counter() - t1
-        except StopIteration as stop:
-            new_state = stop.value
-        if new_state is None:
-            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
-        self.server_state = new_state
-        stats.train_seconds = t_train
-        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
-        return stats
-
     def deliver_phase(self, phase: Phase, rnd: int, stats: RoundStats) -> Replies:
         """Every client of ``phase`` in the workers; replies and states applied in phase order."""
         if not phase:

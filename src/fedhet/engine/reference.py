@@ -141,7 +141,7 @@ class Simulator:
                 phase = gen.send(replies)
                 stats.phases += 1
                 t1 = time.perf_counter()
-                replies = {cid: self.deliver(cid, msg, rnd, stats) for cid, msg in phase.items()}
+                replies = self.deliver_phase(phase, rnd, stats)
                 t_train += time.perf_counter() - t1
         except StopIteration as stop:
             new_state = stop.value
@@ -151,6 +151,11 @@ class Simulator:
         stats.train_seconds = t_train
         stats.aggregate_seconds = time.perf_counter() - t0 - t_train
         return stats
+
+    def deliver_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
+        """The replies of one phase's clients. Engines override this and nothing else of the round:
+        workers (parallel), vmap (vectorized), Flower's Grid."""
+        return {cid: self.deliver(cid, msg, rnd, stats) for cid, msg in phase.items()}
 
     # --- evaluation support -----------------------------------------------------------
     def client_model(self, cid: int) -> Arrays:

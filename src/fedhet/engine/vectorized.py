@@ -55,7 +55,6 @@ import copy
 import math
 import queue
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -254,30 +253,7 @@ class VectorizedSimulator(Simulator):
         self._pool_cache.clear()
 
     # --- rounds -------------------------------------------------------------------------
-    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
-        ctx = self.round_context(rnd, evaluating)
-        stats = RoundStats(rnd, ctx.clients)
-        gen = self.algorithm.round(self.server_state, ctx)
-        replies = None
-        t_train = 0.0
-        t0 = time.perf_counter()
-        try:
-            while True:
-                phase = gen.send(replies)
-                stats.phases += 1
-                t1 = time.perf_counter()
-                replies = self._run_phase(phase, rnd, stats)
-                t_train += time.perf_counter() - t1
-        except StopIteration as stop:
-            new_state = stop.value
-        if new_state is None:
-            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
-        self.server_state = new_state
-        stats.train_seconds = t_train
-        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
-        return stats
-
-    def _run_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
+    def deliver_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
         tasks: dict[int, _Task] = {}
         for cid, msg in phase.items():
             self.ledger.record(rnd, "down", msg)

@@ -297,34 +297,17 @@ class GridEngine(Simulator):
                 f"answered, fewer than min-clients={self.flower.min_clients} ({causes})")
         return replies
 
-    # --- the round (Simulator.run_round with exchange() in place of deliver) ----------
+    # --- the round: Simulator.run_round with the phases carried by the Grid ----------------
     def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
         self.info = {}
         self.last_round = rnd
         t = time.perf_counter()
         self.discover()
         self.info["discover_seconds"] = round(time.perf_counter() - t, 4)
-        ctx = self.round_context(rnd, evaluating)
-        stats = RoundStats(rnd, ctx.clients)
-        gen = self.algorithm.round(self.server_state, ctx)
-        replies = None
-        t_train = 0.0
-        t0 = time.perf_counter()
-        try:
-            while True:
-                phase = gen.send(replies)
-                stats.phases += 1
-                t1 = time.perf_counter()
-                replies = self.exchange(rnd, stats.phases, phase, stats)
-                t_train += time.perf_counter() - t1
-        except StopIteration as stop:
-            new_state = stop.value
-        if new_state is None:
-            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
-        self.server_state = new_state
-        stats.train_seconds = t_train
-        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
-        return stats
+        return super().run_round(rnd, evaluating)
+
+    def deliver_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
+        return self.exchange(rnd, stats.phases, phase, stats)
 
     # --- evaluation -----------------------------------------------------------------------
     def client_view(self, cid: int) -> State:
