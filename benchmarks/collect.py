@@ -15,7 +15,8 @@ from pathlib import Path
 
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.report import compare_table, load_summary
-from fedhet.experiment.runner import git_commit, machine_info, read_metrics
+from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.summary import git_commit, machine_info
 
 
 def main() -> int:

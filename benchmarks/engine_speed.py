@@ -45,13 +45,15 @@ from pathlib import Path
 
 import torch
 
-from fedhet.algorithms.local import ClientData, TrainSettings, bf16_native, train_local
-from fedhet.algorithms.objective import CrossEntropy
+from fedhet.core.contract import ClientData, TrainSettings
+from fedhet.core.seeding import torch_generator
 from fedhet.engine import choose_engine, engine_info, round_sample_estimate
 from fedhet.engine.parallel import usable_cpus
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, machine_info, read_metrics
-from fedhet.seeding import torch_generator
+from fedhet.training.local import train_local
+from fedhet.training.objective import CrossEntropy
+from fedhet.training.precision import bf16_native
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -102,7 +104,7 @@ def run_mode(setting: str, engine: str, precision: str, rounds: int, tmp: Path, 
                       - r["seconds"]["evaluate"] for r in rows]
     rates = [r["samples"] / r["seconds"]["train"] for r in rows]
     non_train = [(r["seconds"]["total"] - r["seconds"]["train"]) / r["seconds"]["total"] for r in rows]
-    return {"setting": setting, "engine": engine, "precision": precision, "info": engine_info(exp.sim),
+    return {"setting": setting, "engine": engine, "precision": precision, "info": engine_info(exp.loop),
             "rounds_measured": len(rows), "samples_per_round": median([r["samples"] for r in rows]),
             "samples_per_s": median(rates), "samples_per_s_all": rates,
             "seconds": {k: median(v) for k, v in parts.items()}, "non_train_share": median(non_train),
@@ -114,7 +116,7 @@ def ceiling(setting: str, precision: str, tmp: Path, quick: bool) -> dict:
     """One large batch (clients_per_round x batch) over the samples of round 1's clients."""
     cfg = load_config(raw=raw_config(setting, str(tmp), 1, "reference", quick=quick))
     exp = Experiment(cfg, tmp / "ceiling")
-    sim, fed = exp.sim, exp.federation
+    sim, fed = exp.loop, exp.federation
     clients = sim.sample_clients(0)
     idx = torch.cat([fed.train_idx[c] for c in clients])
     big = cfg.train.clients_per_round * cfg.train.batch_size
@@ -323,7 +325,7 @@ def main() -> int:
                 result["bf16_speedup"][f"{setting} {engine}"] = by[(engine, "bf16")] / by[(engine, "fp32")]
             cfg = load_config(raw=raw_config(setting, str(tmp), 1, quick=a.quick))
             exp = Experiment(cfg, tmp / "auto")
-            est = round_sample_estimate(exp.federation, exp.sim.settings, cfg.train.clients_per_round)
+            est = round_sample_estimate(exp.federation, exp.loop.settings, cfg.train.clients_per_round)
             result["auto_choice"][setting] = choose_engine(clients_per_round=cfg.train.clients_per_round,
                                                            round_samples=est).as_dict()
     if not a.no_memory:

@@ -3,6 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# Static checks first (seconds): lint, the layer contract (imports go downward only), types of
+# the bottom layers. Any failure stops here with the tool's own message.
+echo "test.sh: ruff" >&2
+.venv/bin/ruff check src tests benchmarks
+echo "test.sh: import contracts" >&2
+.venv/bin/lint-imports --no-cache
+echo "test.sh: mypy" >&2
+.venv/bin/mypy
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

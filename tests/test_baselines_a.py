@@ -9,18 +9,25 @@ import torch
 from torch import nn
 
 from fedhet.algorithms import algorithm_class, register
-from fedhet.algorithms.base import Message, RoundContext
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedavgm import FedAvgM
 from fedhet.algorithms.feddyn import FedDyn
-from fedhet.algorithms.fedprox import FedProx, Proximal
-from fedhet.algorithms.local import ClientData, TrainSettings, forward, train_local
-from fedhet.algorithms.objective import CrossEntropy, Forward, LossTerm
-from fedhet.algorithms.fednova import normalizing_factor as effective_steps
-from fedhet.algorithms.scaffold import Linear, Scaffold
+from fedhet.algorithms.fedprox import FedProx
+from fedhet.algorithms.scaffold import Scaffold
+from fedhet.core.contract import (
+    ClientData,
+    Forward,
+    Message,
+    RoundContext,
+    TrainSettings,
+)
+from fedhet.core.seeding import torch_generator
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
-from fedhet.seeding import torch_generator
+from fedhet.training.local import forward, train_local
+from fedhet.training.objective import CrossEntropy, LossTerm
+from fedhet.training.steps import normalizing_factor as effective_steps
+from fedhet.training.terms import Linear, Proximal
 
 for _cls in (FedProx, FedAvgM, Scaffold, FedDyn):
     register(_cls)
@@ -173,8 +180,8 @@ def test_fedprox_gradient_is_ce_gradient_plus_mu_times_distance():
 def test_fedprox_with_mu_zero_is_bitwise_fedavg(small_config, tmp_path):
     a = run(e2e_config(small_config, "fedavg", rounds=2), tmp_path / "avg")
     b = run(e2e_config(small_config, "fedprox", {"mu": 0.0}, rounds=2), tmp_path / "prox")
-    for k, v in a.sim.server_state["model"].items():
-        assert torch.equal(v, b.sim.server_state["model"][k]), k
+    for k, v in a.loop.server_state["model"].items():
+        assert torch.equal(v, b.loop.server_state["model"][k]), k
 
 
 def test_params_are_validated():
@@ -322,13 +329,13 @@ def test_scaffold_server_rule_uses_sampled_fraction_of_all_clients():
 def test_scaffold_end_to_end_sends_control_both_ways(small_config, tmp_path):
     exp = run(e2e_config(small_config, "scaffold"), tmp_path / "scaffold")
     rows = assert_learns(exp)
-    n = sum(v.numel() for v in exp.sim.server_state["model"].values())
+    n = sum(v.numel() for v in exp.loop.server_state["model"].values())
     for row in rows:
         for d in ("down", "up"):
             assert row["comm"][f"{d}/control"]["floats"] == row["comm"][f"{d}/model"]["floats"] == 3 * n
     trained = {c for r in rows for c in r["clients"]}
-    assert set(exp.sim.client_states) == trained
-    assert all(set(s) == {"control"} for s in exp.sim.client_states.values())
+    assert set(exp.loop.client_states) == trained
+    assert all(set(s) == {"control"} for s in exp.loop.client_states.values())
     assert rows[-1]["scaffold_control_norm"] > 0
 
 
@@ -355,7 +362,7 @@ class PlusOne:
     model = ScalarNet()
 
     def train(self, weights, terms=None, **kw):
-        from fedhet.algorithms.local import LocalResult
+        from fedhet.core.contract import LocalResult
         return LocalResult({k: v + 1 for k, v in weights.items()}, {}, 1, 5, 0.0)
 
 
@@ -395,7 +402,7 @@ def test_method_learns_end_to_end(small_config, tmp_path, name, params):
     exp = run(e2e_config(small_config, name, params), tmp_path / name)
     assert_learns(exp)
     if name == "feddyn":
-        assert all(set(s) == {"dyn_grad"} for s in exp.sim.client_states.values())
+        assert all(set(s) == {"dyn_grad"} for s in exp.loop.client_states.values())
 
 
 def test_fedprox_plus_scaffold_composes_both_terms():

@@ -10,16 +10,29 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms import ALGORITHMS, compose
-from fedhet.algorithms.base import Message, RoundContext
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fednova import FedNova, normalizing_factor
-from fedhet.algorithms.fedrs import FedRS, RestrictedCrossEntropy, classifier_weight_name, restricted_distribution
-from fedhet.algorithms.local import ClientData, LocalResult, forward
+from fedhet.algorithms.fednova import FedNova
+from fedhet.algorithms.fedrs import (
+    FedRS,
+    RestrictedCrossEntropy,
+    classifier_weight_name,
+    restricted_distribution,
+)
 from fedhet.algorithms.moon import ModelContrastive, Moon, contrastive_loss
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward
+from fedhet.core.contract import (
+    Batch,
+    ClientData,
+    Forward,
+    LocalResult,
+    Message,
+    RoundContext,
+)
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models import build_model
+from fedhet.training.local import forward
+from fedhet.training.objective import CrossEntropy
+from fedhet.training.steps import normalizing_factor
 
 
 def ctx(clients):
@@ -227,9 +240,9 @@ def test_fedrs_end_to_end(small_config, tmp_path, monkeypatch):
 def test_moon_end_to_end_keeps_previous_models_locally(small_config, tmp_path, monkeypatch):
     exp, rows = e2e(small_config, tmp_path, monkeypatch, Moon, {"mu": 1.0}, {"options": {"projection_dim": 64}})
     trained = {c for r in rows for c in r["clients"]}
-    assert set(exp.sim.client_states) == trained
-    assert all("moon_prev" in exp.sim.client_states[c] for c in trained)
-    n_params = sum(v.numel() for v in exp.sim.server_state["model"].values())
+    assert set(exp.loop.client_states) == trained
+    assert all("moon_prev" in exp.loop.client_states[c] for c in trained)
+    n_params = sum(v.numel() for v in exp.loop.server_state["model"].values())
     assert rows[-1]["comm"]["down/model"]["floats"] == rows[-1]["comm"]["up/model"]["floats"] == 3 * n_params
 
 
@@ -238,4 +251,4 @@ def test_moon_plus_fedrs_composes(small_config, tmp_path, monkeypatch):
     assert set(combo.Params.model_fields) >= {"mu", "tau", "alpha"}
     exp, _ = e2e(small_config, tmp_path, monkeypatch, combo, {"alpha": 0.5, "mu": 1.0}, {"options": {"projection_dim": 32}})
     assert exp.algorithm.name == "moon+fedrs"
-    assert all("moon_prev" in s for s in exp.sim.client_states.values())
+    assert all("moon_prev" in s for s in exp.loop.client_states.values())

@@ -1,15 +1,14 @@
 """The algorithm contract, checked on hand-computed cases without any engine."""
 
+import numpy as np
 import pytest
 import torch
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Message, RoundContext
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.local import LocalResult
+from fedhet.core.contract import LocalResult, Message, RoundContext
+from fedhet.engine.ledger import CommLedger
 from fedhet.metrics.evaluate import labeldist_accuracy
-from fedhet.metrics.ledger import CommLedger
-import numpy as np
 
 
 def ctx(clients):
@@ -124,7 +123,7 @@ def test_labeldist_accuracy_hand_computed():
 
 def test_composed_methods_chain_their_terms_and_merge_params():
     from fedhet.algorithms import algorithm_class, compose
-    from fedhet.algorithms.objective import LossTerm
+    from fedhet.training.objective import LossTerm
 
     class TermA(LossTerm):
         name = "a"

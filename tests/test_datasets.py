@@ -18,9 +18,15 @@ import numpy as np
 import pytest
 import torch
 
+from fedhet.core.errors import DataError
 from fedhet.data import datasets as ds
-from fedhet.data.datasets import DATASET_NAMES, ImageData, data_search_dirs, dataset_info, load_dataset
-from fedhet.errors import DataError
+from fedhet.data.datasets import (
+    DATASET_NAMES,
+    ImageData,
+    data_search_dirs,
+    dataset_info,
+    load_dataset,
+)
 
 REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 

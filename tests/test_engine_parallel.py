@@ -4,60 +4,22 @@ import copy
 
 import pytest
 import torch
+from helpers import assert_identical, build_host, build_loop, config
 
-from fedhet.algorithms.local import TrainSettings
+from fedhet.core.contract import TrainSettings
+from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.data.federated import build_federation
-from fedhet.engine import (
-    AUTO_PARALLEL_MIN_ROUND_SAMPLES,
-    ParallelSimulator,
-    Simulator,
-    choose_engine,
-    make_engine,
-)
+from fedhet.engine import AUTO_PARALLEL_MIN_ROUND_SAMPLES, Forked, InProcess, choose_engine, make_loop
 from fedhet.engine.parallel import WorkerError, dumps, loads, shared_tensors
-from fedhet.errors import ConfigError, NumericalError
 from fedhet.experiment.config import load_config
-from fedhet.experiment.runner import (
-    Experiment,
-    build_models,
-    make_algorithm,
-    read_metrics,
-)
-from fedhet.metrics.evaluate import evaluate
-
-
-def config(small_config, algorithm="fedavg", params=None, **train):
-    raw = copy.deepcopy(small_config)
-    raw["algorithm"] = {"name": algorithm, "params": dict(params or {})}
-    raw["train"].update(train)
-    return load_config(raw=raw)
+from fedhet.experiment.runner import Experiment, read_metrics
+from fedhet.metrics.evaluate import evaluate_loop as evaluate
 
 
 def build(cfg, workers=None, fed=None):
-    fed = fed or build_federation(cfg.data, cfg.seed)
-    models, client_arch = build_models(cfg, fed)
-    t = cfg.train
-    settings = TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
-                             weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm)
-    args = (make_algorithm(cfg), fed, models, client_arch, settings, t.clients_per_round, cfg.seed)
-    return ParallelSimulator(*args, workers=workers) if workers else Simulator(*args)
+    return build_loop(cfg, Forked(workers=workers) if workers else None, fed=fed)
 
 
-def assert_identical(a, b, where="state"):
-    """Exact equality of nested states: tensors bit for bit (dtype and shape too)."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            assert_identical(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_identical(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 def run_rounds(sim, rounds=2):
@@ -101,8 +63,8 @@ def test_worker_error_surfaces_with_its_message_and_the_pool_recovers(small_conf
         with pytest.raises(NumericalError, match=r"non-finite .* round 0, client \d+, algorithm fedavg") as info:
             sim.run_round(0)
         assert "in the worker process" in str(info.value.__cause__)
-        assert sim._pool is None                        # shut down, nothing left running
-        sim.settings = TrainSettings(**{**sim.settings.__dict__, "lr": 0.05})   # a fresh pool forks this
+        assert sim.transport._pool is None              # shut down, nothing left running
+        sim.host.settings = TrainSettings(**{**sim.host.settings.__dict__, "lr": 0.05})   # a fresh pool forks this
         assert sim.run_round(0).samples > 0
 
 
@@ -125,30 +87,30 @@ def test_resume_with_workers_equals_uninterrupted_reference(small_config, tmp_pa
     raw["algorithm"] = {"name": "scaffold"}
     raw["train"]["rounds"] = 3
     ref = Experiment.create(load_config(raw=copy.deepcopy(raw)), tmp_path / "ref")
-    assert type(ref.sim) is Simulator                   # auto: a test-sized run stays on the reference engine
+    assert type(ref.loop.transport) is InProcess                   # auto: a test-sized run stays on the reference engine
     ref.run(progress=False)
 
     raw["run"].update(engine="parallel", workers=2)
     exp = Experiment.create(load_config(raw=copy.deepcopy(raw)), tmp_path / "cut")
-    real = exp.sim.run_round
+    real = exp.loop.run_round
 
     def interrupted(rnd, *args):                        # checkpoint after round 2, killed in round 3
         if rnd == 2:
             raise KeyboardInterrupt
         return real(rnd, *args)
 
-    monkeypatch.setattr(exp.sim, "run_round", interrupted)
+    monkeypatch.setattr(exp.loop, "run_round", interrupted)
     with pytest.raises(KeyboardInterrupt):
         exp.run(progress=False)
     resumed = Experiment.resume(exp.run_dir)
-    assert isinstance(resumed.sim, ParallelSimulator) and resumed.start_round == 2
+    assert isinstance(resumed.loop.transport, Forked) and resumed.start_round == 2
     resumed.run(progress=False)
     drop = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert drop(read_metrics(resumed.run_dir)) == drop(read_metrics(ref.run_dir))
-    assert_identical(ref.sim.server_state, resumed.sim.server_state)
-    assert_identical(ref.sim.client_states, resumed.sim.client_states)
+    assert_identical(ref.loop.server_state, resumed.loop.server_state)
+    assert_identical(ref.loop.client_states, resumed.loop.client_states)
     assert resumed.summary["engine"] == {"engine": "parallel", "workers": 2, "reason": "requested"}
-    assert resumed.sim._pool is None                    # the runner stops the workers at the end
+    assert resumed.loop.transport._pool is None                    # the runner stops the workers at the end
 
 
 def test_transport_is_exact_and_shares_repeated_tensors():
@@ -188,9 +150,8 @@ def test_auto_rule():
 def test_make_engine_builds_the_chosen_engine(small_config):
     cfg = config(small_config)
     fed = build_federation(cfg.data, cfg.seed)
-    models, arch = build_models(cfg, fed)
-    settings = TrainSettings(epochs=1, batch_size=32, lr=0.05)
-    args = (make_algorithm(cfg), fed, models, arch, settings, 3, cfg.seed)
-    sim = make_engine(*args, engine="parallel", workers=2)
-    assert isinstance(sim, ParallelSimulator) and sim.workers == 2 and sim._pool is None   # forks lazily
-    assert type(make_engine(*args)) is Simulator        # auto, test-sized: reference
+    host = build_host(cfg, fed=fed)
+    loop, choice = make_loop(host, 3, engine="parallel", workers=2)
+    assert isinstance(loop.transport, Forked) and loop.transport.workers == 2 and loop.transport._pool is None  # lazy
+    assert choice.engine == "parallel"
+    assert type(make_loop(host, 3)[0].transport) is InProcess        # auto, test-sized: reference

@@ -22,22 +22,21 @@ import copy
 
 import pytest
 import torch
+from helpers import build_loop
 from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.local import TrainSettings
-from fedhet.algorithms.objective import CrossEntropy
+from fedhet.core.errors import NumericalError
 from fedhet.data.federated import build_federation
 from fedhet.engine import vectorized
-from fedhet.engine.reference import Simulator
-from fedhet.engine.vectorized import VectorizedSimulator, available
-from fedhet.errors import NumericalError
+from fedhet.engine.vectorized import Vectorized, available
+from fedhet.experiment.build import build_models
 from fedhet.experiment.config import load_config
-from fedhet.experiment.runner import build_models, make_algorithm
 from fedhet.models.base import SplitModel
+from fedhet.training.objective import CrossEntropy, LossTerm
 
 TIGHT = 1e-6         # atol, smooth model
-KINK = 5e-5          # atol, cnn2
+KINK = 1e-3          # atol, cnn2: ReLU/max-pool kink flips; measured up to 3.3e-4 after two rounds on an AVX512-BF16 CPU (also at the parent commit)
 RTOL = 1e-5
 MODEL_RTOL = 1e-5
 EQUAL = {"kind": "iid"}
@@ -95,14 +94,8 @@ def build(cfg, engine, bn=False, algorithm=None, fed=None):
     models, client_arch = build_models(cfg, fed)
     if bn:
         models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"))}
-    t = cfg.train
-    settings = TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
-                             weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm)
-    algo = algorithm or make_algorithm(cfg)
-    args = (algo, fed, models, client_arch, settings, t.clients_per_round, cfg.seed)
-    if engine == "vectorized":
-        return VectorizedSimulator(*args, device="cpu", fallback_on_error=False)
-    return Simulator(*args)
+    transport = Vectorized(device="cpu", fallback_on_error=False) if engine == "vectorized" else None
+    return build_loop(cfg, transport, fed=fed, models=models, algorithm=algorithm)
 
 
 def assert_tensors_close(a, b, atol, where=""):
@@ -172,11 +165,11 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
     _, algorithm, params, options, momentum, lr, epochs = case
     cfg = make_config(small_config, algorithm, params, partition, momentum, lr, epochs, options)
     ref, vec = run_both(cfg, bn=bn)
-    assert vec.counters["fallback_requests"] == 0 and vec.counters["vectorized_requests"] > 0
+    assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
     assert_engines_agree(ref, vec, TIGHT if bn else KINK)
     if bn:   # BatchNorm statistics moved (and agreed, above)
         key = "body.conv1.1.running_mean"
-        assert not torch.equal(vec.server_state["model"][key], vec.init_models["cnn2"][key])
+        assert not torch.equal(vec.server_state["model"][key], vec.host.init_models["cnn2"][key])
 
 
 def test_unequal_partition_is_very_unequal(small_config):
@@ -191,7 +184,7 @@ def test_bn_local_buffers_moon_and_options(small_config):
     cfg = make_config(small_config, "moon", {"bn_buffers": "local"}, UNEQUAL, momentum=0.5, epochs=2,
                       options={"projection_dim": 16}, clip_grad_norm=0.5, weight_decay=1e-3, drop_last=True)
     ref, vec = run_both(cfg, bn=True)
-    assert vec.counters["vectorized_requests"] > 0   # a client smaller than a batch takes 0 steps: reference path
+    assert vec.transport.counters["vectorized_requests"] > 0   # a client smaller than a batch takes 0 steps: reference path
     assert_engines_agree(ref, vec, TIGHT)
 
 
@@ -207,14 +200,35 @@ def test_frozen_parameters_and_carried_momentum(small_config):
     assert some and not any(k.startswith("head.") for k in some)
 
 
-def test_stateful_term_falls_back_exactly(small_config):
-    """FedCME's feature alignment accumulates Python-side state per batch: reference path, bitwise."""
-    cfg = make_config(small_config, "fedcme", {"mu": 0.01}, UNEQUAL, epochs=2)
-    ref, vec = run_both(cfg, bn=True)
-    assert vec.counters["vectorized_requests"] == 0 and vec.counters["fallback_requests"] > 0
+class Undeclared(LossTerm):
+    """Test-only: a term that does not declare itself vectorizable (LossTerm.vectorizable is False)."""
+
+    name = "undeclared"
+
+    def __call__(self, out, batch, weights):
+        return 0.01 * out.logits.pow(2).mean()
+
+
+class WithUndeclaredTerm(FedAvg):
+    name = "with_undeclared_term"
+
+    def local_terms(self, msg, state, client):
+        return [*super().local_terms(msg, state, client), Undeclared()]
+
+
+def test_term_not_declared_vectorizable_falls_back_exactly(small_config):
+    """The engine knows no method by name: a term without ``vectorizable = True`` trains on the
+    reference path, bit for bit (FedCME's alignment term is vectorizable since it became pure:
+    tests/test_statistics_channel.py)."""
+    cfg = make_config(small_config, partition=UNEQUAL, epochs=2)
+    algo = WithUndeclaredTerm()
+    ref, vec = build(cfg, "reference", algorithm=algo), build(cfg, "vectorized", algorithm=algo)
+    for rnd in range(2):
+        ref.run_round(rnd)
+        vec.run_round(rnd)
+    assert vec.transport.counters["vectorized_requests"] == 0 and vec.transport.counters["fallback_requests"] > 0
     for k, v in ref.server_state["model"].items():
         assert torch.equal(v, vec.server_state["model"][k])
-    assert torch.equal(ref.server_state["features"], vec.server_state["features"])
 
 
 def test_non_finite_loss_raises_like_reference(small_config):
@@ -230,7 +244,7 @@ def test_same_interface_and_checkpoint_round_trip(small_config):
     cfg = make_config(small_config, "scaffold")
     vec = build(cfg, "vectorized", bn=True)
     for name in ("run_round", "client_model", "snapshot", "restore", "server_state", "client_states", "ledger",
-                 "models", "init_models", "client_arch", "federation", "algorithm"):
+                 "host", "federation", "algorithm", "close"):
         assert hasattr(vec, name)
     vec.run_round(0)
     snap = copy.deepcopy(vec.snapshot())
@@ -240,7 +254,7 @@ def test_same_interface_and_checkpoint_round_trip(small_config):
     other.run_round(1)
     assert_tensors_close(vec.server_state, other.server_state, 0.0, "server_state")
     assert isinstance(available(), bool) and available() == torch.cuda.is_available()
-    assert vectorized.VectorizedSimulator is VectorizedSimulator
+    assert vectorized.Vectorized is Vectorized
 
 
 def test_bucket_scheduler_runs_lockstep_for_equal_clients(small_config):
@@ -250,7 +264,7 @@ def test_bucket_scheduler_runs_lockstep_for_equal_clients(small_config):
         cfg = make_config(small_config, partition=part)
         vec = build(cfg, "vectorized", bn=True)
         stats = vec.run_round(0)
-        steps[name] = (vec.counters["vmapped_steps"], max(stats.steps.values()), sum(stats.steps.values()))
+        steps[name] = (vec.transport.counters["vmapped_steps"], max(stats.steps.values()), sum(stats.steps.values()))
     calls, longest, _ = steps["equal"]
     assert calls <= longest + 1
     calls, longest, total = steps["unequal"]
@@ -282,11 +296,11 @@ def test_group_that_cannot_be_vmapped_falls_back(small_config):
         strict.run_round(0)
     ref = build(cfg, "reference", True, BranchyFedAvg(), fed)
     vec = build(cfg, "vectorized", True, BranchyFedAvg(), fed)
-    vec.fallback_on_error = True
+    vec.transport.fallback_on_error = True
     with pytest.warns(RuntimeWarning, match="reference path"):
         vec.run_round(0)
     ref.run_round(0)
-    assert vec.counters["fallback_requests"] == 3 and vec.counters["vectorized_requests"] == 0
+    assert vec.transport.counters["fallback_requests"] == 3 and vec.transport.counters["vectorized_requests"] == 0
     for k, v in ref.server_state["model"].items():
         assert torch.equal(v, vec.server_state["model"][k])
 
@@ -306,10 +320,9 @@ def test_client_error_propagates_and_ends_every_client_thread(small_config):
     import threading
 
     cfg = make_config(small_config)
-    vec = build(cfg, "vectorized", bn=True)
     algo = FailingFedAvg()
+    vec = build(cfg, "vectorized", bn=True, algorithm=algo)
     algo.victim = vec.sample_clients(0)[1]
-    vec.algorithm = algo
     before = threading.active_count()
     with pytest.raises(ValueError, match="client failure"):
         vec.run_round(0)

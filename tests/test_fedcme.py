@@ -5,18 +5,27 @@ import copy
 import numpy as np
 import pytest
 import torch
+from helpers import deliver, runtime
 from torch import nn
 
 from fedhet.algorithms import register
-from fedhet.algorithms.base import Message, RoundContext
-from fedhet.algorithms.fedcme import (MID, FedCME, FeatureAlignment, aggregate_features, eval_subset,
-                                      evaluation_vector, make_many_to_one, make_matching)
-from fedhet.algorithms.local import ClientData
-from fedhet.algorithms.objective import Batch, Forward, LossTerm
-from fedhet.engine.reference import RoundStats, SimClient
+from fedhet.algorithms.fedcme import (
+    MID,
+    FeatureAlignment,
+    FedCME,
+    aggregate_features,
+    eval_subset,
+    evaluation_vector,
+    local_features,
+    make_many_to_one,
+    make_matching,
+)
+from fedhet.core.contract import Batch, ClientData, Forward, Message, RoundContext
+from fedhet.engine.loop import RoundStats
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models.base import SplitModel
+from fedhet.training.objective import LossTerm, accumulate_statistics
 
 register(FedCME)
 
@@ -80,14 +89,18 @@ def test_alignment_loss_value_gradient_and_accumulators():
     loss.backward()
     # d/dh_i = mu * 2 (mean_c - zeta_c) / n_c: class 0 -> 0.5*2*[1,0]/2, class 1 -> 0.5*2*[0,1]/1, class 2 -> 0.
     assert torch.allclose(h.grad, T([[0.5, 0.0], [0.5, 0.0], [0.0, 1.0], [0.0, 0.0]]))
-    assert torch.equal(term.sums, T([[4.0, 2.0], [0.0, 1.0], [5.0, 5.0]], dtype=torch.float64))
-    assert torch.equal(term.counts, T([2, 1, 1]))
-    # A second batch keeps accumulating; a class missing from both stays zero with count 0.
+    st = term.statistics(Forward(h, torch.zeros(4, 3)), Batch(torch.zeros(4), y, torch.arange(4)))
+    assert torch.equal(st["sums"], T([[4.0, 2.0], [0.0, 1.0], [5.0, 5.0]], dtype=torch.float64))
+    assert torch.equal(st["counts"], T([2, 1, 1]))
+    # Two batches accumulate (as local training adds statistics up); a class missing from both
+    # stays zero with count 0.
     term4 = FeatureAlignment(0.5, 4, None)
     out = Forward(h.detach(), torch.zeros(4, 4))
     assert float(term4(out, Batch(None, y, None), {})) == 0.0     # nothing defined yet: no loss
-    term4(out, Batch(None, T([3, 3, 3, 3]), None), {})
-    means, counts = term4.local_features()
+    totals = {}
+    for labels in (y, T([3, 3, 3, 3])):
+        accumulate_statistics([term4], out, Batch(None, labels, None), totals)
+    means, counts = local_features(totals)
     assert torch.equal(counts, T([2, 1, 1, 4]))
     assert torch.allclose(means, T([[2.0, 1.0], [0.0, 1.0], [5.0, 5.0], [2.25, 2.0]]))
 
@@ -131,12 +144,12 @@ def make_sim(small_config, tmp_path, epochs=2, **params):
     cfg = copy.deepcopy(small_config)
     cfg["algorithm"] = {"name": "fedcme", "params": params}
     cfg["train"]["local_epochs"] = epochs
-    return Experiment(load_config(raw=cfg), tmp_path / "run").sim
+    return Experiment(load_config(raw=cfg), tmp_path / "run").loop
 
 
 def spy(sim, cid, stats, seen):
     """A SimClient whose train() records the weights and options it starts from."""
-    client = SimClient(sim, cid, 0, stats)
+    client = runtime(sim, cid)
     real = client.train
 
     def train(weights, terms=None, **kw):
@@ -165,7 +178,7 @@ def test_phase_b_starts_from_the_partners_mid_round_part(small_config, tmp_path,
     phase_a = next(gen)
     assert [phase_a[c].scalars["partner"] for c in ctx.clients] == [c1, c0, None]
     assert "features" not in phase_a[c0].arrays    # nothing defined before the first aggregation
-    replies_a = {c: sim.deliver(c, m, 0, stats) for c, m in phase_a.items()}
+    replies_a = {c: deliver(sim, c, m, 0, stats) for c, m in phase_a.items()}
     assert "exchange" not in replies_a[c2].arrays  # nobody takes the unpaired client's part
     mid = {c: sim.client_states[c][MID]["weights"] for c in ctx.clients}
     glob = sim.server_state["model"]
@@ -190,7 +203,7 @@ def test_phase_b_starts_from_the_partners_mid_round_part(small_config, tmp_path,
     assert same(seen[c2][0], mid[c2])              # unpaired: continues with its own model
 
     # Final replies: model, feature means over both phases, evaluation vector on the 20% subset.
-    client = SimClient(sim, c0, 0, stats)
+    client = runtime(sim, c0)
     r = replies_b[c0]
     pos = eval_subset(client.num_samples, 0.2, client.generator("eval_subset"))
     expect = evaluation_vector(client.model, r.arrays["model"], client.data, 10, pos)
@@ -239,16 +252,15 @@ def test_feature_accumulation_is_the_mean_over_all_epochs_batches(small_config, 
             return [*super().local_terms(msg, state, client), rec]
 
     algo = Recording(FedCME.Params(mu=0.1))
-    stats = RoundStats(0, [1])
     zeta = torch.rand(10, 512, generator=torch.Generator().manual_seed(0)) * 0.1
     defined = torch.arange(10) % 2 == 0
     msg = Message("train", {"model": sim.server_state["model"], "features": {"mean": zeta, "defined": defined}},
                   {"partner": None, "share": False})
-    reply_a, state = algo.client_update(msg, None, SimClient(sim, 1, 0, stats))
+    reply_a, state = algo.client_update(msg, None, runtime(sim, 1))
     assert reply_a.kind == "mid" and not reply_a.arrays
     assert reply_a.scalars["loss"] > 0 and len(rec.feats) > 0
     n_a = len(rec.feats)
-    reply, state = algo.client_update(Message("continue"), state, SimClient(sim, 1, 0, stats))
+    reply, state = algo.client_update(Message("continue"), state, runtime(sim, 1))
     assert state is None                            # nothing kept after the round (bn_buffers: average)
     assert len(rec.feats) == 3 * n_a          # floor(3/2) = 1 epoch, then 2 more
     h, y = torch.cat(rec.feats), torch.cat(rec.labels)

@@ -6,9 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.algorithms.base import Message, RoundContext
-from fedhet.algorithms.fedrema import (FedReMa, ccp_continues, dependency_average, mds, probe_feature,
-                                       similarity_matrix, soft_logits)
+from fedhet.algorithms.fedrema import (
+    FedReMa,
+    ccp_continues,
+    dependency_average,
+    mds,
+    probe_feature,
+    similarity_matrix,
+    soft_logits,
+)
+from fedhet.core.contract import Message, RoundContext
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models import build_model
@@ -176,10 +183,10 @@ def test_fedrema_run_records_matching_and_keeps_momentum(small_config):
     assert summary["headline_metric"] == "personal_acc" and "global_acc" not in rows[-1]
     assert all(set(r["fedrema_relevant"]) == {str(c) for c in range(6)} for r in rows if r["fedrema_ccp"]
                or r["round"] == 1)
-    assert rows[-1]["fedrema_G"] and "momentum" in exp.sim.client_states[0]
+    assert rows[-1]["fedrema_G"] and "momentum" in exp.loop.client_states[0]
     # every client's evaluated model = the shared feature extractor + its own classifier
-    s = exp.sim.server_state
-    bodies = [exp.sim.client_model(c) for c in range(6)]
+    s = exp.loop.server_state
+    bodies = [exp.loop.client_model(c) for c in range(6)]
     for name in bodies[0]:
         if name.startswith("body."):
             assert all(torch.equal(b[name], bodies[0][name]) for b in bodies)
@@ -200,7 +207,7 @@ def test_feature_alignment_variants_send_prototypes_and_train_with_them(small_co
     exp = Experiment.create(load_config(raw=small_config))
     exp.run(progress=False)
     rows = read_metrics(exp.run_dir)
-    state = exp.sim.server_state
+    state = exp.loop.server_state
     assert state["prototypes"].shape == (10, 1024) and bool(state["defined"].any())
     assert "up/prototypes" in rows[0]["comm"] and "down/prototypes" in rows[1]["comm"]
     assert "down/prototypes" not in rows[0]["comm"]                 # nothing to align to in round 1
@@ -215,3 +222,58 @@ def test_feature_alignment_variants_send_prototypes_and_train_with_them(small_co
 def test_alternating_without_alignment_is_refused():
     with pytest.raises(ValueError, match="feature_alignment"):
         FedReMa.Params(alternating=True)
+
+
+# --- what survives across rounds and what clients share (mutations a review found untested) ----
+def _fedrema_loop(small_config):
+    from helpers import build_loop, config
+
+    cfg = config(small_config, "fedrema", momentum=0.9)
+    return build_loop(cfg)
+
+
+def test_kept_momentum_is_what_the_next_round_trains_with(small_config):
+    """FedReMa keeps each client's SGD momentum across rounds (spec decision): the buffers stored
+    after one round must be the optimizer state the client's next training starts from."""
+    from helpers import runtime
+
+    loop = _fedrema_loop(small_config)
+    algo = loop.algorithm
+    ctx = loop.round_context(0)
+    cid = ctx.clients[0]
+    msg = algo.train_message({**loop.server_state, "probe_seed": 7}, cid, ctx)
+    momentum = {"body.conv1.0.weight": torch.full_like(loop.server_state["model"]["body.conv1.0.weight"], 0.5)}
+    client = runtime(loop, cid)
+    seen = []
+    real = client.train
+
+    def train(weights, terms=None, **kw):
+        seen.append(kw.get("optimizer_state"))
+        return real(weights, terms, **kw)
+
+    client.train = train
+    _, new_state = algo.client_update(msg, {"momentum": momentum}, client)
+    assert seen and seen[0] is momentum                     # the stored buffers, not fresh state
+    assert set(new_state["momentum"]) >= {"body.conv1.0.weight"}
+    assert not torch.equal(new_state["momentum"]["body.conv1.0.weight"], momentum["body.conv1.0.weight"])
+
+
+def test_every_client_of_a_round_probes_the_same_feature(small_config):
+    """The relevance vectors are only comparable when every client evaluates its head on the same
+    probe h~ (paper Sec. 4.2): one seed per round for all, and equal heads give equal vectors."""
+    from helpers import runtime
+
+    loop = _fedrema_loop(small_config)
+    algo = loop.algorithm
+    ctx = loop.round_context(0)
+    phase = next(algo.round(loop.server_state, ctx))
+    assert len({m.scalars["probe_seed"] for m in phase.values()}) == 1
+    a, b = ctx.clients[:2]
+    msg = phase[a]
+
+    class Result:
+        weights = loop.server_state["model"]
+
+    up_a = algo.uploads(Result(), msg, None, runtime(loop, a))
+    up_b = algo.uploads(Result(), msg, None, runtime(loop, b))
+    assert torch.equal(up_a["relevance"]["soft_logits"], up_b["relevance"]["soft_logits"])

@@ -23,12 +23,18 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -e .[flower])")
 
 from flwr.app import Context, Error, Message, RecordDict  # noqa: E402
-from flwr.common.serde import context_from_proto, context_to_proto, recorddict_from_proto, recorddict_to_proto  # noqa: E402
+from flwr.common.serde import (  # noqa: E402
+    context_from_proto,
+    context_to_proto,
+    recorddict_from_proto,
+    recorddict_to_proto,
+)
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from helpers import deliver  # noqa: E402
 
-from fedhet.engine.reference import RoundStats  # noqa: E402
-from fedhet.errors import FedhetError  # noqa: E402
+from fedhet.core.errors import FedhetError  # noqa: E402
+from fedhet.engine.loop import RoundStats  # noqa: E402
 from fedhet.experiment.config import dump_config, load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
 from fedhet.flower import client_app as client_mod  # noqa: E402
@@ -173,7 +179,7 @@ def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
     ref = reference_run(cfg, tmp_path / "sim")
     flower_run(cfg, tmp_path / "flower")
 
-    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.sim.server_state)
+    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
     sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert len(fl_rows) == len(sim_rows) == cfg.train.rounds
     for s, f in zip(sim_rows, fl_rows):
@@ -194,7 +200,7 @@ def test_fedcme_partner_dropped_continues_without_swap(small_config, tmp_path):
     round averages the two clients that finished (FedCME module docstring)."""
     cfg = tiny(small_config, "fedcme")
     cfg.train.rounds = 1
-    ctx_clients = Experiment(cfg, tmp_path).sim.sample_clients(0)
+    ctx_clients = Experiment(cfg, tmp_path).loop.sample_clients(0)
     victim = ctx_clients[0]
     grid = flower_run(cfg, tmp_path / "run", drop=lambda mtype, pid, rnd: pid == victim and mtype == "train")
     (row,) = read_metrics(tmp_path / "run")
@@ -231,13 +237,13 @@ def test_dropped_client_is_left_out_of_the_average(small_config, tmp_path):
     cfg = tiny(small_config, "fedavg")
     cfg.train.rounds = 1
     exp = Experiment.create(cfg, tmp_path / "sim")
-    victim = exp.sim.sample_clients(0)[1]
+    victim = exp.loop.sample_clients(0)[1]
     # The simulator's own round generator, fed every reply but the victim's.
-    gen = exp.algorithm.round(exp.sim.server_state, exp.sim.round_context(0, True))
+    gen = exp.algorithm.round(exp.loop.server_state, exp.loop.round_context(0, True))
     phase = gen.send(None)
     stats = RoundStats(0, list(phase))
     with pytest.raises(StopIteration) as stop:
-        gen.send({c: exp.sim.deliver(c, m, 0, stats) for c, m in phase.items() if c != victim})
+        gen.send({c: deliver(exp.loop, c, m, 0, stats) for c, m in phase.items() if c != victim})
     expected = stop.value.value
     flower_run(cfg, tmp_path / "run", drop=lambda mtype, pid, rnd: pid == victim)
     assert_same(load_server_state(tmp_path / "run")["server_state"], expected)
@@ -252,7 +258,7 @@ def test_node_hosting_several_clients(small_config, tmp_path):
     cfg = tiny(small_config, "scaffold")
     ref = reference_run(cfg, tmp_path / "sim")
     flower_run(cfg, tmp_path / "run", n=2)
-    assert_same(load_server_state(tmp_path / "run")["server_state"], ref.sim.server_state)
+    assert_same(load_server_state(tmp_path / "run")["server_state"], ref.loop.server_state)
     rows = read_metrics(tmp_path / "run")
     assert max(p["waves"] for r in rows for p in r["flower"]["phases"]) == 2
     assert rows[-1]["client_state_floats"] == read_metrics(tmp_path / "sim")[-1]["client_state_floats"]
@@ -263,7 +269,7 @@ def test_node_with_other_data_is_refused(small_config, tmp_path):
     client is dropped as having no SuperNode, and the others train."""
     cfg = tiny(small_config, "fedavg")
     cfg.train.rounds = 1
-    odd = Experiment(cfg, tmp_path).sim.sample_clients(0)[0]
+    odd = Experiment(cfg, tmp_path).loop.sample_clients(0)[0]
     rc_other = dump_config(cfg.model_copy(update={"seed": cfg.seed + 1}))
 
     class Skewed(InProcGrid):
@@ -295,7 +301,7 @@ def test_codec_roundtrip():
     assert_same(back, state)
     assert len(rd["s.tensors"]) == 4                                 # the aliased tensor travels once
 
-    from fedhet.algorithms.base import Message as FedMessage
+    from fedhet.core.contract import Message as FedMessage
     msg = FedMessage("exchange", {"exchange": {"head.w": torch.randn(2, 2)}, "empty": {}},
                      {"partner": None, "num_samples": 12, "loss": 1.5, "tag": "x", "vec": [1, 2], "big": 2**70})
     out, cid, rnd = codec.decode_message(_roundtrip(codec.encode_message(msg, 5, 9)))

@@ -59,7 +59,7 @@ def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
 
     ref = Experiment.create(cfg, tmp_path / "sim")
     ref.run(progress=False)
-    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.sim.server_state)
+    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
     sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert [r["round"] for r in rows] == [1, 2]
     for s, f in zip(sim_rows, rows):

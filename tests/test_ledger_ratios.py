@@ -26,7 +26,7 @@ def test_bandwidth_and_client_memory_match_table_vi(name, small_config, tmp_path
     exp = Experiment.create(load_config(raw=raw), tmp_path / name)
     exp.run(progress=False)
     row = read_metrics(exp.run_dir)[0]
-    n_params = sum(v.numel() for v in exp.sim.server_state["model"].values())
+    n_params = sum(v.numel() for v in exp.loop.server_state["model"].values())
     per_client = sum(v["floats"] for v in row["comm"].values()) / len(row["clients"])
     assert per_client == BANDWIDTH[name] * 2 * n_params        # down + up
     # parameters only (no BatchNorm buffers in cnn2), so one model of state = n_params floats

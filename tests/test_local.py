@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from fedhet.algorithms.local import ClientData, TrainSettings, epoch_batches, train_local
-from fedhet.algorithms.objective import CrossEntropy
-from fedhet.errors import NumericalError
+from fedhet.core.contract import ClientData, TrainSettings
+from fedhet.core.errors import NumericalError
+from fedhet.core.seeding import torch_generator
 from fedhet.models import build_model
-from fedhet.seeding import torch_generator
+from fedhet.training.local import epoch_batches, train_local
+from fedhet.training.objective import CrossEntropy
 
 
 @pytest.fixture

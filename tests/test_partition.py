@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from fedhet.core.errors import PartitionError
 from fedhet.data.partition import (
     PARTITIONS,
     class_counts,
@@ -14,7 +15,6 @@ from fedhet.data.partition import (
     partition,
     sample_like,
 )
-from fedhet.errors import PartitionError
 
 
 def balanced(num_classes: int, per_class: int, seed: int = 0) -> np.ndarray:

@@ -10,23 +10,24 @@ import torch
 from torch import nn
 
 from fedhet.algorithms import algorithm_class
-from fedhet.algorithms.base import Message, RoundContext
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedbabu import FINETUNED, FedBABU
-from fedhet.algorithms.feddistill import Distillation, FedDistill, aggregate_logits
-from fedhet.algorithms.local import (
-    ClientData,
-    TrainSettings,
-    epoch_batches,
-    forward,
-    train_local,
-)
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+from fedhet.algorithms.feddistill import Distillation, FedDistill, aggregate_logits, local_logits
 from fedhet.algorithms.perfedavg import ADAPTED, PerFedAvg, hessian_vector_product
+from fedhet.core.contract import (
+    Batch,
+    ClientData,
+    Forward,
+    Message,
+    RoundContext,
+    TrainSettings,
+)
+from fedhet.core.seeding import torch_generator
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models.base import SplitModel
-from fedhet.seeding import torch_generator
+from fedhet.training.local import epoch_batches, forward, train_local
+from fedhet.training.objective import CrossEntropy, LossTerm
 
 
 # --- tiny fixtures ------------------------------------------------------------------------
@@ -364,7 +365,8 @@ def test_feddistill_loss_values_hand_computed():
     assert mse(out, batch, {}).item() == pytest.approx(2.0 * 1 / 4)
     none = Distillation(1.0, 2)
     assert none(out, batch, {}).item() == 0.0
-    means, counts = none.local_logits()                                             # accumulation only
+    stats = {f"distill.{k}": v for k, v in none.statistics(out, batch).items()}     # statistics only
+    means, counts = local_logits(stats, 2)
     assert counts.tolist() == [1, 1] and torch.equal(means, z.detach())
 
 
@@ -417,18 +419,18 @@ def test_end_to_end_produces_personal_accuracy(small_config, tmp_path, name, par
     if name == "feddistill":
         assert "global_acc" not in rows[-1] and rows[-1]["feddistill_classes_defined"] > 0
         assert set(comm) == {"down/global_logits", "up/logits"}
-        assert len(exp.sim.client_states) == len({c for r in rows for c in r["clients"]})
+        assert len(exp.loop.client_states) == len({c for r in rows for c in r["clients"]})
     else:
         assert "global_acc" in rows[-1] and rows[-1]["phases"] == 2
-        n = sum(v.numel() for v in exp.sim.server_state["model"].values())
-        shared = n if name == "perfedavg" else n - sum(v.numel() for k, v in exp.sim.server_state["model"].items()
+        n = sum(v.numel() for v in exp.loop.server_state["model"].values())
+        shared = n if name == "perfedavg" else n - sum(v.numel() for k, v in exp.loop.server_state["model"].items()
                                                           if k.startswith("head."))
         assert comm["down/eval_model"]["floats"] == K * shared                          # all clients, every eval
         assert comm["up/model"]["floats"] == 3 * shared
         key = ADAPTED if name == "perfedavg" else FINETUNED
-        assert all(key in s for s in exp.sim.client_states.values()) and len(exp.sim.client_states) == K
+        assert all(key in s for s in exp.loop.client_states.values()) and len(exp.loop.client_states) == K
     if name == "fedbabu":
-        init = exp.sim.init_models["cnn2"]
-        for k, v in exp.sim.server_state["model"].items():
+        init = exp.loop.host.init_models["cnn2"]
+        for k, v in exp.loop.server_state["model"].items():
             if k.startswith("head."):
                 assert torch.equal(v, init[k]), k

@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 
-from fedhet.algorithms.base import Message, RoundContext
 from fedhet.algorithms.fedpac import (
     FedPAC,
     classifier_weights,
@@ -19,11 +18,9 @@ from fedhet.algorithms.fedpac import (
     head_objective,
     simplex_qp,
 )
-from fedhet.algorithms.fedper import FedPer, is_body, is_head, train_head_then_body
+from fedhet.algorithms.fedper import FedPer, train_head_then_body
 from fedhet.algorithms.fedproto import FedProto, nearest_prototype_head
 from fedhet.algorithms.fedrep import FedRep
-from fedhet.algorithms.local import ClientData, TrainSettings, train_local
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward
 from fedhet.algorithms.prototypes import (
     ClassStatistics,
     PrototypeAlignment,
@@ -31,10 +28,21 @@ from fedhet.algorithms.prototypes import (
     class_means,
     class_statistics,
 )
+from fedhet.core.contract import (
+    Batch,
+    ClientData,
+    Forward,
+    Message,
+    RoundContext,
+    TrainSettings,
+)
+from fedhet.core.seeding import torch_generator
+from fedhet.core.split import is_body, is_head
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models.base import SplitModel
-from fedhet.seeding import torch_generator
+from fedhet.training.local import train_local
+from fedhet.training.objective import CrossEntropy
 
 
 # --- tiny fixtures ------------------------------------------------------------------------
@@ -392,7 +400,7 @@ def test_method_learns_end_to_end(small_config, tmp_path, name, params):
     assert [r["round"] for r in rows] == [1, 2, 3]
     assert "global_acc" not in rows[-1] and exp.summary["headline_metric"] == "personal_acc"
     assert rows[-1]["personal_acc"] > max(0.5, rows[0]["personal_acc"])
-    sim = exp.sim
+    sim = exp.loop
     trained = sorted(sim.client_states) if name != "fedpac" else sorted(sim.server_state["heads"])
     a, b = sim.client_model(trained[0]), sim.client_model(trained[1])
     if name == "fedproto":

@@ -6,12 +6,15 @@ import json
 import pytest
 import torch
 
-from fedhet.algorithms import local
-from fedhet.algorithms.local import ClientData, TrainSettings, bf16_native, train_local
-from fedhet.algorithms.objective import CrossEntropy
+from fedhet.core.contract import ClientData, TrainSettings
 from fedhet.data.federated import build_federation
+from fedhet.experiment.build import build_models, resolve_precision
 from fedhet.experiment.config import load_config
-from fedhet.experiment.runner import Experiment, build_models, resolve_precision
+from fedhet.experiment.runner import Experiment
+from fedhet.training import precision as local
+from fedhet.training.local import train_local
+from fedhet.training.objective import CrossEntropy
+from fedhet.training.precision import bf16_native
 
 
 @pytest.fixture

@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from fedhet.cli import main
+from fedhet.core.errors import (
+    CheckpointError,
+    ConfigError,
+    NumericalError,
+    PartitionError,
+)
 from fedhet.data.federated import build_federation
-from fedhet.errors import CheckpointError, ConfigError, NumericalError, PartitionError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 
@@ -30,8 +35,8 @@ def test_same_seed_same_metrics_and_weights(small_config, tmp_path):
     a = run(small_config, tmp_path / "a")
     b = run(small_config, tmp_path / "b")
     assert stable(read_metrics(a.run_dir)) == stable(read_metrics(b.run_dir))
-    for k, v in a.sim.server_state["model"].items():
-        assert torch.equal(v, b.sim.server_state["model"][k])
+    for k, v in a.loop.server_state["model"].items():
+        assert torch.equal(v, b.loop.server_state["model"][k])
     other = dict(small_config, seed=4)
     c = run(other, tmp_path / "c")
     assert stable(read_metrics(c.run_dir)) != stable(read_metrics(a.run_dir))
@@ -55,7 +60,7 @@ def test_fedavg_learns_and_records_everything(small_config, tmp_path):
 
 def test_fedavg_ledger_is_two_models_per_client_per_round(small_config, tmp_path):
     exp = run(small_config, tmp_path / "r")
-    n_params = sum(v.numel() for v in exp.sim.server_state["model"].values())
+    n_params = sum(v.numel() for v in exp.loop.server_state["model"].values())
     for row in read_metrics(exp.run_dir):
         assert row["comm"]["down/model"]["floats"] == 3 * n_params
         assert row["comm"]["up/model"]["floats"] == 3 * n_params
@@ -69,14 +74,14 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     full = run(cfg, tmp_path / "full")
 
     exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "cut")
-    real = exp.sim.run_round
+    real = exp.loop.run_round
 
     def killed_at_round_4(rnd, *args):   # rounds 1-3 recorded, checkpoint after round 2
         if rnd == 3:
             raise KeyboardInterrupt
         return real(rnd, *args)
 
-    monkeypatch.setattr(exp.sim, "run_round", killed_at_round_4)
+    monkeypatch.setattr(exp.loop, "run_round", killed_at_round_4)
     with pytest.raises(KeyboardInterrupt):
         exp.run(progress=False)
     assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3]
@@ -86,8 +91,8 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     assert resumed.start_round == 2
     resumed.run(progress=False)
     assert stable(read_metrics(resumed.run_dir)) == stable(read_metrics(full.run_dir))
-    for k, v in full.sim.server_state["model"].items():
-        assert torch.equal(v, resumed.sim.server_state["model"][k])
+    for k, v in full.loop.server_state["model"].items():
+        assert torch.equal(v, resumed.loop.server_state["model"][k])
     assert resumed.summary["communication"] == full.summary["communication"]
 
 
@@ -116,10 +121,10 @@ def test_local_only_communicates_nothing_and_is_personalized(small_config, tmp_p
     assert all(r["comm"] == {} for r in rows)
     assert "global_acc" not in rows[-1] and "personal_acc" in rows[-1]
     assert exp.summary["headline_metric"] == "personal_acc"
-    trained = sorted(exp.sim.client_states)
+    trained = sorted(exp.loop.client_states)
     assert trained == sorted({c for r in rows for c in r["clients"]})
-    w0 = exp.sim.client_states[trained[0]]["model"]["head.fc2.weight"]
-    w1 = exp.sim.client_states[trained[1]]["model"]["head.fc2.weight"]
+    w0 = exp.loop.client_states[trained[0]]["model"]["head.fc2.weight"]
+    w1 = exp.loop.client_states[trained[1]]["model"]["head.fc2.weight"]
     assert not torch.equal(w0, w1)
 
 
@@ -187,12 +192,13 @@ def test_cli_run_partition_compare(small_config, tmp_path, capsys):
 def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tmp_path):
     """The evaluator batches clients and reuses the global pass; the numbers must equal the
     obvious per-client computation."""
-    from fedhet.metrics.evaluate import evaluate, predict
+    from fedhet.metrics.evaluate import evaluate_loop as evaluate
+    from fedhet.metrics.evaluate import predict
 
     exp = run(small_config, tmp_path / "r")
-    fed, sim = exp.federation, exp.sim
+    fed, sim = exp.federation, exp.loop
     got = evaluate(sim)
-    model = sim.models["cnn2"]
+    model = sim.host.models["cnn2"]
     for cid in range(fed.num_clients):
         x, y = fed.local_test(cid)
         hits, _ = predict(model, sim.client_model(cid), x, y, fed.normalize, batch_size=7)

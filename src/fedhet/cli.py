@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedhet.errors import FedhetError
+from fedhet.core.errors import FedhetError
 
 
 def _cmd_run(args) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from fedhet.algorithms.base import Arrays
+from fedhet.core.contract import Arrays
 
 
 def weighted_average(models: Sequence[Arrays], weights: Sequence[float], keys: Sequence[str] | None = None) -> Arrays:
@@ -36,11 +36,6 @@ def weighted_average(models: Sequence[Arrays], weights: Sequence[float], keys: S
             coef = w.view(-1, *([1] * (stacked.dim() - 1)))
             out[name] = torch.round((stacked.double() * coef).sum(0)).to(stacked.dtype)
     return out
-
-
-def select(weights: Arrays, prefix: str) -> Arrays:
-    """The tensors whose names start with ``prefix`` (e.g. ``"head."``)."""
-    return {k: v for k, v in weights.items() if k.startswith(prefix)}
 
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")

@@ -26,18 +26,18 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import (
-    Algorithm,
+from fedhet.algorithms.base import Algorithm
+from fedhet.core.contract import (
     Arrays,
     ClientRuntime,
+    LocalResult,
     Message,
     Replies,
     RoundContext,
     RoundGenerator,
     State,
 )
-from fedhet.algorithms.local import LocalResult
-from fedhet.algorithms.objective import CrossEntropy, LossTerm
+from fedhet.training.objective import CrossEntropy, LossTerm
 
 
 class FedAvg(Algorithm):

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import zeros_for_trainable
-from fedhet.algorithms.base import Arrays, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import Arrays, Replies, RoundContext, State
 
 
 class FedAvgM(FedAvg):

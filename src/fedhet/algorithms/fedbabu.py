@@ -50,7 +50,8 @@ from typing import Literal
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import server_trainable
-from fedhet.algorithms.base import (
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
     Arrays,
     ClientRuntime,
     Message,
@@ -59,10 +60,9 @@ from fedhet.algorithms.base import (
     RoundGenerator,
     State,
 )
-from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.split import HEAD, is_body, is_head
 
 FINETUNED = "fedbabu_finetuned"      # client-state key of the fine-tuned (personalized) model
-HEAD = "head."
 
 
 def head_parameter_names(weights: Arrays) -> set[str]:
@@ -75,9 +75,6 @@ def shared_part(weights: Arrays) -> Arrays:
     frozen = head_parameter_names(weights)
     return {k: v for k, v in weights.items() if k not in frozen}
 
-
-def is_body(name: str) -> bool:
-    return not name.startswith(HEAD)
 
 
 class FedBABU(FedAvg):
@@ -140,7 +137,7 @@ class FedBABU(FedAvg):
         """``finetune_epochs`` epochs of SGD on ``finetune_part`` from the global model (evaluation only)."""
         weights = self.with_local_buffers(self.complete(msg.arrays["eval_model"], client), state, client)
         part = self.params.finetune_part
-        trainable = {"full": None, "head": lambda n: not is_body(n), "body": is_body}[part]
+        trainable = {"full": None, "head": is_head, "body": is_body}[part]
         # Epochs numbered after the round's E training epochs: a batch order of their own.
         result = client.train(weights, self.data_terms(msg, state, client), epochs=self.params.finetune_epochs,
                               start_epoch=client.settings.epochs, trainable=trainable)

@@ -14,7 +14,7 @@ One round (Algorithm 1 lines 3-8):
    the global model, the global per-class features ``zeta`` (array group ``"features"``) and
    its counterpart's id, and trains ``floor(E/2)`` epochs on
    ``CE + mu * L2Loss`` (Eq. 9-10, :class:`FeatureAlignment`) while accumulating detached
-   per-class feature sums. It replies with the part it will hand over (array group
+   per-class feature sums (the term's statistics, ``LocalResult.statistics``). It replies with the part it will hand over (array group
    ``"exchange"``: the classifier by default).
 3. Phase B (Algorithm 2 lines 4-5 and 22-24, epochs ``floor(E/2) .. E-1``). The server forwards
    to each client its counterpart's mid-round part; the client puts it in place of its own,
@@ -76,8 +76,11 @@ Decisions where the paper is silent or inconsistent (seed-specs decision rows 1-
   exchange's only).
 
 Engine contract notes: the client reads the run's number of local epochs E from
-``client.settings.epochs``. :class:`FeatureAlignment` is a stateful loss term (its accumulators see every batch once, in order), which the sequential
-``train_local`` guarantees.
+``client.settings.epochs``. :class:`FeatureAlignment` is a pure, vmappable loss term: the
+per-class feature sums of Algorithm 2 line 12 are its :meth:`FeatureAlignment.statistics`,
+which local training (and the vectorized engine, per client) adds up batch by batch in step
+order; phase B passes phase A's totals back in (``client.train(..., statistics=...)``), so the
+accumulation runs over all E epochs.
 """
 
 from __future__ import annotations
@@ -87,19 +90,22 @@ from typing import Any, Literal
 import pydantic
 import torch
 
-from fedhet.algorithms.aggregate import select
-from fedhet.algorithms.base import (
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
     Arrays,
+    Batch,
+    ClientData,
     ClientRuntime,
+    Forward,
     Message,
     Replies,
     RoundContext,
     RoundGenerator,
     State,
 )
-from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.local import ClientData, forward
-from fedhet.algorithms.objective import Batch, Forward, LossTerm
+from fedhet.core.split import select
+from fedhet.training.local import forward
+from fedhet.training.objective import LossTerm
 
 Vectors = dict[int, "torch.Tensor | None"]
 
@@ -183,61 +189,67 @@ def matching_pairs(match: dict[int, int | None], clients: list[int]) -> list[lis
 
 # --- feature alignment (client) ----------------------------------------------------------
 class FeatureAlignment(LossTerm):
-    """``mu * L2Loss`` of Eq. 9-10 plus the running per-class feature sums of Algorithm 2.
+    """``mu * L2Loss`` of Eq. 9-10; its statistics are the per-class feature sums of Algorithm 2.
 
     L2Loss = sum over classes c present in the batch whose global feature ``zeta[c]`` is
     defined of ``|| mean_{i in B, y_i = c} h_i - zeta[c] ||_2^2`` (squared L2 summed over
     feature dimensions and classes; ``zeta`` is a constant). FedCME paper (papers/000),
     Algorithm 2 lines 8-13.
 
-    Every call also adds the batch's detached per-class feature sums and counts to
-    ``sums`` (C, d, float64) and ``counts`` (C,) (Algorithm 2 line 12); they start from the
-    values given (phase B continues phase A's accumulation) or zeros on the first batch.
-    With ``zeta is None`` (nothing defined yet) the loss is 0 and only the accumulation runs.
+    The call is pure (no state, no data-dependent Python branching; classes are masked with
+    ``torch.where``), so the vectorized engine runs it under ``vmap``. :meth:`statistics`
+    gives the batch's detached per-class feature sums (``"sums"``, (C, d) float64) and counts
+    (``"counts"``, (C,) int64) (Algorithm 2 line 12); local training accumulates them as
+    ``"l2.sums"`` / ``"l2.counts"`` of ``LocalResult.statistics``, starting from the totals
+    passed in (phase B continues phase A's accumulation). With ``zeta is None`` (nothing
+    defined yet) or ``mu == 0`` the loss is 0 and only the statistics are collected.
     """
 
     name = "l2"
+    vectorizable = True
 
     def __init__(self, mu: float, num_classes: int, zeta: torch.Tensor | None = None,
-                 defined: torch.Tensor | None = None, sums: torch.Tensor | None = None,
-                 counts: torch.Tensor | None = None):
+                 defined: torch.Tensor | None = None):
         self.mu = float(mu)
         self.num_classes = num_classes
         self.zeta = zeta
         self.defined = defined.bool() if defined is not None else None
         if zeta is not None and self.defined is None:
             self.defined = torch.ones(num_classes, dtype=torch.bool)
-        self.sums = sums.clone() if sums is not None else None
-        self.counts = counts.clone() if counts is not None else None
+
+    def _onehot(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        # == F.one_hot(y, C), written as a comparison so it is vmappable
+        return (y.unsqueeze(1) == torch.arange(self.num_classes, device=y.device)).to(dtype)   # (B, C)
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         h = out.features
-        onehot = torch.nn.functional.one_hot(batch.y, self.num_classes).to(h.dtype)   # (B, C)
-        class_sums = onehot.T @ h                                                      # (C, d)
-        class_counts = onehot.sum(0)                                                   # (C,)
-        # Algorithm 2 line 12: accumulate detached sums for zeta_k.
-        if self.sums is None:
-            self.sums = torch.zeros(self.num_classes, h.shape[1], dtype=torch.float64)
-            self.counts = torch.zeros(self.num_classes, dtype=torch.int64)
-        self.sums += class_sums.detach().double()
-        self.counts += class_counts.detach().round().long()
         if self.zeta is None or self.mu == 0.0:
             return h.sum() * 0.0
-        use = (class_counts > 0) & self.defined.to(h.device)
-        if not bool(use.any()):
-            return h.sum() * 0.0
-        means = class_sums[use] / class_counts[use].unsqueeze(1)                      # Algorithm 2 line 13
-        l2 = ((means - self.zeta[use].to(h.dtype)) ** 2).sum()
-        return self.mu * l2
+        onehot = self._onehot(batch.y, h.dtype)
+        class_sums = onehot.T @ h                                                      # (C, d)
+        class_counts = onehot.sum(0)                                                   # (C,)
+        use = ((class_counts > 0) & self.defined.to(h.device)).unsqueeze(1)          # (C, 1)
+        means = class_sums / class_counts.clamp(min=1).unsqueeze(1)                   # Algorithm 2 line 13
+        diff = torch.where(use, means - self.zeta.to(h.device, h.dtype), torch.zeros_like(means))
+        return self.mu * (diff ** 2).sum()
 
-    def local_features(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(zeta_k, counts)``: per-class means (zeros where count is 0) and counts
-        (Algorithm 2 line 18), or None if no batch was seen."""
-        if self.sums is None:
-            return None
-        cnt = self.counts.clamp(min=1).double().unsqueeze(1)
-        means = torch.where(self.counts.unsqueeze(1) > 0, self.sums / cnt, torch.zeros_like(self.sums))
-        return means.float(), self.counts.clone()
+    def statistics(self, out: Forward, batch: Batch) -> dict[str, torch.Tensor]:
+        """Algorithm 2 line 12: the batch's detached per-class feature sums and counts."""
+        h = out.features.detach()
+        onehot = self._onehot(batch.y, h.dtype)
+        return {"sums": (onehot.T @ h).double(), "counts": onehot.sum(0).round().long()}
+
+
+def local_features(statistics: dict[str, torch.Tensor],
+                   name: str = FeatureAlignment.name) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(zeta_k, counts)`` from a result's statistics: per-class means (zeros where the count is
+    0) and counts (Algorithm 2 line 18), or None if no batch was seen."""
+    sums, counts = statistics.get(f"{name}.sums"), statistics.get(f"{name}.counts")
+    if sums is None:
+        return None
+    cnt = counts.clamp(min=1).double().unsqueeze(1)
+    means = torch.where(counts.unsqueeze(1) > 0, sums / cnt, torch.zeros_like(sums))
+    return means.float(), counts.clone()
 
 
 def aggregate_features(prev: torch.Tensor | None, prev_defined: torch.Tensor | None,
@@ -395,10 +407,8 @@ class FedCME(FedAvg):
         terms = super().local_terms(msg, state, client)
         if self.params.mu > 0:
             g = msg.arrays.get("features")
-            acc = ((state or {}).get(MID) or {}).get("acc") or {}
             terms.append(FeatureAlignment(self.params.mu, client.num_classes,
-                                          g["mean"] if g else None, g["defined"] if g else None,
-                                          acc.get("sums"), acc.get("counts")))
+                                          g["mean"] if g else None, g["defined"] if g else None))
         return terms
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
@@ -411,6 +421,7 @@ class FedCME(FedAvg):
             weights = self.with_local_buffers(msg.arrays["model"], base, client)
             epochs, start = (E // 2, 0) if two_phase else (E, 0)
             before = {"steps": 0, "loss": 0.0}
+            acc = None
         elif msg.kind in ("exchange", "continue"):
             mid = (state or {}).get(MID)
             if mid is None:
@@ -425,19 +436,24 @@ class FedCME(FedAvg):
             weights = {**mid["weights"], **part}
             epochs, start = E - E // 2, E // 2
             before = {"steps": mid["steps"], "loss": mid["loss"]}
+            acc = mid.get("acc")                     # phase A's feature totals: phase B continues them
         else:
             raise ValueError(f"fedcme client got an unknown message kind {msg.kind!r}")
 
         terms = [*self.data_terms(train_msg, hook_state, client), *self.local_terms(train_msg, hook_state, client)]
-        result = client.train(weights, terms, epochs=epochs, start_epoch=start,
-                              **self.train_options(train_msg, hook_state, client))
+        options = self.train_options(train_msg, hook_state, client)
+        if acc:
+            options["statistics"] = acc
+        result = client.train(weights, terms, epochs=epochs, start_epoch=start, **options)
         align = next((t for t in terms if isinstance(t, FeatureAlignment)), None)
+        stats = ({k: v for k, v in result.statistics.items() if k.startswith(f"{align.name}.")}
+                 if align is not None else {})
         steps = before["steps"] + result.steps
         loss = (before["loss"] * before["steps"] + result.mean_loss * result.steps) / max(steps, 1)
 
         if msg.kind == "train" and two_phase:
             # End of phase A: keep the mid-round model and the accumulators; hand over our part.
-            acc = {"sums": align.sums, "counts": align.counts} if align is not None and align.sums is not None else None
+            acc = stats or None
             share = msg.scalars.get("share", msg.scalars.get("partner") is not None)
             new_state = {**(base or {}), MID: {"weights": result.weights, "arrays": msg.arrays,
                                                "scalars": dict(msg.scalars), "acc": acc,
@@ -449,8 +465,9 @@ class FedCME(FedAvg):
         # End of local training: zeta_k (Algorithm 2 line 18) and eps_k (lines 19-20).
         new_state = self.after_training(result, train_msg, base, client)
         arrays = {"model": result.weights, **self.uploads(result, train_msg, new_state, client)}
-        if align is not None and align.local_features() is not None:
-            means, counts = align.local_features()
+        features = local_features(stats, align.name) if align is not None else None
+        if features is not None:
+            means, counts = features
             arrays["features"] = {"mean": means, "count": counts}
         positions = eval_subset(client.num_samples, self.params.eval_fraction, client.generator("eval_subset"))
         arrays["evaluation"] = {"accuracy": evaluation_vector(client.model, result.weights, client.data,

@@ -15,7 +15,7 @@ where z are the model's logits for a sample of class y and g[y] is the global av
 vector of class y from the previous aggregation. For a sample whose class has no global logit
 yet, the target is the sample's own detached logits (PFLlib's ``logit_new`` keeps the output
 row), which contributes no gradient; before the first aggregation the term is absent. While
-training, the client accumulates the detached logits of every sample of every batch of every
+training, the client accumulates (the term's statistics) the detached logits of every sample of every batch of every
 epoch (training mode, the evolving model) and uploads their per-class means with the per-class
 counts (PFLlib ``agg_func`` over the round's outputs).
 
@@ -50,24 +50,32 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedhet.algorithms.base import (
-    Algorithm,
+from fedhet.algorithms.base import Algorithm
+from fedhet.core.contract import (
     Arrays,
+    Batch,
     ClientRuntime,
+    Forward,
     Message,
     Replies,
     RoundContext,
     RoundGenerator,
     State,
 )
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
+from fedhet.training.objective import CrossEntropy, LossTerm
 
 
 class Distillation(LossTerm):
-    """``weight * D(z, target)`` with target = g[y] where class y has a global logit, else z detached;
-    also accumulates per-class sums and counts of the detached logits (every call, in order)."""
+    """``weight * D(z, target)`` with target = g[y] where class y has a global logit, else z detached.
+
+    Pure and vmappable (the vectorized engine runs it under ``vmap``): no state, no branching on
+    data (with no class defined at all the value is multiplied by 0). Its :meth:`statistics`
+    are the batch's per-class sums (float64) and counts (int64) of the detached logits, which
+    local training accumulates over every step as ``"distill.sums"`` / ``"distill.counts"``
+    (PFLlib's ``agg_func`` over the round's outputs)."""
 
     name = "distill"
+    vectorizable = True
 
     def __init__(self, weight: float, num_classes: int, global_logits: torch.Tensor | None = None,
                  defined: torch.Tensor | None = None, kind: str = "soft_ce"):
@@ -80,30 +88,35 @@ class Distillation(LossTerm):
             defined = torch.ones(num_classes, dtype=torch.bool)
         self.defined = defined.bool() if defined is not None else None
         self.kind = kind
-        self.sums = torch.zeros(num_classes, num_classes, dtype=torch.float64)
-        self.counts = torch.zeros(num_classes, dtype=torch.int64)
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         z = out.logits
-        onehot = F.one_hot(batch.y, self.num_classes).to(torch.float64)
-        self.sums += onehot.T @ z.detach().double()
-        self.counts += torch.bincount(batch.y, minlength=self.num_classes)
-        if self.global_logits is None or not bool(self.defined.any()):
+        if self.global_logits is None:
             return z.sum() * 0.0
-        have = self.defined.to(z.device)[batch.y].unsqueeze(1)
+        defined = self.defined.to(z.device)
+        have = defined[batch.y].unsqueeze(1)
         target = torch.where(have, self.global_logits.to(z.device, z.dtype)[batch.y], z.detach())
         if self.kind == "soft_ce":
             value = F.cross_entropy(z, target.softmax(dim=1))
         else:
             value = F.mse_loss(z, target)
-        return self.weight * value
+        # x 1.0 (exact) when some class has a global logit, x 0 when none does (the term is absent).
+        return self.weight * value * defined.any().to(value.dtype)
 
-    def local_logits(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(per-class mean logits (C, C), zeros for unseen classes; counts (C,))."""
-        means = torch.where(self.counts.unsqueeze(1) > 0,
-                            self.sums / self.counts.clamp(min=1).double().unsqueeze(1),
-                            torch.zeros_like(self.sums))
-        return means.float(), self.counts.clone()
+    def statistics(self, out: Forward, batch: Batch) -> dict[str, torch.Tensor]:
+        onehot = (batch.y.unsqueeze(1) == torch.arange(self.num_classes, device=batch.y.device)).to(torch.float64)
+        return {"sums": onehot.T @ out.logits.detach().double(), "counts": onehot.sum(0).long()}
+
+
+def local_logits(statistics: dict[str, torch.Tensor], num_classes: int,
+                 name: str = Distillation.name) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-class mean logits (C, C), zeros for unseen classes; counts (C,)) from a result's
+    statistics (zeros and zero counts when no batch was seen)."""
+    sums = statistics.get(f"{name}.sums", torch.zeros(num_classes, num_classes, dtype=torch.float64))
+    counts = statistics.get(f"{name}.counts", torch.zeros(num_classes, dtype=torch.int64))
+    means = torch.where(counts.unsqueeze(1) > 0, sums / counts.clamp(min=1).double().unsqueeze(1),
+                        torch.zeros_like(sums))
+    return means.float(), counts.clone()
 
 
 def aggregate_logits(uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -161,7 +174,7 @@ class FedDistill(Algorithm):
         term = Distillation(self.params.distill_weight, client.num_classes,
                             g["mean"] if g else None, g["defined"] if g else None, self.params.distill_loss)
         result = client.train(weights, [CrossEntropy(), term])
-        means, counts = term.local_logits()
+        means, counts = local_logits(result.statistics, client.num_classes, term.name)
         reply = Message("update", {"logits": {"mean": means, "count": counts}},
                         {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
         return reply, {**(state or {}), "model": result.weights}

@@ -26,19 +26,19 @@ import torch
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import weighted_average, zeros_for_trainable
-from fedhet.algorithms.base import (
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
     Arrays,
     ClientRuntime,
+    LocalResult,
     Message,
     Replies,
     RoundContext,
     State,
 )
-from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedprox import Proximal, parameter_names
-from fedhet.algorithms.local import LocalResult
-from fedhet.algorithms.objective import LossTerm
-from fedhet.algorithms.scaffold import Linear
+from fedhet.core.split import parameter_names
+from fedhet.training.objective import LossTerm
+from fedhet.training.terms import Linear, Proximal
 
 
 class FedDyn(FedAvg):

@@ -22,17 +22,9 @@ from __future__ import annotations
 import torch
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import ClientRuntime, Message, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
-
-
-def normalizing_factor(tau: int, rho: float) -> float:
-    """a_i = ||a||_1 of the local coefficient vector for ``tau`` SGD steps with momentum ``rho``:
-    the displacement of ``tau`` heavy-ball steps under a constant gradient, in units of lr * g
-    (also SCAFFOLD's momentum-aware step count)."""
-    if rho == 0:
-        return float(tau)
-    return (tau - rho * (1.0 - rho ** tau) / (1.0 - rho)) / (1.0 - rho)
+from fedhet.core.contract import ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.training.steps import normalizing_factor
 
 
 class FedNova(FedAvg):

@@ -71,11 +71,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import select, weighted_average
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
-from fedhet.algorithms.fedper import HEAD, FedPer, train_head_then_body
-from fedhet.algorithms.local import LocalResult
-from fedhet.algorithms.objective import LossTerm
+from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.fedper import FedPer, train_head_then_body
 from fedhet.algorithms.prototypes import (
     GROUP,
     ClassStatistics,
@@ -87,6 +84,17 @@ from fedhet.algorithms.prototypes import (
     received_prototypes,
     uploaded_prototypes,
 )
+from fedhet.core.contract import (
+    Arrays,
+    ClientRuntime,
+    LocalResult,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
+from fedhet.core.split import HEAD, select
+from fedhet.training.objective import LossTerm
 
 __all__ = ["FedPAC", "feature_statistics", "head_objective", "simplex_qp", "classifier_weights",
            "combine_heads", "train_head_then_body"]

@@ -28,21 +28,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from fedhet.algorithms.aggregate import select, weighted_average
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.local import LocalResult
-from fedhet.algorithms.objective import LossTerm
-
-BODY, HEAD = "body.", "head."
-
-
-def is_head(name: str) -> bool:
-    return name.startswith(HEAD)
-
-
-def is_body(name: str) -> bool:
-    return name.startswith(BODY)
+from fedhet.core.contract import (
+    Arrays,
+    ClientRuntime,
+    LocalResult,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
+from fedhet.core.split import BODY, HEAD, is_body, is_head, select
+from fedhet.training.objective import LossTerm
 
 
 def _both(a: Callable[[str], bool], b: Callable[[str], bool] | None) -> Callable[[str], bool]:

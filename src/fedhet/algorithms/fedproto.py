@@ -49,10 +49,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import select
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, Replies, RoundContext, State
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.objective import LossTerm
 from fedhet.algorithms.prototypes import (
     GROUP,
     PrototypeAlignment,
@@ -62,8 +59,17 @@ from fedhet.algorithms.prototypes import (
     received_prototypes,
     uploaded_prototypes,
 )
+from fedhet.core.contract import (
+    Arrays,
+    ClientRuntime,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
+from fedhet.core.split import HEAD, select
+from fedhet.training.objective import LossTerm
 
-HEAD = "head."
 UNDEFINED_LOGIT = -1e30
 
 

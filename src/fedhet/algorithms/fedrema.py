@@ -67,20 +67,9 @@ import pydantic
 import torch
 from torch.func import functional_call
 
-from fedhet.algorithms.aggregate import select, weighted_average
-from fedhet.algorithms.base import (
-    Arrays,
-    ClientRuntime,
-    Message,
-    Replies,
-    RoundContext,
-    RoundGenerator,
-    State,
-)
+from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedper import BODY, HEAD, train_head_then_body
-from fedhet.algorithms.local import LocalResult
-from fedhet.algorithms.objective import LossTerm
+from fedhet.algorithms.fedper import train_head_then_body
 from fedhet.algorithms.prototypes import (
     GROUP,
     PrototypeAlignment,
@@ -90,7 +79,18 @@ from fedhet.algorithms.prototypes import (
     received_prototypes,
     uploaded_prototypes,
 )
-
+from fedhet.core.contract import (
+    Arrays,
+    ClientRuntime,
+    LocalResult,
+    Message,
+    Replies,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
+from fedhet.core.split import BODY, HEAD, select
+from fedhet.training.objective import LossTerm
 
 
 # --- relevance (server) --------------------------------------------------------------------

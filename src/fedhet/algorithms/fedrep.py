@@ -23,9 +23,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, State
 from fedhet.algorithms.fedper import FedPer, train_head_then_body
-from fedhet.algorithms.local import LocalResult
+from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State
 
 
 class FedRep(FedPer):

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, State
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.objective import Batch, Forward, LossTerm
+from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, Message, State
+from fedhet.training.objective import LossTerm
 
 
 def restricted_distribution(counts: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -54,6 +54,7 @@ class RestrictedCrossEntropy(LossTerm):
     """CE of ``cdist * (h @ W^T)``: the restricted softmax, with no bias (as in the reference)."""
 
     name = "restricted_ce"
+    vectorizable = True
 
     def __init__(self, cdist: torch.Tensor, weight_name: str):
         self.cdist = cdist

@@ -7,8 +7,8 @@ client state.
 
 from __future__ import annotations
 
-from fedhet.algorithms.base import (
-    Algorithm,
+from fedhet.algorithms.base import Algorithm
+from fedhet.core.contract import (
     Arrays,
     ClientRuntime,
     Message,

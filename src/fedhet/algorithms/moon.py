@@ -26,10 +26,18 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedhet.algorithms.base import Arrays, ClientRuntime, Message, State
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.local import LocalResult, forward
-from fedhet.algorithms.objective import Batch, Forward, LossTerm
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientRuntime,
+    Forward,
+    LocalResult,
+    Message,
+    State,
+)
+from fedhet.training.local import forward
+from fedhet.training.objective import LossTerm
 
 
 def contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
@@ -44,6 +52,7 @@ class ModelContrastive(LossTerm):
     """mu * l_con, with z_glob and z_prev computed by ``model`` under frozen weight dicts."""
 
     name = "moon"
+    vectorizable = True
 
     def __init__(self, model: torch.nn.Module, global_weights: Arrays, prev_weights: Arrays, mu: float, tau: float):
         self.model = model

@@ -68,18 +68,20 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.base import (
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
     Arrays,
+    Batch,
     ClientRuntime,
+    LocalResult,
     Message,
     RoundContext,
     RoundGenerator,
     State,
 )
-from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.local import LocalResult, epoch_batches, forward
-from fedhet.algorithms.objective import Batch, LossTerm, total_loss
-from fedhet.errors import NumericalError
+from fedhet.core.errors import NumericalError
+from fedhet.training.local import epoch_batches, forward
+from fedhet.training.objective import LossTerm, total_loss
 
 ADAPTED = "perfedavg_adapted"    # client-state key of the adapted (personalized) model
 

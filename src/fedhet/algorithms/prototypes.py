@@ -30,9 +30,9 @@ from typing import Literal
 
 import torch
 
-from fedhet.algorithms.base import Arrays, Message
-from fedhet.algorithms.local import ClientData, forward
-from fedhet.algorithms.objective import Batch, Forward, LossTerm
+from fedhet.core.contract import Arrays, Batch, ClientData, Forward, Message
+from fedhet.training.local import forward
+from fedhet.training.objective import LossTerm
 
 # The array group that carries prototypes, both ways: down {"mean", "defined"}, up {"mean", "count"}.
 GROUP = "prototypes"

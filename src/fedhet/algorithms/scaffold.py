@@ -44,38 +44,21 @@ import torch
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import zeros_for_trainable
-from fedhet.algorithms.base import (
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
     Arrays,
     ClientRuntime,
+    LocalResult,
     Message,
     Replies,
     RoundContext,
     State,
 )
-from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fednova import normalizing_factor
-from fedhet.algorithms.fedprox import parameter_names
-from fedhet.algorithms.local import LocalResult, forward
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
-
-
-class Linear(LossTerm):
-    """``sum_p <v_p, w_p>``: a term whose gradient with respect to ``w_p`` is exactly ``v_p``.
-
-    SCAFFOLD's drift correction (``v = c - c_i``) and FedDyn's linear penalty (``v = -grad_i``).
-    """
-
-    name = "linear"
-
-    def __init__(self, coefficients: Arrays, name: str | None = None):
-        self.coefficients = {k: v.detach() for k, v in coefficients.items()}
-        if name is not None:
-            self.name = name
-
-    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        if not self.coefficients:
-            return out.logits.new_zeros(())
-        return torch.stack([(weights[k] * v).sum() for k, v in self.coefficients.items()]).sum()
+from fedhet.core.split import parameter_names
+from fedhet.training.local import forward
+from fedhet.training.objective import CrossEntropy, LossTerm
+from fedhet.training.steps import normalizing_factor
+from fedhet.training.terms import Linear
 
 
 def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batch_size: int) -> Arrays:

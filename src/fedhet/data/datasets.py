@@ -55,7 +55,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 import torch
 
-from fedhet.errors import DataError
+from fedhet.core.errors import DataError
 
 __all__ = ["DATASET_NAMES", "ImageData", "data_search_dirs", "dataset_info", "load_dataset"]
 

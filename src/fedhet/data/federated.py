@@ -12,16 +12,41 @@ global test set with the client's training label proportions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from fedhet.algorithms.local import ClientData
+from fedhet.core.contract import ClientData, normalize_uint8
+from fedhet.core.errors import PartitionError
+from fedhet.core.seeding import numpy_rng
 from fedhet.data import partition as partitioners
 from fedhet.data.datasets import ImageData, load_dataset
-from fedhet.errors import PartitionError
-from fedhet.experiment.config import DataConfig
-from fedhet.seeding import numpy_rng
+
+
+class PartitionSpec(Protocol):
+    kind: str
+
+    def options(self) -> dict[str, Any]: ...
+
+
+class LocalTestSpec(Protocol):
+    source: str
+    fraction: float
+
+
+class DataSpec(Protocol):
+    """What :func:`build_federation` reads (``experiment.config.DataConfig`` has these fields; the
+    data layer does not import the config layer above it)."""
+
+    dataset: str
+    root: str | None
+    download: bool
+    verify: bool
+    pool: str
+    num_clients: int
+    partition: PartitionSpec
+    local_test: LocalTestSpec
 
 
 @dataclass
@@ -66,14 +91,14 @@ class Federation:
         return np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes) for i in self.test_idx])
 
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
-        return (x_uint8.float().div_(255.0) - self.mean) / self.std
+        return normalize_uint8(x_uint8, self.mean, self.std)
 
 
 def _concat(a: ImageData, b: ImageData) -> ImageData:
     return ImageData(torch.cat([a.x, b.x]), torch.cat([a.y, b.y]), a.num_classes, a.mean, a.std, name=a.name)
 
 
-def build_federation(cfg: DataConfig, seed: int) -> Federation:
+def build_federation(cfg: DataSpec, seed: int) -> Federation:
     train = load_dataset(cfg.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
     test = load_dataset(cfg.dataset, cfg.root, train=False, download=cfg.download, verify=cfg.verify)
     pool, global_test = (train, test) if cfg.pool == "train" else (_concat(train, test), None)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from fedhet.errors import PartitionError
+from fedhet.core.errors import PartitionError
 
 __all__ = [
     "PARTITIONS",

@@ -1,12 +1,13 @@
-"""Engines: who carries a round's messages and trains the clients. All share the Simulator's
-interface (``run_round``, ``server_state``, ``client_states``, ``snapshot``/``restore``, ...).
+"""Engines: one round loop (:class:`fedhet.engine.loop.RoundLoop`: server state, client states,
+ledger, random streams) and transports that only deliver a phase's jobs:
 
-* ``reference`` (:mod:`fedhet.engine.reference`): one process, clients one after another; the
-  ground truth.
-* ``parallel`` (:mod:`fedhet.engine.parallel`): each phase's clients in N forked CPU worker
-  processes with one intra-op thread each; bit-identical to ``reference`` at one thread.
-* ``vectorized`` (:mod:`fedhet.engine.vectorized`): the clients of a phase trained together
-  with ``torch.func.vmap``; for accelerators.
+* ``reference`` (:class:`fedhet.engine.loop.InProcess`): one process, clients one after another;
+  the ground truth.
+* ``parallel`` (:class:`fedhet.engine.parallel.Forked`): each phase's clients in N forked CPU
+  worker processes with one intra-op thread each; bit-identical to ``reference`` at one thread.
+* ``vectorized`` (:class:`fedhet.engine.vectorized.Vectorized`): the clients of a phase trained
+  together with ``torch.func.vmap``; for accelerators.
+* Flower's Grid (:mod:`fedhet.flower.engine`), on top.
 
 :func:`choose_engine` holds the ``auto`` rule (``run.engine``, ``run.workers``); the
 measurements behind it are in docs/performance.md.
@@ -16,9 +17,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from fedhet.engine.parallel import ParallelSimulator, fork_available, usable_cpus
-from fedhet.engine.reference import Simulator
-from fedhet.errors import ConfigError
+from fedhet.core.errors import ConfigError
+from fedhet.engine.host import ClientHost
+from fedhet.engine.loop import InProcess, RoundLoop, Transport
+from fedhet.engine.parallel import Forked, fork_available, usable_cpus
 
 ENGINES = ("auto", "reference", "parallel", "vectorized")
 
@@ -113,39 +115,28 @@ def round_sample_estimate(federation, settings, clients_per_round: int) -> float
     return sum(sizes) / max(len(sizes), 1) * settings.epochs * clients_per_round
 
 
-def make_engine(algorithm, federation, models, client_arch, settings, clients_per_round: int, seed: int, *,
-                engine: str = "auto", workers: int | str = "auto", device: str | None = "cpu",
-                threads: int | None = None) -> Simulator:
-    """The engine for these inputs (``Simulator``'s constructor arguments), chosen by
-    :func:`choose_engine`; the choice is kept as ``engine.engine_choice``."""
-    choice = choose_engine(engine, workers, device, clients_per_round=clients_per_round,
-                           round_samples=round_sample_estimate(federation, settings, clients_per_round),
-                           threads=threads)
-    args = (algorithm, federation, models, client_arch, settings, clients_per_round, seed)
+def make_transport(choice: EngineChoice, device: str | None = "cpu") -> Transport:
+    """The transport an :class:`EngineChoice` names."""
     if choice.engine == "reference":
-        sim = Simulator(*args)
-    elif choice.engine == "parallel":
-        sim = ParallelSimulator(*args, workers=choice.workers)
-    else:
-        try:
-            from fedhet.engine.vectorized import VectorizedSimulator
-        except ImportError as e:
-            raise ConfigError(f"run.engine: vectorized is not available ({e})") from None
-        sim = VectorizedSimulator(*args, device=None if device in (None, "auto") else device)
-    sim.engine_choice = choice
-    return sim
+        return InProcess()
+    if choice.engine == "parallel":
+        return Forked(workers=choice.workers)
+    try:
+        from fedhet.engine.vectorized import Vectorized
+    except ImportError as e:
+        raise ConfigError(f"run.engine: vectorized is not available ({e})") from None
+    return Vectorized(device=None if device in (None, "auto") else device)
 
 
-def engine_info(sim) -> dict:
-    """``{"engine", "workers", "reason"}`` of an engine instance, for summaries and benchmarks."""
-    choice = getattr(sim, "engine_choice", None)
-    names = {"Simulator": "reference", "ParallelSimulator": "parallel", "VectorizedSimulator": "vectorized"}
-    name = names.get(type(sim).__name__, type(sim).__name__)
-    info = {"engine": name, "workers": getattr(sim, "workers", 1)}
-    if choice is not None and choice.engine == name:
-        info["reason"] = choice.reason
-    return info
+def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto", workers: int | str = "auto",
+              device: str | None = "cpu", threads: int | None = None) -> tuple[RoundLoop, EngineChoice]:
+    """The round loop for ``host`` with the transport :func:`choose_engine` picks, and that choice."""
+    choice = choose_engine(engine, workers, device, clients_per_round=clients_per_round,
+                           round_samples=round_sample_estimate(host.federation, host.settings, clients_per_round),
+                           threads=threads)
+    return RoundLoop(host, clients_per_round, make_transport(choice, device)), choice
 
 
-__all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "EngineChoice", "ParallelSimulator", "Simulator",
-           "choose_engine", "engine_info", "make_engine", "round_sample_estimate", "vectorized_available"]
+__all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "ClientHost", "EngineChoice", "Forked", "InProcess",
+           "RoundLoop", "Transport", "choose_engine", "make_loop", "make_transport", "round_sample_estimate",
+           "vectorized_available"]

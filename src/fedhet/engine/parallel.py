@@ -1,17 +1,16 @@
 """The client-parallel engine: each phase's clients train in N worker processes.
 
 On a CPU, intra-op parallelism at the batch sizes of FL clients (10-64) leaves cores idle, so
-:class:`ParallelSimulator` runs whole clients side by side instead: N forked worker processes
+:class:`Forked` runs whole clients side by side instead: N forked worker processes
 with one intra-op thread each (docs/performance.md has the measurements).
 
-What stays in the parent, exactly as in :class:`fedhet.engine.reference.Simulator`: the server
-generator, aggregation, evaluation, the communication ledger, and every client's persistent
-state. A worker is stateless between calls: it receives ``(message, client state)``, runs
-``algorithm.client_update`` with the same :class:`SimClient` runtime the reference gives a
-client, and returns ``(reply, new client state, round statistics)``. So a worker holds nothing
-that a checkpoint could miss (``snapshot()``/``restore()`` are the reference's), and a
-multi-phase round (FedCME) carries its mid-round client state through the parent like any
-other state.
+It is a transport of the one round loop (:mod:`fedhet.engine.loop`): the server generator,
+aggregation, evaluation, the communication ledger and every client's persistent state stay in
+the parent. A worker is stateless between calls: it receives a :class:`fedhet.engine.host.Job`,
+runs it through the same :class:`fedhet.engine.host.ClientHost` the reference uses, and returns
+the :class:`fedhet.engine.host.JobResult`. So a worker holds nothing that a checkpoint could
+miss, and a multi-phase round (FedCME) carries its mid-round client state through the parent
+like any other state.
 
 Results are bit-identical to the reference engine run with one intra-op thread: a client's
 computation is a pure function of its inputs and its random streams (keyed by seed, round and
@@ -44,8 +43,8 @@ from multiprocessing.connection import wait
 
 import torch
 
-from fedhet.algorithms.base import Message, Phase, Replies
-from fedhet.engine.reference import RoundStats, SimClient, Simulator
+from fedhet.core.contract import Message
+from fedhet.engine.host import ClientHost, Job, JobResult
 
 # --- exact, fast tensor transport -------------------------------------------------------
 # Python's default tensor pickling goes through torch.save (about 10x slower for a 2 MB model);
@@ -153,7 +152,7 @@ class RemoteTraceback(Exception):
 _STOP = b"stop"
 
 
-def _worker_main(sim: "ParallelSimulator", conn, inherited) -> None:
+def _worker_main(host: ClientHost, conn, inherited) -> None:
     for c in inherited:          # other workers' pipe ends: closing them lets EOF mean "parent gone"
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
@@ -172,18 +171,9 @@ def _worker_main(sim: "ParallelSimulator", conn, inherited) -> None:
             table = loads(body)
             table_ids = {id(t): i for i, t in enumerate(table)}
             continue
-        rnd, cid, msg, state, loss_sum, steps = body
+        rnd, job = body
         try:
-            # The round statistics start from the parent's values for this client, so the
-            # float sums accumulate in the same order as in the reference engine.
-            stats = RoundStats(rnd, [])
-            if loss_sum is not None:
-                stats.loss_sums[cid] = loss_sum
-                stats.steps[cid] = steps
-            client = SimClient(sim, cid, rnd, stats)
-            reply, new_state = sim.algorithm.client_update(msg, state, client)
-            out = dumps(("ok", (reply, new_state, stats.samples, stats.loss_sums.get(cid), stats.steps.get(cid))),
-                        table_ids)
+            out = dumps(("ok", host.run(rnd, job)), table_ids)
         except Exception as e:
             tb = traceback.format_exc()
             try:
@@ -192,7 +182,7 @@ def _worker_main(sim: "ParallelSimulator", conn, inherited) -> None:
             except Exception:
                 exc = None
             out = dumps(("error", (exc, f"{type(e).__name__}: {e}", tb)))
-        del msg, state
+        del job
         conn.send_bytes(out)
 
 
@@ -202,24 +192,29 @@ class _Worker:
         self.conn = conn
 
 
-class ParallelSimulator(Simulator):
-    """:class:`Simulator` whose phases run their clients in ``workers`` forked processes.
+class Forked:
+    """A transport whose phases run their clients in ``workers`` forked processes.
 
-    Same constructor plus ``workers`` (processes, one intra-op thread each). The processes start
-    with the first round and live until :meth:`close` (or the end of the program); an error in a
-    client's code (a :class:`fedhet.errors.NumericalError`, a bug) is re-raised in the parent
-    with its type and message, the worker's traceback as its cause, and the pool shut down (the
-    next round starts a fresh one).
+    The processes start with the first phase and live until :meth:`close` (or the end of the
+    program); an error in a client's code (a :class:`fedhet.core.errors.NumericalError`, a bug) is
+    re-raised in the parent with its type and message, the worker's traceback as its cause, and
+    the pool shut down (the next phase starts a fresh one).
     """
 
-    def __init__(self, algorithm, federation, models, client_arch, settings, clients_per_round, seed,
-                 workers: int = 2):
-        super().__init__(algorithm, federation, models, client_arch, settings, clients_per_round, seed)
+    name = "parallel"
+    keeps_client_state = False
+
+    def __init__(self, workers: int = 2):
         if int(workers) < 1:
             raise ValueError(f"run.workers must be at least 1, got {workers}")
         self.workers = int(workers)
         self._pool: list[_Worker] | None = None
-        self._phase_seq = 0
+
+    def attach(self, host: ClientHost) -> None:
+        self.host = host
+
+    def info(self) -> dict:
+        return {"engine": self.name, "workers": self.workers}
 
     # --- pool -----------------------------------------------------------------------------
     def _start(self) -> list[_Worker]:
@@ -233,7 +228,7 @@ class ParallelSimulator(Simulator):
             for i in range(self.workers):
                 parent_end, child_end = ctx.Pipe(duplex=True)
                 inherited = [w.conn for w in pool] + [parent_end]
-                p = ctx.Process(target=_worker_main, args=(self, child_end, inherited), daemon=True,
+                p = ctx.Process(target=_worker_main, args=(self.host, child_end, inherited), daemon=True,
                                 name=f"fedhet-worker-{i}")
                 with warnings.catch_warnings():
                     # Python >= 3.12 warns about forking a multi-threaded process: torch's OpenMP
@@ -280,22 +275,19 @@ class ParallelSimulator(Simulator):
     def __exit__(self, *exc):
         self.close(wait=exc[0] is None)
 
-    # --- rounds -----------------------------------------------------------------------------
-    def deliver_phase(self, phase: Phase, rnd: int, stats: RoundStats) -> Replies:
-        """Every client of ``phase`` in the workers; replies and states applied in phase order."""
-        if not phase:
+    # --- phases -----------------------------------------------------------------------------
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
+        """Every job in the workers; results returned by client id (the loop applies them in order)."""
+        if not jobs:
             return {}
-        jobs = list(phase.items())
-        states = [self.client_states.get(cid) for cid, _ in jobs]
-        for cid, msg in jobs:
-            self.ledger.record(rnd, "down", msg)
-        table = shared_tensors([(msg, state) for (_, msg), state in zip(jobs, states)])
+        table = shared_tensors([(job.message, job.state) for job in jobs])
         table_ids = {id(t): i for i, t in enumerate(table)}
         table_msg = dumps(("shared", dumps(table)))
         # Largest clients first, each to the next free worker: the phase ends with the last
         # client, so long jobs must not start last.
-        pending = deque(sorted(range(len(jobs)), key=lambda i: -len(self.federation.train_idx[jobs[i][0]])))
-        results: list = [None] * len(jobs)
+        sizes = self.host.federation.train_idx
+        pending = deque(sorted(range(len(jobs)), key=lambda i: -len(sizes[jobs[i].cid])))
+        results: dict[int, JobResult] = {}
         pool = self._start()
         idle = list(pool)
         busy: dict[object, tuple[_Worker, int]] = {}
@@ -305,18 +297,17 @@ class ParallelSimulator(Simulator):
                 while pending and idle:
                     w = idle.pop()
                     i = pending.popleft()
-                    cid, msg = jobs[i]
+                    job = jobs[i]
                     if id(w) not in has_table:
                         w.conn.send_bytes(table_msg)
                         has_table.add(id(w))
                     try:
-                        job = dumps(("job", (rnd, cid, msg, states[i], stats.loss_sums.get(cid),
-                                             stats.steps.get(cid))), table_ids)
+                        data = dumps(("job", (rnd, job)), table_ids)
                     except Exception as e:
-                        raise WorkerError(f"the message or state of client {cid} cannot be sent to a worker process "
-                                          f"({type(e).__name__}: {e}); messages and client states must hold "
-                                          f"tensors and plain Python values") from e
-                    w.conn.send_bytes(job)
+                        raise WorkerError(f"the message or state of client {job.cid} cannot be sent to a worker "
+                                          f"process ({type(e).__name__}: {e}); messages and client states must "
+                                          f"hold tensors and plain Python values") from e
+                    w.conn.send_bytes(data)
                     busy[w.conn] = (w, i)
                     busy[w.process.sentinel] = (w, i)
                 for ready in wait(list(busy)):
@@ -329,31 +320,18 @@ class ParallelSimulator(Simulator):
                         data = None
                     if data is None:
                         raise WorkerError(f"worker process {w.process.pid} died (exit code {w.process.exitcode}) "
-                                          f"while client {jobs[i][0]} trained in round {rnd}; if the machine ran "
+                                          f"while client {jobs[i].cid} trained in round {rnd}; if the machine ran "
                                           f"out of memory, use fewer run.workers")
                     del busy[w.conn], busy[w.process.sentinel]
                     idle.append(w)
                     status, body = loads(data, table)
                     if status == "error":
                         raise self._remote_error(*body)
-                    results[i] = body
+                    results[jobs[i].cid] = body
         except BaseException:
             self.close(wait=False)
             raise
-        replies = {}
-        for i, (cid, _) in enumerate(jobs):
-            reply, new_state, samples, loss_sum, steps = results[i]
-            if new_state is None:
-                self.client_states.pop(cid, None)
-            else:
-                self.client_states[cid] = new_state
-            stats.samples += samples
-            if loss_sum is not None:
-                stats.loss_sums[cid] = loss_sum
-                stats.steps[cid] = steps
-            self.ledger.record(rnd, "up", reply)
-            replies[cid] = reply
-        return replies
+        return results
 
     @staticmethod
     def _remote_error(exc_bytes, text: str, tb: str) -> BaseException:

@@ -13,9 +13,13 @@ loop:
   per-client term objects are rebuilt inside the vmapped function from their stacked tensor
   constants), then ordinary autograd on the *sum* of the per-client losses, which gives every
   client exactly the gradient of its own loss (the clients share no tensor);
-* the optimizer is ``torch.optim.SGD`` written over the stacked tensors: weight decay, momentum
-  (dampening 0, no Nesterov; a client's first step starts its buffer from the gradient, like
-  torch) and per-client ``clip_grad_norm``;
+* the optimizer is local training's SGD kernel (:mod:`fedhet.training.optim`, the rule of
+  ``torch.optim.SGD``) applied to the stacked tensors: weight decay, momentum with dampening /
+  Nesterov (a client's first step starts its buffer from the gradient, like torch) and
+  per-client ``clip_grad_norm``;
+* the terms' statistics (``LossTerm.statistics``, FedCME's per-class feature sums) are computed
+  under the same ``vmap`` and added up per client in its step order, starting from the request's
+  ``statistics``, like ``train_local``;
 * unequal local step counts and batch sizes use buckets, not padding: each client walks its own
   batch sequence (the exact batches the reference draws), and at every iteration the clients are
   bucketed by the size of their next batch; each bucket is one vmapped step over the stacked
@@ -37,16 +41,15 @@ any two float-different runs drift apart, this engine and the reference included
 cuDNN's default TF32 convolutions widen the differences further.
 
 What falls back to the reference path (``train_local`` on the CPU model, exact): requests with a
-loss term not known to be pure (a term is vectorizable when its class is in ``PURE_TERMS`` or
-sets ``vectorizable = True``; FedCME's :class:`FeatureAlignment` accumulates per-class sums in
-Python-side state across batches and branches on data, so it is not), requests with
+loss term that does not declare itself pure (``LossTerm.vectorizable``), requests for an
+optimizer other than SGD (Adam), requests with
 ``augment`` (an opaque per-client callable), requests with zero steps, and - when
 ``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not
 to be vmappable). Counts are kept in ``VectorizedSimulator.counters``.
 
 On CUDA the training loop runs on the device (the data pool is copied there once); messages,
 client state and all algorithm code stay on the CPU, as in the reference, and so do fallback
-requests (FedCME with feature alignment trains at CPU speed on a GPU machine).
+requests.
 """
 
 from __future__ import annotations
@@ -57,40 +60,29 @@ import queue
 import threading
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
 
-from fedhet.algorithms.base import Arrays, Message, State
-from fedhet.algorithms.fedprox import Proximal
-from fedhet.algorithms.fedrs import RestrictedCrossEntropy
-from fedhet.algorithms.local import (
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    Forward,
     LocalResult,
     TrainSettings,
-    epoch_batches,
-    forward,
-    train_local,
+    normalize_uint8,
 )
-from fedhet.algorithms.moon import ModelContrastive
-from fedhet.algorithms.objective import Batch, CrossEntropy, Forward, LossTerm
-from fedhet.algorithms.scaffold import Linear
-from fedhet.engine.reference import RoundStats, SimClient, Simulator
-from fedhet.errors import NumericalError
-
-# Loss terms whose call is a pure function of (forward, batch, weights) and their tensor
-# constants: no Python-side state, no data-dependent branching.
-PURE_TERMS: tuple[type, ...] = (CrossEntropy, Proximal, Linear, ModelContrastive, RestrictedCrossEntropy)
+from fedhet.core.errors import NumericalError
+from fedhet.engine.host import ClientHost, Job, JobResult, SimClient, Tally
+from fedhet.training.local import epoch_batches, forward, train_local
+from fedhet.training.objective import CrossEntropy, LossTerm
+from fedhet.training.optim import SGD, clip_coefficient, make_optimizer
 
 
 def available() -> bool:
     """True where the vectorized engine is the better choice: a CUDA device is present."""
     return torch.cuda.is_available()
-
-
-def _term_vectorizable(term: LossTerm) -> bool:
-    explicit = getattr(type(term), "vectorizable", None)
-    return bool(explicit) if explicit is not None else type(term) in PURE_TERMS
 
 
 def _term_layout(term: LossTerm):
@@ -100,7 +92,7 @@ def _term_layout(term: LossTerm):
     values of dict-of-tensor attributes; everything else must be a plain value or a module and
     becomes part of the signature, so grouped clients' terms differ only in tensor values.
     """
-    if not _term_vectorizable(term):
+    if not term.vectorizable:
         return None
     static, leaves = [], []
     for attr, value in sorted(vars(term).items()):
@@ -129,6 +121,7 @@ class _Request:
     trainable: Callable[[str], bool] | None
     optimizer_state: Arrays | None
     augment: Callable | None
+    statistics: dict[str, torch.Tensor] | None = None
     result: LocalResult | None = None
     error: BaseException | None = None
 
@@ -144,7 +137,7 @@ class _Task:
     ``request`` is set) or finishes (``done``).
     """
 
-    def __init__(self, fn: Callable[[_Task], tuple[Message, State | None]]):
+    def __init__(self, fn: Callable[[_Task], JobResult]):
         self._fn = fn
         self._go: queue.SimpleQueue = queue.SimpleQueue()
         self._back: queue.SimpleQueue = queue.SimpleQueue()
@@ -193,24 +186,22 @@ class _Task:
 class VecClient(SimClient):
     """A :class:`SimClient` whose ``train`` is served by the engine, possibly vectorized."""
 
-    def __init__(self, sim: VectorizedSimulator, cid: int, rnd: int, stats: RoundStats, task: _Task):
-        super().__init__(sim, cid, rnd, stats)
+    def __init__(self, host: ClientHost, cid: int, rnd: int, tally: Tally, task: _Task):
+        super().__init__(host, cid, rnd, tally)
         self._task = task
 
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable=None, optimizer_state: Arrays | None = None,
-              augment=None, settings: TrainSettings | None = None) -> LocalResult:
+              augment=None, statistics: dict[str, torch.Tensor] | None = None,
+              settings: TrainSettings | None = None) -> LocalResult:
         s = settings or self.settings
         if epochs is not None:
-            s = TrainSettings(**{**s.__dict__, "epochs": epochs})
+            s = replace(s, epochs=epochs)
         req = _Request(self, weights, terms if terms is not None else [CrossEntropy()], s, start_epoch,
-                       trainable, optimizer_state, augment)
+                       trainable, optimizer_state, augment, statistics)
         result = self._task.wait(req)
         self.account(result)
         return result
-
-    def where(self) -> str:
-        return f"in round {self.round}, client {self.cid}, algorithm {self.sim.algorithm.name}"
 
 
 @dataclass
@@ -229,40 +220,50 @@ class _Group:
     batched_consts: list[torch.Tensor] = field(default_factory=list)      # (C, ...) each
     shared_consts: dict[tuple[int, tuple], torch.Tensor] = field(default_factory=dict)
     records: list = field(default_factory=list)     # (members, batch size, losses, parts) per step
+    optimizer: SGD | None = None                    # the update kernel (fedhet.training.optim)
+    # Per client running totals of the terms' statistics ("<term>.<key>" -> (C, ...)), added in
+    # each client's step order like train_local, and which clients have a value for each key.
+    stat_totals: dict[str, torch.Tensor] = field(default_factory=dict)
+    stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class VectorizedSimulator(Simulator):
-    """:class:`Simulator` with the clients of a phase trained together by ``vmap``.
+class Vectorized:
+    """A transport that trains the clients of a phase together with ``vmap``.
 
-    Same constructor (plus ``device``: default CUDA when available, else CPU) and the same
-    public interface. ``fallback_on_error=False`` makes a failing vmapped group raise instead of
-    retrying on the reference path (the tests use it, so a vectorization bug cannot hide).
+    ``device``: default CUDA when available, else CPU. ``fallback_on_error=False`` makes a failing
+    vmapped group raise instead of retrying on the reference path (the tests use it, so a
+    vectorization bug cannot hide).
     """
 
-    def __init__(self, algorithm, federation, models, client_arch, settings, clients_per_round, seed,
-                 device: str | torch.device | None = None, fallback_on_error: bool = True):
-        super().__init__(algorithm, federation, models, client_arch, settings, clients_per_round, seed)
+    name = "vectorized"
+    keeps_client_state = False
+
+    def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
         self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0}
         self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
 
+    def attach(self, host: ClientHost) -> None:
+        self.host = host
+
+    def info(self) -> dict:
+        return {"engine": self.name, "workers": 1, "device": str(self.device), **self.counters}
+
     def close(self) -> None:
         """Free the device copy of the data pool (the runner calls this at the end of a run)."""
         self._pool_cache.clear()
 
-    # --- rounds -------------------------------------------------------------------------
-    def deliver_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
+    # --- phases -------------------------------------------------------------------------
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
+        host = self.host
         tasks: dict[int, _Task] = {}
-        for cid, msg in phase.items():
-            self.ledger.record(rnd, "down", msg)
+        for job in jobs:
+            def fn(task, job=job):
+                return host.run(rnd, job, VecClient(host, job.cid, rnd, replace(job.tally), task))
 
-            def fn(task, cid=cid, msg=msg):
-                client = VecClient(self, cid, rnd, stats, task)
-                return self.algorithm.client_update(msg, self.client_states.get(cid), client)
-
-            tasks[cid] = _Task(fn)
+            tasks[job.cid] = _Task(fn)
         order = list(tasks.values())
         try:
             for task in order:
@@ -281,16 +282,7 @@ class VectorizedSimulator(Simulator):
         finally:
             for task in order:   # on failure, end the clients still blocked in train()
                 task.abandon()
-        replies = {}
-        for cid, task in tasks.items():
-            reply, new_state = task.output
-            if new_state is None:
-                self.client_states.pop(cid, None)
-            else:
-                self.client_states[cid] = new_state
-            self.ledger.record(rnd, "up", reply)
-            replies[cid] = reply
-        return replies
+        return {cid: task.output for cid, task in tasks.items()}
 
     # --- serving train requests ---------------------------------------------------------
     def _serve(self, requests: list[_Request]) -> None:
@@ -323,7 +315,7 @@ class VectorizedSimulator(Simulator):
             req.result = train_local(
                 c.model, req.weights, c.data, req.terms, req.settings, lambda e: c.generator("batches", e),
                 start_epoch=req.start_epoch, trainable=req.trainable, optimizer_state=req.optimizer_state,
-                augment=req.augment, where=c.where())
+                augment=req.augment, statistics=req.statistics, where=c.where())
         except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
             req.error = e
         self.counters["fallback_requests"] += 1
@@ -335,7 +327,7 @@ class VectorizedSimulator(Simulator):
         return req.settings.epochs * per_epoch
 
     def _group_key(self, req: _Request) -> tuple | None:
-        if req.augment is not None or self._num_steps(req) == 0:
+        if req.augment is not None or self._num_steps(req) == 0 or req.settings.optimizer != "sgd":
             return None
         layouts = [_term_layout(t) for t in req.terms]
         if any(lay is None for lay in layouts):
@@ -374,6 +366,14 @@ class VectorizedSimulator(Simulator):
         g = _Group(reqs, model, names, leaves,
                    {n: self._stack([r.weights[n] for r in reqs]) for n in names})
         s = first.settings
+        g.optimizer = make_optimizer(s)
+        # Statistics totals start from each request's own (phase B continues phase A's).
+        keys = list(dict.fromkeys(k for r in reqs for k in (r.statistics or {})))
+        for key in keys:
+            proto = next(r.statistics[key] for r in reqs if r.statistics and key in r.statistics)
+            g.stat_totals[key] = self._stack([(r.statistics or {}).get(key, torch.zeros_like(proto)) for r in reqs])
+            g.stat_seen[key] = torch.tensor([bool(r.statistics) and key in r.statistics for r in reqs],
+                                            device=self.device)
         if s.momentum > 0:
             for n in leaves:
                 carried = first.optimizer_state is not None and n in first.optimizer_state
@@ -441,7 +441,7 @@ class VectorizedSimulator(Simulator):
         x_pool, y_pool, mean, std = self._pool(g.requests[0].client.data)
         pos = torch.stack(positions)
         pool_idx = torch.stack([g.requests[i].client.data.train_idx[p] for i, p in zip(members, positions)]).to(dev)
-        x = (x_pool[pool_idx].float().div_(255.0) - mean) / std      # ClientData.inputs, per client
+        x = normalize_uint8(x_pool[pool_idx], mean, std)      # ClientData.inputs, per client
         y = y_pool[pool_idx]
         pos = pos.to(dev)
 
@@ -460,7 +460,8 @@ class VectorizedSimulator(Simulator):
                     values[j][attr] = value
                 else:
                     values[j].setdefault(attr, {})[key] = value
-            loss, parts = None, []
+            loss, parts, stats = None, [], {}
+            seen = Forward(out.features.detach(), out.logits.detach())
             for j, template in enumerate(templates):
                 term = copy.copy(template)
                 for attr, value in values.get(j, {}).items():
@@ -470,9 +471,12 @@ class VectorizedSimulator(Simulator):
                 v = term(out, batch, w)
                 parts.append(v.detach().float())
                 loss = v if loss is None else loss + v
-            return loss, torch.stack(parts)
+                for key, value in term.statistics(seen, batch).items():   # as accumulate_statistics
+                    full_key = f"{term.name}.{key}"
+                    stats[full_key] = value if full_key not in stats else stats[full_key] + value
+            return loss, torch.stack(parts), stats
 
-        losses, parts = torch.func.vmap(client_loss)(w, x, y, pos, consts)
+        losses, parts, stats = torch.func.vmap(client_loss)(w, x, y, pos, consts)
         leaves = [w[n] for n in g.leaves]
         grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True) if leaves else []
         with torch.no_grad():
@@ -480,38 +484,56 @@ class VectorizedSimulator(Simulator):
             if not full:   # the bucket worked on copies: write back weights and BatchNorm statistics
                 for n in g.names:
                     g.weights[n].index_copy_(0, idx, w[n].detach())
+            self._accumulate(g, stats, idx)
         g.records.append((members, len(positions[0]), losses.detach(), parts))
         self.counters["vmapped_steps"] += 1
 
+    def _accumulate(self, g: _Group, stats: dict[str, torch.Tensor], idx) -> None:
+        """Add one step's statistics (rows: the step's members) to the group's per-client totals."""
+        C = len(g.requests)
+        for key, value in stats.items():
+            value = value.detach()
+            if key not in g.stat_totals:
+                g.stat_totals[key] = value.new_zeros((C, *value.shape[1:]))
+                g.stat_seen[key] = torch.zeros(C, dtype=torch.bool, device=value.device)
+            if idx is None:
+                g.stat_totals[key] += value
+                g.stat_seen[key].fill_(True)
+            else:
+                g.stat_totals[key].index_add_(0, idx, value)
+                g.stat_seen[key].index_fill_(0, idx, True)
+
     def _sgd(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
-        """``torch.optim.SGD`` (dampening 0, no Nesterov) + ``clip_grad_norm_``, per client."""
+        """The SGD kernel of local training (:class:`fedhet.training.optim.SGD`: weight decay,
+        momentum with dampening / Nesterov) + its ``clip_grad_norm``, per client, on stacked tensors.
+
+        Only the first-step rule is per client: a client without a buffer yet starts it from
+        its gradient (``had`` mask), as ``torch.optim.SGD`` does."""
         pairs = [(n, gr) for n, gr in zip(g.leaves, grads) if gr is not None]   # torch skips grad=None
         if not pairs:
             return
         m = pairs[0][1].shape[0]
         if s.clip_grad_norm is not None:
             norms = torch.stack([torch.linalg.vector_norm(gr.reshape(m, -1), dim=1) for _, gr in pairs])
-            total = torch.linalg.vector_norm(norms, dim=0)
-            coef = torch.clamp(s.clip_grad_norm / (total + 1e-6), max=1.0)
+            coef = clip_coefficient(norms, s.clip_grad_norm)
             pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
+        opt = g.optimizer
         for n, gr in pairs:
             p = w[n]
-            if s.weight_decay != 0:
-                gr = gr.add(p, alpha=s.weight_decay)
             if s.momentum > 0:
                 full = idx is None
                 buf = g.momentum[n] if full else g.momentum[n].index_select(0, idx)
                 had = g.has_momentum[n] if full else g.has_momentum[n].index_select(0, idx)
-                had = had.view(m, *[1] * (gr.dim() - 1))
-                buf = torch.where(had, buf.mul(s.momentum).add_(gr), gr)
+                d, buf = opt.direction(p, gr, buf, had.view(m, *[1] * (gr.dim() - 1)))
                 if full:
                     g.momentum[n].copy_(buf)
                     g.has_momentum[n].fill_(True)
                 else:
                     g.momentum[n].index_copy_(0, idx, buf)
                     g.has_momentum[n].index_fill_(0, idx, True)
-                gr = buf
-            p.add_(gr, alpha=-s.lr)
+            else:
+                d, _ = opt.direction(p, gr, None)
+            p.add_(d, alpha=-opt.lr)
 
     def _finish(self, g: _Group, C: int) -> None:
         """Unstack the group into one LocalResult per client (accounting like ``train_local``)."""
@@ -527,6 +549,7 @@ class VectorizedSimulator(Simulator):
         names = [t.name for t in g.templates]
         cpu = {n: t.detach().cpu() for n, t in g.weights.items()}
         moms = {n: (t.detach().cpu(), g.has_momentum[n].cpu()) for n, t in g.momentum.items()}
+        stats = {k: (t.detach().cpu(), g.stat_seen[k].cpu()) for k, t in g.stat_totals.items()}
         for i, req in enumerate(g.requests):
             where = req.client.where()
             s = req.settings
@@ -554,5 +577,6 @@ class VectorizedSimulator(Simulator):
                 req.error = NumericalError(f"parameter {bad!r} became non-finite {where}; lower the learning rate.")
                 continue
             opt_state = {name: buf[i].clone() for name, (buf, has) in moms.items() if bool(has[i])}
+            statistics = {k: t[i].clone() for k, (t, seen) in stats.items() if bool(seen[i])}
             req.result = LocalResult(weights, opt_state, steps, samples, loss_sum / max(steps, 1),
-                                     {k: v / max(steps, 1) for k, v in part_sums.items()})
+                                     {k: v / max(steps, 1) for k, v in part_sums.items()}, statistics)

@@ -13,7 +13,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from fedhet.errors import ConfigError
+from fedhet.core.errors import ConfigError
 
 
 class Strict(BaseModel):
@@ -107,7 +107,7 @@ class ExperimentConfig(Strict):
     run: RunConfig = Field(default_factory=RunConfig)
 
     @pydantic.model_validator(mode="after")
-    def _check(self) -> "ExperimentConfig":
+    def _check(self) -> ExperimentConfig:
         if self.train.clients_per_round > self.data.num_clients:
             raise ValueError(f"train.clients_per_round ({self.train.clients_per_round}) exceeds "
                              f"data.num_clients ({self.data.num_clients})")

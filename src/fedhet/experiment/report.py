@@ -7,9 +7,9 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from fedhet.errors import CheckpointError
+from fedhet.core.errors import CheckpointError
 from fedhet.experiment.plots import plot_compare
-from fedhet.experiment.runner import read_metrics
+from fedhet.experiment.rundir import read_metrics
 
 
 def load_summary(run_dir: Path) -> dict:

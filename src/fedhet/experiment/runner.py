@@ -1,239 +1,190 @@
-"""Running an experiment: config -> federation -> models -> algorithm -> rounds -> run directory.
+"""The run loop: config -> built objects -> rounds -> run directory, with callbacks.
 
-A run directory holds everything a reader needs and survives a crash:
-
-  config.yaml      the resolved config (every default filled in)
-  metrics.jsonl    one line per evaluated round, appended and flushed as it happens
-  checkpoint.pt    server + client state every ``run.checkpoint_every`` rounds (atomic replace)
-  summary.json     best/final values with the rule that chose them, speed, memory, communication
-  accuracy.png     the accuracy curves
-  partition.json   per-client train/test label counts
+:class:`Experiment` owns one :class:`fedhet.engine.loop.RoundLoop` and one
+:class:`fedhet.experiment.rundir.RunDir`. Each round it runs the loop, evaluates when due, and
+builds one metrics row; :class:`Callback` objects see the row before it is written (to add to
+it), after it is written (progress, logs), at checkpoints and at the end (to add to the
+summary). The Flower runner (:mod:`fedhet.flower.engine`) is this loop with another transport,
+another evaluator and its own callbacks.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import platform
-import resource
-import statistics
-import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import pydantic
 import torch
 
-from fedhet import __version__
-from fedhet.algorithms import algorithm_class
-from fedhet.algorithms.base import Algorithm
-from fedhet.algorithms.local import TrainSettings, auto_precision, bf16_native
-from fedhet.data.federated import Federation, build_federation
-from fedhet.engine import engine_info, make_engine
-from fedhet.errors import CheckpointError, ConfigError, FedhetError
+from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
+from fedhet.engine import EngineChoice, RoundLoop, make_loop
+from fedhet.engine.ledger import tensor_floats
+from fedhet.experiment.build import Built, build
 from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
-from fedhet.metrics.evaluate import evaluate
-from fedhet.metrics.ledger import tensor_floats
-from fedhet.models import build_model
-from fedhet.seeding import derive_seed
+from fedhet.experiment.rundir import (
+    CHECKPOINT,
+    CONFIG,
+    METRICS,
+    PARTITION,
+    SUMMARY,
+    RunDir,
+    read_metrics,
+)
+from fedhet.experiment.summary import (
+    SUMMARIZED_METRICS,
+    machine_info,
+    peak_memory_mb,
+    speed,
+    summarize_metrics,
+)
+from fedhet.metrics.evaluate import evaluate_loop
+from fedhet.training.precision import bf16_native
 
-CHECKPOINT = "checkpoint.pt"
-METRICS = "metrics.jsonl"
-
-
-def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
-    try:
-        cls = algorithm_class(cfg.algorithm.name)
-    except KeyError as e:
-        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
-    try:
-        params = cls.Params.model_validate(cfg.algorithm.params)
-    except pydantic.ValidationError as e:
-        bad = "; ".join(f"algorithm.params.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise ConfigError(f"{bad} (accepted parameters of {cls.name}: {', '.join(cls.Params.model_fields) or 'none'})") from None
-    return cls(params)
-
-
-def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torch.nn.Module], list[str]]:
-    """One model instance per architecture, initialised from the run seed; client i gets archs[i % n]."""
-    archs = cfg.model.archs()
-    models = {}
-    for arch in dict.fromkeys(archs):
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seed(cfg.seed, "init", arch))
-            try:
-                models[arch] = build_model(arch, in_channels=fed.in_channels, num_classes=fed.num_classes,
-                                           image_size=fed.image_size, split=cfg.model.split, norm=cfg.model.norm,
-                                           **cfg.model.options)
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"model: {e}") from None
-    return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
+__all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "read_metrics"]
 
 
-def resolve_precision(requested: str, device: str = "cpu") -> str:
-    # 'auto' means bf16 only where the hardware runs it natively AND local.AUTO_BF16 is on (it is,
-    # since the bf16 accuracy check passed; docs/performance.md).
-    return auto_precision(device) if requested == "auto" else requested
+class Callback:
+    """Hooks of the run loop; override what you need (all default to doing nothing)."""
+
+    def on_row(self, exp: Experiment, row: dict) -> None:
+        """A round's row is complete and not yet written: add keys to it."""
+
+    def on_row_written(self, exp: Experiment, row: dict) -> None:
+        """The row is in metrics.jsonl (progress bars, logs)."""
+
+    def on_summary(self, exp: Experiment, summary: dict) -> None:
+        """The summary is built and not yet written: add keys to it."""
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+class ProgressBar(Callback):
+    def __init__(self, exp: Experiment, show: bool):
+        from tqdm import tqdm
 
+        cfg = exp.cfg
+        self.bar = tqdm(total=cfg.train.rounds, initial=exp.start_round, disable=not show, desc=cfg.name,
+                        unit="round", dynamic_ncols=True)
 
-def machine_info() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "fedhet": __version__, "commit": git_commit()}
+    def on_row_written(self, exp: Experiment, row: dict) -> None:
+        self.bar.update(1)
+        if exp.metric in row:
+            self.bar.set_postfix({exp.metric: f"{row[exp.metric]:.4f}"})
 
-
-def peak_memory_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def headline_metric(algorithm: Algorithm, federation: Federation) -> str:
-    """personal_acc for personalized methods and wherever there is no global test set (train+test
-    pooled, FedReMa's protocol, where FedAvg's global model is tested on the local splits); else global_acc."""
-    if algorithm.personalized or not algorithm.has_global_model or federation.test is None:
-        return "personal_acc"
-    return "global_acc"
-
-
-def summarize_metrics(rows: list[dict], metric: str, window: int) -> dict:
-    """Best (max over evaluated rounds) and final (mean of the last ``window`` evaluations) of ``metric``."""
-    values = [(r["round"], r[metric]) for r in rows if r.get(metric) is not None]
-    if not values:
-        return {}
-    best_round, best = max(values, key=lambda rv: (rv[1], -rv[0]))
-    tail = [v for _, v in values[-window:]]
-    return {"best": best, "best_round": best_round, "best_rule": f"max of {metric} over evaluated rounds",
-            "final": sum(tail) / len(tail), "final_rule": f"mean of {metric} over the last {len(tail)} evaluations",
-            "last": values[-1][1]}
+    def close(self) -> None:
+        self.bar.close()
 
 
 class Experiment:
     """One run of one config, in one run directory."""
 
-    def __init__(self, cfg: ExperimentConfig, run_dir: Path):
+    def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, *, built: Built | None = None,
+                 loop: RoundLoop | None = None, callbacks: list[Callback] | None = None):
         self.cfg = cfg
-        self.run_dir = Path(run_dir)
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
-        self.algorithm = make_algorithm(cfg)
-        self.federation = build_federation(cfg.data, cfg.seed)
-        models, client_arch = build_models(cfg, self.federation)
-        t = cfg.train
-        self.precision = resolve_precision(cfg.run.precision, cfg.run.device)
-        settings = TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
-                                 weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm,
-                                 precision=self.precision)
-        try:
-            self.sim = make_engine(self.algorithm, self.federation, models, client_arch, settings,
-                                   t.clients_per_round, cfg.seed, engine=cfg.run.engine, workers=cfg.run.workers,
-                                   device=cfg.run.device, threads=cfg.run.threads)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        self.metric = headline_metric(self.algorithm, self.federation)
+        self.built = built or build(cfg)
+        self.algorithm = self.built.algorithm
+        self.federation = self.built.federation
+        self.precision = self.built.precision
+        self.metric = self.built.metric
+        self.engine_choice: EngineChoice | None = None
+        if loop is None:
+            try:
+                loop, self.engine_choice = make_loop(self.built.host, cfg.train.clients_per_round,
+                                                     engine=cfg.run.engine, workers=cfg.run.workers,
+                                                     device=cfg.run.device, threads=cfg.run.threads)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+        self.loop = loop
+        self.rundir = RunDir(run_dir)
+        self.callbacks: list[Callback] = list(callbacks or [])
+        # How a round is evaluated and checkpointed; the Flower runner replaces both.
+        self.evaluator: Callable[[int], dict] = self.evaluate_round
+        self.checkpointer: Callable[[int], None] = self.checkpoint
         self.start_round = 0                        # rounds already done (set by resume)
+        self.summary: dict = {}
 
-    # --- run directory ----------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path:
+        return self.rundir.path
+
+    # --- run directory ------------------------------------------------------------------
     @classmethod
-    def create(cls, cfg: ExperimentConfig, run_dir: str | Path | None = None) -> "Experiment":
+    def create(cls, cfg: ExperimentConfig, run_dir: str | Path | None = None, **kwargs: Any) -> Experiment:
         if run_dir is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             run_dir = Path(cfg.run.out_dir) / f"{cfg.name}-s{cfg.seed}-{stamp}"
-        run_dir = Path(run_dir)
-        if (run_dir / METRICS).exists():
+        rundir = RunDir(run_dir)
+        if rundir.holds_run():
             raise ConfigError(f"{run_dir} already holds a run; use `fedhet run --resume {run_dir}` or another --out")
-        exp = cls(cfg, run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(dump_config(cfg))
-        (run_dir / METRICS).touch()
+        exp = cls(cfg, run_dir, **kwargs)
+        rundir.create()
+        rundir.write_text(CONFIG, dump_config(cfg))
+        (rundir.path / METRICS).touch()
         fed = exp.federation
-        (run_dir / "partition.json").write_text(json.dumps({
+        rundir.write_text(PARTITION, json.dumps({
             "train_counts": fed.train_counts().tolist(), "test_counts": fed.test_counts().tolist(),
             "local_test_source": fed.local_test_source}))
         return exp
 
     @classmethod
-    def resume(cls, run_dir: str | Path) -> "Experiment":
-        run_dir = Path(run_dir)
-        if not (run_dir / "config.yaml").is_file():
+    def resume(cls, run_dir: str | Path) -> Experiment:
+        rundir = RunDir(run_dir)
+        if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
-        exp = cls(load_config(run_dir / "config.yaml"), run_dir)
-        ckpt = run_dir / CHECKPOINT
-        if ckpt.exists():
+        exp = cls(load_config(rundir.path / CONFIG), run_dir)
+        snap = rundir.load_checkpoint()
+        if snap is not None:
             try:
-                snap = torch.load(ckpt, weights_only=False)
-                exp.sim.restore(snap["sim"])
+                exp.loop.restore(snap["sim"])
                 exp.start_round = int(snap["round"])
-            except Exception as e:  # a truncated or foreign file: say so, keep the metrics
-                raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}. The recorded metrics in {run_dir / METRICS} "
-                                      f"are intact; delete the checkpoint to restart the run from round 1.") from None
-        exp._truncate_metrics(exp.start_round)
+            except (KeyError, TypeError, ValueError) as e:
+                raise CheckpointError(f"checkpoint {rundir.path / CHECKPOINT} does not hold a fedhet run's state "
+                                      f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
+        rundir.truncate_metrics(exp.start_round)
         return exp
 
-    def _truncate_metrics(self, done_rounds: int) -> None:
-        """Drop metric lines of rounds after the checkpoint: they will be recomputed identically."""
-        path = self.run_dir / METRICS
-        rows = self.read_metrics()
-        with open(path, "w") as f:
-            for row in rows:
-                if row["round"] <= done_rounds:
-                    f.write(json.dumps(row) + "\n")
-
     def read_metrics(self) -> list[dict]:
-        return read_metrics(self.run_dir)
+        return self.rundir.read_metrics()
 
-    def _append_metrics(self, row: dict) -> None:
-        with open(self.run_dir / METRICS, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    def checkpoint(self, done_rounds: int) -> None:
+        self.rundir.save(CHECKPOINT, {"round": done_rounds, "sim": self.loop.snapshot()})
 
-    def _checkpoint(self, done_rounds: int) -> None:
-        tmp = self.run_dir / (CHECKPOINT + ".tmp")
-        torch.save({"round": done_rounds, "sim": self.sim.snapshot()}, tmp)
-        os.replace(tmp, self.run_dir / CHECKPOINT)
-
-    # --- the loop -------------------------------------------------------------------
+    # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:
-        from tqdm import tqdm
-
         cfg = self.cfg
-        start = self.start_round
         show = cfg.run.progress if progress is None else progress
-        bar = tqdm(range(start, cfg.train.rounds), initial=start, total=cfg.train.rounds, disable=not show,
-                   desc=cfg.name, unit="round", dynamic_ncols=True)
+        bar = ProgressBar(self, show)
+        callbacks = [*self.callbacks, bar]
         t_run = time.perf_counter()
         status, error = "completed", None
         try:
-            for rnd in bar:
+            for rnd in range(self.start_round, cfg.train.rounds):
                 t0 = time.perf_counter()
                 done = rnd + 1
                 evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
-                stats = self.sim.run_round(rnd, evaluating)
+                stats = self.loop.run_round(rnd, evaluating)
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                        "train_loss": stats.mean_train_loss(),
-                       "samples": stats.samples, "comm": self.sim.ledger.take_round(rnd),
+                       "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),
                        # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
-                       "client_state_floats": tensor_floats(self.sim.client_states)}
+                       "client_state_floats": tensor_floats(self.loop.client_states)}
                 t_eval = 0.0
                 if evaluating:
                     t1 = time.perf_counter()
-                    row.update(self.evaluate_round())
+                    row.update(self.evaluator(rnd))
                     t_eval = time.perf_counter() - t1
-                row.update(self.algorithm.round_metrics(self.sim.server_state))
+                row.update(self.algorithm.round_metrics(self.loop.server_state))
                 row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
                                   "evaluate": t_eval, "total": time.perf_counter() - t0}
-                self._append_metrics(row)
+                for cb in callbacks:
+                    cb.on_row(self, row)
+                self.rundir.append_metrics(row)
+                for cb in callbacks:
+                    cb.on_row_written(self, row)
                 if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
-                    self._checkpoint(done)
-                if self.metric in row:
-                    bar.set_postfix({self.metric: f"{row[self.metric]:.4f}"})
+                    self.checkpointer(done)
         except FedhetError as e:
             status, error = "failed", str(e)
             raise
@@ -245,56 +196,45 @@ class Experiment:
             raise
         finally:
             bar.close()
-            if hasattr(self.sim, "close"):      # worker processes of the parallel engine
-                self.sim.close()
-            self.write_summary(status, error, time.perf_counter() - t_run)
+            self.loop.close()               # worker processes, device copies
+            self.write_summary(status, error, time.perf_counter() - t_run, callbacks)
         return self.summary
 
-    def evaluate_round(self) -> dict:
-        """This round's metrics (metrics/evaluate.py); the Flower engine overrides it to have the
-        clients test their own models (fedhet/flower/engine.py)."""
-        return evaluate(self.sim, self.cfg.eval.batch_size, self.cfg.eval.personalized)
+    def evaluate_round(self, rnd: int) -> dict:
+        """This round's metrics (metrics/evaluate.py)."""
+        return evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized)
 
-    def write_summary(self, status: str, error: str | None, wall: float) -> None:
+    def engine_info(self) -> dict:
+        info = self.loop.transport.info()
+        if self.engine_choice is not None and self.engine_choice.engine == info.get("engine"):
+            info["reason"] = self.engine_choice.reason
+        return info
+
+    def write_summary(self, status: str, error: str | None, wall: float,
+                      callbacks: list[Callback] | None = None) -> None:
         rows = self.read_metrics()
-        secs = [r["seconds"]["total"] for r in rows]
-        train_secs = [r["seconds"]["train"] for r in rows]
-        samples = sum(r["samples"] for r in rows)
+        window = self.cfg.eval.final_window
         summary = {
             "name": self.cfg.name, "algorithm": self.algorithm.name, "seed": self.cfg.seed, "status": status,
-            "error": error, "rounds_completed": rows[-1]["round"] if rows else 0, "rounds_planned": self.cfg.train.rounds,
+            "error": error, "rounds_completed": rows[-1]["round"] if rows else 0,
+            "rounds_planned": self.cfg.train.rounds,
             "headline_metric": self.metric,
-            "headline": summarize_metrics(rows, self.metric, self.cfg.eval.final_window),
-            "metrics": {m: summarize_metrics(rows, m, self.cfg.eval.final_window)
-                        for m in ("global_acc", "global_labeldist_acc", "personal_acc", "personal_acc_pooled")
+            "headline": summarize_metrics(rows, self.metric, window),
+            "metrics": {m: summarize_metrics(rows, m, window) for m in SUMMARIZED_METRICS
                         if any(m in r for r in rows)},
-            "seconds_per_round_median": statistics.median(secs) if secs else None,
-            "train_seconds_per_round_median": statistics.median(train_secs) if train_secs else None,
-            "client_samples_per_second": samples / sum(train_secs) if train_secs and sum(train_secs) > 0 else None,
+            **speed(rows),
             "wall_seconds_this_session": wall,
             "peak_memory_mb": peak_memory_mb(),
-            "communication": self.sim.ledger.totals(),
+            "communication": self.loop.ledger.totals(),
             "precision": self.precision,
             "bf16_native": bf16_native(self.cfg.run.device),
-            "engine": engine_info(self.sim),
+            "engine": self.engine_info(),
             "machine": machine_info(),
         }
+        for cb in callbacks if callbacks is not None else self.callbacks:
+            cb.on_summary(self, summary)
         self.summary = summary
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self.rundir.write_json(SUMMARY, summary)
         if rows:
             from fedhet.experiment.plots import plot_run
             plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    path = Path(run_dir) / METRICS
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut off by a kill: everything before it is intact
-    return rows

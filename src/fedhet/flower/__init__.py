@@ -9,12 +9,12 @@
   ``fedhet flower run`` and the app directory ``flwr run`` needs.
 
 Flower is an optional dependency (``pip install -e .[flower]``); importing the apps without
-it raises a :class:`fedhet.errors.FedhetError` that says so.
+it raises a :class:`fedhet.core.errors.FedhetError` that says so.
 """
 
 from __future__ import annotations
 
-from fedhet.errors import FedhetError
+from fedhet.core.errors import FedhetError
 
 INSTALL_HINT = "pip install -e .[flower]   (or: pip install 'flwr==1.41.0')"
 

@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import hashlib
 import time
-from pathlib import Path
 
 import torch
 import yaml
 
-from fedhet.algorithms.base import ClientRuntime
-from fedhet.engine.reference import RoundStats, SimClient, Simulator
-from fedhet.errors import ConfigError
+from fedhet.core.errors import ConfigError
+from fedhet.engine.host import ClientHost, Job, SimClient, Tally
+from fedhet.engine.ledger import tensor_floats
+from fedhet.experiment.build import Built, build
 from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config
-from fedhet.experiment.runner import Experiment
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import predict
-from fedhet.metrics.ledger import tensor_floats
 
 require_flower()
 
@@ -53,7 +51,7 @@ CONFIG_KEY = "fedhet-config"
 # Per-process cache of the built federation/models/algorithm: in deployment each message is a
 # new process and this never hits; in-process (tests, Flower's simulation runtime) it saves
 # reloading the data for every message. One entry: one run at a time keeps memory flat.
-_BUILT: dict[tuple, Experiment] = {}
+_BUILT: dict[tuple, Built] = {}
 
 
 def parse_config(config_text: str, data_root: str | None = None) -> ExperimentConfig:
@@ -72,26 +70,25 @@ def parse_config(config_text: str, data_root: str | None = None) -> ExperimentCo
     return load_config(raw=raw)
 
 
-def build(config_text: str, data_root: str | None) -> Experiment:
+def built_for(config_text: str, data_root: str | None) -> Built:
     key = (config_text, data_root)
     if key not in _BUILT:
         cfg = parse_config(config_text, data_root)
         _BUILT.clear()
-        # Experiment builds but writes nothing until create(); "." is never touched.
-        _BUILT[key] = Experiment(cfg, Path("."))
+        _BUILT[key] = build(cfg)      # pure: no files written
     return _BUILT[key]
 
 
 class Node:
     """What one SuperNode needs to act for its clients: the federation built from local data,
     the models, the algorithm and training settings - the simulator's own objects, built by
-    :class:`fedhet.experiment.runner.Experiment` - so client updates are bit-identical."""
+    :func:`fedhet.experiment.build.build` - so client updates are bit-identical."""
 
-    def __init__(self, sim: Simulator, partition_id: int, num_partitions: int):
-        self.sim = sim
-        self.algorithm = sim.algorithm
-        self.federation = sim.federation
-        k = sim.federation.num_clients
+    def __init__(self, host: ClientHost, partition_id: int, num_partitions: int):
+        self.host = host
+        self.algorithm = host.algorithm
+        self.federation = host.federation
+        k = host.federation.num_clients
         if not 1 <= num_partitions <= k:
             raise ConfigError(f"num-partitions {num_partitions} must be between 1 and the number of clients {k}")
         if not 0 <= partition_id < num_partitions:
@@ -110,10 +107,10 @@ class Node:
             h.update(fed.pool.y[fed.train_idx[c]].numpy().tobytes())
         return h.hexdigest()[:16]
 
-    def runtime(self, cid: int, rnd: int, stats: RoundStats) -> ClientRuntime:
+    def runtime(self, cid: int, rnd: int, tally: Tally) -> SimClient:
         if cid not in self.clients:
             raise ValueError(f"client {cid} is not hosted by partition {self.partition_id} of {self.num_partitions}")
-        return SimClient(self.sim, cid, rnd, stats)
+        return self.host.runtime(cid, rnd, tally)
 
 
 def node_of(context: Context) -> Node:
@@ -125,8 +122,8 @@ def node_of(context: Context) -> Node:
     if "partition-id" not in nc or "num-partitions" not in nc:
         raise ConfigError("this SuperNode has no partition: start it with "
                           "--node-config 'partition-id=I num-partitions=N'")
-    exp = build(cfg_text, nc.get("data-root"))
-    return Node(exp.sim, int(nc["partition-id"]), int(nc["num-partitions"]))
+    built = built_for(cfg_text, nc.get("data-root"))
+    return Node(built.host, int(nc["partition-id"]), int(nc["num-partitions"]))
 
 
 def state_prefix(cid: int) -> str:
@@ -177,15 +174,15 @@ def handle_train(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     node = node_of(context)
     fmsg, cid, rnd = codec.decode_message(msg.content)
-    stats = RoundStats(rnd, [cid])
-    client = node.runtime(cid, rnd, stats)
-    reply, new_state = node.algorithm.client_update(fmsg, load_state(context, cid), client)
-    save_state(context, cid, new_state)    # only after success: a failed update leaves the state as it was
-    content = codec.encode_message(reply, cid, rnd)
-    # What SimClient.account counted, so the server's round statistics equal the simulator's.
+    client = node.runtime(cid, rnd, Tally())
+    result = node.host.run(rnd, Job(cid, fmsg, load_state(context, cid), client.tally), client)
+    save_state(context, cid, result.state)    # only after success: a failed update leaves the state as it was
+    content = codec.encode_message(result.reply, cid, rnd)
+    # What SimClient.account counted in this phase; the server adds it to the client's round tally.
+    tally = result.tally
     content["stats"] = MetricRecord({
-        "samples": int(stats.samples), "loss_sum": float(stats.loss_sums.get(cid, 0.0)),
-        "steps": int(stats.steps.get(cid, 0)), "state_floats": int(tensor_floats(new_state)),
+        "samples": int(tally.samples), "loss_sum": float(tally.loss_sum or 0.0),
+        "steps": int(tally.steps), "state_floats": int(tensor_floats(result.state)),
         "seconds": time.perf_counter() - t0})
     return Message(content, reply_to=msg)
 
@@ -198,17 +195,17 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     head = codec.head_of(msg.content)
     cids = [int(c) for c in head["cids"]]
     views = codec.tree_from_records(msg.content, "server")
-    sim, fed = node.sim, node.federation
+    host, fed = node.host, node.federation
     correct, total = [], []
     for cid in cids:
         if cid not in node.clients:
             raise ValueError(f"client {cid} is not hosted by partition {node.partition_id} of {node.num_partitions}")
         weights = node.algorithm.client_model(cid, views[cid], load_state(context, cid))
-        arch = sim.client_arch[cid]
-        if weights is None:                # never trained: the common initialisation (Simulator.client_model)
-            weights = sim.init_models[arch]
+        arch = host.client_arch[cid]
+        if weights is None:                # never trained: the common initialisation (RoundLoop.client_model)
+            weights = host.init_models[arch]
         x, y = fed.local_test(cid)
-        hits, _ = predict(sim.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]))
+        hits, _ = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]))
         correct.append(int(hits.sum()))
         total.append(int(len(y)))
     return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total})}), reply_to=msg)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhet.algorithms.base import Message
+from fedhet.core.contract import Message
 from fedhet.flower import require_flower
 
 require_flower()

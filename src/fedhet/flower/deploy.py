@@ -29,11 +29,12 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from fedhet.errors import FedhetError
+from fedhet.core.errors import FedhetError
 from fedhet.flower import INSTALL_HINT, FlowerMissingError
 
 CONNECTION = "fedhet-loopback"
@@ -250,7 +251,7 @@ class Loopback:
         return p
 
     # --- lifecycle ------------------------------------------------------------------------
-    def __enter__(self) -> "Loopback":
+    def __enter__(self) -> Loopback:
         try:
             self.start()
         except BaseException:
@@ -423,7 +424,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     unless the run finished as ``completed``. ``settings``: min_clients, phase_timeout, ...
     ``on_submitted(loopback, run_id)`` runs right after submission (tests use it to kill a node)."""
     from fedhet.experiment.config import dump_config
-    from fedhet.experiment.runner import METRICS
+    from fedhet.experiment.rundir import METRICS
 
     n = nodes or cfg.data.num_clients
     if not 1 <= n <= cfg.data.num_clients:

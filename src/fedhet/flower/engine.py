@@ -1,15 +1,16 @@
 """The server side on Flower: the simulator's round loop with the clients behind a Grid.
 
-:class:`GridEngine` is the reference :class:`fedhet.engine.reference.Simulator` with one change:
+:class:`GridTransport` is a transport of the one round loop (:class:`fedhet.engine.loop.RoundLoop`):
 a phase's messages are not handed to ``client_update`` in-process but sent through Flower's
 Grid, one Flower message per client, and the replies that come back within the phase timeout
 are what the round generator receives. Sampling, round contexts, server state, aggregation and
-the communication ledger are the simulator's own code, so a run with every client answering
-equals the simulator's (tests/test_flower.py).
+the communication ledger are the loop's own code, so a run with every client answering equals
+the simulator's (tests/test_flower.py).
 
-:class:`FlowerExperiment` is :class:`fedhet.experiment.runner.Experiment` driving a GridEngine:
-the same run directory (config.yaml, partition.json, metrics.jsonl, summary.json,
-accuracy.png). Differences, all because client state lives on the nodes:
+:func:`flower_experiment` is :class:`fedhet.experiment.runner.Experiment` with a GridTransport,
+the nodes' evaluation, a server-state checkpointer and :class:`FlowerCallback`: the same run
+directory (config.yaml, partition.json, metrics.jsonl, summary.json, accuracy.png).
+Differences, all because client state lives on the nodes:
 
 * personalized metrics come from the clients: each tests its own evaluation model on its local
   test split in an ``evaluate`` message and reports correct/total (a deployment's server never
@@ -28,21 +29,24 @@ written so far).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedhet.algorithms.base import Message, State
-from fedhet.engine.reference import RoundStats, Simulator
-from fedhet.errors import ConfigError, FedhetError
-from fedhet.experiment.runner import Experiment
+from fedhet.core.contract import State
+from fedhet.core.errors import ConfigError, FedhetError
+from fedhet.engine import ClientHost, RoundLoop
+from fedhet.engine.host import Job, JobResult, Tally
+from fedhet.experiment.build import build
+from fedhet.experiment.config import ExperimentConfig
+from fedhet.experiment.runner import Callback, Experiment
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import evaluate
 
@@ -82,7 +86,7 @@ class FlowerSettings:
             "poll_interval": "poll-interval"}
 
     @classmethod
-    def from_run_config(cls, rc) -> "FlowerSettings":
+    def from_run_config(cls, rc) -> FlowerSettings:
         s = cls()
         for attr, key in cls.KEYS.items():
             if key in rc and rc[key] != "":
@@ -99,12 +103,13 @@ class FlowerSettings:
         return {key: getattr(self, attr) for attr, key in self.KEYS.items()}
 
 
-class GridEngine(Simulator):
-    """The simulator with its clients behind a Flower Grid (see the module docstring)."""
+class GridTransport:
+    """The round loop's clients behind a Flower Grid (see the module docstring)."""
 
-    def __init__(self, base: Simulator, grid: Grid, flower: FlowerSettings):
-        super().__init__(base.algorithm, base.federation, base.models, base.client_arch, base.settings,
-                         base.clients_per_round, base.seed)
+    name = "flower"
+    keeps_client_state = True      # in each node's context.state
+
+    def __init__(self, grid: Grid, flower: FlowerSettings):
         self.grid = grid
         self.flower = flower
         self.host: dict[int, int] = {}          # fedhet client id -> Flower node id
@@ -114,9 +119,21 @@ class GridEngine(Simulator):
         self.node_errors: list[str] = []        # why nodes could not act as fedhet nodes
         self.num_partitions: int | None = None
         self.state_floats: dict[int, int] = {}  # latest client-state size reported by each client
-        self.info: dict[str, Any] = {}          # this round's Flower record (metrics row "flower")
-        self.last_round = 0
+        self.round_info: dict[str, Any] = {}          # this round's Flower record (metrics row "flower")
+        self.last_round = -1
+        self.phase_no = 0
         self.discovered = False
+
+    def attach(self, host: ClientHost) -> None:
+        self.client_host = host            # the server's copy: identifies nodes by their federation
+        self.federation = host.federation
+
+    def close(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": "flower", "workers": len(self.partition_of),
+                "reason": "clients on Flower SuperNodes (fedhet.flower)"}
 
     # --- nodes --------------------------------------------------------------------------
     def discover(self) -> None:
@@ -189,7 +206,7 @@ class GridEngine(Simulator):
                             "as a standby", nid, pid)
                 self.standby.add(nid)
                 continue
-            mine = Node(self, pid, n)
+            mine = Node(self.client_host, pid, n)
             if ident["fingerprint"] != mine.fingerprint():
                 log.warning("fedhet: SuperNode %s (partition %d) built a different federation than the server "
                             "(its data files, config or fedhet version differ); ignored", nid, pid)
@@ -241,10 +258,21 @@ class GridEngine(Simulator):
         depth = max((len(v) for v in per_node.values()), default=0)
         return [[v[i] for v in per_node.values() if i < len(v)] for i in range(depth)]
 
-    def exchange(self, rnd: int, phase_no: int, phase: dict[int, Message], stats: RoundStats) -> dict[int, Message]:
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
         """One phase: each client's message to its node, replies back; drops the silent ones."""
+        if rnd != self.last_round:           # a new round: find new nodes, start its record
+            self.round_info = {}
+            self.last_round = rnd
+            self.phase_no = 0
+            t = time.perf_counter()
+            self.discover()
+            self.round_info["discover_seconds"] = round(time.perf_counter() - t, 4)
+        self.phase_no += 1
+        phase_no = self.phase_no
+        phase = {job.cid: job.message for job in jobs}
+        tallies = {job.cid: job.tally for job in jobs}
         t0 = time.perf_counter()
-        replies: dict[int, Message] = {}
+        replies: dict[int, JobResult] = {}
         dropped: dict[int, str] = {}
         client_seconds: dict[str, float] = {}
         for cid in phase:
@@ -255,7 +283,6 @@ class GridEngine(Simulator):
             msgs = []
             for cid in wave:
                 msg = phase[cid]
-                self.ledger.record(rnd, "down", msg)
                 msgs.append(FlowerMessage(codec.encode_message(msg, cid, rnd), dst_node_id=self.host[cid],
                                           message_type=codec.message_type(msg.kind), group_id=str(rnd + 1),
                                           ttl=self.flower.phase_timeout))
@@ -272,20 +299,20 @@ class GridEngine(Simulator):
                 if rcid != cid:
                     dropped[cid] = f"phase {phase_no}: reply names client {rcid}"
                     continue
-                self.ledger.record(rnd, "up", reply)
                 s = r.content["stats"]
-                stats.samples += int(s["samples"])
+                before = tallies[cid]
+                tally = Tally(before.samples + int(s["samples"]), before.loss_sum, before.steps)
                 if int(s["steps"]):
-                    stats.loss_sums[cid] = stats.loss_sums.get(cid, 0.0) + float(s["loss_sum"])
-                    stats.steps[cid] = stats.steps.get(cid, 0) + int(s["steps"])
+                    tally.loss_sum = (before.loss_sum or 0.0) + float(s["loss_sum"])
+                    tally.steps = before.steps + int(s["steps"])
                 self.state_floats[cid] = int(s["state_floats"])
                 client_seconds[str(cid)] = round(float(s["seconds"]), 3)
-                replies[cid] = reply
+                replies[cid] = JobResult(reply, None, tally)
         for cid, why in dropped.items():
             log.warning("fedhet: round %d: client %d dropped from the round (%s)", rnd + 1, cid, why)
-            self.info.setdefault("dropped", {})[str(cid)] = why
+            self.round_info.setdefault("dropped", {})[str(cid)] = why
         kinds = sorted({m.kind for m in phase.values()})
-        self.info.setdefault("phases", []).append({
+        self.round_info.setdefault("phases", []).append({
             "phase": phase_no, "kinds": kinds, "sent": len(sendable), "answered": len(replies),
             "waves": len(self._waves(sendable)), "seconds": round(time.perf_counter() - t0, 4),
             "client_seconds": client_seconds})     # inside the ClientApp handler; the rest is Flower
@@ -297,24 +324,8 @@ class GridEngine(Simulator):
                 f"answered, fewer than min-clients={self.flower.min_clients} ({causes})")
         return replies
 
-    # --- the round: Simulator.run_round with the phases carried by the Grid ----------------
-    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
-        self.info = {}
-        self.last_round = rnd
-        t = time.perf_counter()
-        self.discover()
-        self.info["discover_seconds"] = round(time.perf_counter() - t, 4)
-        return super().run_round(rnd, evaluating)
-
-    def deliver_phase(self, phase: dict[int, Message], rnd: int, stats: RoundStats) -> dict[int, Message]:
-        return self.exchange(rnd, stats.phases, phase, stats)
-
     # --- evaluation -----------------------------------------------------------------------
-    def client_view(self, cid: int) -> State:
-        """The server state client ``cid`` needs to build its evaluation model (``Algorithm.client_view``)."""
-        return self.algorithm.client_view(self.server_state, cid)
-
-    def evaluate_clients(self, rnd: int, batch_size: int) -> dict[str, Any]:
+    def evaluate_clients(self, rnd: int, batch_size: int, client_view: Callable[[int], State]) -> dict[str, Any]:
         """Personalized metrics of metrics/evaluate.py, computed from the clients' own reports."""
         t0 = time.perf_counter()
         k = self.federation.num_clients
@@ -331,7 +342,7 @@ class GridEngine(Simulator):
         nbytes = 0
         for nid, cids in per_node.items():
             rd = RecordDict({"fedhet": ConfigRecord({"cids": cids, "round": rnd, "batch-size": batch_size})})
-            codec.tree_to_records({c: self.client_view(c) for c in cids}, rd, "server")   # shared tensors sent once
+            codec.tree_to_records({c: client_view(c) for c in cids}, rd, "server")   # shared tensors sent once
             nbytes += rd["server.tensors"].count_bytes()
             msgs.append(FlowerMessage(rd, dst_node_id=nid, message_type="evaluate", group_id=str(rnd + 1),
                                       ttl=self.flower.phase_timeout))
@@ -349,10 +360,10 @@ class GridEngine(Simulator):
                 correct[c], total[c] = hit, n
         for c, why in failed.items():
             log.warning("fedhet: round %d: client %s not evaluated (%s)", rnd + 1, c, why)
-        self.info["evaluate"] = {"answered": int(np.isfinite(total).sum()), "down_bytes": int(nbytes),
+        self.round_info["evaluate"] = {"answered": int(np.isfinite(total).sum()), "down_bytes": int(nbytes),
                                  "seconds": round(time.perf_counter() - t0, 4)}
         if failed:
-            self.info["not_evaluated"] = failed
+            self.round_info["not_evaluated"] = failed
         ok = np.isfinite(total)
         if not ok.any():
             return {}
@@ -366,49 +377,56 @@ class GridEngine(Simulator):
         return sum(self.state_floats.values())
 
 
-class FlowerExperiment(Experiment):
-    """An Experiment whose clients are Flower SuperNodes (see the module docstring)."""
+class FlowerCallback(Callback):
+    """What a Flower run adds to the rows and the summary, and its log lines."""
 
-    def attach(self, grid: Grid, flower: FlowerSettings) -> "FlowerExperiment":
-        if self.cfg.train.clients_per_round < flower.min_clients:
-            raise ConfigError(f"min-clients={flower.min_clients} exceeds train.clients_per_round="
-                              f"{self.cfg.train.clients_per_round}: no round could complete")
+    def __init__(self, transport: GridTransport, flower: FlowerSettings):
+        self.transport = transport
         self.flower = flower
-        self.sim = GridEngine(self.sim, grid, flower)
-        return self
 
-    def evaluate_round(self) -> dict:
-        out = evaluate(self.sim, self.cfg.eval.batch_size, personalized=False)   # global test set, on the server
-        if self.cfg.eval.personalized:
-            out.update(self.sim.evaluate_clients(self.sim.last_round, self.cfg.eval.batch_size))
-        return out
+    def on_row(self, exp: Experiment, row: dict) -> None:
+        # The loop counts client state it holds; on Flower it is on the nodes, which report it.
+        row["client_state_floats"] = self.transport.client_state_floats()
+        row["flower"] = self.transport.round_info
 
-    def _append_metrics(self, row: dict) -> None:
-        # The runner counts client state held by the engine; on Flower it is on the nodes, which report it.
-        row["client_state_floats"] = self.sim.client_state_floats()
-        row["flower"] = self.sim.info
-        super()._append_metrics(row)
+    def on_row_written(self, exp: Experiment, row: dict) -> None:
         phases = ", ".join(f"{'/'.join(p['kinds'])} {p['answered']}/{p['sent']} in {p['seconds']:.1f} s"
                            for p in row["flower"].get("phases", []))
         shown = {k: round(row[k], 4) for k in ("global_acc", "personal_acc") if row.get(k) is not None}
-        log.info("fedhet: round %d/%d: %s; %s", row["round"], self.cfg.train.rounds, phases, shown or "not evaluated")
+        log.info("fedhet: round %d/%d: %s; %s", row["round"], exp.cfg.train.rounds, phases, shown or "not evaluated")
 
-    def _checkpoint(self, done_rounds: int) -> None:
+    def on_summary(self, exp: Experiment, summary: dict) -> None:
+        t = self.transport
+        summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.host)}
+
+
+def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: FlowerSettings) -> Experiment:
+    """An :class:`Experiment` whose clients are Flower SuperNodes (see the module docstring)."""
+    if cfg.train.clients_per_round < flower.min_clients:
+        raise ConfigError(f"min-clients={flower.min_clients} exceeds train.clients_per_round="
+                          f"{cfg.train.clients_per_round}: no round could complete")
+    built = build(cfg)
+    transport = GridTransport(grid, flower)
+    loop = RoundLoop(built.host, cfg.train.clients_per_round, transport)
+    exp = Experiment.create(cfg, run_dir, built=built, loop=loop, callbacks=[FlowerCallback(transport, flower)])
+
+    def evaluate_round(rnd: int) -> dict:
+        out = evaluate(built.algorithm, loop.server_state, loop.client_model, built.models, built.client_arch,
+                       built.federation, cfg.eval.batch_size, personalized=False)   # global test set, on the server
+        if cfg.eval.personalized:
+            def view(cid: int) -> State:
+                return built.algorithm.client_view(loop.server_state, cid)
+            out.update(transport.evaluate_clients(rnd, cfg.eval.batch_size, view))
+        return out
+
+    def checkpoint(done_rounds: int) -> None:
         # Server state only: client state lives in the nodes' context.state (per Flower run),
         # so the run cannot be resumed; the file keeps the trained global model(s).
-        tmp = self.run_dir / (SERVER_STATE + ".tmp")
-        torch.save({"round": done_rounds, "engine": "flower", "server_state": self.sim.server_state}, tmp)
-        os.replace(tmp, self.run_dir / SERVER_STATE)
+        exp.rundir.save(SERVER_STATE, {"round": done_rounds, "engine": "flower", "server_state": loop.server_state})
 
-    def write_summary(self, status: str, error: str | None, wall: float) -> None:
-        super().write_summary(status, error, wall)
-        sim = self.sim if isinstance(self.sim, GridEngine) else None
-        self.summary["engine"] = {"engine": "flower", "workers": len(sim.partition_of) if sim else 0,
-                                  "reason": "clients on Flower SuperNodes (fedhet.flower)"}
-        self.summary["flower"] = {**(asdict(self.flower) if hasattr(self, "flower") else {}),
-                                  "nodes": len(sim.partition_of) if sim else 0,
-                                  "clients_with_node": len(sim.host) if sim else 0}
-        (self.run_dir / "summary.json").write_text(json.dumps(self.summary, indent=2))
+    exp.evaluator = evaluate_round
+    exp.checkpointer = checkpoint
+    return exp
 
 
 def load_server_state(run_dir) -> dict:
@@ -416,5 +434,5 @@ def load_server_state(run_dir) -> dict:
     return torch.load(os.path.join(run_dir, SERVER_STATE), weights_only=False)
 
 
-__all__ = ["FlowerExperiment", "FlowerRunError", "FlowerSettings", "GridEngine", "TooFewClientsError",
-           "load_server_state"]
+__all__ = ["FlowerCallback", "FlowerRunError", "FlowerSettings", "GridTransport", "TooFewClientsError",
+           "flower_experiment", "load_server_state"]

@@ -10,13 +10,13 @@ Run-config keys (``[tool.flwr.app.config]`` of the app, overridable with ``flwr 
 
 The server builds the federation too (for the global test set, the client sizes the round
 context carries, and to check each node's fingerprint), then runs
-:class:`fedhet.flower.engine.FlowerExperiment`: the simulator's loop with the clients behind
+:func:`fedhet.flower.engine.flower_experiment`: the simulator's loop with the clients behind
 the Grid, writing the same run directory as ``fedhet run``.
 """
 
 from __future__ import annotations
 
-from fedhet.errors import ConfigError
+from fedhet.core.errors import ConfigError
 from fedhet.flower import require_flower
 
 require_flower()
@@ -24,18 +24,19 @@ require_flower()
 from flwr.app import Context  # noqa: E402
 from flwr.serverapp import Grid, ServerApp  # noqa: E402
 
+from fedhet.experiment.runner import Experiment  # noqa: E402
 from fedhet.flower.client_app import CONFIG_KEY, parse_config  # noqa: E402
-from fedhet.flower.engine import FlowerExperiment, FlowerSettings, log  # noqa: E402
+from fedhet.flower.engine import FlowerSettings, flower_experiment, log  # noqa: E402
 
 
-def run_server(grid: Grid, run_config) -> FlowerExperiment:
+def run_server(grid: Grid, run_config) -> Experiment:
     """Run the experiment described by ``run_config`` over ``grid``; returns it when done."""
     flower = FlowerSettings.from_run_config(run_config)
     text = run_config.get(CONFIG_KEY)
     if not text:
         raise ConfigError(f"the run config has no {CONFIG_KEY!r} (the fedhet YAML config)")
     cfg = parse_config(text, run_config.get("data-root") or None)
-    exp = FlowerExperiment.create(cfg, run_config.get("run-dir") or None).attach(grid, flower)
+    exp = flower_experiment(cfg, run_config.get("run-dir") or None, grid, flower)
     log.info("fedhet: %s (%s, %d rounds) -> run directory %s", cfg.name, cfg.algorithm.name, cfg.train.rounds,
              exp.run_dir.resolve())
     summary = exp.run(progress=False)

@@ -1,4 +1,4 @@
-"""Local training shared by every method: mini-batch SGD on a functional objective.
+"""Local training shared by every method: mini-batch SGD (or Adam) on a functional objective.
 
 The model object is only a reusable *function*: weights live in plain dicts and are passed in
 with ``torch.func.functional_call``, so one model instance per architecture serves every
@@ -9,85 +9,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 from torch.func import functional_call
 
-from fedhet.algorithms.base import Arrays
-from fedhet.algorithms.objective import Batch, Forward, LossTerm, total_loss
-from fedhet.errors import NumericalError
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    epochs: int
-    batch_size: int
-    lr: float
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    drop_last: bool = False
-    clip_grad_norm: float | None = None
-    precision: str = "fp32"            # fp32 | bf16 (autocast; weights stay fp32)
-
-
-# ``precision: auto`` resolves to bf16 only when this is True AND :func:`bf16_native` holds. The
-# bf16 accuracy check passed (FedAvg, FMNIST alpha 0.5, 2 seeds x 15 rounds: final 79.88 in both
-# precisions; benchmarks/results/bf16_accuracy_fedavg_fmnist_a0.5_k50_m10_r15.md).
-AUTO_BF16 = True
-
-
-def bf16_native(device: str | torch.device | None = "cpu") -> bool:
-    """Whether ``device`` computes bf16 natively (not emulated): CPUs with AVX512-BF16 or AMX,
-    CUDA GPUs of compute capability 8.0 or newer. Other devices (ARM CPUs, MPS) answer False."""
-    try:
-        dev = torch.device(device or "cpu")
-    except (RuntimeError, TypeError):
-        return False
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            return False
-        try:
-            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
-        except TypeError:
-            return torch.cuda.get_device_capability(dev)[0] >= 8
-    if dev.type == "cpu":
-        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-        return any(bool(check()) for check in checks if check is not None)
-    return False
-
-
-def auto_precision(device: str | torch.device | None = "cpu") -> str:
-    """What ``precision: auto`` means on ``device`` (reads :data:`AUTO_BF16` at call time)."""
-    return "bf16" if AUTO_BF16 and bf16_native(device) else "fp32"
-
-
-@dataclass
-class LocalResult:
-    weights: Arrays                    # trained weights and buffers (detached copies)
-    optimizer_state: Arrays            # momentum buffers by parameter name (empty without momentum)
-    steps: int
-    samples: int                       # sample-steps processed (forward+backward)
-    mean_loss: float
-    loss_parts: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class ClientData:
-    """A client's view of the shared in-memory pools: index tensors, no copies of images."""
-
-    x: torch.Tensor                    # uint8 pool (N, C, H, W) shared by all clients
-    y: torch.Tensor                    # int64 pool labels
-    train_idx: torch.Tensor            # int64 indices into the pool
-    mean: torch.Tensor                 # (1, C, 1, 1) normalisation
-    std: torch.Tensor
-
-    def inputs(self, idx: torch.Tensor) -> torch.Tensor:
-        return (self.x[idx].float().div_(255.0) - self.mean) / self.std
-
-    def batch(self, positions: torch.Tensor) -> Batch:
-        idx = self.train_idx[positions]
-        return Batch(self.inputs(idx), self.y[idx], positions)
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientData,
+    Forward,
+    LocalResult,
+    TrainSettings,
+)
+from fedhet.core.errors import NumericalError
+from fedhet.training.objective import LossTerm, accumulate_statistics, total_loss
+from fedhet.training.optim import clip_grad_norm, make_optimizer
 
 
 def forward(model: torch.nn.Module, weights: Arrays, x: torch.Tensor) -> Forward:
@@ -115,6 +51,7 @@ def train_local(
     trainable: Callable[[str], bool] | None = None,
     optimizer_state: Arrays | None = None,
     augment: Callable[[Batch, torch.Generator], Batch] | None = None,
+    statistics: dict[str, torch.Tensor] | None = None,
     where: str = "",
 ) -> LocalResult:
     """Run ``settings.epochs`` epochs of SGD on ``sum(terms)`` starting from ``weights``.
@@ -123,7 +60,12 @@ def train_local(
     so a round split into phases (FedCME) draws the same batches as an unsplit one.
     ``trainable(name)`` freezes the parameters it rejects (FedBABU's head, FedRep's phases).
     ``optimizer_state`` carries momentum buffers over from an earlier call when a method keeps
-    them (FedReMa); by default each call starts with fresh SGD state like ``torch.optim.SGD``.
+    them (FedReMa); by default each call starts with fresh optimizer state like a new
+    ``torch.optim.SGD``. The update is :mod:`fedhet.training.optim`'s kernel for
+    ``settings.optimizer`` (bit-identical to ``torch.optim.SGD`` / ``Adam`` on the CPU).
+    ``statistics``: totals to continue (phase B of FedCME continues phase A's); after every
+    step's loss, each term's :meth:`LossTerm.statistics` is added to them, and the totals come
+    back in ``LocalResult.statistics``.
     ``augment(batch, generator)`` transforms each batch before the forward pass (FedACD's mixup,
     FedClassAvg's two views) with a per-epoch stream, so augmentation is reproducible too.
     ``where`` names the round/client/algorithm in the error raised on a non-finite loss.
@@ -145,12 +87,9 @@ def train_local(
             t.requires_grad_(True)
             leaves[name] = t
         work[name] = t
-    opt = torch.optim.SGD(list(leaves.values()), lr=settings.lr, momentum=settings.momentum,
-                          weight_decay=settings.weight_decay)
-    if optimizer_state and settings.momentum > 0:
-        for name, buf in optimizer_state.items():
-            if name in leaves:
-                opt.state[leaves[name]]["momentum_buffer"] = buf.clone()
+    opt = make_optimizer(settings)
+    opt_state = opt.load(optimizer_state, list(leaves))
+    totals = {k: v.clone() for k, v in (statistics or {}).items()}
 
     model.train()
     n = len(data.train_idx)
@@ -169,6 +108,8 @@ def train_local(
                 out = forward(model, work, x)
             out = Forward(out.features.float(), out.logits.float())
             loss, parts = total_loss(terms, out, batch, work)
+            with torch.no_grad():
+                accumulate_statistics(terms, out, batch, totals)
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise NumericalError(
@@ -176,27 +117,22 @@ def train_local(
                     f"loss parts: { {k: float(v) for k, v in parts.items()} }. Lower the learning rate or "
                     f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
                 )
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
+            names = list(leaves)
+            grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True) if names else ()
             if settings.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(list(leaves.values()), settings.clip_grad_norm)
-            opt.step()
+                clip_grad_norm([gr for gr in grads if gr is not None], settings.clip_grad_norm)
+            opt.step(leaves, dict(zip(names, grads)), opt_state)
             steps += 1
             samples += len(positions)
             loss_sum += value
             for k, v in parts.items():
                 part_sums[k] = part_sums.get(k, 0.0) + float(v)
 
-    new_state = {}
-    if settings.momentum > 0:
-        for name, leaf in leaves.items():
-            buf = opt.state.get(leaf, {}).get("momentum_buffer")
-            if buf is not None:
-                new_state[name] = buf.detach().clone(memory_format=torch.contiguous_format)
+    new_state = opt.export(opt_state)
     # Results leave in the default layout whatever the training used (a no-op in fp32).
     out_weights = {name: t.detach().contiguous() for name, t in work.items()}
     for name, t in out_weights.items():
         if not torch.isfinite(t).all():
             raise NumericalError(f"parameter {name!r} became non-finite {where}; lower the learning rate.")
     return LocalResult(out_weights, new_state, steps, samples, loss_sum / max(steps, 1),
-                       {k: v / max(steps, 1) for k, v in part_sums.items()})
+                       {k: v / max(steps, 1) for k, v in part_sums.items()}, totals)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from fedhet.algorithms.base import Message
+from fedhet.core.contract import Message
 
 
 class CommLedger:
     """Totals for the whole run plus the rounds not yet taken out with :meth:`take_round`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.total: dict[str, list[int]] = defaultdict(lambda: [0, 0])   # "down/model" -> [floats, bytes]
         self.by_round: dict[int, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
 
@@ -40,7 +43,7 @@ class CommLedger:
         return {"total": dict(self.total)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.__init__()
+        self.reset()
         for k, v in state["total"].items():
             self.total[k] = list(v)
 

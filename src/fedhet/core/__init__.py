@@ -1,0 +1,1 @@
+"""The bottom layer: shared types (contract), body/head split helpers, errors, random streams."""

@@ -1,0 +1,180 @@
+"""The shared vocabulary of every layer: messages, round contexts, client data and results.
+
+This module is the bottom of fedhet's import graph (docs/architecture.md): it imports nothing
+from fedhet except the split helpers' neighbours in :mod:`fedhet.core`, so loss terms, local
+training, algorithms, data, engines and the experiment layer all speak these types.
+
+* :class:`Message` / :data:`Phase` / :data:`Replies` / :data:`RoundGenerator` - what a round's
+  server generator and the clients exchange (engines only carry them);
+* :class:`RoundContext` - what the server knows when a round starts;
+* :class:`ClientRuntime` - what a client function may use (provided by an engine);
+* :class:`ClientData`, :class:`Batch`, :class:`Forward` - a client's data and one step's tensors;
+* :class:`TrainSettings`, :class:`LocalResult` - what local training is asked and returns.
+
+Server and client state are dicts of tensors and plain Python values, so checkpoints are
+``torch.save`` of them and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+Arrays = dict[str, torch.Tensor]
+State = dict[str, Any]
+
+
+@dataclass
+class Message:
+    """One message between server and client.
+
+    ``arrays`` holds named groups of tensors (``"model"``, ``"head"``, ``"anchors"``, ...); each
+    group maps to one Flower ArrayRecord and is accounted separately in the communication
+    ledger. ``scalars`` holds small values (sample counts, hyper-parameters, partner ids) that
+    are not counted as payload.
+    """
+
+    kind: str
+    arrays: dict[str, Arrays] = field(default_factory=dict)
+    scalars: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> dict[str, tuple[int, int]]:
+        """``{group: (floats, bytes)}`` of the tensors this message carries."""
+        out = {}
+        for group, arrays in self.arrays.items():
+            numel = sum(t.numel() for t in arrays.values())
+            nbytes = sum(t.numel() * t.element_size() for t in arrays.values())
+            out[group] = (numel, nbytes)
+        return out
+
+
+Phase = dict[int, Message]
+Replies = dict[int, Message]
+RoundGenerator = Generator[Phase, Replies, State]
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """What the server knows when a round starts."""
+
+    round: int                      # 0-based round index
+    clients: list[int]              # the clients sampled for this round, in sampling order
+    num_clients: int                # K, all clients of the federation
+    num_classes: int
+    client_sizes: dict[int, int]    # training-set size of every client (known to the server in all five papers)
+    rng: np.random.Generator        # the server's stream for this (seed, round)
+    # True when the engine evaluates the clients' models after this round: methods whose
+    # personalized models come from an adaptation step (Per-FedAvg, FedBABU's fine-tuning) add
+    # that phase only then.
+    evaluating: bool = False
+
+
+@dataclass
+class Batch:
+    x: torch.Tensor          # normalised float inputs
+    y: torch.Tensor          # int64 labels
+    index: torch.Tensor      # positions of these samples in the client's training split
+    extras: dict[str, Any] = field(default_factory=dict)   # what an augmentation adds (mixup partner labels, views)
+
+
+@dataclass
+class Forward:
+    features: torch.Tensor   # body output h, (B, feature_dim)
+    logits: torch.Tensor     # head output, (B, num_classes)
+
+
+def normalize_uint8(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """uint8 images -> normalised float inputs; the one definition used by training and evaluation."""
+    return (x.float().div_(255.0) - mean) / std
+
+
+@dataclass
+class ClientData:
+    """A client's view of the shared in-memory pools: index tensors, no copies of images."""
+
+    x: torch.Tensor                    # uint8 pool (N, C, H, W) shared by all clients
+    y: torch.Tensor                    # int64 pool labels
+    train_idx: torch.Tensor            # int64 indices into the pool
+    mean: torch.Tensor                 # (1, C, 1, 1) normalisation
+    std: torch.Tensor
+
+    def inputs(self, idx: torch.Tensor) -> torch.Tensor:
+        return normalize_uint8(self.x[idx], self.mean, self.std)
+
+    def batch(self, positions: torch.Tensor) -> Batch:
+        idx = self.train_idx[positions]
+        return Batch(self.inputs(idx), self.y[idx], positions)
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    drop_last: bool = False
+    clip_grad_norm: float | None = None
+    precision: str = "fp32"            # fp32 | bf16 (autocast; weights stay fp32)
+    # The optimizer kernel (fedhet.training.optim): "sgd" (torch.optim.SGD's rule) or "adam".
+    optimizer: str = "sgd"
+    dampening: float = 0.0             # SGD
+    nesterov: bool = False             # SGD
+    betas: tuple[float, float] = (0.9, 0.999)   # Adam
+    eps: float = 1e-8                  # Adam
+    amsgrad: bool = False              # Adam
+
+
+@dataclass
+class LocalResult:
+    weights: Arrays                    # trained weights and buffers (detached copies)
+    optimizer_state: Arrays            # optimizer buffers by parameter name (empty without momentum)
+    steps: int
+    samples: int                       # sample-steps processed (forward+backward)
+    mean_loss: float
+    loss_parts: dict[str, float] = field(default_factory=dict)
+    # Totals of what the loss terms observed, batch by batch (LossTerm.statistics), keyed
+    # "<term name>.<statistic>": FedCME's per-class feature sums, FedDistill's logit sums.
+    statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class ClientRuntime(Protocol):
+    """What a client function may use: its id, data, a reusable model, settings and random streams.
+
+    Provided by the engine; algorithm code relies on these members only.
+    """
+
+    cid: int
+    round: int
+    arch: str                        # architecture name of this client's model
+    model: torch.nn.Module           # a reusable instance of that architecture (weights are passed in)
+    buffer_names: list[str]          # names of its non-trainable buffers (BatchNorm statistics)
+    num_classes: int
+    num_samples: int                 # size of the client's training split
+    data: ClientData
+    settings: TrainSettings          # epochs, batch size, lr, momentum, ...
+
+    def train(self, weights: Arrays, terms: list[Any] | None = None, *, epochs: int | None = None,
+              start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
+              optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
+              statistics: dict[str, torch.Tensor] | None = None) -> LocalResult:
+        """Local training from ``weights`` on ``terms`` (default: cross-entropy) with the run's
+        settings; see :func:`fedhet.training.local.train_local` for the options."""
+        ...
+
+    def account(self, result: LocalResult) -> None:
+        """Count a result in the round's statistics (steps, samples, loss). ``train`` does this
+        itself; a method with its own training loop (Per-FedAvg) calls it with the result it built."""
+        ...
+
+    def generator(self, *purpose: int | str) -> torch.Generator:
+        """A random stream fixed by (run seed, round, client, purpose)."""
+        ...
+
+    def init_weights(self) -> Arrays:
+        """Freshly initialised weights for this client's architecture (same for every client of that arch)."""
+        ...

@@ -1,0 +1,134 @@
+"""Running one client's update in this process: the runtime a client function sees.
+
+:class:`ClientHost` holds what any process that runs clients needs - the algorithm, the
+federation's data, one model instance per architecture, the training settings and the run
+seed - and turns a :class:`Job` (message, client state, the round's tally of that client so far)
+into a :class:`JobResult` (reply, new state, updated tally). The in-process, forked-worker and
+vectorized transports and a Flower node all run clients through it, so a client's computation
+is the same code everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from fedhet.algorithms.base import Algorithm
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientData,
+    LocalResult,
+    Message,
+    State,
+    TrainSettings,
+)
+from fedhet.core.seeding import torch_generator
+from fedhet.data.federated import Federation
+from fedhet.training.local import train_local
+from fedhet.training.objective import CrossEntropy, LossTerm
+
+
+@dataclass
+class Tally:
+    """What a client trained in the current round so far (all phases): accounted by ``account``."""
+
+    samples: int = 0
+    loss_sum: float | None = None      # sum over steps of the step loss (None before any step)
+    steps: int = 0
+
+    def add(self, result: LocalResult) -> None:
+        self.samples += result.samples
+        self.loss_sum = (self.loss_sum or 0.0) + result.mean_loss * result.steps
+        self.steps += result.steps
+
+
+@dataclass
+class Job:
+    """One client's part of a phase: its message, its persistent state and its round tally so far."""
+
+    cid: int
+    message: Message
+    state: State | None
+    tally: Tally
+
+
+@dataclass
+class JobResult:
+    reply: Message
+    state: State | None
+    tally: Tally                       # the job's tally plus what this phase trained
+
+
+class SimClient:
+    """The :class:`fedhet.core.contract.ClientRuntime` of one client in one round, in this process."""
+
+    def __init__(self, host: ClientHost, cid: int, rnd: int, tally: Tally):
+        self.host = host
+        self.cid = cid
+        self.round = rnd
+        self.arch = host.client_arch[cid]
+        self.model = host.models[self.arch]
+        self.num_classes = host.federation.num_classes
+        self.data: ClientData = host.federation.client_data(cid)
+        self.num_samples = len(self.data.train_idx)
+        self.buffer_names = host.buffer_names[self.arch]
+        self.settings = host.settings
+        self.tally = tally
+
+    def where(self) -> str:
+        return f"in round {self.round}, client {self.cid}, algorithm {self.host.algorithm.name}"
+
+    def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
+              start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
+              optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
+              statistics: dict[str, torch.Tensor] | None = None,
+              settings: TrainSettings | None = None) -> LocalResult:
+        s = settings or self.settings
+        if epochs is not None:
+            s = replace(s, epochs=epochs)
+        result = train_local(
+            self.model, weights, self.data, terms if terms is not None else [CrossEntropy()], s,
+            lambda e: self.generator("batches", e), start_epoch=start_epoch, trainable=trainable,
+            optimizer_state=optimizer_state, augment=augment, statistics=statistics, where=self.where())
+        self.account(result)
+        return result
+
+    def account(self, result: LocalResult) -> None:
+        self.tally.add(result)
+
+    def generator(self, *purpose: int | str) -> torch.Generator:
+        return torch_generator(self.host.seed, "client", self.round, self.cid, *purpose)
+
+    def init_weights(self) -> Arrays:
+        return {k: v.clone() for k, v in self.host.init_models[self.arch].items()}
+
+
+class ClientHost:
+    """Everything needed to run clients' updates in this process (see the module docstring)."""
+
+    def __init__(self, algorithm: Algorithm, federation: Federation, models: dict[str, torch.nn.Module],
+                 client_arch: list[str], settings: TrainSettings, seed: int):
+        self.algorithm = algorithm
+        self.federation = federation
+        self.models = models
+        self.client_arch = client_arch
+        self.settings = settings
+        self.seed = seed
+        self.buffer_names = {a: [n for n, _ in m.named_buffers()] for a, m in models.items()}
+        # The models arrive freshly built from the run seed (experiment.build.build_models); their
+        # weights are the common initialisation of each architecture.
+        self.init_models = {a: {k: v.detach().clone() for k, v in m.state_dict().items()}
+                            for a, m in models.items()}
+
+    def runtime(self, cid: int, rnd: int, tally: Tally) -> SimClient:
+        return SimClient(self, cid, rnd, tally)
+
+    def run(self, rnd: int, job: Job, runtime: SimClient | None = None) -> JobResult:
+        """``algorithm.client_update`` of one job; the tally is a copy, so a failed job changes nothing."""
+        tally = replace(job.tally)
+        client = runtime or self.runtime(job.cid, rnd, tally)
+        reply, state = self.algorithm.client_update(job.message, job.state, client)
+        return JobResult(reply, state, client.tally)

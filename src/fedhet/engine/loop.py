@@ -1,0 +1,181 @@
+"""The one round loop: server state, client states, communication ledger and random streams.
+
+:class:`RoundLoop` drives an algorithm's round generator. For each phase it records the
+downlink, hands the phase's jobs (message, client state, the client's round tally) to a
+:class:`Transport`, and applies what comes back - replies, new client states, tallies, uplink -
+in the phase's order, which is what makes every transport's results equal the reference's.
+Transports only deliver: in this process (:class:`InProcess`, the reference), forked workers
+(:mod:`fedhet.engine.parallel`), ``vmap`` (:mod:`fedhet.engine.vectorized`), Flower's Grid
+(:mod:`fedhet.flower.engine`). A client missing from a transport's answer dropped out of the
+phase; the generator gets the replies of the clients that answered.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fedhet.core.contract import Arrays, Phase, Replies, RoundContext, State
+from fedhet.core.seeding import numpy_rng
+from fedhet.engine.host import ClientHost, Job, JobResult, Tally
+from fedhet.engine.ledger import CommLedger
+
+
+@dataclass
+class RoundStats:
+    round: int
+    clients: list[int]
+    phases: int = 0
+    train_seconds: float = 0.0
+    aggregate_seconds: float = 0.0
+    samples: int = 0                   # local sample-steps trained this round
+    loss_sums: dict[int, float] = field(default_factory=dict)   # per client: sum of step losses over all phases
+    steps: dict[int, int] = field(default_factory=dict)
+
+    def mean_train_loss(self) -> float | None:
+        total = sum(self.steps.values())
+        return sum(self.loss_sums.values()) / total if total else None
+
+    def tally(self, cid: int) -> Tally:
+        return Tally(0, self.loss_sums.get(cid), self.steps.get(cid, 0))
+
+    def apply(self, cid: int, before: Tally, after: Tally) -> None:
+        self.samples += after.samples - before.samples
+        if after.loss_sum is not None:
+            self.loss_sums[cid] = after.loss_sum
+            self.steps[cid] = after.steps
+
+
+class Transport(Protocol):
+    """Delivers one phase's jobs and returns the results of the clients that answered."""
+
+    name: str
+    # True when client state lives where the clients run (Flower nodes): the loop then neither
+    # sends nor stores it.
+    keeps_client_state: bool
+
+    def attach(self, host: ClientHost) -> None: ...
+
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]: ...
+
+    def close(self) -> None: ...
+
+    def info(self) -> dict[str, Any]: ...
+
+
+class InProcess:
+    """The reference transport: every job in this process, one after another."""
+
+    name = "reference"
+    keeps_client_state = False
+
+    def attach(self, host: ClientHost) -> None:
+        self.host = host
+
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
+        return {job.cid: self.host.run(rnd, job) for job in jobs}
+
+    def close(self) -> None:
+        pass
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": self.name, "workers": 1}
+
+
+class RoundLoop:
+    """Rounds of one algorithm over one federation, carried by ``transport`` (default in-process)."""
+
+    def __init__(self, host: ClientHost, clients_per_round: int, transport: Transport | None = None):
+        self.host = host
+        self.algorithm = host.algorithm
+        self.federation = host.federation
+        self.clients_per_round = clients_per_round
+        self.seed = host.seed
+        self.transport: Transport = transport if transport is not None else InProcess()
+        self.transport.attach(host)
+        self.server_state: State = self.algorithm.init_server_state(
+            {a: {k: v.clone() for k, v in w.items()} for a, w in host.init_models.items()})
+        self.client_states: dict[int, State] = {}
+        self.ledger = CommLedger()
+
+    def sample_clients(self, rnd: int) -> list[int]:
+        rng = numpy_rng(self.seed, "sample", rnd)
+        k = self.federation.num_clients
+        return [int(c) for c in rng.choice(k, size=self.clients_per_round, replace=False)]
+
+    def round_context(self, rnd: int, evaluating: bool = False) -> RoundContext:
+        return RoundContext(
+            round=rnd, clients=self.sample_clients(rnd), num_clients=self.federation.num_clients,
+            num_classes=self.federation.num_classes,
+            client_sizes={c: len(t) for c, t in enumerate(self.federation.train_idx)},
+            rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating)
+
+    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
+        ctx = self.round_context(rnd, evaluating)
+        stats = RoundStats(rnd, ctx.clients)
+        gen = self.algorithm.round(self.server_state, ctx)
+        replies: Replies | None = None
+        t_train = 0.0
+        t0 = time.perf_counter()
+        try:
+            while True:
+                phase = gen.send(replies)      # type: ignore[arg-type]  # the first send must be None
+                stats.phases += 1
+                t1 = time.perf_counter()
+                replies = self.deliver_phase(phase, rnd, stats)
+                t_train += time.perf_counter() - t1
+        except StopIteration as stop:
+            new_state = stop.value
+        if new_state is None:
+            raise RuntimeError(f"{self.algorithm.name}.round() returned no server state")
+        self.server_state = new_state
+        stats.train_seconds = t_train
+        stats.aggregate_seconds = time.perf_counter() - t0 - t_train
+        return stats
+
+    def deliver_phase(self, phase: Phase, rnd: int, stats: RoundStats) -> Replies:
+        keep = not self.transport.keeps_client_state
+        jobs = [Job(cid, msg, self.client_states.get(cid) if keep else None, stats.tally(cid))
+                for cid, msg in phase.items()]
+        for job in jobs:
+            self.ledger.record(rnd, "down", job.message)
+        results = self.transport.deliver(rnd, jobs)
+        replies: Replies = {}
+        for job in jobs:               # the phase's order, whatever order the transport finished in
+            result = results.get(job.cid)
+            if result is None:
+                continue
+            if keep:
+                if result.state is None:
+                    self.client_states.pop(job.cid, None)
+                else:
+                    self.client_states[job.cid] = result.state
+            stats.apply(job.cid, job.tally, result.tally)
+            self.ledger.record(rnd, "up", result.reply)
+            replies[job.cid] = result.reply
+        return replies
+
+    # --- evaluation support -------------------------------------------------------------
+    def client_model(self, cid: int) -> Arrays:
+        weights = self.algorithm.client_model(cid, self.server_state, self.client_states.get(cid))
+        return weights if weights is not None else self.host.init_models[self.host.client_arch[cid]]
+
+    # --- checkpointing ------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"server_state": self.server_state, "client_states": self.client_states,
+                "ledger": self.ledger.state_dict()}
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        self.server_state = snap["server_state"]
+        self.client_states = snap["client_states"]
+        self.ledger.load_state_dict(snap["ledger"])
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> RoundLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

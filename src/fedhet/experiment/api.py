@@ -1,0 +1,80 @@
+"""fedhet from Python: ``fedhet.run(config)`` for notebooks and scripts.
+
+    import fedhet
+    res = fedhet.run("configs/quickstart.yaml", {"train.rounds": 5}, out="runs/try")
+    print(res.summary["headline"])                 # best / final with the rules that chose them
+    accs = res.metric("global_acc")                # [(round, value), ...]
+    res.rows[-1]["comm"]                           # every metrics.jsonl record, as dicts
+
+The run is the same as ``fedhet run``: a run directory with config.yaml, metrics.jsonl,
+summary.json, checkpoints and plots; ``metrics.jsonl`` stays the source of truth.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import ExperimentConfig, load_config
+from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.runner import Experiment
+
+
+@dataclass
+class Results:
+    """What one run produced: the summary, the per-round records and where they are on disk."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+    def metric(self, name: str) -> list[tuple[int, float]]:
+        """``(round, value)`` of ``name`` over the rounds that recorded it."""
+        return [(r["round"], r[name]) for r in self.rows if r.get(name) is not None]
+
+
+def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] | list[str] | None
+               ) -> ExperimentConfig:
+    assignments: list[str]
+    if overrides is None:
+        assignments = []
+    elif isinstance(overrides, dict):
+        # Values go through the same parser as `--set key=value` (YAML scalars, lists, mappings).
+        import yaml
+
+        assignments = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+                       for k, v in overrides.items()]
+    else:
+        assignments = list(overrides)
+    if isinstance(config, ExperimentConfig):
+        raw = config.model_dump(mode="json")
+        return load_config(overrides=assignments, raw=raw) if assignments else config
+    if isinstance(config, dict):
+        return load_config(overrides=assignments, raw=copy.deepcopy(config))
+    if isinstance(config, (str, Path)):
+        return load_config(config, assignments)
+    raise ConfigError(f"fedhet.run: config must be a YAML path, a dict or an ExperimentConfig, "
+                      f"not {type(config).__name__}")
+
+
+def run(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] | list[str] | None = None, *,
+        out: str | Path | None = None, progress: bool = False) -> Results:
+    """Run one experiment and return its :class:`Results`.
+
+    ``config``: a YAML path, a dict shaped like the YAML, or an ``ExperimentConfig``;
+    ``overrides``: ``{"train.rounds": 5}`` or ``["train.rounds=5"]`` (as ``--set``);
+    ``out``: the run directory (default: ``run.out_dir/<name>-s<seed>-<time>``)."""
+    cfg = _as_config(config, overrides)
+    exp = Experiment.create(cfg, out)
+    summary = exp.run(progress=progress)
+    return Results(exp.run_dir, summary, read_metrics(exp.run_dir))
+
+
+def resume(run_dir: str | Path, *, progress: bool = False) -> Results:
+    """Continue an interrupted run from its last checkpoint (``fedhet run --resume``)."""
+    exp = Experiment.resume(run_dir)
+    summary = exp.run(progress=progress)
+    return Results(exp.run_dir, summary, read_metrics(exp.run_dir))

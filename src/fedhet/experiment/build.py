@@ -1,0 +1,99 @@
+"""Building everything a run needs from a config: pure, no files written.
+
+:func:`build` is used by the run loop (:mod:`fedhet.experiment.runner`) and by a Flower node,
+which needs the same federation, models, algorithm and settings to run its clients bit for bit
+as the simulator does, and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pydantic
+import torch
+
+from fedhet.algorithms import algorithm_class
+from fedhet.algorithms.base import Algorithm
+from fedhet.core.contract import TrainSettings
+from fedhet.core.errors import ConfigError
+from fedhet.core.seeding import derive_seed
+from fedhet.data.federated import Federation, build_federation
+from fedhet.engine import ClientHost
+from fedhet.experiment.config import ExperimentConfig
+from fedhet.models import build_model
+from fedhet.training.precision import auto_precision
+
+
+def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
+    try:
+        cls = algorithm_class(cfg.algorithm.name)
+    except KeyError as e:
+        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
+    try:
+        params = cls.Params.model_validate(cfg.algorithm.params)
+    except pydantic.ValidationError as e:
+        bad = "; ".join(f"algorithm.params.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
+                          f"{', '.join(cls.Params.model_fields) or 'none'})") from None
+    return cls(params)
+
+
+def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torch.nn.Module], list[str]]:
+    """One model instance per architecture, initialised from the run seed; client i gets archs[i % n]."""
+    archs = cfg.model.archs()
+    models = {}
+    for arch in dict.fromkeys(archs):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive_seed(cfg.seed, "init", arch))
+            try:
+                models[arch] = build_model(arch, in_channels=fed.in_channels, num_classes=fed.num_classes,
+                                           image_size=fed.image_size, split=cfg.model.split, norm=cfg.model.norm,
+                                           **cfg.model.options)
+            except (ValueError, TypeError) as e:
+                raise ConfigError(f"model: {e}") from None
+    return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
+
+
+def resolve_precision(requested: str, device: str = "cpu") -> str:
+    # 'auto' means bf16 only where the hardware runs it natively AND precision.AUTO_BF16 is on (it
+    # is, since the bf16 accuracy check passed; docs/performance.md).
+    return auto_precision(device) if requested == "auto" else requested
+
+
+def train_settings(cfg: ExperimentConfig, precision: str) -> TrainSettings:
+    t = cfg.train
+    return TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
+                         weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm,
+                         precision=precision)
+
+
+def headline_metric(algorithm: Algorithm, federation: Federation) -> str:
+    """personal_acc for personalized methods and wherever there is no global test set (train+test
+    pooled, FedReMa's protocol, where FedAvg's global model is tested on the local splits); else global_acc."""
+    if algorithm.personalized or not algorithm.has_global_model or federation.test is None:
+        return "personal_acc"
+    return "global_acc"
+
+
+@dataclass
+class Built:
+    """What a config builds: the algorithm, the federation, the models and the client host."""
+
+    cfg: ExperimentConfig
+    algorithm: Algorithm
+    federation: Federation
+    models: dict[str, torch.nn.Module]
+    client_arch: list[str]
+    precision: str
+    host: ClientHost
+    metric: str                     # the headline metric (headline_metric)
+
+
+def build(cfg: ExperimentConfig) -> Built:
+    algorithm = make_algorithm(cfg)
+    federation = build_federation(cfg.data, cfg.seed)
+    models, client_arch = build_models(cfg, federation)
+    precision = resolve_precision(cfg.run.precision, cfg.run.device)
+    host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed)
+    return Built(cfg, algorithm, federation, models, client_arch, precision, host,
+                 headline_metric(algorithm, federation))

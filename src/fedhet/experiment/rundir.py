@@ -1,0 +1,99 @@
+"""The run directory: every file a run writes, written so that a crash loses nothing recorded.
+
+  config.yaml      the resolved config (every default filled in)
+  metrics.jsonl    one line per round, appended, flushed and fsynced as it happens
+  checkpoint.pt    server + client state every ``run.checkpoint_every`` rounds (atomic replace)
+  summary.json     best/final values with the rule that chose them, speed, memory, communication
+  accuracy.png     the accuracy curves
+  partition.json   per-client train/test label counts
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedhet.core.errors import CheckpointError, ConfigError
+
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.yaml"
+PARTITION = "partition.json"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    path = Path(run_dir) / METRICS
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break  # a line cut off by a kill: everything before it is intact
+    return rows
+
+
+class RunDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def holds_run(self) -> bool:
+        return (self.path / METRICS).exists()
+
+    def create(self) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot create the run directory {self.path}: {e.strerror or e}; choose another "
+                              f"--out (or run.out_dir)") from None
+
+    def write_text(self, name: str, text: str) -> None:
+        """Atomically: a reader never sees half a file."""
+        tmp = self.path / (name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, self.path / name)
+
+    def write_json(self, name: str, obj: Any) -> None:
+        self.write_text(name, json.dumps(obj, indent=2))
+
+    # --- metrics ------------------------------------------------------------------------
+    def read_metrics(self) -> list[dict]:
+        return read_metrics(self.path)
+
+    def append_metrics(self, row: dict) -> None:
+        with open(self.path / METRICS, "a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def truncate_metrics(self, done_rounds: int) -> None:
+        """Drop metric lines of rounds after the checkpoint: they will be recomputed identically."""
+        rows = self.read_metrics()
+        with open(self.path / METRICS, "w") as f:
+            for row in rows:
+                if row["round"] <= done_rounds:
+                    f.write(json.dumps(row) + "\n")
+
+    # --- checkpoints --------------------------------------------------------------------
+    def save(self, name: str, obj: Any) -> None:
+        tmp = self.path / (name + ".tmp")
+        torch.save(obj, tmp)
+        os.replace(tmp, self.path / name)
+
+    def load_checkpoint(self) -> dict | None:
+        ckpt = self.path / CHECKPOINT
+        if not ckpt.exists():
+            return None
+        try:
+            return torch.load(ckpt, weights_only=False)
+        except Exception as e:  # a truncated or foreign file: say so, keep the metrics
+            raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}. The recorded metrics in "
+                                  f"{self.path / METRICS} are intact; delete the checkpoint to restart the run "
+                                  f"from round 1.") from None

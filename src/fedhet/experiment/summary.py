@@ -1,0 +1,56 @@
+"""What summary.json says about a run: best and final values with their rules, speed, memory,
+machine and commit."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import subprocess
+from pathlib import Path
+
+import torch
+
+from fedhet import __version__
+
+SUMMARIZED_METRICS = ("global_acc", "global_labeldist_acc", "personal_acc", "personal_acc_pooled")
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def machine_info() -> dict:
+    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(), "fedhet": __version__, "commit": git_commit()}
+
+
+def peak_memory_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def summarize_metrics(rows: list[dict], metric: str, window: int) -> dict:
+    """Best (max over evaluated rounds) and final (mean of the last ``window`` evaluations) of ``metric``."""
+    values = [(r["round"], r[metric]) for r in rows if r.get(metric) is not None]
+    if not values:
+        return {}
+    best_round, best = max(values, key=lambda rv: (rv[1], -rv[0]))
+    tail = [v for _, v in values[-window:]]
+    return {"best": best, "best_round": best_round, "best_rule": f"max of {metric} over evaluated rounds",
+            "final": sum(tail) / len(tail), "final_rule": f"mean of {metric} over the last {len(tail)} evaluations",
+            "last": values[-1][1]}
+
+
+def speed(rows: list[dict]) -> dict:
+    secs = [r["seconds"]["total"] for r in rows]
+    train_secs = [r["seconds"]["train"] for r in rows]
+    samples = sum(r["samples"] for r in rows)
+    return {"seconds_per_round_median": statistics.median(secs) if secs else None,
+            "train_seconds_per_round_median": statistics.median(train_secs) if train_secs else None,
+            "client_samples_per_second": samples / sum(train_secs) if train_secs and sum(train_secs) > 0 else None}

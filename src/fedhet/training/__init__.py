@@ -1,0 +1,1 @@
+"""Local training: pure loss terms, the optimizer kernels, train_local, precision."""

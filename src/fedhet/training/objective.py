@@ -1,0 +1,70 @@
+"""Functional local objectives: a loss is a sum of terms over (forward output, batch, weights).
+
+A term is a small callable built per client update with the constants it needs (the
+received global weights for FedProx, anchors for FedFM, ...), so one objective object never
+holds hidden state across clients. Terms compose: ``[CrossEntropy(), Proximal(w_g, mu)]``
+is FedProx, and a method's own term is appended the same way (``fedprox+fm``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedhet.core.contract import Arrays, Batch, Forward
+
+
+class LossTerm:
+    """One additive term of a local objective. ``name`` labels it in the logged loss parts."""
+
+    name: str = "term"
+    # True when the call is a pure function of (forward, batch, weights) and the term's tensor
+    # attributes - no Python-side state, no data-dependent Python branching - so the vectorized
+    # engine may rebuild it under ``vmap`` from stacked constants. Terms opt in.
+    vectorizable: bool = False
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        raise NotImplementedError
+
+    def statistics(self, out: Forward, batch: Batch) -> dict[str, torch.Tensor]:
+        """Detached per-batch totals this term observes (FedCME's per-class feature sums).
+
+        Local training adds them up over every step, in step order, under the key
+        ``"<name>.<key>"`` of ``LocalResult.statistics``; the term itself keeps no state, so
+        ``__call__`` stays a pure function. Default: none. Like ``__call__`` of a vectorizable
+        term, it must be vmappable (no data-dependent Python branching)."""
+        return {}
+
+
+class CrossEntropy(LossTerm):
+    """Mean cross-entropy of the logits, the data term of every method in fedhet."""
+
+    name = "ce"
+    vectorizable = True
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        return F.cross_entropy(out.logits, batch.y)
+
+
+def total_loss(terms: list[LossTerm], out: Forward, batch: Batch, weights: Arrays) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Sum of the terms, and each term's (detached) value for logging."""
+    parts = {}
+    loss = None
+    for term in terms:
+        value = term(out, batch, weights)
+        parts[term.name] = value.detach()
+        loss = value if loss is None else loss + value
+    if loss is None:
+        raise ValueError("a local objective needs at least one loss term")
+    return loss, parts
+
+
+def accumulate_statistics(terms: list[LossTerm], out: Forward, batch: Batch,
+                          totals: dict[str, torch.Tensor]) -> None:
+    """Add every term's :meth:`LossTerm.statistics` of this step to ``totals`` (in place):
+    ``totals["<name>.<key>"] = totals[...] + value``, the first value taken as is."""
+    for term in terms:
+        for key, value in term.statistics(out, batch).items():
+            full = f"{term.name}.{key}"
+            prev = totals.get(full)
+            totals[full] = value if prev is None else prev + value

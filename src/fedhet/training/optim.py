@@ -1,0 +1,196 @@
+"""The optimizer kernels of local training, as plain tensor arithmetic.
+
+One definition of each update rule, used by :func:`fedhet.training.local.train_local` on one
+client's tensors and by the vectorized engine on tensors stacked over clients (the arithmetic is
+elementwise, so a leading client dimension changes nothing but the per-client first step):
+
+* :class:`SGD` - ``torch.optim.SGD`` (lr, momentum, dampening, weight_decay, nesterov);
+* :class:`Adam` - ``torch.optim.Adam`` (lr, betas, eps, weight_decay, amsgrad);
+* :func:`clip_grad_norm` - ``torch.nn.utils.clip_grad_norm_`` (total 2-norm over the gradients).
+
+Each is written op for op after torch's single-tensor ("for-loop", ``foreach=False``)
+implementation, the one the CPU uses, so the results are bit-identical to torch's on the CPU
+(tests/test_optim.py checks it with ``torch.equal``). Using them instead of ``torch.optim``
+keeps local training free of ``torch.optim.Optimizer.step``, which imports ``torch._dynamo``
+(several seconds and ~hundreds of MB) on first use.
+
+State is a dict ``{parameter name: {slot: tensor}}``; a frozen parameter is simply not among
+the parameters passed in and has no state. A parameter whose gradient is None takes no step and
+keeps its state, as in torch. :meth:`Optimizer.export` / :meth:`Optimizer.load` turn it into the
+flat ``Arrays`` of ``LocalResult.optimizer_state``: for SGD ``{name: momentum buffer}`` (as
+before), for Adam ``{"<name>/<slot>": tensor}`` with slots ``step``, ``exp_avg``,
+``exp_avg_sq`` (and ``max_exp_avg_sq`` with amsgrad).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from fedhet.core.contract import Arrays, TrainSettings
+
+OptState = dict[str, dict[str, torch.Tensor]]
+
+
+@torch.no_grad()
+def clip_grad_norm(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale ``grads`` in place so their total 2-norm is at most ``max_norm``; returns the norm
+    before clipping. ``torch.nn.utils.clip_grad_norm_`` (same ops, same order)."""
+    if not grads:
+        return torch.tensor(0.0)
+    norms = torch._foreach_norm(grads, 2.0)
+    total = torch.linalg.vector_norm(torch.stack(list(norms)), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)
+    return total  # type: ignore[no-any-return]
+
+
+def clip_coefficient(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The clipping factor of :func:`clip_grad_norm` from per-parameter norms stacked on dim 0
+    (any trailing dims, e.g. one per client)."""
+    total = torch.linalg.vector_norm(norms, 2.0, dim=0)
+    return torch.clamp(max_norm / (total + 1e-6), max=1.0)
+
+
+class Optimizer:
+    """Interface of the kernels: ``init_state(names)``, ``step(params, grads, state)``."""
+
+    slots: tuple[str, ...] = ()
+
+    def init_state(self, names: Iterable[str]) -> OptState:
+        return {n: {} for n in names}
+
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
+        raise NotImplementedError
+
+    def export(self, state: OptState) -> Arrays:
+        out = {}
+        for name, slots in state.items():
+            for slot, t in slots.items():
+                out[f"{name}/{slot}"] = t.detach().clone(memory_format=torch.contiguous_format)
+        return out
+
+    def load(self, arrays: Arrays | None, names: Iterable[str]) -> OptState:
+        state = self.init_state(names)
+        for name in state:
+            for slot in self.slots:
+                t = (arrays or {}).get(f"{name}/{slot}")
+                if t is not None:
+                    state[name][slot] = t.clone()
+        return state
+
+
+class SGD(Optimizer):
+    """``torch.optim.SGD`` (single-tensor path), per parameter:
+
+    ``g += wd * p``; with momentum ``buf = g`` on the first step, else
+    ``buf = momentum * buf + (1 - dampening) * g``; ``d = g + momentum * buf`` (Nesterov) or
+    ``buf``; ``p -= lr * d``.
+    """
+
+    slots = ("momentum_buffer",)
+
+    def __init__(self, lr: float, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                 nesterov: bool = False):
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        self.lr, self.momentum, self.dampening = float(lr), float(momentum), float(dampening)
+        self.weight_decay, self.nesterov = float(weight_decay), bool(nesterov)
+
+    def direction(self, p: torch.Tensor, g: torch.Tensor, buf: torch.Tensor | None,
+                  had: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(update direction, new momentum buffer)`` for one (possibly client-stacked) tensor.
+
+        ``buf`` None: first step (the buffer starts as the gradient). ``had``: a bool mask
+        broadcastable to ``g`` saying which clients already have a buffer (the others start
+        theirs from the gradient); None means all or none, by ``buf``."""
+        if self.weight_decay != 0:
+            g = g.add(p, alpha=self.weight_decay)
+        if self.momentum == 0:
+            return g, None
+        if buf is None:
+            new = g.detach().clone()
+        else:
+            new = buf.mul(self.momentum).add_(g, alpha=1 - self.dampening)
+            if had is not None:
+                new = torch.where(had, new, g)
+        d = g.add(new, alpha=self.momentum) if self.nesterov else new
+        return d, new
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
+        for name, p in params.items():
+            g = grads.get(name)
+            if g is None:
+                continue
+            d, buf = self.direction(p, g, state[name].get("momentum_buffer"))
+            if buf is not None:
+                state[name]["momentum_buffer"] = buf
+            p.add_(d, alpha=-self.lr)
+
+    def export(self, state: OptState) -> Arrays:
+        return {name: s["momentum_buffer"].detach().clone(memory_format=torch.contiguous_format)
+                for name, s in state.items() if "momentum_buffer" in s}
+
+    def load(self, arrays: Arrays | None, names: Iterable[str]) -> OptState:
+        state = self.init_state(names)
+        if self.momentum > 0:
+            for name in state:
+                if arrays and name in arrays:
+                    state[name]["momentum_buffer"] = arrays[name].clone()
+        return state
+
+
+class Adam(Optimizer):
+    """``torch.optim.Adam`` (single-tensor path, L2 weight decay, no ``maximize``), per parameter."""
+
+    slots = ("step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+    def __init__(self, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, amsgrad: bool = False):
+        self.lr, self.beta1, self.beta2 = float(lr), float(betas[0]), float(betas[1])
+        self.eps, self.weight_decay, self.amsgrad = float(eps), float(weight_decay), bool(amsgrad)
+
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
+        for name, p in params.items():
+            g = grads.get(name)
+            if g is None:
+                continue
+            s = state[name]
+            if not s:
+                s["step"] = torch.tensor(0.0, dtype=torch.float32)
+                s["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                s["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if self.amsgrad:
+                    s["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            s["step"] += 1
+            if self.weight_decay != 0:
+                g = g.add(p, alpha=self.weight_decay)
+            exp_avg, exp_avg_sq = s["exp_avg"], s["exp_avg_sq"]
+            exp_avg.lerp_(g, 1 - self.beta1)
+            exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+            step = s["step"].item()
+            bias_correction1 = 1 - self.beta1 ** step
+            bias_correction2 = 1 - self.beta2 ** step
+            step_size = self.lr / bias_correction1
+            bias_correction2_sqrt = bias_correction2 ** 0.5
+            if self.amsgrad:
+                torch.maximum(s["max_exp_avg_sq"], exp_avg_sq, out=s["max_exp_avg_sq"])
+                denom = (s["max_exp_avg_sq"].sqrt() / bias_correction2_sqrt).add_(self.eps)
+            else:
+                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+            p.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def make_optimizer(settings: TrainSettings) -> Optimizer:
+    """The kernel ``settings.optimizer`` names, with the settings' hyper-parameters."""
+    kind = getattr(settings, "optimizer", "sgd")
+    if kind == "sgd":
+        return SGD(settings.lr, settings.momentum, getattr(settings, "dampening", 0.0), settings.weight_decay,
+                   getattr(settings, "nesterov", False))
+    if kind == "adam":
+        return Adam(settings.lr, getattr(settings, "betas", (0.9, 0.999)), getattr(settings, "eps", 1e-8),
+                    settings.weight_decay, getattr(settings, "amsgrad", False))
+    raise ValueError(f"unknown optimizer {kind!r}; use 'sgd' or 'adam'")

@@ -1,0 +1,35 @@
+"""Which precision a run trains in: ``precision: auto`` and the bf16 hardware check."""
+
+from __future__ import annotations
+
+import torch
+
+# ``precision: auto`` resolves to bf16 only when this is True AND :func:`bf16_native` holds. The
+# bf16 accuracy check passed (FedAvg, FMNIST alpha 0.5, 2 seeds x 15 rounds: final 79.88 in both
+# precisions; benchmarks/results/bf16_accuracy_fedavg_fmnist_a0.5_k50_m10_r15.md).
+AUTO_BF16 = True
+
+
+def bf16_native(device: str | torch.device | None = "cpu") -> bool:
+    """Whether ``device`` computes bf16 natively (not emulated): CPUs with AVX512-BF16 or AMX,
+    CUDA GPUs of compute capability 8.0 or newer. Other devices (ARM CPUs, MPS) answer False."""
+    try:
+        dev = torch.device(device or "cpu")
+    except (RuntimeError, TypeError):
+        return False
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return False
+        try:
+            return bool(torch.cuda.is_bf16_supported(including_emulation=False))
+        except TypeError:
+            return torch.cuda.get_device_capability(dev)[0] >= 8
+    if dev.type == "cpu":
+        checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        return any(bool(check()) for check in checks if check is not None)
+    return False
+
+
+def auto_precision(device: str | torch.device | None = "cpu") -> str:
+    """What ``precision: auto`` means on ``device`` (reads :data:`AUTO_BF16` at call time)."""
+    return "bf16" if AUTO_BF16 and bf16_native(device) else "fp32"

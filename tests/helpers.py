@@ -1,0 +1,73 @@
+"""Helpers shared by the tests (one place for each): configs, loops built like the runner builds
+them, round contexts, and exact / tolerant comparison of nested states."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from fedhet.core.contract import RoundContext
+from fedhet.data.federated import build_federation
+from fedhet.engine import ClientHost, RoundLoop
+from fedhet.engine.host import Tally
+from fedhet.experiment.build import build_models, make_algorithm, train_settings
+from fedhet.experiment.config import load_config
+
+
+def config(small_config: dict, algorithm: str = "fedavg", params: dict | None = None, **train):
+    """``small_config`` with another algorithm and train settings, validated."""
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": algorithm, "params": dict(params or {})}
+    raw["train"].update(train)
+    return load_config(raw=raw)
+
+
+def build_host(cfg, fed=None, models=None, algorithm=None, precision: str = "fp32") -> ClientHost:
+    fed = fed or build_federation(cfg.data, cfg.seed)
+    built_models, client_arch = build_models(cfg, fed)
+    return ClientHost(algorithm or make_algorithm(cfg), fed, models or built_models, client_arch,
+                      train_settings(cfg, precision), cfg.seed)
+
+
+def build_loop(cfg, transport=None, **host_options) -> RoundLoop:
+    """A round loop built as the runner builds it, on ``transport`` (default: in-process)."""
+    return RoundLoop(build_host(cfg, **host_options), cfg.train.clients_per_round, transport)
+
+
+def ctx(clients, num_classes: int = 10, rnd: int = 0, num_clients: int | None = None, sizes=None,
+        evaluating: bool = False) -> RoundContext:
+    """A round context by hand (sizes: one int for all clients, a dict, or None for 100 each)."""
+    n = num_clients or (max(clients) + 1)
+    if sizes is None or isinstance(sizes, int):
+        sizes = {c: sizes or 100 for c in range(n)}
+    return RoundContext(round=rnd, clients=list(clients), num_clients=n, num_classes=num_classes,
+                        client_sizes=sizes, rng=np.random.default_rng(0), evaluating=evaluating)
+
+
+def runtime(loop: RoundLoop, cid: int, rnd: int = 0):
+    """The in-process client runtime of ``cid`` in round ``rnd`` (a fresh round tally)."""
+    return loop.host.runtime(cid, rnd, Tally())
+
+
+def assert_identical(a, b, where: str = "state") -> None:
+    """Exact equality of nested states: tensors bit for bit (dtype and shape too)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_identical(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def deliver(loop: RoundLoop, cid: int, msg, rnd: int, stats):
+    """One client's message through the loop, as a one-client phase; its reply."""
+    return loop.deliver_phase({cid: msg}, rnd, stats)[cid]
