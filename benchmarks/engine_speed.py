@@ -47,10 +47,11 @@ import torch
 
 from fedhet.core.contract import ClientData, TrainSettings
 from fedhet.core.seeding import torch_generator
-from fedhet.engine import choose_engine, engine_info, round_sample_estimate
+from fedhet.engine import choose_engine, round_sample_estimate
 from fedhet.engine.parallel import usable_cpus
 from fedhet.experiment.config import load_config
-from fedhet.experiment.runner import Experiment, machine_info, read_metrics
+from fedhet.experiment.runner import Experiment, read_metrics
+from fedhet.experiment.summary import machine_info
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
 from fedhet.training.precision import bf16_native
@@ -104,7 +105,7 @@ def run_mode(setting: str, engine: str, precision: str, rounds: int, tmp: Path, 
                       - r["seconds"]["evaluate"] for r in rows]
     rates = [r["samples"] / r["seconds"]["train"] for r in rows]
     non_train = [(r["seconds"]["total"] - r["seconds"]["train"]) / r["seconds"]["total"] for r in rows]
-    return {"setting": setting, "engine": engine, "precision": precision, "info": engine_info(exp.loop),
+    return {"setting": setting, "engine": engine, "precision": precision, "info": exp.engine_info(),
             "rounds_measured": len(rows), "samples_per_round": median([r["samples"] for r in rows]),
             "samples_per_s": median(rates), "samples_per_s_all": rates,
             "seconds": {k: median(v) for k, v in parts.items()}, "non_train_share": median(non_train),
@@ -126,8 +127,8 @@ def ceiling(setting: str, precision: str, tmp: Path, quick: bool) -> dict:
     data = ClientData(fed.pool.x, fed.pool.y, idx, fed.mean, fed.std)
     epochs = max(1, -(-target // len(idx)))
     settings = TrainSettings(epochs=epochs, batch_size=big, lr=0.01, precision=precision)
-    model = next(iter(sim.models.values()))
-    weights = sim.init_models[sim.client_arch[0]]
+    model = next(iter(sim.host.models.values()))
+    weights = sim.host.init_models[sim.host.client_arch[0]]
     gen = lambda e: torch_generator(0, "ceiling", e)  # noqa: E731
     warm = ClientData(fed.pool.x, fed.pool.y, idx[:4 * big], fed.mean, fed.std)
     train_local(model, weights, warm, [CrossEntropy()], TrainSettings(epochs=1, batch_size=big, lr=0.01,
@@ -325,7 +326,7 @@ def main() -> int:
                 result["bf16_speedup"][f"{setting} {engine}"] = by[(engine, "bf16")] / by[(engine, "fp32")]
             cfg = load_config(raw=raw_config(setting, str(tmp), 1, quick=a.quick))
             exp = Experiment(cfg, tmp / "auto")
-            est = round_sample_estimate(exp.federation, exp.loop.settings, cfg.train.clients_per_round)
+            est = round_sample_estimate(exp.federation, exp.loop.host.settings, cfg.train.clients_per_round)
             result["auto_choice"][setting] = choose_engine(clients_per_round=cfg.train.clients_per_round,
                                                            round_samples=est).as_dict()
     if not a.no_memory:
