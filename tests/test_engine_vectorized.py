@@ -38,7 +38,7 @@ from fedhet.training.objective import CrossEntropy, LossTerm
 TIGHT = 1e-6         # atol, smooth model
 KINK = 1e-3          # atol, cnn2: ReLU/max-pool kink flips; measured up to 3.3e-4 after two rounds on an AVX512-BF16 CPU (also at the parent commit)
 RTOL = 1e-5
-MODEL_RTOL = 1e-5
+MODEL_RTOL = 1e-3    # relative norm of the model difference; kink flips on cnn2 measured 4e-4 here (the parent commit failed 1e-5 too)
 EQUAL = {"kind": "iid"}
 # Dir(0.3) sizes over 6 clients: tiny and large clients side by side (checked below).
 UNEQUAL = {"kind": "quantity_skew", "alpha": 0.3, "min_size": 5}
