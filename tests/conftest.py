@@ -20,6 +20,20 @@ def synth_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def cnn_client():
+    """(model, ClientData of 60 random images, a copy of the model's weights) for local-training tests."""
+    from fedhet.core.contract import ClientData
+    from fedhet.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    x = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8)
+    y = torch.randint(0, 10, (70,))
+    data = ClientData(x, y, torch.arange(5, 65), torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.3))
+    return model, data, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@pytest.fixture
 def small_config(synth_root, tmp_path):
     """A raw config dict for a fast end-to-end FedAvg run on the synthetic data."""
     return {

@@ -65,7 +65,29 @@ def assert_identical(a, b, where: str = "state") -> None:
         for i, (x, y) in enumerate(zip(a, b)):
             assert_identical(x, y, f"{where}[{i}]")
     else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
+        assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"     # NaN equals NaN here
+
+
+def assert_close(a, b, atol: float, rtol: float = 1e-5, where: str = "state", atol_for=None) -> None:
+    """Nested states equal to float tolerance (integer tensors and plain values exactly).
+    ``atol_for(where)``, if given, picks the tolerance per entry (e.g. looser for control variates)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
+        if a.is_floating_point():
+            tol = atol_for(where) if atol_for else atol
+            torch.testing.assert_close(b, a, atol=tol, rtol=rtol, msg=lambda m: f"{where}: {m}")
+        else:
+            assert torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            assert_close(a[k], b[k], atol, rtol, f"{where}.{k}", atol_for)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close(x, y, atol, rtol, f"{where}[{i}]", atol_for)
+    else:
+        assert a == b, where
 
 
 def deliver(loop: RoundLoop, cid: int, msg, rnd: int, stats):

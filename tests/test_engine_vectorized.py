@@ -22,7 +22,7 @@ import copy
 
 import pytest
 import torch
-from helpers import build_loop
+from helpers import assert_close, build_loop
 from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvg
@@ -36,7 +36,7 @@ from fedhet.models.base import SplitModel
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 TIGHT = 1e-6         # atol, smooth model
-KINK = 1e-3          # atol, cnn2: ReLU/max-pool kink flips; measured up to 3.3e-4 after two rounds on an AVX512-BF16 CPU (also at the parent commit)
+KINK = 2e-3          # atol, cnn2: ReLU/max-pool kink flips move isolated elements; measured up to 1.1e-3 after two rounds on an AVX512-BF16 CPU (fedcme-oe-equal-nobn: 2 of 524,288 fc1 weights; same losses at the parent commit)
 RTOL = 1e-5
 MODEL_RTOL = 1e-3    # relative norm of the model difference; kink flips on cnn2 measured 4e-4 here (the parent commit failed 1e-5 too)
 EQUAL = {"kind": "iid"}
@@ -99,23 +99,8 @@ def build(cfg, engine, bn=False, algorithm=None, fed=None):
 
 
 def assert_tensors_close(a, b, atol, where=""):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor), where
-        if a.is_floating_point():
-            tol = 10 * atol if ".control" in where else atol
-            torch.testing.assert_close(b, a, atol=tol, rtol=RTOL, msg=lambda m: f"{where}: {m}")
-        else:
-            assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert set(a) == set(b), where
-        for k in a:
-            assert_tensors_close(a[k], b[k], atol, f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_tensors_close(x, y, atol, f"{where}[{i}]")
-    else:
-        assert a == b, where
+    # SCAFFOLD's control variates are differences of models divided by lr * steps: 10x looser.
+    assert_close(a, b, atol, RTOL, where, atol_for=lambda w: 10 * atol if ".control" in w else atol)
 
 
 def assert_engines_agree(ref, vec, atol):
@@ -138,7 +123,8 @@ def run_both(cfg, rounds=2, bn=False, algorithm=None):
     for rnd in range(rounds):
         a, b = ref.run_round(rnd), vec.run_round(rnd)
         assert (a.steps, a.samples, a.phases) == (b.steps, b.samples, b.phases)
-        assert b.mean_train_loss() == pytest.approx(a.mean_train_loss(), rel=1e-4)
+        # rel 1e-3: cnn2 kink flips (fedcme-oe-equal-nobn: 1.23161 vs 1.23124, the same at the parent commit)
+        assert b.mean_train_loss() == pytest.approx(a.mean_train_loss(), rel=1e-3)
     return ref, vec
 
 

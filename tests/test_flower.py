@@ -31,7 +31,7 @@ from flwr.common.serde import (  # noqa: E402
 )
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
-from helpers import deliver  # noqa: E402
+from helpers import assert_identical, deliver  # noqa: E402
 
 from fedhet.core.errors import FedhetError  # noqa: E402
 from fedhet.engine.loop import RoundStats  # noqa: E402
@@ -132,22 +132,6 @@ def flower_run(cfg, run_dir, n=None, drop=None, fail=None, **settings):
     return grid
 
 
-def assert_same(a, b, where="state"):
-    """Equal nested values; tensors bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and list(a) == list(b), f"{where}: keys {list(a)} != {list(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b or (a != a and b != b), f"{where}: {a!r} != {b!r}"
-
-
 def reference_run(cfg, run_dir):
     exp = Experiment.create(cfg, run_dir)
     exp.run(progress=False)
@@ -179,7 +163,7 @@ def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
     ref = reference_run(cfg, tmp_path / "sim")
     flower_run(cfg, tmp_path / "flower")
 
-    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
     sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert len(fl_rows) == len(sim_rows) == cfg.train.rounds
     for s, f in zip(sim_rows, fl_rows):
@@ -246,7 +230,7 @@ def test_dropped_client_is_left_out_of_the_average(small_config, tmp_path):
         gen.send({c: deliver(exp.loop, c, m, 0, stats) for c, m in phase.items() if c != victim})
     expected = stop.value.value
     flower_run(cfg, tmp_path / "run", drop=lambda mtype, pid, rnd: pid == victim)
-    assert_same(load_server_state(tmp_path / "run")["server_state"], expected)
+    assert_identical(load_server_state(tmp_path / "run")["server_state"], expected)
     (row,) = read_metrics(tmp_path / "run")
     assert row["personal_acc_by_client"][victim] is None          # its evaluate message was dropped too
     assert row["flower"]["evaluate"]["answered"] == cfg.data.num_clients - 1
@@ -258,7 +242,7 @@ def test_node_hosting_several_clients(small_config, tmp_path):
     cfg = tiny(small_config, "scaffold")
     ref = reference_run(cfg, tmp_path / "sim")
     flower_run(cfg, tmp_path / "run", n=2)
-    assert_same(load_server_state(tmp_path / "run")["server_state"], ref.loop.server_state)
+    assert_identical(load_server_state(tmp_path / "run")["server_state"], ref.loop.server_state)
     rows = read_metrics(tmp_path / "run")
     assert max(p["waves"] for r in rows for p in r["flower"]["phases"]) == 2
     assert rows[-1]["client_state_floats"] == read_metrics(tmp_path / "sim")[-1]["client_state_floats"]
@@ -298,7 +282,7 @@ def test_codec_roundtrip():
     rd = RecordDict()
     codec.tree_to_records(state, rd, "s")
     back = codec.tree_from_records(_roundtrip(rd), "s")
-    assert_same(back, state)
+    assert_identical(back, state)
     assert len(rd["s.tensors"]) == 4                                 # the aliased tensor travels once
 
     from fedhet.core.contract import Message as FedMessage
@@ -306,8 +290,8 @@ def test_codec_roundtrip():
                      {"partner": None, "num_samples": 12, "loss": 1.5, "tag": "x", "vec": [1, 2], "big": 2**70})
     out, cid, rnd = codec.decode_message(_roundtrip(codec.encode_message(msg, 5, 9)))
     assert (cid, rnd, out.kind) == (5, 9, "exchange")
-    assert_same(out.arrays, msg.arrays)
-    assert_same(out.scalars, msg.scalars)
+    assert_identical(out.arrays, msg.arrays)
+    assert_identical(out.scalars, msg.scalars)
     assert codec.message_type("train") == "train" and codec.message_type("exchange") == "train.exchange"
 
 

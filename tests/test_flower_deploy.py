@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install -e .[flower])")
 
-from test_flower import assert_same  # noqa: E402
+from helpers import assert_identical  # noqa: E402
 
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
@@ -59,7 +59,7 @@ def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
 
     ref = Experiment.create(cfg, tmp_path / "sim")
     ref.run(progress=False)
-    assert_same(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
     sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert [r["round"] for r in rows] == [1, 2]
     for s, f in zip(sim_rows, rows):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fedhet.core.contract import ClientData, TrainSettings
+from fedhet.core.contract import TrainSettings
 from fedhet.core.errors import NumericalError
 from fedhet.core.seeding import torch_generator
 from fedhet.models import build_model
@@ -11,23 +11,12 @@ from fedhet.training.local import epoch_batches, train_local
 from fedhet.training.objective import CrossEntropy
 
 
-@pytest.fixture
-def setup():
-    torch.manual_seed(0)
-    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
-    x = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8)
-    y = torch.randint(0, 10, (70,))
-    data = ClientData(x, y, torch.arange(5, 65), torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.3))
-    weights = {k: v.clone() for k, v in model.state_dict().items()}
-    return model, data, weights
-
-
 def gen(e):
     return torch_generator(1, "batches", e)
 
 
-def test_matches_plain_torch_sgd_with_momentum_and_weight_decay(setup):
-    model, data, weights = setup
+def test_matches_plain_torch_sgd_with_momentum_and_weight_decay(cnn_client):
+    model, data, weights = cnn_client
     s = TrainSettings(epochs=2, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3)
     result = train_local(model, weights, data, [CrossEntropy()], s, gen)
 
@@ -46,9 +35,9 @@ def test_matches_plain_torch_sgd_with_momentum_and_weight_decay(setup):
     assert set(result.optimizer_state) == {n for n, _ in ref.named_parameters()}
 
 
-def test_two_phases_equal_one_call(setup):
+def test_two_phases_equal_one_call(cnn_client):
     """FedCME-style rounds split local epochs into phases; batches depend on the absolute epoch."""
-    model, data, weights = setup
+    model, data, weights = cnn_client
     s2 = TrainSettings(epochs=3, batch_size=16, lr=0.05)
     whole = train_local(model, weights, data, [CrossEntropy()], s2, gen)
     a = train_local(model, weights, data, [CrossEntropy()], TrainSettings(epochs=1, batch_size=16, lr=0.05), gen)
@@ -58,8 +47,8 @@ def test_two_phases_equal_one_call(setup):
         assert torch.equal(whole.weights[k], b.weights[k])
 
 
-def test_persisted_momentum_continues_like_one_optimizer(setup):
-    model, data, weights = setup
+def test_persisted_momentum_continues_like_one_optimizer(cnn_client):
+    model, data, weights = cnn_client
     s = TrainSettings(epochs=1, batch_size=16, lr=0.05, momentum=0.9)
     whole = train_local(model, weights, data, [CrossEntropy()], TrainSettings(epochs=2, batch_size=16, lr=0.05, momentum=0.9), gen)
     a = train_local(model, weights, data, [CrossEntropy()], s, gen)
@@ -70,8 +59,8 @@ def test_persisted_momentum_continues_like_one_optimizer(setup):
     assert any(not torch.allclose(whole.weights[k], fresh.weights[k]) for k in whole.weights)
 
 
-def test_frozen_parameters_stay_bitwise_unchanged(setup):
-    model, data, weights = setup
+def test_frozen_parameters_stay_bitwise_unchanged(cnn_client):
+    model, data, weights = cnn_client
     s = TrainSettings(epochs=1, batch_size=16, lr=0.1)
     result = train_local(model, weights, data, [CrossEntropy()], s, gen, trainable=lambda n: not n.startswith("head."))
     for k, v in weights.items():
@@ -81,15 +70,15 @@ def test_frozen_parameters_stay_bitwise_unchanged(setup):
             assert not torch.equal(result.weights[k], v)
 
 
-def test_input_weights_are_not_modified(setup):
-    model, data, weights = setup
+def test_input_weights_are_not_modified(cnn_client):
+    model, data, weights = cnn_client
     before = {k: v.clone() for k, v in weights.items()}
     train_local(model, weights, data, [CrossEntropy()], TrainSettings(epochs=1, batch_size=16, lr=0.1), gen)
     assert all(torch.equal(before[k], weights[k]) for k in weights)
 
 
-def test_non_finite_loss_names_where(setup):
-    model, data, weights = setup
+def test_non_finite_loss_names_where(cnn_client):
+    model, data, weights = cnn_client
     s = TrainSettings(epochs=3, batch_size=16, lr=1e12)
     with pytest.raises(NumericalError, match="round 4, client 7, algorithm fedavg"):
         train_local(model, weights, data, [CrossEntropy()], s, gen, where="in round 4, client 7, algorithm fedavg")

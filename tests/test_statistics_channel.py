@@ -7,22 +7,15 @@
   reference (in-process) engine to float tolerance.
 """
 
-import copy
-
 import pytest
 import torch
+from helpers import assert_close, build_loop, config
 
 from fedhet.algorithms.fedcme import FeatureAlignment, local_features
 from fedhet.algorithms.feddistill import Distillation
-from fedhet.core.contract import Batch, ClientData, Forward, TrainSettings
+from fedhet.core.contract import Batch, Forward, TrainSettings
 from fedhet.core.seeding import torch_generator
-from fedhet.data.federated import build_federation
-from fedhet.engine.host import ClientHost
-from fedhet.engine.loop import RoundLoop
 from fedhet.engine.vectorized import Vectorized
-from fedhet.experiment.build import build_models, make_algorithm, train_settings
-from fedhet.experiment.config import load_config
-from fedhet.models import build_model
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy, LossTerm
 
@@ -44,22 +37,12 @@ class LabelCounter(LossTerm):
         return {"labels": torch.bincount(batch.y, minlength=10), "n": T(len(batch.y))}
 
 
-@pytest.fixture
-def setup():
-    torch.manual_seed(0)
-    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
-    x = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8)
-    y = torch.randint(0, 10, (70,))
-    data = ClientData(x, y, torch.arange(5, 65), torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.3))
-    return model, data, {k: v.clone() for k, v in model.state_dict().items()}
-
-
 def gen(e):
     return torch_generator(1, "batches", e)
 
 
-def test_train_local_accumulates_statistics_over_every_step(setup):
-    model, data, w = setup
+def test_train_local_accumulates_statistics_over_every_step(cnn_client):
+    model, data, w = cnn_client
     s = TrainSettings(epochs=2, batch_size=16, lr=0.05)
     r = train_local(model, w, data, [CrossEntropy(), LabelCounter()], s, gen)
     assert set(r.statistics) == {"seen.labels", "seen.n"}
@@ -71,9 +54,9 @@ def test_train_local_accumulates_statistics_over_every_step(setup):
     assert train_local(model, w, data, [CrossEntropy()], s, gen).statistics == {}
 
 
-def test_statistics_continue_given_totals_and_are_not_mutated(setup):
+def test_statistics_continue_given_totals_and_are_not_mutated(cnn_client):
     """Two phases with phase A's totals passed in equal one call (FedCME's phase B)."""
-    model, data, w = setup
+    model, data, w = cnn_client
     zeta, defined = torch.randn(10, 512) * 0.1, torch.rand(10) > 0.3
     terms = [CrossEntropy(), FeatureAlignment(0.5, 10, zeta, defined)]
     whole = train_local(model, w, data, terms, TrainSettings(epochs=3, batch_size=16, lr=0.05), gen)
@@ -137,33 +120,11 @@ def test_alignment_and_distillation_under_vmap_equal_per_client_calls():
 
 # --- vectorized engine vs reference --------------------------------------------------------
 def _loop(small_config, algorithm, params, transport, **train):
-    raw = copy.deepcopy(small_config)
-    raw["algorithm"] = {"name": algorithm, "params": params}
-    raw["train"].update(train)
-    cfg = load_config(raw=raw)
-    fed = build_federation(cfg.data, cfg.seed)
-    models, client_arch = build_models(cfg, fed)
-    host = ClientHost(make_algorithm(cfg), fed, models, client_arch, train_settings(cfg, "fp32"), cfg.seed)
-    return RoundLoop(host, cfg.train.clients_per_round, transport)
+    return build_loop(config(small_config, algorithm, params, **train), transport)
 
 
 def _close(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
-        if a.is_floating_point():
-            torch.testing.assert_close(b, a, atol=KINK, rtol=RTOL, msg=lambda m: f"{where}: {m}")
-        else:
-            assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert set(a) == set(b), where
-        for key in a:
-            _close(a[key], b[key], f"{where}.{key}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _close(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
+    assert_close(a, b, KINK, RTOL, where)
 
 
 # Out of the chaotic regime: with mu = 0.1 at lr 0.05 a 1e-7 perturbation of the reference

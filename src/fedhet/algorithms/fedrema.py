@@ -89,7 +89,7 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
-from fedhet.core.split import BODY, HEAD, select
+from fedhet.core.split import BODY, HEAD, select, strip_prefix
 from fedhet.training.objective import LossTerm
 
 
@@ -103,7 +103,7 @@ def probe_feature(seed: int, dim: int) -> torch.Tensor:
 
 def soft_logits(model: torch.nn.Module, head: Arrays, probe: torch.Tensor, temperature: float) -> torch.Tensor:
     """``softmax(phi(h~) / M)`` of a classifier (paper Sec. 4.1)."""
-    weights = {k[len(HEAD):]: v for k, v in head.items()}
+    weights = strip_prefix(head, HEAD)
     with torch.no_grad():
         logits = functional_call(model.head, weights, (probe.unsqueeze(0),), strict=False)
     return torch.softmax(logits.double() / temperature, dim=1).squeeze(0)

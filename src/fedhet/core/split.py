@@ -28,14 +28,6 @@ def select(weights: Arrays, prefix: str) -> Arrays:
     return {k: v for k, v in weights.items() if k.startswith(prefix)}
 
 
-def body_of(weights: Arrays) -> Arrays:
-    return select(weights, BODY)
-
-
-def head_of(weights: Arrays) -> Arrays:
-    return select(weights, HEAD)
-
-
 def strip_prefix(weights: Arrays, prefix: str) -> Arrays:
     """``select(weights, prefix)`` with the prefix removed from the names (a head as a module's state dict)."""
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}

@@ -89,12 +89,19 @@ class SimClient:
         s = settings or self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
-        result = train_local(
-            self.model, weights, self.data, terms if terms is not None else [CrossEntropy()], s,
-            lambda e: self.generator("batches", e), start_epoch=start_epoch, trainable=trainable,
-            optimizer_state=optimizer_state, augment=augment, statistics=statistics, where=self.where())
+        result = self.fit(weights, terms if terms is not None else [CrossEntropy()], s, start_epoch=start_epoch,
+                          trainable=trainable, optimizer_state=optimizer_state, augment=augment,
+                          statistics=statistics)
         self.account(result)
         return result
+
+    def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, start_epoch: int,
+            trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None,
+            augment: Callable[..., Batch] | None, statistics: dict[str, torch.Tensor] | None) -> LocalResult:
+        """The local training itself: ``train_local`` here; the vectorized engine serves it instead."""
+        return train_local(self.model, weights, self.data, terms, settings, lambda e: self.generator("batches", e),
+                           start_epoch=start_epoch, trainable=trainable, optimizer_state=optimizer_state,
+                           augment=augment, statistics=statistics, where=self.where())
 
     def account(self, result: LocalResult) -> None:
         self.tally.add(result)
@@ -127,8 +134,8 @@ class ClientHost:
         return SimClient(self, cid, rnd, tally)
 
     def run(self, rnd: int, job: Job, runtime: SimClient | None = None) -> JobResult:
-        """``algorithm.client_update`` of one job; the tally is a copy, so a failed job changes nothing."""
-        tally = replace(job.tally)
-        client = runtime or self.runtime(job.cid, rnd, tally)
+        """``algorithm.client_update`` of one job. ``runtime`` (default: this host's) must carry a
+        copy of the job's tally, so a failed job changes nothing the loop holds."""
+        client = runtime or self.runtime(job.cid, rnd, replace(job.tally))
         reply, state = self.algorithm.client_update(job.message, job.state, client)
         return JobResult(reply, state, client.tally)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from fedhet.core.contract import Arrays, Phase, Replies, RoundContext, State
 from fedhet.core.seeding import numpy_rng
@@ -47,40 +47,39 @@ class RoundStats:
             self.steps[cid] = after.steps
 
 
-class Transport(Protocol):
-    """Delivers one phase's jobs and returns the results of the clients that answered."""
+class Transport:
+    """Delivers one phase's jobs and returns the results of the clients that answered.
 
-    name: str
+    Subclasses implement :meth:`deliver`; the loop calls :meth:`attach` once with the host whose
+    clients they run, and :meth:`close` at the end of a run."""
+
+    name = "transport"
     # True when client state lives where the clients run (Flower nodes): the loop then neither
     # sends nor stores it.
-    keeps_client_state: bool
-
-    def attach(self, host: ClientHost) -> None: ...
-
-    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]: ...
-
-    def close(self) -> None: ...
-
-    def info(self) -> dict[str, Any]: ...
-
-
-class InProcess:
-    """The reference transport: every job in this process, one after another."""
-
-    name = "reference"
     keeps_client_state = False
+    host: ClientHost
 
     def attach(self, host: ClientHost) -> None:
         self.host = host
 
     def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
-        return {job.cid: self.host.run(rnd, job) for job in jobs}
+        raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        """Release what the transport holds (worker processes, device copies)."""
 
     def info(self) -> dict[str, Any]:
+        """What summary.json records as the run's engine."""
         return {"engine": self.name, "workers": 1}
+
+
+class InProcess(Transport):
+    """The reference transport: every job in this process, one after another."""
+
+    name = "reference"
+
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
+        return {job.cid: self.host.run(rnd, job) for job in jobs}
 
 
 class RoundLoop:

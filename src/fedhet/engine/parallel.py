@@ -45,6 +45,7 @@ import torch
 
 from fedhet.core.contract import Message
 from fedhet.engine.host import ClientHost, Job, JobResult
+from fedhet.engine.loop import Transport
 
 # --- exact, fast tensor transport -------------------------------------------------------
 # Python's default tensor pickling goes through torch.save (about 10x slower for a 2 MB model);
@@ -192,7 +193,7 @@ class _Worker:
         self.conn = conn
 
 
-class Forked:
+class Forked(Transport):
     """A transport whose phases run their clients in ``workers`` forked processes.
 
     The processes start with the first phase and live until :meth:`close` (or the end of the
@@ -202,16 +203,12 @@ class Forked:
     """
 
     name = "parallel"
-    keeps_client_state = False
 
     def __init__(self, workers: int = 2):
         if int(workers) < 1:
             raise ValueError(f"run.workers must be at least 1, got {workers}")
         self.workers = int(workers)
         self._pool: list[_Worker] | None = None
-
-    def attach(self, host: ClientHost) -> None:
-        self.host = host
 
     def info(self) -> dict:
         return {"engine": self.name, "workers": self.workers}

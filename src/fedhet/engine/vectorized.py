@@ -45,7 +45,7 @@ loss term that does not declare itself pure (``LossTerm.vectorizable``), request
 optimizer other than SGD (Adam), requests with
 ``augment`` (an opaque per-client callable), requests with zero steps, and - when
 ``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not
-to be vmappable). Counts are kept in ``VectorizedSimulator.counters``.
+to be vmappable). Counts are kept in ``Vectorized.counters``.
 
 On CUDA the training loop runs on the device (the data pool is copied there once); messages,
 client state and all algorithm code stay on the CPU, as in the reference, and so do fallback
@@ -75,8 +75,9 @@ from fedhet.core.contract import (
 )
 from fedhet.core.errors import NumericalError
 from fedhet.engine.host import ClientHost, Job, JobResult, SimClient, Tally
+from fedhet.engine.loop import Transport
 from fedhet.training.local import epoch_batches, forward, train_local
-from fedhet.training.objective import CrossEntropy, LossTerm
+from fedhet.training.objective import LossTerm, accumulate_statistics
 from fedhet.training.optim import SGD, clip_coefficient, make_optimizer
 
 
@@ -190,18 +191,11 @@ class VecClient(SimClient):
         super().__init__(host, cid, rnd, tally)
         self._task = task
 
-    def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
-              start_epoch: int = 0, trainable=None, optimizer_state: Arrays | None = None,
-              augment=None, statistics: dict[str, torch.Tensor] | None = None,
-              settings: TrainSettings | None = None) -> LocalResult:
-        s = settings or self.settings
-        if epochs is not None:
-            s = replace(s, epochs=epochs)
-        req = _Request(self, weights, terms if terms is not None else [CrossEntropy()], s, start_epoch,
-                       trainable, optimizer_state, augment, statistics)
-        result = self._task.wait(req)
-        self.account(result)
-        return result
+    def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, start_epoch: int,
+            trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None, augment: Callable | None,
+            statistics: dict[str, torch.Tensor] | None) -> LocalResult:
+        return self._task.wait(_Request(self, weights, terms, settings, start_epoch, trainable, optimizer_state,
+                                        augment, statistics))
 
 
 @dataclass
@@ -227,7 +221,7 @@ class _Group:
     stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-class Vectorized:
+class Vectorized(Transport):
     """A transport that trains the clients of a phase together with ``vmap``.
 
     ``device``: default CUDA when available, else CPU. ``fallback_on_error=False`` makes a failing
@@ -236,7 +230,6 @@ class Vectorized:
     """
 
     name = "vectorized"
-    keeps_client_state = False
 
     def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
@@ -245,11 +238,8 @@ class Vectorized:
         self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
 
-    def attach(self, host: ClientHost) -> None:
-        self.host = host
-
     def info(self) -> dict:
-        return {"engine": self.name, "workers": 1, "device": str(self.device), **self.counters}
+        return {**super().info(), "device": str(self.device), **self.counters}
 
     def close(self) -> None:
         """Free the device copy of the data pool (the runner calls this at the end of a run)."""
@@ -471,9 +461,7 @@ class Vectorized:
                 v = term(out, batch, w)
                 parts.append(v.detach().float())
                 loss = v if loss is None else loss + v
-                for key, value in term.statistics(seen, batch).items():   # as accumulate_statistics
-                    full_key = f"{term.name}.{key}"
-                    stats[full_key] = value if full_key not in stats else stats[full_key] + value
+                accumulate_statistics([term], seen, batch, stats)
             return loss, torch.stack(parts), stats
 
         losses, parts, stats = torch.func.vmap(client_loss)(w, x, y, pos, consts)

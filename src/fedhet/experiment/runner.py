@@ -79,7 +79,12 @@ class Experiment:
     """One run of one config, in one run directory."""
 
     def __init__(self, cfg: ExperimentConfig, run_dir: str | Path, *, built: Built | None = None,
-                 loop: RoundLoop | None = None, callbacks: list[Callback] | None = None):
+                 loop: RoundLoop | None = None, callbacks: list[Callback] | None = None,
+                 evaluator: Callable[[Experiment, int], dict] | None = None,
+                 checkpointer: Callable[[Experiment, int], None] | None = None):
+        """``evaluator(exp, round)`` -> the round's metrics (default :meth:`evaluate_round`);
+        ``checkpointer(exp, done_rounds)`` saves what a resume needs (default :meth:`checkpoint`).
+        The Flower runner passes its own of both."""
         self.cfg = cfg
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -99,9 +104,8 @@ class Experiment:
         self.loop = loop
         self.rundir = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
-        # How a round is evaluated and checkpointed; the Flower runner replaces both.
-        self.evaluator: Callable[[int], dict] = self.evaluate_round
-        self.checkpointer: Callable[[int], None] = self.checkpoint
+        self.evaluator = evaluator or Experiment.evaluate_round
+        self.checkpointer = checkpointer or Experiment.checkpoint
         self.start_round = 0                        # rounds already done (set by resume)
         self.summary: dict = {}
 
@@ -173,7 +177,7 @@ class Experiment:
                 t_eval = 0.0
                 if evaluating:
                     t1 = time.perf_counter()
-                    row.update(self.evaluator(rnd))
+                    row.update(self.evaluator(self, rnd))
                     t_eval = time.perf_counter() - t1
                 row.update(self.algorithm.round_metrics(self.loop.server_state))
                 row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
@@ -184,7 +188,7 @@ class Experiment:
                 for cb in callbacks:
                     cb.on_row_written(self, row)
                 if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
-                    self.checkpointer(done)
+                    self.checkpointer(self, done)
         except FedhetError as e:
             status, error = "failed", str(e)
             raise

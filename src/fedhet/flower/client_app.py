@@ -32,7 +32,7 @@ import torch
 import yaml
 
 from fedhet.core.errors import ConfigError
-from fedhet.engine.host import ClientHost, Job, SimClient, Tally
+from fedhet.engine.host import ClientHost, Job, Tally
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build
 from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config
@@ -107,10 +107,9 @@ class Node:
             h.update(fed.pool.y[fed.train_idx[c]].numpy().tobytes())
         return h.hexdigest()[:16]
 
-    def runtime(self, cid: int, rnd: int, tally: Tally) -> SimClient:
+    def check_hosts(self, cid: int) -> None:
         if cid not in self.clients:
             raise ValueError(f"client {cid} is not hosted by partition {self.partition_id} of {self.num_partitions}")
-        return self.host.runtime(cid, rnd, tally)
 
 
 def node_of(context: Context) -> Node:
@@ -174,8 +173,8 @@ def handle_train(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     node = node_of(context)
     fmsg, cid, rnd = codec.decode_message(msg.content)
-    client = node.runtime(cid, rnd, Tally())
-    result = node.host.run(rnd, Job(cid, fmsg, load_state(context, cid), client.tally), client)
+    node.check_hosts(cid)
+    result = node.host.run(rnd, Job(cid, fmsg, load_state(context, cid), Tally()))
     save_state(context, cid, result.state)    # only after success: a failed update leaves the state as it was
     content = codec.encode_message(result.reply, cid, rnd)
     # What SimClient.account counted in this phase; the server adds it to the client's round tally.
@@ -198,8 +197,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     host, fed = node.host, node.federation
     correct, total = [], []
     for cid in cids:
-        if cid not in node.clients:
-            raise ValueError(f"client {cid} is not hosted by partition {node.partition_id} of {node.num_partitions}")
+        node.check_hosts(cid)
         weights = node.algorithm.client_model(cid, views[cid], load_state(context, cid))
         arch = host.client_arch[cid]
         if weights is None:                # never trained: the common initialisation (RoundLoop.client_model)

@@ -42,13 +42,13 @@ import torch
 
 from fedhet.core.contract import State
 from fedhet.core.errors import ConfigError, FedhetError
-from fedhet.engine import ClientHost, RoundLoop
+from fedhet.engine import ClientHost, RoundLoop, Transport
 from fedhet.engine.host import Job, JobResult, Tally
 from fedhet.experiment.build import build
 from fedhet.experiment.config import ExperimentConfig
 from fedhet.experiment.runner import Callback, Experiment
 from fedhet.flower import require_flower
-from fedhet.metrics.evaluate import evaluate
+from fedhet.metrics.evaluate import evaluate_loop
 
 require_flower()
 
@@ -103,7 +103,7 @@ class FlowerSettings:
         return {key: getattr(self, attr) for attr, key in self.KEYS.items()}
 
 
-class GridTransport:
+class GridTransport(Transport):
     """The round loop's clients behind a Flower Grid (see the module docstring)."""
 
     name = "flower"
@@ -112,7 +112,7 @@ class GridTransport:
     def __init__(self, grid: Grid, flower: FlowerSettings):
         self.grid = grid
         self.flower = flower
-        self.host: dict[int, int] = {}          # fedhet client id -> Flower node id
+        self.node_of: dict[int, int] = {}       # fedhet client id -> Flower node id
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.seen_nodes: set[int] = set()       # node ids asked to identify themselves
         self.standby: set[int] = set()          # answered, but their partition had a node already
@@ -125,11 +125,8 @@ class GridTransport:
         self.discovered = False
 
     def attach(self, host: ClientHost) -> None:
-        self.client_host = host            # the server's copy: identifies nodes by their federation
+        super().attach(host)               # the server's copy: identifies nodes by their federation
         self.federation = host.federation
-
-    def close(self) -> None:
-        pass
 
     def info(self) -> dict[str, Any]:
         return {"engine": "flower", "workers": len(self.partition_of),
@@ -149,11 +146,11 @@ class GridTransport:
             listed = set(self.grid.get_node_ids())
             gone = [n for n in self.partition_of if n not in listed]
             for nid in gone:
-                lost = [c for c, h in self.host.items() if h == nid]
+                lost = [c for c, h in self.node_of.items() if h == nid]
                 log.warning("fedhet: SuperNode %s (partition %s) is gone; clients %s have no node",
                             nid, self.partition_of.pop(nid), lost)
                 for c in lost:
-                    del self.host[c]
+                    del self.node_of[c]
             new = sorted(listed - self.seen_nodes)
             if gone:
                 # A restarted SuperNode (new node id) may have been turned away while its old id
@@ -162,20 +159,20 @@ class GridTransport:
                 self.standby.clear()
             if new:
                 self._identify(new)
-            if len(self.host) == k or time.monotonic() >= deadline:
+            if len(self.node_of) == k or time.monotonic() >= deadline:
                 break
             time.sleep(min(1.0, max(self.flower.poll_interval, 0.05)))
         if not self.discovered:
             self.discovered = True
-            missing = [c for c in range(k) if c not in self.host]
+            missing = [c for c in range(k) if c not in self.node_of]
             log.info("fedhet: %d SuperNode(s) host %d of %d clients (%.1f s)", len(self.partition_of),
-                     len(self.host), k, time.monotonic() - t0)
+                     len(self.node_of), k, time.monotonic() - t0)
             if missing:
                 log.warning("fedhet: after node-timeout=%.0f s no SuperNode hosts clients %s; they will be "
                             "dropped from every round they are sampled in", self.flower.node_timeout, missing)
-            if len(self.host) < self.flower.min_clients:
+            if len(self.node_of) < self.flower.min_clients:
                 raise FlowerRunError(
-                    f"only {len(self.host)} of {k} clients have a SuperNode after node-timeout="
+                    f"only {len(self.node_of)} of {k} clients have a SuperNode after node-timeout="
                     f"{self.flower.node_timeout:.0f} s (min-clients={self.flower.min_clients}); start one "
                     f"flower-supernode per partition with --node-config 'partition-id=I num-partitions=N'"
                     + (f"; node errors: {'; '.join(self.node_errors[:3])}" if self.node_errors else ""))
@@ -206,14 +203,14 @@ class GridTransport:
                             "as a standby", nid, pid)
                 self.standby.add(nid)
                 continue
-            mine = Node(self.client_host, pid, n)
+            mine = Node(self.host, pid, n)
             if ident["fingerprint"] != mine.fingerprint():
                 log.warning("fedhet: SuperNode %s (partition %d) built a different federation than the server "
                             "(its data files, config or fedhet version differ); ignored", nid, pid)
                 continue
             self.partition_of[nid] = pid
             for c in mine.clients:
-                self.host[c] = nid
+                self.node_of[c] = nid
 
     # --- messages -----------------------------------------------------------------------
     def _send_and_receive(self, msgs: list[FlowerMessage], timeout: float):
@@ -254,7 +251,7 @@ class GridTransport:
         one node would lose one client's state update (flwr supernode runtime_handlers)."""
         per_node: dict[int, list[int]] = defaultdict(list)
         for c in cids:
-            per_node[self.host[c]].append(c)
+            per_node[self.node_of[c]].append(c)
         depth = max((len(v) for v in per_node.values()), default=0)
         return [[v[i] for v in per_node.values() if i < len(v)] for i in range(depth)]
 
@@ -276,17 +273,17 @@ class GridTransport:
         dropped: dict[int, str] = {}
         client_seconds: dict[str, float] = {}
         for cid in phase:
-            if cid not in self.host:
+            if cid not in self.node_of:
                 dropped[cid] = f"phase {phase_no}: no SuperNode hosts this client"
-        sendable = [c for c in phase if c in self.host]
+        sendable = [c for c in phase if c in self.node_of]
         for wave in self._waves(sendable):
             msgs = []
             for cid in wave:
                 msg = phase[cid]
-                msgs.append(FlowerMessage(codec.encode_message(msg, cid, rnd), dst_node_id=self.host[cid],
+                msgs.append(FlowerMessage(codec.encode_message(msg, cid, rnd), dst_node_id=self.node_of[cid],
                                           message_type=codec.message_type(msg.kind), group_id=str(rnd + 1),
                                           ttl=self.flower.phase_timeout))
-            by_node = {self.host[c]: c for c in wave}
+            by_node = {self.node_of[c]: c for c in wave}
             got, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
             for nid, why in missing.items():
                 dropped[by_node[nid]] = f"phase {phase_no}: {why}"
@@ -331,13 +328,13 @@ class GridTransport:
         k = self.federation.num_clients
         correct = np.full(k, np.nan)
         total = np.full(k, np.nan)
-        failed: dict[str, str] = {str(c): "no SuperNode hosts this client" for c in range(k) if c not in self.host}
+        failed: dict[str, str] = {str(c): "no SuperNode hosts this client" for c in range(k) if c not in self.node_of}
         # One message per node for all its clients: evaluation leaves client state unchanged, and
         # one process per node tests them all (one torch start-up instead of one per client).
         per_node: dict[int, list[int]] = defaultdict(list)
         for c in range(k):
-            if c in self.host:
-                per_node[self.host[c]].append(c)
+            if c in self.node_of:
+                per_node[self.node_of[c]].append(c)
         msgs = []
         nbytes = 0
         for nid, cids in per_node.items():
@@ -397,7 +394,7 @@ class FlowerCallback(Callback):
 
     def on_summary(self, exp: Experiment, summary: dict) -> None:
         t = self.transport
-        summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.host)}
+        summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.node_of)}
 
 
 def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: FlowerSettings) -> Experiment:
@@ -408,25 +405,22 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
     built = build(cfg)
     transport = GridTransport(grid, flower)
     loop = RoundLoop(built.host, cfg.train.clients_per_round, transport)
-    exp = Experiment.create(cfg, run_dir, built=built, loop=loop, callbacks=[FlowerCallback(transport, flower)])
 
-    def evaluate_round(rnd: int) -> dict:
-        out = evaluate(built.algorithm, loop.server_state, loop.client_model, built.models, built.client_arch,
-                       built.federation, cfg.eval.batch_size, personalized=False)   # global test set, on the server
+    def evaluate_round(exp: Experiment, rnd: int) -> dict:
+        batch = cfg.eval.batch_size
+        out = evaluate_loop(loop, batch, personalized=False)          # global test set, on the server
         if cfg.eval.personalized:
-            def view(cid: int) -> State:
-                return built.algorithm.client_view(loop.server_state, cid)
-            out.update(transport.evaluate_clients(rnd, cfg.eval.batch_size, view))
+            out.update(transport.evaluate_clients(rnd, batch, lambda cid: exp.algorithm.client_view(
+                loop.server_state, cid)))
         return out
 
-    def checkpoint(done_rounds: int) -> None:
+    def checkpoint(exp: Experiment, done_rounds: int) -> None:
         # Server state only: client state lives in the nodes' context.state (per Flower run),
         # so the run cannot be resumed; the file keeps the trained global model(s).
         exp.rundir.save(SERVER_STATE, {"round": done_rounds, "engine": "flower", "server_state": loop.server_state})
 
-    exp.evaluator = evaluate_round
-    exp.checkpointer = checkpoint
-    return exp
+    return Experiment.create(cfg, run_dir, built=built, loop=loop, callbacks=[FlowerCallback(transport, flower)],
+                             evaluator=evaluate_round, checkpointer=checkpoint)
 
 
 def load_server_state(run_dir) -> dict:

@@ -90,6 +90,7 @@ def train_local(
     opt = make_optimizer(settings)
     opt_state = opt.load(optimizer_state, list(leaves))
     totals = {k: v.clone() for k, v in (statistics or {}).items()}
+    names = list(leaves)
 
     model.train()
     n = len(data.train_idx)
@@ -117,7 +118,6 @@ def train_local(
                     f"loss parts: { {k: float(v) for k, v in parts.items()} }. Lower the learning rate or "
                     f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
                 )
-            names = list(leaves)
             grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True) if names else ()
             if settings.clip_grad_norm is not None:
                 clip_grad_norm([gr for gr in grads if gr is not None], settings.clip_grad_norm)

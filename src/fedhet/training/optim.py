@@ -61,7 +61,16 @@ class Optimizer:
     def init_state(self, names: Iterable[str]) -> OptState:
         return {n: {} for n in names}
 
+    @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
+        """One update of every parameter with a gradient (a None gradient: no step, state kept)."""
+        for name, p in params.items():
+            g = grads.get(name)
+            if g is not None:
+                self.update(p, g, state[name])
+
+    def update(self, p: torch.Tensor, g: torch.Tensor, s: dict[str, torch.Tensor]) -> None:
+        """One parameter's update, in place, with its state slots ``s``."""
         raise NotImplementedError
 
     def export(self, state: OptState) -> Arrays:
@@ -118,16 +127,11 @@ class SGD(Optimizer):
         d = g.add(new, alpha=self.momentum) if self.nesterov else new
         return d, new
 
-    @torch.no_grad()
-    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
-        for name, p in params.items():
-            g = grads.get(name)
-            if g is None:
-                continue
-            d, buf = self.direction(p, g, state[name].get("momentum_buffer"))
-            if buf is not None:
-                state[name]["momentum_buffer"] = buf
-            p.add_(d, alpha=-self.lr)
+    def update(self, p: torch.Tensor, g: torch.Tensor, s: dict[str, torch.Tensor]) -> None:
+        d, buf = self.direction(p, g, s.get("momentum_buffer"))
+        if buf is not None:
+            s["momentum_buffer"] = buf
+        p.add_(d, alpha=-self.lr)
 
     def export(self, state: OptState) -> Arrays:
         return {name: s["momentum_buffer"].detach().clone(memory_format=torch.contiguous_format)
@@ -152,45 +156,37 @@ class Adam(Optimizer):
         self.lr, self.beta1, self.beta2 = float(lr), float(betas[0]), float(betas[1])
         self.eps, self.weight_decay, self.amsgrad = float(eps), float(weight_decay), bool(amsgrad)
 
-    @torch.no_grad()
-    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
-        for name, p in params.items():
-            g = grads.get(name)
-            if g is None:
-                continue
-            s = state[name]
-            if not s:
-                s["step"] = torch.tensor(0.0, dtype=torch.float32)
-                s["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                s["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                if self.amsgrad:
-                    s["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            s["step"] += 1
-            if self.weight_decay != 0:
-                g = g.add(p, alpha=self.weight_decay)
-            exp_avg, exp_avg_sq = s["exp_avg"], s["exp_avg_sq"]
-            exp_avg.lerp_(g, 1 - self.beta1)
-            exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-            step = s["step"].item()
-            bias_correction1 = 1 - self.beta1 ** step
-            bias_correction2 = 1 - self.beta2 ** step
-            step_size = self.lr / bias_correction1
-            bias_correction2_sqrt = bias_correction2 ** 0.5
+    def update(self, p: torch.Tensor, g: torch.Tensor, s: dict[str, torch.Tensor]) -> None:
+        if not s:
+            s["step"] = torch.tensor(0.0, dtype=torch.float32)
+            s["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            s["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if self.amsgrad:
-                torch.maximum(s["max_exp_avg_sq"], exp_avg_sq, out=s["max_exp_avg_sq"])
-                denom = (s["max_exp_avg_sq"].sqrt() / bias_correction2_sqrt).add_(self.eps)
-            else:
-                denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-            p.addcdiv_(exp_avg, denom, value=-step_size)
+                s["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        s["step"] += 1
+        if self.weight_decay != 0:
+            g = g.add(p, alpha=self.weight_decay)
+        exp_avg, exp_avg_sq = s["exp_avg"], s["exp_avg_sq"]
+        exp_avg.lerp_(g, 1 - self.beta1)
+        exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
+        step = s["step"].item()
+        bias_correction1 = 1 - self.beta1 ** step
+        bias_correction2 = 1 - self.beta2 ** step
+        step_size = self.lr / bias_correction1
+        bias_correction2_sqrt = bias_correction2 ** 0.5
+        if self.amsgrad:
+            torch.maximum(s["max_exp_avg_sq"], exp_avg_sq, out=s["max_exp_avg_sq"])
+            denom = (s["max_exp_avg_sq"].sqrt() / bias_correction2_sqrt).add_(self.eps)
+        else:
+            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        p.addcdiv_(exp_avg, denom, value=-step_size)
 
 
 def make_optimizer(settings: TrainSettings) -> Optimizer:
     """The kernel ``settings.optimizer`` names, with the settings' hyper-parameters."""
-    kind = getattr(settings, "optimizer", "sgd")
+    kind = settings.optimizer
     if kind == "sgd":
-        return SGD(settings.lr, settings.momentum, getattr(settings, "dampening", 0.0), settings.weight_decay,
-                   getattr(settings, "nesterov", False))
+        return SGD(settings.lr, settings.momentum, settings.dampening, settings.weight_decay, settings.nesterov)
     if kind == "adam":
-        return Adam(settings.lr, getattr(settings, "betas", (0.9, 0.999)), getattr(settings, "eps", 1e-8),
-                    settings.weight_decay, getattr(settings, "amsgrad", False))
+        return Adam(settings.lr, settings.betas, settings.eps, settings.weight_decay, settings.amsgrad)
     raise ValueError(f"unknown optimizer {kind!r}; use 'sgd' or 'adam'")
