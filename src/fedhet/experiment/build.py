@@ -24,6 +24,14 @@ from fedhet.models import build_model
 from fedhet.training.precision import auto_precision
 
 
+def configure_process(cfg: ExperimentConfig) -> None:
+    """Process-wide settings a run asks for: ``run.threads`` torch intra-op threads. Every process
+    that trains this run's clients applies it (the runner, each Flower node), so float sums are
+    the same everywhere."""
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+
+
 def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         cls = algorithm_class(cfg.algorithm.name)

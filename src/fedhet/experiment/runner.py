@@ -16,12 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
-from fedhet.experiment.build import Built, build
+from fedhet.experiment.build import Built, build, configure_process
 from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
 from fedhet.experiment.rundir import (
     CHECKPOINT,
@@ -86,8 +84,7 @@ class Experiment:
         ``checkpointer(exp, done_rounds)`` saves what a resume needs (default :meth:`checkpoint`).
         The Flower runner passes its own of both."""
         self.cfg = cfg
-        if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
+        configure_process(cfg)
         self.built = built or build(cfg)
         self.algorithm = self.built.algorithm
         self.federation = self.built.federation

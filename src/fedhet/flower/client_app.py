@@ -34,7 +34,7 @@ import yaml
 from fedhet.core.errors import ConfigError
 from fedhet.engine.host import ClientHost, Job, Tally
 from fedhet.engine.ledger import tensor_floats
-from fedhet.experiment.build import Built, build
+from fedhet.experiment.build import Built, build, configure_process
 from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import predict
@@ -75,6 +75,7 @@ def built_for(config_text: str, data_root: str | None) -> Built:
     if key not in _BUILT:
         cfg = parse_config(config_text, data_root)
         _BUILT.clear()
+        configure_process(cfg)        # run.threads, as in the simulator: the same float sums
         _BUILT[key] = build(cfg)      # pure: no files written
     return _BUILT[key]
 
