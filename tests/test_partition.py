@@ -215,9 +215,21 @@ def test_niid2_fmnist_counts():
     assert np.sort(np.concatenate(parts)).size == FMNIST.size  # every sample used once
 
 
+def test_niid2_cifar100_ten_dominant_classes_per_client():
+    # FedFM's CIFAR-100 NIID-2 (seed-specs 3.3): 500 per class -> shards of 10; client i holds 20
+    # shards of each of classes 10i..10i+9 and 3 shards of every class.
+    labels = balanced(100, 500)
+    parts = partition("niid2", labels, 10, 0)
+    assert_disjoint(parts)
+    counts = class_counts(parts, labels, 100)
+    dominant = np.kron(np.eye(10, dtype=int), np.ones((1, 10), dtype=int)) * 200
+    assert np.array_equal(counts, dominant + 30)
+    assert [p.size for p in parts] == [10 * 200 + 100 * 30] * 10
+
+
 def test_niid2_errors():
-    with pytest.raises(PartitionError, match="num_clients == number of classes"):
-        partition("niid2", FMNIST, 5, 0)
+    with pytest.raises(PartitionError, match="must be a multiple of num_clients"):
+        partition("niid2", FMNIST, 3, 0)
     with pytest.raises(PartitionError, match="exceeds shards_per_class"):
         partition("niid2", FMNIST, 10, 0, dominant_shards=21)
 
@@ -361,3 +373,4 @@ def test_partition_dispatch_errors():
         partition("iid", FMNIST, 0, 0)
     with pytest.raises(PartitionError, match="integer dtype"):
         partition("iid", FMNIST.astype(float), 10, 0)
+

@@ -297,17 +297,22 @@ def niid2(
     num_clients*minor_shards shards of each class are divided among clients. Needs one client
     per class. FMNIST (6000/class, defaults): 6000 per client, 2760 (46%) of its own class.
     Disjoint.
+
+    With more classes than clients (the paper's CIFAR-100 version: C=100, 10 clients) client i
+    is dominant in the C/num_clients classes [i*C/n, (i+1)*C/n) (C must be a multiple of n) and
+    takes its ``minor_shards`` shards of every class the same way.
     """
     labels, n = _check_common("niid2", labels, num_clients)
     dom = _check_int("niid2", "dominant_shards", dominant_shards, 0)
     spcl = _check_int("niid2", "shards_per_class", shards_per_class, 1)
     minor = _check_int("niid2", "minor_shards", minor_shards, 0)
     groups = _by_class(labels)
-    if n != len(groups):
+    if len(groups) % n:
         raise PartitionError(
-            f"niid2: needs num_clients == number of classes ({len(groups)}, one dominant class "
-            f"per client), got num_clients={n}"
+            f"niid2: the number of classes ({len(groups)}) must be a multiple of num_clients "
+            f"(every client is dominant in the same number of classes), got num_clients={n}"
         )
+    per_client = len(groups) // n
     if dom + n * minor > spcl:
         raise PartitionError(
             f"niid2: dominant_shards + num_clients*minor_shards = {dom} + {n}*{minor} = "
@@ -325,9 +330,9 @@ def niid2(
     first_minor = spcl - n * minor
     parts = []
     for i in range(n):
-        mine = [cut[i][:dom].ravel()]
+        mine = [cut[c][:dom].ravel() for c in range(i * per_client, (i + 1) * per_client)]
         rows = slice(first_minor + minor * i, first_minor + minor * (i + 1))
-        mine += [cut[j][rows].ravel() for j in range(n)]
+        mine += [cut[j][rows].ravel() for j in range(len(groups))]
         parts.append(mine)
     return _finish(parts)
 
