@@ -374,3 +374,17 @@ def test_partition_dispatch_errors():
     with pytest.raises(PartitionError, match="integer dtype"):
         partition("iid", FMNIST.astype(float), 10, 0)
 
+
+# --- pool_fraction (data.pool_fraction) ----------------------------------------------------
+
+
+def test_pool_subset_keeps_the_fraction_of_every_class():
+    from fedhet.data.federated import pool_subset
+
+    labels = np.concatenate([np.full(1000, 0), np.full(300, 1), np.full(5, 2)])
+    kept = pool_subset(labels, 0.2, np.random.default_rng(0))
+    assert np.all(np.diff(kept) > 0)
+    assert np.bincount(labels[kept]).tolist() == [200, 60, 1]
+    again = pool_subset(labels, 0.2, np.random.default_rng(0))
+    assert np.array_equal(kept, again)
+    assert np.array_equal(pool_subset(labels, 1.0, np.random.default_rng(0)), np.arange(labels.size))

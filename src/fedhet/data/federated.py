@@ -44,6 +44,7 @@ class DataSpec(Protocol):
     download: bool
     verify: bool
     pool: str
+    pool_fraction: float
     num_clients: int
     partition: PartitionSpec
     local_test: LocalTestSpec
@@ -107,10 +108,14 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
 
     options = cfg.partition.options()
     if cfg.partition.kind == "natural":
+        if cfg.pool_fraction < 1:
+            raise PartitionError("data.pool_fraction < 1 would split writers of the natural partition; use 1")
         parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
     else:
-        parts = partitioners.partition(cfg.partition.kind, labels, k, seed=int(numpy_rng(seed, "partition").integers(2**31)),
-                                       **options)
+        kept = pool_subset(labels, cfg.pool_fraction, numpy_rng(seed, "pool_subset"))
+        parts = partitioners.partition(cfg.partition.kind, labels[kept], k,
+                                       seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
+        parts = [kept[p] for p in parts]
 
     rng = numpy_rng(seed, "local_test")
     train_idx, test_idx = [], []
@@ -145,6 +150,18 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         mean=torch.tensor(train.mean, dtype=torch.float32).view(1, c, 1, 1),
         std=torch.tensor(train.std, dtype=torch.float32).view(1, c, 1, 1),
     )
+
+
+def pool_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Sorted pool indices keeping ``round(fraction * n_c)`` (at least 1) random samples of every
+    class c; all indices when ``fraction`` is 1."""
+    if fraction >= 1:
+        return np.arange(len(labels))
+    keep = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        keep.append(rng.choice(idx, size=max(1, round(fraction * len(idx))), replace=False))
+    return np.sort(np.concatenate(keep))
 
 
 def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator) -> list[np.ndarray]:

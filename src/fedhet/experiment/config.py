@@ -43,6 +43,9 @@ class DataConfig(Strict):
     download: bool = False
     verify: bool = True                # check known files against their published checksums
     pool: Literal["train", "train+test"] = "train"   # train+test: FedReMa pools both before partitioning
+    # Keep this fraction of every class of the pool (a seeded draw) before partitioning: reduced
+    # reproductions on fewer samples with the same label proportions. 1 = the whole pool.
+    pool_fraction: float = Field(1.0, gt=0, le=1)
     num_clients: int = Field(50, ge=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     local_test: LocalTestConfig = Field(default_factory=LocalTestConfig)
@@ -81,6 +84,10 @@ class EvalConfig(Strict):
     final_window: int = Field(5, ge=1)             # "final" = mean of the last N evaluations
     batch_size: int = Field(2048, ge=1)
     personalized: bool = True                      # also test each client's model on its local test split
+    # Every k rounds also record the global model's feature-space quality (feature_nmi,
+    # feature_silhouette on features_samples test images; FedFM paper Table V). Needs scikit-learn.
+    features_every: int | None = Field(None, ge=1)
+    features_samples: int = Field(2000, ge=20)
 
 
 class RunConfig(Strict):
