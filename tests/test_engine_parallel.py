@@ -36,6 +36,8 @@ CASES = {
     "scaffold": dict(algorithm="scaffold", momentum=0.5),
     # two phases per round, the mid-round state in between, 2 local epochs so both phases train
     "fedcme": dict(algorithm="fedcme", params={"mu": 0.1}, local_epochs=2),
+    # round 0 FedAvg, round 1 anchors then training (the received model kept in client state)
+    "fedfm": dict(algorithm="fedfm", params={"start_round": 1, "lam": 1.0}, momentum=0.5),
 }
 
 

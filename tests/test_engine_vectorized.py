@@ -99,8 +99,11 @@ def build(cfg, engine, bn=False, algorithm=None, fed=None):
 
 
 def assert_tensors_close(a, b, atol, where=""):
-    # SCAFFOLD's control variates are differences of models divided by lr * steps: 10x looser.
-    assert_close(a, b, atol, RTOL, where, atol_for=lambda w: 10 * atol if ".control" in w else atol)
+    # SCAFFOLD's control variates are differences of models divided by lr * steps, and FedFM's
+    # anchors are means of unnormalised features (entries of several units) computed with the
+    # drifted global model: 10x looser (fedfm-equal-nobn measured 9e-3 on an AMD EPYC without AVX-512).
+    assert_close(a, b, atol, RTOL, where,
+                 atol_for=lambda w: 10 * atol if ".control" in w or ".anchors" in w else atol)
 
 
 def assert_engines_agree(ref, vec, atol):
@@ -136,6 +139,8 @@ CASES = [
     ("moon", "moon", {"mu": 1.0}, {"projection_dim": 16}, 0.5, 0.05, 1),
     # FedCME-OE: two phases (classifier swap between them), one epoch each.
     ("fedcme-oe", "fedcme", {"mu": 0, "exchange": "classifier"}, {}, 0.0, 0.05, 2),
+    # FedFM's matching term from round 0: vmapped with the anchors as constants
+    ("fedfm", "fedfm", {"start_round": 0, "lam": 1.0}, {}, 0.0, 0.05, 1),
 ]
 
 

@@ -150,6 +150,10 @@ EQUIVALENCE = [
     pytest.param("fedavg", {}, id="fedavg"),
     pytest.param("scaffold", {}, id="scaffold"),
     pytest.param("fedcme", {}, id="fedcme"),
+    # round 0 is the warm-up (FedAvg), round 1 has the anchor phase and the training phase
+    pytest.param("fedfm", {"start_round": 1, "lam": 1.0}, id="fedfm"),
+    # one handshake; round 0 keeps the models on the clients, round 1 (the last) uploads them
+    pytest.param("fedfm_lite", {"start_round": 1, "lam": 1.0, "model_every": 2}, id="fedfm_lite"),
     pytest.param("fedrema", {}, id="fedrema"),
 ]
 

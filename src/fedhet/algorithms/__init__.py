@@ -9,6 +9,7 @@ from fedhet.algorithms.fedbabu import FedBABU
 from fedhet.algorithms.fedcme import FedCME
 from fedhet.algorithms.feddistill import FedDistill
 from fedhet.algorithms.feddyn import FedDyn
+from fedhet.algorithms.fedfm import FedFM, FedFMLite
 from fedhet.algorithms.fednova import FedNova
 from fedhet.algorithms.fedpac import FedPAC
 from fedhet.algorithms.fedper import FedPer
@@ -23,7 +24,8 @@ from fedhet.algorithms.perfedavg import PerFedAvg
 from fedhet.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedReMa,
+    cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
+                           FedReMa,
                            PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }
 

@@ -71,6 +71,8 @@ class RoundContext:
     # personalized models come from an adaptation step (Per-FedAvg, FedBABU's fine-tuning) add
     # that phase only then.
     evaluating: bool = False
+    # Rounds the run is planned to last (None when unknown): FedFM-Lite uploads models in the last.
+    num_rounds: int | None = None
 
 
 @dataclass

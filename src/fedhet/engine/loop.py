@@ -103,15 +103,16 @@ class RoundLoop:
         k = self.federation.num_clients
         return [int(c) for c in rng.choice(k, size=self.clients_per_round, replace=False)]
 
-    def round_context(self, rnd: int, evaluating: bool = False) -> RoundContext:
+    def round_context(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None) -> RoundContext:
         return RoundContext(
             round=rnd, clients=self.sample_clients(rnd), num_clients=self.federation.num_clients,
             num_classes=self.federation.num_classes,
             client_sizes={c: len(t) for c, t in enumerate(self.federation.train_idx)},
-            rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating)
+            rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating,
+            num_rounds=num_rounds)
 
-    def run_round(self, rnd: int, evaluating: bool = False) -> RoundStats:
-        ctx = self.round_context(rnd, evaluating)
+    def run_round(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None) -> RoundStats:
+        ctx = self.round_context(rnd, evaluating, num_rounds)
         stats = RoundStats(rnd, ctx.clients)
         gen = self.algorithm.round(self.server_state, ctx)
         replies: Replies | None = None

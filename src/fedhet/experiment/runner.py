@@ -165,7 +165,7 @@ class Experiment:
                 t0 = time.perf_counter()
                 done = rnd + 1
                 evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
-                stats = self.loop.run_round(rnd, evaluating)
+                stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds)
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                        "train_loss": stats.mean_train_loss(),
                        "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),

@@ -1,0 +1,337 @@
+"""FedFM and FedFM-Lite (Ye et al., IEEE TSP 2023): anchor-based feature matching with
+contrastive guiding. Source: papers/001 (Algorithm 1, Eq. 8-11, Sec. IV-C, Sec. VI) and the
+authors' code as read for seed-specs section 3 (where the paper is silent).
+
+FedFM, one round t (Algorithm 1):
+
+1. Before the warm-up ends (``t < start_round``, the paper's T_s) the round is FedAvg's, message
+   for message: no anchors are computed or sent (Sec. VII-A "We run FedAvg for the first T_s
+   rounds").
+2. Anchor phase. Every sampled client receives w^t (array group ``"model"``), computes its local
+   anchors with it (:func:`local_anchors`: eval mode, no gradient, over its whole training
+   split - Eq. 8; the reference code's drop_last loader counted its last rows as zero-feature
+   class-0 samples, seed-specs row 11b) and uploads the per-class means and counts
+   (``"anchors"``). It keeps w^t in its state for the next phase, so the model goes down once.
+3. The server aggregates them (:func:`aggregate_anchors`): size-weighted per class (Eq. 9,
+   ``anchor_weighting: weighted``, the default) or the plain mean over clients with a missing
+   local anchor replaced by the previous global one (``uniform``, Table VIII). A class no
+   participant has keeps its previous anchor (the code divides by zero there; seed-specs row 11);
+   a class never seen by anyone has no anchor (``defined`` mask).
+4. Training phase. Clients receive the global anchors and train E epochs on
+   ``CE + lam * L_FM`` (Eq. 10) from the stored w^t, then upload the model; the server averages
+   the models as FedAvg does (Eq. 11).
+
+The matching loss :class:`AnchorMatching` (Sec. IV-C; ``loss_f.py`` of the authors' code):
+
+* ``matching: cg`` (contrastive guiding, default): h and the anchors are L2-normalised
+  ("the feature is normalized before applying the feature matching loss term", Sec. VII-A),
+  s = h_n A_n^T / temperature, L_FM = CE(s, y), the mean over the batch. The paper's
+  temperature alpha = 0.1.
+* ``matching: l2``: the squared distance between the normalised feature and its normalised
+  class anchor, averaged over the batch AND the feature dimensions as the code's ``mse_loss``
+  does (the paper's Eq. 3 is a per-sample squared norm: the code's value is that divided by d;
+  seed-specs row 9).
+
+Samples whose class has no anchor yet are left out of L_FM (mean over the others), and
+undefined anchors are left out of CG's softmax. Anchors are constants (no gradient).
+
+FedFM-Lite (Sec. VI, :class:`FedFMLite`): one handshake per round. Clients compute their local
+anchors AFTER local training with the trained model (an extra eval-mode pass over the training
+split, as the paper describes) and send them with the reply; the server aggregates them and
+sends the global anchors with the next round's message. Models travel every ``model_every``
+(the paper's a) rounds only: the global model goes down in rounds t with t % a == 0 and the
+local models come up in rounds with (t + 1) % a == 0 (and in the run's last round); in between a
+client continues from its own local model, kept in its state. A client that did not take part
+in the previous round has no current local model, so the server sends it the global model
+(counted in the ledger like any other download; with full participation, as in the paper, this
+never happens). The global model evaluated between uploads is the last aggregated one. The
+matching term starts at ``start_round`` as in FedFM; anchors are uploaded from round
+``start_round - 1`` on so that round ``start_round`` has them.
+
+Composition (paper Fig. 8(a)): ``fedprox+fedfm``, ``moon+fedfm``, ``fedfm+fednova``,
+``scaffold+fedfm``: the anchor phase is FedFM's own; the training phase rebuilds the ordinary
+train message (with the stored model) and hands it to the other methods' hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+import torch
+import torch.nn.functional as F
+
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientData,
+    ClientRuntime,
+    Forward,
+    Message,
+    Replies,
+    RoundContext,
+    RoundGenerator,
+    State,
+)
+from fedhet.training.local import forward
+from fedhet.training.objective import LossTerm
+
+# Client-state key of the global model received in the anchor phase (FedFM) or of the client's
+# own local model between model uploads (FedFM-Lite).
+RECEIVED = "fedfm_received"
+LOCAL = "fedfm_local"
+
+
+# --- the matching term (client) ----------------------------------------------------------
+class AnchorMatching(LossTerm):
+    """``lam * L_FM`` with contrastive guiding (``kind="cg"``) or the l2 variant (module docstring).
+
+    ``anchors`` (C, d) are the global anchors as aggregated (unnormalised); ``defined`` (C,)
+    marks the classes that have one. Pure and vmappable: classes are masked with ``torch.where``.
+    """
+
+    name = "fm"
+    vectorizable = True
+
+    def __init__(self, anchors: torch.Tensor, defined: torch.Tensor, lam: float,
+                 kind: Literal["cg", "l2"] = "cg", temperature: float = 0.1):
+        if kind not in ("cg", "l2"):
+            raise ValueError(f"unknown feature-matching loss {kind!r}; use 'cg' or 'l2'")
+        self.anchors = anchors
+        self.defined = defined.bool()
+        self.lam = float(lam)
+        self.kind = kind
+        self.temperature = float(temperature)
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        h = F.normalize(out.features.float(), dim=1)
+        a = F.normalize(self.anchors.to(h.device, torch.float32), dim=1)
+        defined = self.defined.to(h.device)
+        y = batch.y
+        # Samples of a class without anchor contribute nothing; their label is replaced by a
+        # defined class only so that every value stays finite before it is masked out.
+        valid = defined[y].to(h.dtype)
+        fallback = torch.argmax(defined.to(torch.int64))
+        y_safe = torch.where(defined[y], y, fallback)
+        if self.kind == "cg":
+            s = h @ a.T / self.temperature
+            s = torch.where(defined.unsqueeze(0), s, torch.full_like(s, -1e9))
+            per_sample = F.cross_entropy(s, y_safe, reduction="none")
+        else:
+            per_sample = ((h - a[y_safe]) ** 2).mean(dim=1)
+        return self.lam * (per_sample * valid).sum() / valid.sum().clamp(min=1.0)
+
+
+# --- anchors ------------------------------------------------------------------------------
+@torch.no_grad()
+def local_anchors(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int,
+                  batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(means (C, d), counts (C,))``: the class-wise mean feature of ``weights`` over every
+    training sample of the client (Eq. 8), in eval mode; zero rows for absent classes."""
+    was_training = model.training
+    model.eval()
+    sums: torch.Tensor | None = None
+    counts = torch.zeros(num_classes, dtype=torch.int64)
+    try:
+        for i in range(0, len(data.train_idx), batch_size):
+            idx = data.train_idx[i:i + batch_size]
+            y = data.y[idx]
+            h = forward(model, weights, data.inputs(idx)).features.double()
+            if sums is None:
+                sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64)
+            sums.index_add_(0, y, h)
+            counts += torch.bincount(y, minlength=num_classes)
+    finally:
+        model.train(was_training)
+    if sums is None:
+        raise ValueError("cannot compute anchors of a client without training samples")
+    means = sums / counts.clamp(min=1).unsqueeze(1).double()
+    return means.float(), counts
+
+
+def aggregate_anchors(prev: torch.Tensor | None, prev_defined: torch.Tensor | None,
+                      uploads: list[tuple[torch.Tensor, torch.Tensor]],
+                      weighting: Literal["weighted", "uniform"] = "weighted") -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Global anchors from the clients' ``(means (C, d), counts (C,))``; ``(anchors, defined)``.
+
+    ``weighted`` (Eq. 9): a_c = sum_k n_kc a_kc / sum_k n_kc. ``uniform`` (Table VIII): the plain
+    mean over the uploading clients, a client without class c contributing the previous global
+    anchor (and nothing if there is none). Either way a class no client has keeps its previous
+    anchor, and stays undefined if it never had one. Returns the previous pair when nothing was
+    uploaded (None if there was none).
+    """
+    if not uploads:
+        return (prev, prev_defined) if prev is not None else None
+    num_classes, dim = uploads[0][0].shape
+    if prev is None or prev_defined is None:
+        prev = torch.zeros(num_classes, dim)
+        prev_defined = torch.zeros(num_classes, dtype=torch.bool)
+    total = torch.zeros(num_classes, dim, dtype=torch.float64)
+    weight = torch.zeros(num_classes, dtype=torch.float64)
+    have_any = torch.zeros(num_classes, dtype=torch.bool)
+    for means, counts in uploads:
+        have = counts > 0
+        have_any |= have
+        if weighting == "weighted":
+            n = counts.double()
+            total += n.unsqueeze(1) * means.double()
+            weight += n
+        else:
+            fill = ~have & prev_defined
+            total += torch.where(have.unsqueeze(1), means.double(), torch.zeros_like(total))
+            total += torch.where(fill.unsqueeze(1), prev.double(), torch.zeros_like(total))
+            weight += (have | fill).double()
+    new = total / weight.clamp(min=1e-300).unsqueeze(1)
+    anchors = torch.where(have_any.unsqueeze(1), new, prev.double())
+    return anchors.float(), have_any | prev_defined
+
+
+class FedFM(FedAvg):
+    """FedFM (CG or l2 matching); see the module docstring for the round and every decision."""
+
+    name = "fedfm"
+
+    class Params(FedAvg.Params):
+        lam: float = pydantic.Field(50.0, ge=0)                 # lambda, weight of L_FM
+        temperature: float = pydantic.Field(0.1, gt=0)          # alpha of the CG loss
+        matching: Literal["cg", "l2"] = "cg"
+        anchor_weighting: Literal["weighted", "uniform"] = "weighted"
+        start_round: int = pydantic.Field(20, ge=0)             # T_s: FedAvg before it
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        state.update({"anchors": None, "anchors_defined": None})
+        return state
+
+    def matching_active(self, rnd: int) -> bool:
+        return rnd >= self.params.start_round
+
+    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
+        if not self.matching_active(ctx.round):
+            return (yield from super().round(state, ctx))                 # warm-up: FedAvg
+        replies = yield {cid: Message("anchors", {"model": state["model"]}) for cid in ctx.clients}
+        state = self.update_anchors(dict(state), replies)                  # Eq. 9
+        phase = {}
+        for cid in ctx.clients:
+            if cid not in replies:
+                continue                                                   # dropped in the anchor phase
+            msg = self.train_message(state, cid, ctx)
+            msg.arrays.pop("model")                                        # the client has it already
+            phase[cid] = msg
+        replies = yield phase
+        return self.aggregate(state, replies, ctx)                         # Eq. 11
+
+    def update_anchors(self, state: State, replies: Replies) -> State:
+        uploads = [(replies[c].arrays["anchors"]["mean"], replies[c].arrays["anchors"]["count"])
+                   for c in sorted(replies) if "anchors" in replies[c].arrays]
+        agg = aggregate_anchors(state.get("anchors"), state.get("anchors_defined"), uploads,
+                                self.params.anchor_weighting)
+        if agg is not None:
+            state["anchors"], state["anchors_defined"] = agg
+        return state
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        msg = super().train_message(state, cid, ctx)
+        if self.matching_active(ctx.round) and state.get("anchors") is not None:
+            msg.arrays["anchors"] = {"mean": state["anchors"], "defined": state["anchors_defined"]}
+        return msg
+
+    def round_metrics(self, state: State) -> dict:
+        defined = state.get("anchors_defined")
+        return {**super().round_metrics(state),
+                "fedfm_anchor_classes": None if defined is None else int(defined.sum())}
+
+    # --- client ---------------------------------------------------------------------------
+    def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        terms = super().local_terms(msg, state, client)
+        anchors = msg.arrays.get("anchors")
+        if anchors is not None and self.params.lam > 0:
+            terms.append(AnchorMatching(anchors["mean"], anchors["defined"], self.params.lam,
+                                        self.params.matching, self.params.temperature))
+        return terms
+
+    def anchor_reply(self, weights: Arrays, client: ClientRuntime, **scalars) -> Message:
+        means, counts = local_anchors(client.model, weights, client.data, client.num_classes)
+        # ``steps`` 0 keeps methods that read a reply's steps (FedNova) well-defined in this phase.
+        return Message("anchors", {"anchors": {"mean": means, "count": counts}},
+                       {"num_samples": client.num_samples, "steps": 0, **scalars})
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        base = {k: v for k, v in (state or {}).items() if k != RECEIVED} or None
+        if msg.kind == "anchors":                                          # Eq. 8 with w^t
+            weights = self.with_local_buffers(msg.arrays["model"], base, client)
+            return self.anchor_reply(weights, client), {**(base or {}), RECEIVED: msg.arrays["model"]}
+        if msg.kind == "train" and "model" not in msg.arrays:
+            received = (state or {}).get(RECEIVED)
+            if received is None:
+                raise RuntimeError(f"fedfm client {client.cid} got a training message without a model and "
+                                   "has no model from this round's anchor phase")
+            msg = Message("train", {**msg.arrays, "model": received}, dict(msg.scalars))
+        return super().client_update(msg, base, client)
+
+
+class FedFMLite(FedFM):
+    """FedFM-Lite: anchors from the trained local model, one handshake per round, models every
+    ``model_every`` rounds (module docstring)."""
+
+    name = "fedfm_lite"
+
+    class Params(FedFM.Params):
+        model_every: int = pydantic.Field(1, ge=1)               # a: rounds between model transfers
+
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        state["lite_participants"] = []                          # who trained in the previous round
+        return state
+
+    def model_down(self, rnd: int) -> bool:
+        return rnd % self.params.model_every == 0
+
+    def model_up(self, rnd: int, num_rounds: int | None) -> bool:
+        last = num_rounds is not None and rnd == num_rounds - 1
+        return (rnd + 1) % self.params.model_every == 0 or last
+
+    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
+        previous = set(state.get("lite_participants", []))
+        upload = self.model_up(ctx.round, ctx.num_rounds)
+        anchors_up = ctx.round + 1 >= self.params.start_round
+        phase = {}
+        for cid in ctx.clients:
+            msg = self.train_message(state, cid, ctx)
+            if not self.model_down(ctx.round) and cid in previous:
+                msg.arrays.pop("model")                          # it continues from its own model
+            msg.scalars.update({"upload_model": upload, "upload_anchors": anchors_up})
+            phase[cid] = msg
+        replies = yield phase
+        state = dict(state)
+        if upload:
+            state = self.aggregate(state, {c: r for c, r in replies.items() if "model" in r.arrays}, ctx)
+        state = self.update_anchors(state, replies)
+        state["lite_participants"] = [] if upload else sorted(replies)
+        return state
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        base = {k: v for k, v in (state or {}).items() if k != LOCAL} or None
+        if "model" in msg.arrays:
+            weights = self.with_local_buffers(msg.arrays["model"], base, client)
+        else:
+            weights = (state or {}).get(LOCAL)
+            if weights is None:
+                raise RuntimeError(f"fedfm_lite client {client.cid} got no model and keeps none of its own")
+            msg = Message(msg.kind, {**msg.arrays, "model": weights}, dict(msg.scalars))
+        result = self.local_training(weights, msg, base, client)
+        new_state = self.after_training(result, msg, base, client)
+        arrays: dict[str, Arrays] = {}
+        if msg.scalars.get("upload_anchors", True):
+            means, counts = local_anchors(client.model, result.weights, client.data, client.num_classes)
+            arrays["anchors"] = {"mean": means, "count": counts}
+        if msg.scalars.get("upload_model", True):
+            arrays["model"] = result.weights
+            arrays.update(self.uploads(result, msg, new_state, client))
+        else:
+            new_state = {**(new_state or {}), LOCAL: result.weights}
+        reply = Message("update", arrays, {"num_samples": client.num_samples, "steps": result.steps,
+                                           "loss": result.mean_loss})
+        return reply, new_state

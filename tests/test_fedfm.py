@@ -1,0 +1,243 @@
+"""FedFM and FedFM-Lite (papers/001) against hand-computed cases: the CG and l2 matching losses,
+anchors (Eq. 8) and their aggregation (Eq. 9, Table VIII), the warm-up, the matching term after
+it, Lite's schedule and its communication, and composition with other methods."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_loop, config, ctx, runtime
+
+from fedhet.algorithms import algorithm_class
+from fedhet.algorithms.fedfm import AnchorMatching, FedFM, FedFMLite, aggregate_anchors, local_anchors
+from fedhet.core.contract import Batch, Forward, Message
+from fedhet.training.local import forward
+from fedhet.training.objective import CrossEntropy
+from fedhet.training.terms import Proximal
+
+
+def out_of(h: torch.Tensor) -> Forward:
+    return Forward(h, torch.zeros(len(h), 3))
+
+
+def batch_of(y) -> Batch:
+    y = torch.tensor(y)
+    return Batch(torch.zeros(len(y), 1), y, torch.arange(len(y)))
+
+
+# --- the matching losses ------------------------------------------------------------------
+def test_cg_loss_hand_computed():
+    # normalised features (1,0) and (0,1); normalised anchors (1,0), (0,1), (1,1)/sqrt2; tau 0.5
+    h = torch.tensor([[3.0, 0.0], [0.0, 0.5]])
+    anchors = torch.tensor([[2.0, 0.0], [0.0, 7.0], [1.0, 1.0]])
+    term = AnchorMatching(anchors, torch.ones(3, dtype=torch.bool), lam=2.0, kind="cg", temperature=0.5)
+    r = 1 / math.sqrt(2) / 0.5
+    loss0 = -2.0 + math.log(math.exp(2.0) + math.exp(0.0) + math.exp(r))   # sample 0, class 0
+    loss1 = -2.0 + math.log(math.exp(0.0) + math.exp(2.0) + math.exp(r))   # sample 1, class 1
+    value = term(out_of(h), batch_of([0, 1]), {})
+    assert float(value) == pytest.approx(2.0 * (loss0 + loss1) / 2, rel=1e-6)
+
+
+def test_cg_loss_is_cross_entropy_over_scaled_cosine_similarities():
+    g = torch.Generator().manual_seed(0)
+    h, anchors = torch.randn(16, 8, generator=g), torch.randn(5, 8, generator=g)
+    y = torch.randint(0, 5, (16,), generator=g)
+    cos = F.cosine_similarity(h.unsqueeze(1), anchors.unsqueeze(0), dim=-1)          # (16, 5)
+    expected = F.cross_entropy(cos / 0.1, y)
+    term = AnchorMatching(anchors, torch.ones(5, dtype=torch.bool), lam=1.0, kind="cg", temperature=0.1)
+    assert float(term(out_of(h), Batch(torch.zeros(16), y, torch.arange(16)), {})) == pytest.approx(
+        float(expected), rel=1e-5)
+
+
+def test_l2_variant_averages_over_batch_and_feature_dims():
+    # h (3,4) -> (0.6, 0.8); its anchor (5,0) -> (1, 0): squared distance 0.16 + 0.64 = 0.8, over d=2 -> 0.4
+    # h (0,2) -> (0, 1); its anchor (0,9) -> (0, 1): 0.  Mean over the batch: 0.2; lam 3 -> 0.6
+    term = AnchorMatching(torch.tensor([[5.0, 0.0], [0.0, 9.0]]), torch.ones(2, dtype=torch.bool), lam=3.0, kind="l2")
+    value = term(out_of(torch.tensor([[3.0, 4.0], [0.0, 2.0]])), batch_of([0, 1]), {})
+    assert float(value) == pytest.approx(0.6, rel=1e-6)
+
+
+def test_classes_without_anchor_are_left_out():
+    anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0], [123.0, -5.0]])
+    defined = torch.tensor([True, True, False])
+    h = torch.tensor([[1.0, 0.2], [0.3, 1.0], [4.0, 4.0]])
+    full = AnchorMatching(anchors[:2], torch.ones(2, dtype=torch.bool), 1.0, "cg", 0.1)
+    masked = AnchorMatching(anchors, defined, 1.0, "cg", 0.1)
+    # the third sample (class 2, no anchor) is dropped and anchor 2 is not in the softmax
+    assert float(masked(out_of(h), batch_of([0, 1, 2]), {})) == pytest.approx(
+        float(full(out_of(h[:2]), batch_of([0, 1]), {})), rel=1e-6)
+
+
+# --- anchors -------------------------------------------------------------------------------
+def test_weighted_anchor_aggregation_and_a_missing_class():
+    prev = torch.tensor([[9.0, 9.0], [8.0, 8.0], [7.0, 7.0]])
+    prev_def = torch.tensor([True, True, False])
+    a = (torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]), torch.tensor([3, 0, 0]))
+    b = (torch.tensor([[3.0, 4.0], [0.0, 0.0], [0.0, 0.0]]), torch.tensor([1, 0, 0]))
+    anchors, defined = aggregate_anchors(prev, prev_def, [a, b], "weighted")
+    assert torch.allclose(anchors[0], torch.tensor([(3 * 1 + 1 * 3) / 4, (0 + 4) / 4]))  # Eq. 9
+    assert torch.equal(anchors[1], prev[1])            # nobody has class 1: the previous anchor stays
+    assert defined.tolist() == [True, True, False]     # class 2 never had one
+
+
+def test_uniform_anchor_aggregation_fills_missing_with_the_previous_anchor():
+    prev = torch.tensor([[10.0, 0.0], [0.0, 6.0]])
+    prev_def = torch.tensor([True, True])
+    a = (torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([50, 1]))
+    b = (torch.tensor([[4.0, 0.0], [0.0, 0.0]]), torch.tensor([1, 0]))
+    anchors, defined = aggregate_anchors(prev, prev_def, [a, b], "uniform")
+    assert torch.allclose(anchors[0], torch.tensor([2.5, 0.0]))        # plain mean, counts ignored
+    assert torch.allclose(anchors[1], torch.tensor([0.0, 4.5]))        # (3 + previous 6) / 2
+    weighted, _ = aggregate_anchors(prev, prev_def, [a, b], "weighted")
+    assert torch.allclose(weighted[0], torch.tensor([54 / 51, 0.0]))   # the same uploads, Eq. 9
+
+
+def test_first_aggregation_leaves_unseen_classes_undefined():
+    a = (torch.tensor([[1.0, 2.0], [0.0, 0.0]]), torch.tensor([2, 0]))
+    anchors, defined = aggregate_anchors(None, None, [a], "uniform")
+    assert defined.tolist() == [True, False] and torch.equal(anchors[0], torch.tensor([1.0, 2.0]))
+
+
+def test_local_anchors_use_every_training_sample_in_eval_mode(small_config):
+    cfg = config(small_config, "fedfm", batch_size=7, drop_last=True)
+    loop = build_loop(cfg)
+    client = runtime(loop, 0)
+    weights = client.init_weights()
+    means, counts = local_anchors(client.model, weights, client.data, client.num_classes, batch_size=5)
+    x = client.data.inputs(client.data.train_idx)
+    y = client.data.y[client.data.train_idx]
+    client.model.eval()
+    with torch.no_grad():
+        h = forward(client.model, weights, x).features.double()
+    assert int(counts.sum()) == client.num_samples          # no drop_last: every sample counted once
+    assert torch.equal(counts, torch.bincount(y, minlength=client.num_classes))
+    for c in range(client.num_classes):
+        if counts[c]:
+            torch.testing.assert_close(means[c], h[y == c].mean(0).float(), atol=1e-5, rtol=1e-5)
+        else:
+            assert not means[c].any()
+
+
+# --- the round -----------------------------------------------------------------------------
+def run_rounds(loop, rounds, num_rounds=None):
+    return [loop.run_round(r, num_rounds=num_rounds) for r in range(rounds)]
+
+
+def test_warm_up_rounds_are_fedavg_bit_for_bit(small_config):
+    fedavg = build_loop(config(small_config, "fedavg"))
+    fedfm = build_loop(config(small_config, "fedfm", {"start_round": 2}))
+    for rnd in range(2):
+        a, b = fedavg.run_round(rnd), fedfm.run_round(rnd)
+        assert a.phases == b.phases == 1
+        assert fedavg.ledger.take_round(rnd) == fedfm.ledger.take_round(rnd)
+    for k, v in fedavg.server_state["model"].items():
+        assert torch.equal(v, fedfm.server_state["model"][k]), k
+    assert fedfm.server_state["anchors"] is None
+    assert fedfm.run_round(2).phases == 2                  # from T_s on: anchors, then training
+
+
+def test_matching_term_trains_after_the_warm_up(small_config):
+    """Fails if the term is dropped, weighted by zero, or fed anchors other than the server's."""
+    cfg = config(small_config, "fedfm", {"start_round": 0, "lam": 5.0})
+    loop = build_loop(cfg)
+    algo: FedFM = loop.algorithm
+    state = loop.server_state
+    client = runtime(loop, 0)
+    reply, cstate = algo.client_update(Message("anchors", {"model": state["model"]}), None, client)
+    anchors, defined = aggregate_anchors(None, None, [(reply.arrays["anchors"]["mean"],
+                                                       reply.arrays["anchors"]["count"])])
+    c = ctx([0], num_classes=client.num_classes)
+    msg = algo.train_message({**state, "anchors": anchors, "anchors_defined": defined}, 0, c)
+    msg.arrays.pop("model")
+    terms = algo.local_terms(Message("train", {**msg.arrays, "model": state["model"]}), None, client)
+    (term,) = [t for t in terms if isinstance(t, AnchorMatching)]
+    assert term.lam == 5.0 and torch.equal(term.anchors, anchors)
+    trained, _ = algo.client_update(msg, cstate, runtime(loop, 0))
+    plain = runtime(loop, 0).train(state["model"], [CrossEntropy()])
+    diff = sum(float((trained.arrays["model"][k] - plain.weights[k]).abs().sum()) for k in plain.weights)
+    assert diff > 1e-3, "FedFM after T_s trained like plain cross-entropy"
+    assert trained.scalars["loss"] > plain.mean_loss + 1.0     # lam * L_FM is part of the objective
+
+
+def test_fedfm_round_sends_the_model_once_and_anchors_both_ways(small_config):
+    cfg = config(small_config, "fedfm", {"start_round": 0, "lam": 1.0})
+    loop = build_loop(cfg)
+    loop.run_round(0)
+    comm = loop.ledger.take_round(0)
+    n_model = sum(v.numel() for v in loop.server_state["model"].values())
+    k = cfg.train.clients_per_round
+    c, d = loop.server_state["anchors"].shape
+    assert comm["down/model"]["floats"] == k * n_model
+    assert comm["up/model"]["floats"] == k * n_model
+    assert comm["up/anchors"]["floats"] == k * (c * d + c)        # means + counts
+    assert comm["down/anchors"]["floats"] == k * (c * d + c)      # anchors + defined mask
+
+
+@pytest.mark.parametrize("every", [1, 2, 5])
+def test_lite_schedule_and_floats_per_round(small_config, every):
+    rounds = 6
+    cfg = config(small_config, "fedfm_lite", {"start_round": 0, "model_every": every, "lam": 1.0},
+                 clients_per_round=small_config["data"]["num_clients"])
+    loop = build_loop(cfg)
+    k = cfg.train.clients_per_round
+    n_model = sum(v.numel() for v in loop.server_state["model"].values())
+    for rnd in range(rounds):
+        before = {n: t.clone() for n, t in loop.server_state["model"].items()}
+        stats = loop.run_round(rnd, num_rounds=rounds)
+        assert stats.phases == 1                                    # one handshake per round
+        comm = loop.ledger.take_round(rnd)
+        c, d = loop.server_state["anchors"].shape
+        down_model = k * n_model if rnd % every == 0 else 0
+        up_model = k * n_model if (rnd + 1) % every == 0 or rnd == rounds - 1 else 0
+        down_anchors = k * (c * d + c) if rnd > 0 else 0            # nothing aggregated before round 0
+        expected = {"down/model": down_model, "up/model": up_model, "up/anchors": k * (c * d + c),
+                    "down/anchors": down_anchors}
+        assert {g: v["floats"] for g, v in comm.items()} == {g: v for g, v in expected.items() if v}, rnd
+        changed = any(not torch.equal(before[n], t) for n, t in loop.server_state["model"].items())
+        assert changed == bool(up_model), rnd                       # the global model moves only on uploads
+
+
+def test_lite_continues_from_its_own_model_between_uploads(small_config):
+    cfg = config(small_config, "fedfm_lite", {"start_round": 5, "model_every": 2},
+                 clients_per_round=small_config["data"]["num_clients"])
+    loop = build_loop(cfg)
+    loop.run_round(0, num_rounds=4)                  # no upload: every client keeps its trained model
+    kept = {c: s["fedfm_local"] for c, s in loop.client_states.items()}
+    assert len(kept) == cfg.train.clients_per_round
+    algo: FedFMLite = loop.algorithm
+    msg = Message("train", {}, {"upload_model": True, "upload_anchors": False})
+    reply, _ = algo.client_update(msg, {"fedfm_local": kept[0]}, runtime(loop, 0, rnd=1))
+    expect = runtime(loop, 0, rnd=1).train(kept[0], [CrossEntropy()])
+    for name, w in expect.weights.items():
+        assert torch.equal(reply.arrays["model"][name], w), name
+    with pytest.raises(RuntimeError, match="no model"):
+        algo.client_update(msg, None, runtime(loop, 0, rnd=1))
+
+
+# --- composition (paper Fig. 8(a)) --------------------------------------------------------
+def test_fedprox_and_moon_compose_with_fedfm_without_parameter_clashes():
+    for name in ("fedprox+fedfm", "moon+fedfm", "fedfm+fednova", "scaffold+fedfm"):
+        cls = algorithm_class(name)
+        assert issubclass(cls, FedFM)
+        assert "lam" in cls.Params.model_fields
+
+
+def test_fedprox_fedfm_trains_on_both_terms(small_config):
+    loop = build_loop(config(small_config, "fedprox+fedfm", {"start_round": 0, "mu": 0.5}))
+    algo = loop.algorithm
+    client = runtime(loop, 0)
+    state = loop.server_state
+    reply, cstate = algo.client_update(Message("anchors", {"model": state["model"]}), None, client)
+    anchors, defined = aggregate_anchors(None, None, [(reply.arrays["anchors"]["mean"], reply.arrays["anchors"]["count"])])
+    msg = Message("train", {"model": state["model"], "anchors": {"mean": anchors, "defined": defined}})
+    kinds = {type(t) for t in algo.local_terms(msg, None, client)}
+    assert {Proximal, AnchorMatching} <= kinds
+
+
+def test_fednova_composition_runs_both_phases(small_config):
+    loop = build_loop(config(small_config, "fedfm+fednova", {"start_round": 0, "lam": 1.0}))
+    assert loop.run_round(0).phases == 2
+    assert loop.server_state["anchors"] is not None
