@@ -33,6 +33,7 @@ from fedhet.experiment.rundir import (
 from fedhet.experiment.summary import (
     SUMMARIZED_METRICS,
     machine_info,
+    model_selection,
     peak_memory_mb,
     speed,
     summarize_metrics,
@@ -233,6 +234,7 @@ class Experiment:
             "machine": machine_info(),
         }
         for cb in callbacks if callbacks is not None else self.callbacks:
+            "model_selection": model_selection(rows),
             cb.on_summary(self, summary)
         self.summary = summary
         self.rundir.write_json(SUMMARY, summary)

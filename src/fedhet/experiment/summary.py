@@ -14,7 +14,7 @@ import torch
 
 from fedhet import __version__
 
-SUMMARIZED_METRICS = ("global_acc", "global_labeldist_acc", "personal_acc", "personal_acc_pooled")
+SUMMARIZED_METRICS = ("global_acc", "global_labeldist_acc", "global_val_acc", "personal_acc", "personal_acc_pooled")
 
 
 def git_commit() -> str | None:
@@ -45,6 +45,19 @@ def summarize_metrics(rows: list[dict], metric: str, window: int) -> dict:
     return {"best": best, "best_round": best_round, "best_rule": f"max of {metric} over evaluated rounds",
             "final": sum(tail) / len(tail), "final_rule": f"mean of {metric} over the last {len(tail)} evaluations",
             "last": values[-1][1]}
+
+
+def model_selection(rows: list[dict], selected_by: str = "global_val_acc", report: str = "global_acc") -> dict:
+    """``report`` at the evaluated round with the best ``selected_by`` (the first such round on ties):
+    the FedFM paper's rule, validation on the union of the clients' held-out splits and the test
+    accuracy of that round's model (papers/001, Sec. VII-A). Empty when either metric is missing."""
+    values = [(r["round"], r[selected_by], r[report]) for r in rows
+              if r.get(selected_by) is not None and r.get(report) is not None]
+    if not values:
+        return {}
+    rnd, val, test = max(values, key=lambda v: (v[1], -v[0]))
+    return {"value": test, "round": rnd, "validation": val,
+            "rule": f"{report} at the first evaluated round with the highest {selected_by}"}
 
 
 def speed(rows: list[dict]) -> dict:

@@ -8,6 +8,10 @@
 * ``personal_acc`` / ``personal_acc_std`` - each client's own evaluation model
   (``Algorithm.client_model``) on its own local test split; mean and std over clients.
   ``personal_acc_pooled`` is sum(correct)/sum(samples) over all clients (FedReMa's metric).
+* ``global_val_acc`` - with held-out local splits (``data.local_test.source: holdout``), the
+  global model on the union of the clients' held-out splits (sum of correct over sum of
+  samples): the validation accuracy of the FedFM paper's model selection (papers/001,
+  Sec. VII-A: the test accuracy is reported at the round of the best validation accuracy).
 """
 
 from __future__ import annotations
@@ -82,6 +86,14 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         out["global_per_class"] = [float(c / t) if t else None for c, t in zip(correct, total)]
         out["global_labeldist_acc"] = float(labeldist_accuracy(fed.train_counts(), correct, total).mean())
 
+    val_hits = None
+    if global_weights is not None and fed.local_test_source == "holdout":
+        xs, ys = zip(*(fed.local_test(cid) for cid in range(fed.num_clients)))
+        x, y = torch.cat(xs), torch.cat(ys)
+        val_hits, _ = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size)
+        out["global_val_acc"] = float(val_hits.float().mean())
+        val_offsets = np.cumsum([0] + [len(t) for t in ys])
+
     if personalized:
         # Clients evaluated with the same weights object are tested in one batched pass; clients
         # evaluated with the global model on test-set splits reuse the global pass.
@@ -99,6 +111,11 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
                 for cid in cids:
                     correct_k[cid] = float(global_hits[fed.test_idx[cid]].sum())
                     count_k[cid] = len(fed.test_idx[cid])
+                continue
+            if weights_of[key] is global_weights and val_hits is not None:
+                for cid in cids:                      # the validation pass above tested exactly these
+                    correct_k[cid] = float(val_hits[val_offsets[cid]:val_offsets[cid + 1]].sum())
+                    count_k[cid] = val_offsets[cid + 1] - val_offsets[cid]
                 continue
             xs, ys, owner = [], [], []
             for cid in cids:
