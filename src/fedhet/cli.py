@@ -69,6 +69,16 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _cmd_features(args) -> int:
+    from fedhet.experiment.features import features_report
+
+    rep = features_report(args.run_dir, samples=args.samples, seed=args.seed, plot=not args.no_plot)
+    print(f"{rep['run']} round {rep['round']} ({rep['algorithm']}, {rep['samples']} test samples): "
+          f"NMI {rep['feature_nmi']:.4f}, silhouette {rep['feature_silhouette']:.4f}")
+    print(f"wrote features_round{rep['round']}.json" + (f" and {Path(rep['plot']).name}" if "plot" in rep else ""))
+    return 0
+
+
 def _cmd_list(args) -> int:
     from fedhet.algorithms import ALGORITHMS
     from fedhet.data.datasets import DATASET_NAMES
@@ -113,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--metric", help="metric to compare (default: each run's headline metric)")
     c.add_argument("--plot", help="write an overlay plot to this PNG")
     c.set_defaults(func=_cmd_compare)
+
+    fe = sub.add_parser("features", help="feature-space quality of a run's global model: k-means NMI, "
+                                         "silhouette, t-SNE plot (needs pip install -e .[features])")
+    fe.add_argument("run_dir")
+    fe.add_argument("--samples", type=int, default=2000, help="test samples to embed (default 2000)")
+    fe.add_argument("--seed", type=int, default=0, help="seed of the test sample, k-means and t-SNE")
+    fe.add_argument("--no-plot", action="store_true", help="only the numbers (t-SNE is the slow part)")
+    fe.set_defaults(func=_cmd_features)
 
     fl = sub.add_parser("flower", help="run on Flower: a loopback deployment, or the app for a real one "
                                        "(docs/deployment.md; needs pip install -e .[flower])")

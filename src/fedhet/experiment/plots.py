@@ -66,3 +66,21 @@ def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_features(embedding: np.ndarray, labels: np.ndarray, path: Path, title: str) -> None:
+    """2-d embedding of features, one colour per class (FedFM paper Fig. 6)."""
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    classes = np.unique(labels)
+    cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+    for i, c in enumerate(classes):
+        pts = embedding[labels == c]
+        ax.scatter(pts[:, 0], pts[:, 1], s=4, color=cmap(i % cmap.N), label=str(c))
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=9)
+    if len(classes) <= 20:
+        ax.legend(markerscale=3, fontsize=7, loc="best", title="class")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

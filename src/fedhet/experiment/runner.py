@@ -203,8 +203,18 @@ class Experiment:
         return self.summary
 
     def evaluate_round(self, rnd: int) -> dict:
-        """This round's metrics (metrics/evaluate.py)."""
-        return evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized)
+        """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
+        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized)
+        every = self.cfg.eval.features_every
+        weights = self.algorithm.global_model(self.loop.server_state)
+        if every and (rnd + 1) % every == 0 and weights is not None:
+            from fedhet.metrics.features import feature_quality, global_test_features
+
+            host = self.loop.host
+            feats, labels = global_test_features(host.models[host.client_arch[0]], weights, host.federation,
+                                                 self.cfg.eval.features_samples)
+            out.update(feature_quality(feats, labels, host.federation.num_classes))
+        return out
 
     def engine_info(self) -> dict:
         info = self.loop.transport.info()
@@ -224,6 +234,7 @@ class Experiment:
             "headline": summarize_metrics(rows, self.metric, window),
             "metrics": {m: summarize_metrics(rows, m, window) for m in SUMMARIZED_METRICS
                         if any(m in r for r in rows)},
+            "model_selection": model_selection(rows),
             **speed(rows),
             "wall_seconds_this_session": wall,
             "peak_memory_mb": peak_memory_mb(),
@@ -234,7 +245,6 @@ class Experiment:
             "machine": machine_info(),
         }
         for cb in callbacks if callbacks is not None else self.callbacks:
-            "model_selection": model_selection(rows),
             cb.on_summary(self, summary)
         self.summary = summary
         self.rundir.write_json(SUMMARY, summary)

@@ -1,0 +1,80 @@
+"""Feature-space quality of a model (FedFM paper (papers/001), Sec. VII-B, Table V and Fig. 6).
+
+* ``feature_nmi`` - k-means (k = number of classes) on the features of a sample of the global
+  test set, then the normalized mutual information between the clusters and the true classes;
+* ``feature_silhouette`` - the silhouette score of the same features with the true classes as
+  the clusters (how much closer a sample is to its own class than to the nearest other class);
+* a t-SNE embedding of the features for a scatter plot coloured by class (Fig. 6).
+
+The paper computes both numbers with scikit-learn and so does fedhet (the optional extra
+``pip install 'fedhet[features]'``); features are the model's body output (the head's input),
+unnormalised. The sample is a fixed, seeded subset of the test set, so numbers of different
+runs are computed on the same images.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedhet.core.contract import Arrays
+from fedhet.core.errors import ConfigError
+from fedhet.data.federated import Federation
+from fedhet.training.local import forward
+
+
+def _sklearn():
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        raise ConfigError("feature-space metrics need scikit-learn: pip install 'fedhet[features]' "
+                          "(or pip install scikit-learn)") from None
+
+
+def sample_positions(num: int, size: int, seed: int = 0) -> np.ndarray:
+    """Sorted positions of a seeded random subset of ``size`` of ``num`` items (all if fewer)."""
+    if size >= num:
+        return np.arange(num)
+    return np.sort(np.random.default_rng(seed).choice(num, size=size, replace=False))
+
+
+@torch.no_grad()
+def global_test_features(model: torch.nn.Module, weights: Arrays, fed: Federation, samples: int = 2000,
+                  seed: int = 0, batch_size: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """``(features (n, d), labels (n,))`` of ``weights`` (eval mode) on a seeded sample of the
+    global test set."""
+    if fed.test is None:
+        raise ConfigError("feature-space metrics use the global test set, and this run has none "
+                          "(data.pool: train+test)")
+    pos = torch.as_tensor(sample_positions(len(fed.test.y), samples, seed))
+    was_training = model.training
+    model.eval()
+    feats = []
+    try:
+        for i in range(0, len(pos), batch_size):
+            idx = pos[i:i + batch_size]
+            feats.append(forward(model, weights, fed.normalize(fed.test.x[idx])).features.float())
+    finally:
+        model.train(was_training)
+    return torch.cat(feats).numpy(), fed.test.y[pos].numpy()
+
+
+def feature_quality(features: np.ndarray, labels: np.ndarray, num_classes: int, seed: int = 0) -> dict[str, float]:
+    """``{"feature_nmi", "feature_silhouette"}`` (module docstring) with scikit-learn."""
+    _sklearn()
+    from sklearn.cluster import KMeans
+    from sklearn.metrics import normalized_mutual_info_score, silhouette_score
+
+    clusters = KMeans(n_clusters=num_classes, n_init=10, random_state=seed).fit_predict(features)
+    present = len(np.unique(labels))
+    return {"feature_nmi": float(normalized_mutual_info_score(labels, clusters)),
+            "feature_silhouette": float(silhouette_score(features, labels)) if present > 1 else float("nan")}
+
+
+def tsne_embedding(features: np.ndarray, seed: int = 0) -> np.ndarray:
+    """2-d t-SNE embedding of the features (scikit-learn defaults, PCA initialisation)."""
+    _sklearn()
+    from sklearn.manifold import TSNE
+
+    perplexity = min(30.0, max(2.0, (len(features) - 1) / 3))
+    return TSNE(n_components=2, init="pca", perplexity=perplexity, random_state=seed).fit_transform(features)
