@@ -105,6 +105,35 @@ def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(small_config, tmp
     assert (exp.run_dir / "metrics.jsonl").read_text() == before
 
 
+def test_resume_refuses_a_changed_config_but_allows_more_rounds(small_config, tmp_path):
+    exp = run(small_config, tmp_path / "r")                      # 3 rounds, checkpoint after round 3
+    config_file = exp.run_dir / "config.yaml"
+    original = config_file.read_text()
+    config_file.write_text(original.replace("lr: 0.05", "lr: 0.5").replace("alpha: 0.5", "alpha: 0.1"))
+    before = (exp.run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError) as err:
+        Experiment.resume(exp.run_dir)
+    msg = str(err.value)
+    assert "train.lr: 0.05 -> 0.5" in msg and "data.partition" in msg and "alpha" in msg
+    assert (exp.run_dir / "metrics.jsonl").read_text() == before        # nothing recorded is lost
+    # raising train.rounds (and run.* settings) extends the run
+    config_file.write_text(original.replace("rounds: 3", "rounds: 4").replace("progress: false", "progress: true"))
+    resumed = Experiment.resume(exp.run_dir)
+    assert resumed.start_round == 3
+    resumed.run(progress=False)
+    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3, 4]
+    config_file.write_text(original)                                    # fewer rounds than done: refused
+    with pytest.raises(CheckpointError, match="train.rounds: 4 -> 3"):
+        Experiment.resume(exp.run_dir)
+
+
+def test_empty_config_file_says_it_is_empty(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("\n# nothing here\n")
+    with pytest.raises(ConfigError, match="is empty"):
+        load_config(empty)
+
+
 def test_non_finite_training_stops_with_named_cause_and_keeps_record(small_config, tmp_path):
     cfg = dict(small_config, train={**small_config["train"], "lr": 1e9})
     exp = Experiment.create(load_config(raw=cfg), tmp_path / "nan")

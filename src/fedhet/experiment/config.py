@@ -163,9 +163,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if not p.is_file():
                 raise ConfigError(f"config file {p} does not exist")
             try:
-                raw = yaml.safe_load(p.read_text()) or {}
+                raw = yaml.safe_load(p.read_text())
             except yaml.YAMLError as e:
                 raise ConfigError(f"{p} is not valid YAML: {e}") from None
+            if raw is None:
+                raise ConfigError(f"config file {p} is empty; start from configs/quickstart.yaml (every key and "
+                                  "its default: configs/README.md)")
             if not isinstance(raw, dict):
                 raise ConfigError(f"{p} must hold a mapping of sections (data, model, algorithm, train, ...)")
     for assignment in overrides or []:
@@ -174,6 +177,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         return ExperimentConfig.model_validate(raw)
     except pydantic.ValidationError as e:
         raise ConfigError(_format_validation_error(e, origin)) from None
+
+
+# Keys that may differ between a run's checkpoint and its config on resume: how the run is
+# carried out, not what it computes (engines are equivalent; threads change speed only).
+RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.checkpoint_every",
+                     "run.out_dir")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v and key not in ("algorithm.params", "data.partition", "model.options"):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_changes(recorded: dict, current: ExperimentConfig) -> list[str]:
+    """Keys whose value differs between a recorded config (``model_dump(mode="json")``) and
+    ``current``, leaving out :data:`RESUMABLE_CHANGES` and a raised ``train.rounds`` (extending a
+    run). Each entry reads ``key: old -> new``."""
+    old, new = _flatten(recorded), _flatten(current.model_dump(mode="json"))
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if a == b or key in RESUMABLE_CHANGES:
+            continue
+        if key == "train.rounds" and isinstance(a, int) and isinstance(b, int) and b >= a:
+            continue
+        changes.append(f"{key}: {a!r} -> {b!r}")
+    return changes
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -20,7 +20,7 @@ from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build, configure_process
-from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
+from fedhet.experiment.config import ExperimentConfig, config_changes, dump_config, load_config
 from fedhet.experiment.rundir import (
     CHECKPOINT,
     CONFIG,
@@ -135,8 +135,16 @@ class Experiment:
         rundir = RunDir(run_dir)
         if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
-        exp = cls(load_config(rundir.path / CONFIG), run_dir)
+        cfg = load_config(rundir.path / CONFIG)
         snap = rundir.load_checkpoint()
+        if snap is not None and isinstance(snap, dict) and isinstance(snap.get("config"), dict):
+            changed = config_changes(snap["config"], cfg)
+            if changed:
+                raise CheckpointError(
+                    f"{rundir.path / CONFIG} changed since the checkpoint of round {snap.get('round')}: "
+                    + "; ".join(changed) + ". A resumed run must compute what it started computing: restore "
+                    "those values, or start a new run (only raising train.rounds and run.* settings may change)")
+        exp = cls(cfg, run_dir)
         if snap is not None:
             try:
                 exp.loop.restore(snap["sim"])
@@ -151,7 +159,8 @@ class Experiment:
         return self.rundir.read_metrics()
 
     def checkpoint(self, done_rounds: int) -> None:
-        self.rundir.save(CHECKPOINT, {"round": done_rounds, "sim": self.loop.snapshot()})
+        self.rundir.save(CHECKPOINT, {"round": done_rounds, "sim": self.loop.snapshot(),
+                                      "config": self.cfg.model_dump(mode="json")})
 
     # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:
