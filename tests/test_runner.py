@@ -127,6 +127,58 @@ def test_resume_refuses_a_changed_config_but_allows_more_rounds(small_config, tm
         Experiment.resume(exp.run_dir)
 
 
+FULL_DISK = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # a short write then fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+from fedhet.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_full_disk_stops_with_a_message_and_keeps_the_recorded_rounds(small_config, tmp_path):
+    """A file-size limit stands in for a full file system (the cnn2 checkpoint is ~23 MB)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    if not hasattr(__import__("signal"), "SIGXFSZ"):
+        pytest.skip("no RLIMIT_FSIZE/SIGXFSZ on this platform")
+    cfg = dict(small_config, train={**small_config["train"], "rounds": 2},
+               run={**small_config["run"], "checkpoint_every": 1})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-c", FULL_DISK, "run", str(tmp_path / "c.yaml"), "--out", str(out),
+                        "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "cannot write" in r.stderr and "checkpoint.pt" in r.stderr and "--resume" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert [row["round"] for row in read_metrics(out)] == [1]          # the round before the failure is kept
+    assert not list(out.glob("*.tmp"))                                  # no half-written files left behind
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("command", ["run", "partition", "compare", "flower"])
+def test_outputs_under_a_file_are_clear_errors(small_config, tmp_path, capsys, command):
+    import yaml
+
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cfg = str(tmp_path / "c.yaml")
+    args = {"run": ["run", cfg, "--out", str(blocker / "run"), "--no-progress"],
+            "partition": ["partition", cfg, "--out", str(blocker / "p.png")],
+            "compare": ["compare", str(tmp_path), "--plot", str(blocker / "c.png")],
+            "flower": ["flower", "run", cfg, "--out", str(blocker / "run")]}[command]
+    if command == "compare":
+        run(small_config, tmp_path / "done")
+        args[1] = str(tmp_path / "done")
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert "cannot" in err and str(blocker) in err and "Traceback" not in err
+
+
 def test_empty_config_file_says_it_is_empty(tmp_path):
     empty = tmp_path / "empty.yaml"
     empty.write_text("\n# nothing here\n")

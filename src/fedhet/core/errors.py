@@ -28,3 +28,7 @@ class CheckpointError(FedhetError):
 
 class NumericalError(FedhetError):
     """A loss or parameter became non-finite during training."""
+
+
+class OutputError(FedhetError):
+    """A run directory or output file cannot be created or written (full disk, permissions)."""

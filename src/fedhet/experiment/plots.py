@@ -10,6 +10,19 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fedhet.core.errors import OutputError  # noqa: E402
+
+
+def save(fig, path: Path) -> None:
+    """Write a figure; a path that cannot be written is an OutputError saying which and why."""
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise OutputError(f"cannot write the plot {path}: {e.strerror or e}; choose another path "
+                          "(its folder must exist and be writable)") from None
+    finally:
+        plt.close(fig)
+
 CURVES = (("global_acc", "global model, global test set"),
           ("global_labeldist_acc", "global model, client label-distribution weighted"),
           ("personal_acc", "each client's model, its local test split (mean)"))
@@ -28,8 +41,7 @@ def plot_run(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, path: Path) -> None:
@@ -48,8 +60,7 @@ def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, 
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
@@ -64,8 +75,7 @@ def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
         ax.set_xticks(range(c))
     fig.colorbar(im, ax=ax, label="training samples")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_features(embedding: np.ndarray, labels: np.ndarray, path: Path, title: str) -> None:
@@ -82,5 +92,4 @@ def plot_features(embedding: np.ndarray, labels: np.ndarray, path: Path, title: 
     if len(classes) <= 20:
         ax.legend(markerscale=3, fontsize=7, loc="best", title="class")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fedhet.core.errors import CheckpointError, ConfigError
+from fedhet.core.errors import CheckpointError, ConfigError, OutputError
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
@@ -56,9 +57,24 @@ class RunDir:
 
     def write_text(self, name: str, text: str) -> None:
         """Atomically: a reader never sees half a file."""
+        self._atomic(name, lambda tmp: tmp.write_text(text))
+
+    def _atomic(self, name: str, write: Callable[[Path], object]) -> None:
         tmp = self.path / (name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.path / name)
+        try:
+            write(tmp)
+            os.replace(tmp, self.path / name)
+        except (OSError, RuntimeError) as e:      # torch.save reports a short write as RuntimeError
+            tmp.unlink(missing_ok=True)
+            raise self.cannot_write(name, e) from None
+
+    def cannot_write(self, name: str, e: BaseException) -> OutputError:
+        reason = getattr(e, "strerror", None) or (
+            "the file could not be written completely (disk full or a file-size limit?)"
+            if isinstance(e, RuntimeError) else str(e).splitlines()[0])
+        return OutputError(f"cannot write {self.path / name}: {reason}. Free space on (or permissions of) the file "
+                           f"system of {self.path}, then continue with `fedhet run --resume {self.path}`; every "
+                           f"round recorded in {METRICS} is kept.")
 
     def write_json(self, name: str, obj: Any) -> None:
         self.write_text(name, json.dumps(obj, indent=2))
@@ -68,10 +84,13 @@ class RunDir:
         return read_metrics(self.path)
 
     def append_metrics(self, row: dict) -> None:
-        with open(self.path / METRICS, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path / METRICS, "a") as f:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:              # a cut line is dropped by read_metrics; the rows before it stay
+            raise self.cannot_write(METRICS, e) from None
 
     def truncate_metrics(self, done_rounds: int) -> None:
         """Drop metric lines of rounds after the checkpoint: they will be recomputed identically."""
@@ -83,9 +102,7 @@ class RunDir:
 
     # --- checkpoints --------------------------------------------------------------------
     def save(self, name: str, obj: Any) -> None:
-        tmp = self.path / (name + ".tmp")
-        torch.save(obj, tmp)
-        os.replace(tmp, self.path / name)
+        self._atomic(name, lambda tmp: torch.save(obj, tmp))
 
     def load_checkpoint(self) -> dict | None:
         ckpt = self.path / CHECKPOINT

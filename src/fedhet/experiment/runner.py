@@ -259,4 +259,7 @@ class Experiment:
         self.rundir.write_json(SUMMARY, summary)
         if rows:
             from fedhet.experiment.plots import plot_run
-            plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
+            try:
+                plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
+            except OSError as e:
+                raise self.rundir.cannot_write("accuracy.png", e) from None

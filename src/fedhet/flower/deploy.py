@@ -424,7 +424,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     unless the run finished as ``completed``. ``settings``: min_clients, phase_timeout, ...
     ``on_submitted(loopback, run_id)`` runs right after submission (tests use it to kill a node)."""
     from fedhet.experiment.config import dump_config
-    from fedhet.experiment.rundir import METRICS
+    from fedhet.experiment.rundir import METRICS, RunDir
 
     n = nodes or cfg.data.num_clients
     if not 1 <= n <= cfg.data.num_clients:
@@ -432,6 +432,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     run_dir = Path(run_dir).resolve()
     if (run_dir / METRICS).exists():
         raise FedhetError(f"{run_dir} already holds a run; choose another --out")
+    RunDir(run_dir).create()             # a path under a file or unwritable: say so before starting Flower
     own_tmp = workdir is None
     work = Path(tempfile.mkdtemp(prefix="fedhet-flower-")) if own_tmp else Path(workdir)
     seconds: dict[str, float] = {}
