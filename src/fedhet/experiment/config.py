@@ -101,6 +101,9 @@ class RunConfig(Strict):
     workers: Literal["auto"] | pydantic.PositiveInt = "auto"
     threads: int | None = Field(None, ge=1)        # torch intra-op threads; default: torch's choice
     progress: bool = True
+    # Experiment tracking beside metrics.jsonl (fedhet.experiment.loggers; pip install -e .[tracking])
+    loggers: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
+    mlflow_tracking_uri: str | None = None          # default: sqlite:///RUN_DIR/mlflow.db
 
 
 class ExperimentConfig(Strict):
@@ -182,7 +185,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # Keys that may differ between a run's checkpoint and its config on resume: how the run is
 # carried out, not what it computes (engines are equivalent; threads change speed only).
 RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.checkpoint_every",
-                     "run.out_dir")
+                     "run.out_dir", "run.loggers", "run.mlflow_tracking_uri")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

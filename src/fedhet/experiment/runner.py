@@ -20,7 +20,9 @@ from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build, configure_process
+from fedhet.experiment.callbacks import Callback
 from fedhet.experiment.config import ExperimentConfig, config_changes, dump_config, load_config
+from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
     CHECKPOINT,
     CONFIG,
@@ -42,19 +44,6 @@ from fedhet.metrics.evaluate import evaluate_loop
 from fedhet.training.precision import bf16_native
 
 __all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "read_metrics"]
-
-
-class Callback:
-    """Hooks of the run loop; override what you need (all default to doing nothing)."""
-
-    def on_row(self, exp: Experiment, row: dict) -> None:
-        """A round's row is complete and not yet written: add keys to it."""
-
-    def on_row_written(self, exp: Experiment, row: dict) -> None:
-        """The row is in metrics.jsonl (progress bars, logs)."""
-
-    def on_summary(self, exp: Experiment, summary: dict) -> None:
-        """The summary is built and not yet written: add keys to it."""
 
 
 class ProgressBar(Callback):
@@ -167,7 +156,7 @@ class Experiment:
         cfg = self.cfg
         show = cfg.run.progress if progress is None else progress
         bar = ProgressBar(self, show)
-        callbacks = [*self.callbacks, bar]
+        callbacks = [*self.callbacks, bar, *make_loggers(self)]
         t_run = time.perf_counter()
         status, error = "completed", None
         try:
@@ -253,7 +242,8 @@ class Experiment:
             "engine": self.engine_info(),
             "machine": machine_info(),
         }
-        for cb in callbacks if callbacks is not None else self.callbacks:
+        callbacks = callbacks if callbacks is not None else self.callbacks
+        for cb in callbacks:
             cb.on_summary(self, summary)
         self.summary = summary
         self.rundir.write_json(SUMMARY, summary)
@@ -263,3 +253,5 @@ class Experiment:
                 plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
             except OSError as e:
                 raise self.rundir.cannot_write("accuracy.png", e) from None
+        for cb in callbacks:
+            cb.on_finished(self, summary)
