@@ -21,9 +21,9 @@ from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import git_commit, machine_info
 
-METHODS = ["fedavg", "scaffold", "fedfm_l2", "fedfm", "fedfm_lite_a2"]
+METHODS = ["fedavg", "scaffold", "fedfm_l2", "fedfm", "fedfm_lite_a2", "fedfm_lam5"]
 LABELS = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedfm_l2": "FedFM-l2", "fedfm": "FedFM (CG)",
-          "fedfm_lite_a2": "FedFM-Lite (a=2)"}
+          "fedfm_lite_a2": "FedFM-Lite (a=2)", "fedfm_lam5": "FedFM (CG), lambda 5"}
 PAPER = {"niid1": {"fedavg": 66.69, "scaffold": 69.91, "fedfm_l2": 67.98, "fedfm": 72.89},
          "niid2": {"fedavg": 69.47, "scaffold": 71.48, "fedfm": 74.52}}
 
