@@ -139,6 +139,39 @@ def test_warm_up_rounds_are_fedavg_bit_for_bit(small_config):
     assert fedfm.run_round(2).phases == 2                  # from T_s on: anchors, then training
 
 
+def test_anchors_are_computed_in_eval_mode(small_config, monkeypatch):
+    import fedhet.algorithms.fedfm as fedfm_module
+
+    loop = build_loop(config(small_config, "fedfm"))
+    client = runtime(loop, 0)
+    modes = []
+    real = fedfm_module.forward
+
+    def spy(model, weights, x):
+        modes.append(model.training)
+        return real(model, weights, x)
+
+    monkeypatch.setattr(fedfm_module, "forward", spy)
+    client.model.train()
+    local_anchors(client.model, client.init_weights(), client.data, client.num_classes)
+    assert modes and not any(modes)            # BatchNorm/dropout must not act while anchors are taken
+    assert client.model.training               # and the model is left as it was found
+
+
+def test_round_anchors_are_the_aggregate_of_each_clients_anchors_with_the_global_model(small_config):
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 0, "lam": 1.0}))
+    w0 = {k: v.clone() for k, v in loop.server_state["model"].items()}
+    clients = loop.sample_clients(0)
+    loop.run_round(0)
+    uploads = []
+    for cid in clients:
+        c = runtime(loop, cid)
+        uploads.append(local_anchors(c.model, w0, c.data, c.num_classes))
+    anchors, defined = aggregate_anchors(None, None, uploads, "weighted")
+    torch.testing.assert_close(loop.server_state["anchors"], anchors, atol=0, rtol=0)
+    assert torch.equal(loop.server_state["anchors_defined"], defined)
+
+
 def test_matching_term_trains_after_the_warm_up(small_config):
     """Fails if the term is dropped, weighted by zero, or fed anchors other than the server's."""
     cfg = config(small_config, "fedfm", {"start_round": 0, "lam": 5.0})
@@ -156,6 +189,10 @@ def test_matching_term_trains_after_the_warm_up(small_config):
     (term,) = [t for t in terms if isinstance(t, AnchorMatching)]
     assert term.lam == 5.0 and torch.equal(term.anchors, anchors)
     trained, _ = algo.client_update(msg, cstate, runtime(loop, 0))
+    # exactly CE + lam * L_FM with the server's anchors, from the model of the anchor phase
+    expect = runtime(loop, 0).train(state["model"], [CrossEntropy(), AnchorMatching(anchors, defined, 5.0, "cg", 0.1)])
+    for k, w in expect.weights.items():
+        assert torch.equal(trained.arrays["model"][k], w), k
     plain = runtime(loop, 0).train(state["model"], [CrossEntropy()])
     diff = sum(float((trained.arrays["model"][k] - plain.weights[k]).abs().sum()) for k in plain.weights)
     assert diff > 1e-3, "FedFM after T_s trained like plain cross-entropy"
@@ -200,8 +237,58 @@ def test_lite_schedule_and_floats_per_round(small_config, every):
         assert changed == bool(up_model), rnd                       # the global model moves only on uploads
 
 
+def test_lite_warm_up_is_fedavg_and_anchors_come_from_the_trained_models(small_config):
+    k = small_config["data"]["num_clients"]
+    fedavg = build_loop(config(small_config, "fedavg", clients_per_round=k))
+    lite = build_loop(config(small_config, "fedfm_lite", {"start_round": 2, "model_every": 2, "lam": 1.0},
+                             clients_per_round=k))
+    for rnd in range(2):
+        fedavg.run_round(rnd, num_rounds=6)
+        lite.run_round(rnd, num_rounds=6)
+        a, b = fedavg.ledger.take_round(rnd), lite.ledger.take_round(rnd)
+        if rnd == 0:
+            assert a == b                                  # plain FedAvg before T_s - 1
+        else:
+            assert set(b) - set(a) == {"up/anchors"}       # anchors for round T_s ride along
+            assert all(b[g] == a[g] for g in a)
+        for name, w in fedavg.server_state["model"].items():
+            assert torch.equal(w, lite.server_state["model"][name]), (rnd, name)
+    assert lite.server_state["anchors"] is not None
+    # Sec. VI: a client's anchors are those of the model it has just trained and uploads with them
+    algo: FedFMLite = lite.algorithm
+    msg = Message("train", {"model": lite.server_state["model"]}, {"upload_model": True, "upload_anchors": True})
+    reply, _ = algo.client_update(msg, None, runtime(lite, 0, rnd=2))
+    c = runtime(lite, 0, rnd=2)
+    means, counts = local_anchors(c.model, reply.arrays["model"], c.data, c.num_classes)
+    assert torch.equal(reply.arrays["anchors"]["mean"], means) and torch.equal(reply.arrays["anchors"]["count"], counts)
+    received, _ = local_anchors(c.model, lite.server_state["model"], c.data, c.num_classes)
+    assert not torch.equal(means, received)
+
+
+def test_lite_sends_the_model_to_clients_that_missed_the_previous_round(small_config):
+    cfg = config(small_config, "fedfm_lite", {"start_round": 0, "model_every": 2, "lam": 1.0}, clients_per_round=3)
+    loop = build_loop(cfg)
+    n_model = sum(v.numel() for v in loop.server_state["model"].values())
+    loop.run_round(0, num_rounds=4)                       # model round: everyone gets it, nobody uploads
+    loop.ledger.take_round(0)
+    previous = set(loop.sample_clients(0))
+    loop.run_round(1, num_rounds=4)                       # no broadcast: only newcomers need the model
+    newcomers = [c for c in loop.sample_clients(1) if c not in previous]
+    assert loop.ledger.take_round(1).get("down/model", {"floats": 0})["floats"] == len(newcomers) * n_model
+
+
+def test_uniform_anchors_upload_presence_not_counts(small_config):
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 0, "anchor_weighting": "uniform"}))
+    client = runtime(loop, 0)
+    reply, _ = loop.algorithm.client_update(Message("anchors", {"model": loop.server_state["model"]}), None, client)
+    up = reply.arrays["anchors"]
+    assert set(up) == {"mean", "present"} and up["present"].dtype == torch.bool
+    counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)
+    assert torch.equal(up["present"], counts > 0)
+
+
 def test_lite_continues_from_its_own_model_between_uploads(small_config):
-    cfg = config(small_config, "fedfm_lite", {"start_round": 5, "model_every": 2},
+    cfg = config(small_config, "fedfm_lite", {"start_round": 0, "model_every": 2, "lam": 1.0},
                  clients_per_round=small_config["data"]["num_clients"])
     loop = build_loop(cfg)
     loop.run_round(0, num_rounds=4)                  # no upload: every client keeps its trained model
@@ -218,11 +305,19 @@ def test_lite_continues_from_its_own_model_between_uploads(small_config):
 
 
 # --- composition (paper Fig. 8(a)) --------------------------------------------------------
-def test_fedprox_and_moon_compose_with_fedfm_without_parameter_clashes():
-    for name in ("fedprox+fedfm", "moon+fedfm", "fedfm+fednova", "scaffold+fedfm"):
-        cls = algorithm_class(name)
-        assert issubclass(cls, FedFM)
-        assert "lam" in cls.Params.model_fields
+@pytest.mark.parametrize("name", ["fedprox+fedfm", "moon+fedfm", "fedfm+fednova", "fednova+fedfm", "scaffold+fedfm"])
+def test_compositions_run_with_partial_participation(small_config, name):
+    cls = algorithm_class(name)
+    assert issubclass(cls, FedFM) and "lam" in cls.Params.model_fields
+    loop = build_loop(config(small_config, name, {"start_round": 0, "lam": 1.0}, clients_per_round=3))
+    for rnd in range(2):
+        assert loop.run_round(rnd).phases == 2
+        comm = loop.ledger.take_round(rnd)
+        n_model = sum(v.numel() for v in loop.server_state["model"].values())
+        assert comm["up/model"]["floats"] == comm["down/model"]["floats"] == 3 * n_model
+        if "scaffold" in name:                 # control deltas go up once per client, with the model
+            n_control = sum(v.numel() for v in loop.server_state["control"].values())
+            assert comm["up/control"]["floats"] == comm["down/control"]["floats"] == 3 * n_control
 
 
 def test_fedprox_fedfm_trains_on_both_terms(small_config):

@@ -11,7 +11,9 @@ Every other generic method in fedhet is a delta from this class, made by overrid
            state), ``uploads`` (extra tensors sent back).
 
 Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+scaffold``: see
-:func:`fedhet.algorithms.compose`).
+:func:`fedhet.algorithms.compose`). A method that wraps ``client_update`` acts on ``"train"``
+messages only and passes other kinds through, so a component's extra phase (FedFM's anchors)
+reaches its owner untouched.
 
 BatchNorm statistics (policy ``bn_buffers``):
   * ``average`` (default) - running mean/var are averaged like weights, so the global model

@@ -39,14 +39,18 @@ FedFM-Lite (Sec. VI, :class:`FedFMLite`): one handshake per round. Clients compu
 anchors AFTER local training with the trained model (an extra eval-mode pass over the training
 split, as the paper describes) and send them with the reply; the server aggregates them and
 sends the global anchors with the next round's message. Models travel every ``model_every``
-(the paper's a) rounds only: the global model goes down in rounds t with t % a == 0 and the
-local models come up in rounds with (t + 1) % a == 0 (and in the run's last round); in between a
-client continues from its own local model, kept in its state. A client that did not take part
+(the paper's a) rounds only: counting rounds from T_s (s = t - T_s), the global model goes down
+when s % a == 0 and the local models come up when (s + 1) % a == 0 (and in the run's last
+round); in between a client continues from its own local model, kept in its state. Warm-up
+rounds (t < T_s) are FedAvg's, models both ways every round, as for FedFM (Sec. VII-A). A client that did not take part
 in the previous round has no current local model, so the server sends it the global model
 (counted in the ledger like any other download; with full participation, as in the paper, this
-never happens). The global model evaluated between uploads is the last aggregated one. The
-matching term starts at ``start_round`` as in FedFM; anchors are uploaded from round
-``start_round - 1`` on so that round ``start_round`` has them.
+never happens). The global model evaluated between uploads is the last aggregated one.
+Anchors are uploaded from round ``start_round - 1`` on so that round ``start_round`` has them.
+
+The anchors go up with the class counts (weighted rule) or only with which classes are present
+(``anchor_weighting: uniform``: the paper's reason for the uniform rule is that clients need not
+reveal their category distribution, Sec. IV-D.2).
 
 Composition (paper Fig. 8(a)): ``fedprox+fedfm``, ``moon+fedfm``, ``fedfm+fednova``,
 ``scaffold+fedfm``: the anchor phase is FedFM's own; the training phase rebuilds the ordinary
@@ -224,8 +228,12 @@ class FedFM(FedAvg):
         return self.aggregate(state, replies, ctx)                         # Eq. 11
 
     def update_anchors(self, state: State, replies: Replies) -> State:
-        uploads = [(replies[c].arrays["anchors"]["mean"], replies[c].arrays["anchors"]["count"])
-                   for c in sorted(replies) if "anchors" in replies[c].arrays]
+        uploads = []
+        for c in sorted(replies):
+            up = replies[c].arrays.get("anchors")
+            if up is not None:
+                counts = up["count"] if "count" in up else up["present"].long()
+                uploads.append((up["mean"], counts))
         agg = aggregate_anchors(state.get("anchors"), state.get("anchors_defined"), uploads,
                                 self.params.anchor_weighting)
         if agg is not None:
@@ -252,17 +260,22 @@ class FedFM(FedAvg):
                                         self.params.matching, self.params.temperature))
         return terms
 
-    def anchor_reply(self, weights: Arrays, client: ClientRuntime, **scalars) -> Message:
+    def anchor_upload(self, weights: Arrays, client: ClientRuntime) -> Arrays:
+        """The local anchors (Eq. 8) and what aggregation needs besides: the class counts for the
+        weighted rule, only which classes are present for the uniform one (Sec. IV-D.2: uniform
+        averaging spares clients from uploading their category distribution)."""
         means, counts = local_anchors(client.model, weights, client.data, client.num_classes)
-        # ``steps`` 0 keeps methods that read a reply's steps (FedNova) well-defined in this phase.
-        return Message("anchors", {"anchors": {"mean": means, "count": counts}},
-                       {"num_samples": client.num_samples, "steps": 0, **scalars})
+        if self.params.anchor_weighting == "uniform":
+            return {"mean": means, "present": counts > 0}
+        return {"mean": means, "count": counts}
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         base = {k: v for k, v in (state or {}).items() if k != RECEIVED} or None
         if msg.kind == "anchors":                                          # Eq. 8 with w^t
             weights = self.with_local_buffers(msg.arrays["model"], base, client)
-            return self.anchor_reply(weights, client), {**(base or {}), RECEIVED: msg.arrays["model"]}
+            reply = Message("anchors", {"anchors": self.anchor_upload(weights, client)},
+                            {"num_samples": client.num_samples})
+            return reply, {**(base or {}), RECEIVED: msg.arrays["model"]}
         if msg.kind == "train" and "model" not in msg.arrays:
             received = (state or {}).get(RECEIVED)
             if received is None:
@@ -287,11 +300,13 @@ class FedFMLite(FedFM):
         return state
 
     def model_down(self, rnd: int) -> bool:
-        return rnd % self.params.model_every == 0
+        """Warm-up rounds are FedAvg's; from T_s on, every a-th round counted from T_s."""
+        return rnd < self.params.start_round or (rnd - self.params.start_round) % self.params.model_every == 0
 
     def model_up(self, rnd: int, num_rounds: int | None) -> bool:
         last = num_rounds is not None and rnd == num_rounds - 1
-        return (rnd + 1) % self.params.model_every == 0 or last
+        after = rnd - self.params.start_round
+        return rnd < self.params.start_round or (after + 1) % self.params.model_every == 0 or last
 
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
         previous = set(state.get("lite_participants", []))
@@ -324,9 +339,8 @@ class FedFMLite(FedFM):
         result = self.local_training(weights, msg, base, client)
         new_state = self.after_training(result, msg, base, client)
         arrays: dict[str, Arrays] = {}
-        if msg.scalars.get("upload_anchors", True):
-            means, counts = local_anchors(client.model, result.weights, client.data, client.num_classes)
-            arrays["anchors"] = {"mean": means, "count": counts}
+        if msg.scalars.get("upload_anchors", True):                       # Sec. VI: from the trained model
+            arrays["anchors"] = self.anchor_upload(result.weights, client)
         if msg.scalars.get("upload_model", True):
             arrays["model"] = result.weights
             arrays.update(self.uploads(result, msg, new_state, client))

@@ -34,6 +34,8 @@ class FedNova(FedAvg):
         pass
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        if msg.kind != "train":                     # another component's phase (FedFM's anchors)
+            return super().client_update(msg, state, client)
         reply, state = super().client_update(msg, state, client)
         reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), client.settings.momentum)
         return reply, state

@@ -125,6 +125,8 @@ class Scaffold(FedAvg):
         return {k: torch.zeros_like(v) for k, v in msg.arrays["control"].items()}
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        if msg.kind != "train":                     # another component's phase (FedFM's anchors)
+            return super().client_update(msg, state, client)
         reply, new_state = super().client_update(msg, state, client)
         old, new = self.client_control(msg, state), new_state["control"]
         reply.arrays["control"] = {k: new[k] - old[k] for k in new}
