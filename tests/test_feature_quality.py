@@ -77,6 +77,8 @@ def test_run_records_validation_and_features_and_the_cli_reports_them(small_conf
     # the command recomputes what the run recorded for the same model and sample
     assert report["feature_nmi"] == pytest.approx(rows[1]["feature_nmi"])
     assert "NMI" in capsys.readouterr().out
+    assert cli_main(["features", str(tmp_path / "run"), "--round", "1", "--no-plot"]) == 2   # only round 2 is kept
+    assert "round 2 only" in capsys.readouterr().err
 
 
 def test_features_without_checkpoint_says_what_to_do(small_config, tmp_path):

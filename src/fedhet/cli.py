@@ -72,7 +72,8 @@ def _cmd_compare(args) -> int:
 def _cmd_features(args) -> int:
     from fedhet.experiment.features import features_report
 
-    rep = features_report(args.run_dir, samples=args.samples, seed=args.seed, plot=not args.no_plot)
+    rep = features_report(args.run_dir, samples=args.samples, seed=args.seed, plot=not args.no_plot,
+                          round=args.round)
     print(f"{rep['run']} round {rep['round']} ({rep['algorithm']}, {rep['samples']} test samples): "
           f"NMI {rep['feature_nmi']:.4f}, silhouette {rep['feature_silhouette']:.4f}")
     print(f"wrote features_round{rep['round']}.json" + (f" and {Path(rep['plot']).name}" if "plot" in rep else ""))
@@ -130,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     fe.add_argument("--samples", type=int, default=2000, help="test samples to embed (default 2000)")
     fe.add_argument("--seed", type=int, default=0, help="seed of the test sample, k-means and t-SNE")
     fe.add_argument("--no-plot", action="store_true", help="only the numbers (t-SNE is the slow part)")
+    fe.add_argument("--round", type=int, help="the checkpoint's round (default: whichever it holds)")
     fe.set_defaults(func=_cmd_features)
 
     fl = sub.add_parser("flower", help="run on Flower: a loopback deployment, or the app for a real one "

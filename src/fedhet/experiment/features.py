@@ -18,8 +18,10 @@ from fedhet.experiment.rundir import CHECKPOINT, CONFIG, RunDir
 from fedhet.metrics.features import feature_quality, global_test_features, tsne_embedding
 
 
-def features_report(run_dir: str | Path, samples: int = 2000, seed: int = 0, plot: bool = True) -> dict:
-    """Compute the metrics (and the t-SNE plot) for the checkpointed global model of ``run_dir``."""
+def features_report(run_dir: str | Path, samples: int = 2000, seed: int = 0, plot: bool = True,
+                    round: int | None = None) -> dict:
+    """Compute the metrics (and the t-SNE plot) for the checkpointed global model of ``run_dir``;
+    ``round``, if given, must be the checkpoint's round (only the latest checkpoint is kept)."""
     rundir = RunDir(run_dir)
     if not (rundir.path / CONFIG).is_file():
         raise ConfigError(f"{run_dir} is not a fedhet run directory (no {CONFIG})")
@@ -31,6 +33,10 @@ def features_report(run_dir: str | Path, samples: int = 2000, seed: int = 0, plo
         state, rnd = snap["sim"]["server_state"], int(snap["round"])
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"{rundir.path / CHECKPOINT} does not hold a fedhet run's state ({e})") from None
+    if round is not None and round != rnd:
+        raise CheckpointError(f"{rundir.path} keeps the global model of round {rnd} only (its latest checkpoint), "
+                              f"not of round {round}; to follow the metrics over rounds, record them during the "
+                              "run with eval.features_every")
     built = build(load_config(rundir.path / CONFIG))
     weights = built.algorithm.global_model(state)
     if weights is None:
