@@ -21,9 +21,10 @@ from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import git_commit, machine_info
 
-METHODS = ["fedavg", "scaffold", "fedfm_l2", "fedfm", "fedfm_lite_a2", "fedfm_lam5"]
-LABELS = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedfm_l2": "FedFM-l2", "fedfm": "FedFM (CG)",
-          "fedfm_lite_a2": "FedFM-Lite (a=2)", "fedfm_lam5": "FedFM (CG), lambda 5"}
+METHODS = ["fedavg", "scaffold", "fedfm_l2", "fedfm", "fedfm_lam5", "fedfm_lite_a2_lam5"]
+LABELS = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedfm_l2": "FedFM-l2 (lambda 50)",
+          "fedfm": "FedFM (CG, lambda 50)", "fedfm_lam5": "FedFM (CG, lambda 5)",
+          "fedfm_lite_a2_lam5": "FedFM-Lite (a=2, lambda 5)"}
 PAPER = {"niid1": {"fedavg": 66.69, "scaffold": 69.91, "fedfm_l2": 67.98, "fedfm": 72.89},
          "niid2": {"fedavg": 69.47, "scaffold": 71.48, "fedfm": 74.52}}
 
@@ -52,12 +53,18 @@ def main() -> int:
     a = p.parse_args()
 
     runs: dict[tuple[str, str], list[Path]] = {}
+    failed = []
     for d in sorted(a.folder.iterdir()):
         s = d / "summary.json"
-        if d.is_dir() and s.is_file() and json.loads(s.read_text())["status"] == "completed":
-            part, rest = d.name.split("_", 1)
-            method = rest.rsplit("_s", 1)[0]
-            runs.setdefault((part, method), []).append(d)
+        if not (d.is_dir() and s.is_file()):
+            continue
+        summary = json.loads(s.read_text())
+        if summary["status"] != "completed":
+            failed.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
+            continue
+        part, rest = d.name.split("_", 1)
+        method = rest.rsplit("_s", 1)[0]
+        runs.setdefault((part, method), []).append(d)
     if not runs:
         raise SystemExit(f"no completed runs in {a.folder}")
 
@@ -102,6 +109,9 @@ def main() -> int:
         lines.append(f"| {r['partition']} | {LABELS[r['method']]} | {len(r['seeds'])} | {mean_std(r['selected'])} | "
                      f"{mean_std(r['final'])} | {mean_std(r['best'])} | {r['floats']:.3g} ({ratio}) | "
                      f"{r['seconds_per_round']:.1f} |{feat} {r['paper'] if r['paper'] else '-'} |")
+    if failed:
+        lines += ["", "Runs that did not finish (left out of the table above):", ""]
+        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in failed]
     m = machine_info()
     lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit "
               f"{first['machine']['commit']}, table at commit {git_commit()}.", "",
