@@ -93,3 +93,20 @@ def assert_close(a, b, atol: float, rtol: float = 1e-5, where: str = "state", at
 def deliver(loop: RoundLoop, cid: int, msg, rnd: int, stats):
     """One client's message through the loop, as a one-client phase; its reply."""
     return loop.deliver_phase({cid: msg}, rnd, stats)[cid]
+
+
+def run_killed_in_round(exp, monkeypatch, rnd: int) -> None:
+    """Run ``exp`` until a KeyboardInterrupt hits it at the start of 0-based round ``rnd`` (as a
+    kill would); the rounds before are recorded and checkpointed as in a real run."""
+    import pytest
+
+    real = exp.loop.run_round
+
+    def interrupted(r, *args):
+        if r == rnd:
+            raise KeyboardInterrupt
+        return real(r, *args)
+
+    monkeypatch.setattr(exp.loop, "run_round", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        exp.run(progress=False)

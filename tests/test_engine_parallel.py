@@ -4,7 +4,7 @@ import copy
 
 import pytest
 import torch
-from helpers import assert_identical, build_host, build_loop, config
+from helpers import assert_identical, build_host, build_loop, config, run_killed_in_round
 
 from fedhet.core.contract import TrainSettings
 from fedhet.core.errors import ConfigError, NumericalError
@@ -94,16 +94,7 @@ def test_resume_with_workers_equals_uninterrupted_reference(small_config, tmp_pa
 
     raw["run"].update(engine="parallel", workers=2)
     exp = Experiment.create(load_config(raw=copy.deepcopy(raw)), tmp_path / "cut")
-    real = exp.loop.run_round
-
-    def interrupted(rnd, *args):                        # checkpoint after round 2, killed in round 3
-        if rnd == 2:
-            raise KeyboardInterrupt
-        return real(rnd, *args)
-
-    monkeypatch.setattr(exp.loop, "run_round", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        exp.run(progress=False)
+    run_killed_in_round(exp, monkeypatch, 2)   # checkpoint after round 2, killed in round 3
     resumed = Experiment.resume(exp.run_dir)
     assert isinstance(resumed.loop.transport, Forked) and resumed.start_round == 2
     resumed.run(progress=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from helpers import run_killed_in_round
 
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import load_config
@@ -71,16 +72,7 @@ def test_resumed_run_continues_its_mlflow_run_and_tensorboard_curves(small_confi
     raw["train"]["rounds"] = 4
     raw["run"].update(loggers=["tensorboard", "mlflow"], checkpoint_every=2)
     exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
-    real = exp.loop.run_round
-
-    def killed_at_round_4(rnd, *args):
-        if rnd == 3:
-            raise KeyboardInterrupt
-        return real(rnd, *args)
-
-    monkeypatch.setattr(exp.loop, "run_round", killed_at_round_4)
-    with pytest.raises(KeyboardInterrupt):
-        exp.run(progress=False)
+    run_killed_in_round(exp, monkeypatch, 3)
     first_id = (exp.run_dir / "mlflow_run_id").read_text()
     resumed = Experiment.resume(exp.run_dir)
     resumed.run(progress=False)

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import run_killed_in_round
 
 from fedhet.cli import main
 from fedhet.core.errors import (
@@ -74,16 +75,7 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     full = run(cfg, tmp_path / "full")
 
     exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "cut")
-    real = exp.loop.run_round
-
-    def killed_at_round_4(rnd, *args):   # rounds 1-3 recorded, checkpoint after round 2
-        if rnd == 3:
-            raise KeyboardInterrupt
-        return real(rnd, *args)
-
-    monkeypatch.setattr(exp.loop, "run_round", killed_at_round_4)
-    with pytest.raises(KeyboardInterrupt):
-        exp.run(progress=False)
+    run_killed_in_round(exp, monkeypatch, 3)   # rounds 1-3 recorded, checkpoint after round 2
     assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3]
     assert json.loads((exp.run_dir / "summary.json").read_text())["status"] == "interrupted"
 
