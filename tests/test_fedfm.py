@@ -140,18 +140,18 @@ def test_warm_up_rounds_are_fedavg_bit_for_bit(small_config):
 
 
 def test_anchors_are_computed_in_eval_mode(small_config, monkeypatch):
-    import fedhet.algorithms.fedfm as fedfm_module
+    import fedhet.algorithms.prototypes as prototypes_module  # local_anchors are the clients' prototypes
 
     loop = build_loop(config(small_config, "fedfm"))
     client = runtime(loop, 0)
     modes = []
-    real = fedfm_module.forward
+    real = prototypes_module.forward
 
     def spy(model, weights, x):
         modes.append(model.training)
         return real(model, weights, x)
 
-    monkeypatch.setattr(fedfm_module, "forward", spy)
+    monkeypatch.setattr(prototypes_module, "forward", spy)
     client.model.train()
     local_anchors(client.model, client.init_weights(), client.data, client.num_classes)
     assert modes and not any(modes)            # BatchNorm/dropout must not act while anchors are taken

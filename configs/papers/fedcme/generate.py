@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
 SETTINGS = [(50, 10, 32), (50, 20, 32), (80, 20, 64), (80, 30, 64)]
 ALPHAS = [0.1, 0.5]
 
@@ -121,21 +123,7 @@ def render(ds: str, alpha: float, k: int, m: int, b: int, method: str) -> tuple[
 
 
 def main(argv: list[str]) -> int:
-    check = "--check" in argv
-    bad = 0
-    for cell in cells():
-        name, text = render(*cell)
-        path = HERE / name
-        if path.exists() and path.read_text() == text:
-            continue
-        if check or path.exists():
-            # Never overwrite a file edited by hand; report it instead.
-            print(f"differs: {path}" if path.exists() else f"missing: {path}")
-            bad += 1
-            continue
-        path.write_text(text)
-    return 1 if bad else 0
-
+    return write_configs(HERE, dict(render(*cell) for cell in cells()), check="--check" in argv)
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

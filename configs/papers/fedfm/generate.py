@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
 
 # name -> (description, algorithm yaml)
 METHODS = {
@@ -111,20 +113,8 @@ def render(dataset: str, partition: str, method: str) -> str:
 
 
 def main() -> int:
-    check = "--check" in sys.argv
-    bad = 0
-    for dataset, partition, method in cells():
-        text = render(dataset, partition, method)
-        path = HERE / f"{dataset}_{partition}_{method}.yaml"
-        if path.exists() and path.read_text() == text:
-            continue
-        if check or path.exists():
-            print(f"differs: {path.name}" if path.exists() else f"missing: {path.name}")
-            bad += 1
-            continue
-        path.write_text(text)
-    return 1 if bad else 0
-
+    files = {f"{d}_{p}_{m}.yaml": render(d, p, m) for d, p, m in cells()}
+    return write_configs(HERE, files, check="--check" in sys.argv)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
 
 DATASETS = {  # key -> (fedhet dataset, title, arch)
     "mnist": ("mnist", "MNIST", "cnn2"),
@@ -126,22 +128,7 @@ def files() -> dict[str, str]:
 
 
 def main() -> int:
-    check = "--check" in sys.argv[1:]
-    differ = []
-    for fname, text in files().items():
-        path = HERE / fname
-        if check:
-            if not path.exists() or path.read_text() != text:
-                differ.append(fname)
-        else:
-            path.write_text(text)
-    if check and differ:
-        print("out of date:", ", ".join(differ))
-        return 1
-    if not check:
-        print(f"wrote {len(files())} configs to {HERE}")
-    return 0
-
+    return write_configs(HERE, files(), check="--check" in sys.argv[1:])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -91,6 +91,7 @@ import pydantic
 import torch
 
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.prototypes import aggregate_prototypes
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -262,23 +263,7 @@ def aggregate_features(prev: torch.Tensor | None, prev_defined: torch.Tensor | N
     no previous value is averaged over the clients that saw it, and stays undefined if none did
     (seed-specs row 3). Returns ``(zeta, defined)``, or the previous pair if nothing was uploaded.
     """
-    if not uploads:
-        return (prev, prev_defined) if prev is not None else None
-    num_classes, dim = uploads[0][0].shape
-    if prev is None:
-        prev = torch.zeros(num_classes, dim)
-        prev_defined = torch.zeros(num_classes, dtype=torch.bool)
-    total = torch.zeros(num_classes, dim, dtype=torch.float64)
-    n = torch.zeros(num_classes, dtype=torch.float64)
-    for means, counts in uploads:
-        have = counts > 0
-        fill = ~have & prev_defined
-        total += torch.where(have.unsqueeze(1), means.double(), torch.zeros_like(total))
-        total += torch.where(fill.unsqueeze(1), prev.double(), torch.zeros_like(total))
-        n += (have | fill).double()
-    defined = n > 0
-    zeta = torch.where(defined.unsqueeze(1), total / n.clamp(min=1).unsqueeze(1), torch.zeros_like(total))
-    return zeta.float(), defined
+    return aggregate_prototypes(uploads, "uniform", previous=(prev, prev_defined))
 
 
 # --- evaluation vector (client) ----------------------------------------------------------

@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.prototypes import aggregate_prototypes, class_means
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -78,7 +79,6 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
-from fedhet.training.local import forward
 from fedhet.training.objective import LossTerm
 
 # Client-state key of the global model received in the anchor phase (FedFM) or of the client's
@@ -128,30 +128,12 @@ class AnchorMatching(LossTerm):
 
 
 # --- anchors ------------------------------------------------------------------------------
-@torch.no_grad()
 def local_anchors(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int,
                   batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
     """``(means (C, d), counts (C,))``: the class-wise mean feature of ``weights`` over every
-    training sample of the client (Eq. 8), in eval mode; zero rows for absent classes."""
-    was_training = model.training
-    model.eval()
-    sums: torch.Tensor | None = None
-    counts = torch.zeros(num_classes, dtype=torch.int64)
-    try:
-        for i in range(0, len(data.train_idx), batch_size):
-            idx = data.train_idx[i:i + batch_size]
-            y = data.y[idx]
-            h = forward(model, weights, data.inputs(idx)).features.double()
-            if sums is None:
-                sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64)
-            sums.index_add_(0, y, h)
-            counts += torch.bincount(y, minlength=num_classes)
-    finally:
-        model.train(was_training)
-    if sums is None:
-        raise ValueError("cannot compute anchors of a client without training samples")
-    means = sums / counts.clamp(min=1).unsqueeze(1).double()
-    return means.float(), counts
+    training sample of the client (Eq. 8), in eval mode; zero rows for absent classes. These are
+    the clients' prototypes of FedProto/FedPAC (:func:`fedhet.algorithms.prototypes.class_means`)."""
+    return class_means(model, weights, data, num_classes, batch_size=batch_size)
 
 
 def aggregate_anchors(prev: torch.Tensor | None, prev_defined: torch.Tensor | None,
@@ -162,33 +144,12 @@ def aggregate_anchors(prev: torch.Tensor | None, prev_defined: torch.Tensor | No
     ``weighted`` (Eq. 9): a_c = sum_k n_kc a_kc / sum_k n_kc. ``uniform`` (Table VIII): the plain
     mean over the uploading clients, a client without class c contributing the previous global
     anchor (and nothing if there is none). Either way a class no client has keeps its previous
-    anchor, and stays undefined if it never had one. Returns the previous pair when nothing was
-    uploaded (None if there was none).
+    anchor, and stays undefined if it never had one (prototype aggregation with memory,
+    :func:`fedhet.algorithms.prototypes.aggregate_prototypes`). Returns the previous pair when
+    nothing was uploaded (None if there was none).
     """
-    if not uploads:
-        return (prev, prev_defined) if prev is not None else None
-    num_classes, dim = uploads[0][0].shape
-    if prev is None or prev_defined is None:
-        prev = torch.zeros(num_classes, dim)
-        prev_defined = torch.zeros(num_classes, dtype=torch.bool)
-    total = torch.zeros(num_classes, dim, dtype=torch.float64)
-    weight = torch.zeros(num_classes, dtype=torch.float64)
-    have_any = torch.zeros(num_classes, dtype=torch.bool)
-    for means, counts in uploads:
-        have = counts > 0
-        have_any |= have
-        if weighting == "weighted":
-            n = counts.double()
-            total += n.unsqueeze(1) * means.double()
-            weight += n
-        else:
-            fill = ~have & prev_defined
-            total += torch.where(have.unsqueeze(1), means.double(), torch.zeros_like(total))
-            total += torch.where(fill.unsqueeze(1), prev.double(), torch.zeros_like(total))
-            weight += (have | fill).double()
-    new = total / weight.clamp(min=1e-300).unsqueeze(1)
-    anchors = torch.where(have_any.unsqueeze(1), new, prev.double())
-    return anchors.float(), have_any | prev_defined
+    return aggregate_prototypes(uploads, "counts" if weighting == "weighted" else "uniform",
+                                previous=(prev, prev_defined))
 
 
 class FedFM(FedAvg):

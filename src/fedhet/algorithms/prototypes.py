@@ -93,7 +93,9 @@ def class_means(model: torch.nn.Module, weights: Arrays, data: ClientData, num_c
 
 
 def aggregate_prototypes(uploads: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                         weighting: Literal["uniform", "counts"] = "uniform") -> tuple[torch.Tensor, torch.Tensor] | None:
+                         weighting: Literal["uniform", "counts"] = "uniform",
+                         previous: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Global prototypes from the uploaded ``(means (C, d), counts (C,))`` of the clients.
 
     For each class, over the clients that have it (count > 0):
@@ -102,31 +104,47 @@ def aggregate_prototypes(uploads: Sequence[tuple[torch.Tensor, torch.Tensor]],
       ``yuetan031/fedproto`` ``proto_aggregation``, copied by PFLlib's FedProto and FedPAC servers
       and by FedReMa's server);
     * ``"counts"`` - weighted by their sample counts of that class (the official FedPAC code,
-      ``tools.protos_aggregation``).
+      ``tools.protos_aggregation``; FedFM's anchors, papers/001 Eq. 9).
 
     Returns ``(prototypes (C, d) float32, defined (C,) bool)``; a class nobody has is undefined with
-    a zero row. ``None`` when nothing was uploaded. There is no memory across rounds: as in every
-    reference, the global prototypes are rebuilt from the round's uploads.
+    a zero row. ``None`` when nothing was uploaded. Without ``previous`` there is no memory across
+    rounds: as in every prototype reference, the global prototypes are rebuilt from the round's uploads.
+
+    With ``previous = (prototypes, defined)`` of the last round the rule has memory (FedCME's global
+    features, papers/000 Algorithm 1 lines 27-35; FedFM's anchors, seed-specs row 11): under
+    ``"uniform"`` a client without class c contributes the previous prototype of c (if defined)
+    to the mean, and under either rule a class no client has keeps its previous prototype. With
+    nothing uploaded the previous pair is returned.
     """
+    prev, prev_defined = previous if previous is not None else (None, None)
     if not uploads:
-        return None
+        return (prev, prev_defined) if prev is not None and prev_defined is not None else None
     if weighting not in ("uniform", "counts"):
         raise ValueError(f"unknown prototype weighting {weighting!r}; use 'uniform' or 'counts'")
     num_classes, dim = uploads[0][0].shape
+    if prev is None or prev_defined is None:
+        prev = torch.zeros(num_classes, dim)
+        prev_defined = torch.zeros(num_classes, dtype=torch.bool)
     total = torch.zeros(num_classes, dim, dtype=torch.float64)
     mass = torch.zeros(num_classes, dtype=torch.float64)
+    # Only defined previous rows are ever used; an undefined one stays a zero row.
+    kept = torch.where(prev_defined.unsqueeze(1), prev.double(), torch.zeros_like(total))
     for means, counts in uploads:
         if tuple(means.shape) != (num_classes, dim) or tuple(counts.shape) != (num_classes,):
             raise ValueError(f"prototype uploads disagree in shape: {tuple(means.shape)} / {tuple(counts.shape)} "
                              f"vs ({num_classes}, {dim})")
         have = counts > 0
-        w = counts.double() if weighting == "counts" else have.double()
-        w = torch.where(have, w, torch.zeros_like(w))
-        total += w.unsqueeze(1) * means.double()
+        if weighting == "counts":
+            w = torch.where(have, counts.double(), torch.zeros_like(counts, dtype=torch.float64))
+            rows = means.double()
+        else:
+            w = (have | prev_defined).double()          # a class it lacks: the previous prototype, if any
+            rows = torch.where(have.unsqueeze(1), means.double(), kept)
+        total += w.unsqueeze(1) * rows
         mass += w
     defined = mass > 0
-    protos = torch.where(defined.unsqueeze(1), total / mass.clamp(min=1e-300).unsqueeze(1), torch.zeros_like(total))
-    return protos.float(), defined
+    protos = torch.where(defined.unsqueeze(1), total / mass.clamp(min=1e-300).unsqueeze(1), kept)
+    return protos.float(), defined | prev_defined
 
 
 class PrototypeAlignment(LossTerm):

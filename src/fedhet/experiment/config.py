@@ -188,12 +188,17 @@ RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine",
                      "run.out_dir", "run.loggers", "run.mlflow_tracking_uri")
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+# Mappings that are one value each: compared and recorded whole (a method's or partitioner's own keys).
+OPAQUE_SECTIONS = ("algorithm.params", "data.partition", "model.options")
+
+
+def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
+    """A dumped config as ``{"train.lr": 0.01, ...}``; :data:`OPAQUE_SECTIONS` stay dicts."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and key not in ("algorithm.params", "data.partition", "model.options"):
-            out.update(_flatten(v, key + "."))
+        if isinstance(v, dict) and v and key not in OPAQUE_SECTIONS:
+            out.update(flatten_config(v, key + "."))
         else:
             out[key] = v
     return out
@@ -203,7 +208,7 @@ def config_changes(recorded: dict, current: ExperimentConfig) -> list[str]:
     """Keys whose value differs between a recorded config (``model_dump(mode="json")``) and
     ``current``, leaving out :data:`RESUMABLE_CHANGES` and a raised ``train.rounds`` (extending a
     run). Each entry reads ``key: old -> new``."""
-    old, new = _flatten(recorded), _flatten(current.model_dump(mode="json"))
+    old, new = flatten_config(recorded), flatten_config(current.model_dump(mode="json"))
     changes = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.callbacks import Callback
-from fedhet.experiment.config import dump_config
+from fedhet.experiment.config import dump_config, flatten_config
 
 if TYPE_CHECKING:
     from fedhet.experiment.runner import Experiment
@@ -81,16 +81,6 @@ class TensorBoardLogger(Callback):
         self.writer.close()
 
 
-def _flat_params(d: dict, prefix: str = "") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(_flat_params(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = json.dumps(v) if not isinstance(v, str) else v
-    return out
-
-
 class MlflowLogger(Callback):
     def __init__(self, exp: Experiment):
         try:
@@ -118,7 +108,8 @@ class MlflowLogger(Callback):
             id_file.write_text(self.run_id + "\n")
             from mlflow.entities import Param
 
-            params = [Param(k, v[:6000]) for k, v in _flat_params(exp.cfg.model_dump(mode="json")).items()]
+            flat = flatten_config(exp.cfg.model_dump(mode="json"))
+            params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000]) for k, v in flat.items()]
             for i in range(0, len(params), 100):
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
 

@@ -66,9 +66,9 @@ class RunDir:
             os.replace(tmp, self.path / name)
         except (OSError, RuntimeError) as e:      # torch.save reports a short write as RuntimeError
             tmp.unlink(missing_ok=True)
-            raise self.cannot_write(name, e) from None
+            raise self._cannot_write(name, e) from None
 
-    def cannot_write(self, name: str, e: BaseException) -> OutputError:
+    def _cannot_write(self, name: str, e: BaseException) -> OutputError:
         reason = getattr(e, "strerror", None) or (
             "the file could not be written completely (disk full or a file-size limit?)"
             if isinstance(e, RuntimeError) else str(e).splitlines()[0])
@@ -90,7 +90,7 @@ class RunDir:
                 f.flush()
                 os.fsync(f.fileno())
         except OSError as e:              # a cut line is dropped by read_metrics; the rows before it stay
-            raise self.cannot_write(METRICS, e) from None
+            raise self._cannot_write(METRICS, e) from None
 
     def truncate_metrics(self, done_rounds: int) -> None:
         """Drop metric lines of rounds after the checkpoint: they will be recomputed identically."""

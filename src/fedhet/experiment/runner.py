@@ -204,8 +204,8 @@ class Experiment:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
         out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized)
         every = self.cfg.eval.features_every
-        weights = self.algorithm.global_model(self.loop.server_state)
-        if every and (rnd + 1) % every == 0 and weights is not None:
+        weights = self.algorithm.global_model(self.loop.server_state) if every and (rnd + 1) % every == 0 else None
+        if weights is not None:
             from fedhet.metrics.features import feature_quality, global_test_features
 
             host = self.loop.host
@@ -249,9 +249,6 @@ class Experiment:
         self.rundir.write_json(SUMMARY, summary)
         if rows:
             from fedhet.experiment.plots import plot_run
-            try:
-                plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
-            except OSError as e:
-                raise self.rundir.cannot_write("accuracy.png", e) from None
+            plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
         for cb in callbacks:
             cb.on_finished(self, summary)

@@ -1,0 +1,25 @@
+"""The write-or-check step shared by the papers' config generators (``*/generate.py``).
+
+``write_configs(folder, files, check)`` writes each ``{file name: text}`` that is missing; a file
+whose text differs is never overwritten (it may have been edited by hand) and is reported
+instead, as is every missing or differing file with ``check``. Returns the exit status: 1 if
+anything was reported.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_configs(folder: Path, files: dict[str, str], check: bool) -> int:
+    reported = []
+    for name, text in files.items():
+        path = folder / name
+        if path.exists() and path.read_text() == text:
+            continue
+        if check or path.exists():
+            reported.append(f"{'differs' if path.exists() else 'missing'}: {name}")
+            continue
+        path.write_text(text)
+    print("\n".join(reported) if reported else f"{len(files)} configs in {folder} are up to date")
+    return 1 if reported else 0
