@@ -8,7 +8,7 @@ Every other generic method in fedhet is a delta from this class, made by overrid
            term, cross-entropy by default), ``local_terms``
            (regularisers added to it), ``train_options`` (frozen
            parameters, kept optimizer state, augmentation), ``after_training`` (new client
-           state), ``uploads`` (extra tensors sent back).
+           state), ``uploads`` (extra tensors sent back), ``upload_scalars`` (extra numbers).
 
 Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+scaffold``: see
 :func:`fedhet.algorithms.compose`). A method that wraps ``client_update`` acts on ``"train"``
@@ -75,7 +75,8 @@ class FedAvg(Algorithm):
         result = self.local_training(weights, msg, state, client)
         state = self.after_training(result, msg, state, client)
         reply = Message("update", {"model": result.weights, **self.uploads(result, msg, state, client)},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss,
+                         **self.upload_scalars(result, msg, state, client)})
         return reply, state
 
     def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
@@ -100,6 +101,11 @@ class FedAvg(Algorithm):
         return self.keep_local_buffers(result.weights, state, client)
 
     def uploads(self, result: LocalResult, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
+        return {}
+
+    def upload_scalars(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> dict[str, Any]:
+        """Small values sent back beside the model (FedACD's aggregation score)."""
         return {}
 
     # --- BatchNorm policy -----------------------------------------------------------------

@@ -40,6 +40,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.split import BODY, HEAD, is_body, is_head, select
+from fedhet.training.local import concatenate_results
 from fedhet.training.objective import LossTerm
 
 
@@ -91,13 +92,7 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
         epoch += epochs
     if not results:
         return LocalResult({k: v.detach().clone() for k, v in weights.items()}, dict(optimizer_state or {}), 0, 0, 0.0)
-    steps = sum(r.steps for r in results)
-    parts: dict[str, float] = {}
-    for r in results:
-        for k, v in r.loss_parts.items():
-            parts[k] = parts.get(k, 0.0) + v * r.steps / max(steps, 1)
-    return LocalResult(current, momentum or {}, steps, sum(r.samples for r in results),
-                       sum(r.mean_loss * r.steps for r in results) / max(steps, 1), parts)
+    return concatenate_results(results, momentum or {})
 
 
 class FedPer(FedAvg):

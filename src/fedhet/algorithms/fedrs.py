@@ -30,6 +30,7 @@ from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, Message, State
+from fedhet.core.split import linear_classifier
 from fedhet.training.objective import LossTerm
 
 
@@ -41,13 +42,7 @@ def restricted_distribution(counts: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def classifier_weight_name(model: nn.Module) -> str:
     """Name of the weight of the head's one Linear layer (the classifier FedRS restricts)."""
-    head = model.head
-    owners = {name.rpartition(".")[0] for name, _ in head.named_parameters()}
-    linears = [name for name, m in head.named_modules() if isinstance(m, nn.Linear)]
-    if len(linears) != 1 or owners != {linears[0]}:
-        raise ValueError("FedRS restricts a linear classifier: the model's head must be a single Linear layer "
-                         "(use the architecture's default split)")
-    return f"head.{linears[0]}.weight"
+    return linear_classifier(model, "FedRS")[0]
 
 
 class RestrictedCrossEntropy(LossTerm):

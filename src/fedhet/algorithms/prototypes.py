@@ -24,7 +24,7 @@ Conventions: prototypes are ``(C, d)`` float32 tensors; counts ``(C,)`` int64; `
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,11 +53,13 @@ class ClassStatistics:
 
 @torch.no_grad()
 def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int, *,
-                     positions: torch.Tensor | None = None, batch_size: int = 1024) -> ClassStatistics:
+                     positions: torch.Tensor | None = None, batch_size: int = 1024,
+                     of: Callable[[Forward], torch.Tensor] | None = None) -> ClassStatistics:
     """Per-class counts, mean features and mean squared feature norms of ``weights`` on the
     client's training split (or on ``positions`` of it), in eval mode and without gradients
     (as PFLlib ``collect_protos`` / ``statistics_extraction`` and FedPAC ``statistics_extraction``).
-    The model's train/eval mode is restored afterwards."""
+    ``of`` picks another per-sample vector than the features (FedACD's probability matrix is the
+    per-class mean of the softmax). The model's train/eval mode is restored afterwards."""
     n = len(data.train_idx)
     positions = torch.arange(n) if positions is None else positions
     sums = sq = None
@@ -67,7 +69,8 @@ def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, 
     try:
         for i in range(0, len(positions), batch_size):
             batch = data.batch(positions[i:i + batch_size])
-            h = forward(model, weights, batch.x).features.double()
+            out = forward(model, weights, batch.x)
+            h = (out.features if of is None else of(out)).double()
             if sums is None:
                 sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64)
                 sq = torch.zeros(num_classes, dtype=torch.float64)

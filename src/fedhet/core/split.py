@@ -33,6 +33,22 @@ def strip_prefix(weights: Arrays, prefix: str) -> Arrays:
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
+    """Names of the weight and the bias (None without one) of a head that is one Linear layer
+    (the classifier that FedRS restricts, FedROD personalises and FedNH fixes)."""
+    from torch import nn
+
+    head = model.head
+    owners = {name.rpartition(".")[0] for name, _ in head.named_parameters()}
+    linears = [name for name, m in head.named_modules() if isinstance(m, nn.Linear)]
+    if len(linears) != 1 or owners != {linears[0]}:
+        raise ValueError(f"{method} needs a linear classifier: the model's head must be a single Linear layer "
+                         "(use the architecture's default split)")
+    layer = head.get_submodule(linears[0])
+    prefix = f"{HEAD}{linears[0]}"
+    return f"{prefix}.weight", (f"{prefix}.bias" if layer.bias is not None else None)
+
+
 def parameter_names(client: Any) -> list[str]:
     """Names of the trainable parameters of a client runtime's model (not its buffers)."""
     return [name for name, _ in client.model.named_parameters()]

@@ -136,3 +136,25 @@ def train_local(
             raise NumericalError(f"parameter {name!r} became non-finite {where}; lower the learning rate.")
     return LocalResult(out_weights, new_state, steps, samples, loss_sum / max(steps, 1),
                        {k: v / max(steps, 1) for k, v in part_sums.items()}, totals)
+
+
+def concatenate_results(results: list[LocalResult], optimizer_state: Arrays | None = None) -> LocalResult:
+    """One result for consecutive ``train_local`` calls of a round (FedRep's head-then-body
+    phases, FedACD's epochs with a fresh probability matrix each): the last weights, summed
+    steps, samples and statistics, step-weighted mean loss and loss parts. ``optimizer_state``
+    replaces the last call's (FedRep keeps the union over its phases)."""
+    if not results:
+        raise ValueError("concatenate_results needs at least one result")
+    steps = sum(r.steps for r in results)
+    parts: dict[str, float] = {}
+    for r in results:
+        for k, v in r.loss_parts.items():
+            parts[k] = parts.get(k, 0.0) + v * r.steps / max(steps, 1)
+    statistics: dict[str, torch.Tensor] = {}
+    for r in results:
+        for k, v in r.statistics.items():
+            statistics[k] = v.clone() if k not in statistics else statistics[k] + v
+    last = results[-1]
+    return LocalResult(last.weights, last.optimizer_state if optimizer_state is None else optimizer_state, steps,
+                       sum(r.samples for r in results), sum(r.mean_loss * r.steps for r in results) / max(steps, 1),
+                       parts, statistics)
