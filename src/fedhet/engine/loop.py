@@ -97,6 +97,10 @@ class RoundLoop:
             {a: {k: v.clone() for k, v in w.items()} for a, w in host.init_models.items()})
         self.client_states: dict[int, State] = {}
         self.ledger = CommLedger()
+        # The "model" each client uploaded in the last round that ran with keep_local_models set
+        # (FedACD Table 3's risk of local models); not checkpointed, only read right after that round.
+        self.keep_local_models = False
+        self.local_models: dict[int, Arrays] = {}
 
     def sample_clients(self, rnd: int) -> list[int]:
         rng = numpy_rng(self.seed, "sample", rnd)
@@ -114,6 +118,7 @@ class RoundLoop:
     def run_round(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None) -> RoundStats:
         ctx = self.round_context(rnd, evaluating, num_rounds)
         stats = RoundStats(rnd, ctx.clients)
+        self.local_models = {}
         gen = self.algorithm.round(self.server_state, ctx)
         replies: Replies | None = None
         t_train = 0.0
@@ -154,6 +159,8 @@ class RoundLoop:
             stats.apply(job.cid, job.tally, result.tally)
             self.ledger.record(rnd, "up", result.reply)
             replies[job.cid] = result.reply
+            if self.keep_local_models and "model" in result.reply.arrays:
+                self.local_models[job.cid] = result.reply.arrays["model"]
         return replies
 
     # --- evaluation support -------------------------------------------------------------

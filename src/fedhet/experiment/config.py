@@ -88,6 +88,9 @@ class EvalConfig(Strict):
     # feature_silhouette on features_samples test images; FedFM paper Table V). Needs scikit-learn.
     features_every: int | None = Field(None, ge=1)
     features_samples: int = Field(2000, ge=20)
+    # At evaluated rounds also judge the round's uploaded local models over every client's label
+    # distribution (local_risk, FedACD Table 3) and their KL(P || Q) (local_kl, Table 9).
+    local_risk: bool = False
 
 
 class RunConfig(Strict):

@@ -164,6 +164,7 @@ class Experiment:
                 t0 = time.perf_counter()
                 done = rnd + 1
                 evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
+                self.loop.keep_local_models = evaluating and cfg.eval.local_risk
                 stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds)
                 row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                        "train_loss": stats.mean_train_loss(),
@@ -202,7 +203,7 @@ class Experiment:
 
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
-        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized)
+        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized, self.cfg.eval.local_risk)
         every = self.cfg.eval.features_every
         weights = self.algorithm.global_model(self.loop.server_state) if every and (rnd + 1) % every == 0 else None
         if weights is not None:

@@ -12,6 +12,12 @@
   global model on the union of the clients' held-out splits (sum of correct over sum of
   samples): the validation accuracy of the FedFM paper's model selection (papers/001,
   Sec. VII-A: the test accuracy is reported at the round of the best validation accuracy).
+* ``local_risk`` (with ``eval.local_risk``) - the round's *local* models (what each participant
+  uploaded) judged over every client's label distribution: ``R(w_m) = (1/M) sum_n eps(w_m) . pi^n``
+  with ``eps_c`` the per-class error on the balanced test set and ``pi^n`` client n's training
+  label distribution (papers/002 Eq. 3), mean over the participants m (FedACD Table 3; lower is
+  better). ``local_kl`` - mean over them of ``KL(P^m || Q)`` of the local model on its own
+  training split (FedACD Table 9, template tau = 1 - 1e-5, mean over the client's present rows).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import torch
 from torch.func import functional_call
 
 from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.fedacd import local_probability_matrix, template_kl
 from fedhet.core.contract import Arrays, State
 from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
@@ -135,8 +142,33 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     return out
 
 
-def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True) -> dict:
-    """:func:`evaluate` of a round loop's current state."""
+def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str], local_models: dict[int, Arrays],
+                     fed: Federation, batch_size: int = 2048) -> dict:
+    """``local_risk`` and ``local_kl`` of the uploaded local models (module docstring)."""
+    if not local_models or fed.test is None:
+        return {}
+    counts = fed.train_counts().astype(np.float64)
+    pi_mean = (counts / counts.sum(1, keepdims=True)).mean(0)      # (1/M) sum_n pi^n
+    total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
+    risk, kl = {}, {}
+    for cid in sorted(local_models):
+        model = models[client_arch[cid]]
+        hits, _ = predict(model, local_models[cid], fed.test.x, fed.test.y, fed.normalize, batch_size)
+        correct = torch.bincount(fed.test.y[hits], minlength=fed.num_classes).numpy()
+        error = 1.0 - correct / np.maximum(total, 1)
+        risk[cid] = float(error @ pi_mean)
+        P, class_counts = local_probability_matrix(model, local_models[cid], fed.client_data(cid), fed.num_classes)
+        kl[cid] = template_kl(P, class_counts > 0)
+    return {"local_risk": float(np.mean(list(risk.values()))), "local_kl": float(np.mean(list(kl.values()))),
+            "local_risk_by_client": risk, "local_kl_by_client": kl}
+
+
+def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True, local_risk: bool = False) -> dict:
+    """:func:`evaluate` of a round loop's current state (and :func:`local_model_risk` of the local
+    models it kept from the round just run, when asked)."""
     host = loop.host
-    return evaluate(loop.algorithm, loop.server_state, loop.client_model, host.models, host.client_arch,
-                    host.federation, batch_size, personalized)
+    out = evaluate(loop.algorithm, loop.server_state, loop.client_model, host.models, host.client_arch,
+                   host.federation, batch_size, personalized)
+    if local_risk:
+        out.update(local_model_risk(host.models, host.client_arch, loop.local_models, host.federation, batch_size))
+    return out

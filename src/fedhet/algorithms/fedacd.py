@@ -1,0 +1,242 @@
+"""FedACD (Zhou, Ding, Li, Wang): local models that adapt to every client's distribution.
+
+Paper: shared/papers/002 (formulas from the raw LaTeX), spec: shared/specs/seed-specs.md Sec. 4
+(decisions [D] marked below). No public code exists.
+
+Local probability matrix (Sec. 4.1): ``P_ij`` = mean softmax probability of class j over the
+client's samples of class i. ``P_ii = 1 - eps_i``; rows of classes the client lacks are undefined.
+
+Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mixup
+(``lam L(x~, y_a) + (1 - lam) L(x~, y_b)``, [D] Beta(1, 1)):
+
+* L1, flattening (Eq. 7): ``KL(p || q)`` with the target ``q_y = p_y``, ``q_k = (1 - p_y)/(C - 1)``
+  built from the detached prediction ([D] ``detach_target``), batch mean: the misclassified mass
+  is spread evenly over the wrong classes. (The switch changes no gradient: this q is the closest
+  distribution to p among those with ``q_y = p_y`` and flat wrong classes, so the derivative of
+  the KL through q is zero - tests/test_fedacd.py checks it; the spec expected otherwise.)
+* L2, pairwise logit adjustment (Eq. 8): ``CE(f + log Delta[y], y)`` with
+  ``log Delta[y, i] = log(P_yi / P_iy)``; for a class i the client lacks ``Delta[y, i] =
+  delta_missing`` ([D] 1e-2, "a small value" as in FedLC). P is clamped to ``prob_floor`` and
+  ``log Delta`` clipped to ``+-log_delta_clip`` ([D]).
+* When P is estimated ([D] spec row 14): epoch 0 uses one no-grad pass of the received model over
+  the client's un-mixed data (eval mode); every epoch accumulates the mixup-weighted softmax of
+  its training forwards (the term's statistics), and the next epoch uses that estimate. The
+  estimate of the last epoch gives the aggregation score.
+
+Server (Eq. 10-11): the template ``Q`` has ``tau`` on the diagonal and ``(1 - tau)/(C - 1)``
+elsewhere; ``KL(P || Q)`` is the mean over the client's present rows ([D] spec row 16: Table 9's
+values are per-row sized); ``V = sigmoid(1 / KL)``; the new model is ``sum_m V_m w_m / sum V``
+over the round's participants, with no data-size factor. FedACD_base (Table 8) averages with
+uniform weights; ``mixup: false`` is Table 5's ablation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.prototypes import class_statistics
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientData,
+    ClientRuntime,
+    Forward,
+    LocalResult,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
+from fedhet.training.augment import Mixup, label_weights, mixed
+from fedhet.training.local import concatenate_results
+from fedhet.training.objective import LossTerm
+
+# --- the probability matrix and the score ----------------------------------------------------
+
+
+def probability_matrix(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``P`` (C, C) float64 from per-class softmax sums and (possibly fractional) counts; rows with
+    no count are zeros (undefined)."""
+    counts = counts.double()
+    return torch.where(counts.unsqueeze(1) > 0, sums.double() / counts.clamp(min=1e-12).unsqueeze(1),
+                       torch.zeros_like(sums, dtype=torch.float64))
+
+
+def local_probability_matrix(model: torch.nn.Module, weights: Arrays, data: ClientData,
+                             num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(P, counts)`` of ``weights`` on the client's whole training split: one no-grad pass in eval mode."""
+    stats = class_statistics(model, weights, data, num_classes, of=lambda out: out.logits.softmax(1))
+    return stats.means, stats.counts
+
+
+def log_adjustment(P: torch.Tensor, present: torch.Tensor, delta_missing: float = 1e-2,
+                   prob_floor: float = 1e-6, clip: float = 10.0) -> torch.Tensor:
+    """``log Delta`` (C, C) float32: ``[y, i] = log(P_yi / P_iy)``, ``log(delta_missing)`` for a class
+    i the client lacks, 0 on the diagonal and on the rows of absent classes (never a label)."""
+    logp = P.double().clamp(min=prob_floor).log()
+    out = logp - logp.T
+    out = torch.where(present.unsqueeze(0), out, torch.full_like(out, math.log(delta_missing)))
+    out = torch.where(present.unsqueeze(1), out, torch.zeros_like(out))
+    out.fill_diagonal_(0.0)
+    return out.clamp(-clip, clip).float()
+
+
+def template_kl(P: torch.Tensor, present: torch.Tensor, tau: float = 1 - 1e-5) -> float:
+    """``KL(P || Q)`` averaged over the present rows; ``Q_ii = tau``, ``Q_ij = (1 - tau)/(C - 1)``.
+    Terms with ``P_ij = 0`` contribute 0."""
+    num_classes = P.shape[0]
+    Q = torch.full_like(P, (1.0 - tau) / (num_classes - 1), dtype=torch.float64)
+    Q.fill_diagonal_(tau)
+    P = P.double()
+    terms = torch.where(P > 0, P * (P.clamp(min=1e-300).log() - Q.log()), torch.zeros_like(P))
+    rows = present.bool()
+    if not rows.any():
+        raise ValueError("KL(P || Q) needs at least one present class")
+    return float(terms[rows].sum(1).mean())
+
+
+def aggregation_score(kl: float) -> float:
+    """``V = sigmoid(1 / KL)`` (Eq. 10); a perfectly flat, fully confident P (KL = 0) scores 1."""
+    return 1.0 if kl <= 0 else 1.0 / (1.0 + math.exp(-1.0 / kl))
+
+
+# --- the two loss terms -----------------------------------------------------------------------
+
+
+def flattening_kl(logits: torch.Tensor, y: torch.Tensor, detach_target: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """Per-sample ``KL(p || q)``, ``q_y = p_y``, ``q_k = (1 - p_y)/(C - 1)`` (Eq. 7)."""
+    num_classes = logits.shape[1]
+    logp = logits.log_softmax(1)
+    p = logp.exp()
+    src = p.detach() if detach_target else p
+    p_y = src.gather(1, y.unsqueeze(1))
+    logq = ((1.0 - p_y).clamp(min=0) / (num_classes - 1) + eps).log().expand_as(logp).clone()
+    logq.scatter_(1, y.unsqueeze(1), (p_y + eps).log())
+    return (p * (logp - logq)).sum(1)
+
+
+class Flattening(LossTerm):
+    """L1: mean flattening KL over the batch (mixup: both labels, weighted by lam)."""
+
+    name = "flatten"
+    vectorizable = True
+
+    def __init__(self, detach_target: bool = True):
+        self.detach_target = detach_target
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        return mixed(lambda y: flattening_kl(out.logits, y, self.detach_target).mean(), batch)
+
+
+class MarginAdjustedCE(LossTerm):
+    """``weight * CE(f + log Delta[y], y)`` (L2, Eq. 8; mixup: both labels). Its statistics are the
+    batch's label-weighted softmax sums and counts, from which the next epoch's P is made."""
+
+    name = "adjusted_ce"
+    vectorizable = True
+
+    def __init__(self, log_delta: torch.Tensor, weight: float = 1.0):
+        self.log_delta = log_delta
+        self.weight = float(weight)
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        log_delta = self.log_delta.to(out.logits.device, out.logits.dtype)
+        return self.weight * mixed(lambda y: F.cross_entropy(out.logits + log_delta[y], y), batch)
+
+    def statistics(self, out: Forward, batch: Batch) -> dict[str, torch.Tensor]:
+        w = label_weights(batch, self.log_delta.shape[0])
+        return {"sums": w.T @ out.logits.detach().softmax(1).double(), "counts": w.sum(0)}
+
+
+# --- the method -------------------------------------------------------------------------------
+
+
+class FedACD(FedAvg):
+    name = "fedacd"
+
+    class Params(FedAvg.Params):
+        margin_weight: float = Field(1.0, ge=0)           # lambda of L = L1 + lambda L2 (Table 7)
+        template_tau: float = Field(1 - 1e-5, gt=0, lt=1)  # diagonal of the template Q
+        delta_missing: float = Field(1e-2, gt=0)          # Delta[y, k] for a class k the client lacks [D]
+        prob_floor: float = Field(1e-6, gt=0, lt=1)       # P clamped before the ratio [D]
+        log_delta_clip: float = Field(10.0, gt=0)         # |log Delta| bound [D]
+        mixup: bool = True                                # Table 5 ablation: false
+        mixup_alpha: float = Field(1.0, gt=0)             # Beta(alpha, alpha) [D]
+        detach_target: bool = True                        # q built from the detached p [D]
+        weighting: Literal["score", "uniform"] = "score"  # uniform = FedACD_base (Table 8)
+
+    # --- server ---------------------------------------------------------------------------
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        cids = sorted(replies)
+        if self.params.weighting == "uniform":
+            weights = [1.0] * len(cids)
+        else:
+            weights = [float(replies[c].scalars["score"]) for c in cids]
+        state["model"] = weighted_average([replies[c].arrays["model"] for c in cids], weights)
+        state["fedacd_kl"] = {c: float(replies[c].scalars["kl"]) for c in cids}
+        state["fedacd_score"] = {c: float(replies[c].scalars["score"]) for c in cids}
+        return state
+
+    def round_metrics(self, state: State) -> dict[str, Any]:
+        kl = state.get("fedacd_kl")
+        if not kl:
+            return {}
+        return {"fedacd_kl_mean": sum(kl.values()) / len(kl), "fedacd_kl_by_client": kl,
+                "fedacd_score_by_client": state["fedacd_score"]}
+
+    # --- client ---------------------------------------------------------------------------
+    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
+        options = super().train_options(msg, state, client)
+        if self.params.mixup:
+            options["augment"] = Mixup(self.params.mixup_alpha)
+        return options
+
+    def acd_terms(self, P: torch.Tensor, present: torch.Tensor) -> list[LossTerm]:
+        p = self.params
+        log_delta = log_adjustment(P, present, p.delta_missing, p.prob_floor, p.log_delta_clip)
+        return [Flattening(p.detach_target), MarginAdjustedCE(log_delta, p.margin_weight)]
+
+    def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
+        """E epochs, one ``client.train`` call each so that each uses the P estimated in the one
+        before (epoch 0: the received model's P); momentum and batch order continue across the
+        calls exactly as in one unsplit call."""
+        num_classes = client.num_classes
+        labels = client.data.y[client.data.train_idx]
+        present = torch.bincount(labels, minlength=num_classes) > 0
+        P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
+        options = self.train_options(msg, state, client)
+        optimizer_state = options.pop("optimizer_state", None)
+        extra_terms = self.local_terms(msg, state, client)
+        results = []
+        for epoch in range(client.settings.epochs):
+            result = client.train(weights, [*self.acd_terms(P, present), *extra_terms], epochs=1,
+                                  start_epoch=epoch, optimizer_state=optimizer_state, **options)
+            results.append(result)
+            weights, optimizer_state = result.weights, result.optimizer_state
+            P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])
+        final = concatenate_results(results)
+        final.statistics["fedacd.P"] = P
+        final.statistics["fedacd.present"] = present
+        return final
+
+    def upload_scalars(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> dict[str, Any]:
+        kl = template_kl(result.statistics["fedacd.P"], result.statistics["fedacd.present"], self.params.template_tau)
+        return {**super().upload_scalars(result, msg, state, client), "kl": kl, "score": aggregation_score(kl)}
+
+
+class FedACDBase(FedACD):
+    """FedACD_base (Table 8): FedACD's local training, uniform aggregation weights."""
+
+    name = "fedacd_base"
+
+    class Params(FedACD.Params):
+        weighting: Literal["score", "uniform"] = "uniform"

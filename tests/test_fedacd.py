@@ -1,0 +1,270 @@
+"""FedACD (papers/002, seed-specs Sec. 4) against hand computations, and the local-model risk metric."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_loop, config, ctx, runtime
+
+import fedhet
+from fedhet.algorithms.fedacd import (
+    FedACD,
+    FedACDBase,
+    Flattening,
+    MarginAdjustedCE,
+    aggregation_score,
+    flattening_kl,
+    log_adjustment,
+    probability_matrix,
+    template_kl,
+)
+from fedhet.core.contract import Batch, Forward, Message
+from fedhet.metrics.evaluate import local_model_risk
+from fedhet.training.augment import Mixup, label_weights, mixed
+
+
+def batch(y, extras=None):
+    y = torch.tensor(y)
+    return Batch(torch.zeros(len(y), 1, 2, 2), y, torch.arange(len(y)), extras or {})
+
+
+# --- the probability matrix P -----------------------------------------------------------------
+
+def test_probability_matrix_from_the_terms_statistics_hand_computed():
+    # three samples, C = 3: two of class 0, one of class 2; class 1 absent
+    logits = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.8, 0.1, 0.1], [0.2, 0.2, 0.6]]))
+    term = MarginAdjustedCE(torch.zeros(3, 3))
+    stats = term.statistics(Forward(torch.zeros(3, 4), logits), batch([0, 0, 2]))
+    P = probability_matrix(stats["sums"], stats["counts"])
+    expected = torch.tensor([[0.7, 0.2, 0.1], [0.0, 0.0, 0.0], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    torch.testing.assert_close(P, expected)
+    assert stats["counts"].tolist() == [2.0, 0.0, 1.0]
+
+
+def test_probability_matrix_of_a_mixed_batch_splits_each_sample_between_its_two_labels():
+    logits = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1]]))
+    b = batch([0, 1], {"mix_y": torch.tensor([1, 0]), "mix_lam": 0.75})
+    stats = MarginAdjustedCE(torch.zeros(2, 2)).statistics(Forward(torch.zeros(2, 1), logits), b)
+    # row 0 gets 0.75 of sample 0 and 0.25 of sample 1; row 1 the rest
+    assert stats["counts"].tolist() == [1.0, 1.0]
+    torch.testing.assert_close(stats["sums"][0], torch.tensor([0.75 * 0.5 + 0.25 * 0.9, 0.75 * 0.5 + 0.25 * 0.1],
+                                                              dtype=torch.float64))
+    torch.testing.assert_close(label_weights(b, 2), torch.tensor([[0.75, 0.25], [0.25, 0.75]], dtype=torch.float64))
+
+
+# --- L1: flattening ---------------------------------------------------------------------------
+
+def test_flattening_is_zero_when_the_wrong_class_mass_is_already_flat():
+    p = torch.tensor([[0.7, 0.1, 0.1, 0.1]])
+    assert float(flattening_kl(p.log(), torch.tensor([0]))) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_flattening_hand_value_when_not_flat():
+    p = torch.tensor([[0.6, 0.3, 0.1]])
+    # q = (0.6, 0.2, 0.2): KL = 0.3 log(0.3/0.2) + 0.1 log(0.1/0.2)
+    expected = 0.3 * math.log(1.5) + 0.1 * math.log(0.5)
+    assert float(flattening_kl(p.log(), torch.tensor([0]))) == pytest.approx(expected, abs=1e-6)
+
+
+def test_flattening_gradient_with_a_detached_target_hand_computed():
+    # q constant: d KL / d f_k = p_k (d_k - KL) with d_k = log(p_k / q_k) (d_y = 0) through the softmax
+    p = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
+    logits = p.log().unsqueeze(0).requires_grad_(True)
+    (g,) = torch.autograd.grad(flattening_kl(logits, torch.tensor([0]), detach_target=True, eps=0).sum(), logits)
+    d = torch.log(p / torch.tensor([0.6, 0.2, 0.2], dtype=torch.float64))
+    kl = float((p * d).sum())
+    torch.testing.assert_close(g[0], p * (d - kl))
+    # Found here: q is the closest distribution to p with q_y = p_y and flat wrong classes, so
+    # KL's derivative through q vanishes and detaching it does not change the gradient (the
+    # spec expected an extra push on p_y without the detach).
+    (g2,) = torch.autograd.grad(flattening_kl(logits, torch.tensor([0]), detach_target=False, eps=0).sum(), logits)
+    torch.testing.assert_close(g, g2)
+
+
+# --- L2: the pairwise margin adjustment -------------------------------------------------------
+
+def test_adjusted_ce_equals_plain_ce_when_P_is_symmetric():
+    P = torch.tensor([[0.8, 0.1, 0.1], [0.1, 0.7, 0.2], [0.1, 0.2, 0.7]], dtype=torch.float64)
+    log_delta = log_adjustment(P, torch.ones(3, dtype=torch.bool))
+    assert torch.count_nonzero(log_delta) == 0
+    logits = torch.randn(5, 3, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 1, 2, 1, 0])
+    out = Forward(torch.zeros(5, 1), logits)
+    torch.testing.assert_close(MarginAdjustedCE(log_delta)(out, batch(y.tolist()), {}), F.cross_entropy(logits, y))
+
+
+def test_adjusted_ce_adds_log_P_yi_over_P_iy_to_the_other_logits_hand_computed():
+    P = torch.tensor([[0.9, 0.1], [0.3, 0.7]], dtype=torch.float64)
+    log_delta = log_adjustment(P, torch.ones(2, dtype=torch.bool))
+    # [0, 1] = log(0.1 / 0.3), [1, 0] = log(0.3 / 0.1)
+    torch.testing.assert_close(log_delta, torch.tensor([[0.0, math.log(1 / 3)], [math.log(3), 0.0]]))
+    logits = torch.tensor([[1.0, 0.5]])
+    value = MarginAdjustedCE(log_delta, weight=2.0)(Forward(torch.zeros(1, 1), logits), batch([0]), {})
+    expected = 2.0 * math.log(1 + math.exp(0.5 - 1.0 + math.log(1 / 3)))   # Eq. 8, one other class
+    assert float(value) == pytest.approx(expected, rel=1e-6)
+
+
+def test_missing_classes_get_delta_missing_and_absent_rows_are_never_used():
+    P = torch.tensor([[0.8, 0.2, 0.0], [0.0, 0.0, 0.0], [0.3, 0.0, 0.7]], dtype=torch.float64)
+    present = torch.tensor([True, False, True])
+    log_delta = log_adjustment(P, present, delta_missing=1e-2)
+    assert float(log_delta[0, 1]) == pytest.approx(math.log(1e-2))
+    assert float(log_delta[2, 1]) == pytest.approx(math.log(1e-2))
+    assert torch.count_nonzero(log_delta[1]) == 0 and torch.count_nonzero(torch.diagonal(log_delta)) == 0
+    # present pair with a zero entry: clamped to the floor and clipped
+    assert float(log_delta[0, 2]) == -10.0                      # log(1e-6 / 0.3) = -12.6, clipped
+    assert float(log_adjustment(P, present, clip=20.0)[0, 2]) == pytest.approx(math.log(1e-6 / 0.3))
+    assert float(log_adjustment(P, present, clip=20.0)[2, 0]) == pytest.approx(-math.log(1e-6 / 0.3))
+
+
+# --- mixup ------------------------------------------------------------------------------------
+
+def test_mixup_is_reproducible_and_mixes_inputs_and_labels():
+    b = Batch(torch.arange(8.0).view(4, 1, 1, 2), torch.tensor([0, 1, 2, 3]), torch.arange(4))
+    m1 = Mixup(1.0)(b, torch.Generator().manual_seed(5))
+    m2 = Mixup(1.0)(b, torch.Generator().manual_seed(5))
+    assert torch.equal(m1.x, m2.x) and m1.extras["mix_lam"] == m2.extras["mix_lam"]
+    lam, partner = m1.extras["mix_lam"], m1.extras["mix_y"]
+    assert 0 < lam < 1 and sorted(partner.tolist()) == [0, 1, 2, 3]
+    torch.testing.assert_close(m1.x, lam * b.x + (1 - lam) * b.x[partner])
+    with pytest.raises(ValueError, match="positive"):
+        Mixup(0.0)
+
+
+def test_both_terms_use_both_labels_of_a_mixed_batch():
+    logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.2, 0.1]])
+    out = Forward(torch.zeros(2, 1), logits)
+    b = batch([0, 1], {"mix_y": torch.tensor([2, 0]), "mix_lam": 0.3})
+    P = torch.tensor([[0.8, 0.15, 0.05], [0.2, 0.6, 0.2], [0.1, 0.3, 0.6]], dtype=torch.float64)
+    log_delta = log_adjustment(P, torch.ones(3, dtype=torch.bool))
+    ce = MarginAdjustedCE(log_delta)(out, b, {})
+    def adjusted(y):
+        return F.cross_entropy(logits + log_delta[y], y)
+    torch.testing.assert_close(ce, 0.3 * adjusted(torch.tensor([0, 1])) + 0.7 * adjusted(torch.tensor([2, 0])))
+    fl = Flattening()(out, b, {})
+    torch.testing.assert_close(fl, 0.3 * flattening_kl(logits, torch.tensor([0, 1])).mean()
+                               + 0.7 * flattening_kl(logits, torch.tensor([2, 0])).mean())
+    assert float(mixed(lambda y: y.float().sum(), batch([1, 1]))) == 2.0
+
+
+# --- the aggregation score V and the server rule -----------------------------------------------
+
+def test_template_kl_and_score_on_hand_made_P():
+    tau = 1 - 1e-5
+    eye = torch.eye(4, dtype=torch.float64)
+    assert template_kl(eye, torch.ones(4, dtype=torch.bool), tau) == pytest.approx(-math.log(tau))
+    assert aggregation_score(template_kl(eye, torch.ones(4, dtype=torch.bool), tau)) == pytest.approx(1.0)
+    uniform = torch.full((4, 4), 0.25, dtype=torch.float64)
+    q_off = (1 - tau) / 3
+    row = 0.25 * math.log(0.25 / tau) + 3 * 0.25 * math.log(0.25 / q_off)
+    assert template_kl(uniform, torch.ones(4, dtype=torch.bool), tau) == pytest.approx(row)
+    # the mean over present rows only: an absent row (zeros) does not count
+    mixed_P = torch.stack([eye[0], uniform[1], torch.zeros(4, dtype=torch.float64), uniform[3]])
+    present = torch.tensor([True, True, False, True])
+    assert template_kl(mixed_P, present, tau) == pytest.approx((-math.log(tau) + 2 * row) / 3)
+    assert aggregation_score(row) == pytest.approx(1 / (1 + math.exp(-1 / row)))
+
+
+def fedacd_replies():
+    return {
+        0: Message("update", {"model": {"w": torch.tensor([0.0])}}, {"num_samples": 10, "kl": 0.5, "score": 0.9}),
+        1: Message("update", {"model": {"w": torch.tensor([1.0])}}, {"num_samples": 30, "kl": 5.0, "score": 0.55}),
+    }
+
+
+def test_fedacd_server_weights_models_by_their_scores_not_sizes():
+    state = FedACD().aggregate({"model": {"w": torch.tensor([7.0])}}, fedacd_replies(), ctx([0, 1]))
+    assert float(state["model"]["w"]) == pytest.approx(0.55 / (0.9 + 0.55))
+    assert FedACD().round_metrics(state)["fedacd_kl_mean"] == pytest.approx(2.75)
+
+
+def test_fedacd_base_weights_uniformly():
+    state = FedACDBase().aggregate({"model": {"w": torch.tensor([7.0])}}, fedacd_replies(), ctx([0, 1]))
+    assert float(state["model"]["w"]) == pytest.approx(0.5)
+
+
+# --- the client: P per epoch, uploads -----------------------------------------------------------
+
+def test_client_uses_the_received_models_P_first_then_each_epochs_estimate(small_config):
+    cfg = config(small_config, "fedacd", local_epochs=2)
+    loop = build_loop(cfg)
+    client = runtime(loop, 0)
+    seen = []
+    real_train = client.train
+
+    def spy(weights, terms=None, **kw):
+        seen.append(terms[1].log_delta.clone())
+        result = real_train(weights, terms, **kw)
+        seen.append(result.statistics)
+        return result
+
+    client.train = spy
+    algo = loop.algorithm
+    weights = loop.server_state["model"]
+    reply, _ = algo.client_update(Message("train", {"model": weights}), None, client)
+    present = torch.bincount(client.data.y[client.data.train_idx], minlength=10) > 0
+    from fedhet.algorithms.fedacd import local_probability_matrix
+
+    P0, _ = local_probability_matrix(client.model, weights, client.data, 10)
+    torch.testing.assert_close(seen[0], log_adjustment(P0, present))
+    P1 = probability_matrix(seen[1]["adjusted_ce.sums"], seen[1]["adjusted_ce.counts"])
+    torch.testing.assert_close(seen[2], log_adjustment(P1, present))
+    P2 = probability_matrix(seen[3]["adjusted_ce.sums"], seen[3]["adjusted_ce.counts"])
+    assert reply.scalars["kl"] == pytest.approx(template_kl(P2, present))
+    assert reply.scalars["score"] == pytest.approx(aggregation_score(reply.scalars["kl"]))
+    assert reply.scalars["steps"] == 2 * math.ceil(client.num_samples / 32)
+
+
+def test_fedacd_epochs_split_equal_one_unsplit_run_when_P_is_fixed(small_config):
+    """The per-epoch calls continue momentum and batch order: with the adjustment switched off
+    (a floor above every entry and delta_missing = 1 make log Delta = 0) FedACD's two calls
+    give the weights of one two-epoch call on the same terms."""
+    cfg = config(small_config, "fedacd", {"prob_floor": 0.99, "delta_missing": 1.0, "mixup": False}, local_epochs=2, momentum=0.9)
+    loop = build_loop(cfg)
+    weights = loop.server_state["model"]
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": weights}), None, runtime(loop, 1))
+    one = runtime(loop, 1).train(weights, [Flattening(), MarginAdjustedCE(torch.zeros(10, 10))])
+    for k, v in one.weights.items():
+        torch.testing.assert_close(reply.arrays["model"][k], v, rtol=0, atol=0)
+
+
+def test_fedacd_runs_end_to_end_with_local_risk(small_config, tmp_path):
+    raw = {**small_config, "algorithm": {"name": "fedacd"}, "eval": {"every": 1, "local_risk": True}}
+    res = fedhet.run(raw)
+    row = res.rows[-1]
+    assert 0 <= row["local_risk"] <= 1 and row["local_kl"] > 0
+    assert set(row["local_risk_by_client"]) == {str(c) for c in row["clients"]} or \
+        set(map(int, row["local_risk_by_client"])) == set(row["clients"])
+    assert set(map(int, row["fedacd_kl_by_client"])) == set(row["clients"])
+
+
+# --- the local-model risk (Table 3) and KL (Table 9) ----------------------------------------------
+
+def test_local_model_risk_of_a_model_that_always_answers_class_0(small_config):
+    cfg = config(small_config)
+    loop = build_loop(cfg)
+    fed = loop.host.federation
+    arch = loop.host.client_arch[0]
+    w = {k: torch.zeros_like(v) for k, v in loop.host.init_models[arch].items()}
+    bias = torch.zeros(10)
+    bias[0] = 2.0
+    w["head.fc2.bias"] = bias          # logits = bias for every input: always class 0
+    res = local_model_risk(loop.host.models, loop.host.client_arch, {3: w}, fed)
+    counts = fed.train_counts().astype(float)
+    pi_mean = (counts / counts.sum(1, keepdims=True)).mean(0)
+    # per-class error: 0 for class 0, 1 elsewhere (classes in the test set); R = sum_c pi_mean_c eps_c
+    present_in_test = torch.bincount(fed.test.y, minlength=10).numpy() > 0
+    assert res["local_risk"] == pytest.approx(float(pi_mean[1:][present_in_test[1:]].sum()))
+    # KL: every row of P is softmax(bias); mean over the client's present rows of sum_j q_j log(q_j / Q_ij)
+    q = torch.softmax(bias.double(), 0)
+    tau = 1 - 1e-5
+    rows = [i for i in range(10) if counts[3, i] > 0]
+    def row_kl(i):
+        Q = torch.full((10,), (1 - tau) / 9, dtype=torch.float64)
+        Q[i] = tau
+        return float((q * (q / Q).log()).sum())
+    assert res["local_kl"] == pytest.approx(np.mean([row_kl(i) for i in rows]), rel=1e-5)
