@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedacd import FedACD, FedACDBase
 from fedhet.algorithms.fedavgm import FedAvgM
+from fedhet.algorithms.fedlc import FedLC
+from fedhet.algorithms.fednh import FedNH
+from fedhet.algorithms.fedntd import FedNTD
+from fedhet.algorithms.fedrod import FedROD
 from fedhet.algorithms.fedbabu import FedBABU
 from fedhet.algorithms.fedcme import FedCME
 from fedhet.algorithms.feddistill import FedDistill
@@ -25,6 +30,7 @@ from fedhet.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
+                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH,
                            FedReMa,
                            PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }

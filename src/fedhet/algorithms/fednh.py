@@ -1,0 +1,125 @@
+"""FedNH (Dai et al., AAAI 2023, "Tackling Data Heterogeneity in Federated Learning with Class Prototypes").
+
+The classifier is a set of class prototypes, one unit vector per class, that clients never train
+(reference: Yutong-Dai/FedNH ``src/flbase/strategies/FedNH.py`` and ``FedUH.py``):
+
+* **Initialisation** - prototypes spread uniformly: orthonormal rows (the reference's
+  ``orthogonal`` init; here the QR factor of the run's seeded initial classifier, so it follows the seed).
+* **Client** - trains the body only, on ``CE(s * cos(h, W_c), y)``: the cosine of the feature and
+  each prototype scaled by ``s`` (the reference's ``FedNH_fix_scaling`` with ``s`` = 30, "a common
+  choice in the paper"; [D] the learnable scaling is not offered). After training it computes,
+  with its new model in eval mode over its training split, the mean of the L2-normalised features
+  of each class, normalises it, and uploads it with the class counts.
+* **Server** - the body is averaged like FedAvg; the new prototypes are
+  ``normalize(rho W + (1 - rho) normalize(sum_m n_mc mu_mc / sum_m n_mc))`` per class
+  (``rho`` = ``FedNH_smoothing`` = 0.9); a class no participant has keeps its prototype.
+
+The head must be one bias-free Linear layer (``simple_cnn``'s ``fc3``, FedNH's ``Conv2Cifar``). Its
+rows are unit vectors, so the plain logits ``h @ W^T`` used in evaluation rank the classes exactly
+as the scaled cosine does (``|h|`` is a positive factor per sample): accuracies are the method's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.prototypes import class_statistics
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientRuntime,
+    Forward,
+    LocalResult,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
+from fedhet.core.split import is_head, linear_classifier
+from fedhet.training.objective import LossTerm
+
+
+def orthonormal_rows(weight: torch.Tensor) -> torch.Tensor:
+    """Rows with unit norm, pairwise orthogonal (needs ``rows <= columns``), from ``weight``'s QR."""
+    rows, cols = weight.shape
+    if rows > cols:
+        raise ValueError(f"FedNH needs at least as many feature dimensions as classes ({cols} < {rows})")
+    q, r = torch.linalg.qr(weight.double().T)
+    q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)   # a unique factor (positive diagonal of r)
+    return q.T.contiguous().to(weight.dtype)
+
+
+def smoothed_prototypes(previous: torch.Tensor, uploads: list[tuple[torch.Tensor, torch.Tensor]],
+                        rho: float) -> torch.Tensor:
+    """The server's prototype update from ``[(normalised class means (C, d), counts (C,)), ...]``."""
+    total = torch.zeros_like(previous, dtype=torch.float64)
+    count = torch.zeros(previous.shape[0], dtype=torch.float64)
+    for means, counts in uploads:
+        total += counts.double().unsqueeze(1) * means.double()
+        count += counts.double()
+    average = F.normalize(total / count.clamp(min=1e-12).unsqueeze(1), dim=1)   # zero rows stay zero
+    mixed = rho * previous.double() + (1 - rho) * average
+    return F.normalize(mixed, dim=1).to(previous.dtype)
+
+
+class CosineCrossEntropy(LossTerm):
+    """``CE(s * normalize(h) @ normalize(W)^T, y)`` with the classifier weight ``W`` taken from the weights."""
+
+    name = "cosine_ce"
+    vectorizable = True
+
+    def __init__(self, weight_name: str, scale: float):
+        self.weight_name = weight_name
+        self.scale = float(scale)
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        w = F.normalize(weights[self.weight_name].to(out.features.dtype), dim=1)
+        return F.cross_entropy(self.scale * F.normalize(out.features, dim=1) @ w.T, batch.y)
+
+
+class FedNH(FedAvg):
+    name = "fednh"
+
+    class Params(FedAvg.Params):
+        prototype_smoothing: float = Field(0.9, ge=0, le=1)   # rho
+        cosine_scale: float = Field(30.0, gt=0)                # s
+
+    # --- server ---------------------------------------------------------------------------
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        state = super().init_server_state(init_models)
+        heads = [k for k in state["model"] if is_head(k)]
+        if len(heads) != 1 or not heads[0].endswith(".weight"):
+            raise ValueError("FedNH needs a bias-free linear classifier as the head (simple_cnn's default split)")
+        state["model"] = {**state["model"], heads[0]: orthonormal_rows(state["model"][heads[0]])}
+        return state
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        previous = state["model"]
+        state = super().aggregate(state, replies, ctx)
+        (name,) = [k for k in previous if is_head(k)]
+        uploads = [(replies[c].arrays["prototypes"]["mean"], replies[c].arrays["prototypes"]["count"])
+                   for c in sorted(replies)]
+        state["model"][name] = smoothed_prototypes(previous[name], uploads, self.params.prototype_smoothing)
+        return state
+
+    # --- client ---------------------------------------------------------------------------
+    def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        weight_name, bias_name = linear_classifier(client.model, "FedNH")
+        if bias_name is not None:
+            raise ValueError("FedNH's prototypes are a bias-free classifier; use simple_cnn (its head has no bias)")
+        return [CosineCrossEntropy(weight_name, self.params.cosine_scale)]
+
+    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict:
+        options = super().train_options(msg, state, client)
+        frozen = options.get("trainable")
+        options["trainable"] = (lambda name: not is_head(name) and (frozen is None or frozen(name)))
+        return options
+
+    def uploads(self, result: LocalResult, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
+        stats = class_statistics(client.model, result.weights, client.data, client.num_classes,
+                                 of=lambda out: F.normalize(out.features, dim=1))
+        means = F.normalize(stats.means, dim=1).float()
+        return {**super().uploads(result, msg, state, client), "prototypes": {"mean": means, "count": stats.counts}}

@@ -1,0 +1,110 @@
+"""FedROD (Chen & Chao, ICLR 2022, "On Bridging Generic and Personalized Federated Learning for Image Classification").
+
+Each client trains two classifiers on one feature extractor (reference used by FedACD's
+comparison: Yutong-Dai/FedNH ``src/flbase/strategies/FedROD.py``, linear personal head):
+
+* the **generic** model (body + generic head), federated like FedAvg, is trained with the
+  balanced softmax: ``CE(f + log pi, y)`` with ``pi_c = n_c / n`` the client's label distribution
+  (``pi_c = 1e-12 / n`` for absent classes), so the model learns the class-balanced posterior;
+* a **personal** head of the same shape, kept on the client, is trained with plain CE on
+  ``p_head(h) + f_generic(x)`` with the features and generic logits detached.
+
+The reference offers the two updates interleaved per batch or one after the other
+(``FedROD_phead_separate``); fedhet implements the separate schedule: E epochs of the generic
+model, then E epochs of the personal head against the finished generic model (SGD, the run's
+lr, no momentum, the reference's ``p_head_optimizer``). As the generic model is fixed in the
+second phase, its features and logits are computed once.
+
+Evaluation: ``global_acc`` is the generic model (FedACD Table 1). The personal model, tested on
+each client's local split, is the current global model with the head ``W_g + W_p`` (a linear
+head's logits add up: ``p_head(h) + g_head(h)``). The reference also clips gradients at norm 10;
+in fedhet that is the run's ``train.clip_grad_norm``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, LocalResult, Message, State
+from fedhet.core.split import HEAD, linear_classifier, select
+from fedhet.training.local import epoch_batches, forward
+from fedhet.training.objective import LossTerm
+
+
+def log_prior(counts: torch.Tensor, absent: float = 1e-12) -> torch.Tensor:
+    """``log pi_c`` of the client's label distribution, ``absent`` standing in for a zero count."""
+    n = torch.where(counts > 0, counts.double(), torch.full_like(counts, absent, dtype=torch.float64))
+    return (n / n.sum()).log().float()
+
+
+class BalancedSoftmaxCE(LossTerm):
+    """``CE(logits + log pi, y)`` (Ren et al. 2020, balanced softmax)."""
+
+    name = "balanced_ce"
+    vectorizable = True
+
+    def __init__(self, log_pi: torch.Tensor):
+        self.log_pi = log_pi
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        return F.cross_entropy(out.logits + self.log_pi.to(out.logits.device, out.logits.dtype), batch.y)
+
+
+def train_personal_head(features: torch.Tensor, generic_logits: torch.Tensor, y: torch.Tensor,
+                        head: dict[str, torch.Tensor], weight_name: str, bias_name: str | None, *,
+                        epochs: int, batch_size: int, lr: float, generator_of_epoch) -> dict[str, torch.Tensor]:
+    """Plain SGD on ``CE(F.linear(h, W_p, b_p) + generic_logits, y)`` over the given detached
+    features; returns the new personal head."""
+    w = head[weight_name].detach().clone().requires_grad_(True)
+    b = head[bias_name].detach().clone().requires_grad_(True) if bias_name else None
+    params = [w] + ([b] if b is not None else [])
+    for e in range(epochs):
+        for positions in epoch_batches(len(y), batch_size, False, generator_of_epoch(e)):
+            logits = F.linear(features[positions], w, b) + generic_logits[positions]
+            grads = torch.autograd.grad(F.cross_entropy(logits, y[positions]), params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p.sub_(lr * g)
+    out = {weight_name: w.detach()}
+    if bias_name and b is not None:
+        out[bias_name] = b.detach()
+    return out
+
+
+class FedROD(FedAvg):
+    name = "fedrod"
+
+    def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
+        counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)
+        return [BalancedSoftmaxCE(log_prior(counts))]
+
+    def after_training(self, result: LocalResult, msg: Message, state: State | None,
+                       client: ClientRuntime) -> State | None:
+        state = super().after_training(result, msg, state, client)
+        weight_name, bias_name = linear_classifier(client.model, "FedROD")
+        personal = (state or {}).get("personal_head") or select(client.init_weights(), HEAD)
+        data = client.data
+        model = client.model
+        with torch.no_grad():
+            was_training = model.training
+            model.train()        # the reference computes them in train mode (no BatchNorm/dropout in its CNN)
+            outs = [forward(model, result.weights, data.batch(torch.arange(i, min(i + 1024, len(data.train_idx)))).x)
+                    for i in range(0, len(data.train_idx), 1024)]
+            model.train(was_training)
+        features = torch.cat([o.features for o in outs]).float()
+        logits = torch.cat([o.logits for o in outs]).float()
+        y = data.y[data.train_idx]
+        settings = client.settings
+        new_head = train_personal_head(features, logits, y, personal, weight_name, bias_name,
+                                       epochs=settings.epochs, batch_size=settings.batch_size, lr=settings.lr,
+                                       generator_of_epoch=lambda e: client.generator("fedrod_personal_head", e))
+        return {**(state or {}), "personal_head": new_head}
+
+    def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
+        base = super().client_model(cid, state, client_state)
+        personal = (client_state or {}).get("personal_head")
+        if base is None or not personal:
+            return base
+        return {**base, **{k: base[k] + v for k, v in personal.items()}}

@@ -1,0 +1,171 @@
+"""FedACD's label-skew baselines against their own papers' equations: FedLC, FedNTD, FedROD, FedNH."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_loop, config, ctx, runtime
+
+from fedhet.algorithms.fedlc import CalibratedCrossEntropy, FedLC, calibration
+from fedhet.algorithms.fednh import CosineCrossEntropy, FedNH, orthonormal_rows, smoothed_prototypes
+from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
+from fedhet.algorithms.fedrod import BalancedSoftmaxCE, FedROD, log_prior, train_personal_head
+from fedhet.core.contract import Batch, Forward, Message
+
+
+def batch(y):
+    y = torch.tensor(y)
+    return Batch(torch.zeros(len(y), 1, 2, 2), y, torch.arange(len(y)))
+
+
+# --- FedLC ------------------------------------------------------------------------------------
+
+def test_fedlc_calibration_hand_values():
+    offset = calibration(torch.tensor([16, 1, 0]), tau=2.0)
+    torch.testing.assert_close(offset, torch.tensor([2 * 0.5, 2 * 1.0, 2 * 100.0]))
+
+
+def test_fedlc_term_is_ce_of_calibrated_logits_and_replaces_plain_ce(small_config):
+    logits = torch.tensor([[1.0, 2.0, 0.5]])
+    offset = torch.tensor([0.5, 1.0, 100.0])
+    value = CalibratedCrossEntropy(offset)(Forward(torch.zeros(1, 1), logits), batch([1]), {})
+    z = [0.5, 1.0, -99.5]
+    assert float(value) == pytest.approx(-z[1] + math.log(sum(math.exp(v) for v in z)), rel=1e-6)
+    loop = build_loop(config(small_config, "fedlc", {"calibration_tau": 1.0}))
+    client = runtime(loop, 0)
+    (term,) = FedLC(FedLC.Params(calibration_tau=1.0)).data_terms(Message("train"), None, client)
+    counts = torch.bincount(client.data.y[client.data.train_idx], minlength=10)
+    torch.testing.assert_close(term.offset, calibration(counts, 1.0))
+
+
+# --- FedNTD -----------------------------------------------------------------------------------
+
+def test_not_true_drops_exactly_the_true_column():
+    logits = torch.tensor([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]])
+    torch.testing.assert_close(not_true(logits, torch.tensor([1, 2])), torch.tensor([[0.0, 2.0], [3.0, 4.0]]))
+
+
+def test_not_true_kl_hand_value_and_zero_for_equal_not_true_logits():
+    s = torch.tensor([[5.0, 0.0, 1.0]])
+    t = torch.tensor([[-3.0, 1.0, 0.0]])
+    tau = 2.0
+    ps = torch.softmax(torch.tensor([0.0, 1.0]) / tau, 0)
+    pt = torch.softmax(torch.tensor([1.0, 0.0]) / tau, 0)
+    expected = tau ** 2 * float((pt * (pt / ps).log()).sum())
+    assert float(not_true_kl(s, t, torch.tensor([0]), tau)) == pytest.approx(expected, rel=1e-5)
+    # the true class's logit is free: teacher and student differing only there give 0
+    assert float(not_true_kl(s, torch.tensor([[-9.0, 0.0, 1.0]]), torch.tensor([0]), tau)) == pytest.approx(0, abs=1e-7)
+
+
+def test_ntd_term_distills_from_the_received_model(small_config):
+    loop = build_loop(config(small_config, "fedntd"))
+    client = runtime(loop, 0)
+    weights = loop.server_state["model"]
+    x = client.data.batch(torch.arange(8))
+    model = client.model
+    model.eval()
+    from fedhet.training.local import forward
+    out = forward(model, weights, x.x)
+    term = NotTrueDistillation(model, weights, tau=3.0, beta=1.0)
+    assert float(term(out, x, weights)) == pytest.approx(0.0, abs=1e-6)       # student = teacher
+    other = {k: v + 0.05 * torch.randn_like(v) for k, v in weights.items()}
+    term2 = NotTrueDistillation(model, other, tau=3.0, beta=0.5)
+    teacher = forward(model, other, x.x).logits
+    assert float(term2(out, x, weights)) == pytest.approx(0.5 * float(not_true_kl(out.logits, teacher, x.y, 3.0)),
+                                                          rel=1e-5)
+
+
+# --- FedROD -----------------------------------------------------------------------------------
+
+def test_fedrod_balanced_softmax_hand_values():
+    lp = log_prior(torch.tensor([3, 1, 0]))
+    torch.testing.assert_close(lp, torch.log(torch.tensor([3 / (4 + 1e-12), 1 / (4 + 1e-12), 1e-12 / 4])))
+    logits = torch.tensor([[0.2, 0.1, 3.0]])
+    value = BalancedSoftmaxCE(lp)(Forward(torch.zeros(1, 1), logits), batch([0]), {})
+    torch.testing.assert_close(value, F.cross_entropy(logits + lp, torch.tensor([0])))
+
+
+def test_fedrod_personal_head_learns_on_top_of_the_detached_generic_logits():
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(64, 4, generator=g)
+    y = (h[:, 0] > 0).long()
+    generic = torch.zeros(64, 2)
+    head = {"head.fc.weight": torch.zeros(2, 4), "head.fc.bias": torch.zeros(2)}
+    new = train_personal_head(h, generic, y, head, "head.fc.weight", "head.fc.bias", epochs=20, batch_size=16,
+                              lr=0.5, generator_of_epoch=lambda e: torch.Generator().manual_seed(e))
+    acc = float(((F.linear(h, new["head.fc.weight"], new["head.fc.bias"])).argmax(1) == y).float().mean())
+    assert acc > 0.9 and torch.equal(head["head.fc.weight"], torch.zeros(2, 4))   # input not modified
+
+
+def test_fedrod_client_keeps_a_personal_head_and_is_evaluated_with_the_sum_of_heads(small_config):
+    loop = build_loop(config(small_config, "fedrod"))
+    algo = loop.algorithm
+    weights = loop.server_state["model"]
+    reply, state = algo.client_update(Message("train", {"model": weights}), None, runtime(loop, 2))
+    personal = state["personal_head"]
+    assert set(personal) == {"head.fc2.weight", "head.fc2.bias"}
+    assert not torch.equal(personal["head.fc2.weight"], loop.host.init_models["cnn2"]["head.fc2.weight"])
+    view = algo.client_model(2, loop.server_state, state)
+    torch.testing.assert_close(view["head.fc2.weight"], weights["head.fc2.weight"] + personal["head.fc2.weight"])
+    torch.testing.assert_close(view["body.conv1.0.weight"], weights["body.conv1.0.weight"])
+    assert algo.global_model(loop.server_state) is weights          # the generic model is the global one
+    assert isinstance(FedROD().data_terms(Message("train"), None, runtime(loop, 2))[0], BalancedSoftmaxCE)
+
+
+# --- FedNH ------------------------------------------------------------------------------------
+
+def test_fednh_prototypes_start_orthonormal():
+    w = torch.randn(10, 192, generator=torch.Generator().manual_seed(1))
+    q = orthonormal_rows(w)
+    torch.testing.assert_close(q @ q.T, torch.eye(10), atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="feature dimensions"):
+        orthonormal_rows(torch.randn(5, 3))
+
+
+def test_fednh_smoothed_prototype_update_hand_computed():
+    prev = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    # class 0: two clients, means (0,1) x3 and (1,0) x1 -> average (0.25, 0.75), normalised
+    # class 1: one client, mean (1, 0); class 2: nobody -> keeps its prototype
+    uploads = [(torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]), torch.tensor([3, 2, 0])),
+               (torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]), torch.tensor([1, 0, 0]))]
+    new = smoothed_prototypes(prev, uploads, rho=0.9)
+    avg0 = torch.tensor([0.25, 0.75]) / math.hypot(0.25, 0.75)
+    torch.testing.assert_close(new[0], F.normalize(0.9 * prev[0] + 0.1 * avg0, dim=0))
+    torch.testing.assert_close(new[1], F.normalize(0.9 * prev[1] + 0.1 * torch.tensor([1.0, 0.0]), dim=0))
+    torch.testing.assert_close(new[2], prev[2])
+
+
+def test_fednh_cosine_ce_hand_value():
+    out = Forward(torch.tensor([[3.0, 4.0]]), torch.zeros(1, 2))
+    w = {"head.fc3.weight": torch.tensor([[2.0, 0.0], [0.0, 1.0]])}
+    value = CosineCrossEntropy("head.fc3.weight", 10.0)(out, batch([1]), w)
+    z = torch.tensor([[6.0, 8.0]])        # 10 * cos = 10 * (0.6, 0.8)
+    torch.testing.assert_close(value, F.cross_entropy(z, torch.tensor([1])))
+
+
+def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_server(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    loop = build_loop(config(raw, "fednh"))
+    algo = loop.algorithm
+    state = loop.server_state
+    name = "head.fc3.weight"
+    W = state["model"][name]
+    torch.testing.assert_close(W @ W.T, torch.eye(10), atol=1e-5, rtol=0)
+    replies = {}
+    for cid in (0, 1):
+        reply, _ = algo.client_update(Message("train", {"model": state["model"]}), None, runtime(loop, cid))
+        assert torch.equal(reply.arrays["model"][name], W)                   # not trained locally
+        assert not torch.equal(reply.arrays["model"]["body.fc1.0.weight"], state["model"]["body.fc1.0.weight"])
+        means, counts = reply.arrays["prototypes"]["mean"], reply.arrays["prototypes"]["count"]
+        norms = means.norm(dim=1)
+        torch.testing.assert_close(norms[counts > 0], torch.ones(int((counts > 0).sum())))
+        replies[cid] = reply
+    new = algo.aggregate(dict(state), replies, ctx([0, 1], num_clients=6))
+    uploads = [(replies[c].arrays["prototypes"]["mean"], replies[c].arrays["prototypes"]["count"]) for c in (0, 1)]
+    torch.testing.assert_close(new["model"][name], smoothed_prototypes(W, uploads, 0.9))
+    assert not torch.equal(new["model"][name], W)
