@@ -1,0 +1,117 @@
+"""Write the FedACD paper's experiment grid as fedhet configs (idempotent).
+
+    python configs/papers/fedacd/generate.py          # writes next to this file
+    python configs/papers/fedacd/generate.py --check  # exit 1 if a file differs from what it would write
+
+Protocol of every config (FedACD paper (papers/002) Sec. 5.1; seed-specs 4.4): K=20 clients,
+40% participation (8 per round), Dirichlet(beta) label skew, T=200 rounds, E=5 local epochs,
+batch 64, SGD lr 0.01, momentum 0.9 (fresh each round), weight decay 1e-5 (1e-3 on
+Tiny-ImageNet). CIFAR: the simple CNN of FedNH (``simple_cnn`` = Conv2Cifar); Tiny-ImageNet:
+ResNet-18. Metrics: ``global_acc`` (Table 1), ``global_labeldist_acc`` (Table 2), ``local_risk``
+(Table 3) and ``local_kl`` / ``fedacd_kl_mean`` (Table 9), evaluated every 5 rounds and at the
+end; the paper does not say best or final: summary.json has both. Files:
+``<dataset>_b<beta>_<method>.yaml``; the first lines state the table, the cell and the paper's number.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
+
+# name -> (description, algorithm yaml)
+METHODS = {
+    "fedavg": ("FedAvg", "{name: fedavg}"),
+    "fedprox": ("FedProx (mu=0.01; value not stated)", "{name: fedprox, params: {mu: 0.01}}"),
+    "fednova": ("FedNova", "{name: fednova}"),
+    "fedrod": ("FedROD (balanced-softmax generic head + personal head)", "{name: fedrod}"),
+    "creff": ("CReFF (classifier re-training on federated features)", "{name: creff}"),
+    "fedntd": ("FedNTD (tau 3, beta 1: the official defaults)", "{name: fedntd}"),
+    "fedlc": ("FedLC (tau 1: FL-bench's default)", "{name: fedlc}"),
+    "feddecorr": ("FedDecorr", "{name: feddecorr}"),
+    "fednh": ("FedNH (smoothing 0.9, scale 30)", "{name: fednh}"),
+    "fedacd": ("FedACD (lambda 1, tau 1-1e-5, delta_missing 1e-2, mixup Beta(1,1))", "{name: fedacd}"),
+    "fedacd_base": ("FedACD_base: uniform aggregation weights (Table 8)", "{name: fedacd_base}"),
+    "fedacd_nomixup": ("FedACD without mixup (Table 5)", "{name: fedacd, params: {mixup: false}}"),
+}
+
+# dataset -> (fedhet dataset, model yaml, weight decay, note)
+DATASETS = {
+    "cifar10": ("cifar10", "{arch: simple_cnn}", 1e-5, "FedNH's Conv2Cifar"),
+    "cifar100": ("cifar100", "{arch: simple_cnn}", 1e-5, "FedNH's Conv2Cifar"),
+    "tiny": ("tiny_imagenet", "{arch: resnet18}", 1e-3, "ResNet-18"),
+    "fmnist": ("fashion_mnist", "{arch: simple_cnn}", 1e-5,
+               "proxy: no paper number (the paper has no Fashion-MNIST results); Conv2Cifar on 1x28x28"),
+}
+
+BETAS = {"0.3": 0.3, "0.1": 0.1, "0.05": 0.05}
+
+TABLE1 = {  # dataset -> method -> (beta 0.3, 0.1, 0.05)
+    "cifar10": dict(fedavg=(75.63, 68.35, 60.47), fedrod=(77.53, 71.12, 62.46), fedlc=(76.76, 69.40, 52.71),
+                    fedntd=(76.01, 70.41, 60.48), fednh=(75.30, 68.11, 60.54), fedacd=(79.57, 73.13, 63.57)),
+    "cifar100": dict(fedavg=(41.97, 39.57, 38.12), fednh=(44.74, 41.74, 39.61), fedacd=(49.08, 46.24, 43.22)),
+    "tiny": dict(fedavg=(45.76, 40.24, 36.09), fedacd=(49.62, 45.29, 41.44)),
+}
+TABLE5 = {"cifar10": (77.97, 72.59, 62.64), "cifar100": (45.53, 42.61, 40.76), "tiny": (46.94, 43.40, 39.67)}
+TABLE8 = {"cifar100": (48.63, 45.51, 42.76)}
+TABLE3 = {"cifar10": dict(fedacd=(0.25, 0.31, 0.39), fedavg=(0.41, 0.57, 0.70)),
+          "cifar100": dict(fedacd=(0.60, 0.67, 0.74), fedavg=(0.69, 0.77, 0.82)),
+          "tiny": dict(fedacd=(0.64, 0.73, 0.80), fedavg=(0.68, 0.79, 0.86))}
+
+
+def paper(dataset: str, beta: str, method: str) -> str | None:
+    i = list(BETAS).index(beta)
+    parts = []
+    if method in TABLE1.get(dataset, {}):
+        parts.append(f"Table 1 (global model, balanced test) {TABLE1[dataset][method][i]:.2f}%")
+    if method == "fedacd_nomixup" and dataset in TABLE5:
+        parts.append(f"Table 5 (no mixup) {TABLE5[dataset][i]:.2f}%")
+    if method == "fedacd_base" and dataset in TABLE8:
+        parts.append(f"Table 8 (FedACD_base) {TABLE8[dataset][i]:.2f}%")
+    if method in TABLE3.get(dataset, {}):
+        parts.append(f"Table 3 local risk {TABLE3[dataset][method][i]:.2f}")
+    return "; ".join(parts) or None
+
+
+def cells() -> list[tuple[str, str, str]]:
+    out = [(d, b, m) for d in ("cifar10", "cifar100", "tiny") for b in BETAS for m in METHODS]
+    out += [("fmnist", b, m) for b in BETAS for m in METHODS]
+    return out
+
+
+def render(dataset: str, beta: str, method: str) -> str:
+    name, model, wd, note = DATASETS[dataset]
+    desc, algo = METHODS[method]
+    number = paper(dataset, beta, method)
+    head = (f"# FedACD paper (papers/002): {desc}; paper: {number}." if number
+            else f"# FedACD paper (papers/002) protocol, no paper number for this cell: {desc}.")
+    return "\n".join([
+        head,
+        f"# {dataset} Dirichlet beta={beta}, {note}.",
+        f"name: fedacd-{dataset}_b{beta}_{method}",
+        "seed: 0",
+        "data:",
+        f"  dataset: {name}",
+        "  num_clients: 20",
+        f"  partition: {{kind: dirichlet, alpha: {BETAS[beta]}}}",
+        "  local_test: {source: test_set, fraction: 0.2}",
+        f"model: {model}",
+        f"algorithm: {algo}",
+        "train: {rounds: 200, clients_per_round: 8, local_epochs: 5, batch_size: 64, lr: 0.01, momentum: 0.9,",
+        f"        weight_decay: {wd:.1e}}}",
+        "eval: {every: 5, final_window: 5, local_risk: true}",
+        "run: {checkpoint_every: 5}",
+        "",
+    ])
+
+
+def main() -> int:
+    files = {f"{d}_b{b}_{m}.yaml": render(d, b, m) for d, b, m in cells()}
+    return write_configs(HERE, files, check="--check" in sys.argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
