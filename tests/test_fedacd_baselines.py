@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from helpers import build_loop, config, ctx, runtime
 
 from fedhet.algorithms.fedlc import CalibratedCrossEntropy, FedLC, calibration
-from fedhet.algorithms.fednh import CosineCrossEntropy, FedNH, orthonormal_rows, smoothed_prototypes
+from fedhet.algorithms.fednh import CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
 from fedhet.algorithms.fedrod import BalancedSoftmaxCE, FedROD, log_prior, train_personal_head
 from fedhet.core.contract import Batch, Forward, Message

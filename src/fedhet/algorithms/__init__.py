@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 from fedhet.algorithms.base import Algorithm
-from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.creff import CReFF
 from fedhet.algorithms.fedacd import FedACD, FedACDBase
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedavgm import FedAvgM
-from fedhet.algorithms.fedlc import FedLC
-from fedhet.algorithms.fednh import FedNH
-from fedhet.algorithms.fedntd import FedNTD
-from fedhet.algorithms.fedrod import FedROD
 from fedhet.algorithms.fedbabu import FedBABU
 from fedhet.algorithms.fedcme import FedCME
+from fedhet.algorithms.feddecorr import FedDecorr
 from fedhet.algorithms.feddistill import FedDistill
 from fedhet.algorithms.feddyn import FedDyn
 from fedhet.algorithms.fedfm import FedFM, FedFMLite
+from fedhet.algorithms.fedlc import FedLC
+from fedhet.algorithms.fednh import FedNH
 from fedhet.algorithms.fednova import FedNova
+from fedhet.algorithms.fedntd import FedNTD
 from fedhet.algorithms.fedpac import FedPAC
 from fedhet.algorithms.fedper import FedPer
 from fedhet.algorithms.fedproto import FedProto
 from fedhet.algorithms.fedprox import FedProx
 from fedhet.algorithms.fedrema import FedReMa
 from fedhet.algorithms.fedrep import FedRep
+from fedhet.algorithms.fedrod import FedROD
 from fedhet.algorithms.fedrs import FedRS
 from fedhet.algorithms.local_only import LocalOnly
 from fedhet.algorithms.moon import Moon
@@ -30,7 +32,7 @@ from fedhet.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
-                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH,
+                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH, FedDecorr, CReFF,
                            FedReMa,
                            PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }
