@@ -155,6 +155,8 @@ EQUIVALENCE = [
     # one handshake; round 0 keeps the models on the clients, round 1 (the last) uploads them
     pytest.param("fedfm_lite", {"start_round": 1, "lam": 1.0, "model_every": 2}, id="fedfm_lite"),
     pytest.param("fedrema", {}, id="fedrema"),
+    # scalar uploads (KL, score), mixup, per-epoch P; with the local models' risk evaluated on the server
+    pytest.param("fedacd", {}, id="fedacd"),
 ]
 
 # Row keys that measure time or the engine; everything else must match the simulator.
@@ -164,6 +166,7 @@ VOLATILE = {"seconds", "flower"}
 @pytest.mark.parametrize("algorithm,params", EQUIVALENCE)
 def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
     cfg = tiny(small_config, algorithm, **params)
+    cfg.eval.local_risk = algorithm == "fedacd"
     ref = reference_run(cfg, tmp_path / "sim")
     flower_run(cfg, tmp_path / "flower")
 
