@@ -46,7 +46,7 @@ def mixed(loss_of_labels: Callable[[torch.Tensor], torch.Tensor], batch: Batch) 
     partner = batch.extras.get("mix_y")
     if partner is None:
         return loss_of_labels(batch.y)
-    lam = batch.extras["mix_lam"]
+    lam = float(batch.extras["mix_lam"])
     return lam * loss_of_labels(batch.y) + (1.0 - lam) * loss_of_labels(partner)
 
 
@@ -55,8 +55,8 @@ def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
     onehot(y_partner)`` on a mixed batch (how much of each class a mixed sample is)."""
     classes = torch.arange(num_classes, device=batch.y.device)
     weights = (batch.y.unsqueeze(1) == classes).double()
-    partner = batch.extras.get("mix_y")
+    partner: torch.Tensor | None = batch.extras.get("mix_y")
     if partner is None:
         return weights
-    lam = batch.extras["mix_lam"]
+    lam = float(batch.extras["mix_lam"])
     return lam * weights + (1.0 - lam) * (partner.unsqueeze(1) == classes).double()

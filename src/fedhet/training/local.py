@@ -152,8 +152,8 @@ def concatenate_results(results: list[LocalResult], optimizer_state: Arrays | No
             parts[k] = parts.get(k, 0.0) + v * r.steps / max(steps, 1)
     statistics: dict[str, torch.Tensor] = {}
     for r in results:
-        for k, v in r.statistics.items():
-            statistics[k] = v.clone() if k not in statistics else statistics[k] + v
+        for key, total in r.statistics.items():
+            statistics[key] = total.clone() if key not in statistics else statistics[key] + total
     last = results[-1]
     return LocalResult(last.weights, last.optimizer_state if optimizer_state is None else optimizer_state, steps,
                        sum(r.samples for r in results), sum(r.mean_loss * r.steps for r in results) / max(steps, 1),
