@@ -1,4 +1,4 @@
-"""The ``fedhet`` command line: run, partition, compare, list."""
+"""The ``fedhet`` command line: run, sweep, partition, compare, features, flower, list."""
 
 from __future__ import annotations
 
@@ -69,6 +69,28 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _cmd_sweep(args) -> int:
+    from fedhet.experiment.sweep import job_status, load_sweep, run_sweep, write_report
+
+    sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes)
+    if args.list:
+        for job in sweep.jobs:
+            print(f"{job_status(job):12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}")
+        return 0
+    try:
+        outcome = run_sweep(sweep, retry_failed=args.retry_failed, log=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        report = write_report(sweep)
+    print(report)
+    print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
+    failed = [n for n, st in outcome.items() if st == "failed"]
+    if failed:
+        print(f"fedhet: {len(failed)} run(s) failed: {', '.join(failed)} (their logs: {sweep.out}/<run>.log)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _cmd_features(args) -> int:
     from fedhet.experiment.features import features_report
 
@@ -124,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--metric", help="metric to compare (default: each run's headline metric)")
     c.add_argument("--plot", help="write an overlay plot to this PNG")
     c.set_defaults(func=_cmd_compare)
+
+    sw = sub.add_parser("sweep", help="run a sweep file's experiments (configs x seeds x --set grids) in parallel "
+                                      "lanes; re-running skips completed runs and resumes interrupted ones")
+    sw.add_argument("sweep_file", help="YAML sweep file (format: fedhet.experiment.sweep, e.g. benchmarks/*.sweep.yaml)")
+    sw.add_argument("--lanes", type=int, help="runs side by side (default: the file's lanes, else 1)")
+    sw.add_argument("--out", help="output folder (default: the file's out, else runs/<name>)")
+    sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
+    sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
+    sw.set_defaults(func=_cmd_sweep)
 
     fe = sub.add_parser("features", help="feature-space quality of a run's global model: k-means NMI, "
                                          "silhouette, t-SNE plot (needs pip install -e .[features])")

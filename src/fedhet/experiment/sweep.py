@@ -1,0 +1,269 @@
+"""``fedhet sweep``: a set of experiments run as a persistent queue in parallel lanes.
+
+A sweep file (YAML) names the runs::
+
+    name: fedacd_fmnist                 # also the default output folder: runs/<name>
+    out: runs/fedacd_fmnist_p0.1_r20    # optional
+    lanes: 2                            # processes side by side; torch threads = usable CPUs // lanes
+    seeds: [0]                          # default seeds of every run
+    set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
+    grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
+    runs:
+      - config: configs/papers/fedacd/fmnist_b0.1_fedavg.yaml
+        tag: b0.1_fedavg                # default: the config's file name without .yaml
+      - {config: configs/papers/fedacd/fmnist_b0.1_fedacd.yaml, seeds: [0, 1], set: [eval.every=2]}
+
+Each (run, grid point, seed) is one job with its own run directory ``<out>/<tag>[_<grid>]_s<seed>``
+and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds). The queue is the
+sweep file plus the run directories: a job whose ``summary.json`` says ``completed`` is skipped, one
+with a checkpoint is resumed (``fedhet run --resume``), the others start fresh. So a killed sweep
+continues where it stopped when started again, and no completed run is ever re-run. A job that
+fails (a config error, a diverged run) is reported, marked ``<out>/<run>.failed`` with its log's
+tail, and the others go on; ``--retry-failed`` runs the failed ones again. Each job's output is
+in ``<out>/<run>.log``. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
+table of every group) and ``sweep.png``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedhet.core.errors import ConfigError
+
+
+@dataclass
+class Job:
+    tag: str                  # group name (config name of the run): seeds of one tag are pooled
+    seed: int
+    config: Path
+    overrides: list[str]
+    run_dir: Path
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+@dataclass
+class Sweep:
+    name: str
+    out: Path
+    lanes: int
+    jobs: list[Job]
+    metric: str | None = None
+    source: Path | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _as_list(value: Any, what: str, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: '{what}' must be a list, got {value!r}")
+    return value
+
+
+def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
+    """(suffix, overrides) for every combination of the grid (one empty point without a grid)."""
+    if not grid:
+        return [("", [])]
+    keys = list(grid)
+    for k in keys:
+        if not isinstance(grid[k], list) or not grid[k]:
+            raise ConfigError(f"sweep grid: '{k}' needs a non-empty list of values")
+    points = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        suffix = "_".join(f"{k.rsplit('.', 1)[-1]}{v}" for k, v in zip(keys, values))
+        points.append((suffix, [f"{k}={v}" for k, v in zip(keys, values)]))
+    return points
+
+
+def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | None = None) -> Sweep:
+    """Read and check a sweep file; every job is listed, none is started."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file {path} does not exist")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if not isinstance(raw, dict) or not raw.get("runs"):
+        raise ConfigError(f"{path}: a sweep file is a mapping with a non-empty 'runs' list (see fedhet sweep --help)")
+    unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; "
+                          "known: name, out, lanes, seeds, set, grid, runs, metric")
+    name = str(raw.get("name") or path.stem)
+    out_dir = Path(out or raw.get("out") or Path("runs") / name)
+    n_lanes = int(lanes or raw.get("lanes") or 1)
+    if n_lanes < 1:
+        raise ConfigError(f"{path}: lanes must be at least 1")
+    seeds = _as_list(raw.get("seeds", [0]), "seeds", str(path))
+    common = [str(s) for s in _as_list(raw.get("set"), "set", str(path))]
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{path}: 'grid' must map config keys to lists of values")
+    jobs: list[Job] = []
+    seen: dict[Path, str] = {}
+    for i, entry in enumerate(_as_list(raw["runs"], "runs", str(path))):
+        where = f"{path}: runs[{i}]"
+        if isinstance(entry, str):
+            entry = {"config": entry}
+        if not isinstance(entry, dict) or "config" not in entry:
+            raise ConfigError(f"{where} needs a 'config' (a path, relative to the working directory)")
+        extra = set(entry) - {"config", "tag", "seeds", "set"}
+        if extra:
+            raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set")
+        config = Path(entry["config"])
+        tag = str(entry.get("tag") or config.stem)
+        run_seeds = _as_list(entry.get("seeds", seeds), "seeds", where)
+        own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
+        for suffix, grid_set in _grid_points(grid):
+            group = f"{tag}_{suffix}" if suffix else tag
+            for seed in run_seeds:
+                run_dir = out_dir / f"{group}_s{seed}"
+                if run_dir in seen:
+                    raise ConfigError(f"{where}: run directory {run_dir} is also made by {seen[run_dir]}; "
+                                      "give the runs different tags")
+                seen[run_dir] = where
+                overrides = [*common, *own, *grid_set, f"seed={seed}", f"name={group}"]
+                jobs.append(Job(group, int(seed), config, overrides, run_dir))
+    return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path)
+
+
+def _failure_marker(job: Job) -> Path:
+    return job.run_dir.parent / f"{job.name}.failed"
+
+
+def job_status(job: Job) -> str:
+    """completed | failed | interrupted (its run directory exists: resumed) | new."""
+    summary = job.run_dir / "summary.json"
+    status = None
+    if summary.is_file():
+        try:
+            status = json.loads(summary.read_text()).get("status")
+        except (OSError, ValueError):
+            status = None
+    if status == "completed":
+        return "completed"
+    if status == "failed" or _failure_marker(job).is_file():
+        return "failed"
+    if (job.run_dir / "config.yaml").is_file():
+        return "interrupted"
+    return "new"
+
+
+def _command(job: Job, threads: int, resume: bool) -> list[str]:
+    base = [sys.executable, "-m", "fedhet.cli", "run"]
+    if resume:
+        return [*base, "--resume", str(job.run_dir), "--no-progress", "--threads", str(threads)]
+    sets = [x for o in job.overrides for x in ("--set", o)]
+    return [*base, str(job.config), *sets, "--out", str(job.run_dir), "--no-progress", "--threads", str(threads)]
+
+
+def _rounds_done(job: Job) -> int:
+    try:
+        with open(job.run_dir / "metrics.jsonl", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float = 2.0,
+              report_every: float = 60.0, log=print) -> dict[str, str]:
+    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``."""
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    threads = max(1, usable_cpus() // sweep.lanes)
+    todo = [j for j in sweep.jobs if job_status(j) != "completed"
+            and (retry_failed or job_status(j) != "failed")]
+    skipped = len(sweep.jobs) - len(todo)
+    log(f"sweep {sweep.name}: {len(sweep.jobs)} runs, {skipped} already completed or failed, {len(todo)} to run "
+        f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
+    running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
+    outcome: dict[str, str] = {}
+    last_report = time.monotonic()
+    try:
+        while todo or running:
+            while todo and len(running) < sweep.lanes:
+                job = todo.pop(0)
+                _failure_marker(job).unlink(missing_ok=True)
+                # a run directory with a config is resumed: from its checkpoint, or from round 1
+                resume = (job.run_dir / "config.yaml").is_file()
+                job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+                logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
+                proc = subprocess.Popen(_command(job, threads, resume), stdout=logf, stderr=subprocess.STDOUT)
+                logf.close()
+                running[job.name] = (job, proc, time.monotonic())
+                log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
+            time.sleep(poll_seconds)
+            for name, (job, proc, t0) in list(running.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del running[name]
+                status = job_status(job)
+                if rc != 0 or status != "completed":
+                    status = "failed"
+                    tail = _log_tail(job.run_dir.parent / f"{name}.log")
+                    _failure_marker(job).write_text(f"exit status {rc}\n{tail}\n")
+                    log(f"{time.strftime('%H:%M:%S')} FAILED {name} (exit {rc}): {tail.splitlines()[-1] if tail else ''}")
+                else:
+                    log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
+                outcome[name] = status
+            if running and time.monotonic() - last_report >= report_every:
+                last_report = time.monotonic()
+                done = sum(job_status(j) == "completed" for j in sweep.jobs)
+                now = ", ".join(f"{n} (round {_rounds_done(j)})" for n, (j, _, _) in running.items())
+                log(f"{time.strftime('%H:%M:%S')} {done}/{len(sweep.jobs)} completed; running: {now}")
+    except KeyboardInterrupt:
+        for _, proc, _ in running.values():
+            proc.terminate()
+        for _, proc, _ in running.values():
+            proc.wait()
+        log("sweep interrupted: running jobs stopped; run the same command again to resume them")
+        raise
+    return outcome
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def write_report(sweep: Sweep) -> str:
+    """``<out>/sweep.md`` and ``sweep.png``: the ``fedhet compare`` table of the completed runs,
+    and the list of runs that are not (yet) completed."""
+    from fedhet.experiment.report import compare
+
+    done = [j.run_dir for j in sweep.jobs if job_status(j) == "completed"]
+    missing = [(j.name, job_status(j)) for j in sweep.jobs if job_status(j) != "completed"]
+    lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
+             f"fedhet sweep {sweep.source}" if sweep.source else "fedhet sweep", "```", ""]
+    if done:
+        lines.append(compare(done, sweep.metric, sweep.out / "sweep.png"))
+    else:
+        lines.append("No completed runs yet.")
+    if missing:
+        lines += ["", "Not completed:", ""] + [f"- `{name}`: {status}" for name, status in missing]
+    text = "\n".join(lines) + "\n"
+    (sweep.out / "sweep.md").write_text(text)
+    return text

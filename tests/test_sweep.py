@@ -1,0 +1,111 @@
+"""fedhet sweep: a persistent queue of runs in parallel lanes (issue 15)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+from helpers import run_killed_in_round
+
+from fedhet.cli import main as cli_main
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import load_config
+from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.runner import Experiment
+from fedhet.experiment.sweep import job_status, load_sweep, run_sweep, write_report
+
+
+def write_sweep(tmp_path, small_config, runs, **extra):
+    """Two tiny configs (fedavg, fedprox) and a sweep file over them."""
+    paths = {}
+    for algo in ("fedavg", "fedprox"):
+        raw = copy.deepcopy(small_config)
+        raw["algorithm"] = {"name": algo}
+        raw["train"]["rounds"] = 3
+        paths[algo] = tmp_path / f"{algo}.yaml"
+        paths[algo].write_text(yaml.safe_dump(raw))
+    spec = {"name": "tiny", "out": str(tmp_path / "out"), "lanes": 2, "seeds": [0],
+            "runs": [{"config": str(paths[a]) if a in paths else a, **opts} for a, opts in runs], **extra}
+    path = tmp_path / "tiny.sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def rows_without_time(run_dir):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(run_dir)]
+
+
+def test_sweep_expands_runs_grid_and_seeds(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1]}), ("fedprox", {"tag": "prox"})],
+                       grid={"train.lr": [0.05, 0.1]}, set=["train.rounds=2"])
+    sweep = load_sweep(path)
+    names = sorted(j.name for j in sweep.jobs)
+    assert names == ["fedavg_lr0.05_s0", "fedavg_lr0.05_s1", "fedavg_lr0.1_s0", "fedavg_lr0.1_s1",
+                     "prox_lr0.05_s0", "prox_lr0.1_s0"]
+    job = next(j for j in sweep.jobs if j.name == "prox_lr0.1_s0")
+    assert job.overrides == ["train.rounds=2", "train.lr=0.1", "seed=0", "name=prox_lr0.1"]
+    assert all(job_status(j) == "new" for j in sweep.jobs)
+
+
+def test_sweep_file_errors_are_clear(tmp_path, small_config):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nruns: []\n")
+    with pytest.raises(ConfigError, match="non-empty 'runs'"):
+        load_sweep(bad)
+    bad.write_text("runs: [{config: a.yaml, seed: 3}]\n")
+    with pytest.raises(ConfigError, match="unknown keys"):
+        load_sweep(bad)
+    bad.write_text("runs: [a.yaml, a.yaml]\n")
+    with pytest.raises(ConfigError, match="different tags"):
+        load_sweep(bad)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_sweep(tmp_path / "missing.yaml")
+
+
+def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
+    # the third run has an invalid override: reported as failed, the other two complete
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),
+                                                ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})])
+    assert cli_main(["sweep", str(path)]) == 1
+    captured = capsys.readouterr()
+    assert "1 run(s) failed: broken_s0" in captured.err
+    sweep = load_sweep(path)
+    status = {j.name: job_status(j) for j in sweep.jobs}
+    assert status == {"fedavg_s0": "completed", "fedprox_s0": "completed", "broken_s0": "failed"}
+    assert "train.rounds" in (sweep.out / "broken_s0.failed").read_text()
+    table = (sweep.out / "sweep.md").read_text()
+    assert "| fedavg | fedavg |" in table and "| fedprox | fedprox |" in table and "`broken_s0`: failed" in table
+    assert (sweep.out / "sweep.png").is_file()
+
+    # again: nothing is re-run (metrics untouched), the failed run is not retried without --retry-failed
+    before = {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
+    messages = []
+    outcome = run_sweep(load_sweep(path), log=messages.append, poll_seconds=0.2)
+    assert outcome == {} and "0 to run" in messages[0]
+    assert before == {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
+
+
+def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path, small_config, monkeypatch):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})])
+    sweep = load_sweep(path)
+    # fedprox was killed in its third round (after the checkpoint of round 2); fedavg never started
+    job = next(j for j in sweep.jobs if j.tag == "fedprox")
+    cfg = load_config(job.config, job.overrides)
+    run_killed_in_round(Experiment.create(cfg, job.run_dir), monkeypatch, 2)
+    assert job_status(job) == "interrupted" and len(read_metrics(job.run_dir)) == 2
+    messages = []
+    outcome = run_sweep(sweep, log=messages.append, poll_seconds=0.2)
+    assert outcome == {"fedavg_s0": "completed", "fedprox_s0": "completed"}
+    assert any("start  fedprox_s0 (resuming)" in m for m in messages)
+    write_report(sweep)
+
+    # the same sweep uninterrupted, elsewhere: identical metrics (time aside)
+    fresh = load_sweep(path, out=tmp_path / "fresh")
+    run_sweep(fresh, log=lambda m: None, poll_seconds=0.2)
+    for a, b in zip(sweep.jobs, fresh.jobs):
+        assert rows_without_time(a.run_dir) == rows_without_time(b.run_dir), a.name
+        sa = json.loads((a.run_dir / "summary.json").read_text())
+        sb = json.loads((b.run_dir / "summary.json").read_text())
+        assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "completed"
