@@ -268,3 +268,56 @@ def test_local_model_risk_of_a_model_that_always_answers_class_0(small_config):
         Q[i] = tau
         return float((q * (q / Q).log()).sum())
     assert res["local_kl"] == pytest.approx(np.mean([row_kl(i) for i in rows]), rel=1e-5)
+
+
+# --- composition and edge cases -------------------------------------------------------------------
+
+def test_fedacd_refuses_a_partner_that_replaces_the_data_term_and_composes_with_server_rules():
+    from fedhet.algorithms import algorithm_class
+
+    for name in ("fedacd+fedrs", "fedlc+fedacd", "fedacd+fednh"):
+        with pytest.raises(KeyError, match="builds its own data term"):
+            algorithm_class(name)
+    # SCAFFOLD's control variate and FedACD's score weights both apply, in either order
+    for name in ("fedacd+scaffold", "scaffold+fedacd"):
+        algo = algorithm_class(name)()
+        state = {"model": {"w": torch.tensor([7.0])}, "control": {"w": torch.tensor([0.0])}}
+        replies = fedacd_replies()
+        for c, delta in ((0, 2.0), (1, 4.0)):
+            replies[c].arrays["control"] = {"w": torch.tensor([delta])}
+        new = algo.aggregate(state, replies, ctx([0, 1], num_clients=4))
+        assert float(new["model"]["w"]) == pytest.approx(0.55 / 1.45)
+        assert float(new["control"]["w"]) == pytest.approx((2.0 + 4.0) / 4)
+        assert set(new["fedacd_kl"]) == {0, 1}
+
+
+def test_fedacd_with_fednova_uses_the_scores_in_the_normalised_average_in_either_order():
+    from fedhet.algorithms import algorithm_class
+
+    results = []
+    for name in ("fedacd+fednova", "fednova+fedacd"):
+        replies = fedacd_replies()
+        for c, a in ((0, 2.0), (1, 4.0)):
+            replies[c].scalars["a_i"] = a
+        new = algorithm_class(name)().aggregate({"model": {"w": torch.tensor([1.0])}}, replies, ctx([0, 1]))
+        assert set(new["fedacd_kl"]) == {0, 1}
+        results.append(float(new["model"]["w"]))
+    p = [0.9 / 1.45, 0.55 / 1.45]
+    tau_eff = p[0] * 2.0 + p[1] * 4.0
+    expected = 1.0 - tau_eff * (p[0] / 2.0 * (1.0 - 0.0) + p[1] / 4.0 * (1.0 - 1.0))
+    assert results == pytest.approx([expected, expected])
+
+
+def test_a_fedacd_client_without_a_full_batch_or_without_data_still_answers(small_config):
+    cfg = config(small_config, "fedacd", drop_last=True, batch_size=10_000)
+    loop = build_loop(cfg)
+    weights = loop.server_state["model"]
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": weights}), None, runtime(loop, 0))
+    assert reply.scalars["steps"] == 0 and math.isfinite(reply.scalars["kl"]) and reply.scalars["score"] > 0.5
+    client = runtime(loop, 1)
+    client.data = type(client.data)(client.data.x, client.data.y, client.data.train_idx[:0], client.data.mean,
+                                    client.data.std)
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": weights}), None, client)
+    assert reply.scalars["score"] == 0.0 and reply.scalars["kl"] == math.inf
+    metrics = FedACD().round_metrics({"fedacd_kl": {0: 2.0, 1: math.inf}, "fedacd_score": {0: 0.6, 1: 0.0}})
+    assert metrics["fedacd_kl_mean"] == 2.0 and metrics["fedacd_kl_by_client"][1] is None

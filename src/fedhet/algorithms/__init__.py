@@ -63,9 +63,15 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
             owner[field] = cls.name
     params = type(f"Params[{name}]", tuple(cls.Params for cls in classes), {})
     try:
-        return type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
+        combined = type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
     except TypeError as e:
         raise KeyError(f"cannot combine {name}: {e}") from None
+    owner_of_term = [c.name for c in classes if getattr(c, "builds_own_data_term", False)]
+    replacers = [c.name for c in classes if c.data_terms is not FedAvg.data_terms]
+    if owner_of_term and replacers:
+        raise KeyError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would silently "
+                       f"drop {replacers[0]}'s replacement of the cross-entropy")
+    return combined
 
 
 def algorithm_class(name: str) -> type[Algorithm]:

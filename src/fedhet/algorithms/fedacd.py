@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.prototypes import class_statistics
 from fedhet.core.contract import (
@@ -118,8 +117,8 @@ def flattening_kl(logits: torch.Tensor, y: torch.Tensor, detach_target: bool = T
     p = logp.exp()
     src = p.detach() if detach_target else p
     p_y = src.gather(1, y.unsqueeze(1))
-    logq = ((1.0 - p_y).clamp(min=0) / (num_classes - 1) + eps).log().expand_as(logp).clone()
-    logq.scatter_(1, y.unsqueeze(1), (p_y + eps).log())
+    is_true = y.unsqueeze(1) == torch.arange(num_classes, device=y.device)    # (no in-place scatter: vmappable)
+    logq = torch.where(is_true, (p_y + eps).log(), ((1.0 - p_y).clamp(min=0) / (num_classes - 1) + eps).log())
     return (p * (logp - logq)).sum(1)
 
 
@@ -161,6 +160,8 @@ class MarginAdjustedCE(LossTerm):
 
 class FedACD(FedAvg):
     name = "fedacd"
+    # It builds its data term itself, every epoch: a method that replaces the data term cannot join it.
+    builds_own_data_term = True
 
     class Params(FedAvg.Params):
         margin_weight: float = Field(1.0, ge=0)           # lambda of L = L1 + lambda L2 (Table 7)
@@ -174,22 +175,25 @@ class FedACD(FedAvg):
         weighting: Literal["score", "uniform"] = "score"  # uniform = FedACD_base (Table 8)
 
     # --- server ---------------------------------------------------------------------------
-    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
-        cids = sorted(replies)
+    def aggregation_weights(self, replies: Replies, cids: list[int]) -> list[float]:
         if self.params.weighting == "uniform":
-            weights = [1.0] * len(cids)
-        else:
-            weights = [float(replies[c].scalars["score"]) for c in cids]
-        state["model"] = weighted_average([replies[c].arrays["model"] for c in cids], weights)
+            return [1.0] * len(cids)
+        return [float(replies[c].scalars["score"]) for c in cids]
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        state = super().aggregate(state, replies, ctx)
+        cids = sorted(replies)
         state["fedacd_kl"] = {c: float(replies[c].scalars["kl"]) for c in cids}
         state["fedacd_score"] = {c: float(replies[c].scalars["score"]) for c in cids}
         return state
 
     def round_metrics(self, state: State) -> dict[str, Any]:
         kl = state.get("fedacd_kl")
-        if not kl:
+        finite = [v for v in (kl or {}).values() if math.isfinite(v)]     # clients without data: inf
+        if not finite:
             return {}
-        return {"fedacd_kl_mean": sum(kl.values()) / len(kl), "fedacd_kl_by_client": kl,
+        return {"fedacd_kl_mean": sum(finite) / len(finite),
+                "fedacd_kl_by_client": {c: v if math.isfinite(v) else None for c, v in kl.items()},
                 "fedacd_score_by_client": state["fedacd_score"]}
 
     # --- client ---------------------------------------------------------------------------
@@ -211,7 +215,10 @@ class FedACD(FedAvg):
         num_classes = client.num_classes
         labels = client.data.y[client.data.train_idx]
         present = torch.bincount(labels, minlength=num_classes) > 0
-        P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
+        if not present.any():          # no data: nothing to train, no P (scored 0 in upload_scalars)
+            P = torch.zeros(num_classes, num_classes, dtype=torch.float64)
+        else:
+            P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
         options = self.train_options(msg, state, client)
         optimizer_state = options.pop("optimizer_state", None)
         extra_terms = self.local_terms(msg, state, client)
@@ -221,7 +228,8 @@ class FedACD(FedAvg):
                                   start_epoch=epoch, optimizer_state=optimizer_state, **options)
             results.append(result)
             weights, optimizer_state = result.weights, result.optimizer_state
-            P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])
+            if result.steps:           # an epoch with no step (fewer samples than a batch, drop_last) keeps P
+                P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])
         final = concatenate_results(results)
         final.statistics["fedacd.P"] = P
         final.statistics["fedacd.present"] = present
@@ -229,7 +237,10 @@ class FedACD(FedAvg):
 
     def upload_scalars(self, result: LocalResult, msg: Message, state: State | None,
                        client: ClientRuntime) -> dict[str, Any]:
-        kl = template_kl(result.statistics["fedacd.P"], result.statistics["fedacd.present"], self.params.template_tau)
+        present = result.statistics["fedacd.present"]
+        if not present.any():          # a client without data has no P: it gets no weight
+            return {**super().upload_scalars(result, msg, state, client), "kl": math.inf, "score": 0.0}
+        kl = template_kl(result.statistics["fedacd.P"], present, self.params.template_tau)
         return {**super().upload_scalars(result, msg, state, client), "kl": kl, "score": aggregation_score(kl)}
 
 

@@ -25,7 +25,7 @@ BatchNorm statistics (policy ``bn_buffers``):
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.base import Algorithm
@@ -44,6 +44,9 @@ from fedhet.training.objective import CrossEntropy, LossTerm
 
 class FedAvg(Algorithm):
     name = "fedavg"
+    # True for a method whose local training builds its data term itself (FedACD, per epoch), so
+    # that ``compose`` refuses a partner that replaces ``data_terms`` instead of ignoring it.
+    builds_own_data_term: ClassVar[bool] = False
 
     class Params(Algorithm.Params):
         bn_buffers: Literal["average", "local"] = "average"
@@ -66,8 +69,13 @@ class FedAvg(Algorithm):
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
         cids = sorted(replies)  # a fixed order keeps float sums identical across engines
         state["model"] = weighted_average([replies[c].arrays["model"] for c in cids],
-                                          [replies[c].scalars["num_samples"] for c in cids])
+                                          self.aggregation_weights(replies, cids))
         return state
+
+    def aggregation_weights(self, replies: Replies, cids: list[int]) -> list[float]:
+        """Each answering client's weight in the average: its training-set size (FedACD: its score).
+        FedNova's normalised averaging weights by the same hook, so a composition agrees on it."""
+        return [float(replies[c].scalars["num_samples"]) for c in cids]
 
     # --- client ---------------------------------------------------------------------------
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:

@@ -42,12 +42,15 @@ class FedNova(FedAvg):
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
         cids = sorted(replies)  # fixed order: identical float sums across engines
+        glob = state["model"]
+        # The rest of a composition's server side runs first (SCAFFOLD's control variate, FedACD's
+        # records); the normalised average then replaces its model.
+        state = super().aggregate(state, replies, ctx)
         models = [replies[c].arrays["model"] for c in cids]
-        n = [float(replies[c].scalars["num_samples"]) for c in cids]
+        n = self.aggregation_weights(replies, cids)
         a = [float(replies[c].scalars["a_i"]) for c in cids]
         p = [x / sum(n) for x in n]
         tau_eff = sum(pi * ai for pi, ai in zip(p, a))
-        glob = state["model"]
         new = {}
         for name, w in glob.items():
             if not w.is_floating_point():
