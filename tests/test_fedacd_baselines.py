@@ -169,3 +169,38 @@ def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_serv
     uploads = [(replies[c].arrays["prototypes"]["mean"], replies[c].arrays["prototypes"]["count"]) for c in (0, 1)]
     torch.testing.assert_close(new["model"][name], smoothed_prototypes(W, uploads, 0.9))
     assert not torch.equal(new["model"][name], W)
+
+
+# --- BatchNorm models: the received and the uploaded weights stay untouched ----------------------
+
+def bn_loop(small_config, algorithm):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "resnet18"}
+    raw["train"]["batch_size"] = 16
+    return build_loop(config(raw, algorithm))
+
+
+def test_fedntd_teacher_does_not_change_the_received_batchnorm_statistics(small_config):
+    loop = bn_loop(small_config, "fedntd")
+    received = {k: v.clone() for k, v in loop.server_state["model"].items()}
+    msg = Message("train", {"model": loop.server_state["model"]})
+    loop.algorithm.client_update(msg, None, runtime(loop, 0))
+    for k, v in received.items():
+        assert torch.equal(loop.server_state["model"][k], v), k
+
+
+def test_fedrod_personal_head_pass_does_not_change_the_uploaded_batchnorm_statistics(small_config, monkeypatch):
+    loop = bn_loop(small_config, "fedrod")
+    client = runtime(loop, 0)
+    trained = {}
+    real = client.train
+
+    def keep(weights, terms=None, **kw):
+        result = real(weights, terms, **kw)
+        trained.update({k: v.clone() for k, v in result.weights.items()})
+        return result
+
+    client.train = keep
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, client)
+    for k in client.buffer_names:
+        assert torch.equal(reply.arrays["model"][k], trained[k]), k

@@ -22,7 +22,7 @@ FILES = sorted(CONFIGS.glob("*.yaml"))
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert len(FILES) == 4 * 3 * 12
+    assert len(FILES) == 4 * 3 * 12 - 3          # no FedNH on Tiny-ImageNet (ResNet-18 head has a bias)
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])

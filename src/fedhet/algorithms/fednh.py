@@ -10,7 +10,9 @@ The classifier is a set of class prototypes, one unit vector per class, that cli
   choice in the paper"; [D] the learnable scaling is not offered). After training it computes,
   with its new model in eval mode over its training split, the mean of the L2-normalised features
   of each class, normalises it, and uploads it with the class counts.
-* **Server** - the body is averaged like FedAvg; the new prototypes are
+* **Server** - the body is averaged like FedAvg, by sample counts (like for like with the other
+  methods of FedACD's comparison; the reference averages uniformly, and clips gradients at norm
+  10, which here is the run's ``train.clip_grad_norm``); the new prototypes are
   ``normalize(rho W + (1 - rho) normalize(sum_m n_mc mu_mc / sum_m n_mc))`` per class
   (``rho`` = ``FedNH_smoothing`` = 0.9); a class no participant has keeps its prototype.
 

@@ -7,7 +7,11 @@ Local objective (paper Eq. 5; official code ``Lee-Gihun/FedNTD`` ``algorithms/fe
 where z~ are the logits with the true class's column removed (the "not-true" classes), z_g the
 received global model's logits on the same batch (no gradient) and KL averaged over the batch.
 Only the global model's knowledge of the *other* classes is kept; the true class is learned freely.
-Defaults ``tau`` = 3, ``beta`` = 1 are the official criterion's. Server: FedAvg.
+Defaults ``tau`` = 1, ``beta`` = 1: the official repository's ``config/fedntd.json``. The ``tau^2``
+factor is PFLlib's ``clientntd`` form (the official criterion has none); at ``tau`` = 1 the two agree.
+The teacher runs in the local model's mode (train mode, as the official code's copied global
+model) on its own copy of the BatchNorm statistics, so the received weights are never changed.
+Server: FedAvg.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from fedhet.algorithms.aggregate import BN_STATISTICS
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, Message, State
 from fedhet.training.local import forward
@@ -40,7 +45,9 @@ class NotTrueDistillation(LossTerm):
 
     def __init__(self, model: torch.nn.Module, global_weights: Arrays, tau: float, beta: float):
         self.model = model
-        self.global_weights = global_weights
+        # a train-mode forward updates BatchNorm running statistics in place: the teacher's own copy
+        self.global_weights = {k: v.clone() if k.rsplit(".", 1)[-1] in BN_STATISTICS else v
+                               for k, v in global_weights.items()}
         self.tau = float(tau)
         self.beta = float(beta)
 
@@ -54,7 +61,7 @@ class FedNTD(FedAvg):
     name = "fedntd"
 
     class Params(FedAvg.Params):
-        ntd_tau: float = Field(3.0, gt=0)
+        ntd_tau: float = Field(1.0, gt=0)
         ntd_beta: float = Field(1.0, ge=0)
 
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:

@@ -13,12 +13,16 @@ The reference offers the two updates interleaved per batch or one after the othe
 (``FedROD_phead_separate``); fedhet implements the separate schedule: E epochs of the generic
 model, then E epochs of the personal head against the finished generic model (SGD, the run's
 lr, no momentum, the reference's ``p_head_optimizer``). As the generic model is fixed in the
-second phase, its features and logits are computed once.
+second phase, its features and logits are computed once. The personal head is the reference's
+linear one (``FedROD_hyper_clf: False``; its ``main.py`` defaults to the hypernetwork head); it
+does not enter the global model, so FedACD's tables (global model) do not depend on it.
 
 Evaluation: ``global_acc`` is the generic model (FedACD Table 1). The personal model, tested on
 each client's local split, is the current global model with the head ``W_g + W_p`` (a linear
-head's logits add up: ``p_head(h) + g_head(h)``). The reference also clips gradients at norm 10;
-in fedhet that is the run's ``train.clip_grad_norm``.
+head's logits add up: ``p_head(h) + g_head(h)``), where the reference tests the client's own
+local model. Like for like with the other methods of FedACD's comparison, the server averages
+by sample counts (FedAvg's rule; the reference codebase of FedNH averages uniformly) and there is
+no gradient clipping unless ``train.clip_grad_norm`` asks (the reference clips at norm 10).
 """
 
 from __future__ import annotations
@@ -87,11 +91,14 @@ class FedROD(FedAvg):
         personal = (state or {}).get("personal_head") or select(client.init_weights(), HEAD)
         data = client.data
         model = client.model
+        n, chunk = len(data.train_idx), client.settings.batch_size
+        # Train mode as the reference (BatchNorm uses batch statistics, in chunks of the batch size),
+        # on a copy of the running statistics so that the uploaded model is not changed.
+        generic = {k: v.clone() if k in client.buffer_names else v for k, v in result.weights.items()}
         with torch.no_grad():
             was_training = model.training
-            model.train()        # the reference computes them in train mode (no BatchNorm/dropout in its CNN)
-            outs = [forward(model, result.weights, data.batch(torch.arange(i, min(i + 1024, len(data.train_idx)))).x)
-                    for i in range(0, len(data.train_idx), 1024)]
+            model.train()
+            outs = [forward(model, generic, data.batch(torch.arange(i, min(i + chunk, n))).x) for i in range(0, n, chunk)]
             model.train(was_training)
         features = torch.cat([o.features for o in outs]).float()
         logits = torch.cat([o.logits for o in outs]).float()
