@@ -69,7 +69,8 @@ def assert_identical(a, b, where: str = "state") -> None:
 
 
 def assert_close(a, b, atol: float, rtol: float = 1e-5, where: str = "state", atol_for=None) -> None:
-    """Nested states equal to float tolerance (integer tensors and plain values exactly).
+    """Nested states equal to float tolerance (integer tensors and plain non-float values exactly;
+    Python floats to rel 1e-3).
     ``atol_for(where)``, if given, picks the tolerance per entry (e.g. looser for control variates)."""
     if isinstance(a, torch.Tensor):
         assert isinstance(b, torch.Tensor) and a.dtype == b.dtype, where
@@ -86,6 +87,10 @@ def assert_close(a, b, atol: float, rtol: float = 1e-5, where: str = "state", at
         assert len(a) == len(b), where
         for i, (x, y) in enumerate(zip(a, b)):
             assert_close(x, y, atol, rtol, f"{where}[{i}]", atol_for)
+    elif isinstance(a, float):          # statistics computed from the weights (FedACD's KL per client)
+        import pytest
+
+        assert b == pytest.approx(a, rel=1e-3, abs=atol_for(where) if atol_for else atol), where
     else:
         assert a == b, where
 
