@@ -280,6 +280,35 @@ def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tm
     assert got["global_acc"] == pytest.approx(float(hits.float().mean()))
 
 
+def test_eval_clients_restricts_the_personalized_metrics(small_config, tmp_path):
+    """eval.clients: the round's sampled clients, or a fixed subset; the same numbers as 'all' for them."""
+
+
+    from fedhet.metrics.evaluate import evaluation_clients
+
+    rows = {}
+    for which in ("all", "sampled", 4):
+        raw = copy.deepcopy(small_config)
+        raw["eval"]["clients"] = which
+        exp = Experiment.create(load_config(raw=raw), tmp_path / str(which))
+        exp.run(progress=False)
+        rows[which] = read_metrics(exp.run_dir)
+    subset = evaluation_clients(4, 6, [], small_config["seed"])
+    assert len(subset) == 4 and subset == evaluation_clients(4, 6, [0], small_config["seed"])
+    for everyone, sampled, fixed in zip(rows["all"], rows["sampled"], rows[4]):
+        assert everyone["personal_clients"] == 6 and sampled["personal_clients"] == 3 and fixed["personal_clients"] == 4
+        for row, chosen in ((sampled, sorted(sampled["clients"])), (fixed, subset)):
+            by = row["personal_acc_by_client"]
+            assert [c for c in range(6) if by[c] is not None] == chosen
+            assert all(by[c] == everyone["personal_acc_by_client"][c] for c in chosen)
+            assert row["personal_acc"] == pytest.approx(np.mean([by[c] for c in chosen]), abs=1e-5)
+        assert sampled["global_acc"] == everyone["global_acc"]
+    with pytest.raises(ConfigError, match="eval.clients"):
+        raw = copy.deepcopy(small_config)
+        raw["eval"]["clients"] = "some"
+        load_config(raw=raw)
+
+
 def test_fedavg_without_a_global_test_set_headlines_personal_accuracy(small_config):
     # FedReMa's protocol pools train+test: FedAvg's global model is tested on the clients' local splits.
     small_config["data"].update(pool="train+test", local_test={"source": "holdout", "fraction": 0.2})

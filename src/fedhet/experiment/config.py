@@ -84,6 +84,9 @@ class EvalConfig(Strict):
     final_window: int = Field(5, ge=1)             # "final" = mean of the last N evaluations
     batch_size: int = Field(2048, ge=1)
     personalized: bool = True                      # also test each client's model on its local test split
+    # Whose local test splits: "all" clients, the round's "sampled" ones, or a fixed random subset of
+    # N clients (drawn once from the run seed); the count is recorded as personal_clients.
+    clients: Literal["all", "sampled"] | pydantic.PositiveInt = "all"
     # Every k rounds also record the global model's feature-space quality (feature_nmi,
     # feature_silhouette on features_samples test images; FedFM paper Table V). Needs scikit-learn.
     features_every: int | None = Field(None, ge=1)

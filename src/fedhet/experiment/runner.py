@@ -40,7 +40,7 @@ from fedhet.experiment.summary import (
     speed,
     summarize_metrics,
 )
-from fedhet.metrics.evaluate import evaluate_loop
+from fedhet.metrics.evaluate import evaluate_loop, evaluation_clients
 from fedhet.training.precision import bf16_native
 
 __all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "read_metrics"]
@@ -203,7 +203,8 @@ class Experiment:
 
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
-        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized, self.cfg.eval.local_risk)
+        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized, self.cfg.eval.local_risk,
+                            self.eval_clients(rnd))
         every = self.cfg.eval.features_every
         weights = self.algorithm.global_model(self.loop.server_state) if every and (rnd + 1) % every == 0 else None
         if weights is not None:
@@ -214,6 +215,11 @@ class Experiment:
                                                  self.cfg.eval.features_samples)
             out.update(feature_quality(feats, labels, host.federation.num_classes))
         return out
+
+    def eval_clients(self, rnd: int) -> list[int]:
+        """The clients whose local splits round ``rnd`` evaluates (``eval.clients``)."""
+        return evaluation_clients(self.cfg.eval.clients, self.federation.num_clients,
+                                  self.loop.sample_clients(rnd), self.cfg.seed)
 
     def engine_info(self) -> dict:
         info = self.loop.transport.info()

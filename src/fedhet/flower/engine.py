@@ -322,17 +322,20 @@ class GridTransport(Transport):
         return replies
 
     # --- evaluation -----------------------------------------------------------------------
-    def evaluate_clients(self, rnd: int, batch_size: int, client_view: Callable[[int], State]) -> dict[str, Any]:
-        """Personalized metrics of metrics/evaluate.py, computed from the clients' own reports."""
+    def evaluate_clients(self, rnd: int, batch_size: int, client_view: Callable[[int], State],
+                         clients: list[int] | None = None) -> dict[str, Any]:
+        """Personalized metrics of metrics/evaluate.py, computed from the clients' own reports
+        (of ``clients``, default all: eval.clients)."""
         t0 = time.perf_counter()
         k = self.federation.num_clients
+        chosen = list(range(k)) if clients is None else list(clients)
         correct = np.full(k, np.nan)
         total = np.full(k, np.nan)
-        failed: dict[str, str] = {str(c): "no SuperNode hosts this client" for c in range(k) if c not in self.node_of}
+        failed: dict[str, str] = {str(c): "no SuperNode hosts this client" for c in chosen if c not in self.node_of}
         # One message per node for all its clients: evaluation leaves client state unchanged, and
         # one process per node tests them all (one torch start-up instead of one per client).
         per_node: dict[int, list[int]] = defaultdict(list)
-        for c in range(k):
+        for c in chosen:
             if c in self.node_of:
                 per_node[self.node_of[c]].append(c)
         msgs = []
@@ -368,7 +371,7 @@ class GridTransport(Transport):
         by_client = [round(float(correct[c] / total[c]), 5) if ok[c] else None for c in range(k)]
         return {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
                 "personal_acc_pooled": float(correct[ok].sum() / total[ok].sum()),
-                "personal_acc_by_client": by_client}
+                "personal_acc_by_client": by_client, "personal_clients": len(chosen)}
 
     def client_state_floats(self) -> int:
         return sum(self.state_floats.values())
@@ -412,7 +415,7 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
         out = evaluate_loop(loop, batch, personalized=False, local_risk=cfg.eval.local_risk)
         if cfg.eval.personalized:
             out.update(transport.evaluate_clients(rnd, batch, lambda cid: exp.algorithm.client_view(
-                loop.server_state, cid)))
+                loop.server_state, cid), exp.eval_clients(rnd)))
         return out
 
     def checkpoint(exp: Experiment, done_rounds: int) -> None:

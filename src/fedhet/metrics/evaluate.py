@@ -8,6 +8,9 @@
 * ``personal_acc`` / ``personal_acc_std`` - each client's own evaluation model
   (``Algorithm.client_model``) on its own local test split; mean and std over clients.
   ``personal_acc_pooled`` is sum(correct)/sum(samples) over all clients (FedReMa's metric).
+  ``eval.clients`` may restrict them to the round's sampled clients or a fixed random subset
+  (:func:`evaluation_clients`); ``personal_clients`` records how many were tested, and
+  ``personal_acc_by_client`` has None for the others.
 * ``global_val_acc`` - with held-out local splits (``data.local_test.source: holdout``), the
   global model on the union of the clients' held-out splits (sum of correct over sum of
   samples): the validation accuracy of the FedFM paper's model selection (papers/001,
@@ -32,6 +35,7 @@ from torch.func import functional_call
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.fedacd import local_probability_matrix, template_kl
 from fedhet.core.contract import Arrays, State
+from fedhet.core.seeding import numpy_rng
 from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
 
@@ -74,11 +78,27 @@ def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.
     return (pi @ correct) / (pi @ total)
 
 
+def evaluation_clients(which: str | int, num_clients: int, sampled: list[int], seed: int) -> list[int]:
+    """The clients whose local test splits are evaluated (``eval.clients``): all of them, the
+    round's ``sampled`` ones, or a fixed subset of ``which`` clients drawn once from the run seed."""
+    if which == "all":
+        return list(range(num_clients))
+    if which == "sampled":
+        return sorted(sampled)
+    if isinstance(which, int) and which >= 1:
+        if which >= num_clients:
+            return list(range(num_clients))
+        return sorted(int(c) for c in numpy_rng(seed, "eval-clients").choice(num_clients, which, replace=False))
+    raise ValueError(f"eval.clients must be 'all', 'sampled' or a positive number of clients, got {which!r}")
+
+
 def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[int], Arrays],
              models: dict[str, torch.nn.Module], client_arch: list[str], fed: Federation,
-             batch_size: int = 2048, personalized: bool = True) -> dict:
+             batch_size: int = 2048, personalized: bool = True, clients: list[int] | None = None) -> dict:
     """This round's metrics (module docstring). ``client_model(cid)`` gives the weights client
-    ``cid`` is evaluated with (``RoundLoop.client_model``)."""
+    ``cid`` is evaluated with (``RoundLoop.client_model``); ``clients`` limits the personalized
+    metrics to those clients (default: all)."""
+    evaluated = list(range(fed.num_clients)) if clients is None else list(clients)
     out: dict = {}
 
     global_weights = algorithm.global_model(server_state)
@@ -106,7 +126,7 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         # evaluated with the global model on test-set splits reuse the global pass.
         groups: dict[tuple[int, str], list[int]] = defaultdict(list)
         weights_of = {}
-        for cid in range(fed.num_clients):
+        for cid in evaluated:
             w = client_model(cid)
             key = (id(w), client_arch[cid])
             groups[key].append(cid)
@@ -134,11 +154,14 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
             hits, _ = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size)
             correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
             count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
-        acc = correct_k / count_k
+        acc = correct_k[evaluated] / count_k[evaluated]
         out["personal_acc"] = float(acc.mean())
         out["personal_acc_std"] = float(acc.std())
-        out["personal_acc_pooled"] = float(correct_k.sum() / count_k.sum())
-        out["personal_acc_by_client"] = [round(float(a), 5) for a in acc]
+        out["personal_acc_pooled"] = float(correct_k[evaluated].sum() / count_k[evaluated].sum())
+        chosen = set(evaluated)
+        out["personal_acc_by_client"] = [round(float(correct_k[c] / count_k[c]), 5) if c in chosen else None
+                                         for c in range(fed.num_clients)]
+        out["personal_clients"] = len(evaluated)
     return out
 
 
@@ -163,12 +186,13 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
             "local_risk_by_client": risk, "local_kl_by_client": kl}
 
 
-def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True, local_risk: bool = False) -> dict:
+def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True, local_risk: bool = False,
+                  clients: list[int] | None = None) -> dict:
     """:func:`evaluate` of a round loop's current state (and :func:`local_model_risk` of the local
     models it kept from the round just run, when asked)."""
     host = loop.host
     out = evaluate(loop.algorithm, loop.server_state, loop.client_model, host.models, host.client_arch,
-                   host.federation, batch_size, personalized)
+                   host.federation, batch_size, personalized, clients)
     if local_risk:
         out.update(local_model_risk(host.models, host.client_arch, loop.local_models, host.federation, batch_size))
     return out
