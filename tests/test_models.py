@@ -18,6 +18,8 @@ from fedhet.models import (
 
 SMALL_MODELS = ("cnn2", "simple_cnn", "alexnet_cifar", "alexnet_fedrema")
 RESNETS = ("resnet18", "resnet34", "resnet50")
+# FedClassAvg's heterogeneous models, tested in test_models_hetero.py
+FCA_MODELS = tuple(f"fca_{n}" for n in ("resnet18", "shufflenetv2", "googlenet", "alexnet", "cnn_a", "cnn_b", "cnn_c", "cnn_d"))
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +39,7 @@ def _check_split_model(model: SplitModel, in_channels: int, image_size: int, cla
 
 
 def test_registry_lists_all_models() -> None:
-    assert set(MODEL_NAMES) == set(SMALL_MODELS + RESNETS)
+    assert set(MODEL_NAMES) == set(SMALL_MODELS + RESNETS + FCA_MODELS)
 
 
 @pytest.mark.parametrize("name", SMALL_MODELS)

@@ -12,6 +12,16 @@ from functools import partial
 
 from fedhet.models.base import SplitModel, count_params, param_groups
 from fedhet.models.cnn import alexnet_cifar, alexnet_fedrema, cnn2, simple_cnn
+from fedhet.models.hetero import (
+    fca_alexnet,
+    fca_cnn_a,
+    fca_cnn_b,
+    fca_cnn_c,
+    fca_cnn_d,
+    fca_googlenet,
+    fca_resnet18,
+    fca_shufflenetv2,
+)
 from fedhet.models.resnet import resnet
 
 
@@ -32,6 +42,15 @@ _MODELS: dict[str, _Entry] = {
     "resnet18": _Entry(partial(resnet, 18), "fc", _RESNET_OPTIONS, has_norm=True),
     "resnet34": _Entry(partial(resnet, 34), "fc", _RESNET_OPTIONS, has_norm=True),
     "resnet50": _Entry(partial(resnet, 50), "fc", _RESNET_OPTIONS, has_norm=True),
+    # FedClassAvg's heterogeneous models: 512-d features, shared head "classifier" (hetero.py)
+    "fca_resnet18": _Entry(fca_resnet18, "classifier", ("gn_groups",), has_norm=True),
+    "fca_shufflenetv2": _Entry(fca_shufflenetv2, "classifier", ("gn_groups",), has_norm=True),
+    "fca_googlenet": _Entry(fca_googlenet, "classifier", ("gn_groups", "dropout"), has_norm=True),
+    "fca_alexnet": _Entry(fca_alexnet, "classifier", ("dropout",)),
+    "fca_cnn_a": _Entry(fca_cnn_a, "classifier"),
+    "fca_cnn_b": _Entry(fca_cnn_b, "classifier"),
+    "fca_cnn_c": _Entry(fca_cnn_c, "classifier"),
+    "fca_cnn_d": _Entry(fca_cnn_d, "classifier"),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_MODELS)
 
