@@ -72,7 +72,7 @@ def train_settings(cfg: ExperimentConfig, precision: str) -> TrainSettings:
     t = cfg.train
     return TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
                          weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm,
-                         precision=precision)
+                         precision=precision, optimizer=t.optimizer, betas=t.betas)
 
 
 def headline_metric(algorithm: Algorithm, federation: Federation) -> str:

@@ -77,6 +77,18 @@ class TrainConfig(Strict):
     weight_decay: float = Field(0.0, ge=0)
     drop_last: bool = False
     clip_grad_norm: float | None = Field(None, gt=0)
+    # The local optimizer (fedhet.training.optim): "sgd" (torch.optim.SGD's rule, with momentum and
+    # weight_decay above) or "adam" (torch.optim.Adam's, with betas; FedClassAvg uses (0.5, 0.999)).
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+
+    @pydantic.model_validator(mode="after")
+    def _optimizer_settings(self) -> TrainConfig:
+        if self.optimizer == "adam" and self.momentum:
+            raise ValueError("train.momentum is SGD's; with optimizer: adam set train.betas instead")
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"train.betas must lie in [0, 1), got {list(self.betas)}")
+        return self
 
 
 class EvalConfig(Strict):
