@@ -8,6 +8,7 @@ from fedhet.algorithms.fedacd import FedACD, FedACDBase
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedavgm import FedAvgM
 from fedhet.algorithms.fedbabu import FedBABU
+from fedhet.algorithms.fedclassavg import FedClassAvg
 from fedhet.algorithms.fedcme import FedCME
 from fedhet.algorithms.feddecorr import FedDecorr
 from fedhet.algorithms.feddistill import FedDistill
@@ -32,7 +33,7 @@ from fedhet.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
-                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH, FedDecorr, CReFF,
+                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH, FedDecorr, CReFF, FedClassAvg,
                            FedReMa,
                            PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }

@@ -8,15 +8,18 @@ stream it is given, so it is reproducible per (seed, round, client, epoch) like 
   ``perm`` a random permutation of the batch. It records the partner labels and ``lam`` in
   ``batch.extras`` (``"mix_y"``, ``"mix_lam"``); a loss term takes them into account with
   :func:`mixed` (``lam L(y) + (1 - lam) L(y[perm])``) or :func:`label_weights`.
+* :class:`SupConViews` (FedClassAvg): two augmented views of every image, stacked in one batch.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from fedhet.core.contract import Batch
 
@@ -60,3 +63,98 @@ def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
         return weights
     lam = float(batch.extras["mix_lam"])
     return lam * weights + (1.0 - lam) * (partner.unsqueeze(1) == classes).double()
+
+
+@dataclass(frozen=True)
+class SupConViews:
+    """Two augmented views of every image, stacked: ``x = [view 1; view 2]`` (2B rows) and
+    ``y = [y; y]``, with ``batch.extras["views"] = 2`` (FedClassAvg's local training, papers/003
+    Sec. 4.1; the pipeline of the authors' ``supcon_utils.load_dataset``): random resized crop
+    (area ``scale``, aspect ``ratio``), horizontal flip (p 0.5), colour jitter (brightness,
+    contrast, saturation, hue; p 0.8) and random grayscale (p 0.2), on the whole batch at once.
+
+    Images are un-normalised with ``mean``/``std`` to [0, 1], transformed, clamped and normalised
+    again. Differences from torchvision's PIL transforms, for batched tensors: a crop whose sides
+    would exceed the image is shrunk to fit (torchvision retries 10 draws, then falls back to a
+    centre crop); resampling is bilinear through ``grid_sample`` (border padding); the jitter
+    factors apply in a fixed order (brightness, contrast, saturation, hue), hue as a rotation of
+    the chroma plane in YIQ space; saturation, hue and grayscale do nothing to 1-channel images.
+    """
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    scale: tuple[float, float] = (0.2, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.5
+    jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1)
+    jitter_p: float = 0.8
+    grayscale_p: float = 0.2
+
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        mean, std = self.mean.to(batch.x.device), self.std.to(batch.x.device)
+        images = batch.x * std + mean
+        views = [((self.view(images, generator) - mean) / std) for _ in range(2)]
+        return Batch(torch.cat(views), torch.cat([batch.y, batch.y]), batch.index, {**batch.extras, "views": 2})
+
+    def crop_boxes(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """(n, 4): width, height (fractions of the side), centre x, centre y (in [0, 1])."""
+        u = torch.rand(n, 4, generator=generator, dtype=torch.float64)
+        area = self.scale[0] + (self.scale[1] - self.scale[0]) * u[:, 0]
+        log_lo, log_hi = torch.log(torch.tensor(self.ratio, dtype=torch.float64))
+        aspect = torch.exp(log_lo + (log_hi - log_lo) * u[:, 1])
+        w = torch.sqrt(area * aspect).clamp(max=1.0)
+        h = torch.sqrt(area / aspect).clamp(max=1.0)
+        cx = w / 2 + (1 - w) * u[:, 2]
+        cy = h / 2 + (1 - h) * u[:, 3]
+        return torch.stack([w, h, cx, cy], 1)
+
+    def view(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, c = images.shape[:2]
+        box = self.crop_boxes(n, generator).to(images.dtype)
+        flip = torch.rand(n, generator=generator) < self.flip_p
+        sx = torch.where(flip, -box[:, 0], box[:, 0])
+        theta = torch.zeros(n, 2, 3, dtype=images.dtype)
+        theta[:, 0, 0], theta[:, 0, 2] = sx, 2 * box[:, 2] - 1
+        theta[:, 1, 1], theta[:, 1, 2] = box[:, 1], 2 * box[:, 3] - 1
+        grid = F.affine_grid(theta.to(images.device), list(images.shape), align_corners=False)
+        out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
+        return self.colour(out, generator).clamp(0.0, 1.0)
+
+    def colour(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        n, c = x.shape[:2]
+        b, ct, s, h = self.jitter
+        u = torch.rand(n, 6, generator=generator).to(x.device, x.dtype)
+        on = (u[:, 0] < self.jitter_p).view(n, 1, 1, 1)
+
+        def factor(col: torch.Tensor, amount: float) -> torch.Tensor:
+            return (1 - amount + 2 * amount * col).view(n, 1, 1, 1)
+
+        def gray(t: torch.Tensor) -> torch.Tensor:
+            if t.shape[1] == 1:
+                return t
+            w = torch.tensor([0.299, 0.587, 0.114], device=t.device, dtype=t.dtype).view(1, 3, 1, 1)
+            return (t * w).sum(1, keepdim=True)
+
+        j = (x * factor(u[:, 1], b)).clamp(0, 1)
+        mean_gray = gray(j).mean(dim=(1, 2, 3), keepdim=True)
+        j = ((j - mean_gray) * factor(u[:, 2], ct) + mean_gray).clamp(0, 1)
+        if c == 3:
+            j = ((j - gray(j)) * factor(u[:, 3], s) + gray(j)).clamp(0, 1)
+            angle = (2 * u[:, 4] - 1) * h * 2 * math.pi
+            j = _rotate_hue(j, angle).clamp(0, 1)
+        x = torch.where(on, j, x)
+        if c == 3:
+            to_gray = (u[:, 5] < self.grayscale_p).view(n, 1, 1, 1)
+            x = torch.where(to_gray, gray(x).expand_as(x), x)
+        return x
+
+
+def _rotate_hue(rgb: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """Rotate the chroma (I, Q) of YIQ by ``angle`` radians per image (a hue shift)."""
+    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
+                          device=rgb.device, dtype=rgb.dtype)
+    yiq = torch.einsum("ij,njhw->nihw", to_yiq, rgb)
+    cos, sin = torch.cos(angle).view(-1, 1, 1), torch.sin(angle).view(-1, 1, 1)
+    i, q = yiq[:, 1], yiq[:, 2]
+    yiq = torch.stack([yiq[:, 0], cos * i - sin * q, sin * i + cos * q], 1)
+    return torch.einsum("ij,njhw->nihw", torch.linalg.inv(to_yiq), yiq)

@@ -1,0 +1,173 @@
+"""FedClassAvg (papers/003, seed-specs Sec. 5): SupCon against its formula, the views, and the protocol."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from helpers import build_loop, config, ctx, runtime
+
+from fedhet.algorithms.fedclassavg import (
+    FedClassAvg,
+    FirstViewCrossEntropy,
+    HeadProximal,
+    supcon_loss,
+)
+from fedhet.core.contract import Batch, Forward, Message
+from fedhet.training.augment import SupConViews
+
+
+def test_supcon_matches_a_direct_formula_on_a_tiny_batch():
+    f = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, 0.5]])
+    y = torch.tensor([0, 0, 1, 1])
+    T, base = 0.5, 0.07
+    total, anchors = 0.0, 0
+    for i in range(4):
+        s = {a: float(f[i] @ f[a]) / T for a in range(4) if a != i}
+        log_den = math.log(sum(math.exp(v) for v in s.values()))
+        pos = [p for p in range(4) if p != i and y[p] == y[i]]
+        total += -(T / base) * sum(s[p] - log_den for p in pos) / len(pos)
+        anchors += 1
+    assert float(supcon_loss(f, y, T, base)) == pytest.approx(total / anchors, rel=1e-5)
+
+
+def test_supcon_masks_self_and_skips_anchors_without_positives():
+    f = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0]])
+    y = torch.tensor([0, 0, 1])          # anchor 2 has no positive: left out of the mean
+    T, base = 1.0, 1.0
+    def anchor(i, p):
+        others = [a for a in range(3) if a != i]
+        log_den = math.log(sum(math.exp(float(f[i] @ f[a]) / T) for a in others))
+        return -(float(f[i] @ f[p]) / T - log_den)
+    expected = (anchor(0, 1) + anchor(1, 0)) / 2
+    assert float(supcon_loss(f, y, T, base)) == pytest.approx(expected, rel=1e-5)
+    # the temperature scales the similarities (100 with base 0.07: the authors' code)
+    assert float(supcon_loss(f, y, 100.0, 0.07)) != pytest.approx(float(supcon_loss(f, y, 1.0, 0.07)))
+
+
+def test_first_view_ce_and_head_proximal():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0], [5.0, -5.0], [5.0, -5.0]])
+    b = Batch(torch.zeros(4, 1, 2, 2), torch.tensor([0, 1, 0, 1]), torch.arange(2), {"views": 2})
+    ce = FirstViewCrossEntropy()(Forward(torch.zeros(4, 1), logits), b, {})
+    torch.testing.assert_close(ce, torch.nn.functional.cross_entropy(logits[:2], torch.tensor([0, 1])))
+    anchor = {"head.classifier.1.weight": torch.zeros(2, 3), "head.classifier.1.bias": torch.zeros(2)}
+    w = {"head.classifier.1.weight": torch.ones(2, 3), "head.classifier.1.bias": torch.full((2,), 2.0),
+         "body.fcin.weight": torch.full((3, 3), 9.0)}
+    value = HeadProximal(anchor, rho=0.5)(Forward(torch.zeros(1, 1), torch.zeros(1, 2)), b, w)
+    assert float(value) == pytest.approx(0.25 * (1.0 + 4.0))   # rho/2 * (mean 1 + mean 4); the body is not in it
+
+
+def test_supcon_views_shapes_ranges_determinism_and_crop_scales():
+    mean, std = torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.4)
+    x01 = torch.rand(16, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    b = Batch((x01 - mean) / std, torch.arange(16) % 4, torch.arange(16))
+    aug = SupConViews(mean, std)
+    v1 = aug(b, torch.Generator().manual_seed(3))
+    v2 = aug(b, torch.Generator().manual_seed(3))
+    v3 = aug(b, torch.Generator().manual_seed(4))
+    assert v1.x.shape == (32, 1, 28, 28) and torch.equal(v1.y, torch.cat([b.y, b.y])) and v1.extras["views"] == 2
+    assert torch.equal(v1.x, v2.x) and not torch.equal(v1.x, v3.x)
+    back = v1.x * std + mean
+    assert float(back.min()) >= -1e-6 and float(back.max()) <= 1 + 1e-6
+    assert not torch.equal(v1.x[:16], v1.x[16:])                    # two different views
+    boxes = aug.crop_boxes(20000, torch.Generator().manual_seed(1))
+    area = boxes[:, 0] * boxes[:, 1]
+    assert float(area.min()) >= 0.2 - 1e-9 and float(area.max()) <= 1.0 + 1e-9
+    # area ~ U(0.2, 1) except where a side had to be shrunk to fit: the median is close to 0.6
+    assert abs(float(area.median()) - 0.6) < 0.03
+    assert float((boxes[:, 2] - boxes[:, 0] / 2).min()) >= -1e-9 and float((boxes[:, 2] + boxes[:, 0] / 2).max()) <= 1 + 1e-9
+    rgb = SupConViews(torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25))
+    out = rgb(Batch(torch.randn(8, 3, 32, 32), torch.zeros(8, dtype=torch.long), torch.arange(8)),
+              torch.Generator().manual_seed(0))
+    assert out.x.shape == (16, 3, 32, 32) and torch.isfinite(out.x).all()
+
+
+def mixed_config(small_config, clients_per_round=3, **params):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]}
+    raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
+    return config(raw, "fedclassavg", params, rounds=2, clients_per_round=clients_per_round)
+
+
+def test_only_the_classifier_travels_and_bodies_never_mix(small_config):
+    loop = build_loop(mixed_config(small_config, clients_per_round=6))      # everyone, every round
+    assert loop.host.client_arch[:4] == ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c", "fca_cnn_a"]
+    for rnd in range(2):
+        loop.run_round(rnd)
+    totals = loop.ledger.totals()
+    head_floats = 10 * 512 + 10
+    assert {k for k in totals if "/" in k} == {"up/head", "down/head"}
+    assert totals["up"]["floats"] == head_floats * 6 * 2          # 6 clients a round, 2 rounds
+    # each client's body is its own: clients 0 and 3 (same architecture, same initial weights)
+    # differ after training on their own data, and neither equals the initialisation
+    a, b = loop.client_states[0]["model"], loop.client_states[3]["model"]
+    init = loop.host.init_models["fca_cnn_a"]
+    for k in ("body.fcin.weight", "body.conv1.0.weight"):
+        assert not torch.equal(a[k], b[k]) and not torch.equal(a[k], init[k]), k
+
+
+def test_the_server_averages_classifiers_by_size_and_clients_start_from_it(small_config):
+    loop = build_loop(mixed_config(small_config, pretrain=False))
+    algo = loop.algorithm
+    head = loop.server_state["head"]
+    replies = {
+        0: Message("update", {"head": {k: torch.zeros_like(v) for k, v in head.items()}}, {"num_samples": 10}),
+        1: Message("update", {"head": {k: torch.ones_like(v) for k, v in head.items()}}, {"num_samples": 30}),
+    }
+    new = algo.aggregate(dict(loop.server_state), replies, ctx([0, 1], num_clients=6))
+    for v in new["head"].values():
+        torch.testing.assert_close(v, torch.full_like(v, 0.75))
+    # a client trains from the received classifier: with lr 0 its reply is exactly that classifier
+    cfg = mixed_config(small_config, pretrain=False)
+    cfg.train.lr = 1e-12
+    loop = build_loop(cfg)
+    glob = {k: torch.full_like(v, 0.01) for k, v in loop.server_state["head"].items()}
+    reply, state = loop.algorithm.client_update(Message("train", {"head": glob}), None, runtime(loop, 1))
+    for k, v in glob.items():
+        torch.testing.assert_close(reply.arrays["head"][k], v, atol=1e-9, rtol=0)
+    init_body = {k: v for k, v in loop.host.init_models["fca_cnn_b"].items() if k.startswith("body.")}
+    for k, v in init_body.items():
+        torch.testing.assert_close(state["model"][k], v, atol=1e-9, rtol=0)
+
+
+def test_the_proximal_term_touches_only_the_classifier(small_config):
+    """With rho large and everything else switched off, the proximal gradient moves no body weight."""
+    cfg = mixed_config(small_config, contrastive=False, pretrain=False, rho=10.0)
+    loop = build_loop(cfg)
+    algo = loop.algorithm
+    terms = algo.terms(loop.server_state["head"])
+    prox = [t for t in terms if isinstance(t, HeadProximal)][0]
+    assert set(prox.anchor) == set(loop.server_state["head"]) and all(k.startswith("head.") for k in prox.anchor)
+
+
+def test_pretraining_runs_one_extra_epoch_on_first_participation(small_config):
+    for pretrain, expected_calls in ((True, 2), (False, 1)):
+        loop = build_loop(mixed_config(small_config, pretrain=pretrain))
+        client = runtime(loop, 0)
+        calls = []
+        real = client.train
+
+        def spy(weights, terms=None, **kw):
+            calls.append(kw.get("epochs"))
+            return real(weights, terms, **kw)
+
+        client.train = spy
+        _, state = loop.algorithm.client_update(Message("train", {"head": loop.server_state["head"]}), None, client)
+        assert len(calls) == expected_calls
+        calls.clear()
+        loop.algorithm.client_update(Message("train", {"head": loop.server_state["head"]}), state, client)
+        assert len(calls) == 1                                  # never again
+
+
+def test_average_body_variant_needs_one_architecture(small_config):
+    with pytest.raises(ValueError, match="same architecture"):
+        build_loop(mixed_config(small_config, average_body=True))
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "fca_cnn_a"}
+    raw["train"].update(optimizer="adam", momentum=0.0, lr=1e-3)
+    loop = build_loop(config(raw, "fedclassavg", {"average_body": True}, rounds=1))
+    loop.run_round(0)
+    assert {k for k in loop.ledger.totals() if k.startswith("up/")} == {"up/head", "up/body"}
+    assert FedClassAvg.personalized and not FedClassAvg.has_global_model
