@@ -329,3 +329,16 @@ def test_client_error_propagates_and_ends_every_client_thread(small_config):
         vec.run_round(0)
     assert threading.active_count() == before
     assert vec.client_states == {}
+
+
+def test_mixed_architectures_are_trained_in_groups_per_architecture(small_config):
+    """FedClassAvg's setting without its augmentation (which is per-client, so its rounds take the
+    reference path): clients of three architectures (fca_cnn_*) each keeping its own model
+    (Local-only); the vectorized engine trains one group per architecture and agrees with the reference."""
+    cfg = make_config(small_config, "local", momentum=0.5, clients_per_round=6)
+    cfg.model.arch = ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]
+    ref, vec = run_both(cfg)
+    assert vec.transport.counters["fallback_requests"] == 0
+    assert vec.transport.counters["groups"] == 3 * 2                 # one group per architecture and round
+    assert_tensors_close(ref.client_states, vec.client_states, KINK, "client_states")
+    assert_tensors_close(ref.server_state, vec.server_state, KINK, "server_state")
