@@ -141,7 +141,8 @@ def assert_learns(exp):
     rows = read_metrics(exp.run_dir)
     assert len(rows) == 3
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
-    assert math.isfinite(rows[-1]["global_acc"]) and rows[-1]["global_acc"] > 0.1
+    # 10 balanced classes: chance is 0.1; three rounds on the learnable synthetic data reach well above
+    assert math.isfinite(rows[-1]["global_acc"]) and rows[-1]["global_acc"] > 0.3, rows[-1]["global_acc"]
     return rows
 
 
