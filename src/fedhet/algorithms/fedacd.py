@@ -13,7 +13,7 @@ Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mix
   built from the detached prediction ([D] ``detach_target``), batch mean: the misclassified mass
   is spread evenly over the wrong classes. (The switch changes no gradient: this q is the closest
   distribution to p among those with ``q_y = p_y`` and flat wrong classes, so the derivative of
-  the KL through q is zero - tests/test_fedacd.py checks it; the spec expected otherwise.)
+  the KL through q is zero - tests/algorithms/test_fedacd.py checks it; the spec expected otherwise.)
 * L2, pairwise logit adjustment (Eq. 8): ``CE(f + log Delta[y], y)`` with
   ``log Delta[y, i] = log(P_yi / P_iy)``; for a class i the client lacks ``Delta[y, i] =
   delta_missing`` ([D] 1e-2, "a small value" as in FedLC). P is clamped to ``prob_floor`` and

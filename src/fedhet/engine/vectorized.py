@@ -34,7 +34,7 @@ loop:
 Exactness: batch order, initial state, optimizer rule and loss are the reference's, but vmapped
 convolutions run as grouped convolutions and batched matmuls, whose float summation order
 differs, so results equal the reference to float tolerance, not bitwise. Measured after two
-rounds (tests/test_engine_vectorized.py): ~1e-7 for a smooth model; with ReLU/max-pool models a
+rounds (tests/engine/test_engine_vectorized.py): ~1e-7 for a smooth model; with ReLU/max-pool models a
 pre-activation within rounding of a kink occasionally takes the other side, moving a few
 elements by up to lr * |dL/dh| / batch (~1e-5). In a chaotic regime (large lr with momentum 0.9)
 any two float-different runs drift apart, this engine and the reference included. On CUDA,

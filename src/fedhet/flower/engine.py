@@ -5,7 +5,7 @@ a phase's messages are not handed to ``client_update`` in-process but sent throu
 Grid, one Flower message per client, and the replies that come back within the phase timeout
 are what the round generator receives. Sampling, round contexts, server state, aggregation and
 the communication ledger are the loop's own code, so a run with every client answering equals
-the simulator's (tests/test_flower.py).
+the simulator's (tests/flower/test_flower.py).
 
 :func:`flower_experiment` is :class:`fedhet.experiment.runner.Experiment` with a GridTransport,
 the nodes' evaluation, a server-state checkpointer and :class:`FlowerCallback`: the same run

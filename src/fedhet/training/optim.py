@@ -10,7 +10,7 @@ elementwise, so a leading client dimension changes nothing but the per-client fi
 
 Each is written op for op after torch's single-tensor ("for-loop", ``foreach=False``)
 implementation, the one the CPU uses, so the results are bit-identical to torch's on the CPU
-(tests/test_optim.py checks it with ``torch.equal``). Using them instead of ``torch.optim``
+(tests/training/test_optim.py checks it with ``torch.equal``). Using them instead of ``torch.optim``
 keeps local training free of ``torch.optim.Optimizer.step``, which imports ``torch._dynamo``
 (several seconds and ~hundreds of MB) on first use.
 

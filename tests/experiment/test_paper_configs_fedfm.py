@@ -15,7 +15,7 @@ from fedhet.data.federated import build_federation
 from fedhet.experiment.build import build_models
 from fedhet.experiment.config import load_config
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "papers" / "fedfm"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedfm"
 FILES = sorted(CONFIGS.glob("*.yaml"))
 CIFAR_LIKE = [f for f in FILES if not f.name.startswith("fmnist")]
 def test_the_generator_wrote_every_file():

@@ -15,7 +15,7 @@ from fedhet.data.federated import build_federation
 from fedhet.experiment.build import build_models, make_algorithm
 from fedhet.experiment.config import load_config
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs" / "papers" / "fedacd"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedacd"
 FILES = sorted(CONFIGS.glob("*.yaml"))
 
 
