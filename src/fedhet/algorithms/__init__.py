@@ -26,6 +26,7 @@ from fedhet.algorithms.fedrema import FedReMa
 from fedhet.algorithms.fedrep import FedRep
 from fedhet.algorithms.fedrod import FedROD
 from fedhet.algorithms.fedrs import FedRS
+from fedhet.algorithms.ktpfl import KTpFL
 from fedhet.algorithms.local_only import LocalOnly
 from fedhet.algorithms.moon import Moon
 from fedhet.algorithms.perfedavg import PerFedAvg
@@ -33,7 +34,7 @@ from fedhet.algorithms.scaffold import Scaffold
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
-                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH, FedDecorr, CReFF, FedClassAvg,
+                           FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH, FedDecorr, CReFF, FedClassAvg, KTpFL,
                            FedReMa,
                            PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }

@@ -1,0 +1,179 @@
+"""KT-pFL (fedhet.algorithms.ktpfl): the server's knowledge transfer against hand computations,
+the client's distillation loss, and short runs with heterogeneous architectures."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_loop, config, runtime
+
+import fedhet
+from fedhet.algorithms.ktpfl import (
+    Distillation,
+    KTpFL,
+    adaptive_step,
+    personalized_targets,
+    public_positions,
+    soft_predictions,
+    update_coefficients,
+)
+from fedhet.core.contract import Batch, Forward, Message
+
+# three clients, two public samples, two classes
+SOFT = torch.tensor([[[0.9, 0.1], [0.2, 0.8]],
+                     [[0.6, 0.4], [0.5, 0.5]],
+                     [[0.3, 0.7], [0.1, 0.9]]], dtype=torch.float64)
+
+
+def test_personalized_target_is_the_coefficient_mixture():
+    coef = torch.tensor([[0.5, 0.25, 0.25], [0.0, 1.0, 0.0], [0.2, 0.3, 0.5]], dtype=torch.float64)
+    t = personalized_targets(coef, SOFT)
+    # client 0, sample 0: 0.5*0.9 + 0.25*0.6 + 0.25*0.3 = 0.675
+    assert t[0, 0, 0].item() == pytest.approx(0.675)
+    assert t[0, 1, 1].item() == pytest.approx(0.5 * 0.8 + 0.25 * 0.5 + 0.25 * 0.9)
+    torch.testing.assert_close(t[1], SOFT[1])
+    assert t[2, 1, 0].item() == pytest.approx(0.2 * 0.2 + 0.3 * 0.5 + 0.5 * 0.1)
+
+
+def hand_gradient(row, k, soft, rho):
+    """d/dc_j [ mean_{p,c} (s_k - sum_m c_m s_m)^2 + rho * mean_m (c_m - 1/n)^2 ], written out."""
+    n, p, c = soft.shape
+    t = sum(row[m] * soft[m] for m in range(n))
+    resid = soft[k] - t
+    return torch.stack([(-2.0 / (p * c)) * (resid * soft[j]).sum() + (2.0 * rho / n) * (row[j] - 1.0 / n)
+                        for j in range(n)])
+
+
+def test_one_coefficient_step_matches_the_hand_gradient():
+    coef = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    rho, lr = 0.7, 0.5
+    new = update_coefficients(coef, SOFT, rho=rho, step="fixed", lr=lr, projection="none")
+    for k in range(3):
+        expected = coef[k] - lr * hand_gradient(coef[k], k, SOFT, rho)
+        torch.testing.assert_close(new[k], expected)
+    # the authors' projection: softmax(5 * (row - step * grad)), rows on the simplex
+    proj = update_coefficients(coef, SOFT, rho=rho, step="fixed", lr=lr, projection="softmax")
+    for k in range(3):
+        torch.testing.assert_close(proj[k], torch.softmax(5.0 * (coef[k] - lr * hand_gradient(coef[k], k, SOFT, rho)), 0))
+
+
+def test_adaptive_step_follows_the_authors_heuristic():
+    # g = 0.3/3 = 0.1 > 0.01: /5 -> 0.02 (lr 0.2), again /5 -> 0.004 < 0.01: *5 -> 0.02 (lr 1.0); and so on
+    g = 0.1
+    lr = 1.0
+    for _ in range(5):
+        if g > 0.01:
+            g, lr = g / 5, lr / 5
+        if g < 0.01:
+            g, lr = g * 5, lr * 5
+    assert adaptive_step(torch.tensor([0.1, -0.1, 0.1]), 3) == pytest.approx(lr)
+    assert adaptive_step(torch.tensor([0.1, -0.1, 0.1]), 3) == pytest.approx(0.2)
+    assert adaptive_step(torch.zeros(3), 3) == pytest.approx(5.0 ** 5)
+
+
+def test_rows_stay_on_the_simplex_under_partial_participation():
+    algo = KTpFL()
+    k = 5
+    coef = torch.full((k, k), 1.0 / k, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(0)
+    for clients in ([0, 1, 2, 3, 4], [1, 3, 4], [0, 2], [0, 1, 2, 3, 4]):
+        soft = torch.softmax(torch.randn(len(clients), 7, 4, generator=gen, dtype=torch.float64) * 3, -1)
+        before = coef.clone()
+        targets, coef = algo.transfer(coef, clients, soft.float())
+        assert (coef >= 0).all()
+        torch.testing.assert_close(coef.sum(1), torch.ones(k, dtype=torch.float64))
+        # rows and columns of absent clients are untouched
+        absent = [c for c in range(k) if c not in clients]
+        for c in absent:
+            torch.testing.assert_close(coef[c], before[c])
+        # targets are mixtures of the repliers' predictions with the block's renormalised rows
+        idx = torch.tensor(clients)
+        block = coef[idx][:, idx]
+        block = block / block.sum(1, keepdim=True)
+        torch.testing.assert_close(targets, personalized_targets(block, soft).float(), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(targets.sum(-1), torch.ones(targets.shape[:2]), atol=1e-5, rtol=0)
+
+
+def test_distillation_loss_against_hand_kl():
+    z = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 1.0]])
+    target = torch.tensor([[0.7, 0.2, 0.1], [0.3, 0.3, 0.4], [0.1, 0.1, 0.8]])
+    batch = Batch(torch.zeros(2, 1), torch.zeros(2, dtype=torch.long), torch.tensor([2, 0]))
+    term = Distillation(target, temperature=10.0, kind="kl", weight=2.0)
+    value = term(Forward(torch.zeros(2, 1), z), batch, {})
+    hand = 0.0
+    for row, pos in ((0, 2), (1, 0)):
+        logp = [zi / 10.0 for zi in z[row].tolist()]
+        lse = math.log(sum(math.exp(v) for v in logp))
+        for c in range(3):
+            t = target[pos, c].item()
+            hand += t * (math.log(t) - (logp[c] - lse))
+    assert value.item() == pytest.approx(2.0 * hand / 6)           # 'mean' over the B x C entries
+    mse = Distillation(target, temperature=10.0, kind="mse")(Forward(torch.zeros(2, 1), z), batch, {})
+    assert mse.item() == pytest.approx(F.mse_loss(torch.softmax(z, 1), target[[2, 0]]).item())
+
+
+def test_public_batch_is_shared_and_seeded():
+    a = public_positions(1000, 50, 7)
+    assert torch.equal(a, public_positions(1000, 50, 7))
+    assert len(set(a.tolist())) == 50 and not torch.equal(a, public_positions(1000, 50, 8))
+    assert len(public_positions(30, 50, 7)) == 30
+
+
+def mixed(small_config, **params):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
+    base = {"public_size": 64, "distill_batch_size": 32}
+    return config(raw, "ktpfl", {**base, **params}, rounds=2, clients_per_round=6, lr=0.05)
+
+
+def test_only_soft_predictions_travel_and_models_stay_private(small_config):
+    loop = build_loop(mixed(small_config))
+    assert loop.host.client_arch[:2] == ["fca_cnn_a", "fca_cnn_b"]
+    for rnd in range(2):
+        loop.run_round(rnd)
+    totals = loop.ledger.totals()
+    assert {k for k in totals if "/" in k} == {"up/soft", "down/target"}
+    assert totals["up"]["floats"] == 64 * 10 * 6 * 2 == totals["down"]["floats"]
+    coef = loop.server_state["coef"]
+    assert coef.shape == (6, 6)
+    torch.testing.assert_close(coef.sum(1), torch.ones(6, dtype=torch.float64))
+    assert not torch.allclose(coef, torch.full_like(coef, 1 / 6))            # C was learned
+    a, b = loop.client_states[0]["model"], loop.client_states[2]["model"]     # same architecture
+    init = loop.host.init_models["fca_cnn_a"]
+    for name in ("head.classifier.1.weight", "body.fcin.weight"):
+        assert not torch.equal(a[name], b[name]) and not torch.equal(a[name], init[name])
+    assert loop.algorithm.client_model(0, loop.server_state, loop.client_states[0]) is loop.client_states[0]["model"]
+
+
+def test_the_client_distils_towards_its_target(small_config):
+    loop = build_loop(mixed(small_config, distill_epochs=5, public_size=32))
+    client = runtime(loop, 1)
+    reply, state = loop.algorithm.client_update(Message("train", scalars={"public_seed": 11}), None, client)
+    probs = reply.arrays["soft"]["probs"]
+    assert probs.shape == (32, 10)
+    torch.testing.assert_close(probs.sum(1), torch.ones(32))
+    target = torch.zeros(32, 10)
+    target[:, 3] = 1.0                                                       # all mass on class 3
+    msg = Message("distill", {"target": {"probs": target}}, {"public_seed": 11})
+    _, state2 = loop.algorithm.client_update(msg, state, client)
+    data = loop.algorithm.public_data(msg, client)
+    after = soft_predictions(client.model, state2["model"], data, 10.0)
+    assert after[:, 3].mean() > probs[:, 3].mean()
+
+
+def test_end_to_end_run_is_deterministic(small_config, tmp_path):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
+    raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": 64, "distill_batch_size": 32}}
+    raw["train"].update(rounds=2, clients_per_round=3)
+    first = fedhet.run(raw, out=tmp_path / "a")
+    second = fedhet.run(raw, out=tmp_path / "b")
+    assert first.summary["status"] == "completed", first.summary.get("error")
+    comm = first.summary["communication"]
+    assert {k for k in comm if "/" in k} == {"up/soft", "down/target"}
+    acc = first.metric("personal_acc")
+    assert len(acc) == 2 and acc == second.metric("personal_acc")
