@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 from torch.func import functional_call
+from torch.nn.utils.stateless import _reparametrize_module
 
 from fedhet.core.contract import (
     Arrays,
@@ -97,36 +98,42 @@ def train_local(
     steps = samples = 0
     loss_sum = 0.0
     part_sums: dict[str, float] = {}
-    for e in range(settings.epochs):
-        generator = epoch_generator(start_epoch + e)
-        for positions in epoch_batches(n, settings.batch_size, settings.drop_last, generator):
-            batch = data.batch(positions)
-            if augment is not None:
-                batch = augment(batch, generator)
-            x = batch.x.contiguous(memory_format=torch.channels_last) if channels_last and batch.x.dim() == 4 \
-                else batch.x
-            with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                out = forward(model, work, x)
-            out = Forward(out.features.float(), out.logits.float())
-            loss, parts = total_loss(terms, out, batch, work)
-            with torch.no_grad():
-                accumulate_statistics(terms, out, batch, totals)
-            value = float(loss.detach())
-            if not math.isfinite(value):
-                raise NumericalError(
-                    f"non-finite loss ({value}) {where} at local epoch {start_epoch + e}, step {steps}; "
-                    f"loss parts: { {k: float(v) for k, v in parts.items()} }. Lower the learning rate or "
-                    f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
-                )
-            grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True) if names else ()
-            if settings.clip_grad_norm is not None:
-                clip_grad_norm([gr for gr in grads if gr is not None], settings.clip_grad_norm)
-            opt.step(leaves, dict(zip(names, grads)), opt_state)
-            steps += 1
-            samples += len(positions)
-            loss_sum += value
-            for k, v in parts.items():
-                part_sums[k] = part_sums.get(k, 0.0) + float(v)
+    # The working weights are bound into the model once for the whole run - what functional_call
+    # does around every single call - so each step calls the model directly: the same tensors and
+    # ops (bit-identical), without the per-step swap (2% of a step at batch 32, 8.5% at batch 10).
+    # A term that runs the model with other weights (MOON's, FedNTD's teachers) nests its own
+    # functional_call, which restores these afterwards.
+    with _reparametrize_module(model, work, strict=False):
+        for e in range(settings.epochs):
+            generator = epoch_generator(start_epoch + e)
+            for positions in epoch_batches(n, settings.batch_size, settings.drop_last, generator):
+                batch = data.batch(positions)
+                if augment is not None:
+                    batch = augment(batch, generator)
+                x = batch.x.contiguous(memory_format=torch.channels_last) if channels_last and batch.x.dim() == 4 \
+                    else batch.x
+                with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                    features, logits = model(x, with_features=True)
+                out = Forward(features.float(), logits.float())
+                loss, parts = total_loss(terms, out, batch, work)
+                with torch.no_grad():
+                    accumulate_statistics(terms, out, batch, totals)
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise NumericalError(
+                        f"non-finite loss ({value}) {where} at local epoch {start_epoch + e}, step {steps}; "
+                        f"loss parts: { {k: float(v) for k, v in parts.items()} }. Lower the learning rate or "
+                        f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
+                    )
+                grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True) if names else ()
+                if settings.clip_grad_norm is not None:
+                    clip_grad_norm([gr for gr in grads if gr is not None], settings.clip_grad_norm)
+                opt.step(leaves, dict(zip(names, grads)), opt_state)
+                steps += 1
+                samples += len(positions)
+                loss_sum += value
+                for k, v in parts.items():
+                    part_sums[k] = part_sums.get(k, 0.0) + float(v)
 
     new_state = opt.export(opt_state)
     # Results leave in the default layout whatever the training used (a no-op in fp32).
