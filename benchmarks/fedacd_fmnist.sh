@@ -10,7 +10,7 @@
 # then: .venv/bin/python benchmarks/fedacd_table.py "$OUT"
 set -uo pipefail
 cd "$(dirname "$0")/.."
-POOL=${POOL:-0.2}; ROUNDS=${ROUNDS:-25}
+POOL=${POOL:-0.1}; ROUNDS=${ROUNDS:-20}
 OUT=${OUT:-runs/fedacd_fmnist_p${POOL}_r${ROUNDS}}
 mkdir -p "$OUT"
 P=configs/papers/fedacd
