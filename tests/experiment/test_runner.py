@@ -317,3 +317,16 @@ def test_fedavg_without_a_global_test_set_headlines_personal_accuracy(small_conf
     summary = exp.run(progress=False)
     assert summary["headline_metric"] == "personal_acc" and summary["headline"]["best"] > 0
     assert "global_acc" not in read_metrics(exp.run_dir)[0]
+
+
+def test_resume_accepts_a_checkpoint_made_before_a_config_key_existed(small_config):
+    """Keys added to the config later (eval.clients, train.optimizer/betas) are absent from older
+    checkpoints: at their default they are no change; set to something else they are."""
+    from fedhet.experiment.config import config_changes
+
+    cfg = load_config(raw=small_config)
+    recorded = cfg.model_dump(mode="json")
+    del recorded["eval"]["clients"], recorded["train"]["optimizer"], recorded["train"]["betas"]
+    assert config_changes(recorded, cfg) == []
+    changed = load_config(raw={**small_config, "eval": {**small_config["eval"], "clients": "sampled"}})
+    assert config_changes(recorded, changed) == ["eval.clients: '<absent>' -> 'sampled'"]

@@ -225,12 +225,16 @@ def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
 def config_changes(recorded: dict, current: ExperimentConfig) -> list[str]:
     """Keys whose value differs between a recorded config (``model_dump(mode="json")``) and
     ``current``, leaving out :data:`RESUMABLE_CHANGES` and a raised ``train.rounds`` (extending a
-    run). Each entry reads ``key: old -> new``."""
+    run). A key the recorded config does not have (made before the key existed) counts as
+    unchanged while the current value is its default. Each entry reads ``key: old -> new``."""
     old, new = flatten_config(recorded), flatten_config(current.model_dump(mode="json"))
+    defaults = flatten_config(ExperimentConfig().model_dump(mode="json"))
     changes = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
         if a == b or key in RESUMABLE_CHANGES:
+            continue
+        if key not in old and key in defaults and b == defaults[key]:
             continue
         if key == "train.rounds" and isinstance(a, int) and isinstance(b, int) and b >= a:
             continue
