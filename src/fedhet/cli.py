@@ -78,14 +78,17 @@ def _cmd_sweep(args) -> int:
             print(f"{job_status(job):12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}")
         return 0
     try:
-        outcome = run_sweep(sweep, retry_failed=args.retry_failed, log=lambda m: print(m, file=sys.stderr, flush=True))
-    finally:
-        report = write_report(sweep)
+        run_sweep(sweep, retry_failed=args.retry_failed, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        write_report(sweep)
+        print(f"fedhet: sweep interrupted; run `fedhet sweep {args.sweep_file}` again to resume it", file=sys.stderr)
+        return 130
+    report = write_report(sweep)
     print(report)
     print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
-    failed = [n for n, st in outcome.items() if st == "failed"]
+    failed = [j.name for j in sweep.jobs if job_status(j) in ("failed", "stale")]
     if failed:
-        print(f"fedhet: {len(failed)} run(s) failed: {', '.join(failed)} (their logs: {sweep.out}/<run>.log)",
+        print(f"fedhet: {len(failed)} run(s) failed or stale: {', '.join(failed)} (logs: {sweep.out}/<run>.log)",
               file=sys.stderr)
         return 1
     return 0

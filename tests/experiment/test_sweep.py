@@ -70,7 +70,7 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
                                                 ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})])
     assert cli_main(["sweep", str(path)]) == 1
     captured = capsys.readouterr()
-    assert "1 run(s) failed: broken_s0" in captured.err
+    assert "1 run(s) failed or stale: broken_s0" in captured.err
     sweep = load_sweep(path)
     status = {j.name: job_status(j) for j in sweep.jobs}
     assert status == {"fedavg_s0": "completed", "fedprox_s0": "completed", "broken_s0": "failed"}
@@ -109,3 +109,19 @@ def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path
         sa = json.loads((a.run_dir / "summary.json").read_text())
         sb = json.loads((b.run_dir / "summary.json").read_text())
         assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "completed"
+
+
+def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})])
+    run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)
+    edited = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.lr=0.01"]})])
+    sweep = load_sweep(edited)
+    (job,) = sweep.jobs
+    assert job_status(job) == "stale"
+    messages = []
+    assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
+    assert any("train.lr: 0.05 -> 0.01" in m for m in messages)
+    # a sweep file may not pool two different experiments under one tag
+    bad = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0]}), ("fedprox", {"tag": "fedavg", "seeds": [1]})])
+    with pytest.raises(ConfigError, match="tag 'fedavg' is also used"):
+        load_sweep(bad)

@@ -20,7 +20,10 @@ with a checkpoint is resumed (``fedhet run --resume``), the others start fresh. 
 continues where it stopped when started again, and no completed run is ever re-run. A job that
 fails (a config error, a diverged run) is reported, marked ``<out>/<run>.failed`` with its log's
 tail, and the others go on; ``--retry-failed`` runs the failed ones again. Each job's output is
-in ``<out>/<run>.log``. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
+in ``<out>/<run>.log``. A run directory whose recorded config differs from what the sweep file now
+asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
+Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
+an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group) and ``sweep.png``.
 """
 
@@ -29,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -105,7 +109,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                           "known: name, out, lanes, seeds, set, grid, runs, metric")
     name = str(raw.get("name") or path.stem)
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
-    n_lanes = int(lanes or raw.get("lanes") or 1)
+    n_lanes = int(lanes if lanes is not None else raw.get("lanes", 1))
     if n_lanes < 1:
         raise ConfigError(f"{path}: lanes must be at least 1")
     seeds = _as_list(raw.get("seeds", [0]), "seeds", str(path))
@@ -115,6 +119,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         raise ConfigError(f"{path}: 'grid' must map config keys to lists of values")
     jobs: list[Job] = []
     seen: dict[Path, str] = {}
+    tag_owner: dict[str, tuple[str, list[str], str]] = {}
     for i, entry in enumerate(_as_list(raw["runs"], "runs", str(path))):
         where = f"{path}: runs[{i}]"
         if isinstance(entry, str):
@@ -128,6 +133,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         tag = str(entry.get("tag") or config.stem)
         run_seeds = _as_list(entry.get("seeds", seeds), "seeds", where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
+        first = tag_owner.setdefault(tag, (str(config), own, where))
+        if first[:2] != (str(config), own):
+            raise ConfigError(f"{where}: tag {tag!r} is also used by {first[2]} for another config or 'set'; "
+                              "runs of one tag are pooled as seeds of one experiment - give it another tag")
         for suffix, grid_set in _grid_points(grid):
             group = f"{tag}_{suffix}" if suffix else tag
             for seed in run_seeds:
@@ -145,8 +154,26 @@ def _failure_marker(job: Job) -> Path:
     return job.run_dir.parent / f"{job.name}.failed"
 
 
+def config_mismatch(job: Job) -> list[str]:
+    """How the config recorded in the job's run directory differs from what the sweep file asks
+    for now (``config_changes``: run.* settings and a raised train.rounds aside); [] without a run."""
+    from fedhet.experiment.config import config_changes, load_config
+
+    recorded = job.run_dir / "config.yaml"
+    if not recorded.is_file():
+        return []
+    try:
+        current = load_config(job.config, job.overrides)
+        return config_changes(yaml.safe_load(recorded.read_text()) or {}, current)
+    except (ConfigError, OSError, yaml.YAMLError):
+        return []          # the run itself reports a config it cannot load
+
+
 def job_status(job: Job) -> str:
-    """completed | failed | interrupted (its run directory exists: resumed) | new."""
+    """completed | failed | interrupted (its run directory exists: resumed) | new; ``stale`` when
+    the run directory holds a run of another config than the sweep file now asks for."""
+    if config_mismatch(job):
+        return "stale"
     summary = job.run_dir / "summary.json"
     status = None
     if summary.is_file():
@@ -191,8 +218,13 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``."""
     sweep.out.mkdir(parents=True, exist_ok=True)
     threads = max(1, usable_cpus() // sweep.lanes)
-    todo = [j for j in sweep.jobs if job_status(j) != "completed"
-            and (retry_failed or job_status(j) != "failed")]
+    status = {j.name: job_status(j) for j in sweep.jobs}
+    for j in sweep.jobs:
+        if status[j.name] == "stale":
+            log(f"skipped {j.name}: its run directory holds another config than the sweep file asks for "
+                f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
+    todo = [j for j in sweep.jobs if status[j.name] in ("new", "interrupted")
+            or (retry_failed and status[j.name] == "failed")]
     skipped = len(sweep.jobs) - len(todo)
     log(f"sweep {sweep.name}: {len(sweep.jobs)} runs, {skipped} already completed or failed, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
@@ -219,7 +251,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                     continue
                 del running[name]
                 status = job_status(job)
-                if rc != 0 or status != "completed":
+                if status == "completed" and rc != 0:      # recorded completed; something after it failed
+                    log(f"{time.strftime('%H:%M:%S')} note   {name} completed but exited with status {rc} "
+                        f"(see {job.run_dir.parent / (name + '.log')})")
+                if status != "completed":
                     status = "failed"
                     tail = _log_tail(job.run_dir.parent / f"{name}.log")
                     _failure_marker(job).write_text(f"exit status {rc}\n{tail}\n")
@@ -232,14 +267,31 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 done = sum(job_status(j) == "completed" for j in sweep.jobs)
                 now = ", ".join(f"{n} (round {_rounds_done(j)})" for n, (j, _, _) in running.items())
                 log(f"{time.strftime('%H:%M:%S')} {done}/{len(sweep.jobs)} completed; running: {now}")
-    except KeyboardInterrupt:
-        for _, proc, _ in running.values():
-            proc.terminate()
-        for _, proc, _ in running.values():
-            proc.wait()
-        log("sweep interrupted: running jobs stopped; run the same command again to resume them")
+    except BaseException as e:
+        # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
+        # SIGINT (a run stops like after Ctrl-C: summary and checkpoints kept), and only then kill.
+        _stop([proc for _, proc, _ in running.values()], grace=10.0 if isinstance(e, KeyboardInterrupt) else 0.0)
+        log("sweep stopped: its running runs were stopped; run the same command again to resume them")
         raise
     return outcome
+
+
+def _stop(procs: list[subprocess.Popen], grace: float) -> None:
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _log_tail(path: Path, lines: int = 5) -> str:
