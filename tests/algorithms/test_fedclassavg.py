@@ -78,6 +78,21 @@ def test_supcon_views_shapes_ranges_determinism_and_crop_scales():
     # area ~ U(0.2, 1) except where a side had to be shrunk to fit: the median is close to 0.6
     assert abs(float(area.median()) - 0.6) < 0.03
     assert float((boxes[:, 2] - boxes[:, 0] / 2).min()) >= -1e-9 and float((boxes[:, 2] + boxes[:, 0] / 2).max()) <= 1 + 1e-9
+    # crop geometry: the whole image unflipped is the identity, a flip mirrors, a half box a quadrant
+    class Fixed(SupConViews):
+        def __init__(self, box, flip):
+            super().__init__(mean, std, flip_p=1.0 if flip else 0.0, jitter_p=0.0)
+            object.__setattr__(self, "box", box)
+
+        def crop_boxes(self, n, generator):
+            return torch.tensor([self.box] * n, dtype=torch.float64)
+
+    img = torch.arange(16.0).view(1, 1, 4, 4) / 16
+    g = torch.Generator().manual_seed(0)
+    torch.testing.assert_close(Fixed((1.0, 1.0, 0.5, 0.5), False).view(img, g), img)
+    torch.testing.assert_close(Fixed((1.0, 1.0, 0.5, 0.5), True).view(img, g), img.flip(-1))
+    quadrant = Fixed((0.5, 0.5, 0.25, 0.75), False).view(img, g)      # left half across, lower half down
+    assert float(quadrant.mean()) == pytest.approx(float(img[..., 2:, :2].mean()), abs=0.02)
     rgb = SupConViews(torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25))
     out = rgb(Batch(torch.randn(8, 3, 32, 32), torch.zeros(8, dtype=torch.long), torch.arange(8)),
               torch.Generator().manual_seed(0))
@@ -133,13 +148,19 @@ def test_the_server_averages_classifiers_by_size_and_clients_start_from_it(small
 
 
 def test_the_proximal_term_touches_only_the_classifier(small_config):
-    """With rho large and everything else switched off, the proximal gradient moves no body weight."""
-    cfg = mixed_config(small_config, contrastive=False, pretrain=False, rho=10.0)
-    loop = build_loop(cfg)
-    algo = loop.algorithm
-    terms = algo.terms(loop.server_state["head"])
+    """The proximal term's gradient is rho/numel * (w - w_g) on the head and exactly zero on the body."""
+    loop = build_loop(mixed_config(small_config, contrastive=False, pretrain=False, rho=10.0))
+    terms = loop.algorithm.terms(loop.server_state["head"])
     prox = [t for t in terms if isinstance(t, HeadProximal)][0]
-    assert set(prox.anchor) == set(loop.server_state["head"]) and all(k.startswith("head.") for k in prox.anchor)
+    w = {k: (v + 0.1).requires_grad_(True) for k, v in loop.host.init_models["fca_cnn_a"].items()}
+    value = prox(Forward(torch.zeros(1, 1), torch.zeros(1, 10)), Batch(torch.zeros(1, 1, 2, 2), torch.zeros(1, dtype=torch.long), torch.arange(1)), w)
+    grads = torch.autograd.grad(value, list(w.values()), allow_unused=True)
+    for (k, v), g in zip(w.items(), grads):
+        if k.startswith("head."):
+            expected = 10.0 * (v.detach() - loop.server_state["head"][k]) / v.numel()
+            torch.testing.assert_close(g, expected)
+        else:
+            assert g is None or torch.count_nonzero(g) == 0, k
 
 
 def test_pretraining_runs_one_extra_epoch_on_first_participation(small_config):

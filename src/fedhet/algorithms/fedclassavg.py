@@ -24,7 +24,12 @@ classifier crosses the wire.
     paper's configs), fresh each round.
 * ``pretrain`` ([C] spec row 21, default on): a client's first participation starts with one epoch
   of the same objective with its own initial classifier (proximal to that), before it loads the
-  global classifier.
+  global classifier. The code pre-trains every client before round 1; training is the same, but
+  with partial participation a client not sampled yet is evaluated with its initial model. Not
+  with ``average_body`` (the server's body would replace it at once).
+* Differences from the code: every client of one architecture starts from the same initial
+  weights (fedhet initialises per architecture; the code per client), and the views are
+  normalised with the dataset's mean/std (the code: 0.5/0.5 on Fashion-MNIST).
 * Evaluation (Sec. 5; the code): each client with its current model - its feature extractor and the
   classifier it trained last (not the new global one); clients never sampled use their initial model.
 """
@@ -68,8 +73,8 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float
     positives = (labels.unsqueeze(0) == labels.unsqueeze(1)) & ~self_mask
     count = positives.sum(1)
     mean_log_prob = (log_prob * positives).sum(1) / count.clamp(min=1)
-    has = count > 0
-    return -(temperature / base_temperature) * mean_log_prob[has].mean()
+    has = (count > 0).to(mean_log_prob.dtype)       # no boolean indexing: vmappable
+    return -(temperature / base_temperature) * (mean_log_prob * has).sum() / has.sum().clamp(min=1)
 
 
 def views(batch: Batch) -> int:
@@ -179,7 +184,9 @@ class FedClassAvg(Algorithm):
         weights = client.init_weights() if first_time or state is None else state["model"]
         # two views in every variant (the ablations change the loss, not the data pipeline)
         augment = SupConViews(client.data.mean, client.data.std)
-        if first_time and self.params.pretrain:
+        # With average_body the server's body and head replace everything right after: no pre-training
+        # (the authors' +weight script has none either).
+        if first_time and self.params.pretrain and not self.params.average_body:
             # its own batch-order stream: the epochs after the round's (as FedBABU's fine-tuning)
             pre = client.train(weights, self.terms(select(weights, HEAD)), epochs=1, augment=augment,
                                start_epoch=client.settings.epochs)

@@ -371,7 +371,7 @@ class GridTransport(Transport):
         by_client = [round(float(correct[c] / total[c]), 5) if ok[c] else None for c in range(k)]
         return {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
                 "personal_acc_pooled": float(correct[ok].sum() / total[ok].sum()),
-                "personal_acc_by_client": by_client, "personal_clients": len(chosen)}
+                "personal_acc_by_client": by_client, "personal_clients": int(ok.sum())}
 
     def client_state_floats(self) -> int:
         return sum(self.state_floats.values())
