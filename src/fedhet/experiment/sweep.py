@@ -218,13 +218,13 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``."""
     sweep.out.mkdir(parents=True, exist_ok=True)
     threads = max(1, usable_cpus() // sweep.lanes)
-    status = {j.name: job_status(j) for j in sweep.jobs}
+    initial = {j.name: job_status(j) for j in sweep.jobs}
     for j in sweep.jobs:
-        if status[j.name] == "stale":
+        if initial[j.name] == "stale":
             log(f"skipped {j.name}: its run directory holds another config than the sweep file asks for "
                 f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
-    todo = [j for j in sweep.jobs if status[j.name] in ("new", "interrupted")
-            or (retry_failed and status[j.name] == "failed")]
+    todo = [j for j in sweep.jobs if initial[j.name] in ("new", "interrupted")
+            or (retry_failed and initial[j.name] == "failed")]
     skipped = len(sweep.jobs) - len(todo)
     log(f"sweep {sweep.name}: {len(sweep.jobs)} runs, {skipped} already completed or failed, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
