@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from helpers import build_loop, config, ctx, runtime
 
-from fedhet.algorithms.fedlc import CalibratedCrossEntropy, FedLC, calibration
+from fedhet.algorithms.fedlc import FedLC, calibration
 from fedhet.algorithms.fednh import CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
-from fedhet.algorithms.fedrod import BalancedSoftmaxCE, FedROD, log_prior, train_personal_head
+from fedhet.algorithms.fedrod import FedROD, log_prior, train_personal_head
 from fedhet.core.contract import Batch, Forward, Message
+from fedhet.training.terms import OffsetCrossEntropy
 
 
 def batch(y):
@@ -32,14 +33,14 @@ def test_fedlc_calibration_hand_values():
 def test_fedlc_term_is_ce_of_calibrated_logits_and_replaces_plain_ce(small_config):
     logits = torch.tensor([[1.0, 2.0, 0.5]])
     offset = torch.tensor([0.5, 1.0, 100.0])
-    value = CalibratedCrossEntropy(offset)(Forward(torch.zeros(1, 1), logits), batch([1]), {})
+    value = OffsetCrossEntropy(-offset)(Forward(torch.zeros(1, 1), logits), batch([1]), {})
     z = [0.5, 1.0, -99.5]
     assert float(value) == pytest.approx(-z[1] + math.log(sum(math.exp(v) for v in z)), rel=1e-6)
     loop = build_loop(config(small_config, "fedlc", {"calibration_tau": 1.0}))
     client = runtime(loop, 0)
     (term,) = FedLC(FedLC.Params(calibration_tau=1.0)).data_terms(Message("train"), None, client)
     counts = torch.bincount(client.data.y[client.data.train_idx], minlength=10)
-    torch.testing.assert_close(term.offset, calibration(counts, 1.0))
+    torch.testing.assert_close(term.offset, -calibration(counts, 1.0))
 
 
 # --- FedNTD -----------------------------------------------------------------------------------
@@ -85,7 +86,7 @@ def test_fedrod_balanced_softmax_hand_values():
     lp = log_prior(torch.tensor([3, 1, 0]))
     torch.testing.assert_close(lp, torch.log(torch.tensor([3 / (4 + 1e-12), 1 / (4 + 1e-12), 1e-12 / 4])))
     logits = torch.tensor([[0.2, 0.1, 3.0]])
-    value = BalancedSoftmaxCE(lp)(Forward(torch.zeros(1, 1), logits), batch([0]), {})
+    value = OffsetCrossEntropy(lp)(Forward(torch.zeros(1, 1), logits), batch([0]), {})
     torch.testing.assert_close(value, F.cross_entropy(logits + lp, torch.tensor([0])))
 
 
@@ -113,7 +114,8 @@ def test_fedrod_client_keeps_a_personal_head_and_is_evaluated_with_the_sum_of_he
     torch.testing.assert_close(view["head.fc2.weight"], weights["head.fc2.weight"] + personal["head.fc2.weight"])
     torch.testing.assert_close(view["body.conv1.0.weight"], weights["body.conv1.0.weight"])
     assert algo.global_model(loop.server_state) is weights          # the generic model is the global one
-    assert isinstance(FedROD().data_terms(Message("train"), None, runtime(loop, 2))[0], BalancedSoftmaxCE)
+    (term,) = FedROD().data_terms(Message("train"), None, runtime(loop, 2))
+    assert isinstance(term, OffsetCrossEntropy) and term.name == "balanced_ce"
 
 
 # --- FedNH ------------------------------------------------------------------------------------

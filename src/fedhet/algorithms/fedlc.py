@@ -13,31 +13,19 @@ the global model is evaluated with plain logits. ``tau`` = 1.0 is FL-bench's def
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, Message, State
+from fedhet.core.contract import ClientRuntime, Message, State
 from fedhet.training.objective import LossTerm
+from fedhet.training.terms import OffsetCrossEntropy
 
 
 def calibration(counts: torch.Tensor, tau: float, absent: float = 1e-8) -> torch.Tensor:
-    """``tau * n_c^(-1/4)`` per class, with ``n_c = absent`` for classes the client lacks."""
+    """``tau * n_c^(-1/4)`` per class, with ``n_c = absent`` for classes the client lacks (subtracted
+    from the logits)."""
     n = torch.where(counts > 0, counts.double(), torch.full_like(counts, absent, dtype=torch.float64))
     return (tau * n.pow(-0.25)).float()
-
-
-class CalibratedCrossEntropy(LossTerm):
-    """``CE(logits - offset, y)`` with a fixed per-class offset."""
-
-    name = "calibrated_ce"
-    vectorizable = True
-
-    def __init__(self, offset: torch.Tensor):
-        self.offset = offset
-
-    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        return F.cross_entropy(out.logits - self.offset.to(out.logits.device, out.logits.dtype), batch.y)
 
 
 class FedLC(FedAvg):
@@ -48,4 +36,4 @@ class FedLC(FedAvg):
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)
-        return [CalibratedCrossEntropy(calibration(counts, self.params.calibration_tau))]
+        return [OffsetCrossEntropy(-calibration(counts, self.params.calibration_tau), name="calibrated_ce")]

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import BN_STATISTICS
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, Message, State
 from fedhet.training.local import forward
@@ -46,8 +45,8 @@ class NotTrueDistillation(LossTerm):
     def __init__(self, model: torch.nn.Module, global_weights: Arrays, tau: float, beta: float):
         self.model = model
         # a train-mode forward updates BatchNorm running statistics in place: the teacher's own copy
-        self.global_weights = {k: v.clone() if k.rsplit(".", 1)[-1] in BN_STATISTICS else v
-                               for k, v in global_weights.items()}
+        buffers = {name for name, _ in model.named_buffers()}
+        self.global_weights = {k: v.clone() if k in buffers else v for k, v in global_weights.items()}
         self.tau = float(tau)
         self.beta = float(beta)
 

@@ -31,29 +31,17 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.core.contract import Arrays, Batch, ClientRuntime, Forward, LocalResult, Message, State
+from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State
 from fedhet.core.split import HEAD, linear_classifier, select
 from fedhet.training.local import epoch_batches, forward
 from fedhet.training.objective import LossTerm
+from fedhet.training.terms import OffsetCrossEntropy
 
 
 def log_prior(counts: torch.Tensor, absent: float = 1e-12) -> torch.Tensor:
     """``log pi_c`` of the client's label distribution, ``absent`` standing in for a zero count."""
     n = torch.where(counts > 0, counts.double(), torch.full_like(counts, absent, dtype=torch.float64))
     return (n / n.sum()).log().float()
-
-
-class BalancedSoftmaxCE(LossTerm):
-    """``CE(logits + log pi, y)`` (Ren et al. 2020, balanced softmax)."""
-
-    name = "balanced_ce"
-    vectorizable = True
-
-    def __init__(self, log_pi: torch.Tensor):
-        self.log_pi = log_pi
-
-    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        return F.cross_entropy(out.logits + self.log_pi.to(out.logits.device, out.logits.dtype), batch.y)
 
 
 def train_personal_head(features: torch.Tensor, generic_logits: torch.Tensor, y: torch.Tensor,
@@ -82,7 +70,7 @@ class FedROD(FedAvg):
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)
-        return [BalancedSoftmaxCE(log_prior(counts))]
+        return [OffsetCrossEntropy(log_prior(counts), name="balanced_ce")]   # balanced softmax (Ren et al. 2020)
 
     def after_training(self, result: LocalResult, msg: Message, state: State | None,
                        client: ClientRuntime) -> State | None:

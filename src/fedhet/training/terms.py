@@ -1,9 +1,10 @@
-"""Loss terms shared by several methods (one place each): pulls towards a reference point and
-linear corrections. Terms of a single method live in that method's file."""
+"""Loss terms shared by several methods (one place each): pulls towards a reference point,
+linear corrections and per-class logit offsets. Terms of a single method live in that method's file."""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from fedhet.core.contract import Arrays, Batch, Forward
 from fedhet.training.objective import LossTerm
@@ -51,3 +52,17 @@ class Linear(LossTerm):
         if not self.coefficients:
             return out.logits.new_zeros(())
         return torch.stack([(weights[k] * v).sum() for k, v in self.coefficients.items()]).sum()
+
+
+class OffsetCrossEntropy(LossTerm):
+    """``CE(logits + offset, y)`` with a fixed per-class offset: logit adjustment by the client's
+    label counts (FedROD's balanced softmax adds ``log pi``; FedLC's calibration adds ``-tau n^(-1/4)``)."""
+
+    vectorizable = True
+
+    def __init__(self, offset: torch.Tensor, name: str = "offset_ce"):
+        self.offset = offset
+        self.name = name
+
+    def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        return F.cross_entropy(out.logits + self.offset.to(out.logits.device, out.logits.dtype), batch.y)
