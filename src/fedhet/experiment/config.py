@@ -174,6 +174,16 @@ def apply_override(raw: dict, assignment: str) -> None:
     node[parts[-1]] = parse_value(value)
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """The parsed YAML of ``path``, or a ConfigError saying it is missing or malformed."""
+    if not path.is_file():
+        raise ConfigError(f"{what} {path} does not exist")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 raw: dict | None = None) -> ExperimentConfig:
     origin = str(path) if path else "overrides"
@@ -181,12 +191,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raw = {}
         if path is not None:
             p = Path(path)
-            if not p.is_file():
-                raise ConfigError(f"config file {p} does not exist")
-            try:
-                raw = yaml.safe_load(p.read_text())
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{p} is not valid YAML: {e}") from None
+            raw = read_yaml(p, "config file")
             if raw is None:
                 raise ConfigError(f"config file {p} is empty; start from configs/quickstart.yaml (every key and "
                                   "its default: configs/README.md)")

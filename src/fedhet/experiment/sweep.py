@@ -43,6 +43,7 @@ from typing import Any
 import yaml
 
 from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import config_changes, load_config, read_yaml
 
 
 @dataclass
@@ -95,12 +96,7 @@ def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
 def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | None = None) -> Sweep:
     """Read and check a sweep file; every job is listed, none is started."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {path} does not exist")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    raw = read_yaml(path, "sweep file")
     if not isinstance(raw, dict) or not raw.get("runs"):
         raise ConfigError(f"{path}: a sweep file is a mapping with a non-empty 'runs' list (see fedhet sweep --help)")
     unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric"}
@@ -157,8 +153,6 @@ def _failure_marker(job: Job) -> Path:
 def config_mismatch(job: Job) -> list[str]:
     """How the config recorded in the job's run directory differs from what the sweep file asks
     for now (``config_changes``: run.* settings and a raised train.rounds aside); [] without a run."""
-    from fedhet.experiment.config import config_changes, load_config
-
     recorded = job.run_dir / "config.yaml"
     if not recorded.is_file():
         return []
