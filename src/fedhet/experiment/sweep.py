@@ -300,8 +300,9 @@ def write_report(sweep: Sweep) -> str:
     and the list of runs that are not (yet) completed."""
     from fedhet.experiment.report import compare
 
-    done = [j.run_dir for j in sweep.jobs if job_status(j) == "completed"]
-    missing = [(j.name, job_status(j)) for j in sweep.jobs if job_status(j) != "completed"]
+    status = {j.name: job_status(j) for j in sweep.jobs}       # each reads the run's files once
+    done = [j.run_dir for j in sweep.jobs if status[j.name] == "completed"]
+    missing = [(j.name, status[j.name]) for j in sweep.jobs if status[j.name] != "completed"]
     lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
              f"fedhet sweep {sweep.source}" if sweep.source else "fedhet sweep", "```", ""]
     if done:
