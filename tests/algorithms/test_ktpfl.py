@@ -123,9 +123,11 @@ def test_public_batch_is_shared_and_seeded():
     assert len(public_positions(30, 50, 7)) == 30
 
 
-def mixed(small_config, **params):
+def mixed(small_config, public=True, **params):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
+    if public:
+        raw["data"]["public"] = {"source": "holdout", "size": 100}
     base = {"public_size": 64, "distill_batch_size": 32}
     return config(raw, "ktpfl", {**base, **params}, rounds=2, clients_per_round=6, lr=0.05)
 
@@ -165,10 +167,29 @@ def test_the_client_distils_towards_its_target(small_config):
     assert after[:, 3].mean() > probs[:, 3].mean()
 
 
+def test_the_public_batch_comes_from_the_public_set(small_config):
+    loop = build_loop(mixed(small_config, public_size=40))
+    public = loop.host.federation.public
+    assert public is not None and public.shape[0] == 100
+    data = loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
+    assert data.x is public and len(data.train_idx) == 40
+    torch.testing.assert_close(data.batch(torch.arange(40)).x,
+                               loop.host.federation.normalize(public[public_positions(100, 40, 5)]))
+
+
+def test_without_a_public_set_it_warns_and_draws_from_the_pool(small_config):
+    loop = build_loop(mixed(small_config, public=False, public_size=40))
+    with pytest.warns(UserWarning, match="no data.public"):
+        data = loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
+    assert data.x is loop.host.federation.pool.x
+    assert torch.equal(data.train_idx, public_positions(data.x.shape[0], 40, 5))
+
+
 def test_end_to_end_run_is_deterministic(small_config, tmp_path):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
     raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": 64, "distill_batch_size": 32}}
+    raw["data"]["public"] = {"source": "holdout", "size": 100}
     raw["train"].update(rounds=2, clients_per_round=3)
     first = fedhet.run(raw, out=tmp_path / "a")
     second = fedhet.run(raw, out=tmp_path / "b")

@@ -55,26 +55,21 @@ row's former mass on S, so full rows stay on the simplex; with ``"none"`` the ra
 written back. With full participation (FedClassAvg's heterogeneous setting, C = 1) both are the
 codes' rule exactly.
 
-Public data (the main deviation; see also the report of issue 14). KT-pFL's public data is a
-separate dataset: MNIST for (F/E)MNIST private data and CIFAR-100 for CIFAR-10 (cugzj
-``data_utils.getdataset``; hukla ``load_public_dataset``: 3000 random MNIST images / 3000 images of
-CIFAR-100 classes 0, 2, 20, 63, 71, 82, redrawn every round). fedhet's algorithm layer sees no
-dataset besides the client's view of the shared training pool (``ClientData.x``: the whole pool),
-and neither the server nor a client knows which pool images other clients train on. So the public
-batch here is ``public_size`` images drawn, without replacement and without labels, from the whole
-training pool: every client derives the same indices from a seed the server draws from its
-per-round stream (a scalar of the ``"train"`` message, not payload), so everything is fixed by the
-run seed and round. ``public_resample`` (default True, both codes) draws a new batch every round;
-False keeps round 0's batch.
+Public data. KT-pFL's public data is a separate dataset: MNIST for (F/E)MNIST private data and
+CIFAR-100 for CIFAR-10 (cugzj ``data_utils.getdataset``; hukla ``load_public_dataset``: 3000 random
+MNIST images / 3000 images of CIFAR-100 classes 0, 2, 20, 63, 71, 82, redrawn every round). In
+fedhet it is the run's ``data.public`` set (``fedhet.data.federated``: another dataset as the
+codes, ``source: dataset``; or images no client trains or tests on, ``unsampled`` /
+``holdout``), seen by every client as ``ClientData.public``. Each round's public batch is
+``public_size`` of its images drawn without replacement and without labels: every client derives
+the same indices from a seed the server draws from its per-round stream (a scalar of the
+``"train"`` message, not payload), so everything is fixed by the run seed and round.
+``public_resample`` (default True, both codes) draws a new batch every round; False keeps round
+0's batch.
 
-Caveat: these images are (with ``data.pool_fraction`` = 1) some clients' private training images,
-and with ``data.local_test.source: holdout`` possibly local-test images (unlabelled, but seen);
-use ``local_test.source: test_set`` (FedClassAvg's protocol) to keep test images out. A faithful
-held-out public set needs an addition to ``fedhet.data`` (not made here): e.g. a
-``data.public`` setting (``dataset`` - another dataset such as mnist / cifar100 with optional
-``classes`` - or ``holdout`` with a ``size``, carved class-stratified from the pool before the
-partition like ``pool_subset``), a ``Federation.public`` pool, and a ``ClientRuntime`` member
-exposing it; this module would then only change where ``_public_positions`` draws from.
+Without ``data.public`` the batch is drawn from the whole training pool instead, with a warning:
+those images are some clients' private training images (and, with ``local_test.source:
+holdout``, possibly local-test images), which the method's premise excludes.
 
 Other decisions:
 
@@ -97,6 +92,7 @@ Other decisions:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Literal
 
@@ -296,10 +292,21 @@ class KTpFL(Algorithm):
 
     # --- client ---------------------------------------------------------------------------
     def public_data(self, msg: Message, client: ClientRuntime) -> ClientData:
-        """The round's public batch as a data view over the shared pool (labels never used)."""
+        """The round's public batch as a data view over ``data.public`` (labels never used), or
+        over the shared training pool when the run has no public set."""
         d = client.data
-        idx = public_positions(d.x.shape[0], self.params.public_size, msg.scalars["public_seed"])
-        return ClientData(d.x, d.y, idx, d.mean, d.std)
+        seed = msg.scalars["public_seed"]
+        if d.public is None:
+            if not self.__dict__.get("_warned_no_public"):
+                self._warned_no_public = True
+                warnings.warn("ktpfl: the run has no data.public set, so the public batch is drawn from the "
+                              "training pool (other clients' private images); set data.public (e.g. "
+                              "{source: dataset, dataset: mnist} as KT-pFL, or {source: holdout, size: 3000})",
+                              stacklevel=2)
+            return ClientData(d.x, d.y, public_positions(d.x.shape[0], self.params.public_size, seed), d.mean, d.std)
+        unlabelled = torch.zeros(d.public.shape[0], dtype=torch.long)
+        return ClientData(d.public, unlabelled, public_positions(d.public.shape[0], self.params.public_size, seed),
+                          d.mean, d.std)
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         weights = state["model"] if state and "model" in state else client.init_weights()

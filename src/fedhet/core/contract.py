@@ -103,6 +103,7 @@ class ClientData:
     train_idx: torch.Tensor            # int64 indices into the pool
     mean: torch.Tensor                 # (1, C, 1, 1) normalisation
     std: torch.Tensor
+    public: torch.Tensor | None = None  # uint8 unlabelled public images (data.public; KT-pFL), shared
 
     def inputs(self, idx: torch.Tensor) -> torch.Tensor:
         return normalize_uint8(self.x[idx], self.mean, self.std)

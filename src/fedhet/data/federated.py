@@ -7,6 +7,11 @@ Local test splits never share an image with any client's training split: ``holdo
 fraction of the client's own (unique) indices and then drops any index that some other client
 trains on (possible with partitions that sample with replacement); ``test_set`` draws from the
 global test set with the client's training label proportions.
+
+A public set (``data.public``, KT-pFL's unlabelled transfer data) never shares an image with any
+client's training or local-test split: it is drawn from the pool images that ``pool_fraction``
+left out (``unsampled``), carved out of the pool before the partition (``holdout``), or taken from
+another dataset of the same image shape (``dataset``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ class LocalTestSpec(Protocol):
     fraction: float
 
 
+class PublicSpec(Protocol):
+    source: str                       # "unsampled" | "holdout" | "dataset"
+    size: int
+    dataset: str | None
+    classes: list[int] | None
+
+
 class DataSpec(Protocol):
     """What :func:`build_federation` reads (``experiment.config.DataConfig`` has these fields; the
     data layer does not import the config layer above it)."""
@@ -48,6 +60,7 @@ class DataSpec(Protocol):
     num_clients: int
     partition: PartitionSpec
     local_test: LocalTestSpec
+    public: PublicSpec | None
 
 
 @dataclass
@@ -63,6 +76,7 @@ class Federation:
     local_test_source: str            # "holdout" (indices into pool) or "test_set"
     mean: torch.Tensor
     std: torch.Tensor
+    public: torch.Tensor | None = None   # uint8 unlabelled public images (data.public), or None
     _train_counts: np.ndarray | None = field(default=None, init=False, repr=False)
 
     @property
@@ -70,7 +84,7 @@ class Federation:
         return len(self.train_idx)
 
     def client_data(self, cid: int) -> ClientData:
-        return ClientData(self.pool.x, self.pool.y, self.train_idx[cid], self.mean, self.std)
+        return ClientData(self.pool.x, self.pool.y, self.train_idx[cid], self.mean, self.std, self.public)
 
     def local_test(self, cid: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 images, labels) of client ``cid``'s local test split."""
@@ -107,12 +121,26 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
     k = cfg.num_clients
 
     options = cfg.partition.options()
+    public_spec = getattr(cfg, "public", None)
+    public: torch.Tensor | None = None
     if cfg.partition.kind == "natural":
         if cfg.pool_fraction < 1:
             raise PartitionError("data.pool_fraction < 1 would split writers of the natural partition; use 1")
+        if public_spec is not None and public_spec.source != "dataset":
+            raise PartitionError("data.public.source must be 'dataset' with the natural partition (carving images "
+                                 "out of the pool would split writers)")
         parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
     else:
-        kept = pool_subset(labels, cfg.pool_fraction, numpy_rng(seed, "pool_subset"))
+        available = np.arange(len(labels))
+        if public_spec is not None and public_spec.source == "holdout":
+            held = stratified_draw(labels, available, public_spec.size, numpy_rng(seed, "public"), "holdout")
+            public = pool.x[torch.as_tensor(held)]
+            available = np.setdiff1d(available, held)
+        kept = available[pool_subset(labels[available], cfg.pool_fraction, numpy_rng(seed, "pool_subset"))]
+        if public_spec is not None and public_spec.source == "unsampled":
+            left_out = np.setdiff1d(available, kept)
+            held = stratified_draw(labels, left_out, public_spec.size, numpy_rng(seed, "public"), "unsampled")
+            public = pool.x[torch.as_tensor(held)]
         parts = partitioners.partition(cfg.partition.kind, labels[kept], k,
                                        seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
         parts = [kept[p] for p in parts]
@@ -141,6 +169,8 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                                  f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data")
 
     c = train.x.shape[1]
+    if public_spec is not None and public_spec.source == "dataset":
+        public = _public_from_dataset(public_spec, cfg, train, seed)
     return Federation(
         dataset=cfg.dataset, num_classes=train.num_classes, in_channels=c, image_size=train.x.shape[-1],
         pool=pool, test=global_test,
@@ -149,7 +179,51 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         local_test_source=cfg.local_test.source,
         mean=torch.tensor(train.mean, dtype=torch.float32).view(1, c, 1, 1),
         std=torch.tensor(train.std, dtype=torch.float32).view(1, c, 1, 1),
+        public=public,
     )
+
+
+def stratified_draw(labels: np.ndarray, among: np.ndarray, size: int, rng: np.random.Generator, source: str) -> np.ndarray:
+    """Sorted ``size`` indices drawn without replacement from ``among``, keeping the label
+    proportions of ``among`` (largest remainders get the leftover slots)."""
+    if size > len(among):
+        hint = ("lower data.pool_fraction (the public set is drawn from the images it leaves out)"
+                if source == "unsampled" else "the pool is too small")
+        raise PartitionError(f"data.public.size={size} but only {len(among)} images are available for source "
+                             f"{source!r}; lower data.public.size or {hint}")
+    classes, counts = np.unique(labels[among], return_counts=True)
+    exact = counts * size / len(among)
+    quota = np.floor(exact).astype(int)
+    for i in np.argsort(-(exact - quota), kind="stable")[: size - int(quota.sum())]:
+        quota[i] += 1
+    drawn = [rng.choice(among[labels[among] == c], size=q, replace=False) for c, q in zip(classes, quota) if q]
+    return np.sort(np.concatenate(drawn)) if drawn else np.zeros(0, dtype=np.int64)
+
+
+def _public_from_dataset(spec: PublicSpec, cfg: DataSpec, train: ImageData, seed: int) -> torch.Tensor:
+    """``spec.size`` random train-split images of dataset ``spec.dataset`` (of ``spec.classes``
+    only when given), which must have the private data's image shape."""
+    if not spec.dataset:
+        raise PartitionError("data.public.source 'dataset' needs data.public.dataset (e.g. mnist for the MNIST "
+                             "family, cifar100 for CIFAR-10, as KT-pFL)")
+    other = load_dataset(spec.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
+    if tuple(other.x.shape[1:]) != tuple(train.x.shape[1:]):
+        raise PartitionError(f"data.public.dataset {spec.dataset} has images of shape {tuple(other.x.shape[1:])}, "
+                             f"the private data {cfg.dataset} {tuple(train.x.shape[1:])}; choose a dataset of the "
+                             f"same shape")
+    labels = other.y.numpy()
+    among = np.arange(len(labels))
+    if spec.classes is not None:
+        bad = sorted(set(spec.classes) - set(range(other.num_classes)))
+        if bad:
+            raise PartitionError(f"data.public.classes {bad} are not classes of {spec.dataset} "
+                                 f"(0..{other.num_classes - 1})")
+        among = np.flatnonzero(np.isin(labels, spec.classes))
+    if spec.size > len(among):
+        raise PartitionError(f"data.public.size={spec.size} but {spec.dataset} has only {len(among)} such images; "
+                             f"lower data.public.size")
+    chosen = np.sort(numpy_rng(seed, "public").choice(among, size=spec.size, replace=False))
+    return other.x[torch.as_tensor(chosen)]
 
 
 def pool_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:

@@ -37,6 +37,27 @@ class LocalTestConfig(Strict):
     fraction: float = Field(0.2, gt=0, lt=1)
 
 
+class PublicConfig(Strict):
+    """Unlabelled public data for knowledge-transfer methods (KT-pFL), disjoint from every client's
+    training and local-test images (fedhet.data.federated)."""
+
+    # unsampled: from the pool images data.pool_fraction leaves out (the partition is unchanged);
+    # holdout: carved class-stratified out of the pool before the partition;
+    # dataset: the train split of another dataset of the same image shape (KT-pFL: mnist, cifar100).
+    source: Literal["unsampled", "holdout", "dataset"] = "holdout"
+    size: int = Field(3000, ge=1)
+    dataset: str | None = None
+    classes: list[int] | None = None   # with source dataset: only these classes (KT-pFL's CIFAR-100 subset)
+
+    @pydantic.model_validator(mode="after")
+    def _dataset_fields(self) -> PublicConfig:
+        if self.source == "dataset" and not self.dataset:
+            raise ValueError("data.public.source 'dataset' needs data.public.dataset (e.g. mnist)")
+        if self.source != "dataset" and (self.dataset is not None or self.classes is not None):
+            raise ValueError("data.public.dataset and .classes only apply with data.public.source: dataset")
+        return self
+
+
 class DataConfig(Strict):
     dataset: str = "fashion_mnist"
     root: str | None = None            # default: $FEDHET_DATA, ~/.cache/fedhet/data, Debian's dataset dir
@@ -49,6 +70,7 @@ class DataConfig(Strict):
     num_clients: int = Field(50, ge=1)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     local_test: LocalTestConfig = Field(default_factory=LocalTestConfig)
+    public: PublicConfig | None = None
 
 
 class ModelConfig(Strict):
@@ -56,10 +78,23 @@ class ModelConfig(Strict):
     arch: str | list[str] = "cnn2"
     split: str | None = None           # first head stage; default: the model's last Linear
     norm: Literal["bn", "gn"] = "bn"
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: dict[str, Any] = Field(default_factory=dict)          # builder options of every arch
+    # Options of one architecture only, over `options`: e.g. {fca_googlenet: {dropout: 0.2}}.
+    arch_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def archs(self) -> list[str]:
         return [self.arch] if isinstance(self.arch, str) else list(self.arch)
+
+    def options_of(self, arch: str) -> dict[str, Any]:
+        return {**self.options, **self.arch_options.get(arch, {})}
+
+    @pydantic.model_validator(mode="after")
+    def _arch_options_name_archs(self) -> ModelConfig:
+        unknown = sorted(set(self.arch_options) - set(self.archs()))
+        if unknown:
+            raise ValueError(f"model.arch_options names {unknown}, which model.arch does not list "
+                             f"({', '.join(self.archs())})")
+        return self
 
 
 class AlgorithmConfig(Strict):

@@ -98,14 +98,17 @@ class Node:
         self.clients = [c for c in range(k) if c % num_partitions == partition_id]
 
     def fingerprint(self) -> str:
-        """Digest of this node's clients' train and test indices: equal on server and node iff
-        both built the same federation (same data, config, seed and fedhet partitioning)."""
+        """Digest of this node's clients' train and test indices (and of the public set): equal on
+        server and node iff both built the same federation (same data, config, seed and fedhet
+        partitioning)."""
         h = hashlib.sha256()
         fed = self.federation
         for c in self.clients:
             h.update(fed.train_idx[c].numpy().tobytes())
             h.update(fed.test_idx[c].numpy().tobytes())
             h.update(fed.pool.y[fed.train_idx[c]].numpy().tobytes())
+        if fed.public is not None:
+            h.update(fed.public.numpy().tobytes())
         return h.hexdigest()[:16]
 
     def check_hosts(self, cid: int) -> None:
