@@ -367,7 +367,7 @@ def test_fedproto_client_and_server():
     reply, cstate = algo.client_update(Message("train"), None, client)
     assert [type(x) for x in client.calls[0]["terms"]] == [CrossEntropy]             # no prototypes: CE only
     assert all(torch.equal(client.calls[0]["start_weights"][k], client.init[k]) for k in client.init)
-    assert set(reply.arrays) == {"prototypes"} and set(cstate) == {"model"}
+    assert set(reply.arrays) == {"prototypes"} and set(cstate) == {"model", "linear_head"} and bool(cstate["linear_head"])
     means, counts = class_means(model, cstate["model"], data, 2)
     assert torch.equal(reply.arrays["prototypes"]["mean"], means)
     # server: plain mean over the clients that have a class (class 1 only from client 0)
@@ -404,7 +404,7 @@ def test_method_learns_end_to_end(small_config, tmp_path, name, params):
     trained = sorted(sim.client_states) if name != "fedpac" else sorted(sim.server_state["heads"])
     a, b = sim.client_model(trained[0]), sim.client_model(trained[1])
     if name == "fedproto":
-        assert set(sim.client_states[trained[0]]) == {"model"}
+        assert set(sim.client_states[trained[0]]) == {"model", "linear_head"}
         assert "down/prototypes" in rows[-1]["comm"] and "up/prototypes" in rows[-1]["comm"]
         return
     # head-personalized: the same global body, different heads
@@ -417,3 +417,31 @@ def test_method_learns_end_to_end(small_config, tmp_path, name, params):
         weights = rows[-1]["fedpac_head_weights"]
         assert set(weights) == {str(c) for c in rows[-1]["clients"]}
         assert all(sum(r.values()) == pytest.approx(1.0, abs=1e-3) for r in weights.values())
+
+
+def test_fedproto_on_fedclassavg_models_needs_relu_features(small_config):
+    """FedClassAvg's heads are ReLU + Linear: nearest-prototype evaluation needs the ReLU in the
+    body (model option relu_features), else FedProto warns and uses the client's classifier."""
+    from helpers import build_loop, config
+
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"], "options": {"relu_features": True}}
+    loop = build_loop(config(raw, "fedproto", rounds=1, clients_per_round=6))
+    loop.run_round(0)
+    state, cstate = loop.server_state, loop.client_states[1]
+    ev = loop.algorithm.client_model(1, state, cstate)
+    torch.testing.assert_close(ev["head.classifier.1.weight"], 2 * state["prototypes"])
+    model = loop.host.models["fca_cnn_b"]
+    x = torch.randn(30, 1, 28, 28)
+    with torch.no_grad():
+        model.load_state_dict(ev)
+        model.eval()
+        logits, feats = model(x), model.body(x)
+    assert torch.equal(logits.argmax(1), torch.cdist(feats, state["prototypes"]).argmin(1))
+
+    raw["model"]["options"] = {}
+    loop = build_loop(config(raw, "fedproto", rounds=1, clients_per_round=6))
+    loop.run_round(0)
+    with pytest.warns(UserWarning, match="not a single Linear"):
+        ev = loop.algorithm.client_model(1, loop.server_state, loop.client_states[1])
+    assert ev is loop.client_states[1]["model"]

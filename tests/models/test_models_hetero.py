@@ -336,3 +336,21 @@ def test_vmap_over_stacked_small_cnns() -> None:
     with torch.no_grad():
         for i, m in enumerate(models):
             assert torch.allclose(out[i], m(x[i]), atol=1e-6)
+
+
+# ---------------------------------------------------------------- relu_features (prototype methods)
+@pytest.mark.parametrize("name", ["fca_cnn_a", "fca_alexnet"])
+def test_relu_features_moves_the_relu_into_the_body_without_changing_the_logits(name):
+    torch.manual_seed(1)
+    plain = build_model(name, 1, CLASSES, 28)
+    moved = build_model(name, 1, CLASSES, 28, relu_features=True)
+    assert list(moved.state_dict()) == list(plain.state_dict())               # same names: weights interchange
+    moved.load_state_dict(plain.state_dict())
+    plain.eval(), moved.eval()
+    x = torch.randn(6, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(moved(x), plain(x), rtol=0, atol=0)
+        raw = plain.body(x)
+        assert (raw < 0).any()                                                 # the default features are unactivated
+        torch.testing.assert_close(moved.body(x), torch.relu(raw), rtol=0, atol=0)
+    assert param_groups(moved)["head"] == ["head.classifier.1.weight", "head.classifier.1.bias"]

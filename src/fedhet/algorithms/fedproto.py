@@ -29,8 +29,12 @@ prototype (undefined classes get -1e30 and are never chosen, PFLlib's ``inf`` di
 needs the head to be one Linear layer on the features (cnn2's default split ``fc2``, PFLlib's
 FedProto split ``head = fc``). Decisions:
 
-* With a deeper head (e.g. ``split: fc1``) or a bias-free Linear, or before any global prototype
-  exists, the client is evaluated with its own classifier, and a warning says so once.
+* With a deeper head (e.g. ``split: fc1``), a bias-free Linear, an activation before the Linear
+  (FedClassAvg's ``ReLU + Linear`` heads: set ``model.options.relu_features: true`` there, which
+  puts the ReLU at the end of the body, so prototypes are the classifier's inputs as in both
+  references), or before any global prototype exists, the client is evaluated with its own
+  classifier, and a warning says so once. The client records whether its head is one Linear
+  (:func:`head_is_one_linear`) in its state, as ``linear_head``.
   ``proto_eval: classifier`` always uses the classifier.
 * A client never sampled is evaluated with the common initialisation and its classifier.
 
@@ -93,6 +97,21 @@ def nearest_prototype_head(head: Arrays, prototypes: torch.Tensor, defined: torc
     return {wk: weight, bk: bias.to(head[bk].dtype)}
 
 
+def head_is_one_linear(model: torch.nn.Module) -> bool:
+    """Whether ``model.head`` computes one Linear map of the features: a single ``nn.Linear`` with
+    a bias, every other layer an identity at evaluation (Identity, Flatten, Dropout). A ReLU
+    before the Linear (FedClassAvg's heads) makes the logits a function of relu(h), so no Linear
+    head can rank the prototypes of h."""
+    head = getattr(model, "head", None)
+    if head is None:
+        return False
+    leaves = [m for m in head.modules() if not list(m.children())]
+    linears = [m for m in leaves if isinstance(m, torch.nn.Linear)]
+    passive = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Dropout)
+    return (len(linears) == 1 and linears[0].bias is not None
+            and all(isinstance(m, (torch.nn.Linear, *passive)) for m in leaves))
+
+
 class FedProto(FedAvg):
     """FedProto; see the module docstring."""
 
@@ -135,7 +154,8 @@ class FedProto(FedAvg):
         weights = state["model"] if state and "model" in state else client.init_weights()
         terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
         result = client.train(weights, terms, **self.train_options(msg, state, client))
-        state = {**(state or {}), "model": result.weights}
+        state = {**(state or {}), "model": result.weights,
+                 "linear_head": torch.tensor(head_is_one_linear(client.model))}
         means, counts = class_means(client.model, result.weights, client.data, client.num_classes)   # local prototypes
         reply = Message("update", {GROUP: {"mean": means, "count": counts}, **self.uploads(result, msg, state, client)},
                         {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
@@ -150,6 +170,10 @@ class FedProto(FedAvg):
             return None
         model = client_state["model"]
         if self.params.proto_eval != "nearest_prototype":
+            return model
+        if not bool(client_state.get("linear_head", True)):
+            self._warn("the model's head is not a single Linear layer on the features (FedClassAvg's "
+                       "models: set model.options.relu_features: true)")
             return model
         defined = state.get("defined")
         if defined is None or not bool(defined.any()):

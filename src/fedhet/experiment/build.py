@@ -56,9 +56,9 @@ def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torc
             try:
                 models[arch] = build_model(arch, in_channels=fed.in_channels, num_classes=fed.num_classes,
                                            image_size=fed.image_size, split=cfg.model.split, norm=cfg.model.norm,
-                                           **cfg.model.options)
+                                           **cfg.model.options_of(arch))
             except (ValueError, TypeError) as e:
-                raise ConfigError(f"model: {e}") from None
+                raise ConfigError(f"model {arch}: {e}") from None
     return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
 
 

@@ -43,14 +43,14 @@ _MODELS: dict[str, _Entry] = {
     "resnet34": _Entry(partial(resnet, 34), "fc", _RESNET_OPTIONS, has_norm=True),
     "resnet50": _Entry(partial(resnet, 50), "fc", _RESNET_OPTIONS, has_norm=True),
     # FedClassAvg's heterogeneous models: 512-d features, shared head "classifier" (hetero.py)
-    "fca_resnet18": _Entry(fca_resnet18, "classifier", ("gn_groups",), has_norm=True),
-    "fca_shufflenetv2": _Entry(fca_shufflenetv2, "classifier", ("gn_groups",), has_norm=True),
-    "fca_googlenet": _Entry(fca_googlenet, "classifier", ("gn_groups", "dropout"), has_norm=True),
-    "fca_alexnet": _Entry(fca_alexnet, "classifier", ("dropout",)),
-    "fca_cnn_a": _Entry(fca_cnn_a, "classifier"),
-    "fca_cnn_b": _Entry(fca_cnn_b, "classifier"),
-    "fca_cnn_c": _Entry(fca_cnn_c, "classifier"),
-    "fca_cnn_d": _Entry(fca_cnn_d, "classifier"),
+    "fca_resnet18": _Entry(fca_resnet18, "classifier", ("gn_groups", "relu_features"), has_norm=True),
+    "fca_shufflenetv2": _Entry(fca_shufflenetv2, "classifier", ("gn_groups", "relu_features"), has_norm=True),
+    "fca_googlenet": _Entry(fca_googlenet, "classifier", ("gn_groups", "dropout", "relu_features"), has_norm=True),
+    "fca_alexnet": _Entry(fca_alexnet, "classifier", ("dropout", "relu_features")),
+    "fca_cnn_a": _Entry(fca_cnn_a, "classifier", ("relu_features",)),
+    "fca_cnn_b": _Entry(fca_cnn_b, "classifier", ("relu_features",)),
+    "fca_cnn_c": _Entry(fca_cnn_c, "classifier", ("relu_features",)),
+    "fca_cnn_d": _Entry(fca_cnn_d, "classifier", ("relu_features",)),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_MODELS)
 

@@ -30,6 +30,12 @@ after torchvision's initialisation, so it keeps PyTorch's default init here too.
 every other layer gets torchvision's init for that model (ResNet: Kaiming-normal fan-out convs;
 GoogLeNet: truncated normal, std 0.01; ShuffleNetV2 and AlexNet: PyTorch defaults).
 
+``relu_features=True`` moves the head's ReLU to the end of the body (stage ``feature_relu``; the
+head keeps an Identity in its place, so parameter names and logits are unchanged): the features
+are then the input of the classifier's Linear, as prototype methods define them (FedProto's
+nearest-prototype evaluation needs a one-Linear head on the features). FedClassAvg keeps the
+default: its SupCon loss works on the unactivated 512-d output.
+
 Dropout (GoogLeNet: 0.2 after the pool; AlexNet: 0.5 before its first Linear) is an option,
 ``dropout``, off by default: a dropout mask draws from torch's global random generator, which
 fedhet's engines do not key per client, so it would make results depend on the order in which
@@ -59,9 +65,11 @@ NormFactory = Callable[[int], nn.Module]
 # ----------------------------------------------------------------------------------- shared parts
 
 
-def _classifier(num_classes: int) -> nn.Sequential:
-    """The head every FedClassAvg model shares: ReLU, then Linear(512, num_classes)."""
-    return nn.Sequential(nn.ReLU(), nn.Linear(FEATURE_DIM, num_classes))
+def _classifier(num_classes: int, relu_features: bool = False) -> nn.Sequential:
+    """The head every FedClassAvg model shares: ReLU, then Linear(512, num_classes); with
+    ``relu_features`` the ReLU sits at the end of the body and the head keeps an Identity in
+    its place (same parameter names, same logits)."""
+    return nn.Sequential(nn.Identity() if relu_features else nn.ReLU(), nn.Linear(FEATURE_DIM, num_classes))
 
 
 def _finish(
@@ -71,9 +79,12 @@ def _finish(
     in_channels: int,
     image_size: int,
     split: str,
+    relu_features: bool = False,
 ) -> SplitModel:
     stages.append(("fcin", nn.Linear(in_features, FEATURE_DIM)))
-    stages.append(("classifier", _classifier(num_classes)))
+    if relu_features:
+        stages.append(("feature_relu", nn.ReLU()))
+    stages.append(("classifier", _classifier(num_classes, relu_features)))
     return SplitModel(stages, split, (in_channels, image_size, image_size))
 
 
@@ -149,6 +160,7 @@ def fca_resnet18(
     split: str,
     norm: str = "bn",
     gn_groups: int = 2,
+    relu_features: bool = False,
 ) -> SplitModel:
     """torchvision ResNet-18 + ``fcin = Linear(512, 512)`` + the shared classifier.
 
@@ -181,7 +193,7 @@ def fca_resnet18(
         _init_resnet(stage)
     if in_channels != 3:  # the authors' FMNIST conv1, swapped in after torchvision's init
         stem.conv = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-    return _finish(stages, 512, num_classes, in_channels, image_size, split)
+    return _finish(stages, 512, num_classes, in_channels, image_size, split, relu_features)
 
 
 # --------------------------------------------------------------------------------- ShuffleNetV2
@@ -245,6 +257,7 @@ def fca_shufflenetv2(
     split: str,
     norm: str = "bn",
     gn_groups: int = 2,
+    relu_features: bool = False,
 ) -> SplitModel:
     """torchvision ShuffleNetV2 x1.0 + ``fcin = Linear(1024, 512)`` + the shared classifier.
 
@@ -273,7 +286,7 @@ def fca_shufflenetv2(
         channels = out_channels
     stages.append(("conv5", _conv_norm_relu(channels, 1024, 1, norm_layer)))
     stages.append(("pool", _global_pool()))
-    return _finish(stages, 1024, num_classes, in_channels, image_size, split)
+    return _finish(stages, 1024, num_classes, in_channels, image_size, split, relu_features)
 
 
 # ------------------------------------------------------------------------------------ GoogLeNet
@@ -340,6 +353,7 @@ def fca_googlenet(
     norm: str = "bn",
     gn_groups: int = 2,
     dropout: float = 0.0,
+    relu_features: bool = False,
 ) -> SplitModel:
     """torchvision GoogLeNet without auxiliary heads + ``fcin = Linear(1024, 512)`` + classifier.
 
@@ -397,7 +411,7 @@ def fca_googlenet(
                 nn.init.zeros_(m.bias)
     if in_channels != 3:  # the authors' FMNIST conv1.conv, swapped in after torchvision's init
         stem_conv.conv = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-    return _finish(stages, 1024, num_classes, in_channels, image_size, split)
+    return _finish(stages, 1024, num_classes, in_channels, image_size, split, relu_features)
 
 
 # -------------------------------------------------------------------------------------- AlexNet
@@ -409,6 +423,7 @@ def fca_alexnet(
     image_size: int,
     split: str,
     dropout: float = 0.0,
+    relu_features: bool = False,
 ) -> SplitModel:
     """The authors' ``alexnet_mnist(in_channels, 512)`` (hukla/FedClassAvg ``src/models.py``).
 
@@ -432,7 +447,7 @@ def fca_alexnet(
         ("pool", nn.Sequential(nn.AdaptiveAvgPool2d(3), nn.Flatten())),
         ("fc", nn.Sequential(_dropout(dropout), nn.Linear(256 * 3 * 3, 512), nn.ReLU())),
     ]
-    return _finish(stages, 512, num_classes, in_channels, image_size, split)
+    return _finish(stages, 512, num_classes, in_channels, image_size, split, relu_features)
 
 
 # -------------------------------------------------------------------------- small CNN family
@@ -445,7 +460,8 @@ def _conv_relu(cin: int, cout: int, kernel: int, pool: bool) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def fca_cnn_a(in_channels: int, num_classes: int, image_size: int, split: str) -> SplitModel:
+def fca_cnn_a(in_channels: int, num_classes: int, image_size: int, split: str,
+              relu_features: bool = False) -> SplitModel:
     """Small CNN A (about 80k parameters): two 5x5 convs, 2x2 average map, 128 -> 512.
 
     conv1(in->16, 5x5 same)+ReLU+pool2 -> conv2(16->32, 5x5 same)+ReLU+pool2 -> pool (adaptive
@@ -457,10 +473,11 @@ def fca_cnn_a(in_channels: int, num_classes: int, image_size: int, split: str) -
         ("conv2", _conv_relu(16, 32, 5, pool=True)),
         ("pool", nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten())),
     ]
-    return _finish(stages, 32 * 2 * 2, num_classes, in_channels, image_size, split)
+    return _finish(stages, 32 * 2 * 2, num_classes, in_channels, image_size, split, relu_features)
 
 
-def fca_cnn_b(in_channels: int, num_classes: int, image_size: int, split: str) -> SplitModel:
+def fca_cnn_b(in_channels: int, num_classes: int, image_size: int, split: str,
+              relu_features: bool = False) -> SplitModel:
     """Small CNN B (about 160k parameters): three 3x3 convs doubling the width, global pool.
 
     conv1(in->32)+ReLU+pool2 -> conv2(32->64)+ReLU+pool2 -> conv3(64->128)+ReLU+pool2 (3x3 same
@@ -473,10 +490,11 @@ def fca_cnn_b(in_channels: int, num_classes: int, image_size: int, split: str) -
         ("conv3", _conv_relu(64, 128, 3, pool=True)),
         ("pool", _global_pool()),
     ]
-    return _finish(stages, 128, num_classes, in_channels, image_size, split)
+    return _finish(stages, 128, num_classes, in_channels, image_size, split, relu_features)
 
 
-def fca_cnn_c(in_channels: int, num_classes: int, image_size: int, split: str) -> SplitModel:
+def fca_cnn_c(in_channels: int, num_classes: int, image_size: int, split: str,
+              relu_features: bool = False) -> SplitModel:
     """Small CNN C (about 100k parameters): four 3x3 convs in two VGG-style pairs, global pool.
 
     conv1(in->32)+ReLU -> conv2(32->32)+ReLU+pool2 -> conv3(32->64)+ReLU -> conv4(64->64)+ReLU
@@ -490,10 +508,11 @@ def fca_cnn_c(in_channels: int, num_classes: int, image_size: int, split: str) -
         ("conv4", _conv_relu(64, 64, 3, pool=True)),
         ("pool", _global_pool()),
     ]
-    return _finish(stages, 64, num_classes, in_channels, image_size, split)
+    return _finish(stages, 64, num_classes, in_channels, image_size, split, relu_features)
 
 
-def fca_cnn_d(in_channels: int, num_classes: int, image_size: int, split: str) -> SplitModel:
+def fca_cnn_d(in_channels: int, num_classes: int, image_size: int, split: str,
+              relu_features: bool = False) -> SplitModel:
     """Small CNN D (about 340k parameters): two wide 3x3 convs, 2x2 average map, 512 -> 512.
 
     conv1(in->64)+ReLU+pool2 -> conv2(64->128)+ReLU+pool2 (3x3 same convs) -> pool (adaptive
@@ -505,4 +524,4 @@ def fca_cnn_d(in_channels: int, num_classes: int, image_size: int, split: str) -
         ("conv2", _conv_relu(64, 128, 3, pool=True)),
         ("pool", nn.Sequential(nn.AdaptiveAvgPool2d(2), nn.Flatten())),
     ]
-    return _finish(stages, 128 * 2 * 2, num_classes, in_channels, image_size, split)
+    return _finish(stages, 128 * 2 * 2, num_classes, in_channels, image_size, split, relu_features)
