@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedhet.experiment.build import make_algorithm
 from fedhet.experiment.config import load_config
@@ -33,3 +34,32 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
         assert cfg.model.archs() == ["fca_resnet18", "fca_shufflenetv2", "fca_googlenet", "fca_alexnet"]
     if path.stem == "t2_fmnist_skewed_fedclassavg":
         assert "paper 0.9800" in head and cfg.algorithm.params["rho"] == 0.4662 and cfg.train.lr == 6e-4
+    if cfg.algorithm.name == "ktpfl":                     # the codes' public data: another dataset
+        assert cfg.data.public is not None and cfg.data.public.source == "dataset"
+        assert cfg.data.public.dataset == ("cifar100" if cfg.data.dataset == "cifar10" else "mnist")
+    else:
+        assert cfg.data.public is None
+    assert cfg.model.options == ({"relu_features": True} if cfg.algorithm.name == "fedproto" else {})
+
+
+def test_arch_options_reach_one_architecture_only():
+    from types import SimpleNamespace
+
+    from fedhet.core.errors import ConfigError
+    from fedhet.experiment.build import build_models
+
+    raw = {"data": {"num_clients": 4}, "train": {"clients_per_round": 4},
+           "model": {"arch": ["fca_cnn_a", "fca_alexnet"], "options": {"relu_features": True},
+                     "arch_options": {"fca_alexnet": {"dropout": 0.5}}}}
+    fed = SimpleNamespace(in_channels=1, num_classes=10, image_size=28, num_clients=4)
+    models, archs = build_models(load_config(raw=raw), fed)
+    assert archs == ["fca_cnn_a", "fca_alexnet"] * 2
+    dropouts = [m.p for m in models["fca_alexnet"].modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts == [0.5]
+    assert not any(isinstance(m, torch.nn.Dropout) for m in models["fca_cnn_a"].modules())
+    assert all("feature_relu" in dict(m.body.named_children()) for m in models.values())   # `options`: both
+    with pytest.raises(ConfigError, match=r"names \['fca_cnn_b'\], which model.arch does not list"):
+        load_config(raw={**raw, "model": {**raw["model"], "arch_options": {"fca_cnn_b": {}}}})
+    bad = load_config(raw={**raw, "model": {"arch": ["fca_cnn_a", "fca_alexnet"], "options": {"dropout": 0.5}}})
+    with pytest.raises(ConfigError, match="model fca_cnn_a: .*does not take option"):
+        build_models(bad, fed)

@@ -43,6 +43,15 @@ METHODS = {
     "fedprox": ("FedProx (mu=0.01; value not stated)", "{name: fedprox, params: {mu: 0.01}}"),
 }
 
+# KT-pFL's public data (both codes): MNIST for the MNIST family (3000 of its training images drawn
+# every round: the whole MNIST train split is the public set), CIFAR-100 classes 0, 2, 20, 63, 71,
+# 82 (3000 images) for CIFAR-10.
+PUBLIC = {
+    "fmnist": "{source: dataset, dataset: mnist, size: 60000}",
+    "emnist": "{source: dataset, dataset: mnist, size: 60000}",
+    "cifar10": "{source: dataset, dataset: cifar100, size: 3000, classes: [0, 2, 20, 63, 71, 82]}",
+}
+
 # dataset -> (fedhet dataset, lr, rho, note)
 DATASETS = {
     "fmnist": ("fashion_mnist", 6e-4, 0.4662, ""),
@@ -89,6 +98,11 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
     head = (f"# FedClassAvg paper (papers/003), Table {table}: {desc}, paper {number:.4f}."
             if number is not None else f"# FedClassAvg paper (papers/003), Table {table} protocol, no paper number: {desc}.")
     homogeneous = table == "3"
+    arch = "fca_resnet18" if homogeneous else HETERO
+    # FedProto's prototypes are the classifier's inputs (both references): the ReLU of the head
+    # moves into the body, leaving a one-Linear head for the nearest-prototype evaluation.
+    model = f"{{arch: {arch}, options: {{relu_features: true}}}}" if method == "fedproto" else f"{{arch: {arch}}}"
+    public = [f"  public: {PUBLIC[dataset]}"] if method == "ktpfl" else []
     return "\n".join([
         head,
         f"# {dataset} {PARTITIONS[partition][0]}, {clients} clients, "
@@ -100,7 +114,8 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
         f"  num_clients: {clients}",
         f"  partition: {PARTITIONS[partition][1]}",
         "  local_test: {source: test_set, fraction: 0.3}",
-        f"model: {{arch: {'fca_resnet18' if homogeneous else HETERO}}}",
+        *public,
+        f"model: {model}",
         f"algorithm: {algo}",
         f"train: {{rounds: 200, clients_per_round: {clients if clients == 20 else clients // 10}, local_epochs: 1, "
         f"batch_size: 64, drop_last: true,",
