@@ -262,6 +262,26 @@ def test_cli_run_partition_compare(small_config, tmp_path, capsys):
     assert main(["run", str(path), "--out", str(tmp_path / "r1")]) == 2
 
 
+def test_compare_prints_the_papers_number_and_the_difference(small_config, tmp_path, capsys):
+    from fedhet.experiment.config import config_changes
+
+    raw = {**small_config, "paper": {"source": "Some paper Table 1", "cell": "tiny, FedAvg", "value": 0.5,
+                                     "std": 0.01, "rule": "best round"}}
+    raw["train"] = {**raw["train"], "rounds": 1}
+    run(raw, tmp_path / "r1")
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "r1")]) == 0
+    out = capsys.readouterr().out
+    final = json.loads((tmp_path / "r1" / "summary.json").read_text())["metrics"]["global_acc"]["final"]
+    assert f"| 50.00 ± 1.00 | {100 * final - 50:+.2f} |" in out
+    assert "Some paper Table 1, tiny, FedAvg; paper's rule: best round" in out
+    assert "mean of global_acc over the last 1 evaluations" in out
+    edited = load_config(raw={**raw, "paper": {**raw["paper"], "value": 0.6}})
+    assert config_changes(load_config(raw=raw).model_dump(mode="json"), edited) == []   # a note, not a setting
+    with pytest.raises(ConfigError, match="paper.value"):
+        load_config(raw={**raw, "paper": {"source": "x"}})
+
+
 def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tmp_path):
     """The evaluator batches clients and reuses the global pass; the numbers must equal the
     obvious per-client computation."""

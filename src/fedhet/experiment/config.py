@@ -159,6 +159,18 @@ class RunConfig(Strict):
     mlflow_tracking_uri: str | None = None          # default: sqlite:///RUN_DIR/mlflow.db
 
 
+class PaperResult(Strict):
+    """What a paper reports for the experiment a config describes; ``fedhet compare`` prints it
+    beside the measured numbers. Never read by a run (editing it does not make a run stale)."""
+
+    source: str                        # paper and table, e.g. "FedClassAvg (papers/003) Table 2"
+    cell: str = ""                     # the table cell, e.g. "FMNIST Dir(0.5), FedClassAvg"
+    metric: str | None = None          # fedhet's metric it corresponds to (default: the run's headline)
+    value: float                       # as fedhet reports the metric: a fraction, 0.9303 for 93.03%
+    std: float | None = Field(None, ge=0)
+    rule: str = ""                     # how the paper chose the number, e.g. "mean of the last 5 rounds"
+
+
 class ExperimentConfig(Strict):
     name: str = "experiment"
     seed: int = 0
@@ -168,6 +180,7 @@ class ExperimentConfig(Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    paper: PaperResult | None = None
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
@@ -264,15 +277,15 @@ def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
 
 def config_changes(recorded: dict, current: ExperimentConfig) -> list[str]:
     """Keys whose value differs between a recorded config (``model_dump(mode="json")``) and
-    ``current``, leaving out :data:`RESUMABLE_CHANGES` and a raised ``train.rounds`` (extending a
-    run). A key the recorded config does not have (made before the key existed) counts as
+    ``current``, leaving out :data:`RESUMABLE_CHANGES`, the ``paper`` section (a note, not a
+    setting) and a raised ``train.rounds`` (extending a run). A key the recorded config does not have (made before the key existed) counts as
     unchanged while the current value is its default. Each entry reads ``key: old -> new``."""
     old, new = flatten_config(recorded), flatten_config(current.model_dump(mode="json"))
     defaults = flatten_config(ExperimentConfig().model_dump(mode="json"))
     changes = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
-        if a == b or key in RESUMABLE_CHANGES:
+        if a == b or key in RESUMABLE_CHANGES or key == "paper" or key.startswith("paper."):
             continue
         if key not in old and key in defaults and b == defaults[key]:
             continue

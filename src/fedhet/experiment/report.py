@@ -7,9 +7,11 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import yaml
+
 from fedhet.core.errors import CheckpointError
 from fedhet.experiment.plots import plot_compare
-from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.rundir import CONFIG, read_metrics
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -17,6 +19,15 @@ def load_summary(run_dir: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no summary.json (not a fedhet run directory, or the run never started)")
     return json.loads(path.read_text())
+
+
+def load_paper(run_dir: Path) -> dict | None:
+    """The ``paper`` section of a run's recorded config (what the paper reports), or None."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        return None
+    recorded = yaml.safe_load(path.read_text()) or {}
+    return recorded.get("paper") if isinstance(recorded, dict) else None
 
 
 def _mean_std(values: list[float]) -> str:
@@ -29,28 +40,63 @@ def _mean_std(values: list[float]) -> str:
 
 
 def compare_table(run_dirs: list[Path], metric: str | None = None) -> tuple[str, dict]:
-    """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting."""
+    """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting.
+
+    When a run's config carries a ``paper`` section, two columns give the paper's number and
+    the measured final minus it (mean over seeds), and the notes say which rule each side used."""
     groups: dict[str, list[tuple[Path, dict]]] = defaultdict(list)
     for d in run_dirs:
         s = load_summary(d)
         groups[s["name"]].append((Path(d), s))
-    lines = ["| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |",
-             "|---|---|---|---|---|---|---|---|"]
+    papers = {name: load_paper(runs[0][0]) for name, runs in groups.items()}
+    with_paper = any(papers.values())
+    head = "| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |"
+    rule = "|---|---|---|---|---|---|---|---|"
+    if with_paper:
+        head, rule = head + " paper (%) | final - paper |", rule + "---|---|"
+    lines = [head, rule]
     curves: dict[str, list[list[tuple[int, float]]]] = {}
+    measured_rules: set[str] = set()
+    paper_notes: list[str] = []
     for name, runs in groups.items():
         m = metric or runs[0][1]["headline_metric"]
         stats = [s["metrics"].get(m, {}) for _, s in runs]
         finals = [x["final"] for x in stats if x]
         bests = [x["best"] for x in stats if x]
+        measured_rules.update(x["final_rule"] for x in stats if x.get("final_rule"))
         rounds = sorted({s["rounds_completed"] for _, s in runs})
         spr = [s["seconds_per_round_median"] for _, s in runs if s.get("seconds_per_round_median")]
         spr_text = f"{statistics.median(spr):.2f}" if spr else "-"
-        lines.append(f"| {name} | {runs[0][1]['algorithm']} | {m} | {len(runs)} | {'/'.join(map(str, rounds))} | "
-                     f"{_mean_std(finals)} | {_mean_std(bests)} | {spr_text} |")
+        row = (f"| {name} | {runs[0][1]['algorithm']} | {m} | {len(runs)} | {'/'.join(map(str, rounds))} | "
+               f"{_mean_std(finals)} | {_mean_std(bests)} | {spr_text} |")
+        if with_paper:
+            row += " " + _paper_cells(papers[name], m, runs) + " |"
+        lines.append(row)
         curves[name] = [[(r["round"], r[m]) for r in read_metrics(d) if r.get(m) is not None] for d, _ in runs]
-    notes = ("final = mean of the metric over the last evaluations (window in each summary); "
+        paper = papers[name]
+        if paper:
+            where = ", ".join(x for x in (paper.get("source"), paper.get("cell")) if x)
+            paper_notes.append(f"- {name}: {where}" + (f"; paper's rule: {paper['rule']}" if paper.get("rule") else ""))
+    notes = ("final = mean of the metric over the last evaluations (window in each summary"
+             + (f": {'; '.join(sorted(measured_rules))}" if measured_rules else "") + "); "
              "best = max over evaluated rounds; ± = sample std over seeds.")
+    if paper_notes:
+        notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
+                  "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))
     return "\n".join(lines) + "\n\n" + notes, curves
+
+
+def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]]) -> str:
+    if not paper:
+        return "- | -"
+    pm = paper.get("metric") or metric
+    finals = [s["metrics"][pm]["final"] for _, s in runs if s["metrics"].get(pm)]
+    value = 100 * paper["value"]
+    text = f"{value:.2f}" + (f" ± {100 * paper['std']:.2f}" if paper.get("std") is not None else "")
+    if pm != metric:
+        text += f" ({pm})"
+    diff = f"{100 * statistics.mean(finals) - value:+.2f}" if finals else "-"
+    return f"{text} | {diff}"
 
 
 def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None) -> str:
