@@ -23,3 +23,27 @@ def write_configs(folder: Path, files: dict[str, str], check: bool) -> int:
         path.write_text(text)
     print("\n".join(reported) if reported else f"{len(files)} configs in {folder} are up to date")
     return 1 if reported else 0
+
+
+def paper_section(source: str, cell: str, number: str, rule: str, metric: str | None = None,
+                  percent: bool = True) -> str:
+    """The config's ``paper:`` section (``fedhet compare`` prints it beside the measured numbers)
+    from a table entry such as ``"64.08±0.41"`` (percent) or ``"0.9303"`` (``percent=False``)."""
+    value, _, std = number.partition("±")
+    scale = 100 if percent else 1
+
+    def frac(text: str) -> str:
+        return f"{float(text) / scale:.6g}"
+
+    fields = [f"source: {_quote(source)}", f"cell: {_quote(cell)}"]
+    if metric:
+        fields.append(f"metric: {metric}")
+    fields.append(f"value: {frac(value)}")
+    if std:
+        fields.append(f"std: {frac(std)}")
+    fields.append(f"rule: {_quote(rule)}")
+    return "paper:\n" + "".join(f"  {f}\n" for f in fields)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

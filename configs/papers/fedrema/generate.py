@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
-from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
+from write_configs import paper_section, write_configs  # noqa: E402  (configs/papers/write_configs.py)
 
 DATASETS = {  # key -> (fedhet dataset, title, arch)
     "mnist": ("mnist", "MNIST", "cnn2"),
@@ -75,8 +75,11 @@ VARIANTS = {
 }
 
 
+BEST_RULE = "best personalized accuracy over 500 rounds (mean of the clients' accuracies), 5 seeds"
+
+
 def config(name: str, comment: str, ds: str, algorithm: str, options: str | None, npc: int = 600,
-           s: float = 0.2) -> str:
+           s: float = 0.2, paper: str = "") -> str:
     dataset, title, arch = DATASETS[ds]
     # FedReMa's classifier is every FC layer (its main.py); the baselines keep PFLlib's split, where
     # the head is the last Linear (the model's default split).
@@ -99,7 +102,12 @@ def config(name: str, comment: str, ds: str, algorithm: str, options: str | None
         "        drop_last: true, clip_grad_norm: 10}\n"
         "eval: {every: 1, final_window: 5}\n"
         "run: {checkpoint_every: 10}\n"
+        + paper
     )
+
+
+def title_of(ds: str) -> str:
+    return DATASETS[ds][1]
 
 
 def files() -> dict[str, str]:
@@ -111,16 +119,23 @@ def files() -> dict[str, str]:
                 desc, algo, opts = CIFAR_OVERRIDES[method]
             paper = TABLE_1[method].split()[col]
             name = f"t1_{ds}_{method}"
-            out[name] = config(f"fedrema-{name}", f"Table 1: {desc}, paper {paper}", ds, algo, opts)
+            out[name] = config(f"fedrema-{name}", f"Table 1: {desc}, paper {paper}", ds, algo, opts,
+                               paper=paper_section("FedReMa (papers/004) Table 1", f"{title_of(ds)}, {desc}",
+                                                   paper, BEST_RULE, metric="personal_acc"))
     for s, row in TABLE_2.items():                                           # Table 2
         for method, paper in row.items():
             desc, algo, opts = METHODS[method]
             name = f"t2_cifar10_s{s}_{method}"
-            out[name] = config(f"fedrema-{name}", f"Table 2: {desc}, paper {paper}", "cifar10", algo, opts, npc=100, s=s)
+            out[name] = config(f"fedrema-{name}", f"Table 2: {desc}, paper {paper}", "cifar10", algo, opts, npc=100, s=s,
+                               paper=paper_section("FedReMa (papers/004) Table 2", f"CIFAR-10 npc=100 s={s}, {desc}",
+                                                   paper, BEST_RULE, metric="personal_acc"))
     for delta, (best, final, ccp) in TABLE_3.items():                        # Table 3
         name = f"t3_cifar10_delta{delta}"
         out[name] = config(f"fedrema-{name}", f"Table 3: FedReMa delta={delta}, paper best {best}, final {final}, "
-                           f"CCP {ccp} rounds", "cifar10", f"{{name: fedrema, params: {{delta: {delta}}}}}", None)
+                           f"CCP {ccp} rounds", "cifar10", f"{{name: fedrema, params: {{delta: {delta}}}}}", None,
+                           paper=paper_section("FedReMa (papers/004) Table 3", f"CIFAR-10, FedReMa delta={delta}",
+                                               best, BEST_RULE + f" (final: {final}; CCP {ccp} rounds)",
+                                               metric="personal_acc"))
     for key, (desc, algo) in VARIANTS.items():                              # Tables 4-5
         name = f"t45_cifar10_{key}"
         out[name] = config(f"fedrema-{name}", desc, "cifar10", algo, None)
