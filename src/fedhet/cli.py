@@ -63,7 +63,8 @@ def _cmd_partition(args) -> int:
 def _cmd_compare(args) -> int:
     from fedhet.experiment.report import compare
 
-    print(compare([Path(d) for d in args.run_dirs], args.metric, Path(args.plot) if args.plot else None))
+    print(compare([Path(d) for d in args.run_dirs], args.metric, Path(args.plot) if args.plot else None,
+                  paired=args.paired))
     if args.plot:
         print(f"\noverlay plot: {args.plot}")
     return 0
@@ -148,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--metric", help="metric to compare (default: each run's headline metric)")
     c.add_argument("--plot", help="write an overlay plot to this PNG")
+    c.add_argument("--paired", metavar="NAME", help="also list every run's per-seed difference of final against "
+                                                   "the runs of this config name (e.g. a FedAvg baseline)")
     c.set_defaults(func=_cmd_compare)
 
     sw = sub.add_parser("sweep", help="run a sweep file's experiments (configs x seeds x --set grids) in parallel "

@@ -125,3 +125,28 @@ def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, smal
     bad = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0]}), ("fedprox", {"tag": "fedavg", "seeds": [1]})])
     with pytest.raises(ConfigError, match="tag 'fedavg' is also used"):
         load_sweep(bad)
+
+
+def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
+    from fedhet.experiment.report import compare
+
+    dirs, finals = [], {}
+    for algo in ("fedavg", "fedprox"):
+        for seed in (0, 1):
+            raw = copy.deepcopy(small_config)
+            raw.update(name=algo, seed=seed, algorithm={"name": algo, "params": {"mu": 0.5} if algo == "fedprox" else {}})
+            raw["train"]["rounds"] = 1
+            exp = Experiment.create(load_config(raw=raw), tmp_path / f"{algo}_s{seed}")
+            summary = exp.run(progress=False)
+            dirs.append(exp.run_dir)
+            finals[(algo, seed)] = 100 * summary["metrics"]["global_acc"]["final"]
+    text = compare(dirs, None, None, paired="fedavg")
+    d = [finals[("fedprox", s)] - finals[("fedavg", s)] for s in (0, 1)]
+    mean, std = sum(d) / 2, abs(d[0] - d[1]) / 2 ** 0.5
+    assert f"| fedprox | 2 | s0: {d[0]:+.2f}, s1: {d[1]:+.2f} | {mean:+.2f} ± {std:.2f} | {sum(x > 0 for x in d)}/2 |" in text
+    assert "| fedavg | 2 |" not in text.split("Paired differences")[1]
+    with pytest.raises(Exception, match="no completed run of that name"):
+        compare(dirs, None, None, paired="scaffold")
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], paired="nobody")
+    with pytest.raises(ConfigError, match="not the tag of any run"):
+        load_sweep(path)

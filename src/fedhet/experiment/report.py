@@ -99,8 +99,41 @@ def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]])
     return f"{text} | {diff}"
 
 
-def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None) -> str:
+def paired_differences(run_dirs: list[Path], base: str, metric: str | None = None) -> str:
+    """Markdown table of the per-seed differences ``final(group) - final(base)`` for every other
+    group, over the seeds both have (the paired comparison of a method with a baseline: the
+    partition and client sampling of a seed are the same for both)."""
+    finals: dict[str, dict[int, float]] = defaultdict(dict)
+    metrics: dict[str, str] = {}
+    for d in run_dirs:
+        s = load_summary(d)
+        m = metric or s["headline_metric"]
+        metrics.setdefault(s["name"], m)
+        if s["metrics"].get(m):
+            finals[s["name"]][int(s["seed"])] = s["metrics"][m]["final"]
+    if base not in finals:
+        raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
+                              f"(names: {', '.join(sorted(finals)) or 'none'})")
+    lines = [f"Paired differences of final {metrics[base]} against {base} (percentage points, per seed):", "",
+             "| run | seeds | per seed | mean ± std | differences > 0 |", "|---|---|---|---|---|"]
+    for name, by_seed in finals.items():
+        if name == base:
+            continue
+        seeds = sorted(set(by_seed) & set(finals[base]))
+        diffs = [100 * (by_seed[s] - finals[base][s]) for s in seeds]
+        if not diffs:
+            lines.append(f"| {name} | none shared | - | - | - |")
+            continue
+        spread = f"{statistics.mean(diffs):+.2f}" + (f" ± {statistics.stdev(diffs):.2f}" if len(diffs) > 1 else "")
+        per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(seeds, diffs))
+        lines.append(f"| {name} | {len(diffs)} | {per_seed} | {spread} | {sum(d > 0 for d in diffs)}/{len(diffs)} |")
+    return "\n".join(lines)
+
+
+def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None, paired: str | None = None) -> str:
     table, curves = compare_table(run_dirs, metric)
     if plot_path is not None:
         plot_compare(curves, metric or "headline accuracy", plot_path)
+    if paired:
+        table += "\n\n" + paired_differences(run_dirs, paired, metric)
     return table

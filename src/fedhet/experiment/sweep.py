@@ -8,6 +8,7 @@ A sweep file (YAML) names the runs::
     seeds: [0]                          # default seeds of every run
     set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
     grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
+    paired: b0.1_fedavg                 # optional: per-seed differences against this tag's runs
     runs:
       - config: configs/papers/fedacd/fmnist_b0.1_fedavg.yaml
         tag: b0.1_fedavg                # default: the config's file name without .yaml
@@ -68,6 +69,7 @@ class Sweep:
     metric: str | None = None
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
+    paired: str | None = None     # tag of the baseline for per-seed paired differences in the report
 
 
 def _as_list(value: Any, what: str, where: str) -> list:
@@ -99,10 +101,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     raw = read_yaml(path, "sweep file")
     if not isinstance(raw, dict) or not raw.get("runs"):
         raise ConfigError(f"{path}: a sweep file is a mapping with a non-empty 'runs' list (see fedhet sweep --help)")
-    unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric"}
+    unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric", "paired"}
     if unknown:
         raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; "
-                          "known: name, out, lanes, seeds, set, grid, runs, metric")
+                          "known: name, out, lanes, seeds, set, grid, runs, metric, paired")
     name = str(raw.get("name") or path.stem)
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
     n_lanes = int(lanes if lanes is not None else raw.get("lanes", 1))
@@ -143,7 +145,12 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                 seen[run_dir] = where
                 overrides = [*common, *own, *grid_set, f"seed={seed}", f"name={group}"]
                 jobs.append(Job(group, int(seed), config, overrides, run_dir))
-    return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path)
+    paired = raw.get("paired")
+    if paired is not None and str(paired) not in {j.tag for j in jobs}:
+        raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
+                          f"{', '.join(sorted({j.tag for j in jobs}))})")
+    return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
+                 paired=str(paired) if paired is not None else None)
 
 
 def _failure_marker(job: Job) -> Path:
@@ -306,7 +313,9 @@ def write_report(sweep: Sweep) -> str:
     lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
              f"fedhet sweep {sweep.source}" if sweep.source else "fedhet sweep", "```", ""]
     if done:
-        lines.append(compare(done, sweep.metric, sweep.out / "sweep.png"))
+        completed_tags = {j.tag for j in sweep.jobs if status[j.name] == "completed"}
+        paired = sweep.paired if sweep.paired in completed_tags else None
+        lines.append(compare(done, sweep.metric, sweep.out / "sweep.png", paired=paired))
     else:
         lines.append("No completed runs yet.")
     if missing:
