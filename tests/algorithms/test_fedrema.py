@@ -183,7 +183,7 @@ def test_fedrema_run_records_matching_and_keeps_momentum(small_config):
     assert summary["headline_metric"] == "personal_acc" and "global_acc" not in rows[-1]
     assert all(set(r["fedrema_relevant"]) == {str(c) for c in range(6)} for r in rows if r["fedrema_ccp"]
                or r["round"] == 1)
-    assert rows[-1]["fedrema_G"] and "momentum" in exp.loop.client_states[0]
+    assert rows[-1]["fedrema_G"] and "optimizer_state" in exp.loop.client_states[0]     # momentum kept
     # every client's evaluated model = the shared feature extractor + its own classifier
     s = exp.loop.server_state
     bodies = [exp.loop.client_model(c) for c in range(6)]
@@ -233,9 +233,10 @@ def _fedrema_loop(small_config):
 
 
 def test_kept_momentum_is_what_the_next_round_trains_with(small_config):
-    """FedReMa keeps each client's SGD momentum across rounds (spec decision): the buffers stored
-    after one round must be the optimizer state the client's next training starts from."""
-    from helpers import runtime
+    """FedReMa keeps each client's SGD momentum across rounds (spec decision; train.optimizer_state
+    auto): the buffers stored after one round must be the optimizer state the client's next
+    training starts from."""
+    from fedhet.engine.host import OPTIMIZER_STATE, Job, Tally
 
     loop = _fedrema_loop(small_config)
     algo = loop.algorithm
@@ -243,19 +244,21 @@ def test_kept_momentum_is_what_the_next_round_trains_with(small_config):
     cid = ctx.clients[0]
     msg = algo.train_message({**loop.server_state, "probe_seed": 7}, cid, ctx)
     momentum = {"body.conv1.0.weight": torch.full_like(loop.server_state["model"]["body.conv1.0.weight"], 0.5)}
-    client = runtime(loop, cid)
+    client = loop.host.runtime(cid, 0, Tally())
     seen = []
-    real = client.train
+    real = client.fit
 
-    def train(weights, terms=None, **kw):
-        seen.append(kw.get("optimizer_state"))
-        return real(weights, terms, **kw)
+    def fit(weights, terms, settings, **kw):
+        seen.append(dict(kw["optimizer_state"]))
+        return real(weights, terms, settings, **kw)
 
-    client.train = train
-    _, new_state = algo.client_update(msg, {"momentum": momentum}, client)
-    assert seen and seen[0] is momentum                     # the stored buffers, not fresh state
-    assert set(new_state["momentum"]) >= {"body.conv1.0.weight"}
-    assert not torch.equal(new_state["momentum"]["body.conv1.0.weight"], momentum["body.conv1.0.weight"])
+    client.fit = fit
+    result = loop.host.run(0, Job(cid, msg, {OPTIMIZER_STATE: momentum}, Tally()), client)
+    assert seen and torch.equal(seen[0]["body.conv1.0.weight"], momentum["body.conv1.0.weight"])
+    kept = result.state[OPTIMIZER_STATE]
+    assert set(kept) >= {"body.conv1.0.weight", "head.fc2.weight"}
+    assert not torch.equal(kept["body.conv1.0.weight"], momentum["body.conv1.0.weight"])
+    assert "momentum" not in result.state
 
 
 def test_every_client_of_a_round_probes_the_same_feature(small_config):

@@ -48,6 +48,12 @@ class Algorithm:
     name: ClassVar[str] = ""
     personalized: ClassVar[bool] = False
     has_global_model: ClassVar[bool] = True
+    # Whether, under train.optimizer_state "auto", each client's optimizer state is kept across
+    # rounds (by the client host; the method itself does nothing). FedReMa's reference does.
+    keeps_optimizer_state: ClassVar[bool] = False
+    # Whether the method's server rule is derived for local SGD (SCAFFOLD's control variates,
+    # FedNova's normalisation): the run is refused with train.optimizer adam.
+    requires_sgd: ClassVar[bool] = False
 
     class Params(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")

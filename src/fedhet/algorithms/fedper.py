@@ -66,10 +66,11 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
       (which only switch ``requires_grad``).
     * Batches: the head phase draws absolute epochs ``start_epoch ..``, the body phase the
       following ones, so the two phases see different shuffles.
-    * ``optimizer_state`` (momentum kept across rounds, FedReMa): each phase restores the buffers
-      of the parameters it trains, and the result carries the union, i.e. one optimizer over the
-      whole model whose frozen parameters get no step (PFLlib's single optimizer). Without it each
-      phase starts fresh SGD state (FedRep/FedPAC's per-phase optimizers).
+    * ``optimizer_state`` (momentum carried in): each phase restores the buffers of the parameters
+      it trains, i.e. one optimizer over the whole model whose frozen parameters get no step
+      (PFLlib's single optimizer). Without it each phase gets the client's default: fresh state
+      (FedRep/FedPAC's per-phase optimizers), or under ``train.optimizer_state: keep`` the state
+      the client host keeps, which holds both parts. The result carries the union either way.
     * ``trainable`` (from a combined method) further restricts both phases; ``options`` go to
       ``client.train`` (``augment``).
 
@@ -78,21 +79,25 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
     """
     results: list[LocalResult] = []
     current = weights
-    momentum = dict(optimizer_state) if optimizer_state else None
+    # Given state is carried from phase to phase; without it each call gets the client's default
+    # (fresh, or what the client host keeps under train.optimizer_state: keep).
+    carried = dict(optimizer_state) if optimizer_state else None
+    union = dict(optimizer_state or {})
     epoch = start_epoch
     for epochs, part, terms in ((head_epochs, is_head, head_terms), (body_epochs, is_body, body_terms)):
         if epochs <= 0:
             continue
         result = client.train(current, terms, epochs=epochs, start_epoch=epoch,
-                              trainable=_both(part, trainable), optimizer_state=momentum, **options)
+                              trainable=_both(part, trainable), optimizer_state=carried, **options)
         results.append(result)
         current = result.weights
-        if momentum is not None or result.optimizer_state:
-            momentum = {**(momentum or {}), **result.optimizer_state}
+        union.update(result.optimizer_state)
+        if carried is not None:
+            carried.update(result.optimizer_state)
         epoch += epochs
     if not results:
-        return LocalResult({k: v.detach().clone() for k, v in weights.items()}, dict(optimizer_state or {}), 0, 0, 0.0)
-    return concatenate_results(results, momentum or {})
+        return LocalResult({k: v.detach().clone() for k, v in weights.items()}, union, 0, 0, 0.0)
+    return concatenate_results(results, union)
 
 
 class FedPer(FedAvg):

@@ -44,8 +44,9 @@ Decisions (seed-specs section 6 lists the paper/code differences):
   clients' weights, seed-specs section 6).
 * With partial participation only the uploaded clients get new classifiers; a client whose
   dependency row has no weight on this round's uploads keeps its own uploaded classifier.
-* Each client's SGD momentum persists across rounds (the reference creates its optimizer once,
-  ``keep_momentum``); ``train.clip_grad_norm: 10`` and ``train.drop_last: true`` reproduce the
+* Each client's SGD momentum persists across rounds (the reference creates its optimizer once):
+  ``keeps_optimizer_state``, so ``train.optimizer_state: auto`` keeps it (the client host carries
+  it; ``reset`` gives FedReMa a fresh optimizer every round like the baselines); ``train.clip_grad_norm: 10`` and ``train.drop_last: true`` reproduce the
   rest of its local training (configs/papers/fedrema/).
 
 Variants of Sec. 5 (Table 4 and Table 5):
@@ -156,13 +157,13 @@ class FedReMa(FedAvg):
     name = "fedrema"
     personalized = True
     has_global_model = False
+    keeps_optimizer_state = True
 
     class Params(FedAvg.Params):
         delta: float = pydantic.Field(0.5, gt=0, lt=1)          # CCP threshold (Eq. 9), paper 0.5
         temperature: float = pydantic.Field(0.5, gt=0)          # M of the soft logits, paper 0.5
         ccp: Literal["adaptive", "forever"] = "adaptive"        # forever: MDS every round (Table 5 "+MDS")
         head_weighting: Literal["samples", "uniform"] = "samples"   # Eq. 7 weights (code: uniform)
-        keep_momentum: bool = True                              # reference keeps one optimizer per client
         feature_alignment: bool = False                         # FedReMa+F (Table 4)
         alternating: bool = False                               # with feature_alignment: FedReMa+A&F
         align_weight: float = pydantic.Field(1.0, ge=0)         # lambda of Eq. 11
@@ -265,18 +266,6 @@ class FedReMa(FedAvg):
         E = client.settings.epochs
         return train_head_then_body(client, weights, terms, body_terms, head_epochs=E, body_epochs=E,
                                     **self.train_options(msg, state, client))
-
-    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
-        options = super().train_options(msg, state, client)
-        if self.params.keep_momentum and state and "momentum" in state:
-            options["optimizer_state"] = state["momentum"]
-        return options
-
-    def after_training(self, result, msg: Message, state: State | None, client: ClientRuntime) -> State | None:
-        state = super().after_training(result, msg, state, client)
-        if self.params.keep_momentum and result.optimizer_state:
-            state = {**(state or {}), "momentum": result.optimizer_state}
-        return state
 
     def uploads(self, result, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
         up = super().uploads(result, msg, state, client)

@@ -130,6 +130,10 @@ class TrainSettings:
     betas: tuple[float, float] = (0.9, 0.999)   # Adam
     eps: float = 1e-8                  # Adam
     amsgrad: bool = False              # Adam
+    # Optimizer state across rounds (train.optimizer_state): "reset" (a fresh optimizer every
+    # round), "keep" (each client's state carried to its next round by the client host), "auto"
+    # (the method's own default, Algorithm.keeps_optimizer_state).
+    optimizer_state: str = "auto"
 
 
 @dataclass

@@ -6,6 +6,15 @@ seed - and turns a :class:`Job` (message, client state, the round's tally of tha
 into a :class:`JobResult` (reply, new state, updated tally). The in-process, forked-worker and
 vectorized transports and a Flower node all run clients through it, so a client's computation
 is the same code everywhere.
+
+Optimizer state across rounds (``train.optimizer_state``, resolved per run by
+:meth:`ClientHost.keeps_optimizer_state`) is the host's business, so every method honours it
+without code of its own: with "keep" the host takes the client's optimizer state out of its
+client state (key :data:`OPTIMIZER_STATE`) before ``client_update``, hands it to every
+``client.train`` call that does not pass its own, merges each call's final state back by
+parameter name (a phase that freezes some parameters keeps their buffers) and stores the union
+in the new client state. A method that carries state within a round (FedACD's per-epoch calls)
+still passes it explicitly.
 """
 
 from __future__ import annotations
@@ -29,6 +38,9 @@ from fedhet.core.seeding import torch_generator
 from fedhet.data.federated import Federation
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy, LossTerm
+
+# Client-state key of the optimizer state the host keeps across rounds (train.optimizer_state: keep).
+OPTIMIZER_STATE = "optimizer_state"
 
 
 @dataclass
@@ -77,6 +89,8 @@ class SimClient:
         self.buffer_names = host.buffer_names[self.arch]
         self.settings = host.settings
         self.tally = tally
+        # The optimizer state carried across rounds when the run keeps it (None: not kept).
+        self.kept_optimizer_state: Arrays | None = None
 
     def where(self) -> str:
         return f"in round {self.round}, client {self.cid}, algorithm {self.host.algorithm.name}"
@@ -89,9 +103,14 @@ class SimClient:
         s = settings or self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
+        kept = self.kept_optimizer_state
+        if kept is not None and optimizer_state is None:
+            optimizer_state = kept
         result = self.fit(weights, terms if terms is not None else [CrossEntropy()], s, start_epoch=start_epoch,
                           trainable=trainable, optimizer_state=optimizer_state, augment=augment,
                           statistics=statistics)
+        if kept is not None:
+            kept.update(result.optimizer_state)
         self.account(result)
         return result
 
@@ -133,9 +152,26 @@ class ClientHost:
     def runtime(self, cid: int, rnd: int, tally: Tally) -> SimClient:
         return SimClient(self, cid, rnd, tally)
 
+    @property
+    def keeps_optimizer_state(self) -> bool:
+        """Whether clients' optimizer states persist across rounds: ``train.optimizer_state``
+        "keep", or "auto" with a method that keeps them (FedReMa)."""
+        policy = self.settings.optimizer_state
+        return policy == "keep" or (policy == "auto" and self.algorithm.keeps_optimizer_state)
+
     def run(self, rnd: int, job: Job, runtime: SimClient | None = None) -> JobResult:
         """``algorithm.client_update`` of one job. ``runtime`` (default: this host's) must carry a
         copy of the job's tally, so a failed job changes nothing the loop holds."""
         client = runtime or self.runtime(job.cid, rnd, replace(job.tally))
-        reply, state = self.algorithm.client_update(job.message, job.state, client)
+        state = job.state
+        if not self.keeps_optimizer_state:
+            reply, state = self.algorithm.client_update(job.message, state, client)
+            return JobResult(reply, state, client.tally)
+        kept = dict(state.get(OPTIMIZER_STATE) or {}) if state else {}
+        if state and OPTIMIZER_STATE in state:
+            state = {k: v for k, v in state.items() if k != OPTIMIZER_STATE} or None
+        client.kept_optimizer_state = kept
+        reply, state = self.algorithm.client_update(job.message, state, client)
+        if kept:
+            state = {**(state or {}), OPTIMIZER_STATE: kept}
         return JobResult(reply, state, client.tally)

@@ -43,6 +43,10 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
         bad = "; ".join(f"algorithm.params.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
                           f"{', '.join(cls.Params.model_fields) or 'none'})") from None
+    if cls.requires_sgd and cfg.train.optimizer != "sgd":
+        raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule is derived for local SGD (the "
+                          f"normalised update of SCAFFOLD / FedNova), so train.optimizer must be sgd, not "
+                          f"{cfg.train.optimizer}")
     return cls(params)
 
 
@@ -72,7 +76,8 @@ def train_settings(cfg: ExperimentConfig, precision: str) -> TrainSettings:
     t = cfg.train
     return TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
                          weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm,
-                         precision=precision, optimizer=t.optimizer, betas=t.betas)
+                         precision=precision, optimizer=t.optimizer, betas=t.betas,
+                         optimizer_state=t.optimizer_state)
 
 
 def headline_metric(algorithm: Algorithm, federation: Federation) -> str:

@@ -116,6 +116,11 @@ class TrainConfig(Strict):
     # weight_decay above) or "adam" (torch.optim.Adam's, with betas; FedClassAvg uses (0.5, 0.999)).
     optimizer: Literal["sgd", "adam"] = "sgd"
     betas: tuple[float, float] = (0.9, 0.999)
+    # Optimizer state (momentum, Adam moments) across rounds, for every method alike: "reset" (a
+    # new optimizer each round, FedAvg's and PFLlib's baselines), "keep" (one optimizer per client
+    # kept across its rounds, FedReMa's reference), "auto" (each method's own default: keep for
+    # FedReMa, reset for the rest).
+    optimizer_state: Literal["auto", "reset", "keep"] = "auto"
 
     @pydantic.model_validator(mode="after")
     def _optimizer_settings(self) -> TrainConfig:
@@ -187,6 +192,10 @@ class ExperimentConfig(Strict):
         if self.train.clients_per_round > self.data.num_clients:
             raise ValueError(f"train.clients_per_round ({self.train.clients_per_round}) exceeds "
                              f"data.num_clients ({self.data.num_clients})")
+        if self.eval.clients != "all" and not self.eval.personalized:
+            raise ValueError(f"eval.clients ({self.eval.clients}) chooses whose local test splits the personalized "
+                             "metrics use; with eval.personalized: false there are none - drop eval.clients or "
+                             "set eval.personalized: true")
         if self.data.pool == "train+test" and self.data.local_test.source == "test_set":
             raise ValueError("data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")
         return self

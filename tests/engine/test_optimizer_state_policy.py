@@ -1,0 +1,98 @@
+"""train.optimizer_state: one optimizer-state policy that every method honours, carried by the
+client host (fedhet.engine.host): reset, keep, or each method's own default (auto)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from helpers import build_loop, config
+
+from fedhet.engine.host import OPTIMIZER_STATE, Job, Tally
+
+
+def _loop(small_config, algorithm, policy, params=None, **train):
+    raw = copy.deepcopy(small_config)
+    raw["train"]["optimizer_state"] = policy
+    return build_loop(config(raw, algorithm, params, momentum=0.9, clients_per_round=6, **train))
+
+
+def _spy(loop, cid, rnd=0):
+    """A runtime of ``cid`` whose fit records the optimizer state each training call starts from."""
+    client = loop.host.runtime(cid, rnd, Tally())
+    seen, real = [], client.fit
+
+    def fit(weights, terms, settings, **kw):
+        seen.append({k: v.clone() for k, v in (kw["optimizer_state"] or {}).items()})
+        return real(weights, terms, settings, **kw)
+
+    client.fit = fit
+    return client, seen
+
+
+@pytest.mark.parametrize("algorithm,policy,keeps", [
+    ("fedavg", "auto", False), ("fedavg", "keep", True), ("fedrema", "auto", True), ("fedrema", "reset", False),
+    ("fedprox", "keep", True),
+])
+def test_the_policy_decides_for_every_method(small_config, algorithm, policy, keeps):
+    loop = _loop(small_config, algorithm, policy)
+    assert loop.host.keeps_optimizer_state is keeps
+    loop.run_round(0)
+    stored = [s for s in loop.client_states.values() if s and OPTIMIZER_STATE in s]
+    assert bool(stored) is keeps
+    if keeps:   # one momentum buffer per trained parameter
+        names = {n for n, _ in loop.host.models["cnn2"].named_parameters()}
+        assert all(set(s[OPTIMIZER_STATE]) == names for s in stored)
+
+
+def test_kept_state_is_where_the_next_round_starts(small_config):
+    loop = _loop(small_config, "fedavg", "keep")
+    loop.run_round(0)
+    cid = next(c for c, s in loop.client_states.items() if s and OPTIMIZER_STATE in s)
+    stored = loop.client_states[cid][OPTIMIZER_STATE]
+    msg = loop.algorithm.train_message(loop.server_state, cid, loop.round_context(1))
+    client, seen = _spy(loop, cid, 1)
+    result = loop.host.run(1, Job(cid, msg, loop.client_states[cid], Tally()), client)
+    assert len(seen) == 1 and set(seen[0]) == set(stored)
+    assert all(torch.equal(seen[0][k], stored[k]) for k in stored)
+    assert not torch.equal(result.state[OPTIMIZER_STATE]["body.conv1.0.weight"], stored["body.conv1.0.weight"])
+    # reset: the same client starts from a fresh optimizer whatever its state holds
+    fresh = _loop(small_config, "fedavg", "reset")
+    client, seen = _spy(fresh, cid, 1)
+    out = fresh.host.run(1, Job(cid, msg, None, Tally()), client)
+    assert seen == [{}] and out.state is None
+
+
+def test_a_two_phase_method_keeps_the_union_of_its_phases(small_config):
+    """FedRep trains the head, then the body: under keep each phase resumes its own parameters'
+    buffers from the last round and the stored state holds both parts."""
+    loop = _loop(small_config, "fedrep", "keep", {"rep_head_epochs": 1})
+    loop.run_round(0)
+    cid = next(c for c, s in loop.client_states.items() if s and OPTIMIZER_STATE in s)
+    stored = loop.client_states[cid][OPTIMIZER_STATE]
+    assert any(k.startswith("head.") for k in stored) and any(k.startswith("body.") for k in stored)
+    msg = loop.algorithm.train_message(loop.server_state, cid, loop.round_context(1))
+    client, seen = _spy(loop, cid, 1)
+    result = loop.host.run(1, Job(cid, msg, loop.client_states[cid], Tally()), client)
+    assert len(seen) == 2                                        # head phase, body phase
+    assert all(torch.equal(seen[0][k], stored[k]) for k in stored)
+    head = [k for k in stored if k.startswith("head.")]
+    # the body phase starts from last round's body buffers and this round's head buffers
+    assert all(torch.equal(seen[1][k], stored[k]) for k in stored if k.startswith("body."))
+    assert all(not torch.equal(seen[1][k], stored[k]) for k in head)
+    assert set(result.state[OPTIMIZER_STATE]) == set(stored)
+
+
+def test_keep_changes_the_run_and_reset_matches_the_default(small_config, tmp_path):
+    import fedhet
+
+    def loss(policy):
+        raw = copy.deepcopy(small_config)
+        raw["train"].update(momentum=0.9, rounds=2, clients_per_round=6, optimizer_state=policy)
+        return fedhet.run(raw, out=tmp_path / policy).metric("train_loss")
+
+    reset = loss("reset")
+    assert reset == loss("auto")                    # FedAvg's default is a fresh optimizer each round
+    kept = loss("keep")
+    assert kept[0] == reset[0] and kept[1] != reset[1]      # round 1 starts fresh either way
