@@ -350,3 +350,24 @@ def test_resume_accepts_a_checkpoint_made_before_a_config_key_existed(small_conf
     assert config_changes(recorded, cfg) == []
     changed = load_config(raw={**small_config, "eval": {**small_config["eval"], "clients": "sampled"}})
     assert config_changes(recorded, changed) == ["eval.clients: '<absent>' -> 'sampled'"]
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fednova", "fedprox+scaffold"])
+def test_sgd_derived_server_rules_refuse_adam(small_config, name):
+    from fedhet.experiment.build import make_algorithm
+
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": name, "params": {"mu": 0.01} if "fedprox" in name else {}}
+    assert make_algorithm(load_config(raw=raw)).requires_sgd
+    raw["train"]["optimizer"] = "adam"
+    with pytest.raises(ConfigError, match="train.optimizer must be sgd, not adam"):
+        make_algorithm(load_config(raw=raw))
+    raw["algorithm"] = {"name": "fedavg"}
+    assert make_algorithm(load_config(raw=raw)).name == "fedavg"          # Adam is fine elsewhere
+
+
+def test_eval_clients_needs_personalized_metrics(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["eval"] = {**raw["eval"], "clients": "sampled", "personalized": False}
+    with pytest.raises(ConfigError, match="eval.clients"):
+        load_config(raw=raw)

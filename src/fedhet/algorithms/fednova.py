@@ -29,6 +29,7 @@ from fedhet.training.steps import normalizing_factor
 
 class FedNova(FedAvg):
     name = "fednova"
+    requires_sgd = True
 
     class Params(FedAvg.Params):
         pass

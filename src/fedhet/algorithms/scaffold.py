@@ -88,6 +88,7 @@ def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batc
 
 class Scaffold(FedAvg):
     name = "scaffold"
+    requires_sgd = True
 
     class Params(FedAvg.Params):
         option: Literal["I", "II"] = "II"
