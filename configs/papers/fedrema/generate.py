@@ -37,7 +37,7 @@ METHODS = {
     "moon": ("MOON (mu=1, tau=0.5, 256-d projection)", "{name: moon, params: {mu: 1.0, tau: 0.5}}",
              "{projection_dim: 256}"),
     "fedproto": ("FedProto (lambda=1)", "{name: fedproto}", None),
-    "fedper": ("FedPer (classifier = both FC layers kept local)", "{name: fedper}", None),
+    "fedper": ("FedPer (classifier = every FC layer, kept local)", "{name: fedper}", None),
     "perfedavg": ("Per-FedAvg (first-order)", "{name: perfedavg}", None),
     "fedbabu": ("FedBABU (head frozen, fine-tuned before evaluation)", "{name: fedbabu}", None),
     "fedpac": ("FedPAC (lambda=1)", "{name: fedpac}", None),
@@ -75,19 +75,25 @@ VARIANTS = {
 }
 
 
+HEAD_BASED = ("fedper", "fedrep", "fedbabu", "fedpac", "fedrema")
 BEST_RULE = "best personalized accuracy over 500 rounds (mean of the clients' accuracies), 5 seeds"
 
 
 def config(name: str, comment: str, ds: str, algorithm: str, options: str | None, npc: int = 600,
            s: float = 0.2, paper: str = "") -> str:
     dataset, title, arch = DATASETS[ds]
-    # FedReMa's classifier is every FC layer (its main.py); the baselines keep PFLlib's split, where
-    # the head is the last Linear (the model's default split).
-    split = ", split: fc1" if "fedrema" in algorithm else (", split: fc3" if ds == "cifar10" else "")
+    # Like for like (issue 15): "we consider the fully connected layers of each network as
+    # classifiers" (papers/004 Sec. 5.1) - every FC layer is the head of every head-based method
+    # (FedReMa's main.py too). FedProto keeps PFLlib's split (its prototypes are the last Linear's
+    # input, as its nearest-prototype evaluation needs); for the other methods the split is moot.
+    head_based = any(f"name: {m}" in algorithm for m in HEAD_BASED)
+    split = ", split: fc1" if head_based else (", split: fc3" if ds == "cifar10" else "")
     model = f"{{arch: {arch}{split}" + (f", options: {options}" if options else "") + "}"
     return (
         f"# FedReMa paper (papers/004), {comment}. {title}, K=20, npc={npc}, s={s}.\n"
         f"# Paper protocol: T=500, personalized accuracy, best over rounds (seed-specs section 6).\n"
+        f"# Like for like: every FC layer is the classifier of the head-based methods; every method keeps one\n"
+        f"# optimizer per client across rounds (train.optimizer_state: keep, FedReMa's reference).\n"
         f"name: {name}\n"
         "seed: 0\n"
         "data:\n"
@@ -99,7 +105,7 @@ def config(name: str, comment: str, ds: str, algorithm: str, options: str | None
         f"model: {model}\n"
         f"algorithm: {algorithm}\n"
         "train: {rounds: 500, clients_per_round: 20, local_epochs: 5, batch_size: 100, lr: 0.01, momentum: 0.9,\n"
-        "        drop_last: true, clip_grad_norm: 10}\n"
+        "        drop_last: true, clip_grad_norm: 10, optimizer_state: keep}\n"
         "eval: {every: 1, final_window: 5}\n"
         "run: {checkpoint_every: 10}\n"
         + paper
