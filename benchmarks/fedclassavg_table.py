@@ -1,0 +1,101 @@
+"""Table of the FedClassAvg reduced reproduction (runs of ``benchmarks/fedclassavg_fmnist.sweep.yaml``).
+
+    .venv/bin/fedhet sweep benchmarks/fedclassavg_fmnist.sweep.yaml
+    .venv/bin/python benchmarks/fedclassavg_table.py benchmarks/fedclassavg_fmnist.sweep.yaml
+
+Per partition and method (one seed): the mean over clients of each client's current model on its
+own local test set (``personal_acc``, the paper's metric), final (mean of the last evaluations,
+the window in the config) and best over rounds, with the std over clients at the final round (the
+paper's ±), beside the number of the paper config the run was made from (its ``paper`` section:
+Table 2 / Table 4, Fashion-MNIST). Writes ``benchmarks/results/fedclassavg_fmnist_<tag>.{md,json,png}``
+where <tag> is the sweep's output folder name without its prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fedhet.experiment.config import load_config
+from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.sweep import load_sweep
+
+PARTITIONS = {"dir0.5": "Dir(0.5)", "skewed": "Skewed (2 classes)"}
+METHODS = {"local": "Local", "fedproto": "FedProto", "ktpfl": "KT-pFL", "ca": "FedClassAvg CA (Table 4)",
+           "ca_pr": "FedClassAvg CA+PR (Table 4)", "ca_cl": "FedClassAvg CA+CL (Table 4)",
+           "fedclassavg": "FedClassAvg (CA+PR+CL)"}
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.2f}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("sweep", type=Path)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    a = p.parse_args()
+    sweep = load_sweep(a.sweep)
+
+    rows, curves, missing = [], {}, []
+    for job in sweep.jobs:
+        part, method = job.tag.split("_", 1)
+        summary_path = job.run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        if summary is None or summary["status"] != "completed":
+            missing.append((job.name, summary["status"] if summary else "not started"))
+            continue
+        metrics = read_metrics(job.run_dir)
+        stats = summary["metrics"]["personal_acc"]
+        last = [r for r in metrics if r.get("personal_acc") is not None][-1]
+        paper = load_config(job.config).paper
+        rows.append({"partition": part, "method": method, "seed": job.seed, "rounds": summary["rounds_completed"],
+                     "final": stats["final"], "final_rule": stats["final_rule"], "best": stats["best"],
+                     "best_round": stats["best_round"], "std_over_clients": last.get("personal_acc_std"),
+                     "seconds_per_round": summary["seconds_per_round_median"],
+                     "paper": paper.value if paper else None, "paper_std": paper.std if paper else None})
+        curves[f"{PARTITIONS[part]} {METHODS[method]}"] = [[(r["round"], r["personal_acc"]) for r in metrics
+                                                             if r.get("personal_acc") is not None]]
+    if not rows:
+        raise SystemExit(f"no completed runs of {a.sweep} under {sweep.out}")
+
+    lines = ["# FedClassAvg reduced reproduction, Fashion-MNIST (issue 14)", "",
+             "Command:", "", "```bash", f"fedhet sweep {a.sweep}", f"python benchmarks/fedclassavg_table.py {a.sweep}",
+             "```", "",
+             "personal_acc = mean over the 20 clients of each client's current model on its own local test set "
+             f"(final: {rows[0]['final_rule']}; best: max over rounds, at the round given); ± clients = std over "
+             "clients at the last round. Paper: Table 2 / Table 4 (Fashion-MNIST), chosen by the authors' "
+             "minimum mean local test loss over up to 1,000 rounds; its ± is the std over clients.", "",
+             "| partition | method | rounds | final (%) | ± clients | best (%) @round | paper (%) | final - paper | s/round |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    order = {m: i for i, m in enumerate(METHODS)}
+    for r in sorted(rows, key=lambda r: (list(PARTITIONS).index(r["partition"]), order[r["method"]])):
+        paper = "-" if r["paper"] is None else pct(r["paper"]) + (f" ± {pct(r['paper_std'])}" if r["paper_std"] else "")
+        diff = "-" if r["paper"] is None else f"{100 * (r['final'] - r['paper']):+.2f}"
+        lines.append(f"| {PARTITIONS[r['partition']]} | {METHODS[r['method']]} | {r['rounds']} | {pct(r['final'])} | "
+                     f"{pct(r['std_over_clients'])} | {pct(r['best'])} @{r['best_round']} | {paper} | {diff} | "
+                     f"{r['seconds_per_round']:.1f} |")
+    if missing:
+        lines += ["", "Runs not in the table (not completed):", ""] + [f"- `{n}`: {s}" for n, s in missing]
+    first = sweep.jobs[0]
+    summary0 = json.loads((first.run_dir / "summary.json").read_text())
+    m = machine_info()
+    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit "
+              f"{summary0['machine']['commit']}, table at commit {git_commit()}.", "",
+              "Config of the first run (the others differ in algorithm, partition and `data.public`):", "",
+              "```yaml", (first.run_dir / "config.yaml").read_text().strip(), "```", ""]
+    tag = sweep.out.name.replace("fedclassavg_fmnist_", "")
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = a.out / f"fedclassavg_fmnist_{tag}"
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "missing": missing, "machine": m}, indent=2))
+    plot_compare(curves, "personal_acc", stem.with_suffix(".png"))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
