@@ -150,3 +150,41 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], paired="nobody")
     with pytest.raises(ConfigError, match="not the tag of any run"):
         load_sweep(path)
+
+
+def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_path, small_config):
+    import os
+    import subprocess
+    import sys
+
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})])
+    sweep = load_sweep(path)
+    sweep.out.mkdir(parents=True)
+    held, dead = sweep.jobs
+    (sweep.out / f"{held.name}.lock").write_text(f"{os.getpid()}\n")            # a live process holds it
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (sweep.out / f"{dead.name}.lock").write_text(f"{gone.pid}\n")                 # its process has exited
+    assert job_status(held) == "running" and job_status(dead) == "new"
+    messages = []
+    outcome = run_sweep(sweep, log=messages.append, poll_seconds=0.2)
+    assert outcome == {dead.name: "completed"}
+    assert any(f"skipped {held.name}: another sweep process runs it" in m for m in messages)
+    assert not (sweep.out / f"{dead.name}.lock").exists() and not held.run_dir.exists()
+
+
+def test_a_raised_round_count_extends_completed_runs(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=2"])
+    run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)
+    longer = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=3"])
+    sweep = load_sweep(longer)
+    (job,) = sweep.jobs
+    assert job_status(job) == "extend"
+    messages = []
+    assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {job.name: "completed"}
+    assert any("(resuming)" in m for m in messages) and job_status(job) == "completed"
+    # the same as a 3-round run from the start
+    fresh = load_sweep(longer, out=tmp_path / "fresh")
+    run_sweep(fresh, log=lambda m: None, poll_seconds=0.2)
+    assert rows_without_time(job.run_dir) == rows_without_time(fresh.jobs[0].run_dir)
+    assert [r["round"] for r in read_metrics(job.run_dir)] == [1, 2, 3]

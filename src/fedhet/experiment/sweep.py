@@ -23,6 +23,11 @@ fails (a config error, a diverged run) is reported, marked ``<out>/<run>.failed`
 tail, and the others go on; ``--retry-failed`` runs the failed ones again. Each job's output is
 in ``<out>/<run>.log``. A run directory whose recorded config differs from what the sweep file now
 asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
+A completed run with fewer rounds than the sweep now asks for (a raised ``train.rounds``) is
+``extend``: its recorded config gets the new round count and the run continues from its last
+checkpoint. While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
+sweep over the same folder sees the job as ``running`` and leaves it alone (a lock whose process
+is gone is ignored).
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group) and ``sweep.png``.
@@ -157,6 +162,54 @@ def _failure_marker(job: Job) -> Path:
     return job.run_dir.parent / f"{job.name}.failed"
 
 
+def _lock_path(job: Job) -> Path:
+    return job.run_dir.parent / f"{job.name}.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:       # exists, owned by someone else
+        return True
+    return True
+
+
+def lock_holder(job: Job) -> int | None:
+    """A live process id of the sweep running ``job`` or of the run itself, or None (no lock, or
+    both processes are gone)."""
+    try:
+        pids = [int(x) for x in _lock_path(job).read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return next((pid for pid in pids if _alive(pid)), None)
+
+
+def _take_lock(job: Job) -> bool:
+    """Create the job's lock for this process; False when a live process holds it."""
+    path = _lock_path(job)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if lock_holder(job) is not None:
+                return False
+            path.unlink(missing_ok=True)          # its process is gone: a stale lock
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return True
+    return False
+
+
+def _requested_rounds(job: Job) -> int | None:
+    try:
+        return load_config(job.config, job.overrides).train.rounds
+    except (ConfigError, OSError):
+        return None
+
+
 def config_mismatch(job: Job) -> list[str]:
     """How the config recorded in the job's run directory differs from what the sweep file asks
     for now (``config_changes``: run.* settings and a raised train.rounds aside); [] without a run."""
@@ -172,17 +225,24 @@ def config_mismatch(job: Job) -> list[str]:
 
 def job_status(job: Job) -> str:
     """completed | failed | interrupted (its run directory exists: resumed) | new; ``stale`` when
-    the run directory holds a run of another config than the sweep file now asks for."""
+    the run directory holds a run of another config than the sweep file now asks for; ``extend``
+    when it completed fewer rounds than now asked for; ``running`` while a live sweep runs it."""
+    if lock_holder(job) is not None:
+        return "running"
     if config_mismatch(job):
         return "stale"
     summary = job.run_dir / "summary.json"
-    status = None
+    recorded: dict = {}
     if summary.is_file():
         try:
-            status = json.loads(summary.read_text()).get("status")
+            recorded = json.loads(summary.read_text())
         except (OSError, ValueError):
-            status = None
+            recorded = {}
+    status = recorded.get("status")
     if status == "completed":
+        wanted = _requested_rounds(job)
+        if wanted is not None and int(recorded.get("rounds_completed", wanted)) < wanted:
+            return "extend"
         return "completed"
     if status == "failed" or _failure_marker(job).is_file():
         return "failed"
@@ -224,7 +284,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
         if initial[j.name] == "stale":
             log(f"skipped {j.name}: its run directory holds another config than the sweep file asks for "
                 f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
-    todo = [j for j in sweep.jobs if initial[j.name] in ("new", "interrupted")
+        if initial[j.name] == "running":
+            log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {_lock_path(j)})")
+    todo = [j for j in sweep.jobs if initial[j.name] in ("new", "interrupted", "extend")
             or (retry_failed and initial[j.name] == "failed")]
     skipped = len(sweep.jobs) - len(todo)
     log(f"sweep {sweep.name}: {len(sweep.jobs)} runs, {skipped} already completed or failed, {len(todo)} to run "
@@ -236,6 +298,11 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
         while todo or running:
             while todo and len(running) < sweep.lanes:
                 job = todo.pop(0)
+                if not _take_lock(job):
+                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
+                    continue
+                if initial[job.name] == "extend":
+                    _extend_rounds(job)
                 _failure_marker(job).unlink(missing_ok=True)
                 # a run directory with a config is resumed: from its checkpoint, or from round 1
                 resume = (job.run_dir / "config.yaml").is_file()
@@ -243,6 +310,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
                 proc = subprocess.Popen(_command(job, threads, resume), stdout=logf, stderr=subprocess.STDOUT)
                 logf.close()
+                _lock_path(job).write_text(f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
             time.sleep(poll_seconds)
@@ -251,6 +319,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 if rc is None:
                     continue
                 del running[name]
+                _lock_path(job).unlink(missing_ok=True)
                 status = job_status(job)
                 if status == "completed" and rc != 0:      # recorded completed; something after it failed
                     log(f"{time.strftime('%H:%M:%S')} note   {name} completed but exited with status {rc} "
@@ -272,9 +341,20 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
         # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
         # SIGINT (a run stops like after Ctrl-C: summary and checkpoints kept), and only then kill.
         _stop([proc for _, proc, _ in running.values()], grace=10.0 if isinstance(e, KeyboardInterrupt) else 0.0)
+        for job, _, _ in running.values():
+            _lock_path(job).unlink(missing_ok=True)
         log("sweep stopped: its running runs were stopped; run the same command again to resume them")
         raise
     return outcome
+
+
+def _extend_rounds(job: Job) -> None:
+    """Raise the recorded config's train.rounds to what the sweep asks for, so ``--resume``
+    continues the completed run from its last checkpoint."""
+    path = job.run_dir / "config.yaml"
+    recorded = yaml.safe_load(path.read_text()) or {}
+    recorded.setdefault("train", {})["rounds"] = _requested_rounds(job)
+    path.write_text(yaml.safe_dump(recorded, sort_keys=False))
 
 
 def _stop(procs: list[subprocess.Popen], grace: float) -> None:
