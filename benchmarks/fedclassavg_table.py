@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from fedhet.experiment.config import load_config
@@ -24,6 +25,7 @@ from fedhet.experiment.summary import git_commit, machine_info
 from fedhet.experiment.sweep import load_sweep
 
 PARTITIONS = {"dir0.5": "Dir(0.5)", "skewed": "Skewed (2 classes)"}
+WINDOW = 3                     # final = mean of the last 3 evaluated rounds (the sweep's eval.final_window)
 METHODS = {"local": "Local", "fedproto": "FedProto", "ktpfl": "KT-pFL", "ca": "FedClassAvg CA (Table 4)",
            "ca_pr": "FedClassAvg CA+PR (Table 4)", "ca_cl": "FedClassAvg CA+CL (Table 4)",
            "fedclassavg": "FedClassAvg (CA+PR+CL)"}
@@ -45,41 +47,48 @@ def main() -> int:
         part, method = job.tag.split("_", 1)
         summary_path = job.run_dir / "summary.json"
         summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
-        if summary is None or summary["status"] != "completed":
+        metrics = read_metrics(job.run_dir) if (job.run_dir / "metrics.jsonl").is_file() else []
+        evaluated = [r for r in metrics if r.get("personal_acc") is not None]
+        if not evaluated:
             missing.append((job.name, summary["status"] if summary else "not started"))
             continue
-        metrics = read_metrics(job.run_dir)
-        stats = summary["metrics"]["personal_acc"]
-        last = [r for r in metrics if r.get("personal_acc") is not None][-1]
+        completed = summary is not None and summary["status"] == "completed"
         paper = load_config(job.config).paper
-        rows.append({"partition": part, "method": method, "seed": job.seed, "rounds": summary["rounds_completed"],
-                     "final": stats["final"], "final_rule": stats["final_rule"], "best": stats["best"],
-                     "best_round": stats["best_round"], "std_over_clients": last.get("personal_acc_std"),
-                     "seconds_per_round": summary["seconds_per_round_median"],
+        accs = [r["personal_acc"] for r in evaluated]
+        best_i = max(range(len(accs)), key=lambda i: (accs[i], -i))
+        rows.append({"partition": part, "method": method, "seed": job.seed, "rounds": len(evaluated),
+                     "completed": completed, "final": statistics.mean(accs[-WINDOW:]), "best": accs[best_i],
+                     "best_round": evaluated[best_i]["round"], "by_round": {r["round"]: r["personal_acc"] for r in evaluated},
+                     "std_over_clients": evaluated[-1].get("personal_acc_std"),
+                     "seconds_per_round": statistics.median(r["seconds"]["total"] for r in evaluated),
                      "paper": paper.value if paper else None, "paper_std": paper.std if paper else None})
-        curves[f"{PARTITIONS[part]} {METHODS[method]}"] = [[(r["round"], r["personal_acc"]) for r in metrics
-                                                             if r.get("personal_acc") is not None]]
+        curves[f"{PARTITIONS[part]} {METHODS[method]}"] = [[(r["round"], r["personal_acc"]) for r in evaluated]]
     if not rows:
-        raise SystemExit(f"no completed runs of {a.sweep} under {sweep.out}")
+        raise SystemExit(f"no evaluated runs of {a.sweep} under {sweep.out}")
+    common = min(r["rounds"] for r in rows)      # every run has reached this round: like for like
 
     lines = ["# FedClassAvg reduced reproduction, Fashion-MNIST (issue 14)", "",
              "Command:", "", "```bash", f"fedhet sweep {a.sweep}", f"python benchmarks/fedclassavg_table.py {a.sweep}",
              "```", "",
              "personal_acc = mean over the 20 clients of each client's current model on its own local test set "
-             f"(final: {rows[0]['final_rule']}; best: max over rounds, at the round given); ± clients = std over "
-             "clients at the last round. Paper: Table 2 / Table 4 (Fashion-MNIST), chosen by the authors' "
-             "minimum mean local test loss over up to 1,000 rounds; its ± is the std over clients.", "",
-             "| partition | method | rounds | final (%) | ± clients | best (%) @round | paper (%) | final - paper | s/round |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"(final: mean over the last {WINDOW} evaluated rounds; best: max over rounds, at the round given; "
+             f"@{common}: at round {common}, which every run below reached); ± clients = std over clients at the "
+             "last round. A run stopped before its last round is marked with the rounds it ran. Paper: Table 2 / "
+             "Table 4 (Fashion-MNIST), chosen by the authors' minimum mean local test loss over up to 1,000 rounds; "
+             "its ± is the std over clients.", "",
+             f"| partition | method | rounds | final (%) | ± clients | best (%) @round | @{common} (%) | paper (%) | "
+             "final - paper | s/round |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(METHODS)}
     for r in sorted(rows, key=lambda r: (list(PARTITIONS).index(r["partition"]), order[r["method"]])):
         paper = "-" if r["paper"] is None else pct(r["paper"]) + (f" ± {pct(r['paper_std'])}" if r["paper_std"] else "")
         diff = "-" if r["paper"] is None else f"{100 * (r['final'] - r['paper']):+.2f}"
-        lines.append(f"| {PARTITIONS[r['partition']]} | {METHODS[r['method']]} | {r['rounds']} | {pct(r['final'])} | "
-                     f"{pct(r['std_over_clients'])} | {pct(r['best'])} @{r['best_round']} | {paper} | {diff} | "
-                     f"{r['seconds_per_round']:.1f} |")
+        rounds = str(r["rounds"]) if r["completed"] else f"{r['rounds']} (stopped)"
+        lines.append(f"| {PARTITIONS[r['partition']]} | {METHODS[r['method']]} | {rounds} | {pct(r['final'])} | "
+                     f"{pct(r['std_over_clients'])} | {pct(r['best'])} @{r['best_round']} | "
+                     f"{pct(r['by_round'][common])} | {paper} | {diff} | {r['seconds_per_round']:.1f} |")
     if missing:
-        lines += ["", "Runs not in the table (not completed):", ""] + [f"- `{n}`: {s}" for n, s in missing]
+        lines += ["", "Runs not in the table (nothing evaluated yet):", ""] + [f"- `{n}`: {s}" for n, s in missing]
     first = sweep.jobs[0]
     summary0 = json.loads((first.run_dir / "summary.json").read_text())
     m = machine_info()
@@ -89,10 +98,10 @@ def main() -> int:
               "```yaml", (first.run_dir / "config.yaml").read_text().strip(), "```", ""]
     tag = sweep.out.name.replace("fedclassavg_fmnist_", "")
     a.out.mkdir(parents=True, exist_ok=True)
-    stem = a.out / f"fedclassavg_fmnist_{tag}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"rows": rows, "missing": missing, "machine": m}, indent=2))
-    plot_compare(curves, "personal_acc", stem.with_suffix(".png"))
+    stem = f"fedclassavg_fmnist_{tag}"           # (the tag has dots: no with_suffix)
+    (a.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (a.out / f"{stem}.json").write_text(json.dumps({"rows": rows, "missing": missing, "machine": m}, indent=2))
+    plot_compare(curves, "personal_acc", a.out / f"{stem}.png")
     print("\n".join(lines))
     return 0
 
