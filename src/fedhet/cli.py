@@ -9,6 +9,16 @@ from pathlib import Path
 from fedhet.core.errors import FedhetError
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _cmd_run(args) -> int:
     from fedhet.experiment.config import load_config
     from fedhet.experiment.report import compare
@@ -17,18 +27,16 @@ def _cmd_run(args) -> int:
     if args.resume:
         if args.config or args.set:
             raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG or --set")
-        exp = Experiment.resume(args.resume)
+        exp = Experiment.resume(args.resume, threads=args.threads)
         print(f"resuming {exp.run_dir} after round {exp.start_round}", file=sys.stderr)
     else:
         if not args.config:
             raise FedhetError("fedhet run needs a CONFIG file (see configs/) or --resume RUN_DIR")
-        cfg = load_config(args.config, args.set)
+        # --threads is run.threads: the torch threads and the engine's CPU budget (engine: auto
+        # picks workers within it, so side-by-side sweep lanes do not oversubscribe the cores)
+        cfg = load_config(args.config, [*args.set, *([f"run.threads={args.threads}"] if args.threads else [])])
         exp = Experiment.create(cfg, args.out)
         print(f"run directory: {exp.run_dir}", file=sys.stderr)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)  # speed only (float sums may differ in the last bits)
     exp.run(progress=False if args.no_progress else None)
     print(compare([exp.run_dir], None, None))
     print(f"\nresults: {exp.run_dir}/summary.json, metrics.jsonl, accuracy.png")
@@ -136,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
-    r.add_argument("--threads", type=int, help="torch intra-op threads (overrides run.threads, also on --resume)")
+    r.add_argument("--threads", type=_positive_int,
+                   help="run.threads: torch intra-op threads and the CPU budget engine: auto picks workers "
+                        "within (also on --resume)")
     r.set_defaults(func=_cmd_run)
 
     pa = sub.add_parser("partition", help="print per-client label counts and write a client x class heatmap")

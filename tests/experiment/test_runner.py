@@ -371,3 +371,28 @@ def test_eval_clients_needs_personalized_metrics(small_config):
     raw["eval"] = {**raw["eval"], "clients": "sampled", "personalized": False}
     with pytest.raises(ConfigError, match="eval.clients"):
         load_config(raw=raw)
+
+
+def test_cli_threads_is_the_runs_cpu_budget(small_config, tmp_path, monkeypatch):
+    """``fedhet run --threads 1`` (what a sweep lane passes) caps the cores engine: auto plans for,
+    so a lane never forks workers beside the other lanes; on --resume it replaces run.threads."""
+    import yaml
+
+    import fedhet.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "usable_cpus", lambda: 4)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(small_config))
+    assert main(["run", str(path), "--set", "train.rounds=2", "--threads", "1", "--out", str(tmp_path / "r"),
+                 "--no-progress"]) == 0
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["run"]["threads"] == 1
+    engine = json.loads((tmp_path / "r" / "summary.json").read_text())["engine"]
+    assert engine["engine"] == "reference" and "1 usable CPU" in engine["reason"], engine
+    main(["run", str(path), "--set", "train.rounds=2", "--out", str(tmp_path / "free"), "--no-progress"])
+    assert "1 usable CPU" not in json.loads((tmp_path / "free" / "summary.json").read_text())["engine"]["reason"]
+    # a resume with another budget: allowed (speed only), and the engine plans for it
+    (tmp_path / "r" / "summary.json").unlink()
+    exp = Experiment.resume(tmp_path / "r", threads=3)
+    assert exp.cfg.run.threads == 3 and exp.engine_choice is not None and "1 usable CPU" not in exp.engine_choice.reason
+    with pytest.raises(SystemExit):
+        main(["run", str(path), "--threads", "0"])

@@ -120,11 +120,15 @@ class Experiment:
         return exp
 
     @classmethod
-    def resume(cls, run_dir: str | Path) -> Experiment:
+    def resume(cls, run_dir: str | Path, *, threads: int | None = None) -> Experiment:
+        """Continue the run in ``run_dir`` from its checkpoint; ``threads`` replaces its
+        ``run.threads`` (speed only: float sums may differ in the last bits)."""
         rundir = RunDir(run_dir)
         if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         cfg = load_config(rundir.path / CONFIG)
+        if threads:
+            cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": threads})})
         snap = rundir.load_checkpoint()
         if snap is not None and isinstance(snap, dict) and isinstance(snap.get("config"), dict):
             changed = config_changes(snap["config"], cfg)

@@ -4,7 +4,7 @@ A sweep file (YAML) names the runs::
 
     name: fedacd_fmnist                 # also the default output folder: runs/<name>
     out: runs/fedacd_fmnist_p0.1_r20    # optional
-    lanes: 2                            # processes side by side; torch threads = usable CPUs // lanes
+    lanes: 2                            # processes side by side; each run gets usable CPUs // lanes threads
     seeds: [0]                          # default seeds of every run
     set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
     grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
