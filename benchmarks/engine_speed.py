@@ -46,9 +46,9 @@ from pathlib import Path
 import torch
 
 from fedhet.core.contract import ClientData, TrainSettings
+from fedhet.core.cpus import usable_cpus
 from fedhet.core.seeding import torch_generator
 from fedhet.engine import choose_engine, round_sample_estimate
-from fedhet.engine.parallel import usable_cpus
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.experiment.summary import machine_info

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.engine.host import ClientHost
 from fedhet.engine.loop import InProcess, RoundLoop, Transport
-from fedhet.engine.parallel import Forked, fork_available, usable_cpus
+from fedhet.engine.parallel import Forked, fork_available
 
 ENGINES = ("auto", "reference", "parallel", "vectorized")
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import io
 import multiprocessing as mp
-import os
 import pickle
 import signal
 import traceback
@@ -347,10 +346,3 @@ class Forked(Transport):
 def fork_available() -> bool:
     return "fork" in mp.get_all_start_methods()
 
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (the affinity mask, not the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1

@@ -48,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import config_changes, load_config, read_yaml
 
@@ -267,18 +268,16 @@ def _rounds_done(job: Job) -> int:
         return 0
 
 
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def lane_threads(lanes: int) -> int:
+    """``run.threads`` of each run of a sweep with ``lanes`` lanes: the usable CPUs split evenly."""
+    return max(1, usable_cpus() // lanes)
 
 
 def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float = 2.0,
               report_every: float = 60.0, log=print) -> dict[str, str]:
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``."""
     sweep.out.mkdir(parents=True, exist_ok=True)
-    threads = max(1, usable_cpus() // sweep.lanes)
+    threads = lane_threads(sweep.lanes)
     initial = {j.name: job_status(j) for j in sweep.jobs}
     for j in sweep.jobs:
         if initial[j.name] == "stale":
