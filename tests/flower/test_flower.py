@@ -244,15 +244,58 @@ def test_dropped_client_is_left_out_of_the_average(small_config, tmp_path):
 
 
 def test_node_hosting_several_clients(small_config, tmp_path):
-    """Two SuperNodes for four clients (node p hosts clients p, p+2): messages to one node go in
-    waves, so the node's context.state keeps both clients' state (SCAFFOLD's c_i)."""
+    """Two SuperNodes for six clients (node p hosts clients p, p+2, p+4): each node gets one
+    message per phase with all its sampled clients, so its context.state keeps every client's
+    state (SCAFFOLD's c_i), and the global model they share is sent once per node."""
     cfg = tiny(small_config, "scaffold")
     ref = reference_run(cfg, tmp_path / "sim")
-    flower_run(cfg, tmp_path / "run", n=2)
+    grid = flower_run(cfg, tmp_path / "run", n=2)
     assert_identical(load_server_state(tmp_path / "run")["server_state"], ref.loop.server_state)
     rows = read_metrics(tmp_path / "run")
-    assert max(p["waves"] for r in rows for p in r["flower"]["phases"]) == 2
-    assert rows[-1]["client_state_floats"] == read_metrics(tmp_path / "sim")[-1]["client_state_floats"]
+    sim_rows = read_metrics(tmp_path / "sim")
+    assert rows[-1]["client_state_floats"] == sim_rows[-1]["client_state_floats"]
+    for row, sim_row in zip(rows, sim_rows):
+        (phase,) = row["flower"]["phases"]
+        nodes = {c % 2 for c in row["clients"]}
+        assert phase["messages"] == len(nodes) and phase["sent"] == phase["answered"] == len(row["clients"])
+        # every client gets the model and SCAFFOLD's control variate: once per node (plus Flower's
+        # few bytes of shape and dtype per tensor), not once per client
+        per_client = (sim_row["comm"]["down/model"]["bytes"] + sim_row["comm"]["down/control"]["bytes"]) // len(
+            row["clients"])
+        assert len(nodes) * per_client <= phase["down_bytes"] < 1.01 * len(nodes) * per_client
+    rounds = {str(r + 1) for r in range(cfg.train.rounds)}
+    train_log = [(pid, rnd) for mtype, pid, rnd in grid.log if mtype == "train"]
+    assert len(train_log) == len(set(train_log)) and {rnd for _, rnd in train_log} == rounds
+
+
+def test_failing_client_on_a_shared_node_drops_only_that_client(small_config, tmp_path, monkeypatch):
+    """A client whose update raises on a node that hosts others: it is dropped with the error,
+    its state stays as it was, and the node's other clients' replies count (FedAvg over them)."""
+    cfg = tiny(small_config, "fedavg")
+    cfg.train.rounds = 1
+    exp = Experiment.create(cfg, tmp_path / "sim")
+    sampled = exp.loop.sample_clients(0)
+    victim = next(c for c in sampled if any(o != c and o % 2 == c % 2 for o in sampled))
+    host_run = client_mod.ClientHost.run
+
+    def failing_run(self, rnd, job):
+        if job.cid == victim:
+            raise RuntimeError("injected client failure")
+        return host_run(self, rnd, job)
+
+    monkeypatch.setattr(client_mod.ClientHost, "run", failing_run)
+    gen = exp.algorithm.round(exp.loop.server_state, exp.loop.round_context(0, True))
+    phase = gen.send(None)
+    stats = RoundStats(0, list(phase))
+    with pytest.raises(StopIteration) as stop:
+        gen.send({c: deliver(exp.loop, c, m, 0, stats) for c, m in phase.items() if c != victim})
+    expected = stop.value.value
+    flower_run(cfg, tmp_path / "run", n=2)
+    assert_identical(load_server_state(tmp_path / "run")["server_state"], expected)
+    (row,) = read_metrics(tmp_path / "run")
+    assert set(row["flower"]["dropped"]) == {str(victim)}
+    assert "RuntimeError: injected client failure" in row["flower"]["dropped"][str(victim)]
+    assert row["flower"]["phases"][0]["answered"] == len(sampled) - 1
 
 
 def test_node_with_other_data_is_refused(small_config, tmp_path):
@@ -295,10 +338,18 @@ def test_codec_roundtrip():
     from fedhet.core.contract import Message as FedMessage
     msg = FedMessage("exchange", {"exchange": {"head.w": torch.randn(2, 2)}, "empty": {}},
                      {"partner": None, "num_samples": 12, "loss": 1.5, "tag": "x", "vec": [1, 2], "big": 2**70})
-    out, cid, rnd = codec.decode_message(_roundtrip(codec.encode_message(msg, 5, 9)))
-    assert (cid, rnd, out.kind) == (5, 9, "exchange")
-    assert_identical(out.arrays, msg.arrays)
-    assert_identical(out.scalars, msg.scalars)
+    shared = {"model.w": torch.randn(3, 3)}
+    other = FedMessage("train", {"model": shared}, {"blob": b"\x00\xff", "lr": 0.01})
+    third = FedMessage("train", {"model": shared}, {})
+    rd = codec.encode_batch({5: msg, 2: other, 8: third}, 9)
+    assert len(rd["batch.tensors"]) == 2                              # the shared model travels once
+    out, rnd = codec.decode_batch(_roundtrip(rd))
+    assert rnd == 9 and list(out) == [5, 2, 8] and out[5].kind == "exchange" and out[2].kind == "train"
+    for cid, sent in ((5, msg), (2, other), (8, third)):
+        assert_identical(out[cid].arrays, sent.arrays)
+        assert_identical(out[cid].scalars, sent.scalars)
+        assert list(out[cid].scalars) == list(sent.scalars)
+    assert out[2].arrays["model"]["model.w"] is out[8].arrays["model"]["model.w"]
     assert codec.message_type("train") == "train" and codec.message_type("exchange") == "train.exchange"
 
 

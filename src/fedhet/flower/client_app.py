@@ -17,7 +17,10 @@ tree (:func:`fedhet.flower.codec.tree_to_records`).
 Message types (Flower routes on them):
   ``query.identify``  which clients this node hosts, their training-set sizes and a fingerprint
                       of their indices (the server refuses a node whose data differ from its own)
-  ``train``, ``train.<kind>``  one phase of ``Algorithm.round``: ``client_update`` on the message
+  ``train``, ``train.<kind>``  one phase of ``Algorithm.round`` for every client of this node the
+                      server sampled: ``client_update`` on each client's message (a batch,
+                      :func:`fedhet.flower.codec.encode_batch`); replies a batch, per-client
+                      stats and the errors of clients whose update raised
   ``evaluate``        one per node: each listed client's evaluation model (``Algorithm.client_model``
                       on the server state sent with the message and the local client state) on its
                       local test split; replies ``correct``/``total`` per client
@@ -26,6 +29,7 @@ Message types (Flower routes on them):
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 
 import torch
@@ -57,7 +61,7 @@ _BUILT: dict[tuple, Built] = {}
 def parse_config(config_text: str, data_root: str | None = None) -> ExperimentConfig:
     """The fedhet config of a Flower run, with this host's dataset directory, and the in-process
     engine set to ``reference``: Flower carries the clients, so worker processes or vmap
-    (``run.engine``) have nothing to do here (and a node trains one client per message)."""
+    (``run.engine``) have nothing to do here (and a node trains its clients one after another)."""
     raw = yaml.safe_load(config_text)
     if not isinstance(raw, dict):
         raise ConfigError(f"run config {CONFIG_KEY!r} must hold a fedhet YAML config")
@@ -174,19 +178,34 @@ def handle_identify(msg: Message, context: Context) -> Message:
 
 
 def handle_train(msg: Message, context: Context) -> Message:
-    t0 = time.perf_counter()
+    """One phase for every client of this node the server sampled (one message per node, so one
+    task at a time updates the node's ``context.state``). Each client's ``client_update`` runs in
+    turn; one that raises is reported under ``errors`` with its state left as it was, and the
+    others' replies still go back."""
     node = node_of(context)
-    fmsg, cid, rnd = codec.decode_message(msg.content)
-    node.check_hosts(cid)
-    result = node.host.run(rnd, Job(cid, fmsg, load_state(context, cid), Tally()))
-    save_state(context, cid, result.state)    # only after success: a failed update leaves the state as it was
-    content = codec.encode_message(result.reply, cid, rnd)
-    # What SimClient.account counted in this phase; the server adds it to the client's round tally.
-    tally = result.tally
-    content["stats"] = MetricRecord({
-        "samples": int(tally.samples), "loss_sum": float(tally.loss_sum or 0.0),
-        "steps": int(tally.steps), "state_floats": int(tensor_floats(result.state)),
-        "seconds": time.perf_counter() - t0})
+    jobs, rnd = codec.decode_batch(msg.content)
+    replies = {}
+    stats: dict[str, list] = {k: [] for k in ("samples", "loss_sum", "steps", "state_floats", "seconds")}
+    errors: dict[str, str] = {}
+    for cid, fmsg in jobs.items():
+        t0 = time.perf_counter()
+        try:
+            node.check_hosts(cid)
+            result = node.host.run(rnd, Job(cid, fmsg, load_state(context, cid), Tally()))
+        except Exception as e:  # reported to the server, which drops this client from the round
+            errors[str(cid)] = f"{type(e).__name__}: {e}"
+            continue
+        save_state(context, cid, result.state)    # only after success: a failed update leaves the state as it was
+        replies[cid] = result.reply
+        # What SimClient.account counted in this phase; the server adds it to the client's round tally.
+        tally = result.tally
+        for key, value in (("samples", int(tally.samples)), ("loss_sum", float(tally.loss_sum or 0.0)),
+                           ("steps", int(tally.steps)), ("state_floats", int(tensor_floats(result.state))),
+                           ("seconds", time.perf_counter() - t0)):
+            stats[key].append(value)
+    content = codec.encode_batch(replies, rnd)
+    content["stats"] = MetricRecord(stats)
+    content["errors"] = ConfigRecord({"json": json.dumps(errors)})
     return Message(content, reply_to=msg)
 
 

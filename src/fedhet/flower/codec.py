@@ -1,14 +1,13 @@
 """fedhet values <-> Flower records, losslessly.
 
-* A :class:`fedhet.algorithms.base.Message` becomes a RecordDict: each ``arrays`` group is one
-  ArrayRecord (``"arrays.<group>"``, the unit docs/architecture.md names), the scalars Flower
-  can hold (bool, int, float, str, bytes) go in the ConfigRecord ``"scalars"``, everything else
-  (``None``, lists, dicts, numpy values) is JSON in ``"scalars.json"``, and the ConfigRecord
-  ``"fedhet"`` carries the kind, the fedhet client id, the round and the key orders.
-* Any other value (client state, the server state sent for evaluation) is a *tree*: nested
-  dicts/lists/tuples of tensors and Python scalars. Its skeleton is JSON with tensor
-  placeholders and its tensors are one ArrayRecord. Dicts whose keys are not all strings
-  (FedCME's per-client vectors keyed by int) keep their key types.
+* A *tree* is any nested value: dicts/lists/tuples of tensors, Python scalars, bytes and None
+  (client state, the server state sent for evaluation, messages). Its skeleton is JSON with
+  tensor placeholders (``<prefix>.tree``) and its tensors are one ArrayRecord
+  (``<prefix>.tensors``); a tensor referenced twice travels once. Dicts whose keys are not all
+  strings (FedCME's per-client vectors keyed by int) keep their key types.
+* A *batch* is several clients' :class:`fedhet.core.contract.Message` s of one round as one
+  tree, plus the ConfigRecord ``"fedhet"`` (client ids, round): one node's share of a phase,
+  or its replies. The global model that every client of a phase gets crosses the wire once.
 
 Tensors travel as Flower ``Array``s (raw bytes + dtype + shape), so ``torch.equal`` holds after a
 round trip; floats in JSON use Python's shortest round-tripping repr, so they are exact too.
@@ -16,6 +15,7 @@ round trip; floats in JSON use Python's shortest round-tripping repr, so they ar
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -28,10 +28,6 @@ from fedhet.flower import require_flower
 require_flower()
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict  # noqa: E402
-
-# ConfigRecord holds these natively; bool is checked first because it is an int subclass.
-_NATIVE = (bool, int, float, str, bytes)
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 # --- tensors --------------------------------------------------------------------------------
@@ -69,6 +65,8 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor], seen: dict[int, str]) ->
         return {"__tensor__": key}
     if obj is None or isinstance(obj, (bool, str)):
         return obj
+    if isinstance(obj, bytes):
+        return {"__bytes__": base64.b64encode(obj).decode("ascii")}
     if isinstance(obj, int):
         return obj
     if isinstance(obj, float):
@@ -102,6 +100,8 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
             return _decode(value, tensors).numpy()
         if tag == "__tuple__":
             return tuple(_decode(v, tensors) for v in value)
+        if tag == "__bytes__":
+            return base64.b64decode(value)
         if tag == "__dict__":
             return {_freeze(_decode(k, tensors)): _decode(v, tensors) for k, v in value}
     return {k: _decode(v, tensors) for k, v in obj.items()}
@@ -142,39 +142,25 @@ def drop_tree(rd: RecordDict, prefix: str) -> None:
 
 
 # --- messages -------------------------------------------------------------------------------
-def _native(v: Any) -> bool:
-    if isinstance(v, int) and not isinstance(v, bool):
-        return _INT64[0] <= v <= _INT64[1]
-    return isinstance(v, _NATIVE)
-
-
-def encode_message(msg: Message, cid: int, rnd: int, extra: dict[str, Any] | None = None) -> RecordDict:
-    """A fedhet message for (or from) client ``cid`` in round ``rnd`` (0-based) as a RecordDict."""
-    rd = RecordDict()
-    native = {k: v for k, v in msg.scalars.items() if _native(v)}
-    other = {k: v for k, v in msg.scalars.items() if k not in native}
-    head = {"kind": msg.kind, "cid": int(cid), "round": int(rnd),
-            "groups": json.dumps(list(msg.arrays)), "scalar-order": json.dumps(list(msg.scalars))}
-    rd["fedhet"] = ConfigRecord({**head, **(extra or {})})
-    for group, arrays in msg.arrays.items():
-        if not isinstance(arrays, dict):
-            raise TypeError(f"message group {group!r} of a {msg.kind!r} message is a {type(arrays).__name__}, "
-                            "not a dict of tensors")
-        rd[f"arrays.{group}"] = arrays_to_record(arrays)
-    rd["scalars"] = ConfigRecord(native)
-    if other:
-        tree_to_records(other, rd, "scalars.other")
+def encode_batch(messages: dict[int, Message], rnd: int, prefix: str = "batch") -> RecordDict:
+    """Several clients' messages of one round in one RecordDict (one node's share of a phase, or
+    its replies). They are one tree, so a tensor that several messages hold (the global model
+    every client of the phase gets) crosses the wire once."""
+    rd = RecordDict({"fedhet": ConfigRecord({"cids": [int(c) for c in messages], "round": int(rnd)})})
+    tree_to_records([{"kind": m.kind, "arrays": m.arrays, "scalars": m.scalars} for m in messages.values()],
+                    rd, prefix)
     return rd
 
 
-def decode_message(rd: RecordDict) -> tuple[Message, int, int]:
-    """``(message, cid, round)`` from :func:`encode_message`'s RecordDict."""
+def decode_batch(rd: RecordDict, prefix: str = "batch") -> tuple[dict[int, Message], int]:
+    """``({cid: message}, round)`` from :func:`encode_batch`'s RecordDict. Messages that shared
+    a tensor share it again (as in the simulator, where every client gets the server's tensors)."""
     head = rd["fedhet"]
-    arrays = {g: record_to_arrays(rd[f"arrays.{g}"]) for g in json.loads(head["groups"])}
-    scalars = dict(rd["scalars"])
-    scalars.update(tree_from_records(rd, "scalars.other", {}))
-    order = json.loads(head["scalar-order"])
-    return Message(str(head["kind"]), arrays, {k: scalars[k] for k in order}), int(head["cid"]), int(head["round"])
+    items = tree_from_records(rd, prefix, [])
+    cids = [int(c) for c in head["cids"]]
+    if len(items) != len(cids):
+        raise ValueError(f"a batch of {len(cids)} client ids carries {len(items)} messages")
+    return {c: Message(m["kind"], m["arrays"], m["scalars"]) for c, m in zip(cids, items)}, int(head["round"])
 
 
 def head_of(rd: RecordDict) -> ConfigRecord:

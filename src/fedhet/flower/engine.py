@@ -2,7 +2,8 @@
 
 :class:`GridTransport` is a transport of the one round loop (:class:`fedhet.engine.loop.RoundLoop`):
 a phase's messages are not handed to ``client_update`` in-process but sent through Flower's
-Grid, one Flower message per client, and the replies that come back within the phase timeout
+Grid, one Flower message per SuperNode carrying all its clients' messages (the tensors they
+share, such as the global model, once), and the replies that come back within the phase timeout
 are what the round generator receives. Sampling, round contexts, server state, aggregation and
 the communication ledger are the loop's own code, so a run with every client answering equals
 the simulator's (tests/flower/test_flower.py).
@@ -29,6 +30,7 @@ written so far).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -245,18 +247,9 @@ class GridTransport(Transport):
         missing.update({n: f"no reply within {timeout:g} s" for n in pending.values()})
         return replies, missing
 
-    def _waves(self, cids: list[int]) -> list[list[int]]:
-        """Client ids split so that no node gets two messages at once: a SuperNode reads a run's
-        context.state when a task starts and writes it when it ends, so two concurrent tasks on
-        one node would lose one client's state update (flwr supernode runtime_handlers)."""
-        per_node: dict[int, list[int]] = defaultdict(list)
-        for c in cids:
-            per_node[self.node_of[c]].append(c)
-        depth = max((len(v) for v in per_node.values()), default=0)
-        return [[v[i] for v in per_node.values() if i < len(v)] for i in range(depth)]
-
     def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
-        """One phase: each client's message to its node, replies back; drops the silent ones."""
+        """One phase: one message per node with all its clients' messages, replies back; drops
+        the clients whose node is silent or whose update failed."""
         if rnd != self.last_round:           # a new round: find new nodes, start its record
             self.round_info = {}
             self.last_round = rnd
@@ -272,46 +265,59 @@ class GridTransport(Transport):
         replies: dict[int, JobResult] = {}
         dropped: dict[int, str] = {}
         client_seconds: dict[str, float] = {}
+        per_node: dict[int, list[int]] = defaultdict(list)
         for cid in phase:
-            if cid not in self.node_of:
+            if cid in self.node_of:
+                per_node[self.node_of[cid]].append(cid)
+            else:
                 dropped[cid] = f"phase {phase_no}: no SuperNode hosts this client"
-        sendable = [c for c in phase if c in self.node_of]
-        for wave in self._waves(sendable):
-            msgs = []
-            for cid in wave:
-                msg = phase[cid]
-                msgs.append(FlowerMessage(codec.encode_message(msg, cid, rnd), dst_node_id=self.node_of[cid],
-                                          message_type=codec.message_type(msg.kind), group_id=str(rnd + 1),
-                                          ttl=self.flower.phase_timeout))
-            by_node = {self.node_of[c]: c for c in wave}
-            got, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
-            for nid, why in missing.items():
-                dropped[by_node[nid]] = f"phase {phase_no}: {why}"
-            for nid, r in got.items():
-                cid = by_node[nid]
-                if r.has_error():
+        # One message per node: a SuperNode reads a run's context.state when a task starts and
+        # writes it when it ends, so two concurrent tasks on one node would lose one client's
+        # state update (flwr supernode runtime_handlers); one task for all its clients cannot.
+        msgs, down_bytes = [], 0
+        for nid, cids in per_node.items():
+            rd = codec.encode_batch({c: phase[c] for c in cids}, rnd)
+            down_bytes += rd["batch.tensors"].count_bytes()
+            kinds = {phase[c].kind for c in cids}
+            mtype = codec.message_type(kinds.pop()) if len(kinds) == 1 else "train"
+            msgs.append(FlowerMessage(rd, dst_node_id=nid, message_type=mtype, group_id=str(rnd + 1),
+                                      ttl=self.flower.phase_timeout))
+        got, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
+        for nid, why in missing.items():
+            for cid in per_node[nid]:
+                dropped[cid] = f"phase {phase_no}: {why}"
+        for nid, r in got.items():
+            if r.has_error():
+                for cid in per_node[nid]:
                     dropped[cid] = f"phase {phase_no}: error on its node: {r.error.reason}"
-                    continue
-                reply, rcid, _ = codec.decode_message(r.content)
-                if rcid != cid:
-                    dropped[cid] = f"phase {phase_no}: reply names client {rcid}"
-                    continue
-                s = r.content["stats"]
+                continue
+            answers, _ = codec.decode_batch(r.content)
+            errors = json.loads(r.content["errors"]["json"])
+            stats = r.content["stats"]
+            for cid in per_node[nid]:
+                if str(cid) in errors:
+                    dropped[cid] = f"phase {phase_no}: error on its node: {errors[str(cid)]}"
+                elif cid not in answers:
+                    dropped[cid] = f"phase {phase_no}: its node's reply leaves it out"
+            for i, (cid, reply) in enumerate(answers.items()):
+                if cid not in per_node[nid]:
+                    raise FlowerRunError(f"round {rnd + 1}, phase {phase_no}: node {nid} replied for client {cid}, "
+                                         f"which it was not sent")
                 before = tallies[cid]
-                tally = Tally(before.samples + int(s["samples"]), before.loss_sum, before.steps)
-                if int(s["steps"]):
-                    tally.loss_sum = (before.loss_sum or 0.0) + float(s["loss_sum"])
-                    tally.steps = before.steps + int(s["steps"])
-                self.state_floats[cid] = int(s["state_floats"])
-                client_seconds[str(cid)] = round(float(s["seconds"]), 3)
+                tally = Tally(before.samples + int(stats["samples"][i]), before.loss_sum, before.steps)
+                if int(stats["steps"][i]):
+                    tally.loss_sum = (before.loss_sum or 0.0) + float(stats["loss_sum"][i])
+                    tally.steps = before.steps + int(stats["steps"][i])
+                self.state_floats[cid] = int(stats["state_floats"][i])
+                client_seconds[str(cid)] = round(float(stats["seconds"][i]), 3)
                 replies[cid] = JobResult(reply, None, tally)
         for cid, why in dropped.items():
             log.warning("fedhet: round %d: client %d dropped from the round (%s)", rnd + 1, cid, why)
             self.round_info.setdefault("dropped", {})[str(cid)] = why
         kinds = sorted({m.kind for m in phase.values()})
         self.round_info.setdefault("phases", []).append({
-            "phase": phase_no, "kinds": kinds, "sent": len(sendable), "answered": len(replies),
-            "waves": len(self._waves(sendable)), "seconds": round(time.perf_counter() - t0, 4),
+            "phase": phase_no, "kinds": kinds, "sent": sum(map(len, per_node.values())), "answered": len(replies),
+            "messages": len(msgs), "down_bytes": down_bytes, "seconds": round(time.perf_counter() - t0, 4),
             "client_seconds": client_seconds})     # inside the ClientApp handler; the rest is Flower
         need = min(self.flower.min_clients, len(phase))
         if len(replies) < need:
