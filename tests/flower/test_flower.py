@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import uuid
 
 import pytest
@@ -321,6 +322,24 @@ def test_node_with_other_data_is_refused(small_config, tmp_path):
     assert [(t, pid) for t, pid, _ in grid.log if pid == odd] == [("query.identify", odd)]
     assert row["flower"]["dropped"] == {str(odd): "phase 1: no SuperNode hosts this client"}
     assert row["flower"]["phases"][0]["answered"] == 2
+
+
+def test_node_with_other_versions_is_refused(small_config, tmp_path, monkeypatch):
+    """The identify handshake carries fedhet/torch/flwr versions: nodes with another torch are
+    refused and the run stops naming the difference; a node that cannot tell its fedhet commit
+    (installed from a wheel) is still accepted when the versions agree."""
+    cfg = tiny(small_config, "fedavg")
+    cfg.train.rounds = 1
+    real = client_mod.software_versions()
+    monkeypatch.setattr(client_mod, "software_versions", lambda: {**real, "torch": "0.0.1"})
+    with pytest.raises(FedhetError, match=rf"torch 0\.0\.1 \(server: {re.escape(torch.__version__)}\)"):
+        flower_run(cfg, tmp_path / "other")
+    assert read_metrics(tmp_path / "other") == []
+
+    monkeypatch.setattr(client_mod, "software_versions", lambda: {**real, "fedhet-commit": ""})
+    flower_run(cfg, tmp_path / "wheel")
+    (row,) = read_metrics(tmp_path / "wheel")
+    assert row["flower"]["phases"][0]["answered"] == cfg.train.clients_per_round and "dropped" not in row["flower"]
 
 
 def test_codec_roundtrip():

@@ -15,8 +15,9 @@ id, which changes when a SuperNode restarts. Client state survives between messa
 tree (:func:`fedhet.flower.codec.tree_to_records`).
 
 Message types (Flower routes on them):
-  ``query.identify``  which clients this node hosts, their training-set sizes and a fingerprint
-                      of their indices (the server refuses a node whose data differ from its own)
+  ``query.identify``  which clients this node hosts, their training-set sizes, a fingerprint
+                      of their indices and the fedhet/torch/flwr versions (the server refuses a
+                      node whose data or versions differ from its own)
   ``train``, ``train.<kind>``  one phase of ``Algorithm.round`` for every client of this node the
                       server sampled: ``client_update`` on each client's message (a batch,
                       :func:`fedhet.flower.codec.encode_batch`); replies a batch, per-client
@@ -30,18 +31,35 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 
-import torch
-import yaml
 
-from fedhet.core.errors import ConfigError
-from fedhet.engine.host import ClientHost, Job, Tally
-from fedhet.engine.ledger import tensor_floats
-from fedhet.experiment.build import Built, build, configure_process
-from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config
-from fedhet.flower import require_flower
-from fedhet.metrics.evaluate import predict
+def _process_started() -> float | None:
+    """Wall-clock time this process started (Linux /proc; None elsewhere): with the time the
+    imports below end, it splits a message's latency into process start-up and the rest."""
+    try:
+        stat = open("/proc/self/stat").read()
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+PROCESS_STARTED = _process_started()
+IMPORTS_STARTED = time.time()
+
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from fedhet.core.errors import ConfigError  # noqa: E402
+from fedhet.engine.host import ClientHost, Job, Tally  # noqa: E402
+from fedhet.engine.ledger import tensor_floats  # noqa: E402
+from fedhet.experiment.build import Built, build, configure_process  # noqa: E402
+from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config  # noqa: E402
+from fedhet.flower import require_flower  # noqa: E402
+from fedhet.metrics.evaluate import predict  # noqa: E402
 
 require_flower()
 
@@ -50,6 +68,7 @@ from flwr.clientapp import ClientApp  # noqa: E402
 
 from fedhet.flower import codec  # noqa: E402
 
+IMPORTED = time.time()
 CONFIG_KEY = "fedhet-config"
 
 # Per-process cache of the built federation/models/algorithm: in deployment each message is a
@@ -169,12 +188,27 @@ class FedhetClientApp(ClientApp):
         return super().__call__(message, context)
 
 
+def software_versions() -> dict[str, str]:
+    """The fedhet, torch and flwr versions of this process, and fedhet's git commit ("" when it
+    is not installed from a checkout). The server refuses a node whose versions differ from its
+    own (the commit only when both know theirs): another torch or fedhet may train differently,
+    and the run would no longer be the one its config describes."""
+    import flwr
+
+    from fedhet import __version__
+    from fedhet.experiment.summary import git_commit
+
+    return {"fedhet": __version__, "fedhet-commit": git_commit() or "", "torch": torch.__version__,
+            "flwr": flwr.__version__}
+
+
 def handle_identify(msg: Message, context: Context) -> Message:
     node = node_of(context)
     sizes = [len(node.federation.train_idx[c]) for c in node.clients]
     return Message(RecordDict({"identify": ConfigRecord({
         "partition-id": node.partition_id, "num-partitions": node.num_partitions,
-        "clients": node.clients, "train-sizes": sizes, "fingerprint": node.fingerprint()})}), reply_to=msg)
+        "clients": node.clients, "train-sizes": sizes, "fingerprint": node.fingerprint(),
+        "versions": json.dumps(software_versions())})}), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context) -> Message:
@@ -182,7 +216,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     task at a time updates the node's ``context.state``). Each client's ``client_update`` runs in
     turn; one that raises is reported under ``errors`` with its state left as it was, and the
     others' replies still go back."""
+    started = time.time()
     node = node_of(context)
+    built = time.time()
     jobs, rnd = codec.decode_batch(msg.content)
     replies = {}
     stats: dict[str, list] = {k: [] for k in ("samples", "loss_sum", "steps", "state_floats", "seconds")}
@@ -206,14 +242,36 @@ def handle_train(msg: Message, context: Context) -> Message:
     content = codec.encode_batch(replies, rnd)
     content["stats"] = MetricRecord(stats)
     content["errors"] = ConfigRecord({"json": json.dumps(errors)})
+    content["profile"] = MetricRecord(profile(started, built))
     return Message(content, reply_to=msg)
+
+
+def profile(started: float, built: float) -> dict[str, float]:
+    """Where this message's time went inside the node, in seconds. For the first message of a
+    process: ``flwr`` from the process's start to this module's import (flwr-clientapp's start-up,
+    pulling the message and the app), ``imports`` this module's imports (torch, fedhet), and
+    ``setup`` from there to the handler; 0 for a process that served a message before (the
+    in-process harness). Always: ``build`` the federation and models from the config, ``work``
+    the clients' updates and the reply's encoding. Beside the server's phase time they show
+    what a phase waits on."""
+    first = not _SERVED and PROCESS_STARTED is not None
+    _SERVED.append(started)
+    return {"flwr": round(IMPORTS_STARTED - PROCESS_STARTED, 3) if first and PROCESS_STARTED else 0.0,
+            "imports": round(IMPORTED - IMPORTS_STARTED, 3) if first else 0.0,
+            "setup": round(started - IMPORTED, 3) if first else 0.0,
+            "build": round(built - started, 3), "work": round(time.time() - built, 3)}
+
+
+_SERVED: list[float] = []      # handler start times in this process
 
 
 @torch.no_grad()
 def handle_evaluate(msg: Message, context: Context) -> Message:
     """Each listed client's evaluation model on its local test split: ``correct``/``total``
     lists in the order of ``cids`` (what metrics/evaluate.py counts per client)."""
+    started = time.time()
     node = node_of(context)
+    built = time.time()
     head = codec.head_of(msg.content)
     cids = [int(c) for c in head["cids"]]
     views = codec.tree_from_records(msg.content, "server")
@@ -229,7 +287,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
         hits, _ = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]))
         correct.append(int(hits.sum()))
         total.append(int(len(y)))
-    return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total})}), reply_to=msg)
+    return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total}),
+                              "profile": MetricRecord(profile(started, built))}), reply_to=msg)
 
 
 app = FedhetClientApp()

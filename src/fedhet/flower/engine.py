@@ -59,7 +59,7 @@ from flwr.app import Message as FlowerMessage  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 
 from fedhet.flower import codec  # noqa: E402
-from fedhet.flower.client_app import Node  # noqa: E402
+from fedhet.flower.client_app import Node, software_versions  # noqa: E402
 
 # Child of Flower's logger, so the lines appear in `flwr log` / `flwr run --stream`.
 log = logging.getLogger("flwr").getChild("fedhet")
@@ -117,6 +117,7 @@ class GridTransport(Transport):
         self.node_of: dict[int, int] = {}       # fedhet client id -> Flower node id
         self.partition_of: dict[int, int] = {}  # node id -> partition id
         self.seen_nodes: set[int] = set()       # node ids asked to identify themselves
+        self.versions = software_versions()     # a node must run the same ones
         self.standby: set[int] = set()          # answered, but their partition had a node already
         self.node_errors: list[str] = []        # why nodes could not act as fedhet nodes
         self.num_partitions: int | None = None
@@ -205,10 +206,21 @@ class GridTransport(Transport):
                             "as a standby", nid, pid)
                 self.standby.add(nid)
                 continue
+            theirs = json.loads(str(ident.get("versions", "{}")))
+            differ = [f"{k} {theirs.get(k) or 'unknown'} (server: {v})" for k, v in self.versions.items()
+                      if theirs.get(k) != v and not (k == "fedhet-commit" and not (v and theirs.get(k)))]
+            if differ:
+                why = (f"SuperNode {nid} (partition {pid}) runs other versions: {', '.join(differ)}; install the "
+                       f"server's fedhet, torch and flwr on every host")
+                log.warning("fedhet: %s; ignored", why)
+                self.node_errors.append(why)
+                continue
             mine = Node(self.host, pid, n)
             if ident["fingerprint"] != mine.fingerprint():
-                log.warning("fedhet: SuperNode %s (partition %d) built a different federation than the server "
-                            "(its data files, config or fedhet version differ); ignored", nid, pid)
+                why = (f"SuperNode {nid} (partition {pid}) built a different federation than the server (its "
+                       f"data files or config differ)")
+                log.warning("fedhet: %s; ignored", why)
+                self.node_errors.append(why)
                 continue
             self.partition_of[nid] = pid
             for c in mine.clients:
@@ -265,6 +277,7 @@ class GridTransport(Transport):
         replies: dict[int, JobResult] = {}
         dropped: dict[int, str] = {}
         client_seconds: dict[str, float] = {}
+        node_profiles: list[dict[str, float]] = []
         per_node: dict[int, list[int]] = defaultdict(list)
         for cid in phase:
             if cid in self.node_of:
@@ -292,6 +305,7 @@ class GridTransport(Transport):
                     dropped[cid] = f"phase {phase_no}: error on its node: {r.error.reason}"
                 continue
             answers, _ = codec.decode_batch(r.content)
+            node_profiles.append(dict(r.content["profile"]))
             errors = json.loads(r.content["errors"]["json"])
             stats = r.content["stats"]
             for cid in per_node[nid]:
@@ -318,7 +332,8 @@ class GridTransport(Transport):
         self.round_info.setdefault("phases", []).append({
             "phase": phase_no, "kinds": kinds, "sent": sum(map(len, per_node.values())), "answered": len(replies),
             "messages": len(msgs), "down_bytes": down_bytes, "seconds": round(time.perf_counter() - t0, 4),
-            "client_seconds": client_seconds})     # inside the ClientApp handler; the rest is Flower
+            "client_seconds": client_seconds,      # inside the ClientApp handler; the rest is Flower
+            "node_profiles": node_profiles})       # client_app.profile of each node that answered
         need = min(self.flower.min_clients, len(phase))
         if len(replies) < need:
             causes = "; ".join(f"client {c}: {why}" for c, why in dropped.items())
@@ -356,18 +371,20 @@ class GridTransport(Transport):
         for nid, why in missing.items():
             for c in per_node[nid]:
                 failed[str(c)] = why
+        node_profiles = []
         for nid, r in got.items():
             if r.has_error():
                 for c in per_node[nid]:
                     failed[str(c)] = f"error on its node: {r.error.reason}"
                 continue
+            node_profiles.append(dict(r.content["profile"]))
             rec = r.content["eval"]
             for c, hit, n in zip(per_node[nid], rec["correct"], rec["total"]):
                 correct[c], total[c] = hit, n
         for c, why in failed.items():
             log.warning("fedhet: round %d: client %s not evaluated (%s)", rnd + 1, c, why)
         self.round_info["evaluate"] = {"answered": int(np.isfinite(total).sum()), "down_bytes": int(nbytes),
-                                 "seconds": round(time.perf_counter() - t0, 4)}
+                                       "seconds": round(time.perf_counter() - t0, 4), "node_profiles": node_profiles}
         if failed:
             self.round_info["not_evaluated"] = failed
         ok = np.isfinite(total)
