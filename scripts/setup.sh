@@ -23,5 +23,5 @@ fi
 # torch would pull a multi-GB CUDA build.
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
 # flwr 1.41.0 pinned: 1.42.0 pins a certifi newer than some package mirrors carry.
-.venv/bin/pip install -q -e ".[test,dev,flower,features,tracking]" "flwr==1.41.0"
+.venv/bin/pip install -q -e ".[test,dev,flower,flower-sim,features,tracking]" "flwr==1.41.0"
 echo "setup: done ($(.venv/bin/python -c 'import torch, fedhet; print("torch", torch.__version__, "fedhet", fedhet.__version__)'))" >&2

@@ -198,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     flr.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>-flower)")
     flr.add_argument("--tls", action="store_true",
                      help="TLS between SuperNodes and SuperLink (self-signed certificates)")
+    flr.add_argument("--auth", action="store_true",
+                     help="SuperNode authentication (implies --tls): a key pair per SuperNode, registered with "
+                          "the SuperLink before the nodes start; unregistered nodes are refused")
+    flr.add_argument("--simulation", action="store_true",
+                     help="Flower's simulation runtime instead of SuperNode processes: a --simulation SuperLink "
+                          "runs --nodes virtual SuperNodes on Ray (needs pip install -e .[flower-sim])")
     flr.add_argument("--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds")
     flr.add_argument("--keep-logs", action="store_true",
                      help="keep the Flower logs and FLWR_HOME (temporary directory)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import ssl
+import subprocess
 import threading
 import time
 import urllib.request
@@ -23,7 +24,7 @@ from helpers import assert_identical  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
 from fedhet.flower import FlowerMissingError  # noqa: E402
-from fedhet.flower.deploy import run_loopback  # noqa: E402
+from fedhet.flower.deploy import make_node_key, run_loopback  # noqa: E402
 from fedhet.flower.engine import load_server_state  # noqa: E402
 
 try:
@@ -73,6 +74,27 @@ def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
     print(f"\nloopback fedcme: {res.seconds}; phases: {[[p['seconds'] for p in r['flower']['phases']] for r in rows]}")
 
 
+def test_simulation_runtime_fedcme_matches_simulator(small_config, tmp_path):
+    """The same app on Flower's simulation runtime (a --simulation SuperLink, 3 virtual
+    SuperNodes on Ray): the same server state and metrics as the simulator. Runs where the
+    flower-sim extra is installed (scripts/setup.sh installs it, so CI runs it)."""
+    pytest.importorskip("ray", reason="Flower's simulation runtime is not installed (pip install -e .[flower-sim])")
+    cfg = deploy_config(small_config, "fedcme")
+    res = run_loopback(cfg, tmp_path / "ray", nodes=3, simulation=True, workdir=tmp_path / "work", timeout=600,
+                       **SETTINGS)
+    assert res.status == "finished:completed" and res.summary["status"] == "completed"
+
+    ref = Experiment.create(cfg, tmp_path / "sim")
+    ref.run(progress=False)
+    assert_identical(load_server_state(tmp_path / "ray")["server_state"], ref.loop.server_state)
+    sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "ray")
+    for s, f in zip(sim_rows, rows, strict=True):
+        assert f["train_loss"] == s["train_loss"] and f["fedcme_pairs"] == s["fedcme_pairs"]
+        assert all(p["sent"] == p["answered"] == 3 for p in f["flower"]["phases"])
+    for key in ("global_acc", "personal_acc"):           # evaluated after the last round
+        assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
+
+
 def test_loopback_tls(small_config, tmp_path):
     """A deployment over TLS (self-signed CA; SuperNodes verify the SuperLink's certificate;
     plain HTTP is refused). Two SuperNodes, one round: the transport is what is tested here."""
@@ -96,6 +118,35 @@ def test_loopback_tls(small_config, tmp_path):
     assert probes["https"] == 200 and probes["http"].startswith("refused"), probes
     (row,) = read_metrics(tmp_path / "flower")
     assert row["flower"]["phases"][0]["answered"] == 2
+
+
+def test_loopback_supernode_authentication(small_config, tmp_path):
+    """With --enable-supernode-auth, the registered SuperNodes (keys registered through
+    `flwr supernode register`) run the round, and the SuperLink refuses both kinds of stranger:
+    a node whose key was never registered, and a node without a key (which, on a SuperLink
+    without authentication, registers itself and joins). Each exits and never gets a message."""
+    cfg = deploy_config(small_config, "fedavg", rounds=1, clients=2)
+    cfg.eval.personalized = False
+    strangers = {}
+
+    def start_strangers(lb, run_id):
+        procs = {"unregistered": lb.start_node(0, make_node_key(lb.workdir / "keys" / "stranger"),
+                                               name="unregistered"),
+                 "keyless": lb.start_node(1, None, name="keyless")}
+        for name, proc in procs.items():
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = None
+            strangers[name] = (code, lb.tail(name, 60))
+
+    res = run_loopback(cfg, tmp_path / "flower", nodes=2, auth=True, workdir=tmp_path / "work", timeout=600,
+                       on_submitted=start_strangers, **SETTINGS)
+    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 1
+    (row,) = read_metrics(tmp_path / "flower")
+    assert row["flower"]["phases"][0]["answered"] == 2
+    for name, (code, log) in strangers.items():
+        assert code not in (None, 0) and "Failed to" in log and "Receiving" not in log, (name, code, log)
 
 
 def test_supernode_killed_mid_round(small_config, tmp_path):

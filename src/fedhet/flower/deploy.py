@@ -39,6 +39,8 @@ from fedhet.flower import INSTALL_HINT, FlowerMissingError
 
 CONNECTION = "fedhet-loopback"
 APP_NAME = "fedhet-flower"
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"    # flwr >= 1.41: 0.01-60 s, default 1
+LOOPBACK_SUPEREXEC_POLL = 0.1
 
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {
     "fedhet-config": "", "run-dir": "", "data-root": "",
@@ -125,7 +127,7 @@ def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = ("127.0.0.1"
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fedhet test CA")])
@@ -154,6 +156,28 @@ def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = ("127.0.0.1"
                                                serialization.NoEncryption()))
     os.chmod(paths["key"], 0o600)
     return paths
+
+
+def public_key_path(private_key: Path) -> Path:
+    return private_key.parent / f"{private_key.name}.pub"
+
+
+def make_node_key(path: str | Path) -> Path:
+    """An EC (P-384) key pair for SuperNode authentication, in the OpenSSH format flwr reads
+    (what ``ssh-keygen -t ecdsa -b 384 -N ""`` writes): ``path`` (private, mode 600) and
+    ``path.pub``. Returns the private key's path."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    os.chmod(path, 0o600)
+    public_key_path(path).write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                                       serialization.PublicFormat.OpenSSH))
+    return path
 
 
 # --- processes ----------------------------------------------------------------------------
@@ -219,6 +243,9 @@ class Loopback:
     nodes: int
     workdir: Path
     tls: bool = False
+    simulation: bool = False      # a --simulation SuperLink: Flower's simulation runtime (Ray) runs
+                                  # ``nodes`` virtual SuperNodes; no flower-supernode is started
+    auth: bool = False            # SuperNode authentication (needs TLS): each node's key is registered
     node_config: dict[str, Any] = field(default_factory=dict)
     echo: Callable[[str], None] | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -233,7 +260,12 @@ class Loopback:
         self.env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
                     "FLWR_HOME": str(self.home), "FLWR_DISABLE_UPDATE_CHECK": "1",
                     "PYTHONUNBUFFERED": "1"}          # logs reach the files as they happen
+        # Each SuperExec (one beside the SuperLink, one per SuperNode) looks for new tasks every
+        # second by default; on loopback a tenth of that costs nothing (an environment value wins)
+        self.env.setdefault(SUPEREXEC_POLL_ENV, str(LOOPBACK_SUPEREXEC_POLL))
         self.port = free_port()
+        if self.auth and not self.tls:
+            raise FedhetError("SuperNode authentication needs TLS: use --tls with --auth")
         self.certs = make_certificates(self.workdir / "certs") if self.tls else None
 
     def _say(self, text: str) -> None:
@@ -266,7 +298,9 @@ class Loopback:
         t0 = time.monotonic()
         tls = (["--ssl-ca-certfile", str(self.certs["ca"]), "--ssl-certfile", str(self.certs["cert"]),
                 "--ssl-keyfile", str(self.certs["key"])] if self.certs else ["--insecure"])
-        self._spawn("superlink", ["flower-superlink", *tls, "--disable-runtime-dependency-installation",
+        sim = ["--simulation"] if self.simulation else []
+        sim += ["--enable-supernode-auth"] if self.auth else []
+        self._spawn("superlink", ["flower-superlink", *sim, *tls, "--disable-runtime-dependency-installation",
                                   "--host", "127.0.0.1", "--port", str(self.port)])
         self._wait_healthy(timeout)
         self._say(f"SuperLink on 127.0.0.1:{self.port}{' (TLS)' if self.certs else ''} ready "
@@ -275,17 +309,32 @@ class Loopback:
                 f'address = "127.0.0.1:{self.port}"\n']
         conn.append(f'root-certificates = "{self.certs["ca"]}"\n' if self.certs else "insecure = true\n")
         (self.home / "config.toml").write_text("".join(conn))
+        if self.simulation:
+            return
         for i in range(self.nodes):
-            self.start_node(i)
-        self._say(f"{self.nodes} SuperNode(s) started")
+            key = None
+            if self.auth:
+                key = make_node_key(self.workdir / "keys" / f"supernode-{i}")
+                self.register(public_key_path(key))
+            self.start_node(i, key)
+        self._say(f"{self.nodes} SuperNode(s) started" + (" with registered keys" if self.auth else ""))
 
-    def start_node(self, i: int) -> subprocess.Popen:
+    def register(self, public_key: Path) -> None:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register``)."""
+        r = self.flwr("supernode", "register", str(public_key), CONNECTION, timeout=60)
+        if r.returncode != 0:
+            raise DeploymentError(f"flwr supernode register {public_key} failed (exit {r.returncode}): "
+                                  f"{r.stdout.strip()} {r.stderr.strip()}")
+
+    def start_node(self, i: int, key: Path | None = None, name: str | None = None) -> subprocess.Popen:
+        """Start SuperNode ``i`` (partition ``i``); ``key``: its private key (authentication)."""
         tls = ["--root-certificates", str(self.certs["ca"])] if self.certs else ["--insecure"]
         cfg = {"partition-id": i, "num-partitions": self.nodes, **self.node_config}
         node_cfg = " ".join(f"{k}={_toml_value(v)}" for k, v in cfg.items())
-        return self._spawn(f"supernode-{i}", ["flower-supernode", *tls, "--superlink", f"127.0.0.1:{self.port}",
-                                              "--port", str(free_port()), "--max-retries", "10",
-                                              "--node-config", node_cfg])
+        auth = ["--auth-supernode-private-key", str(key)] if key else []
+        return self._spawn(name or f"supernode-{i}", ["flower-supernode", *tls, *auth, "--superlink",
+                                                      f"127.0.0.1:{self.port}", "--port", str(free_port()),
+                                                      "--max-retries", "10", "--node-config", node_cfg])
 
     def _wait_healthy(self, timeout: float) -> None:
         scheme = "https" if self.certs else "http"
@@ -340,7 +389,11 @@ class Loopback:
                               timeout=timeout, stdin=subprocess.DEVNULL)
 
     def submit(self, app_dir: str | Path, run_config: str | Path) -> int:
-        r = self.flwr("run", str(app_dir), CONNECTION, "--run-config", str(run_config), "--format", "json")
+        # the simulation runtime sizes the federation itself and fills in partition-id/num-partitions
+        federation = (["--federation-config", f"num-supernodes={self.nodes} client-resources-num-cpus=1"]
+                      if self.simulation else [])
+        r = self.flwr("run", str(app_dir), CONNECTION, "--run-config", str(run_config), *federation,
+                      "--format", "json")
         try:
             out = json.loads(r.stdout)
         except json.JSONDecodeError:
@@ -406,6 +459,16 @@ class Loopback:
                 pumper.join(timeout=5)
 
 
+def require_simulation_runtime() -> None:
+    """Flower's simulation runtime needs Ray (the ``flower-sim`` extra)."""
+    try:
+        import flwr.simulation  # noqa: F401
+        import ray  # noqa: F401
+    except ImportError as e:
+        raise FlowerMissingError(f"Flower's simulation runtime needs {e.name}, which is not installed: "
+                                 f"pip install -e .[flower-sim]") from None
+
+
 # --- one call: the loopback run -----------------------------------------------------------
 @dataclass
 class LoopbackResult:
@@ -416,12 +479,13 @@ class LoopbackResult:
     workdir: Path
 
 
-def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool = False,
-                 timeout: float = 3600.0, workdir: str | Path | None = None, keep_workdir: bool = False,
+def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool = False, auth: bool = False,
+                 simulation: bool = False, timeout: float = 3600.0, workdir: str | Path | None = None, keep_workdir: bool = False,
                  echo: Callable[[str], None] | None = None, on_submitted: Callable[[Loopback, int], None] | None = None,
                  **settings: Any) -> LoopbackResult:
-    """Run the fedhet config ``cfg`` on a fresh loopback deployment; raises DeploymentError
-    unless the run finished as ``completed``. ``settings``: min_clients, phase_timeout, ...
+    """Run the fedhet config ``cfg`` on a fresh loopback deployment (``simulation``: on Flower's
+    simulation runtime, ``nodes`` virtual SuperNodes); raises DeploymentError unless the run
+    finished as ``completed``. ``settings``: min_clients, phase_timeout, ...
     ``on_submitted(loopback, run_id)`` runs right after submission (tests use it to kill a node)."""
     from fedhet.experiment.config import dump_config
     from fedhet.experiment.rundir import METRICS, RunDir
@@ -429,6 +493,8 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     n = nodes or cfg.data.num_clients
     if not 1 <= n <= cfg.data.num_clients:
         raise FedhetError(f"--nodes must be between 1 and data.num_clients={cfg.data.num_clients}, got {n}")
+    if simulation:
+        require_simulation_runtime()
     run_dir = Path(run_dir).resolve()
     if (run_dir / METRICS).exists():
         raise FedhetError(f"{run_dir} already holds a run; choose another --out")
@@ -441,7 +507,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     try:
         app = write_app(work / "app")
         rc = write_run_config(work / "run-config.toml", dump_config(cfg), run_dir, **settings)
-        with Loopback(n, work, tls=tls, echo=echo) as lb:
+        with Loopback(n, work, tls=tls or auth, auth=auth, simulation=simulation, echo=echo) as lb:
             seconds["start"] = time.monotonic() - t0
             t1 = time.monotonic()
             run_id = lb.submit(app, rc)
@@ -494,6 +560,8 @@ def cli(args) -> int:
     if args.nodes is not None and not 1 <= args.nodes <= cfg.data.num_clients:
         raise FedhetError(f"--nodes must be between 1 and data.num_clients={cfg.data.num_clients}, got {args.nodes}")
     flower_bin()
+    if args.simulation:
+        require_simulation_runtime()
     build_federation(cfg.data, cfg.seed)      # fail here, not on every node, if the data are missing
     run_dir = Path(args.out) if args.out else default_run_dir
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -504,7 +572,8 @@ def cli(args) -> int:
 
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
-        result = run_loopback(cfg, run_dir, nodes=args.nodes, tls=args.tls, timeout=args.timeout,
+        result = run_loopback(cfg, run_dir, nodes=args.nodes, tls=args.tls, auth=args.auth, simulation=args.simulation,
+                              timeout=args.timeout,
                               keep_workdir=args.keep_logs, echo=say, **settings)
     except KeyboardInterrupt:
         say("fedhet: interrupted; every Flower process was stopped; recorded metrics are kept in the run directory")
