@@ -186,8 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     flc = fl.add_subparsers(dest="flower_command", required=True)
     flr = flc.add_parser("run", help="one-machine deployment: SuperLink + one SuperNode per client on 127.0.0.1")
     fla = flc.add_parser("app", help="write the Flower app directory and a run-config file for `flwr run`")
+    flr.add_argument("config", nargs="?", help="YAML config (see configs/); none with --resume")
+    fla.add_argument("config", help="YAML config (see configs/)")
     for q in (flr, fla):
-        q.add_argument("config", help="YAML config (see configs/)")
         q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
         q.add_argument("--min-clients", type=int, help="fewest answers a phase needs, else the run fails (default 1)")
         q.add_argument("--phase-timeout", type=float, help="seconds to wait for a phase's replies (default 600)")
@@ -204,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     flr.add_argument("--simulation", action="store_true",
                      help="Flower's simulation runtime instead of SuperNode processes: a --simulation SuperLink "
                           "runs --nodes virtual SuperNodes on Ray (needs pip install -e .[flower-sim])")
+    flr.add_argument("--resume", metavar="RUN_DIR",
+                     help="continue a Flower run from its last checkpoint (run.checkpoint_every): the server's "
+                          "state from RUN_DIR/checkpoint.pt, the clients' from the nodes' commits in RUN_DIR/node-state")
     flr.add_argument("--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds")
     flr.add_argument("--keep-logs", action="store_true",
                      help="keep the Flower logs and FLWR_HOME (temporary directory)")

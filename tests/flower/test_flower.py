@@ -220,7 +220,7 @@ def test_too_few_clients_fails_with_cause_and_keeps_rows(small_config, tmp_path)
     assert [r["round"] for r in rows] == [1]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "failed" and "min-clients=2" in summary["error"]
-    assert (tmp_path / "run" / "server_state.pt").is_file()
+    assert load_server_state(tmp_path / "run")["round"] == 1
 
 
 def test_dropped_client_is_left_out_of_the_average(small_config, tmp_path):
@@ -383,3 +383,87 @@ def test_clear_errors(small_config, tmp_path):
     ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config=rc)
     with pytest.raises(FedhetError, match="partition-id=I num-partitions=N"):
         client_mod.node_of(ctx)
+
+
+# --- resume: server checkpoints, node commits ------------------------------------------------
+class ServerCrash(Exception):
+    """Stands for the SuperLink (and the ServerApp with it) going down."""
+
+
+def resumable(small_config, rounds=4):
+    cfg = tiny(small_config, "scaffold")       # c_i: client state that later rounds train with
+    cfg.train.rounds = rounds
+    cfg.run.checkpoint_every = 2
+    return cfg
+
+
+@pytest.mark.parametrize("crash_at", ["round 4", "server checkpoint of round 4"])
+def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, crash_at):
+    """The server dies in round 4, or after the nodes committed round 4 but before its own
+    checkpoint: the resumed run (fresh Flower run: empty context.state on every node) continues
+    from the checkpoint of round 2, the nodes reload their clients' SCAFFOLD c_i from round 2,
+    and the metrics and the final server state equal an uninterrupted run's."""
+    cfg = resumable(small_config)
+    ref = reference_run(cfg, tmp_path / "sim")
+    nodes = tmp_path / "node-state"
+    if crash_at == "round 4":
+        def crash(mtype, pid, rnd):
+            if mtype == "train" and rnd == "4":
+                raise ServerCrash
+        run = lambda: flower_run(cfg, tmp_path / "flower", drop=crash, node_state_dir=str(nodes))  # noqa: E731
+    else:
+        from fedhet.experiment.rundir import RunDir
+
+        real_save = RunDir.save
+
+        def save(self, name, obj):
+            if obj.get("round") == 4:
+                raise ServerCrash
+            real_save(self, name, obj)
+
+        def run():
+            with monkeypatch.context() as m:
+                m.setattr(RunDir, "save", save)
+                flower_run(cfg, tmp_path / "flower", node_state_dir=str(nodes))
+    with pytest.raises(ServerCrash):
+        run()
+    assert load_server_state(tmp_path / "flower")["round"] == 2
+    commits = sorted(p.name for p in nodes.rglob("round-*.pt"))
+    assert commits == ["round-2.pt"] * 6 + (["round-4.pt"] * 6 if crash_at != "round 4" else [])
+
+    flower_run(cfg, tmp_path / "flower", resume=True, node_state_dir=str(nodes))
+    sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in fl_rows] == [1, 2, 3, 4]
+    for s, f in zip(sim_rows, fl_rows):
+        for key in set(s) - VOLATILE:
+            assert f[key] == s[key], (f["round"], key)
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
+    assert json.loads((tmp_path / "flower" / "summary.json").read_text())["status"] == "completed"
+    # the nodes keep the commit of the server's checkpoint before the last (round 2) and the last (4)
+    assert sorted(p.name for p in nodes.rglob("round-*.pt")) == ["round-2.pt"] * 6 + ["round-4.pt"] * 6
+
+
+def test_resume_refuses_nodes_without_their_commits(small_config, tmp_path):
+    """A node whose state directory lacks the commit its clients need is refused, naming the
+    missing file; the run's rows up to the checkpoint are kept."""
+    cfg = resumable(small_config)
+
+    def crash(mtype, pid, rnd):
+        if mtype == "train" and rnd == "3":
+            raise ServerCrash
+
+    with pytest.raises(ServerCrash):
+        flower_run(cfg, tmp_path / "flower", drop=crash, node_state_dir=str(tmp_path / "node-state"))
+    with pytest.raises(FedhetError, match=r"no committed state of round 2 .*round-2\.pt is missing"):
+        flower_run(cfg, tmp_path / "flower", resume=True, node_state_dir=str(tmp_path / "elsewhere"))
+    assert [r["round"] for r in read_metrics(tmp_path / "flower")] == [1, 2]
+
+
+def test_flower_and_simulator_checkpoints_resume_only_on_their_own_engine(small_config, tmp_path):
+    cfg = resumable(small_config, rounds=2)
+    flower_run(cfg, tmp_path / "flower", node_state_dir=str(tmp_path / "node-state"))
+    with pytest.raises(FedhetError, match="Flower run.*fedhet flower run --resume"):
+        Experiment.resume(tmp_path / "flower")
+    reference_run(cfg, tmp_path / "sim")
+    with pytest.raises(FedhetError, match=r"simulator run.*fedhet run --resume"):
+        flower_run(cfg, tmp_path / "sim", resume=True)

@@ -24,7 +24,7 @@ from helpers import assert_identical  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
 from fedhet.flower import FlowerMissingError  # noqa: E402
-from fedhet.flower.deploy import make_node_key, run_loopback  # noqa: E402
+from fedhet.flower.deploy import DeploymentError, make_node_key, run_loopback  # noqa: E402
 from fedhet.flower.engine import load_server_state  # noqa: E402
 
 try:
@@ -69,7 +69,7 @@ def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
         assert all(p["sent"] == p["answered"] == 3 for p in f["flower"]["phases"])
     for key in ("global_acc", "global_loss"):
         assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
-    for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "server_state.pt"):
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "checkpoint.pt"):
         assert (tmp_path / "flower" / name).is_file(), name
     print(f"\nloopback fedcme: {res.seconds}; phases: {[[p['seconds'] for p in r['flower']['phases']] for r in rows]}")
 
@@ -147,6 +147,48 @@ def test_loopback_supernode_authentication(small_config, tmp_path):
     assert row["flower"]["phases"][0]["answered"] == 2
     for name, (code, log) in strangers.items():
         assert code not in (None, 0) and "Failed to" in log and "Receiving" not in log, (name, code, log)
+
+
+def test_loopback_resume_after_superlink_killed(small_config, tmp_path):
+    """SCAFFOLD, checkpoint every round: SIGKILL the SuperLink's process group (and the ServerApp
+    in it) as soon as the checkpoint of round 1 is on disk; `--resume` on a fresh deployment
+    reloads each node's committed c_i from run_dir/node-state and ends with the server state
+    and metrics of the uninterrupted simulator run."""
+    cfg = deploy_config(small_config, "scaffold")
+    cfg.run.checkpoint_every = 1
+    run_dir = tmp_path / "flower"
+    killed = threading.Event()
+
+    def kill_superlink_after_checkpoint(lb, run_id):
+        def watch():
+            end = time.monotonic() + 300
+            while time.monotonic() < end:
+                if (run_dir / "checkpoint.pt").exists():
+                    lb.kill("superlink")
+                    killed.set()
+                    return
+                time.sleep(0.1)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    with pytest.raises(DeploymentError):
+        run_loopback(cfg, run_dir, nodes=3, workdir=tmp_path / "work1", timeout=600,
+                     on_submitted=kill_superlink_after_checkpoint, **SETTINGS)
+    assert killed.is_set() and [r["round"] for r in read_metrics(run_dir)] == [1]
+    assert load_server_state(run_dir)["round"] == 1
+    assert len(list((run_dir / "node-state").rglob("round-1.pt"))) == 3
+
+    res = run_loopback(cfg, run_dir, nodes=3, resume=True, workdir=tmp_path / "work2", timeout=600, **SETTINGS)
+    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 2
+    ref = Experiment.create(cfg, tmp_path / "sim")
+    ref.run(progress=False)
+    assert_identical(load_server_state(run_dir)["server_state"], ref.loop.server_state)
+    sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(run_dir)
+    assert [r["round"] for r in rows] == [1, 2]
+    for s, f in zip(sim_rows, rows):
+        assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"], f["round"]
+    assert rows[-1]["global_acc"] == pytest.approx(sim_rows[-1]["global_acc"], abs=1e-9)
+    assert rows[-1]["personal_acc"] == pytest.approx(sim_rows[-1]["personal_acc"], abs=1e-9)
 
 
 def test_supernode_killed_mid_round(small_config, tmp_path):

@@ -94,6 +94,7 @@ class Experiment:
         self.evaluator = evaluator or Experiment.evaluate_round
         self.checkpointer = checkpointer or Experiment.checkpoint
         self.start_round = 0                        # rounds already done (set by resume)
+        self.restored: dict | None = None           # the checkpoint a resume continues from
         self.summary: dict = {}
 
     @property
@@ -120,13 +121,23 @@ class Experiment:
         return exp
 
     @classmethod
-    def resume(cls, run_dir: str | Path, *, threads: int | None = None) -> Experiment:
+    def resume(cls, run_dir: str | Path, *, threads: int | None = None, config: ExperimentConfig | None = None,
+               **kwargs: Any) -> Experiment:
         """Continue the run in ``run_dir`` from its checkpoint; ``threads`` replaces its
-        ``run.threads`` (speed only: float sums may differ in the last bits)."""
+        ``run.threads`` (speed only: float sums may differ in the last bits). The Flower runner
+        passes the ``config`` its run config holds (checked against config.yaml and the
+        checkpoint like a changed file) and its loop, callbacks... as ``kwargs``; the checkpoint
+        read is kept as ``restored``."""
         rundir = RunDir(run_dir)
         if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         cfg = load_config(rundir.path / CONFIG)
+        if config is not None:
+            changed = config_changes(cfg.model_dump(mode="json"), config)
+            if changed:
+                raise CheckpointError(f"the config given to resume {run_dir} differs from its {CONFIG}: "
+                                      + "; ".join(changed) + ". Resume with the run's own config")
+            cfg = config
         if threads:
             cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": threads})})
         snap = rundir.load_checkpoint()
@@ -137,11 +148,20 @@ class Experiment:
                     f"{rundir.path / CONFIG} changed since the checkpoint of round {snap.get('round')}: "
                     + "; ".join(changed) + ". A resumed run must compute what it started computing: restore "
                     "those values, or start a new run (only raising train.rounds and run.* settings may change)")
-        exp = cls(cfg, run_dir)
+        exp = cls(cfg, run_dir, **kwargs)
+        if snap is not None and isinstance(snap, dict):
+            # A Flower run's client state is on its SuperNodes, the simulator's in the file.
+            flower_file, flower_loop = snap.get("engine") == "flower", exp.loop.transport.name == "flower"
+            if flower_file != flower_loop:
+                how = f"fedhet flower run --resume {run_dir}" if flower_file else f"fedhet run --resume {run_dir}"
+                raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a {'Flower' if flower_file else 'simulator'} "
+                                      f"run, whose client state is {'on its SuperNodes' if flower_file else 'in the file'}: "
+                                      f"continue it with `{how}`")
         if snap is not None:
             try:
                 exp.loop.restore(snap["sim"])
                 exp.start_round = int(snap["round"])
+                exp.restored = snap
             except (KeyError, TypeError, ValueError) as e:
                 raise CheckpointError(f"checkpoint {rundir.path / CHECKPOINT} does not hold a fedhet run's state "
                                       f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
@@ -151,9 +171,10 @@ class Experiment:
     def read_metrics(self) -> list[dict]:
         return self.rundir.read_metrics()
 
-    def checkpoint(self, done_rounds: int) -> None:
+    def checkpoint(self, done_rounds: int, **extra: Any) -> None:
+        """``extra``: what else a resume needs (the Flower runner's node commits)."""
         self.rundir.save(CHECKPOINT, {"round": done_rounds, "sim": self.loop.snapshot(),
-                                      "config": self.cfg.model_dump(mode="json")})
+                                      "config": self.cfg.model_dump(mode="json"), **extra})
 
     # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:

@@ -25,6 +25,9 @@ Message types (Flower routes on them):
   ``evaluate``        one per node: each listed client's evaluation model (``Algorithm.client_model``
                       on the server state sent with the message and the local client state) on its
                       local test split; replies ``correct``/``total`` per client
+  ``query.commit``    at the server's checkpoint rounds: write this node's clients' state to the
+                      node-local state directory (:func:`commit_states`); a resumed run's identify
+                      message reads it back (:func:`restore_states`)
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import hashlib
 import json
 import os
 import time
+from pathlib import Path
 
 
 def _process_started() -> float | None:
@@ -53,7 +57,7 @@ IMPORTS_STARTED = time.time()
 import torch  # noqa: E402
 import yaml  # noqa: E402
 
-from fedhet.core.errors import ConfigError  # noqa: E402
+from fedhet.core.errors import CheckpointError, ConfigError  # noqa: E402
 from fedhet.engine.host import ClientHost, Job, Tally  # noqa: E402
 from fedhet.engine.ledger import tensor_floats  # noqa: E402
 from fedhet.experiment.build import Built, build, configure_process  # noqa: E402
@@ -177,6 +181,7 @@ class FedhetClientApp(ClientApp):
         self.train()(handle_train)
         self.evaluate()(handle_evaluate)
         self.query("identify")(handle_identify)
+        self.query("commit")(handle_commit)
 
     def __call__(self, message: Message, context: Context) -> Message:
         mtype = message.metadata.message_type
@@ -203,12 +208,88 @@ def software_versions() -> dict[str, str]:
 
 
 def handle_identify(msg: Message, context: Context) -> Message:
+    """Who this node is; in a resumed run (``restore-round`` in the message) it first loads the
+    committed state of its clients listed in ``restore-clients``."""
     node = node_of(context)
+    head = msg.content["fedhet"]
+    restored: list[int] = []
+    if "restore-round" in head:
+        wanted = [c for c in json.loads(str(head["restore-clients"])) if c in node.clients]
+        restored = restore_states(context, node, str(head["run-key"]), int(head["restore-round"]), wanted)
     sizes = [len(node.federation.train_idx[c]) for c in node.clients]
     return Message(RecordDict({"identify": ConfigRecord({
         "partition-id": node.partition_id, "num-partitions": node.num_partitions,
         "clients": node.clients, "train-sizes": sizes, "fingerprint": node.fingerprint(),
-        "versions": json.dumps(software_versions())})}), reply_to=msg)
+        "versions": json.dumps(software_versions()), "restored": json.dumps(restored)})}), reply_to=msg)
+
+
+# --- node-local state for resuming deployments ---------------------------------------------
+STATE_DIR_KEY = "state-dir"            # node config: this node's state directory
+RUN_STATE_DIR_KEY = "node-state-dir"   # run config: the default for nodes without one
+
+
+def state_dir(context: Context) -> Path:
+    """Where this node commits its clients' state: node config ``state-dir``, else the run
+    config's ``node-state-dir``, else ``$FLWR_HOME/fedhet-state`` (``~/.flwr/fedhet-state``)."""
+    chosen = context.node_config.get(STATE_DIR_KEY) or context.run_config.get(RUN_STATE_DIR_KEY)
+    if chosen:
+        return Path(str(chosen)).expanduser()
+    return Path(os.environ.get("FLWR_HOME") or Path.home() / ".flwr") / "fedhet-state"
+
+
+def commit_path(root: Path, run_key: str, node: Node, rnd: int) -> Path:
+    """One file per node and committed round, under the fedhet run's key (not Flower's run id,
+    which a resumed run does not share)."""
+    return root / run_key / f"partition-{node.partition_id}-of-{node.num_partitions}" / f"round-{rnd}.pt"
+
+
+def commit_states(context: Context, node: Node, run_key: str, rnd: int, keep: int | None) -> list[int]:
+    """Write the state of every client of this node after round ``rnd`` atomically (a reader
+    never sees half a file), then delete older commits except round ``keep``: the server's last
+    checkpoint, still needed if the server dies before its checkpoint of ``rnd`` is written."""
+    path = commit_path(state_dir(context), run_key, node, rnd)
+    states = {cid: load_state(context, cid) for cid in node.clients}
+    tmp = path.with_suffix(".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"round": rnd, "run_key": run_key, "fingerprint": node.fingerprint(), "states": states}, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write the node state {path}: {getattr(e, 'strerror', None) or e}; give the "
+                              f"SuperNode a writable --node-config \"{STATE_DIR_KEY}='DIR'\"") from None
+    for old in path.parent.glob("round-*.pt"):
+        if old != path and old.name != f"round-{keep}.pt":
+            old.unlink(missing_ok=True)
+    return node.clients
+
+
+def restore_states(context: Context, node: Node, run_key: str, rnd: int, cids: list[int]) -> list[int]:
+    """Load the state ``cids`` had when round ``rnd`` was committed into ``context.state``."""
+    if not cids:
+        return []
+    path = commit_path(state_dir(context), run_key, node, rnd)
+    try:
+        saved = torch.load(path, weights_only=False)
+    except FileNotFoundError:
+        raise CheckpointError(f"this SuperNode has no committed state of round {rnd} for clients {cids} ({path} is "
+                              f"missing): start it with the state directory it used before (--node-config "
+                              f"\"{STATE_DIR_KEY}='DIR'\"), or start the run anew") from None
+    except Exception as e:  # a truncated or foreign file
+        raise CheckpointError(f"cannot read the node state {path}: {e}") from None
+    if saved.get("run_key") != run_key or saved.get("fingerprint") != node.fingerprint():
+        raise CheckpointError(f"{path} holds the state of another run or federation")
+    for cid in cids:
+        save_state(context, cid, saved["states"].get(cid))
+    return cids
+
+
+def handle_commit(msg: Message, context: Context) -> Message:
+    node = node_of(context)
+    head = msg.content["fedhet"]
+    keep = int(head["keep-round"]) if "keep-round" in head else None
+    clients = commit_states(context, node, str(head["run-key"]), int(head["round"]), keep)
+    return Message(RecordDict({"commit": ConfigRecord({"clients": json.dumps(clients)})}), reply_to=msg)
 
 
 def handle_train(msg: Message, context: Context) -> Message:

@@ -42,14 +42,23 @@ APP_NAME = "fedhet-flower"
 SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"    # flwr >= 1.41: 0.01-60 s, default 1
 LOOPBACK_SUPEREXEC_POLL = 0.1
 
+NODE_STATE = "node-state"     # the loopback nodes' state directory, inside the run directory
 RUN_CONFIG_DEFAULTS: dict[str, Any] = {
     "fedhet-config": "", "run-dir": "", "data-root": "",
     "min-clients": 1, "phase-timeout": 600.0, "node-timeout": 120.0, "poll-interval": 0.2,
+    "resume": False, "node-state-dir": "",
 }
 
 
 class DeploymentError(FedhetError):
     """A Flower process failed to start, or the run did not finish as completed."""
+
+
+def _mtime(path: Path | None) -> float | None:
+    try:
+        return path.stat().st_mtime if path is not None else None
+    except OSError:
+        return None
 
 
 # --- app directory and run config ---------------------------------------------------------
@@ -435,9 +444,10 @@ class Loopback:
             try:
                 end = time.monotonic() + timeout
                 next_check = 0.0
+                before = _mtime(done_marker)       # a resumed run's directory has the last one
                 while True:
                     now = time.monotonic()
-                    hint = streamer.poll() is not None or (done_marker is not None and done_marker.exists())
+                    hint = streamer.poll() is not None or _mtime(done_marker) != before
                     if now >= next_check or hint:
                         status = self.status(run_id)
                         if status.startswith("finished"):
@@ -480,13 +490,16 @@ class LoopbackResult:
 
 
 def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool = False, auth: bool = False,
-                 simulation: bool = False, timeout: float = 3600.0, workdir: str | Path | None = None, keep_workdir: bool = False,
+                 simulation: bool = False, resume: bool = False, timeout: float = 3600.0,
+                 workdir: str | Path | None = None, keep_workdir: bool = False,
                  echo: Callable[[str], None] | None = None, on_submitted: Callable[[Loopback, int], None] | None = None,
                  **settings: Any) -> LoopbackResult:
     """Run the fedhet config ``cfg`` on a fresh loopback deployment (``simulation``: on Flower's
     simulation runtime, ``nodes`` virtual SuperNodes); raises DeploymentError unless the run
-    finished as ``completed``. ``settings``: min_clients, phase_timeout, ...
-    ``on_submitted(loopback, run_id)`` runs right after submission (tests use it to kill a node)."""
+    finished as ``completed``. ``resume``: continue the run in ``run_dir`` from its checkpoint.
+    The nodes commit their clients' state under ``run_dir/node-state``. ``settings``:
+    min_clients, phase_timeout, ... ``on_submitted(loopback, run_id)`` runs right after
+    submission (tests use it to kill a node)."""
     from fedhet.experiment.config import dump_config
     from fedhet.experiment.rundir import METRICS, RunDir
 
@@ -496,9 +509,12 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     if simulation:
         require_simulation_runtime()
     run_dir = Path(run_dir).resolve()
-    if (run_dir / METRICS).exists():
-        raise FedhetError(f"{run_dir} already holds a run; choose another --out")
+    if resume and not (run_dir / METRICS).exists():
+        raise FedhetError(f"{run_dir} holds no run to resume (no {METRICS})")
+    if not resume and (run_dir / METRICS).exists():
+        raise FedhetError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose another --out")
     RunDir(run_dir).create()             # a path under a file or unwritable: say so before starting Flower
+    settings.setdefault("node_state_dir", str(run_dir / NODE_STATE))
     own_tmp = workdir is None
     work = Path(tempfile.mkdtemp(prefix="fedhet-flower-")) if own_tmp else Path(workdir)
     seconds: dict[str, float] = {}
@@ -506,7 +522,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     status = "not started"
     try:
         app = write_app(work / "app")
-        rc = write_run_config(work / "run-config.toml", dump_config(cfg), run_dir, **settings)
+        rc = write_run_config(work / "run-config.toml", dump_config(cfg), run_dir, resume=resume, **settings)
         with Loopback(n, work, tls=tls or auth, auth=auth, simulation=simulation, echo=echo) as lb:
             seconds["start"] = time.monotonic() - t0
             t1 = time.monotonic()
@@ -538,7 +554,19 @@ def cli(args) -> int:
     """``fedhet flower run`` and ``fedhet flower app`` (parsers in fedhet/cli.py)."""
     from fedhet.experiment.config import dump_config, load_config
 
-    cfg = load_config(args.config, args.set)
+    if getattr(args, "resume", None):
+        if args.config or args.set:
+            raise FedhetError("--resume continues a run with the config in its directory: give no CONFIG or --set")
+        if args.out:
+            raise FedhetError("--resume RUN_DIR writes to RUN_DIR: give no --out")
+        from fedhet.experiment.rundir import CONFIG
+        if not (Path(args.resume) / CONFIG).is_file():
+            raise FedhetError(f"{args.resume} is not a fedhet run directory (no {CONFIG})")
+        cfg = load_config(Path(args.resume) / CONFIG)
+    elif not args.config:
+        raise FedhetError("fedhet flower: give a CONFIG file, or --resume RUN_DIR")
+    else:
+        cfg = load_config(args.config, args.set)
     settings = {"min_clients": args.min_clients, "phase_timeout": args.phase_timeout,
                 "node_timeout": args.node_timeout}
     if args.min_clients is not None and args.min_clients > cfg.train.clients_per_round:
@@ -563,7 +591,7 @@ def cli(args) -> int:
     if args.simulation:
         require_simulation_runtime()
     build_federation(cfg.data, cfg.seed)      # fail here, not on every node, if the data are missing
-    run_dir = Path(args.out) if args.out else default_run_dir
+    run_dir = Path(args.resume or args.out or default_run_dir)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     say(f"run directory: {run_dir.resolve()}")
 
@@ -573,10 +601,11 @@ def cli(args) -> int:
     previous = signal.signal(signal.SIGTERM, terminate)
     try:
         result = run_loopback(cfg, run_dir, nodes=args.nodes, tls=args.tls, auth=args.auth, simulation=args.simulation,
-                              timeout=args.timeout,
+                              resume=bool(args.resume), timeout=args.timeout,
                               keep_workdir=args.keep_logs, echo=say, **settings)
     except KeyboardInterrupt:
-        say("fedhet: interrupted; every Flower process was stopped; recorded metrics are kept in the run directory")
+        say(f"fedhet: interrupted; every Flower process was stopped; recorded metrics are kept in the run directory; "
+            f"continue with `fedhet flower run --resume {run_dir}`")
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -16,9 +16,13 @@ Differences, all because client state lives on the nodes:
 * personalized metrics come from the clients: each tests its own evaluation model on its local
   test split in an ``evaluate`` message and reports correct/total (a deployment's server never
   sees local test data); global metrics are computed on the server's global test set;
-* instead of ``checkpoint.pt`` the server writes ``server_state.pt`` (final/latest server
-  state, e.g. the global model): a Flower run cannot be resumed, because Flower keeps
-  ``context.state`` per run only.
+* checkpoints are two-sided, because Flower keeps ``context.state`` for one Flower run only:
+  every ``run.checkpoint_every`` rounds the server asks each node to commit its clients' state
+  to its node-local state directory (``query.commit``), then writes ``checkpoint.pt`` with its
+  own state, the fedhet run's key and the clients whose nodes committed. A resumed run
+  (run-config key ``resume``) continues from that round; its identify messages ask each node
+  to load its clients' committed state first. Nodes keep the previous commit too, so a server
+  that dies between the nodes' commit and its own still resumes from its last checkpoint.
 
 Failure handling: a client whose node does not answer a phase within ``phase-timeout`` seconds,
 answers with an error, or has no connected SuperNode is dropped from the round with a warning
@@ -34,6 +38,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -48,6 +53,7 @@ from fedhet.engine import ClientHost, RoundLoop, Transport
 from fedhet.engine.host import Job, JobResult, Tally
 from fedhet.experiment.build import build
 from fedhet.experiment.config import ExperimentConfig
+from fedhet.experiment.rundir import CHECKPOINT
 from fedhet.experiment.runner import Callback, Experiment
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import evaluate_loop
@@ -64,7 +70,7 @@ from fedhet.flower.client_app import Node, software_versions  # noqa: E402
 # Child of Flower's logger, so the lines appear in `flwr log` / `flwr run --stream`.
 log = logging.getLogger("flwr").getChild("fedhet")
 
-SERVER_STATE = "server_state.pt"
+LEGACY_SERVER_STATE = "server_state.pt"     # what Flower runs wrote before they could be resumed
 
 
 class TooFewClientsError(FedhetError):
@@ -123,6 +129,9 @@ class GridTransport(Transport):
         self.num_partitions: int | None = None
         self.state_floats: dict[int, int] = {}  # latest client-state size reported by each client
         self.round_info: dict[str, Any] = {}          # this round's Flower record (metrics row "flower")
+        self.run_key = uuid.uuid4().hex          # names the nodes' commits of this fedhet run
+        self.checkpointed_round: int | None = None   # the round of the server's last checkpoint
+        self.restore: dict[str, Any] | None = None   # resumed run: {"round", "clients" still to restore}
         self.last_round = -1
         self.phase_no = 0
         self.discovered = False
@@ -182,7 +191,11 @@ class GridTransport(Transport):
 
     def _identify(self, node_ids: list[int]) -> None:
         self.seen_nodes.update(node_ids)
-        msgs = [FlowerMessage(RecordDict({"fedhet": ConfigRecord({"query": "identify"})}), dst_node_id=nid,
+        head: dict[str, Any] = {"query": "identify"}
+        if self.restore and self.restore["clients"]:     # a resumed run: nodes load their commits first
+            head.update({"run-key": self.run_key, "restore-round": self.restore["round"],
+                         "restore-clients": json.dumps(sorted(self.restore["clients"]))})
+        msgs = [FlowerMessage(RecordDict({"fedhet": ConfigRecord(head)}), dst_node_id=nid,
                               message_type="query.identify", group_id="identify", ttl=self.flower.phase_timeout)
                 for nid in node_ids]
         replies, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
@@ -225,6 +238,48 @@ class GridTransport(Transport):
             self.partition_of[nid] = pid
             for c in mine.clients:
                 self.node_of[c] = nid
+            if self.restore:
+                self.restore["clients"] -= set(json.loads(str(ident.get("restored", "[]"))))
+
+    # --- two-sided checkpoints -------------------------------------------------------------
+    def commit(self, done_rounds: int) -> dict[str, Any]:
+        """Ask every node to commit its clients' state after round ``done_rounds``; returns what
+        the server's checkpoint records of it. A node that does not commit is named in a
+        warning: a resume from this checkpoint starts its clients over."""
+        head: dict[str, Any] = {"query": "commit", "run-key": self.run_key, "round": done_rounds}
+        if self.checkpointed_round is not None:
+            head["keep-round"] = self.checkpointed_round
+        nodes = sorted(set(self.node_of.values()))
+        msgs = [FlowerMessage(RecordDict({"fedhet": ConfigRecord(head)}), dst_node_id=nid,
+                              message_type="query.commit", group_id="commit", ttl=self.flower.phase_timeout)
+                for nid in nodes]
+        replies, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
+        committed: set[int] = set()
+        for nid, reply in replies.items():
+            if reply.has_error():
+                missing[nid] = reply.error.reason
+            else:
+                committed.update(json.loads(str(reply.content["commit"]["clients"])))
+        for nid, why in missing.items():
+            log.warning("fedhet: SuperNode %s did not commit its clients' state after round %d (%s)", nid,
+                        done_rounds, why)
+        left = [c for c in range(self.federation.num_clients) if c not in committed]
+        if left:
+            log.warning("fedhet: round %d: no committed state for clients %s; a resume from this checkpoint "
+                        "starts them over", done_rounds, left)
+        return {"run_key": self.run_key, "committed": sorted(committed), "state_floats": dict(self.state_floats)}
+
+    def restore_from(self, done_rounds: int, saved: dict[str, Any]) -> None:
+        """Resume from the checkpoint of round ``done_rounds`` (``saved``: what :meth:`commit`
+        returned then): the nodes will be asked to load their clients' commits."""
+        self.run_key = saved["run_key"]
+        self.checkpointed_round = done_rounds
+        self.state_floats = {int(c): int(n) for c, n in saved["state_floats"].items()}
+        self.restore = {"round": done_rounds, "clients": set(saved["committed"])}
+        fresh = [c for c in range(self.federation.num_clients) if c not in self.restore["clients"]]
+        if fresh:
+            log.warning("fedhet: resuming after round %d; clients %s had no committed state and start over",
+                        done_rounds, fresh)
 
     # --- messages -----------------------------------------------------------------------
     def _send_and_receive(self, msgs: list[FlowerMessage], timeout: float):
@@ -423,8 +478,10 @@ class FlowerCallback(Callback):
         summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.node_of)}
 
 
-def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: FlowerSettings) -> Experiment:
-    """An :class:`Experiment` whose clients are Flower SuperNodes (see the module docstring)."""
+def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: FlowerSettings,
+                      resume: bool = False) -> Experiment:
+    """An :class:`Experiment` whose clients are Flower SuperNodes (see the module docstring);
+    ``resume``: continue the run in ``run_dir`` from its checkpoint."""
     if cfg.train.clients_per_round < flower.min_clients:
         raise ConfigError(f"min-clients={flower.min_clients} exceeds train.clients_per_round="
                           f"{cfg.train.clients_per_round}: no round could complete")
@@ -442,17 +499,30 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
         return out
 
     def checkpoint(exp: Experiment, done_rounds: int) -> None:
-        # Server state only: client state lives in the nodes' context.state (per Flower run),
-        # so the run cannot be resumed; the file keeps the trained global model(s).
-        exp.rundir.save(SERVER_STATE, {"round": done_rounds, "engine": "flower", "server_state": loop.server_state})
+        # The nodes commit first: a checkpoint.pt on disk means its round's node state is too.
+        exp.checkpoint(done_rounds, engine="flower", flower=transport.commit(done_rounds))
+        transport.checkpointed_round = done_rounds
 
-    return Experiment.create(cfg, run_dir, built=built, loop=loop, callbacks=[FlowerCallback(transport, flower)],
-                             evaluator=evaluate_round, checkpointer=checkpoint)
+    parts: dict[str, Any] = dict(built=built, loop=loop, callbacks=[FlowerCallback(transport, flower)],
+                                 evaluator=evaluate_round, checkpointer=checkpoint)
+    if not resume:
+        return Experiment.create(cfg, run_dir, **parts)
+    if not run_dir:
+        raise ConfigError("resuming a Flower run needs its run directory (run-config key run-dir)")
+    exp = Experiment.resume(run_dir, config=cfg, **parts)
+    if exp.restored is not None:          # Experiment.resume refused a checkpoint of the simulator
+        transport.restore_from(exp.start_round, exp.restored["flower"])
+    return exp
 
 
 def load_server_state(run_dir) -> dict:
-    """``server_state.pt`` of a Flower run directory: ``{"round", "engine", "server_state"}``."""
-    return torch.load(os.path.join(run_dir, SERVER_STATE), weights_only=False)
+    """The server state a Flower run directory holds: ``{"round", "engine", "server_state"}``
+    (from ``checkpoint.pt``; runs of older fedhet versions wrote ``server_state.pt``)."""
+    legacy = os.path.join(run_dir, LEGACY_SERVER_STATE)
+    if os.path.exists(legacy) and not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
+        return torch.load(legacy, weights_only=False)
+    snap = torch.load(os.path.join(run_dir, CHECKPOINT), weights_only=False)
+    return {"round": snap["round"], "engine": snap.get("engine"), "server_state": snap["sim"]["server_state"]}
 
 
 __all__ = ["FlowerCallback", "FlowerRunError", "FlowerSettings", "GridTransport", "TooFewClientsError",

@@ -7,6 +7,8 @@ Run-config keys (``[tool.flwr.app.config]`` of the app, overridable with ``flwr 
   run-dir         where the server writes the run directory (default: run.out_dir/<name>-s<seed>-<time>)
   data-root       the dataset directory on the server host (default: data.root of the config)
   min-clients, phase-timeout, node-timeout, poll-interval   see :class:`fedhet.flower.engine.FlowerSettings`
+  resume          true: continue the run in run-dir from its checkpoint (nodes reload their commits)
+  node-state-dir  where nodes without a ``state-dir`` node-config key commit their clients' state
 
 The server builds the federation too (for the global test set, the client sizes the round
 context carries, and to check each node's fingerprint), then runs
@@ -36,7 +38,10 @@ def run_server(grid: Grid, run_config) -> Experiment:
     if not text:
         raise ConfigError(f"the run config has no {CONFIG_KEY!r} (the fedhet YAML config)")
     cfg = parse_config(text, run_config.get("data-root") or None)
-    exp = flower_experiment(cfg, run_config.get("run-dir") or None, grid, flower)
+    resume = str(run_config.get("resume", "")).lower() in ("true", "1", "yes")
+    exp = flower_experiment(cfg, run_config.get("run-dir") or None, grid, flower, resume=resume)
+    if exp.start_round:
+        log.info("fedhet: resuming after round %d", exp.start_round)
     log.info("fedhet: %s (%s, %d rounds) -> run directory %s", cfg.name, cfg.algorithm.name, cfg.train.rounds,
              exp.run_dir.resolve())
     summary = exp.run(progress=False)
