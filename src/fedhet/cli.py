@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -221,8 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # SIGTERM (kill, a scheduler, a sweep stopping its runs) stops like Ctrl-C: the run records
+    # its status and keeps its checkpoints. SIGINT alone is not enough: a job started with `&`
+    # ignores it.
+    previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
     try:
         return args.func(args)
     except FedhetError as e:
@@ -231,6 +240,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedhet: interrupted; recorded metrics are kept (resume with fedhet run --resume RUN_DIR)", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -195,3 +195,38 @@ def test_a_raised_round_count_extends_completed_runs(tmp_path, small_config):
     run_sweep(fresh, log=lambda m: None, poll_seconds=0.2)
     assert rows_without_time(job.run_dir) == rows_without_time(fresh.jobs[0].run_dir)
     assert [r["round"] for r in read_metrics(job.run_dir)] == [1, 2, 3]
+
+
+def test_sigterm_stops_a_background_sweep_and_its_runs_like_ctrl_c(tmp_path, small_config):
+    """A sweep started in the background (SIGINT ignored, as `&` does) gets SIGTERM: it stops its
+    run with SIGTERM, the run records status "interrupted" (summary written, rows kept), the lock
+    is released, and the sweep exits 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    raw = copy.deepcopy(small_config)
+    raw["train"]["rounds"] = 200
+    (tmp_path / "long.yaml").write_text(yaml.safe_dump(raw))
+    spec = {"name": "long", "out": str(tmp_path / "out"), "lanes": 1, "seeds": [0],
+            "runs": [{"config": str(tmp_path / "long.yaml"), "tag": "fedavg"}]}
+    (tmp_path / "long.sweep.yaml").write_text(yaml.safe_dump(spec))
+    (job,) = load_sweep(tmp_path / "long.sweep.yaml").jobs
+    sweep = subprocess.Popen([sys.executable, "-m", "fedhet.cli", "sweep", str(tmp_path / "long.sweep.yaml")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        end = time.monotonic() + 240
+        while not read_metrics(job.run_dir) and time.monotonic() < end and sweep.poll() is None:
+            time.sleep(0.5)
+        assert read_metrics(job.run_dir), "the run never finished a round"
+        sweep.send_signal(signal.SIGTERM)
+        out, _ = sweep.communicate(timeout=120)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    assert sweep.returncode == 130, out
+    summary = json.loads((job.run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["rounds_completed"] >= 1
+    assert job_status(job) == "interrupted" and not (job.run_dir.parent / f"{job.name}.lock").exists()

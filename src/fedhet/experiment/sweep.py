@@ -338,7 +338,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 log(f"{time.strftime('%H:%M:%S')} {done}/{len(sweep.jobs)} completed; running: {now}")
     except BaseException as e:
         # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
-        # SIGINT (a run stops like after Ctrl-C: summary and checkpoints kept), and only then kill.
+        # SIGTERM (`fedhet run` stops on it like after Ctrl-C: summary and checkpoints kept; a
+        # background job ignores SIGINT), and only then kill. `fedhet sweep` gets SIGTERM as
+        # KeyboardInterrupt too (fedhet.cli.main).
         _stop([proc for _, proc, _ in running.values()], grace=10.0 if isinstance(e, KeyboardInterrupt) else 0.0)
         for job, _, _ in running.values():
             _lock_path(job).unlink(missing_ok=True)
@@ -365,7 +367,7 @@ def _stop(procs: list[subprocess.Popen], grace: float) -> None:
             pass
     for proc in procs:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
     for proc in procs:
         try:
             proc.wait(timeout=30)
