@@ -467,3 +467,16 @@ def test_flower_and_simulator_checkpoints_resume_only_on_their_own_engine(small_
     reference_run(cfg, tmp_path / "sim")
     with pytest.raises(FedhetError, match=r"simulator run.*fedhet run --resume"):
         flower_run(cfg, tmp_path / "sim", resume=True)
+
+
+def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys):
+    from fedhet.cli import main as cli_main
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(dump_config(tiny(small_config, "fedavg")))
+    cases = [(["flower", "run"], "give a CONFIG file, or --resume RUN_DIR"),
+             (["flower", "run", "--resume", str(tmp_path / "none")], "is not a fedhet run directory"),
+             (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG or --set")]
+    for argv, message in cases:
+        assert cli_main(argv) == 2
+        assert message in capsys.readouterr().err, argv
