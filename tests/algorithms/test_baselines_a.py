@@ -418,3 +418,23 @@ def test_fedprox_plus_scaffold_composes_both_terms():
     kinds = {type(t) for t in terms}
     assert kinds == {Proximal, Linear}
     assert next(t for t in terms if isinstance(t, Proximal)).mu == 0.2
+
+
+def test_feddyn_server_rule_chains_in_a_composition():
+    """feddyn+scaffold: SCAFFOLD's control variate is updated (FedDyn's aggregate calls the rest
+    of the composition) and FedDyn's h correction applies to the uniform mean."""
+    cls = algorithm_class("feddyn+scaffold")
+    algo = cls(cls.Params(alpha=0.5))
+    state = algo.init_server_state({"m": {"w": torch.tensor([1.0])}})
+    _, state = drive(algo, state, ctx([0, 1]), {
+        0: reply({"w": torch.tensor([3.0])}, 1, control={"w": torch.tensor([2.0])}),
+        1: reply({"w": torch.tensor([5.0])}, 100, control={"w": torch.tensor([6.0])})})
+    # as test_feddyn_server_h_and_model_two_rounds: uniform mean 4, h = -0.75, theta = 5.5;
+    # SCAFFOLD: c = 0 + (2 + 6) / 4 = 2
+    assert state["h"]["w"].item() == pytest.approx(-0.75)
+    assert state["model"]["w"].item() == pytest.approx(5.5)
+    assert state["control"]["w"].item() == pytest.approx(2.0)
+    # two parts that each set the aggregation weights cannot be combined silently
+    for name in ("feddyn+fedacd", "fedacd+feddyn"):
+        with pytest.raises(KeyError, match="each define the aggregation weights"):
+            algorithm_class(name)

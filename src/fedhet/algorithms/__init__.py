@@ -68,6 +68,10 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
         combined = type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
     except TypeError as e:
         raise KeyError(f"cannot combine {name}: {e}") from None
+    weighers = [c.name for c in classes if c.aggregation_weights is not FedAvg.aggregation_weights]
+    if len(weighers) > 1:
+        raise KeyError(f"cannot combine {name}: {weighers[0]} and {weighers[1]} each define the aggregation "
+                       f"weights (only one would apply)")
     owner_of_term = [c.name for c in classes if getattr(c, "builds_own_data_term", False)]
     replacers = [c.name for c in classes if c.data_terms is not FedAvg.data_terms]
     if owner_of_term and replacers:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import weighted_average, zeros_for_trainable
+from fedhet.algorithms.aggregate import zeros_for_trainable
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -53,14 +53,19 @@ class FedDyn(FedAvg):
         state["h"] = zeros_for_trainable(state["model"])
         return state
 
+    def aggregation_weights(self, replies: Replies, cids: list[int]) -> list[float]:
+        """Alg. 1, line 9: the uniform mean over the clients that answered."""
+        return [1.0] * len(cids)
+
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
         alpha, prev = self.params.alpha, state["model"]
-        cids = sorted(replies)
-        models = [replies[c].arrays["model"] for c in cids]
-        avg = weighted_average(models, [1.0] * len(models))
+        models = [replies[c].arrays["model"] for c in sorted(replies)]
+        # The mean (FedAvg's, with the uniform weights above) and the rest of a composition's
+        # server side (e.g. SCAFFOLD's control variate) first; then the h correction.
+        state = super().aggregate(state, replies, ctx)
         h = {k: hk - (alpha / ctx.num_clients) * torch.stack([m[k] - prev[k] for m in models]).sum(0)
              for k, hk in state["h"].items()}
-        state["model"] = {k: v - h[k] / alpha if k in h else v for k, v in avg.items()}
+        state["model"] = {k: v - h[k] / alpha if k in h else v for k, v in state["model"].items()}
         state["h"] = h
         return state
 
