@@ -21,6 +21,8 @@
   label distribution (papers/002 Eq. 3), mean over the participants m (FedACD Table 3; lower is
   better). ``local_kl`` - mean over them of ``KL(P^m || Q)`` of the local model on its own
   training split (FedACD Table 9, template tau = 1 - 1e-5, mean over the client's present rows).
+  The tau is fixed, not a FedACD run's ``template_tau``: Table 9 compares methods, and a run
+  without FedACD has no tau of its own, so every method is measured against the same Q.
 """
 
 from __future__ import annotations
