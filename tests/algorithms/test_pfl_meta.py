@@ -80,7 +80,8 @@ class Runtime:
         self.init = init if init is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.accounted = []
 
-    def train(self, weights, terms=None, *, epochs=None, **kw):
+    def train(self, weights, terms=None, *, epochs=None, evaluation_only=False, **kw):
+        # no optimizer state is carried across rounds here, so evaluation_only changes nothing
         terms = list(terms or [CrossEntropy()])
         if self.data_loss is not None:
             terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]

@@ -96,3 +96,21 @@ def test_keep_changes_the_run_and_reset_matches_the_default(small_config, tmp_pa
     assert reset == loss("auto")                    # FedAvg's default is a fresh optimizer each round
     kept = loss("keep")
     assert kept[0] == reset[0] and kept[1] != reset[1]      # round 1 starts fresh either way
+
+
+def test_evaluation_fine_tuning_leaves_the_kept_state_alone(small_config):
+    """FedBABU fine-tunes every client for evaluation; under keep, that must neither start from
+    nor change the momentum its training carries: the kept state after round 1 is the same
+    whether round 1 evaluated (fine-tuned) or not."""
+    kept = {}
+    for evaluating in (False, True):
+        loop = _loop(small_config, "fedbabu", "keep", {"finetune_epochs": 1})
+        loop.run_round(0, evaluating=evaluating)
+        kept[evaluating] = {c: s.get(OPTIMIZER_STATE) for c, s in loop.client_states.items() if s}
+    assert set(kept[True]) >= set(kept[False]) and kept[False]
+    for cid, state in kept[True].items():
+        if cid not in kept[False]:                      # only fine-tuned, never trained: nothing kept
+            assert state is None, cid
+            continue
+        assert set(state) == set(kept[False][cid])
+        assert all(torch.equal(state[k], kept[False][cid][k]) for k in state), cid

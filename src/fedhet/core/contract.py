@@ -168,9 +168,11 @@ class ClientRuntime(Protocol):
     def train(self, weights: Arrays, terms: list[Any] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
               optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
-              statistics: dict[str, torch.Tensor] | None = None) -> LocalResult:
+              statistics: dict[str, torch.Tensor] | None = None, evaluation_only: bool = False) -> LocalResult:
         """Local training from ``weights`` on ``terms`` (default: cross-entropy) with the run's
-        settings; see :func:`fedhet.training.local.train_local` for the options."""
+        settings; see :func:`fedhet.training.local.train_local` for the options.
+        ``evaluation_only``: a fine-tune for evaluation, which neither starts from nor updates
+        the optimizer state a ``train.optimizer_state: keep`` run carries across rounds."""
         ...
 
     def account(self, result: LocalResult) -> None:

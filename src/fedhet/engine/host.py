@@ -99,11 +99,13 @@ class SimClient:
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
               optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
               statistics: dict[str, torch.Tensor] | None = None,
-              settings: TrainSettings | None = None) -> LocalResult:
+              settings: TrainSettings | None = None, evaluation_only: bool = False) -> LocalResult:
         s = settings or self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
-        kept = self.kept_optimizer_state
+        # An evaluation-only fine-tune (FedBABU) starts from a fresh optimizer and leaves the kept
+        # state alone: training must not depend on how often the run evaluates.
+        kept = None if evaluation_only else self.kept_optimizer_state
         if kept is not None and optimizer_state is None:
             optimizer_state = kept
         result = self.fit(weights, terms if terms is not None else [CrossEntropy()], s, start_epoch=start_epoch,
