@@ -197,6 +197,23 @@ def test_a_raised_round_count_extends_completed_runs(tmp_path, small_config):
     assert [r["round"] for r in read_metrics(job.run_dir)] == [1, 2, 3]
 
 
+def test_a_raised_round_count_reaches_interrupted_runs_too(tmp_path, small_config, monkeypatch):
+    """An interrupted run is resumed with the rounds the sweep file asks for now (it used to stop
+    at its old count and be reported failed)."""
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=3"])
+    (job,) = load_sweep(path).jobs
+    cfg = load_config(job.config, [*job.overrides, "run.threads=1"])
+    torch_threads = torch.get_num_threads()
+    try:
+        run_killed_in_round(Experiment.create(cfg, job.run_dir), monkeypatch, 2)
+    finally:
+        torch.set_num_threads(torch_threads)
+    longer = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=4"]))
+    assert job_status(longer.jobs[0]) == "interrupted"
+    assert run_sweep(longer, log=lambda m: None, poll_seconds=0.2) == {job.name: "completed"}
+    assert [r["round"] for r in read_metrics(job.run_dir)] == [1, 2, 3, 4]
+
+
 def test_sigterm_stops_a_background_sweep_and_its_runs_like_ctrl_c(tmp_path, small_config):
     """A sweep started in the background (SIGINT ignored, as `&` does) gets SIGTERM: it stops its
     run with SIGTERM, the run records status "interrupted" (summary written, rows kept), the lock

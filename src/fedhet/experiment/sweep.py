@@ -300,11 +300,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 if not _take_lock(job):
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
                     continue
-                if initial[job.name] == "extend":
+                # a run directory with a config is resumed: from its checkpoint, or from round 1;
+                # with the rounds the sweep file asks for now (completed, interrupted or failed)
+                resume = (job.run_dir / "config.yaml").is_file()
+                if resume:
                     _extend_rounds(job)
                 _failure_marker(job).unlink(missing_ok=True)
-                # a run directory with a config is resumed: from its checkpoint, or from round 1
-                resume = (job.run_dir / "config.yaml").is_file()
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
                 proc = subprocess.Popen(_command(job, threads, resume), stdout=logf, stderr=subprocess.STDOUT)
@@ -350,11 +351,18 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
 
 
 def _extend_rounds(job: Job) -> None:
-    """Raise the recorded config's train.rounds to what the sweep asks for, so ``--resume``
-    continues the completed run from its last checkpoint."""
+    """Raise the recorded config's train.rounds to what the sweep asks for, when it asks for
+    more, so ``--resume`` continues the run (completed or not) to that length."""
+    wanted = _requested_rounds(job)
     path = job.run_dir / "config.yaml"
-    recorded = yaml.safe_load(path.read_text()) or {}
-    recorded.setdefault("train", {})["rounds"] = _requested_rounds(job)
+    try:
+        recorded = yaml.safe_load(path.read_text()) or {}
+        have = int(recorded.get("train", {}).get("rounds", 0))
+    except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
+        return             # the run itself reports a config it cannot load
+    if wanted is None or have >= wanted:
+        return
+    recorded.setdefault("train", {})["rounds"] = wanted
     path.write_text(yaml.safe_dump(recorded, sort_keys=False))
 
 
