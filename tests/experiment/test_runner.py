@@ -364,6 +364,13 @@ def test_sgd_derived_server_rules_refuse_adam(small_config, name):
         make_algorithm(load_config(raw=raw))
     raw["algorithm"] = {"name": "fedavg"}
     assert make_algorithm(load_config(raw=raw)).name == "fedavg"          # Adam is fine elsewhere
+    # momentum kept across rounds: not counted by their server rules
+    raw["algorithm"] = {"name": name, "params": {"mu": 0.01} if "fedprox" in name else {}}
+    raw["train"].update(optimizer="sgd", momentum=0.9, optimizer_state="keep")
+    with pytest.raises(ConfigError, match="optimizer_state: reset"):
+        make_algorithm(load_config(raw=raw))
+    raw["train"]["optimizer_state"] = "reset"
+    assert make_algorithm(load_config(raw=raw)).requires_sgd
 
 
 def test_eval_clients_needs_personalized_metrics(small_config):

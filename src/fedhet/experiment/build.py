@@ -47,6 +47,11 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
         raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule is derived for local SGD (the "
                           f"normalised update of SCAFFOLD / FedNova), so train.optimizer must be sgd, not "
                           f"{cfg.train.optimizer}")
+    if cls.requires_sgd and cfg.train.optimizer_state == "keep" and cfg.train.momentum:
+        raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule counts each round's local SGD steps "
+                          f"from zero momentum (FedNova's a_i, SCAFFOLD's c_i), so momentum carried across rounds "
+                          f"would move the model by amounts it does not count; use train.optimizer_state: reset "
+                          f"(or auto), or train.momentum: 0")
     return cls(params)
 
 
