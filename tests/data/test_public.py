@@ -90,6 +90,8 @@ def test_public_set_from_another_dataset(synth_root, tmp_path, data_root):
                                                  "classes": [3, 7]}), seed=0)
     with pytest.raises(PartitionError, match="not classes of mnist"):
         build_federation(_data_cfg(root, public={"source": "dataset", "dataset": "mnist", "classes": [10]}), seed=0)
+    with pytest.raises(PartitionError, match="the private dataset fashion_mnist, whose train split the clients hold"):
+        build_federation(_data_cfg(root, public={"source": "dataset", "dataset": "fashion_mnist", "size": 5}), seed=0)
     shutil.copytree(data_root / "cifar-10-batches-py", root / "cifar10" / "cifar-10-batches-py")
     with pytest.raises(PartitionError, match="same shape"):
         build_federation(_data_cfg(root, public={"source": "dataset", "dataset": "cifar10", "size": 5}), seed=0)

@@ -206,6 +206,11 @@ def _public_from_dataset(spec: PublicSpec, cfg: DataSpec, train: ImageData, seed
     if not spec.dataset:
         raise PartitionError("data.public.source 'dataset' needs data.public.dataset (e.g. mnist for the MNIST "
                              "family, cifar100 for CIFAR-10, as KT-pFL)")
+    if spec.dataset == cfg.dataset:
+        # its train split is the clients' pool: the public set would share their images
+        raise PartitionError(f"data.public.dataset is the private dataset {cfg.dataset}, whose train split the "
+                             f"clients hold; use data.public.source 'unsampled' (images the pool leaves out) or "
+                             f"another dataset")
     other = load_dataset(spec.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
     if tuple(other.x.shape[1:]) != tuple(train.x.shape[1:]):
         raise PartitionError(f"data.public.dataset {spec.dataset} has images of shape {tuple(other.x.shape[1:])}, "
