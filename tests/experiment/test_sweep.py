@@ -152,6 +152,11 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
     mean, std = sum(d) / 2, abs(d[0] - d[1]) / 2 ** 0.5
     assert f"| fedprox | 2 | s0: {d[0]:+.2f}, s1: {d[1]:+.2f} | {mean:+.2f} ± {std:.2f} | {sum(x > 0 for x in d)}/2 |" in text
     assert "| fedavg | 2 |" not in text.split("Paired differences")[1]
+    # a method whose headline is another metric (a personalized one) is paired on the baseline's
+    for seed in (0, 1):
+        path = tmp_path / f"fedprox_s{seed}" / "summary.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "headline_metric": "personal_acc"}))
+    assert compare(dirs, None, None, paired="fedavg").split("Paired differences")[1] == text.split("Paired differences")[1]
     with pytest.raises(Exception, match="no completed run of that name"):
         compare(dirs, None, None, paired="scaffold")
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], paired="nobody")

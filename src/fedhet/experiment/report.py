@@ -104,17 +104,18 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
     group, over the seeds both have (the paired comparison of a method with a baseline: the
     partition and client sampling of a seed are the same for both)."""
     finals: dict[str, dict[int, float]] = defaultdict(dict)
-    metrics: dict[str, str] = {}
-    for d in run_dirs:
-        s = load_summary(d)
-        m = metric or s["headline_metric"]
-        metrics.setdefault(s["name"], m)
-        if s["metrics"].get(m):
+    summaries = [load_summary(d) for d in run_dirs]
+    # One metric for every run, so each difference compares like with like: the one asked for,
+    # else the baseline's headline (a personalized method is then judged on it too).
+    base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
+    m = metric or base_metric
+    for s in summaries:
+        if m and s["metrics"].get(m):
             finals[s["name"]][int(s["seed"])] = s["metrics"][m]["final"]
     if base not in finals:
         raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
-                              f"(names: {', '.join(sorted(finals)) or 'none'})")
-    lines = [f"Paired differences of final {metrics[base]} against {base} (percentage points, per seed):", "",
+                              f"(names: {', '.join(sorted({s['name'] for s in summaries})) or 'none'})")
+    lines = [f"Paired differences of final {m} against {base} (percentage points, per seed):", "",
              "| run | seeds | per seed | mean ± std | differences > 0 |", "|---|---|---|---|---|"]
     for name, by_seed in finals.items():
         if name == base:
