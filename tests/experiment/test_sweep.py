@@ -252,3 +252,30 @@ def test_sigterm_stops_a_background_sweep_and_its_runs_like_ctrl_c(tmp_path, sma
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] >= 1
     assert job_status(job) == "interrupted" and not (job.run_dir.parent / f"{job.name}.lock").exists()
+
+
+def test_a_job_finished_by_another_sweep_after_this_one_started_is_not_run_again(tmp_path, small_config,
+                                                                                 monkeypatch):
+    """Between this sweep's first look and its turn for the job, another sweep ran it to the end:
+    once it holds the lock this sweep looks again and leaves the completed run alone."""
+    from fedhet.experiment import sweep as sweep_mod
+
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})])
+    sweep = load_sweep(path)
+    (job,) = sweep.jobs
+    real_take = sweep_mod._take_lock
+
+    def take_after_another_sweep_finished(j):
+        cfg = load_config(j.config, [*j.overrides, "run.threads=1"])
+        threads = torch.get_num_threads()
+        try:
+            Experiment.create(cfg, j.run_dir).run(progress=False)
+        finally:
+            torch.set_num_threads(threads)
+        return real_take(j)
+
+    monkeypatch.setattr(sweep_mod, "_take_lock", take_after_another_sweep_finished)
+    messages = []
+    assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
+    assert any("skip   fedavg_s0: completed meanwhile" in m for m in messages), messages
+    assert job_status(job) == "completed" and not (job.run_dir.parent / f"{job.name}.lock").exists()

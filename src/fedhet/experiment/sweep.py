@@ -204,6 +204,13 @@ def _take_lock(job: Job) -> bool:
     return False
 
 
+def _write_lock(job: Job, text: str) -> None:
+    """Replace the lock's content atomically: a reader never sees it empty (and takes it for dead)."""
+    tmp = _lock_path(job).with_suffix(".lock.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, _lock_path(job))
+
+
 def _requested_rounds(job: Job) -> int | None:
     try:
         return load_config(job.config, job.overrides).train.rounds
@@ -230,6 +237,11 @@ def job_status(job: Job) -> str:
     when it completed fewer rounds than now asked for; ``running`` while a live sweep runs it."""
     if lock_holder(job) is not None:
         return "running"
+    return _recorded_status(job)
+
+
+def _recorded_status(job: Job) -> str:
+    """:func:`job_status` from the run directory alone (whoever holds the lock)."""
     if config_mismatch(job):
         return "stale"
     summary = job.run_dir / "summary.json"
@@ -300,6 +312,11 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 if not _take_lock(job):
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
                     continue
+                now = _recorded_status(job)     # another sweep may have run it since this one started
+                if now in ("completed", "stale") or (now == "failed" and not retry_failed):
+                    _lock_path(job).unlink(missing_ok=True)
+                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {now} meanwhile (another sweep process)")
+                    continue
                 # a run directory with a config is resumed: from its checkpoint, or from round 1;
                 # with the rounds the sweep file asks for now (completed, interrupted or failed)
                 resume = (job.run_dir / "config.yaml").is_file()
@@ -310,7 +327,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
                 proc = subprocess.Popen(_command(job, threads, resume), stdout=logf, stderr=subprocess.STDOUT)
                 logf.close()
-                _lock_path(job).write_text(f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
+                _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
             time.sleep(poll_seconds)
