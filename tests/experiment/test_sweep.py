@@ -63,6 +63,10 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config):
         load_sweep(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_sweep(tmp_path / "missing.yaml")
+    for lanes in ("null", "two", "0"):
+        bad.write_text(f"lanes: {lanes}\nruns: [a.yaml]\n")
+        with pytest.raises(ConfigError, match="lanes must be a whole number of at least 1"):
+            load_sweep(bad)
 
 
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
@@ -159,6 +163,8 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
     assert compare(dirs, None, None, paired="fedavg").split("Paired differences")[1] == text.split("Paired differences")[1]
     with pytest.raises(Exception, match="no completed run of that name"):
         compare(dirs, None, None, paired="scaffold")
+    with pytest.raises(Exception, match="are both run 'fedavg' with seed 0"):
+        compare([*dirs, dirs[0]], None, None, paired="fedavg")
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], paired="nobody")
     with pytest.raises(ConfigError, match="not the tag of any run"):
         load_sweep(path)

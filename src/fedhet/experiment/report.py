@@ -109,7 +109,13 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
     # else the baseline's headline (a personalized method is then judged on it too).
     base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
     m = metric or base_metric
-    for s in summaries:
+    where: dict[tuple[str, int], Path] = {}
+    for d, s in zip(run_dirs, summaries):
+        key = (s["name"], int(s["seed"]))
+        if key in where:
+            raise CheckpointError(f"--paired: {where[key]} and {d} are both run {key[0]!r} with seed {key[1]}; "
+                                  f"compare one of them")
+        where[key] = d
         if m and s["metrics"].get(m):
             finals[s["name"]][int(s["seed"])] = s["metrics"][m]["final"]
     if base not in finals:

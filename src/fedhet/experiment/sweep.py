@@ -113,9 +113,12 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                           "known: name, out, lanes, seeds, set, grid, runs, metric, paired")
     name = str(raw.get("name") or path.stem)
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
-    n_lanes = int(lanes if lanes is not None else raw.get("lanes", 1))
+    try:
+        n_lanes = int(lanes if lanes is not None else raw.get("lanes", 1))
+    except (TypeError, ValueError):
+        n_lanes = 0
     if n_lanes < 1:
-        raise ConfigError(f"{path}: lanes must be at least 1")
+        raise ConfigError(f"{path}: lanes must be a whole number of at least 1, got {raw.get('lanes')!r}")
     seeds = _as_list(raw.get("seeds", [0]), "seeds", str(path))
     common = [str(s) for s in _as_list(raw.get("set"), "set", str(path))]
     grid = raw.get("grid") or {}
