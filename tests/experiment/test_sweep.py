@@ -15,7 +15,7 @@ from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
-from fedhet.experiment.sweep import job_status, lane_threads, load_sweep, run_sweep, write_report
+from fedhet.experiment.sweep import config_mismatch, job_status, lane_threads, load_sweep, run_sweep, write_report
 
 
 def write_sweep(tmp_path, small_config, runs, **extra):
@@ -132,6 +132,10 @@ def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, smal
     messages = []
     assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
     assert any("train.lr: 0.05 -> 0.01" in m for m in messages)
+    # a sweep file whose config no longer loads does not pool the existing run as its own
+    broken = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.lr=-1"]})]))
+    assert job_status(broken.jobs[0]) == "stale"
+    assert any("cannot be loaded" in x for x in config_mismatch(broken.jobs[0]))
     # a sweep file may not pool two different experiments under one tag
     bad = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0]}), ("fedprox", {"tag": "fedavg", "seeds": [1]})])
     with pytest.raises(ConfigError, match="tag 'fedavg' is also used"):

@@ -229,9 +229,13 @@ def config_mismatch(job: Job) -> list[str]:
         return []
     try:
         current = load_config(job.config, job.overrides)
+    except (ConfigError, OSError) as e:
+        # a run exists, but what the sweep file asks for now cannot be read: not the same run
+        return [f"the sweep file's config cannot be loaded ({str(e).splitlines()[0]})"]
+    try:
         return config_changes(yaml.safe_load(recorded.read_text()) or {}, current)
-    except (ConfigError, OSError, yaml.YAMLError):
-        return []          # the run itself reports a config it cannot load
+    except (OSError, yaml.YAMLError):
+        return []          # the run itself reports a recorded config it cannot load
 
 
 def job_status(job: Job) -> str:
