@@ -25,7 +25,10 @@ in ``<out>/<run>.log``. A run directory whose recorded config differs from what 
 asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
 A completed run with fewer rounds than the sweep now asks for (a raised ``train.rounds``) is
 ``extend``: its recorded config gets the new round count and the run continues from its last
-checkpoint. While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
+checkpoint. (An interrupted run is resumed with the new count as well.) The extended run equals
+one made at the new length from the start, except where the old last round acted as the last:
+it was evaluated whatever ``eval.every`` says, and FedFM-Lite uploaded the models there
+(``model_every``). While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
 sweep over the same folder sees the job as ``running`` and leaves it alone (a lock whose process
 is gone is ignored).
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
