@@ -335,15 +335,15 @@ def profile(started: float, built: float) -> dict[str, float]:
     in-process harness). Always: ``build`` the federation and models from the config, ``work``
     the clients' updates and the reply's encoding. Beside the server's phase time they show
     what a phase waits on."""
-    first = not _SERVED and PROCESS_STARTED is not None
-    _SERVED.append(started)
+    global _served_before
+    first, _served_before = not _served_before, True
     return {"flwr": round(IMPORTS_STARTED - PROCESS_STARTED, 3) if first and PROCESS_STARTED else 0.0,
             "imports": round(IMPORTED - IMPORTS_STARTED, 3) if first else 0.0,
             "setup": round(started - IMPORTED, 3) if first else 0.0,
             "build": round(built - started, 3), "work": round(time.time() - built, 3)}
 
 
-_SERVED: list[float] = []      # handler start times in this process
+_served_before = False      # this process answered a message already
 
 
 @torch.no_grad()
