@@ -93,6 +93,9 @@ def _cmd_sweep(args) -> int:
         write_report(sweep)
         print(f"fedhet: sweep interrupted; run `fedhet sweep {args.sweep_file}` again to resume it", file=sys.stderr)
         return 130
+    except FedhetError:
+        write_report(sweep)           # the table of what finished, then the error
+        raise
     report = write_report(sweep)
     print(report)
     print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
