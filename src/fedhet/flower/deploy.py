@@ -545,7 +545,9 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     if status != "finished:completed":
         cause = (summary or {}).get("error") or f"see {work / 'logs'}"
-        raise DeploymentError(f"Flower run ended {status}: {cause}")
+        hint = (f"; the rounds done are kept: continue with `fedhet flower run --resume {run_dir}`"
+                if (run_dir / "checkpoint.pt").exists() else "")
+        raise DeploymentError(f"Flower run ended {status}: {cause}{hint}")
     return LoopbackResult(run_dir, status, summary, seconds, work)
 
 
