@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from fedhet.core.errors import FedhetError
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (kill, a scheduler, a sweep stopping its runs) stops like Ctrl-C: the run records
     # its status and keeps its checkpoints. SIGINT alone is not enough: a job started with `&`
     # ignores it.
-    previous = signal.signal(signal.SIGTERM, _interrupt) if _main_thread() else None
+    on_main_thread = threading.current_thread() is threading.main_thread()   # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _interrupt) if on_main_thread else None
     try:
         return args.func(args)
     except FedhetError as e:
@@ -246,12 +248,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":

@@ -501,7 +501,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     min_clients, phase_timeout, ... ``on_submitted(loopback, run_id)`` runs right after
     submission (tests use it to kill a node)."""
     from fedhet.experiment.config import dump_config
-    from fedhet.experiment.rundir import METRICS, RunDir
+    from fedhet.experiment.rundir import CHECKPOINT, METRICS, RunDir
 
     n = nodes or cfg.data.num_clients
     if not 1 <= n <= cfg.data.num_clients:
@@ -546,7 +546,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     if status != "finished:completed":
         cause = (summary or {}).get("error") or f"see {work / 'logs'}"
         hint = (f"; the rounds done are kept: continue with `fedhet flower run --resume {run_dir}`"
-                if (run_dir / "checkpoint.pt").exists() else "")
+                if (run_dir / CHECKPOINT).exists() else "")
         raise DeploymentError(f"Flower run ended {status}: {cause}{hint}")
     return LoopbackResult(run_dir, status, summary, seconds, work)
 
@@ -597,10 +597,7 @@ def cli(args) -> int:
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     say(f"run directory: {run_dir.resolve()}")
 
-    def terminate(signum, frame):
-        raise KeyboardInterrupt           # SIGTERM (a scheduler, kill): stop the Flower processes too
-
-    previous = signal.signal(signal.SIGTERM, terminate)
+    # SIGTERM arrives as KeyboardInterrupt (fedhet.cli.main): the Loopback stops every process
     try:
         result = run_loopback(cfg, run_dir, nodes=args.nodes, tls=args.tls, auth=args.auth, simulation=args.simulation,
                               resume=bool(args.resume), timeout=args.timeout,
@@ -609,8 +606,6 @@ def cli(args) -> int:
         say(f"fedhet: interrupted; every Flower process was stopped; recorded metrics are kept in the run directory; "
             f"continue with `fedhet flower run --resume {run_dir}`")
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     say(f"loopback: start {result.seconds['start']:.1f} s, submit {result.seconds['submit']:.1f} s, "
         f"run {result.seconds['run']:.1f} s, stop {result.seconds['stop']:.1f} s")
     print(compare([result.run_dir], None, None))
