@@ -1,10 +1,10 @@
-"""Ratio table of two commits' engine_speed.py runs (written by ``benchmarks/engine_speed_vs.sh``).
+"""Ratio tables of one sitting of ``benchmarks/engine_speed_vs.sh``: head against each base commit.
 
-    .venv/bin/python benchmarks/engine_speed_vs.py benchmarks/results/engine_speed_vs --base REV --head REV
+    .venv/bin/python benchmarks/engine_speed_vs.py FOLDER --head REV --base REV [REV ...]
 
-Reads ``{base,head}_<rev>_<setting>_<i>.json``; per setting and mode it reports both sides' samples/s
-(median over the runs of that side), head/base, and each side's fp32 ceiling measured in the same
-run. Writes ``engine_speed_vs.md`` and ``.json`` into the same folder.
+Reads ``{base,head}_<rev>_<setting>_<i>.json``; per base, setting and mode it reports both sides'
+samples/s (median over the repeats of that side), head/base, and each side's fp32 ceiling measured in
+the same runs. Writes ``engine_speed_vs.md`` and ``.json`` into FOLDER.
 """
 
 from __future__ import annotations
@@ -34,13 +34,7 @@ def ceiling(results: list[dict], setting: str) -> float:
     return statistics.median(r["ceiling"][setting]["fp32"]["samples_per_s"] for r in results)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("folder", type=Path)
-    p.add_argument("--base", required=True)
-    p.add_argument("--head", required=True)
-    a = p.parse_args()
-    base, head = load(a.folder, "base", a.base), load(a.folder, "head", a.head)
+def compare(base: dict[str, list[dict]], head: dict[str, list[dict]]) -> list[dict]:
     rows = []
     for setting in head:
         if setting not in base:
@@ -50,35 +44,59 @@ def main() -> int:
         c_base, c_head = ceiling(base[setting], setting), ceiling(head[setting], setting)
         for mode in modes:
             b, h = mode_speed(base[setting], setting, mode), mode_speed(head[setting], setting, mode)
-            rows.append({"setting": setting, "mode": mode, "base_samples_per_s": b, "head_samples_per_s": h,
+            rows.append({"setting": setting, "mode": mode, "repeats": len(head[setting]),
+                         "base_samples_per_s": b, "head_samples_per_s": h,
                          "ratio": None if not b or h is None else h / b,
                          "base_x_fp32_ceiling": None if b is None else b / c_base,
                          "head_x_fp32_ceiling": None if h is None else h / c_head,
                          "base_fp32_ceiling": c_base, "head_fp32_ceiling": c_head})
+    return rows
+
+
+def fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--head", required=True)
+    p.add_argument("--base", required=True, nargs="+")
+    p.add_argument("--command", default=None, help="the command that made the sitting, for the report")
+    a = p.parse_args()
+    head = load(a.folder, "head", a.head)
+    if not head:
+        raise SystemExit(f"no head_{a.head}_*.json in {a.folder}")
     any_run = next(iter(head.values()))[0]
-    lines = ["# Engine speed: head vs base, one sitting", "",
-             "Command:", "", "```bash", f"bash benchmarks/engine_speed_vs.sh {a.base}", "```", "",
-             f"Base {a.base}, head {a.head}. Machine: {any_run['machine']['cpu_model']}, "
+    repeats = max(len(v) for v in head.values())
+    command = a.command or f"bash benchmarks/engine_speed_vs.sh {' '.join(a.base)}"
+    lines = ["# Engine speed: head vs base commits, one sitting", "",
+             "Command:", "", "```bash", command, "```", "",
+             f"Head {a.head}; bases {', '.join(a.base)}. Machine: {any_run['machine']['cpu_model']}, "
              f"{any_run['machine']['usable_cpus']} usable CPUs, torch {any_run['machine']['torch']}. "
-             "Each setting ran once per side, alternating which side went first; ceilings are each run's own "
-             "fp32 ceiling (train_local, one large batch).", "",
-             "| setting | mode | base samples/s | head samples/s | head/base | base x fp32 ceiling | "
-             "head x fp32 ceiling |", "|---|---|---|---|---|---|---|"]
-
-    def f(x, spec):
-        return "-" if x is None else format(x, spec)
-
-    for r in rows:
-        lines.append(f"| {r['setting']} | {r['mode']} | {f(r['base_samples_per_s'], '.0f')} | "
-                     f"{f(r['head_samples_per_s'], '.0f')} | {f(r['ratio'], '.2f')} | "
-                     f"{f(r['base_x_fp32_ceiling'], '.2f')} | {f(r['head_x_fp32_ceiling'], '.2f')} |")
+             f"Each side ran {repeats} time(s) per setting, the order of the sides rotating from one setting "
+             "to the next; samples/s are medians over those runs, and each side's ceiling is the fp32 "
+             "ceiling of its own runs (train_local, one large batch).", ""]
+    out: dict[str, list[dict]] = {}
+    for rev in a.base:
+        rows = compare(load(a.folder, "base", rev), head)
+        out[rev] = rows
+        lines += [f"## Head {a.head} vs base {rev}", "",
+                  "| setting | mode | base samples/s | head samples/s | head/base | base x fp32 ceiling | "
+                  "head x fp32 ceiling |", "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['setting']} | {r['mode']} | {fmt(r['base_samples_per_s'], '.0f')} | "
+                         f"{fmt(r['head_samples_per_s'], '.0f')} | {fmt(r['ratio'], '.2f')} | "
+                         f"{fmt(r['base_x_fp32_ceiling'], '.2f')} | {fmt(r['head_x_fp32_ceiling'], '.2f')} |")
+        lines.append("")
+    rows = next(iter(out.values()), [])
     best = max((r for r in rows if r["setting"] == "cross_device" and r["mode"].endswith("fp32")
                 and r["head_x_fp32_ceiling"] is not None), key=lambda r: r["head_x_fp32_ceiling"], default=None)
     if best:
-        lines += ["", f"Cross-device best fp32 mode at head: {best['mode']}, "
-                      f"{best['head_x_fp32_ceiling']:.2f}x the fp32 ceiling of the same run."]
+        lines += [f"Cross-device best fp32 mode at head: {best['mode']}, "
+                  f"{best['head_x_fp32_ceiling']:.2f}x the fp32 ceiling of the same runs."]
     (a.folder / "engine_speed_vs.md").write_text("\n".join(lines) + "\n")
-    (a.folder / "engine_speed_vs.json").write_text(json.dumps(rows, indent=2))
+    (a.folder / "engine_speed_vs.json").write_text(json.dumps({"head": a.head, "bases": out}, indent=2))
     print("\n".join(lines))
     return 0
 
