@@ -403,3 +403,25 @@ def test_cli_threads_is_the_runs_cpu_budget(small_config, tmp_path, monkeypatch)
     assert exp.cfg.run.threads == 3 and exp.engine_choice is not None and "1 usable CPU" not in exp.engine_choice.reason
     with pytest.raises(SystemExit):
         main(["run", str(path), "--threads", "0"])
+
+
+def test_a_whole_run_in_a_fresh_process_never_imports_dynamo(small_config, tmp_path):
+    """`fedhet run` (build, a round of training, aggregation, evaluation, checkpoint, summary,
+    plot) must not pull in torch._dynamo, which costs every Flower ClientApp process seconds:
+    torch.optim's step and several torch helpers import it on first use (issue 11)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    small_config["train"]["rounds"] = 2
+    small_config["run"]["checkpoint_every"] = 1
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(small_config))
+    code = ("import sys\nfrom fedhet.cli import main\n"
+            f"rc = main(['run', {str(path)!r}, '--no-progress'])\n"
+            "assert rc == 0, rc\n"
+            "print('dynamo imported' if 'torch._dynamo' in sys.modules else 'no dynamo')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "no dynamo", out.stdout[-2000:]
