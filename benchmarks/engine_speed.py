@@ -249,6 +249,11 @@ def report(result: dict) -> str:
                                                                 for k, v in result["memory_ratio"].items()),
               "", "Samples/s = local sample-steps / time of the round's training phases (message transport "
               "included). The first round of every mode is a warm-up and is not counted.", ""]
+    if result.get("step_profile"):
+        import step_profile
+
+        lines += ["## One local step, phase by phase (benchmarks/step_profile.py; cnn2, one thread)", "",
+                  step_profile.report(result["step_profile"])]
     return "\n".join(lines)
 
 
@@ -270,6 +275,7 @@ def main() -> int:
     p.add_argument("--settings", nargs="*", choices=list(SETTINGS), help="only these settings")
     p.add_argument("--no-vectorized", action="store_true", help="skip the vectorized engine")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--no-profile", action="store_true", help="skip the per-phase profile of one local step")
     p.add_argument("--threads", type=int, help="torch threads of the main process (default: torch's choice); "
                                                 "1 gives usable figures on a busy machine")
     p.add_argument("--memory-probe", nargs=2, metavar=("CLIENTS", "ENGINE"), help=argparse.SUPPRESS)
@@ -336,6 +342,13 @@ def main() -> int:
             result["memory_ratio"][engine] = mem[1]["peak_total_pss_mb"] / mem[0]["peak_total_pss_mb"]
             print(f"memory {engine}: " + ", ".join(f"{m['clients']} clients {m['peak_total_pss_mb']} MB"
                                                   for m in mem), flush=True)
+    if not a.no_profile:
+        # Where a step's time goes, at each setting's batch size on one thread (benchmarks/step_profile.py).
+        import step_profile
+
+        batches = sorted({SETTINGS[s]["batch_size"] for s in settings}, reverse=True)
+        result["step_profile"] = [step_profile.profile(b, 1, steps=20 if a.quick else 60) for b in batches]
+        print(step_profile.report(result["step_profile"]), flush=True)
     info = machine_info()
     info.update(cpu_model=cpu_model(), usable_cpus=usable_cpus(), bf16_native=bf16_native("cpu"))
     result.update(machine=info, load_before=load_before, load_after=[round(x, 2) for x in os.getloadavg()],

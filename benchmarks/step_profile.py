@@ -1,0 +1,263 @@
+"""Where one local training step's time goes: per-phase timing of ``train_local``'s step, and the top ops.
+
+    .venv/bin/python benchmarks/step_profile.py                      # batch 32 and 10, 1 and 2 threads
+    .venv/bin/python benchmarks/step_profile.py --batch 32 --threads 1 --steps 60
+
+The step is the one ``fedhet.training.local.train_local`` runs (cnn2 on Fashion-MNIST images, plain
+cross-entropy, SGD with momentum 0.9), taken apart into its phases, each timed on its own over the
+same ``--steps`` batches:
+
+* ``batch``: gathering the batch's uint8 images and normalising them (``ClientData.batch``);
+* ``forward``: the model with the working weights bound once, as ``train_local`` binds them;
+* ``loss``: the loss terms (``total_loss``) and the terms' statistics;
+* ``backward``: ``torch.autograd.grad`` of the loss;
+* ``optimizer``: the SGD kernel's update (``fedhet.training.optim``).
+
+``train_local`` itself is timed over the same steps; "unaccounted" is its time per step minus the
+sum of the phases (the loop's bookkeeping: the finite check, loss parts, step counters). Medians
+over 3 passes. The op table is ``torch.profiler``'s self CPU time over the same steps.
+:func:`profile` is also called by ``benchmarks/engine_speed.py``.
+
+``--variants`` measures exactly-equivalent rewrites of the step that were candidates for
+``train_local`` (issue 18), each against the current step, alternating, in one process: every variant
+must give bit-identical weights and loss after two epochs (checked; a variant that does not is
+reported as such), and its speed is the ratio of median times over ``--repeats`` alternations:
+
+* ``channels_last_pool``: max-pooling on a channels_last copy of its input, returned in the default
+  layout (same maxima, same tie-breaking, so the same gradients);
+* ``pool_then_relu``: ReLU after the max-pool instead of before (max commutes with ReLU; a
+  window's gradient reaches the same input either way);
+* ``foreach_sgd``: the SGD update as ``torch._foreach_*`` calls over all parameters at once (on the
+  CPU the same per-tensor kernels, less Python).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.utils.stateless import _reparametrize_module
+
+from fedhet.core.contract import ClientData, Forward, TrainSettings
+from fedhet.core.seeding import torch_generator
+from fedhet.data.datasets import load_dataset
+from fedhet.models import build_model
+from fedhet.training.local import epoch_batches, train_local
+from fedhet.training.objective import CrossEntropy, accumulate_statistics, total_loss
+from fedhet.training.optim import SGD, OptState, make_optimizer
+
+PHASES = ("batch", "forward", "loss", "backward", "optimizer")
+
+
+def _data(samples: int) -> ClientData:
+    train = load_dataset("fashion_mnist")
+    idx = torch.randperm(len(train), generator=torch_generator(0, "step_profile"))[:samples]
+    shape = (1, len(train.mean), 1, 1)
+    return ClientData(train.x, train.y, idx, torch.tensor(train.mean).view(shape), torch.tensor(train.std).view(shape))
+
+
+def profile(batch: int, threads: int, steps: int = 60, top: int = 8) -> dict:
+    """Per-phase milliseconds of ``steps`` local steps at ``batch`` with ``threads`` intra-op threads."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _profile(batch, threads, steps, top)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
+    data = _data(batch * steps)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    settings = TrainSettings(epochs=1, batch_size=batch, lr=0.01, momentum=0.9, drop_last=True)
+    terms = [CrossEntropy()]
+    gen = lambda e: torch_generator(0, "step_profile", e)  # noqa: E731
+    batches = epoch_batches(len(data.train_idx), batch, True, gen(0))
+    train_local(model, weights, data, terms, settings, gen)          # warm-up (first-call allocations)
+
+    def phases_once() -> dict[str, float]:
+        spent = dict.fromkeys(PHASES, 0.0)
+        work = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
+        opt = make_optimizer(settings)
+        state = opt.load(None, list(work))
+        totals: dict[str, torch.Tensor] = {}
+        model.train()
+        with _reparametrize_module(model, work, strict=False):
+            for positions in batches:
+                t0 = time.perf_counter()
+                b = data.batch(positions)
+                t1 = time.perf_counter()
+                features, logits = model(b.x, with_features=True)
+                out = Forward(features, logits)
+                t2 = time.perf_counter()
+                loss, _ = total_loss(terms, out, b, work)
+                with torch.no_grad():
+                    accumulate_statistics(terms, out, b, totals)
+                t3 = time.perf_counter()
+                grads = torch.autograd.grad(loss, list(work.values()))
+                t4 = time.perf_counter()
+                opt.step(work, dict(zip(work, grads)), state)
+                t5 = time.perf_counter()
+                for name, a, z in zip(PHASES, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
+                    spent[name] += z - a
+        return {k: 1e3 * v / len(batches) for k, v in spent.items()}
+
+    def whole_once() -> float:
+        t = time.perf_counter()
+        train_local(model, weights, data, terms, settings, gen)
+        return 1e3 * (time.perf_counter() - t) / len(batches)
+
+    runs = [phases_once() for _ in range(3)]
+    wholes = [whole_once() for _ in range(3)]
+    ms = {k: statistics.median(r[k] for r in runs) for k in PHASES}
+    step_ms = statistics.median(wholes)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        train_local(model, weights, data, terms, settings, gen)
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total_us = sum(e.self_cpu_time_total for e in events) or 1.0
+    ops = [{"op": e.key, "share": e.self_cpu_time_total / total_us, "calls_per_step": e.count / len(batches)}
+           for e in events[:top]]
+    return {"batch": batch, "threads": threads, "steps": len(batches), "step_ms": step_ms,
+            "samples_per_s": 1e3 * batch / step_ms, "phase_ms": ms,
+            "unaccounted_ms": step_ms - sum(ms.values()), "top_ops": ops}
+
+
+# --- exactly-equivalent variants of the step ---------------------------------------------------
+class _ChannelsLastMaxPool2d(torch.nn.MaxPool2d):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.max_pool2d(x.contiguous(memory_format=torch.channels_last), self.kernel_size,
+                                           self.stride, self.padding, self.dilation, ceil_mode=self.ceil_mode)
+        return y.contiguous()
+
+
+def _variant_model(pool: bool = False, reorder: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Sequential) and len(module) >= 3 \
+                and isinstance(module[1], torch.nn.ReLU) and isinstance(module[2], torch.nn.MaxPool2d):
+            if pool:
+                module[2] = _ChannelsLastMaxPool2d(2)
+            if reorder:
+                module[1], module[2] = module[2], module[1]
+    return model
+
+
+class _ForeachSGD(SGD):
+    @torch.no_grad()
+    def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
+        _foreach_sgd_step(self, params, grads, state)
+
+
+def _foreach_sgd_step(self: SGD, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None],
+                      state: OptState) -> None:
+    names = [n for n in params if grads.get(n) is not None]
+    ps, gs = [params[n] for n in names], [grads[n] for n in names]  # type: ignore[misc]
+    if self.weight_decay != 0:
+        gs = torch._foreach_add(gs, ps, alpha=self.weight_decay)
+    directions = gs
+    if self.momentum != 0:
+        old = [i for i, n in enumerate(names) if "momentum_buffer" in state[n]]
+        if old:
+            bufs = [state[names[i]]["momentum_buffer"] for i in old]
+            torch._foreach_mul_(bufs, self.momentum)
+            torch._foreach_add_(bufs, [gs[i] for i in old], alpha=1 - self.dampening)
+        for i, n in enumerate(names):
+            state[n].setdefault("momentum_buffer", gs[i].detach().clone())
+        directions = [state[n]["momentum_buffer"] for n in names]
+        if self.nesterov:
+            directions = torch._foreach_add(gs, directions, alpha=self.momentum)
+    torch._foreach_add_(ps, directions, alpha=-self.lr)
+
+
+def variants(batch: int, threads: int, repeats: int = 5, samples: int = 640) -> list[dict]:
+    """Speed of each exactly-equivalent variant relative to the current step (ratio > 1: faster)."""
+    from fedhet.training import local
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    data = _data(samples)
+    settings = TrainSettings(epochs=2, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    gen = lambda e: torch_generator(0, "step_variants", e)  # noqa: E731
+    cases = {"current": (_variant_model(), False),
+             "channels_last_pool": (_variant_model(pool=True), False),
+             "pool_then_relu": (_variant_model(reorder=True), False),
+             "foreach_sgd": (_variant_model(), True)}
+    weights = {k: v.detach().clone() for k, v in cases["current"][0].state_dict().items()}
+
+    def run(name: str):  # type: ignore[no-untyped-def]
+        model, foreach = cases[name]
+        if foreach:
+            local.make_optimizer = lambda s: _ForeachSGD(s.lr, s.momentum, s.dampening, s.weight_decay, s.nesterov)
+        try:
+            return train_local(model, weights, data, [CrossEntropy()], settings, gen)
+        finally:
+            local.make_optimizer = make_optimizer
+
+    try:
+        reference = run("current")
+        exact = {name: (lambda r: r.mean_loss == reference.mean_loss
+                        and all(torch.equal(r.weights[k], reference.weights[k]) for k in weights))(run(name))
+                 for name in cases}
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for _ in range(repeats):
+            for name in cases:
+                t = time.perf_counter()
+                run(name)
+                times[name].append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(previous)
+    base = statistics.median(times["current"])
+    return [{"variant": name, "batch": batch, "threads": threads, "bit_identical": exact[name],
+             "samples_per_s": settings.epochs * samples / statistics.median(times[name]),
+             "speed_vs_current": base / statistics.median(times[name])} for name in cases]
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["| batch | threads | step ms | samples/s | " + " | ".join(f"{p} ms (share)" for p in PHASES)
+             + " | unaccounted ms |", "|---" * (5 + len(PHASES)) + "|"]
+    for r in rows:
+        cells = [f"{r['phase_ms'][p]:.2f} ({r['phase_ms'][p] / r['step_ms']:.0%})" for p in PHASES]
+        lines.append(f"| {r['batch']} | {r['threads']} | {r['step_ms']:.2f} | {r['samples_per_s']:.0f} | "
+                     + " | ".join(cells) + f" | {r['unaccounted_ms']:.2f} |")
+    for r in rows:
+        ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in r["top_ops"])
+        lines.append(f"\nTop ops by self CPU time, batch {r['batch']}, {r['threads']} thread(s): {ops}.")
+    return "\n".join(lines) + "\n"
+
+
+def variants_report(rows: list[dict]) -> str:
+    lines = ["| variant | batch | threads | bit-identical | samples/s | speed vs current |", "|---" * 6 + "|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {r['batch']} | {r['threads']} | {'yes' if r['bit_identical'] else 'NO'} | "
+                     f"{r['samples_per_s']:.0f} | {r['speed_vs_current']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, nargs="+", default=[32, 10])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--variants", action="store_true", help="also time the exactly-equivalent variants")
+    p.add_argument("--repeats", type=int, default=5, help="alternations of the variants")
+    p.add_argument("--out", type=Path, help="also write the rows as JSON here")
+    a = p.parse_args()
+    rows = [profile(b, t, a.steps) for b in a.batch for t in a.threads]
+    print(report(rows))
+    tried = [v for b in a.batch for t in a.threads for v in variants(b, t, a.repeats)] if a.variants else []
+    if tried:
+        print(variants_report(tried))
+    if a.out:
+        a.out.write_text(json.dumps({"profile": rows, "variants": tried}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
