@@ -416,6 +416,7 @@ def test_a_whole_run_in_a_fresh_process_never_imports_dynamo(small_config, tmp_p
 
     small_config["train"]["rounds"] = 2
     small_config["run"]["checkpoint_every"] = 1
+    small_config["run"]["engine"] = "reference"     # training in this process, where sys.modules is read
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(small_config))
     code = ("import sys\nfrom fedhet.cli import main\n"
