@@ -13,15 +13,18 @@ same ``--steps`` batches:
 * ``backward``: ``torch.autograd.grad`` of the loss;
 * ``optimizer``: the SGD kernel's update (``fedhet.training.optim``).
 
-``train_local`` itself is timed over the same steps; "unaccounted" is its time per step minus the
-sum of the phases (the loop's bookkeeping: the finite check, loss parts, step counters). Medians
-over 3 passes. The op table is ``torch.profiler``'s self CPU time over the same steps.
+``train_local`` itself is timed over the same steps, its passes interleaved with the phase passes;
+"unaccounted" is its time per step minus the sum of the phases: the loop's bookkeeping (the finite
+check, loss parts, step counters, the autocast context) and the per-call setup spread over the
+steps (weight copies, optimizer state, batch order, the final checks). Medians over 5 passes; the
+spread of the whole step over them is reported as min-max. The op table is ``torch.profiler``'s self CPU time over the same steps.
 :func:`profile` is also called by ``benchmarks/engine_speed.py``.
 
 ``--variants`` measures exactly-equivalent rewrites of the step that were candidates for
-``train_local`` (issue 18), each against the current step, alternating, in one process: every variant
-must give bit-identical weights and loss after two epochs (checked; a variant that does not is
-reported as such), and its speed is the ratio of median times over ``--repeats`` alternations:
+``train_local`` (issue 18), each against the current step in one process, the order of the
+variants rotating from one repeat to the next: every variant must give bit-identical weights and
+loss after two epochs (checked; a variant that does not is reported as such), and its speed is the
+ratio of median times over ``--repeats`` repeats (the min-max of its per-repeat ratios beside it):
 
 * ``channels_last_pool``: max-pooling on a channels_last copy of its input, returned in the default
   layout (same maxima, same tie-breaking, so the same gradients);
@@ -113,8 +116,10 @@ def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
         train_local(model, weights, data, terms, settings, gen)
         return 1e3 * (time.perf_counter() - t) / len(batches)
 
-    runs = [phases_once() for _ in range(3)]
-    wholes = [whole_once() for _ in range(3)]
+    runs, wholes = [], []
+    for _ in range(5):
+        runs.append(phases_once())
+        wholes.append(whole_once())
     ms = {k: statistics.median(r[k] for r in runs) for k in PHASES}
     step_ms = statistics.median(wholes)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -124,7 +129,7 @@ def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
     ops = [{"op": e.key, "share": e.self_cpu_time_total / total_us, "calls_per_step": e.count / len(batches)}
            for e in events[:top]]
     return {"batch": batch, "threads": threads, "steps": len(batches), "step_ms": step_ms,
-            "samples_per_s": 1e3 * batch / step_ms, "phase_ms": ms,
+            "step_ms_all": wholes, "samples_per_s": 1e3 * batch / step_ms, "phase_ms": ms,
             "unaccounted_ms": step_ms - sum(ms.values()), "top_ops": ops}
 
 
@@ -169,7 +174,8 @@ def _foreach_sgd_step(self: SGD, params: dict[str, torch.Tensor], grads: dict[st
             torch._foreach_mul_(bufs, self.momentum)
             torch._foreach_add_(bufs, [gs[i] for i in old], alpha=1 - self.dampening)
         for i, n in enumerate(names):
-            state[n].setdefault("momentum_buffer", gs[i].detach().clone())
+            if "momentum_buffer" not in state[n]:
+                state[n]["momentum_buffer"] = gs[i].detach().clone()
         directions = [state[n]["momentum_buffer"] for n in names]
         if self.nesterov:
             directions = torch._foreach_add(gs, directions, alpha=self.momentum)
@@ -178,10 +184,17 @@ def _foreach_sgd_step(self: SGD, params: dict[str, torch.Tensor], grads: dict[st
 
 def variants(batch: int, threads: int, repeats: int = 5, samples: int = 640) -> list[dict]:
     """Speed of each exactly-equivalent variant relative to the current step (ratio > 1: faster)."""
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        return _variants(batch, threads, repeats, samples)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _variants(batch: int, threads: int, repeats: int, samples: int) -> list[dict]:
     from fedhet.training import local
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     data = _data(samples)
     settings = TrainSettings(epochs=2, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=1e-4)
     gen = lambda e: torch_generator(0, "step_variants", e)  # noqa: E731
@@ -200,31 +213,35 @@ def variants(batch: int, threads: int, repeats: int = 5, samples: int = 640) -> 
         finally:
             local.make_optimizer = make_optimizer
 
-    try:
-        reference = run("current")
-        exact = {name: (lambda r: r.mean_loss == reference.mean_loss
-                        and all(torch.equal(r.weights[k], reference.weights[k]) for k in weights))(run(name))
-                 for name in cases}
-        times: dict[str, list[float]] = {name: [] for name in cases}
-        for _ in range(repeats):
-            for name in cases:
-                t = time.perf_counter()
-                run(name)
-                times[name].append(time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(previous)
+    reference = run("current")
+    exact = {name: (lambda r: r.mean_loss == reference.mean_loss
+                    and all(torch.equal(r.weights[k], reference.weights[k]) for k in weights))(run(name))
+             for name in cases}
+    names = list(cases)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for i in range(repeats):
+        for name in names[i % len(names):] + names[:i % len(names)]:     # rotate: no fixed first place
+            t = time.perf_counter()
+            run(name)
+            times[name].append(time.perf_counter() - t)
     base = statistics.median(times["current"])
-    return [{"variant": name, "batch": batch, "threads": threads, "bit_identical": exact[name],
-             "samples_per_s": settings.epochs * samples / statistics.median(times[name]),
-             "speed_vs_current": base / statistics.median(times[name])} for name in cases]
+    rows = []
+    for name in cases:
+        ratios = [c / t for c, t in zip(times["current"], times[name])]     # per repeat
+        rows.append({"variant": name, "batch": batch, "threads": threads, "bit_identical": exact[name],
+                     "samples_per_s": settings.epochs * samples / statistics.median(times[name]),
+                     "speed_vs_current": base / statistics.median(times[name]),
+                     "ratio_min": min(ratios), "ratio_max": max(ratios), "seconds_all": times[name]})
+    return rows
 
 
 def report(rows: list[dict]) -> str:
-    lines = ["| batch | threads | step ms | samples/s | " + " | ".join(f"{p} ms (share)" for p in PHASES)
+    lines = ["| batch | threads | step ms (min-max) | samples/s | " + " | ".join(f"{p} ms (share)" for p in PHASES)
              + " | unaccounted ms |", "|---" * (5 + len(PHASES)) + "|"]
     for r in rows:
         cells = [f"{r['phase_ms'][p]:.2f} ({r['phase_ms'][p] / r['step_ms']:.0%})" for p in PHASES]
-        lines.append(f"| {r['batch']} | {r['threads']} | {r['step_ms']:.2f} | {r['samples_per_s']:.0f} | "
+        spread = f" ({min(r['step_ms_all']):.1f}-{max(r['step_ms_all']):.1f})" if r.get("step_ms_all") else ""
+        lines.append(f"| {r['batch']} | {r['threads']} | {r['step_ms']:.2f}{spread} | {r['samples_per_s']:.0f} | "
                      + " | ".join(cells) + f" | {r['unaccounted_ms']:.2f} |")
     for r in rows:
         ops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in r["top_ops"])
@@ -233,10 +250,12 @@ def report(rows: list[dict]) -> str:
 
 
 def variants_report(rows: list[dict]) -> str:
-    lines = ["| variant | batch | threads | bit-identical | samples/s | speed vs current |", "|---" * 6 + "|"]
+    lines = ["| variant | batch | threads | bit-identical | samples/s | speed vs current | per-repeat min-max |",
+             "|---" * 7 + "|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {r['batch']} | {r['threads']} | {'yes' if r['bit_identical'] else 'NO'} | "
-                     f"{r['samples_per_s']:.0f} | {r['speed_vs_current']:.3f} |")
+                     f"{r['samples_per_s']:.0f} | {r['speed_vs_current']:.3f} | "
+                     f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
