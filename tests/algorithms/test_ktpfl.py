@@ -22,6 +22,7 @@ from fedhet.algorithms.ktpfl import (
     update_coefficients,
 )
 from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.errors import ConfigError
 
 # three clients, two public samples, two classes
 SOFT = torch.tensor([[[0.9, 0.1], [0.2, 0.8]],
@@ -175,6 +176,22 @@ def test_the_public_batch_comes_from_the_public_set(small_config):
     assert data.x is public and len(data.train_idx) == 40
     torch.testing.assert_close(data.batch(torch.arange(40)).x,
                                loop.host.federation.normalize(public[public_positions(100, 40, 5)]))
+
+
+def test_a_public_set_smaller_than_public_size_is_a_clear_error(small_config):
+    loop = build_loop(mixed(small_config, public_size=101))                 # the public set has 100 images
+    with pytest.raises(ConfigError, match="public_size is 101 but the public set .* has 100 images"):
+        loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
+
+
+def test_a_run_with_too_small_a_public_set_stops_with_that_message(small_config, tmp_path):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
+    raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": 101, "distill_batch_size": 32}}
+    raw["data"]["public"] = {"source": "holdout", "size": 100}
+    raw["train"].update(rounds=1, clients_per_round=3)
+    with pytest.raises(ConfigError, match="public_size is 101"):
+        fedhet.run(raw, out=tmp_path / "a")
 
 
 def test_without_a_public_set_it_warns_and_draws_from_the_pool(small_config):

@@ -61,7 +61,8 @@ MNIST images / 3000 images of CIFAR-100 classes 0, 2, 20, 63, 71, 82, redrawn ev
 fedhet it is the run's ``data.public`` set (``fedhet.data.federated``: another dataset as the
 codes, ``source: dataset``; or images no client trains or tests on, ``unsampled`` /
 ``holdout``), seen by every client as ``ClientData.public``. Each round's public batch is
-``public_size`` of its images drawn without replacement and without labels: every client derives
+``public_size`` of its images (a public set with fewer is a ConfigError) drawn without replacement
+and without labels: every client derives
 the same indices from a seed the server draws from its per-round stream (a scalar of the
 ``"train"`` message, not payload), so everything is fixed by the run seed and round.
 ``public_resample`` (default True, both codes) draws a new batch every round; False keeps round
@@ -112,6 +113,7 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
+from fedhet.core.errors import ConfigError
 from fedhet.training.local import forward, train_local
 from fedhet.training.objective import LossTerm
 
@@ -304,6 +306,10 @@ class KTpFL(Algorithm):
                               "{source: dataset, dataset: mnist} as KT-pFL, or {source: holdout, size: 3000})",
                               stacklevel=2)
             return ClientData(d.x, d.y, public_positions(d.x.shape[0], self.params.public_size, seed), d.mean, d.std)
+        if d.public.shape[0] < self.params.public_size:
+            raise ConfigError(f"ktpfl: algorithm.params.public_size is {self.params.public_size} but the public set "
+                              f"(data.public) has {d.public.shape[0]} images; lower public_size or raise "
+                              f"data.public.size")
         unlabelled = torch.zeros(d.public.shape[0], dtype=torch.long)
         return ClientData(d.public, unlabelled, public_positions(d.public.shape[0], self.params.public_size, seed),
                           d.mean, d.std)
