@@ -184,12 +184,18 @@ def test_a_public_set_smaller_than_public_size_is_a_clear_error(small_config):
         loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
 
 
-def test_a_run_with_too_small_a_public_set_stops_with_that_message(small_config, tmp_path):
+def run_config(small_config, public_size, rounds):
+    """A raw KT-pFL config for fedhet.run: two architectures, a held-out public set of 100 images."""
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
-    raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": 101, "distill_batch_size": 32}}
+    raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": public_size, "distill_batch_size": 32}}
     raw["data"]["public"] = {"source": "holdout", "size": 100}
-    raw["train"].update(rounds=1, clients_per_round=3)
+    raw["train"].update(rounds=rounds, clients_per_round=3)
+    return raw
+
+
+def test_a_run_with_too_small_a_public_set_stops_with_that_message(small_config, tmp_path):
+    raw = run_config(small_config, public_size=101, rounds=1)
     with pytest.raises(ConfigError, match="public_size is 101"):
         fedhet.run(raw, out=tmp_path / "a")
 
@@ -203,11 +209,7 @@ def test_without_a_public_set_it_warns_and_draws_from_the_pool(small_config):
 
 
 def test_end_to_end_run_is_deterministic(small_config, tmp_path):
-    raw = copy.deepcopy(small_config)
-    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
-    raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": 64, "distill_batch_size": 32}}
-    raw["data"]["public"] = {"source": "holdout", "size": 100}
-    raw["train"].update(rounds=2, clients_per_round=3)
+    raw = run_config(small_config, public_size=64, rounds=2)
     first = fedhet.run(raw, out=tmp_path / "a")
     second = fedhet.run(raw, out=tmp_path / "b")
     assert first.summary["status"] == "completed", first.summary.get("error")
