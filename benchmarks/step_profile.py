@@ -37,10 +37,13 @@ ratio of median times over ``--repeats`` repeats (the min-max of its per-repeat 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -57,21 +60,32 @@ from fedhet.training.optim import SGD, OptState, make_optimizer
 PHASES = ("batch", "forward", "loss", "backward", "optimizer")
 
 
+@functools.cache
+def _fashion_mnist_train():  # type: ignore[no-untyped-def]
+    return load_dataset("fashion_mnist")          # once per process, not once per (batch, threads)
+
+
 def _data(samples: int) -> ClientData:
-    train = load_dataset("fashion_mnist")
+    train = _fashion_mnist_train()
     idx = torch.randperm(len(train), generator=torch_generator(0, "step_profile"))[:samples]
     shape = (1, len(train.mean), 1, 1)
     return ClientData(train.x, train.y, idx, torch.tensor(train.mean).view(shape), torch.tensor(train.std).view(shape))
 
 
-def profile(batch: int, threads: int, steps: int = 60, top: int = 8) -> dict:
-    """Per-phase milliseconds of ``steps`` local steps at ``batch`` with ``threads`` intra-op threads."""
+@contextlib.contextmanager
+def _threads(n: int) -> Iterator[None]:
     previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
     try:
-        return _profile(batch, threads, steps, top)
+        torch.set_num_threads(n)
+        yield
     finally:
         torch.set_num_threads(previous)
+
+
+def profile(batch: int, threads: int, steps: int = 60, top: int = 8) -> dict:
+    """Per-phase milliseconds of ``steps`` local steps at ``batch`` with ``threads`` intra-op threads."""
+    with _threads(threads):
+        return _profile(batch, threads, steps, top)
 
 
 def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
@@ -155,41 +169,34 @@ def _variant_model(pool: bool = False, reorder: bool = False) -> torch.nn.Module
 
 
 class _ForeachSGD(SGD):
+    """SGD's rule as ``torch._foreach_*`` calls over all parameters at once."""
+
     @torch.no_grad()
     def step(self, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None], state: OptState) -> None:
-        _foreach_sgd_step(self, params, grads, state)
-
-
-def _foreach_sgd_step(self: SGD, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor | None],
-                      state: OptState) -> None:
-    names = [n for n in params if grads.get(n) is not None]
-    ps, gs = [params[n] for n in names], [grads[n] for n in names]  # type: ignore[misc]
-    if self.weight_decay != 0:
-        gs = torch._foreach_add(gs, ps, alpha=self.weight_decay)
-    directions = gs
-    if self.momentum != 0:
-        old = [i for i, n in enumerate(names) if "momentum_buffer" in state[n]]
-        if old:
-            bufs = [state[names[i]]["momentum_buffer"] for i in old]
-            torch._foreach_mul_(bufs, self.momentum)
-            torch._foreach_add_(bufs, [gs[i] for i in old], alpha=1 - self.dampening)
-        for i, n in enumerate(names):
-            if "momentum_buffer" not in state[n]:
-                state[n]["momentum_buffer"] = gs[i].detach().clone()
-        directions = [state[n]["momentum_buffer"] for n in names]
-        if self.nesterov:
-            directions = torch._foreach_add(gs, directions, alpha=self.momentum)
-    torch._foreach_add_(ps, directions, alpha=-self.lr)
+        names = [n for n in params if grads.get(n) is not None]
+        ps, gs = [params[n] for n in names], [grads[n] for n in names]  # type: ignore[misc]
+        if self.weight_decay != 0:
+            gs = torch._foreach_add(gs, ps, alpha=self.weight_decay)
+        directions = gs
+        if self.momentum != 0:
+            old = [i for i, n in enumerate(names) if "momentum_buffer" in state[n]]
+            if old:
+                bufs = [state[names[i]]["momentum_buffer"] for i in old]
+                torch._foreach_mul_(bufs, self.momentum)
+                torch._foreach_add_(bufs, [gs[i] for i in old], alpha=1 - self.dampening)
+            for i, n in enumerate(names):
+                if "momentum_buffer" not in state[n]:
+                    state[n]["momentum_buffer"] = gs[i].detach().clone()
+            directions = [state[n]["momentum_buffer"] for n in names]
+            if self.nesterov:
+                directions = torch._foreach_add(gs, directions, alpha=self.momentum)
+        torch._foreach_add_(ps, directions, alpha=-self.lr)
 
 
 def variants(batch: int, threads: int, repeats: int = 5, samples: int = 640) -> list[dict]:
     """Speed of each exactly-equivalent variant relative to the current step (ratio > 1: faster)."""
-    previous = torch.get_num_threads()
-    try:
-        torch.set_num_threads(threads)
+    with _threads(threads):
         return _variants(batch, threads, repeats, samples)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _variants(batch: int, threads: int, repeats: int, samples: int) -> list[dict]:
