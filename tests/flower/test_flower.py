@@ -480,3 +480,29 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
     for argv, message in cases:
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err, argv
+
+
+def test_flower_evaluates_in_the_precision_eval_precision_names(small_config, tmp_path, monkeypatch):
+    """eval.precision 'run' in a bf16 run: the server's global pass and every node's local-split
+    passes run in bf16 (the message head carries it), and the metrics equal the simulator's."""
+    raw = copy.deepcopy(small_config)
+    raw["train"]["rounds"] = 1
+    raw["run"]["precision"] = "bf16"
+    raw["eval"]["precision"] = "run"
+    cfg = load_config(raw=raw)
+    asked = []
+    real_predict = client_mod.predict
+
+    def spy(*args, **kwargs):
+        asked.append(args[6] if len(args) > 6 else kwargs.get("precision", "fp32"))
+        return real_predict(*args, **kwargs)
+
+    monkeypatch.setattr(client_mod, "predict", spy)
+    ref = reference_run(cfg, tmp_path / "sim")
+    flower_run(cfg, tmp_path / "flower")
+    assert asked and set(asked) == {"bf16"}
+    sim_row, fl_row = read_metrics(tmp_path / "sim")[-1], read_metrics(tmp_path / "flower")[-1]
+    for key in ("global_loss", "global_acc", "personal_acc_by_client"):
+        assert fl_row[key] == sim_row[key], key
+    assert ref.summary["eval_precision"] == "bf16"
+    assert json.loads((tmp_path / "flower" / "summary.json").read_text())["eval_precision"] == "bf16"

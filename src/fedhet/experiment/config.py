@@ -146,6 +146,10 @@ class EvalConfig(Strict):
     # At evaluated rounds also judge the round's uploaded local models over every client's label
     # distribution (local_risk, FedACD Table 3) and their KL(P || Q) (local_kl, Table 9).
     local_risk: bool = False
+    # Precision of the evaluation passes: "fp32" always (metrics comparable across run precisions),
+    # or "run": the run's resolved run.precision (bf16 autocast in a bf16 run; cheaper where bf16
+    # is native, and its metrics then carry bf16 rounding).
+    precision: Literal["fp32", "run"] = "fp32"
 
 
 class RunConfig(Strict):

@@ -79,6 +79,8 @@ class Experiment:
         self.algorithm = self.built.algorithm
         self.federation = self.built.federation
         self.precision = self.built.precision
+        # eval.precision "run": the evaluation passes in the run's resolved precision
+        self.eval_precision = self.precision if cfg.eval.precision == "run" else "fp32"
         self.metric = self.built.metric
         self.engine_choice: EngineChoice | None = None
         if loop is None:
@@ -229,7 +231,7 @@ class Experiment:
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
         out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized, self.cfg.eval.local_risk,
-                            self.eval_clients(rnd))
+                            self.eval_clients(rnd), self.eval_precision)
         every = self.cfg.eval.features_every
         weights = self.algorithm.global_model(self.loop.server_state) if every and (rnd + 1) % every == 0 else None
         if weights is not None:
@@ -270,6 +272,7 @@ class Experiment:
             "peak_memory_mb": peak_memory_mb(),
             "communication": self.loop.ledger.totals(),
             "precision": self.precision,
+            "eval_precision": self.eval_precision,
             "bf16_native": bf16_native(self.cfg.run.device),
             "engine": self.engine_info(),
             "machine": machine_info(),

@@ -365,7 +365,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
         if weights is None:                # never trained: the common initialisation (RoundLoop.client_model)
             weights = host.init_models[arch]
         x, y = fed.local_test(cid)
-        hits, _ = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]))
+        hits, _ = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]),
+                          str(head["precision"]) if "precision" in head else "fp32")
         correct.append(int(hits.sum()))
         total.append(int(len(y)))
     return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total}),

@@ -399,9 +399,9 @@ class GridTransport(Transport):
 
     # --- evaluation -----------------------------------------------------------------------
     def evaluate_clients(self, rnd: int, batch_size: int, client_view: Callable[[int], State],
-                         clients: list[int] | None = None) -> dict[str, Any]:
+                         clients: list[int] | None = None, precision: str = "fp32") -> dict[str, Any]:
         """Personalized metrics of metrics/evaluate.py, computed from the clients' own reports
-        (of ``clients``, default all: eval.clients)."""
+        (of ``clients``, default all: eval.clients; forward passes in ``precision``)."""
         t0 = time.perf_counter()
         k = self.federation.num_clients
         chosen = list(range(k)) if clients is None else list(clients)
@@ -417,7 +417,8 @@ class GridTransport(Transport):
         msgs = []
         nbytes = 0
         for nid, cids in per_node.items():
-            rd = RecordDict({"fedhet": ConfigRecord({"cids": cids, "round": rnd, "batch-size": batch_size})})
+            rd = RecordDict({"fedhet": ConfigRecord({"cids": cids, "round": rnd, "batch-size": batch_size,
+                                                   "precision": precision})})
             codec.tree_to_records({c: client_view(c) for c in cids}, rd, "server")   # shared tensors sent once
             nbytes += rd["server.tensors"].count_bytes()
             msgs.append(FlowerMessage(rd, dst_node_id=nid, message_type="evaluate", group_id=str(rnd + 1),
@@ -492,10 +493,11 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
     def evaluate_round(exp: Experiment, rnd: int) -> dict:
         batch = cfg.eval.batch_size
         # global test set, on the server; the uploaded local models too with eval.local_risk
-        out = evaluate_loop(loop, batch, personalized=False, local_risk=cfg.eval.local_risk)
+        out = evaluate_loop(loop, batch, personalized=False, local_risk=cfg.eval.local_risk,
+                            precision=exp.eval_precision)
         if cfg.eval.personalized:
             out.update(transport.evaluate_clients(rnd, batch, lambda cid: exp.algorithm.client_view(
-                loop.server_state, cid), exp.eval_clients(rnd)))
+                loop.server_state, cid), exp.eval_clients(rnd), exp.eval_precision))
         return out
 
     def checkpoint(exp: Experiment, done_rounds: int) -> None:

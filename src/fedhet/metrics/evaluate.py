@@ -53,20 +53,25 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
 def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize,
-            batch_size: int) -> tuple[torch.Tensor, float]:
+            batch_size: int, precision: str = "fp32") -> tuple[torch.Tensor, float]:
     """Per-sample correctness (bool) of ``weights`` on (x, y) and the summed cross-entropy,
-    in large no-grad batches.
+    in large no-grad batches; ``precision`` "bf16" runs the forward under bf16 autocast (as
+    training does, the loss on fp32 logits), "fp32" without (``eval.precision``).
 
     Images and convolution weights go in channels_last: oneDNN's convolutions and max-pooling run
     about 1.1x faster in that layout (logits differ from the default layout's by float rounding,
     ~1e-7; evaluation is never fed back into training)."""
+    if precision not in ("fp32", "bf16"):
+        raise ValueError(f"evaluation precision must be 'fp32' or 'bf16', got {precision!r}")
     model.eval()
     rows = max(1, min(batch_size, ROWS_PER_THREAD * torch.get_num_threads()))
     weights = {k: _channels_last(v) for k, v in weights.items()}
     hits, loss = [], 0.0
     for i in range(0, len(y), rows):
         x = _channels_last(normalize(x_uint8[i:i + rows]))
-        logits = functional_call(model, weights, (x,), strict=False)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = functional_call(model, weights, (x,), strict=False)
+        logits = logits.float()
         yb = y[i:i + rows]
         loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
         hits.append(logits.argmax(1) == yb)
@@ -96,10 +101,12 @@ def evaluation_clients(which: str | int, num_clients: int, sampled: list[int], s
 
 def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[int], Arrays],
              models: dict[str, torch.nn.Module], client_arch: list[str], fed: Federation,
-             batch_size: int = 2048, personalized: bool = True, clients: list[int] | None = None) -> dict:
+             batch_size: int = 2048, personalized: bool = True, clients: list[int] | None = None,
+             precision: str = "fp32") -> dict:
     """This round's metrics (module docstring). ``client_model(cid)`` gives the weights client
     ``cid`` is evaluated with (``RoundLoop.client_model``); ``clients`` limits the personalized
-    metrics to those clients (default: all)."""
+    metrics to those clients (default: all); ``precision`` is that of every forward pass
+    (:func:`predict`)."""
     evaluated = list(range(fed.num_clients)) if clients is None else list(clients)
     out: dict = {}
 
@@ -107,7 +114,8 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     global_hits = None
     if global_weights is not None and fed.test is not None:
         arch = client_arch[0]
-        global_hits, loss = predict(models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize, batch_size)
+        global_hits, loss = predict(models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize, batch_size,
+                                      precision)
         correct = torch.bincount(fed.test.y[global_hits], minlength=fed.num_classes).numpy()
         total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
         out["global_acc"] = float(correct.sum() / total.sum())
@@ -119,7 +127,7 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     if global_weights is not None and fed.local_test_source == "holdout":
         xs, ys = zip(*(fed.local_test(cid) for cid in range(fed.num_clients)))
         x, y = torch.cat(xs), torch.cat(ys)
-        val_hits, _ = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size)
+        val_hits, _ = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size, precision)
         out["global_val_acc"] = float(val_hits.float().mean())
         val_offsets = np.cumsum([0] + [len(t) for t in ys])
 
@@ -153,7 +161,8 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
                 ys.append(y)
                 owner.append(torch.full((len(y),), cid, dtype=torch.long))
             x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
-            hits, _ = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size)
+            hits, _ = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size,
+                              precision)
             correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
             count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
         acc = correct_k[evaluated] / count_k[evaluated]
@@ -168,8 +177,9 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
 
 
 def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str], local_models: dict[int, Arrays],
-                     fed: Federation, batch_size: int = 2048) -> dict:
-    """``local_risk`` and ``local_kl`` of the uploaded local models (module docstring)."""
+                     fed: Federation, batch_size: int = 2048, precision: str = "fp32") -> dict:
+    """``local_risk`` and ``local_kl`` of the uploaded local models (module docstring); the risk's
+    test-set passes in ``precision``, the KL's probability matrix in fp32 (FedACD's own statistic)."""
     if not local_models or fed.test is None:
         return {}
     counts = fed.train_counts().astype(np.float64)
@@ -178,7 +188,7 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
     risk, kl = {}, {}
     for cid in sorted(local_models):
         model = models[client_arch[cid]]
-        hits, _ = predict(model, local_models[cid], fed.test.x, fed.test.y, fed.normalize, batch_size)
+        hits, _ = predict(model, local_models[cid], fed.test.x, fed.test.y, fed.normalize, batch_size, precision)
         correct = torch.bincount(fed.test.y[hits], minlength=fed.num_classes).numpy()
         error = 1.0 - correct / np.maximum(total, 1)
         risk[cid] = float(error @ pi_mean)
@@ -189,12 +199,13 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
 
 
 def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True, local_risk: bool = False,
-                  clients: list[int] | None = None) -> dict:
+                  clients: list[int] | None = None, precision: str = "fp32") -> dict:
     """:func:`evaluate` of a round loop's current state (and :func:`local_model_risk` of the local
     models it kept from the round just run, when asked)."""
     host = loop.host
     out = evaluate(loop.algorithm, loop.server_state, loop.client_model, host.models, host.client_arch,
-                   host.federation, batch_size, personalized, clients)
+                   host.federation, batch_size, personalized, clients, precision)
     if local_risk:
-        out.update(local_model_risk(host.models, host.client_arch, loop.local_models, host.federation, batch_size))
+        out.update(local_model_risk(host.models, host.client_arch, loop.local_models, host.federation, batch_size,
+                                    precision))
     return out

@@ -1,0 +1,81 @@
+"""eval.precision: the evaluation passes in fp32, or in the run's precision (bf16 autocast)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
+from fedhet.metrics.evaluate import predict
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    return x.float() / 255 - 0.3
+
+
+def channels_last(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+
+
+def hand_loss(model, weights, x, y, bf16: bool) -> float:
+    """The summed cross-entropy of one forward pass in predict's layout, with or without bf16 autocast."""
+    model.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = functional_call(model, {k: channels_last(v) for k, v in weights.items()},
+                                 (channels_last(normalize(x)),), strict=False)
+    return float(torch.nn.functional.cross_entropy(logits.float(), y, reduction="sum"))
+
+
+def test_predict_in_bf16_is_the_forward_under_bf16_autocast(cnn_client):
+    model, data, weights = cnn_client
+    x, y = data.x[:40], data.y[:40]
+    hits32, loss32 = predict(model, weights, x, y, normalize, batch_size=40)
+    hits16, loss16 = predict(model, weights, x, y, normalize, batch_size=40, precision="bf16")
+    assert loss32 == pytest.approx(hand_loss(model, weights, x, y, bf16=False), rel=1e-6)
+    assert loss16 == pytest.approx(hand_loss(model, weights, x, y, bf16=True), rel=1e-6)
+    # bf16 keeps 8 mantissa bits: its loss must show that rounding (fails when autocast is off)
+    assert abs(loss16 - loss32) > 1e-5 * abs(loss32)
+    assert hits16.dtype == torch.bool and len(hits16) == 40
+    with pytest.raises(ValueError, match="'fp32' or 'bf16'"):
+        predict(model, weights, x, y, normalize, batch_size=40, precision="fp16")
+
+
+def bf16_config(small_config, eval_precision: str | None, precision: str = "bf16"):
+    raw = copy.deepcopy(small_config)
+    raw["train"]["rounds"] = 1
+    raw["run"]["precision"] = precision
+    if eval_precision is not None:
+        raw["eval"]["precision"] = eval_precision
+    return load_config(raw=raw)
+
+
+@pytest.mark.parametrize("eval_precision,expected", [(None, "fp32"), ("fp32", "fp32"), ("run", "bf16")])
+def test_a_bf16_run_evaluates_in_the_precision_eval_precision_names(small_config, tmp_path, eval_precision,
+                                                                   expected):
+    exp = Experiment.create(bf16_config(small_config, eval_precision), tmp_path / "r")
+    exp.run(progress=False)
+    assert exp.summary["precision"] == "bf16" and exp.summary["eval_precision"] == expected
+    fed = exp.federation
+    weights = exp.loop.server_state["model"]
+    row = read_metrics(exp.run_dir)[-1]
+    model = exp.loop.host.models["cnn2"]
+    losses = {p: predict(model, weights, fed.test.x, fed.test.y, fed.normalize, 2048, p)[1] / len(fed.test.y)
+              for p in ("fp32", "bf16")}
+    assert losses["fp32"] != losses["bf16"]
+    assert row["global_loss"] == pytest.approx(losses[expected], rel=1e-6)
+
+
+def test_eval_precision_run_in_an_fp32_run_is_fp32(small_config, tmp_path):
+    exp = Experiment.create(bf16_config(small_config, "run", precision="fp32"), tmp_path / "r")
+    assert exp.eval_precision == "fp32"
+
+
+def test_unknown_eval_precision_is_a_config_error(small_config):
+    from fedhet.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.precision"):
+        bf16_config(small_config, "bf16")
