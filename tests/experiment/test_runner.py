@@ -426,3 +426,20 @@ def test_a_whole_run_in_a_fresh_process_never_imports_dynamo(small_config, tmp_p
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "no dynamo", out.stdout[-2000:]
+
+
+def test_compare_says_when_runs_differ_in_precision(small_config, tmp_path):
+    import shutil
+
+    from fedhet.experiment.report import compare_table
+
+    raw = copy.deepcopy(small_config)
+    raw["train"]["rounds"] = 1
+    run(raw, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    table, _ = compare_table([tmp_path / "a", tmp_path / "b"])
+    assert "precision" not in table
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "eval_precision": "bf16", "precision": "bf16"}))
+    table, _ = compare_table([tmp_path / "a", tmp_path / "b"])
+    assert "Not every run has the same precision (trained / evaluated): tiny: bf16 / bf16, fp32 / fp32" in table

@@ -80,6 +80,11 @@ def compare_table(run_dirs: list[Path], metric: str | None = None) -> tuple[str,
     notes = ("final = mean of the metric over the last evaluations (window in each summary"
              + (f": {'; '.join(sorted(measured_rules))}" if measured_rules else "") + "); "
              "best = max over evaluated rounds; ± = sample std over seeds.")
+    precisions = {name: sorted({(s.get("precision", "fp32"), s.get("eval_precision", "fp32")) for _, s in runs})
+                  for name, runs in groups.items()}
+    if len({p for ps in precisions.values() for p in ps}) > 1:     # rounding differs between the rows
+        notes += ("\n\nNot every run has the same precision (trained / evaluated): "
+                  + "; ".join(f"{name}: {', '.join(f'{t} / {e}' for t, e in ps)}" for name, ps in precisions.items()))
     if paper_notes:
         notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
                   "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))
