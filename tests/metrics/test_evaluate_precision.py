@@ -65,7 +65,7 @@ def test_a_bf16_run_evaluates_in_the_precision_eval_precision_names(small_config
     model = exp.loop.host.models["cnn2"]
     losses = {p: predict(model, weights, fed.test.x, fed.test.y, fed.normalize, 2048, p)[1] / len(fed.test.y)
               for p in ("fp32", "bf16")}
-    assert losses["fp32"] != losses["bf16"]
+    assert abs(losses["fp32"] - losses["bf16"]) > 1e-5 * losses["fp32"]    # the check below can tell them apart
     assert row["global_loss"] == pytest.approx(losses[expected], rel=1e-6)
 
 
@@ -79,3 +79,56 @@ def test_unknown_eval_precision_is_a_config_error(small_config):
 
     with pytest.raises(ConfigError, match="eval.precision"):
         bf16_config(small_config, "bf16")
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedper"])
+def test_every_evaluation_pass_of_a_bf16_run_gets_the_evaluation_precision(small_config, tmp_path, monkeypatch,
+                                                                         algorithm):
+    """Under eval.precision: run every pass is bf16: FedAvg's global, held-out validation and
+    local-risk passes; FedPer's personalized passes (clients have their own heads, no global model)."""
+    import fedhet.metrics.evaluate as evaluate_module
+
+    raw = copy.deepcopy(small_config)
+    raw["train"]["rounds"] = 1
+    raw["algorithm"] = {"name": algorithm}
+    raw["data"]["local_test"] = {"source": "holdout", "fraction": 0.2}
+    raw["run"]["precision"] = "bf16"
+    raw["eval"].update(precision="run", local_risk=True)
+    calls: list[tuple[int, str]] = []
+    real_predict = evaluate_module.predict
+
+    def spy(model, weights, x, y, normalize, batch_size, precision="fp32"):
+        calls.append((len(y), precision))
+        return real_predict(model, weights, x, y, normalize, batch_size, precision)
+
+    monkeypatch.setattr(evaluate_module, "predict", spy)
+    exp = Experiment.create(load_config(raw=raw), tmp_path / "r")
+    exp.run(progress=False)
+    fed = exp.federation
+    local_sizes = [len(fed.local_test(c)[1]) for c in range(fed.num_clients)]
+    local_models = raw["train"]["clients_per_round"]
+    sizes = sorted(n for n, _ in calls)
+    assert {p for _, p in calls} == {"bf16"}
+    if algorithm == "fedavg":       # global test set, the union of the held-out splits, the local models
+        assert sizes == sorted([len(fed.test.y)] * (1 + local_models) + [sum(local_sizes)])
+    else:                           # the local models, and every client's split once (in groups of clients
+        # sharing a weights object: those never trained share the initial model)
+        assert sizes.count(len(fed.test.y)) >= local_models
+        assert sum(sizes) == len(fed.test.y) * local_models + sum(local_sizes)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_evaluation_on_a_cpu_without_native_bf16_warns(small_config, tmp_path, monkeypatch, native):
+    import warnings
+
+    import fedhet.experiment.runner as runner_module
+
+    monkeypatch.setattr(runner_module, "bf16_native", lambda device="cpu": native)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        Experiment.create(bf16_config(small_config, "run"), tmp_path / "r")
+    said = [str(w.message) for w in caught if "eval.precision" in str(w.message)]
+    if native:
+        assert said == []
+    else:
+        assert len(said) == 1 and "without native bf16" in said[0] and "eval.precision: fp32" in said[0]

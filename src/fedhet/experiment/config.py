@@ -147,8 +147,9 @@ class EvalConfig(Strict):
     # distribution (local_risk, FedACD Table 3) and their KL(P || Q) (local_kl, Table 9).
     local_risk: bool = False
     # Precision of the evaluation passes: "fp32" always (metrics comparable across run precisions),
-    # or "run": the run's resolved run.precision (bf16 autocast in a bf16 run; cheaper where bf16
-    # is native, and its metrics then carry bf16 rounding).
+    # or "run": the run's resolved run.precision (bf16 autocast in a bf16 run; its metrics then carry
+    # bf16 rounding). Evaluation runs on the CPU: bf16 there is only expected to be cheaper where
+    # that CPU computes bf16 natively. feature_nmi/feature_silhouette and local_kl stay fp32.
     precision: Literal["fp32", "run"] = "fp32"
 
 

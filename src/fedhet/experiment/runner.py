@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,8 +80,13 @@ class Experiment:
         self.algorithm = self.built.algorithm
         self.federation = self.built.federation
         self.precision = self.built.precision
-        # eval.precision "run": the evaluation passes in the run's resolved precision
+        # eval.precision "run": the evaluation passes in the run's resolved precision. They run on
+        # the CPU, where the test data sits, whatever run.device is.
         self.eval_precision = self.precision if cfg.eval.precision == "run" else "fp32"
+        if self.eval_precision == "bf16" and not bf16_native("cpu"):
+            warnings.warn("eval.precision: run evaluates this bf16 run in bf16 on a CPU without native bf16 "
+                          "(emulated: several times slower than fp32); set eval.precision: fp32 to evaluate in fp32",
+                          stacklevel=2)
         self.metric = self.built.metric
         self.engine_choice: EngineChoice | None = None
         if loop is None:
