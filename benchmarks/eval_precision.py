@@ -3,10 +3,12 @@ evaluated in fp32 and under bf16 autocast (metrics/evaluate.predict), side by si
 
     .venv/bin/python benchmarks/eval_precision.py RUN_DIR [RUN_DIR ...]
 
-Each RUN_DIR is a finished (or checkpointed) run; its checkpoint's global model is evaluated on
-the whole global test set, alternately in both precisions, ``--repeats`` times each; the
-accuracies, the number of test images whose correctness flips, and the median seconds are
-written to benchmarks/results/eval_precision.{md,json} with the machine and commit.
+Each RUN_DIR is a finished (or checkpointed) run of a method with a global model; that model
+(``Algorithm.global_model`` of the checkpoint's server state) is evaluated on the whole global
+test set - not the clients' local splits - in both precisions, ``--repeats`` times each, the
+order of the two precisions swapping from one repeat to the next. The accuracies, the number of
+test images whose correctness flips, and the median seconds are written to
+benchmarks/results/eval_precision.{md,json} with the machine and commit.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 
 from fedhet.experiment.build import build
 from fedhet.experiment.config import load_config
+from fedhet.experiment.rundir import CHECKPOINT, CONFIG
 from fedhet.experiment.summary import machine_info
 from fedhet.metrics.evaluate import predict
 from fedhet.training.precision import bf16_native
@@ -29,17 +32,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def measure(run_dir: Path, repeats: int) -> dict:
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / CONFIG)
     built = build(cfg)
-    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    weights = checkpoint["sim"]["server_state"]["model"]
+    checkpoint = torch.load(run_dir / CHECKPOINT, weights_only=False)
+    weights = built.algorithm.global_model(checkpoint["sim"]["server_state"])
+    if weights is None:
+        raise SystemExit(f"{run_dir}: {cfg.algorithm.name} has no global model to evaluate on the global test set")
     fed = built.federation
     model = built.host.models[built.host.client_arch[0]]
     out: dict = {"run": str(run_dir), "round": checkpoint["round"], "images": len(fed.test.y)}
     seconds: dict[str, list[float]] = {"fp32": [], "bf16": []}
     hits = {}
-    for _ in range(repeats):
-        for precision in ("fp32", "bf16"):
+    for repeat in range(repeats):
+        for precision in ("fp32", "bf16") if repeat % 2 == 0 else ("bf16", "fp32"):
             t0 = time.perf_counter()
             hits[precision], loss = predict(model, weights, fed.test.x, fed.test.y, fed.normalize,
                                             cfg.eval.batch_size, precision)
@@ -74,7 +79,7 @@ def main() -> None:
              + f" --repeats {args.repeats} --threads {args.threads}", "```", "",
              f"Commit {info['commit']}, {info['processor']}, bf16 native: {info['bf16_native']}, "
              f"torch {info['torch']}, {args.threads} thread(s); seconds are medians of {args.repeats} "
-             "alternating passes over the whole global test set.", ""]
+             "passes over the whole global test set, the order of the two precisions swapping each repeat.", ""]
     if args.note:
         lines += [args.note, ""]
     lines += ["| run | round | fp32 acc | bf16 acc | difference (pp) | flipped images | fp32 loss | bf16 loss "
