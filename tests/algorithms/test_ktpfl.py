@@ -178,10 +178,12 @@ def test_the_public_batch_comes_from_the_public_set(small_config):
                                loop.host.federation.normalize(public[public_positions(100, 40, 5)]))
 
 
-def test_a_public_set_smaller_than_public_size_is_a_clear_error(small_config):
-    loop = build_loop(mixed(small_config, public_size=101))                 # the public set has 100 images
+def test_a_public_set_smaller_than_public_size_is_a_clear_error_before_any_training(small_config):
+    from fedhet.experiment.build import build
+
+    assert build(mixed(small_config, public_size=100)).federation.public.shape[0] == 100    # exactly enough
     with pytest.raises(ConfigError, match="public_size is 101 but the public set .* has 100 images"):
-        loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
+        build(mixed(small_config, public_size=101))
 
 
 def run_config(small_config, public_size, rounds):
@@ -198,6 +200,7 @@ def test_a_run_with_too_small_a_public_set_stops_with_that_message(small_config,
     raw = run_config(small_config, public_size=101, rounds=1)
     with pytest.raises(ConfigError, match="public_size is 101"):
         fedhet.run(raw, out=tmp_path / "a")
+    assert not (tmp_path / "a" / "summary.json").exists()     # refused while building: no run started, none failed
 
 
 def test_without_a_public_set_it_warns_and_draws_from_the_pool(small_config):

@@ -27,6 +27,7 @@ import pydantic
 
 from fedhet.core.contract import (
     Arrays,
+    ClientData,
     ClientRuntime,
     Message,
     RoundContext,
@@ -60,6 +61,12 @@ class Algorithm:
 
     def __init__(self, params: pydantic.BaseModel | None = None):
         self.params = params if params is not None else self.Params()
+
+    # --- set-up ------------------------------------------------------------------------
+    def check_data(self, data: ClientData) -> None:
+        """Raise a ConfigError when the run's data cannot serve this method. ``build`` calls it
+        once with client 0's view of the shared pools (data.public included), before any training,
+        so that a bad setting stops the run before anything is computed."""
 
     # --- server side -------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

@@ -292,6 +292,12 @@ class KTpFL(Algorithm):
         new[idx.unsqueeze(1), idx.unsqueeze(0)] = new_block * mass if mass is not None else new_block
         return targets, new
 
+    def check_data(self, data: ClientData) -> None:
+        if data.public is not None and data.public.shape[0] < self.params.public_size:
+            raise ConfigError(f"ktpfl: algorithm.params.public_size is {self.params.public_size} but the public set "
+                              f"(data.public) has {data.public.shape[0]} images; lower public_size or raise "
+                              f"data.public.size")
+
     # --- client ---------------------------------------------------------------------------
     def public_data(self, msg: Message, client: ClientRuntime) -> ClientData:
         """The round's public batch as a data view over ``data.public`` (labels never used), or
@@ -306,10 +312,6 @@ class KTpFL(Algorithm):
                               "{source: dataset, dataset: mnist} as KT-pFL, or {source: holdout, size: 3000})",
                               stacklevel=2)
             return ClientData(d.x, d.y, public_positions(d.x.shape[0], self.params.public_size, seed), d.mean, d.std)
-        if d.public.shape[0] < self.params.public_size:
-            raise ConfigError(f"ktpfl: algorithm.params.public_size is {self.params.public_size} but the public set "
-                              f"(data.public) has {d.public.shape[0]} images; lower public_size or raise "
-                              f"data.public.size")
         unlabelled = torch.zeros(d.public.shape[0], dtype=torch.long)
         return ClientData(d.public, unlabelled, public_positions(d.public.shape[0], self.params.public_size, seed),
                           d.mean, d.std)

@@ -110,6 +110,7 @@ class Built:
 def build(cfg: ExperimentConfig) -> Built:
     algorithm = make_algorithm(cfg)
     federation = build_federation(cfg.data, cfg.seed)
+    algorithm.check_data(federation.client_data(0))
     models, client_arch = build_models(cfg, federation)
     precision = resolve_precision(cfg.run.precision, cfg.run.device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed)
