@@ -88,3 +88,37 @@ def test_drop_last_batches():
     g = torch_generator(0, "x")
     assert [len(b) for b in epoch_batches(10, 4, True, g)] == [4, 4]
     assert [len(b) for b in epoch_batches(10, 4, False, g)] == [4, 4, 2]
+
+
+def finite_cases():
+    big = torch.full((300, 7), 3e38)                     # finite, though its sum overflows
+    cases = {"finite": torch.randn(512, 1024), "huge but finite": big, "0-dim": torch.tensor(2.0),
+             "empty": torch.empty(0, 3), "int64": torch.tensor([1, 2, 3]),
+             "bf16": torch.randn(40).to(torch.bfloat16), "non-contiguous": torch.randn(64, 32).t()}
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in (0, 777, -1):
+            t = torch.randn(512, 1024)
+            t.view(-1)[where] = bad
+            cases[f"{bad} at {where}"] = t
+        t = torch.randn(64, 32).t()
+        t[5, 3] = bad
+        cases[f"{bad}, non-contiguous"] = t
+        cases[f"{bad}, bf16"] = torch.tensor([1.0, bad, 2.0], dtype=torch.bfloat16)
+        cases[f"{bad}, 0-dim"] = torch.tensor(bad)
+    return cases
+
+
+@pytest.mark.parametrize("name", list(finite_cases()))
+def test_all_finite_answers_as_isfinite_all(name):
+    from fedhet.training.local import all_finite
+
+    t = finite_cases()[name]
+    assert all_finite(t) is bool(torch.isfinite(t).all())
+
+
+def test_weights_that_overflow_in_the_last_update_are_a_numerical_error(cnn_client):
+    """The loss of the only step is finite (it comes before the update); the update overflows."""
+    model, data, weights = cnn_client
+    s = TrainSettings(epochs=1, batch_size=len(data.train_idx), lr=float("inf"), momentum=0.0)
+    with pytest.raises(NumericalError, match=r"parameter '.*' became non-finite in round 1; lower the learning rate"):
+        train_local(model, weights, data, [CrossEntropy()], s, gen, where="in round 1")

@@ -140,10 +140,20 @@ def train_local(
     # Results leave in the default layout whatever the training used (a no-op in fp32).
     out_weights = {name: t.detach().contiguous() for name, t in work.items()}
     for name, t in out_weights.items():
-        if not torch.isfinite(t).all():
+        if not all_finite(t):
             raise NumericalError(f"parameter {name!r} became non-finite {where}; lower the learning rate.")
     return LocalResult(out_weights, new_state, steps, samples, loss_sum / max(steps, 1),
                        {k: v / max(steps, 1) for k, v in part_sums.items()}, totals)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """``torch.isfinite(t).all()`` without its boolean copy of ``t``: aminmax propagates NaN, and
+    an infinity is the minimum or the maximum, so both are finite exactly when every element is.
+    One reduction pass, ~10x faster on a cnn2 model (benchmarks/results/finite_check.md)."""
+    if not t.is_floating_point() or t.numel() == 0:        # integers are finite; aminmax refuses empty
+        return True
+    low, high = torch.aminmax(t)
+    return bool(torch.isfinite(low) & torch.isfinite(high))
 
 
 def concatenate_results(results: list[LocalResult], optimizer_state: Arrays | None = None) -> LocalResult:
