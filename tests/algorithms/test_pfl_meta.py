@@ -435,3 +435,17 @@ def test_end_to_end_produces_personal_accuracy(small_config, tmp_path, name, par
         for k, v in exp.loop.server_state["model"].items():
             if k.startswith("head."):
                 assert torch.equal(v, init[k]), k
+
+
+def test_perfedavg_weights_overflowing_in_the_only_step_are_a_numerical_error(small_config):
+    """One meta-step (batches larger than any client): its losses are finite, its outer update
+    (beta = inf) is not, so only the finite check of the weights can stop the client."""
+    from helpers import build_loop, config
+
+    from fedhet.core.errors import NumericalError
+
+    cfg = config(small_config, "perfedavg", {"perfedavg_alpha": 0.01, "perfedavg_beta": float("inf")},
+                 batch_size=100_000)
+    loop = build_loop(cfg)
+    with pytest.raises(NumericalError, match=r"parameter '.*' became non-finite"):
+        loop.run_round(0)

@@ -342,3 +342,13 @@ def test_mixed_architectures_are_trained_in_groups_per_architecture(small_config
     assert vec.transport.counters["groups"] == 3 * 2                 # one group per architecture and round
     assert_tensors_close(ref.client_states, vec.client_states, KINK, "client_states")
     assert_tensors_close(ref.server_state, vec.server_state, KINK, "server_state")
+
+
+def test_weights_overflowing_in_the_only_step_raise_like_reference(small_config):
+    """One step per client (a batch larger than any client), so the loss before it is finite and
+    only the finite check of the weights after the update can stop the run."""
+    cfg = make_config(small_config, lr=float("inf"), batch_size=100_000)
+    for engine in ("reference", "vectorized"):
+        sim = build(cfg, engine)
+        with pytest.raises(NumericalError, match=r"parameter '.*' became non-finite in round 0, client \d+"):
+            sim.run_round(0)

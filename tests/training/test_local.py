@@ -94,7 +94,8 @@ def finite_cases():
     big = torch.full((300, 7), 3e38)                     # finite, though its sum overflows
     cases = {"finite": torch.randn(512, 1024), "huge but finite": big, "0-dim": torch.tensor(2.0),
              "empty": torch.empty(0, 3), "int64": torch.tensor([1, 2, 3]),
-             "bf16": torch.randn(40).to(torch.bfloat16), "non-contiguous": torch.randn(64, 32).t()}
+             "bf16": torch.randn(40).to(torch.bfloat16), "non-contiguous": torch.randn(64, 32).t(),
+             "bool": torch.tensor([True, False]), "fp16": torch.randn(9).half(), "complex": torch.randn(4, dtype=torch.cfloat)}
     for bad in (float("nan"), float("inf"), float("-inf")):
         for where in (0, 777, -1):
             t = torch.randn(512, 1024)
@@ -105,6 +106,8 @@ def finite_cases():
         cases[f"{bad}, non-contiguous"] = t
         cases[f"{bad}, bf16"] = torch.tensor([1.0, bad, 2.0], dtype=torch.bfloat16)
         cases[f"{bad}, 0-dim"] = torch.tensor(bad)
+        cases[f"{bad}, fp16"] = torch.tensor([bad, 1.0], dtype=torch.float16)
+        cases[f"{bad}, complex imaginary part"] = torch.tensor([1 + 1j, complex(0.5, bad)])
     return cases
 
 

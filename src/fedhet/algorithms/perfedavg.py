@@ -80,7 +80,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import NumericalError
-from fedhet.training.local import all_finite, epoch_batches, forward
+from fedhet.training.local import check_finite, epoch_batches, forward
 from fedhet.training.objective import LossTerm, total_loss
 
 ADAPTED = "perfedavg_adapted"    # client-state key of the adapted (personalized) model
@@ -237,9 +237,7 @@ class PerFedAvg(FedAvg):
                 for k, v in parts.items():
                     part_sums[k] = part_sums.get(k, 0.0) + float(v)
         out = {k: (params[k] if k in params else buffers[k]) for k in weights}
-        for k, t in out.items():
-            if not all_finite(t):
-                raise NumericalError(f"parameter {k!r} became non-finite {where}; lower the learning rate.")
+        check_finite(out, where)
         return LocalResult(out, {}, steps, samples, loss_sum / max(steps, 1),
                            {k: v / max(steps, 1) for k, v in part_sums.items()})
 

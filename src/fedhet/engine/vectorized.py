@@ -76,7 +76,7 @@ from fedhet.core.contract import (
 from fedhet.core.errors import NumericalError
 from fedhet.engine.host import ClientHost, Job, JobResult, SimClient, Tally
 from fedhet.engine.loop import Transport
-from fedhet.training.local import all_finite, epoch_batches, forward, train_local
+from fedhet.training.local import check_finite, epoch_batches, forward, train_local
 from fedhet.training.objective import LossTerm, accumulate_statistics
 from fedhet.training.optim import SGD, clip_coefficient, make_optimizer
 
@@ -560,9 +560,10 @@ class Vectorized(Transport):
                 continue
             steps = len(rows[i])
             weights = {name: cpu[name][i].clone() for name in g.names}
-            bad = next((name for name, t in weights.items() if not all_finite(t)), None)
-            if bad is not None:
-                req.error = NumericalError(f"parameter {bad!r} became non-finite {where}; lower the learning rate.")
+            try:
+                check_finite(weights, where)
+            except NumericalError as e:
+                req.error = e
                 continue
             opt_state = {name: buf[i].clone() for name, (buf, has) in moms.items() if bool(has[i])}
             statistics = {k: t[i].clone() for k, (t, seen) in stats.items() if bool(seen[i])}
