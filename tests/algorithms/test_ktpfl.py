@@ -121,7 +121,6 @@ def test_public_batch_is_shared_and_seeded():
     a = public_positions(1000, 50, 7)
     assert torch.equal(a, public_positions(1000, 50, 7))
     assert len(set(a.tolist())) == 50 and not torch.equal(a, public_positions(1000, 50, 8))
-    assert len(public_positions(30, 50, 7)) == 30
 
 
 def mixed(small_config, public=True, **params):
@@ -184,6 +183,9 @@ def test_a_public_set_smaller_than_public_size_is_a_clear_error_before_any_train
     assert build(mixed(small_config, public_size=100)).federation.public.shape[0] == 100    # exactly enough
     with pytest.raises(ConfigError, match="public_size is 101 but the public set .* has 100 images"):
         build(mixed(small_config, public_size=101))
+    pool = build(mixed(small_config, public=False, public_size=40)).federation.pool.x.shape[0]
+    with pytest.raises(ConfigError, match=f"the training pool, which has {pool} images"):
+        build(mixed(small_config, public=False, public_size=pool + 1))
 
 
 def run_config(small_config, public_size, rounds):
@@ -194,6 +196,12 @@ def run_config(small_config, public_size, rounds):
     raw["data"]["public"] = {"source": "holdout", "size": 100}
     raw["train"].update(rounds=rounds, clients_per_round=3)
     return raw
+
+
+def test_a_public_batch_larger_than_its_pool_is_refused_not_shrunk():
+    assert len(public_positions(100, 100, 3)) == 100
+    with pytest.raises(ValueError, match="101 images cannot be drawn without replacement from 100"):
+        public_positions(100, 101, 3)
 
 
 def test_a_run_with_too_small_a_public_set_stops_with_that_message(small_config, tmp_path):

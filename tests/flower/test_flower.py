@@ -506,3 +506,25 @@ def test_flower_evaluates_in_the_precision_eval_precision_names(small_config, tm
         assert fl_row[key] == sim_row[key], key
     assert ref.summary["eval_precision"] == "bf16"
     assert json.loads((tmp_path / "flower" / "summary.json").read_text())["eval_precision"] == "bf16"
+
+
+def test_flower_run_refuses_data_the_method_cannot_use_before_starting_flower(small_config, tmp_path, capsys,
+                                                                             monkeypatch):
+    """KT-pFL with a public set smaller than public_size: refused by the preflight, before any
+    Flower process starts (run_loopback is never reached)."""
+    from fedhet.cli import main as cli_main
+    from fedhet.flower import deploy
+
+    def started(*args, **kwargs):
+        raise AssertionError("the loopback was started")
+
+    monkeypatch.setattr(deploy, "run_loopback", started)
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
+    raw["algorithm"] = {"name": "ktpfl", "params": {"public_size": 101, "distill_batch_size": 32}}
+    raw["data"]["public"] = {"source": "holdout", "size": 100}
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(dump_config(load_config(raw=raw)))
+    assert cli_main(["flower", "run", str(cfg_path), "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "public_size is 101 but the public set (data.public) has 100 images" in err and "Traceback" not in err

@@ -179,9 +179,12 @@ def update_coefficients(coef: torch.Tensor, soft: torch.Tensor, *, rho: float, c
 
 def public_positions(pool_size: int, size: int, seed: int) -> torch.Tensor:
     """The round's public batch: ``size`` pool indices without replacement, the same for every
-    client (fixed by ``seed``)."""
+    client (fixed by ``seed``). A pool smaller than ``size`` is an error, never a smaller batch
+    (a run refuses it while it is built: ``KTpFL.check_data``)."""
+    if size > pool_size:
+        raise ValueError(f"a public batch of {size} images cannot be drawn without replacement from {pool_size}")
     g = torch.Generator().manual_seed(int(seed))
-    return torch.randperm(pool_size, generator=g)[:min(size, pool_size)]
+    return torch.randperm(pool_size, generator=g)[:size]
 
 
 @torch.no_grad()
@@ -297,6 +300,10 @@ class KTpFL(Algorithm):
             raise ConfigError(f"ktpfl: algorithm.params.public_size is {self.params.public_size} but the public set "
                               f"(data.public) has {data.public.shape[0]} images; lower public_size or raise "
                               f"data.public.size")
+        if data.public is None and data.x.shape[0] < self.params.public_size:
+            raise ConfigError(f"ktpfl: algorithm.params.public_size is {self.params.public_size} but without a "
+                              f"data.public set the public batch comes from the training pool, which has "
+                              f"{data.x.shape[0]} images; lower public_size or set data.public")
 
     # --- client ---------------------------------------------------------------------------
     def public_data(self, msg: Message, client: ClientRuntime) -> ClientData:

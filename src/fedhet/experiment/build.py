@@ -107,10 +107,17 @@ class Built:
     metric: str                     # the headline metric (headline_metric)
 
 
-def build(cfg: ExperimentConfig) -> Built:
+def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federation]:
+    """The config's algorithm and federation, the data checked against the method
+    (``Algorithm.check_data`` on client 0's view: the shared pools, data.public included)."""
     algorithm = make_algorithm(cfg)
     federation = build_federation(cfg.data, cfg.seed)
     algorithm.check_data(federation.client_data(0))
+    return algorithm, federation
+
+
+def build(cfg: ExperimentConfig) -> Built:
+    algorithm, federation = algorithm_and_federation(cfg)
     models, client_arch = build_models(cfg, federation)
     precision = resolve_precision(cfg.run.precision, cfg.run.device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed)

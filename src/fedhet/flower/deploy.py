@@ -584,7 +584,7 @@ def cli(args) -> int:
               f"submit with: flwr run {out} <SUPERLINK-CONNECTION> --run-config {rc}   (docs/deployment.md)")
         return 0
 
-    from fedhet.data.federated import build_federation
+    from fedhet.experiment.build import algorithm_and_federation
     from fedhet.experiment.report import compare
 
     if args.nodes is not None and not 1 <= args.nodes <= cfg.data.num_clients:
@@ -592,7 +592,7 @@ def cli(args) -> int:
     flower_bin()
     if args.simulation:
         require_simulation_runtime()
-    build_federation(cfg.data, cfg.seed)      # fail here, not on every node, if the data are missing
+    algorithm_and_federation(cfg)      # fail here, not on every node, if the data are missing or unfit
     run_dir = Path(args.resume or args.out or default_run_dir)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     say(f"run directory: {run_dir.resolve()}")
