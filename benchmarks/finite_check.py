@@ -4,7 +4,8 @@ call of one cross-device client (50 samples, batch 10, E=1) that the check ends.
 
     .venv/bin/python benchmarks/finite_check.py [--repeats 15]
 
-One intra-op thread; the three are timed alternately in every repeat, and medians are written to
+One intra-op thread; the three are timed in every repeat, their order rotating from one repeat
+to the next; medians and the range of the per-repeat ratio are written to
 benchmarks/results/finite_check.{md,json} with the machine and commit.
 """
 
@@ -37,6 +38,16 @@ def aminmax_all(weights: dict[str, torch.Tensor]) -> bool:
     return all(all_finite(t) for t in weights.values())
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
 def timed(fn, calls: int) -> float:
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -54,17 +65,18 @@ def measure(arch: str, channels: int, size: int, repeats: int) -> dict:
     train = functools.partial(train_local, model, weights, data, [CrossEntropy()], settings,
                               functools.partial(torch_generator, 0, "finite_check"))
     train()
-    calls = {"isfinite_all": functools.partial(isfinite_all, weights),
-             "all_finite": functools.partial(aminmax_all, weights)}
-    times: dict[str, list[float]] = {"isfinite_all": [], "all_finite": [], "train_local": []}
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            times[name].append(timed(fn, 20))
-        times["train_local"].append(timed(train, 1))
+    calls = [("isfinite_all", functools.partial(isfinite_all, weights), 20),
+             ("all_finite", functools.partial(aminmax_all, weights), 20), ("train_local", train, 1)]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in calls}
+    for repeat in range(repeats):
+        for name, fn, n in calls[repeat % 3:] + calls[:repeat % 3]:
+            times[name].append(timed(fn, n))
     med = {k: statistics.median(v) for k, v in times.items()}
+    ratios = [a / b for a, b in zip(times["isfinite_all"], times["all_finite"])]
     print(f"{arch}: isfinite_all {med['isfinite_all']:.3f} ms, all_finite {med['all_finite']:.3f} ms, "
           f"train_local (one cross-device client, which includes one check) {med['train_local']:.1f} ms", flush=True)
-    return {"tensors": len(weights), "floats": sum(t.numel() for t in weights.values()), "ms": med, "ms_all": times}
+    return {"tensors": len(weights), "floats": sum(t.numel() for t in weights.values()), "ms": med, "ms_all": times,
+            "ratio_range": [min(ratios), max(ratios)]}
 
 
 def main() -> None:
@@ -79,14 +91,15 @@ def main() -> None:
     (RESULTS / "finite_check.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     lines = ["# The finite check of a local run's weights", "", "Command:", "", "```bash",
              f".venv/bin/python benchmarks/finite_check.py --repeats {args.repeats}", "```", "",
-             f"Commit {info['commit']}, {info['processor']}, torch {info['torch']}, 1 thread; medians of "
-             f"{args.repeats} repeats, the three timed alternately in each.", "",
-             "| model | tensors | floats | isfinite(t).all() ms | all_finite ms | ratio | train_local of one "
+             f"Commit {info['commit']}, {cpu_model()}, torch {info['torch']}, 1 thread; medians of "
+             f"{args.repeats} repeats, the order of the three rotating from one repeat to the next.", "",
+             "| model | tensors | floats | isfinite(t).all() ms | all_finite ms | ratio (per-repeat range) | train_local of one "
              "cross-device client ms | old check's share | new check's share |", "|---|---|---|---|---|---|---|---|---|"]
     for arch, r in rows.items():
         m = r["ms"]
         lines.append(f"| {arch} | {r['tensors']} | {r['floats']:,} | {m['isfinite_all']:.3f} | {m['all_finite']:.3f} "
-                     f"| {m['isfinite_all'] / m['all_finite']:.1f}x | {m['train_local']:.1f} | "
+                     f"| {m['isfinite_all'] / m['all_finite']:.1f}x ({r['ratio_range'][0]:.1f}-{r['ratio_range'][1]:.1f}) | "
+                     f"{m['train_local']:.1f} | "
                      f"{100 * m['isfinite_all'] / m['train_local']:.1f}% | {100 * m['all_finite'] / m['train_local']:.1f}% |")
     (RESULTS / "finite_check.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {RESULTS / 'finite_check.md'}")
