@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -51,7 +50,7 @@ from fedhet.core.seeding import torch_generator
 from fedhet.engine import choose_engine, round_sample_estimate
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_model, machine_info
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
 from fedhet.training.precision import bf16_native
@@ -255,16 +254,6 @@ def report(result: dict) -> str:
         lines += ["## One local step, phase by phase (benchmarks/step_profile.py; cnn2, one thread)", "",
                   step_profile.report(result["step_profile"])]
     return "\n".join(lines)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main() -> int:

@@ -77,7 +77,7 @@ def main() -> None:
     lines = ["# Evaluation in fp32 and in bf16 (eval.precision)", "", "Command:", "", "```bash",
              ".venv/bin/python benchmarks/eval_precision.py " + " ".join(str(r) for r in args.runs)
              + f" --repeats {args.repeats} --threads {args.threads}", "```", "",
-             f"Commit {info['commit']}, {info['processor']}, bf16 native: {info['bf16_native']}, "
+             f"Commit {info['commit']}, {info['cpu_model']}, bf16 native: {info['bf16_native']}, "
              f"torch {info['torch']}, {args.threads} thread(s); seconds are medians of {args.repeats} "
              "passes over the whole global test set, the order of the two precisions swapping each repeat.", ""]
     if args.note:

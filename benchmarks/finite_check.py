@@ -38,16 +38,6 @@ def aminmax_all(weights: dict[str, torch.Tensor]) -> bool:
     return all(all_finite(t) for t in weights.values())
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def timed(fn, calls: int) -> float:
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -91,7 +81,7 @@ def main() -> None:
     (RESULTS / "finite_check.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     lines = ["# The finite check of a local run's weights", "", "Command:", "", "```bash",
              f".venv/bin/python benchmarks/finite_check.py --repeats {args.repeats}", "```", "",
-             f"Commit {info['commit']}, {cpu_model()}, torch {info['torch']}, 1 thread; medians of "
+             f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}, 1 thread; medians of "
              f"{args.repeats} repeats, the order of the three rotating from one repeat to the next.", "",
              "| model | tensors | floats | isfinite(t).all() ms | all_finite ms | ratio (per-repeat range) | train_local of one "
              "cross-device client ms | old check's share | new check's share |", "|---|---|---|---|---|---|---|---|---|"]

@@ -25,9 +25,20 @@ def git_commit() -> str | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC ..."), where platform.processor() says only "x86_64"."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info() -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(), "fedhet": __version__, "commit": git_commit()}
 
 
