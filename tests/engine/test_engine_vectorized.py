@@ -258,6 +258,36 @@ def test_same_interface_and_checkpoint_round_trip(small_config):
     assert vectorized.Vectorized is Vectorized
 
 
+class InterruptingFedAvg(FedAvg):
+    """Test-only: the engine's thread gets SIGINT while one client runs (not blocked in train)."""
+
+    name = "interrupting"
+
+    def client_update(self, msg, state, client):
+        if client.cid == self.victim:
+            import os
+            import signal
+            import time
+
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)          # the main thread takes the signal while this client still runs
+        return super().client_update(msg, state, client)
+
+
+def test_an_interrupt_while_a_client_runs_surfaces_as_keyboard_interrupt(small_config):
+    """Ctrl-C / SIGTERM in the middle of a phase stops the run as interrupted (resumable), and
+    every client thread ends; it used to turn into an AttributeError (seen on a GPU sweep)."""
+    import threading
+
+    algo = InterruptingFedAvg()
+    vec = build(make_config(small_config), "vectorized", algorithm=algo)
+    algo.victim = vec.sample_clients(0)[1]
+    before = threading.active_count()
+    with pytest.raises(KeyboardInterrupt):
+        vec.run_round(0)
+    assert threading.active_count() == before
+
+
 def test_bucket_scheduler_runs_lockstep_for_equal_clients(small_config):
     """Equal clients share every step; unequal ones add only small remainder buckets."""
     steps = {}

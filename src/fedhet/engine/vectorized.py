@@ -178,6 +178,11 @@ class _Task:
     def abandon(self) -> None:
         """Engine side, after a failure: end a started client by raising in its pending ``train``."""
         while self.started and not self.done:
+            if self.request is None:
+                # The engine was interrupted (Ctrl-C, SIGTERM) while this client ran: the baton
+                # comes back when it blocks in ``train`` or ends.
+                self._back.get()
+                continue
             self.request.error = _Abort("phase abandoned: another client failed")
             self.resume()
         if self.started:
