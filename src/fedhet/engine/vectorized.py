@@ -37,8 +37,9 @@ differs, so results equal the reference to float tolerance, not bitwise. Measure
 rounds (tests/engine/test_engine_vectorized.py): ~1e-7 for a smooth model; with ReLU/max-pool models a
 pre-activation within rounding of a kink occasionally takes the other side, moving a few
 elements by up to lr * |dL/dh| / batch (~1e-5). In a chaotic regime (large lr with momentum 0.9)
-any two float-different runs drift apart, this engine and the reference included. On CUDA,
-cuDNN's default TF32 convolutions widen the differences further.
+any two float-different runs drift apart, this engine and the reference included. On CUDA the
+loop runs with TF32 off (torch's default lets cuDNN convolutions use it, a 10-bit mantissa):
+``precision: fp32`` means fp32 on every device; ``bf16`` is the fast precision there.
 
 What falls back to the reference path (``train_local`` on the CPU model, exact): requests with a
 loss term that does not declare itself pure (``LossTerm.vectorizable``), requests for an
@@ -54,6 +55,7 @@ requests.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import queue
@@ -84,6 +86,22 @@ from fedhet.training.optim import SGD, clip_coefficient, make_optimizer
 def available() -> bool:
     """True where the vectorized engine is the better choice: a CUDA device is present."""
     return torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def strict_fp32(device: torch.device):
+    """TF32 off on CUDA for the block (cuDNN convolutions use it by default on Ampere and newer),
+    so fp32 training there computes in fp32 like the CPU reference. Safe to toggle: one client
+    thread runs at a time."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def _term_layout(term: LossTerm):
@@ -290,7 +308,8 @@ class Vectorized(Transport):
                 groups.setdefault(key, []).append(req)
         for key, reqs in groups.items():
             try:
-                self._train_group(reqs)
+                with strict_fp32(self.device):
+                    self._train_group(reqs)
                 self.counters["vectorized_requests"] += len(reqs)
                 self.counters["groups"] += 1
             except Exception as e:  # a term that cannot be vmapped after all: reference path
