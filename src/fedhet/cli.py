@@ -83,7 +83,7 @@ def _cmd_compare(args) -> int:
 def _cmd_sweep(args) -> int:
     from fedhet.experiment.sweep import job_status, load_sweep, run_sweep, write_report
 
-    sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes)
+    sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
     if args.list:
         for job in sweep.jobs:
             print(f"{job_status(job):12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}")
@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("sweep_file", help="YAML sweep file (format: fedhet.experiment.sweep, e.g. benchmarks/*.sweep.yaml)")
     sw.add_argument("--lanes", type=int, help="runs side by side (default: the file's lanes, else 1)")
     sw.add_argument("--out", help="output folder (default: the file's out, else runs/<name>)")
+    sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value in every run, after the file's own set lists, e.g. "
+                         "--set run.device=cuda (repeatable; run.* keys leave finished runs valid)")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.set_defaults(func=_cmd_sweep)

@@ -50,6 +50,20 @@ def test_sweep_expands_runs_grid_and_seeds(tmp_path, small_config):
     assert all(job_status(j) == "new" for j in sweep.jobs)
 
 
+def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.rounds=3"]}), ("fedprox", {})],
+                       set=["train.rounds=2"])
+    assert cli_main(["sweep", str(path), "--list", "--set", "train.rounds=1", "--set", "eval.every=1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        tail = line.split(".yaml ", 1)[1]
+        assert tail.index("train.rounds=2") < tail.index("train.rounds=1 eval.every=1") < tail.index("seed=0")
+    assert cli_main(["sweep", str(path), "--set", "train.rounds=1"]) == 0
+    for job in load_sweep(path).jobs:
+        assert len(read_metrics(job.run_dir)) == 1      # the command line's value won over both files' sets
+
+
 def test_sweep_file_errors_are_clear(tmp_path, small_config):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nruns: []\n")

@@ -104,8 +104,10 @@ def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
     return points
 
 
-def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | None = None) -> Sweep:
-    """Read and check a sweep file; every job is listed, none is started."""
+def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | None = None,
+               extra_set: list[str] | None = None) -> Sweep:
+    """Read and check a sweep file; every job is listed, none is started. ``extra_set`` (the
+    command line's ``--set``) applies to every run, after the file's own ``set`` lists."""
     path = Path(path)
     raw = read_yaml(path, "sweep file")
     if not isinstance(raw, dict) or not raw.get("runs"):
@@ -155,7 +157,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                     raise ConfigError(f"{where}: run directory {run_dir} is also made by {seen[run_dir]}; "
                                       "give the runs different tags")
                 seen[run_dir] = where
-                overrides = [*common, *own, *grid_set, f"seed={seed}", f"name={group}"]
+                overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
                 jobs.append(Job(group, int(seed), config, overrides, run_dir))
     paired = raw.get("paired")
     if paired is not None and str(paired) not in {j.tag for j in jobs}:
