@@ -69,7 +69,7 @@ SETTINGS = {
 
 
 def raw_config(setting: str, out_dir: str, rounds: int, engine: str = "reference", workers="auto",
-               precision: str = "fp32", quick: bool = False, **override) -> dict:
+               precision: str = "fp32", quick: bool = False, device: str = "cpu", **override) -> dict:
     s = {**SETTINGS[setting], **override}
     epochs = 1 if quick else s["local_epochs"]
     return {
@@ -82,7 +82,7 @@ def raw_config(setting: str, out_dir: str, rounds: int, engine: str = "reference
                   "batch_size": s["batch_size"], "lr": 0.01},
         "eval": {"every": 1},
         "run": {"out_dir": out_dir, "checkpoint_every": 10_000, "engine": engine, "workers": workers,
-                "precision": precision, "progress": False},
+                "precision": precision, "progress": False, "device": device},
     }
 
 
@@ -91,13 +91,17 @@ def median(xs):
 
 
 # --- engine modes ----------------------------------------------------------------------------
-def run_mode(setting: str, engine: str, precision: str, rounds: int, tmp: Path, quick: bool) -> dict:
-    workers = usable_cpus() if engine == "parallel" else "auto"
-    cfg = load_config(raw=raw_config(setting, str(tmp), rounds + 1, engine, workers, precision, quick))
-    exp = Experiment.create(cfg, tmp / f"{setting}-{engine}-{precision}")
+def run_mode(setting: str, engine: str, precision: str, rounds: int, tmp: Path, quick: bool,
+             device: str = "cpu", label: str = "", on_done=None) -> dict:
+    """``on_done(experiment)``, when given, sees the finished run (its final global model, say)."""
+    workers = min(usable_cpus(), SETTINGS[setting]["clients_per_round"]) if engine == "parallel" else "auto"
+    cfg = load_config(raw=raw_config(setting, str(tmp), rounds + 1, engine, workers, precision, quick, device))
+    exp = Experiment.create(cfg, tmp / f"{setting}-{engine}-{precision}{label}")
     t0 = time.perf_counter()
     exp.run(progress=False)
     wall = time.perf_counter() - t0
+    if on_done is not None:
+        on_done(exp)
     rows = read_metrics(exp.run_dir)[1:]          # round 1 is the warm-up
     parts = {k: [r["seconds"][k] for r in rows] for k in ("train", "aggregate", "evaluate", "total")}
     parts["other"] = [r["seconds"]["total"] - r["seconds"]["train"] - r["seconds"]["aggregate"]

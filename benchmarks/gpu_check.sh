@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The GPU checks of the vectorized engine, as one call on a lent GPU machine (the workplace's
+# device tool runs it in a copy of the working tree; $OUT comes back). Steps, each under its own
+# time limit, so one that fails or overruns still leaves the others' results:
+#   1. the machine: GPU, driver, torch, CUDA;
+#   2. tests/engine/test_engine_vectorized.py with the vectorized side on CUDA
+#      (FEDHET_TEST_DEVICE=cuda) against the CPU reference, at the CPU's fp32 tolerances;
+#   3. benchmarks/engine_gpu.py: speed against the same machine's CPU engines and the device's
+#      own ceiling, and agreement with the CPU reference on real Fashion-MNIST;
+#   4. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS): a sweep on the device
+#      (run.device=cuda, run.engine=vectorized), stopped with SIGTERM at the limit (runs
+#      checkpoint and resume), its output folder tarred into $OUT.
+# Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
+# the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
+set -u
+OUT=${OUT:-/tmp/gpu_check_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FEDHET_DATA=$PWD/.devdata PYTHONPATH=$PWD/src
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
+fi
+
+step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on failure
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s)"
+  timeout -s TERM -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+  tail -n 25 "$OUT/$name.log"
+}
+
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'cudnn', torch.backends.cudnn.version(), torch.cuda.get_device_name(0), 'bf16', torch.cuda.is_bf16_supported())"
+  nproc; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+  tests/engine/test_engine_vectorized.py
+step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
+
+if [ -n "${GPU_SWEEP:-}" ]; then
+  sweep_out=/tmp/gpu_sweep
+  step sweep "${GPU_SWEEP_SECONDS:-240}" python3 -m fedhet.cli sweep "$GPU_SWEEP" --out "$sweep_out" \
+    --lanes "${GPU_SWEEP_LANES:-6}" --set run.device=cuda --set run.engine=vectorized
+  python3 -m fedhet.cli sweep "$GPU_SWEEP" --out "$sweep_out" --list --set run.device=cuda --set run.engine=vectorized > "$OUT/sweep_status.txt" 2>&1
+  cp "$sweep_out/sweep.md" "$OUT/" 2>/dev/null
+  tar -czf "$OUT/gpu_sweep.tar.gz" --exclude=checkpoint.pt -C /tmp gpu_sweep   # checkpoints: too large to bring back
+  cat "$OUT/sweep_status.txt"
+fi
+ls -la "$OUT"
