@@ -294,32 +294,45 @@ def test_same_interface_and_checkpoint_round_trip(small_config):
 
 
 class InterruptingFedAvg(FedAvg):
-    """Test-only: the engine's thread gets SIGINT while one client runs (not blocked in train)."""
+    """Test-only: the engine's thread gets SIGINT while one client runs (not blocked in train),
+    and that client goes on only once the engine is abandoning the phase."""
 
     name = "interrupting"
 
     def client_update(self, msg, state, client):
         if client.cid == self.victim:
-            import os
             import signal
-            import time
+            import threading
 
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.3)          # the main thread takes the signal while this client still runs
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            self.abandoning.wait(timeout=30)
         return super().client_update(msg, state, client)
 
 
-def test_an_interrupt_while_a_client_runs_surfaces_as_keyboard_interrupt(small_config):
-    """Ctrl-C / SIGTERM in the middle of a phase stops the run as interrupted (resumable), and
-    every client thread ends; it used to turn into an AttributeError (seen on a GPU sweep)."""
+def test_an_interrupt_while_a_client_runs_surfaces_as_keyboard_interrupt(small_config, monkeypatch):
+    """Ctrl-C / SIGTERM (the runner turns both into KeyboardInterrupt, and records the run as
+    interrupted) in the middle of a phase must surface as itself, with every client thread ended;
+    it used to become an AttributeError (seen on a GPU sweep), so the run was recorded as failed."""
     import threading
 
+    from fedhet.engine.vectorized import _Task
+
     algo = InterruptingFedAvg()
+    algo.abandoning = threading.Event()
+    real_abandon = _Task.abandon
+
+    def abandon(task):
+        if task.started and not task.done and task.request is None:    # the victim, still running
+            algo.abandoning.set()
+        return real_abandon(task)
+
+    monkeypatch.setattr(_Task, "abandon", abandon)
     vec = build(make_config(small_config), "vectorized", algorithm=algo)
     algo.victim = vec.sample_clients(0)[1]
     before = threading.active_count()
     with pytest.raises(KeyboardInterrupt):
         vec.run_round(0)
+    assert algo.abandoning.is_set()
     assert threading.active_count() == before
 
 

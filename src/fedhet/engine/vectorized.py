@@ -166,15 +166,26 @@ class _Task:
         self.done = False
         self.output = None
         self.error: BaseException | None = None
+        # Set by the client thread alone (signals reach only the engine's thread, so these stay
+        # true): it waits for the baton; the phase was abandoned before it ran.
+        self.waiting = False
+        self._abort = False
 
     def _main(self):
-        self._go.get()
+        self._take_baton()
         try:
+            if self._abort:
+                raise _Abort("phase abandoned before this client ran")
             self.output = self._fn(self)
         except BaseException as e:  # noqa: BLE001 - handed to the engine thread, which re-raises it
             self.error = e
         self.done = True
         self._back.put(None)
+
+    def _take_baton(self) -> None:
+        self.waiting = True
+        self._go.get()
+        self.waiting = False
 
     def resume(self) -> None:
         if not self.started:
@@ -187,24 +198,31 @@ class _Task:
         """Client side: post ``request``, give the baton back, return its result when resumed."""
         self.request = request
         self._back.put(None)
-        self._go.get()
+        self._take_baton()
         self.request = None
         if request.error is not None:
             raise request.error
         return request.result
 
     def abandon(self) -> None:
-        """Engine side, after a failure: end a started client by raising in its pending ``train``."""
-        while self.started and not self.done:
-            if self.request is None:
-                # The engine was interrupted (Ctrl-C, SIGTERM) while this client ran: the baton
-                # comes back when it blocks in ``train`` or ends.
-                self._back.get()
-                continue
-            self.request.error = _Abort("phase abandoned: another client failed")
-            self.resume()
-        if self.started:
-            self._thread.join()
+        """Engine side, after a client's failure or an interrupt (Ctrl-C, SIGTERM) of the engine:
+        end a started client. A client blocked in ``train`` gets an error there; one that still
+        runs (the interrupt came while it held the baton) is waited for until it blocks or ends;
+        one that never got the baton ends without running. Polls, so a second Ctrl-C still stops it."""
+        if self._thread.ident is None:
+            return
+        while not self.done:
+            if self.waiting and self._back.empty():
+                if self.request is not None:
+                    self.request.error = _Abort("phase abandoned: another client failed or the run was interrupted")
+                else:
+                    self._abort = True
+                self._go.put(None)
+            try:
+                self._back.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
 
 
 class VecClient(SimClient):
