@@ -180,31 +180,49 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
 
 
 def test_strict_fp32_switches_tf32_off_on_cuda_only_and_restores_it():
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    conv, matmul = torch.backends.cudnn.conv, torch.backends.cuda.matmul    # torch >= 2.9 flags
+    before = conv.fp32_precision, matmul.fp32_precision
     try:
-        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        conv.fp32_precision = matmul.fp32_precision = "tf32"
         with vectorized.strict_fp32(torch.device("cuda")):
-            assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
-        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+            assert (conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+        with pytest.raises(ValueError), vectorized.strict_fp32(torch.device("cuda")):
+            raise ValueError("inside")
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")    # restored after an error too
         with vectorized.strict_fp32(torch.device("cpu")):
-            assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+            assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+        conv.fp32_precision, matmul.fp32_precision = before
 
 
-def test_every_vmapped_group_trains_under_strict_fp32(small_config, monkeypatch):
-    seen = []
+def test_every_vmapped_group_trains_inside_strict_fp32(small_config, monkeypatch):
+    import contextlib
+
+    inside, seen = [False], []
     real = vectorized.strict_fp32
 
+    @contextlib.contextmanager
     def spy(device):
-        seen.append(device)
-        return real(device)
+        assert device == vec.transport.device
+        with real(device):
+            inside[0] = True
+            try:
+                yield
+            finally:
+                inside[0] = False
+
+    real_train = Vectorized._train_group
+
+    def train_group(self, reqs):
+        seen.append(inside[0])
+        return real_train(self, reqs)
 
     monkeypatch.setattr(vectorized, "strict_fp32", spy)
+    monkeypatch.setattr(Vectorized, "_train_group", train_group)
     vec = build(make_config(small_config), "vectorized")
     vec.run_round(0)
-    groups = vec.transport.counters["groups"]
-    assert groups > 0 and seen == [vec.transport.device] * groups
+    assert seen and all(seen) and len(seen) == vec.transport.counters["groups"]
 
 
 def test_unequal_partition_is_very_unequal(small_config):

@@ -39,7 +39,8 @@ pre-activation within rounding of a kink occasionally takes the other side, movi
 elements by up to lr * |dL/dh| / batch (~1e-5). In a chaotic regime (large lr with momentum 0.9)
 any two float-different runs drift apart, this engine and the reference included. On CUDA the
 loop runs with TF32 off (torch's default lets cuDNN convolutions use it, a 10-bit mantissa):
-``precision: fp32`` means fp32 on every device; ``bf16`` is the fast precision there.
+``precision: fp32`` means fp32 on every device (for cnn2 on an H200, bf16 measured slower than
+fp32: docs/performance.md).
 
 What falls back to the reference path (``train_local`` on the CPU model, exact): requests with a
 loss term that does not declare itself pure (``LossTerm.vectorizable``), requests for an
@@ -91,17 +92,26 @@ def available() -> bool:
 @contextlib.contextmanager
 def strict_fp32(device: torch.device):
     """TF32 off on CUDA for the block (cuDNN convolutions use it by default on Ampere and newer),
-    so fp32 training there computes in fp32 like the CPU reference. Safe to toggle: one client
-    thread runs at a time."""
+    so fp32 training there computes in fp32 like the CPU reference. The flags are the process's:
+    the engine's thread sets and restores them around its training loop, which no other engine
+    thread shares. torch >= 2.9 has per-backend ``fp32_precision`` flags, and reading the legacy
+    ``allow_tf32`` after someone set the new ones raises, so the new ones are used where they exist."""
     if device.type != "cuda":
         yield
         return
-    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    conv, matmul = getattr(torch.backends.cudnn, "conv", None), torch.backends.cuda.matmul
+    if conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision"):
+        flags = [(conv, "fp32_precision", "ieee"), (matmul, "fp32_precision", "ieee")]
+    else:
+        flags = [(torch.backends.cudnn, "allow_tf32", False), (matmul, "allow_tf32", False)]
+    before = [getattr(obj, name) for obj, name, _ in flags]
+    for obj, name, strict in flags:
+        setattr(obj, name, strict)
     try:
         yield
     finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+        for (obj, name, _), value in zip(flags, before):
+            setattr(obj, name, value)
 
 
 def _term_layout(term: LossTerm):
@@ -324,10 +334,13 @@ class Vectorized(Transport):
                 self._train_reference(req)
             else:
                 groups.setdefault(key, []).append(req)
+        with strict_fp32(self.device):     # outside the fallback's try: a failure here is not a vmap failure
+            self._train_groups(groups)
+
+    def _train_groups(self, groups: dict[tuple, list[_Request]]) -> None:
         for key, reqs in groups.items():
             try:
-                with strict_fp32(self.device):
-                    self._train_group(reqs)
+                self._train_group(reqs)
                 self.counters["vectorized_requests"] += len(reqs)
                 self.counters["groups"] += 1
             except Exception as e:  # a term that cannot be vmapped after all: reference path
