@@ -165,6 +165,17 @@ def test_prototype_alignment_matches_the_references_mse():
         Forward(h.detach(), None), Batch(None, torch.tensor([0, 1, 0]), None), {})) == 0.0
 
 
+def test_prototype_alignment_ignores_whatever_a_class_without_prototype_holds():
+    """The masked form must not let an undefined row leak in (0 * nan would be nan)."""
+    h = t([1, 2], [3, 4]).requires_grad_(True)
+    protos = t([0, 0], [float("nan"), float("inf")])
+    value = PrototypeAlignment(protos, torch.tensor([True, False]), 1.0)(
+        Forward(h, None), Batch(None, torch.tensor([0, 1]), None), {})
+    (g,) = torch.autograd.grad(value, h)
+    assert value.item() == pytest.approx(5 / 4)          # ||[1,2]||^2 / (B*d = 4)
+    torch.testing.assert_close(g, t([0.5, 1.0], [0.0, 0.0]))
+
+
 # --- FedPer -------------------------------------------------------------------------------
 def test_fedper_server_averages_bodies_only_and_heads_stay_with_clients():
     algo = FedPer()

@@ -162,9 +162,13 @@ class PrototypeAlignment(LossTerm):
     objectives with the references' mean). The official FedPAC code instead fills a missing class with the client's
     own pre-training prototype; pass such a table as ``prototypes`` with ``defined`` all True to get
     that behaviour. ``prototypes`` is a constant (no gradient).
+
+    Computed with a mask, not by selecting rows, so it has no data-dependent branch and the
+    vectorized engine can train it under ``vmap`` (FedPAC's body phase, FedProto).
     """
 
     name = "proto"
+    vectorizable = True
 
     def __init__(self, prototypes: torch.Tensor, defined: torch.Tensor | None, weight: float):
         self.prototypes = prototypes.detach()
@@ -175,10 +179,10 @@ class PrototypeAlignment(LossTerm):
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         h = out.features
         use = self.defined.to(h.device)[batch.y]
-        if self.weight == 0.0 or not bool(use.any()):
-            return h.sum() * 0.0
-        target = self.prototypes.to(device=h.device, dtype=h.dtype)[batch.y[use]]
-        return self.weight * (h[use] - target).pow(2).sum() / h.numel()
+        # A sample without a prototype aims at its own detached feature (the references' target):
+        # it adds 0 and a 0 gradient, whatever that class's row holds (even nan or inf).
+        target = torch.where(use.unsqueeze(1), self.prototypes.to(device=h.device, dtype=h.dtype)[batch.y], h.detach())
+        return self.weight * (h - target).pow(2).sum() / h.numel()
 
 
 # --- messages -----------------------------------------------------------------------------------
