@@ -92,7 +92,7 @@ def _cmd_sweep(args) -> int:
         run_sweep(sweep, retry_failed=args.retry_failed, log=lambda m: print(m, file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         write_report(sweep)
-        print(f"fedhet: sweep interrupted; run `fedhet sweep {args.sweep_file}` again to resume it", file=sys.stderr)
+        print("fedhet: sweep interrupted; run the same `fedhet sweep` command again to resume it", file=sys.stderr)
         return 130
     except FedhetError:
         write_report(sweep)           # the table of what finished, then the error
@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", help="output folder (default: the file's out, else runs/<name>)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value in every run, after the file's own set lists, e.g. "
-                         "--set run.device=cuda (repeatable; run.* keys leave finished runs valid)")
+                         "--set run.device=cuda (repeatable). An interrupted run resumes with its recorded "
+                         "config: run.* values apply to runs that start afresh (the sweep says which)")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.set_defaults(func=_cmd_sweep)

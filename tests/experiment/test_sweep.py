@@ -15,7 +15,15 @@ from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
-from fedhet.experiment.sweep import config_mismatch, job_status, lane_threads, load_sweep, run_sweep, write_report
+from fedhet.experiment.sweep import (
+    config_mismatch,
+    job_status,
+    lane_threads,
+    load_sweep,
+    run_settings_not_taken,
+    run_sweep,
+    write_report,
+)
 
 
 def write_sweep(tmp_path, small_config, runs, **extra):
@@ -60,8 +68,14 @@ def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, sm
         tail = line.split(".yaml ", 1)[1]
         assert tail.index("train.rounds=2") < tail.index("train.rounds=1 eval.every=1") < tail.index("seed=0")
     assert cli_main(["sweep", str(path), "--set", "train.rounds=1"]) == 0
-    for job in load_sweep(path).jobs:
+    sweep = load_sweep(path, extra_set=["train.rounds=1"])
+    for job in sweep.jobs:
         assert len(read_metrics(job.run_dir)) == 1      # the command line's value won over both files' sets
+    assert "fedhet sweep " + str(path) + " --set train.rounds=1" in (sweep.out / "sweep.md").read_text()
+    # A resumed run keeps its recorded run settings: the sweep names the --set run.* values it does not take
+    job = sweep.jobs[0]
+    assert run_settings_not_taken(job, ["run.engine=auto", "train.lr=0.3"]) == []
+    assert run_settings_not_taken(job, ["run.engine=vectorized"]) == ["run.engine: kept 'auto', not 'vectorized'"]
 
 
 def test_sweep_file_errors_are_clear(tmp_path, small_config):

@@ -79,6 +79,7 @@ class Sweep:
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
     paired: str | None = None     # tag of the baseline for per-seed paired differences in the report
+    extra_set: list[str] = field(default_factory=list)   # the command line's --set, applied to every run
 
 
 def _as_list(value: Any, what: str, where: str) -> list:
@@ -164,7 +165,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
                           f"{', '.join(sorted({j.tag for j in jobs}))})")
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
-                 paired=str(paired) if paired is not None else None)
+                 paired=str(paired) if paired is not None else None, extra_set=list(extra_set or []))
 
 
 def _failure_marker(job: Job) -> Path:
@@ -334,6 +335,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 resume = (job.run_dir / "config.yaml").is_file()
                 if resume:
                     _extend_rounds(job)
+                    kept = run_settings_not_taken(job, sweep.extra_set)
+                    if kept:
+                        log(f"{time.strftime('%H:%M:%S')} note   {job.name} resumes with its recorded run "
+                            f"settings ({'; '.join(kept)}); --set run.* applies to runs that start afresh")
                 _failure_marker(job).unlink(missing_ok=True)
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
@@ -377,6 +382,26 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
         log("sweep stopped: its running runs were stopped; run the same command again to resume them")
         raise
     return outcome
+
+
+def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
+    """The command line's ``--set run.*`` values that a resumed run does not take: ``--resume``
+    continues with the run's recorded config, so they apply only to runs that start afresh."""
+    try:
+        recorded = (yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {}).get("run") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return []
+    out = []
+    for item in extra_set:
+        key, _, value = item.partition("=")
+        if not key.startswith("run."):
+            continue
+        have: Any = recorded
+        for part in key.split(".")[1:]:
+            have = have.get(part) if isinstance(have, dict) else None
+        if str(have) != str(yaml.safe_load(value)):
+            out.append(f"{key}: kept {have!r}, not {value!r}")
+    return out
 
 
 def _extend_rounds(job: Job) -> None:
@@ -429,7 +454,8 @@ def write_report(sweep: Sweep) -> str:
     done = [j.run_dir for j in sweep.jobs if status[j.name] == "completed"]
     missing = [(j.name, status[j.name]) for j in sweep.jobs if status[j.name] != "completed"]
     lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
-             f"fedhet sweep {sweep.source}" if sweep.source else "fedhet sweep", "```", ""]
+             " ".join(["fedhet sweep", *([str(sweep.source)] if sweep.source else []),
+                       *(f"--set {item}" for item in sweep.extra_set)]), "```", ""]
     if done:
         completed_tags = {j.tag for j in sweep.jobs if status[j.name] == "completed"}
         paired = sweep.paired if sweep.paired in completed_tags else None
