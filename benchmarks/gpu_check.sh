@@ -8,8 +8,9 @@
 #   3. benchmarks/engine_gpu.py: speed against the same machine's CPU engines and the device's
 #      own ceiling, and agreement with the CPU reference on real Fashion-MNIST;
 #   4. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS): a sweep on the device
-#      (run.device=cuda, run.engine=vectorized), stopped with SIGTERM at the limit (runs
-#      checkpoint and resume), its output folder tarred into $OUT.
+#      (run.device=cuda, run.engine=vectorized), stopped with SIGTERM at the limit, its output
+#      folder tarred into $OUT without checkpoints (too large to bring back: unfinished runs are
+#      lost with the machine, finished ones are complete).
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
 # the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
 set -u
