@@ -78,6 +78,17 @@ def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, sm
     assert run_settings_not_taken(job, ["run.engine=vectorized"]) == ["run.engine: kept 'auto', not 'vectorized'"]
 
 
+def test_a_resumed_run_says_which_set_run_values_it_does_not_take(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=1"])
+    assert cli_main(["sweep", str(path)]) == 0
+    capsys.readouterr()
+    # more rounds: the completed run is extended through --resume, with its recorded run settings
+    assert cli_main(["sweep", str(path), "--set", "train.rounds=2", "--set", "run.engine=reference"]) == 0
+    err = capsys.readouterr().err
+    assert "fedavg_s0 resumes with its recorded run settings (run.engine: kept 'auto', not 'reference')" in err
+    assert len(read_metrics(load_sweep(path).jobs[0].run_dir)) == 2
+
+
 def test_sweep_file_errors_are_clear(tmp_path, small_config):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nruns: []\n")
