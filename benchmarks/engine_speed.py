@@ -11,7 +11,7 @@ every client's local test split, as the acceptance of issue 4 asks):
 * ``cross_device``: 1,000 clients of 50 samples (iid), 50 per round, batch 10, E=1.
 
 Modes: reference fp32/bf16 (one process, torch's default threads), parallel fp32/bf16 (one
-worker per usable CPU, one thread each), vectorized fp32 when ``fedhet.engine.vectorized``
+worker per usable CPU up to one per client of a round, one thread each), vectorized fp32 when ``fedhet.engine.vectorized``
 imports. Each mode runs ``1 + --rounds`` rounds through the real runner (``Experiment``); the
 first round (worker start-up, first-call allocations) is dropped and the medians of the others
 are reported (cross-device rounds last about a second: 4x as many are measured there). "train"

@@ -176,8 +176,9 @@ class _Task:
         self.done = False
         self.output = None
         self.error: BaseException | None = None
-        # Set by the client thread alone (signals reach only the engine's thread, so these stay
-        # true): it waits for the baton; the phase was abandoned before it ran.
+        # ``waiting``: the client thread waits for the baton. Written by that thread alone, so an
+        # interrupt (signals stop only the engine's thread) never leaves it stale. ``_abort``: set by
+        # the engine before it hands the baton to a client that never ran, which then ends at once.
         self.waiting = False
         self._abort = False
 

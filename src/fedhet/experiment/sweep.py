@@ -399,7 +399,11 @@ def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
         have: Any = recorded
         for part in key.split(".")[1:]:
             have = have.get(part) if isinstance(have, dict) else None
-        if str(have) != str(yaml.safe_load(value)):
+        try:
+            asked = yaml.safe_load(value)
+        except yaml.YAMLError:
+            asked = value
+        if str(have) != str(asked):
             out.append(f"{key}: kept {have!r}, not {value!r}")
     return out
 
