@@ -22,15 +22,18 @@ relative L2 distance of the float tensors, and the global test accuracy of each.
 
 Ceiling: the same cnn2 on the device, plain ``torch.optim.SGD`` over round 1's clients' samples in
 batches of clients_per_round x B (the FLOPs of a round without per-client work), in fp32 (TF32
-off), tf32 (what TF32 would be worth; the engine does not use it) and bf16; best of 3.
+off), tf32 (what TF32 would be worth; the engine does not use it) and bf16; median of 3 passes
+(best in brackets).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +49,7 @@ from engine_speed import SETTINGS, raw_config, run_mode  # noqa: E402
 from fedhet.core.contract import normalize_uint8  # noqa: E402
 from fedhet.core.cpus import usable_cpus  # noqa: E402
 from fedhet.core.seeding import torch_generator  # noqa: E402
+from fedhet.engine.vectorized import strict_fp32  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment  # noqa: E402
 from fedhet.experiment.summary import cpu_model, machine_info  # noqa: E402
@@ -61,9 +65,26 @@ MODES = [
 ]
 
 
-def set_tf32(on: bool) -> None:
-    torch.backends.cudnn.allow_tf32 = on
-    torch.backends.cuda.matmul.allow_tf32 = on
+@contextlib.contextmanager
+def tf32(on: bool):
+    """TF32 on or off for cuDNN convolutions and matrix products in the block, through the flags
+    :func:`fedhet.engine.vectorized.strict_fp32` uses (the per-backend ones where they exist)."""
+    if not on:
+        with strict_fp32(torch.device("cuda")):
+            yield
+        return
+    conv, matmul = getattr(torch.backends.cudnn, "conv", None), torch.backends.cuda.matmul
+    new_api = conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision")
+    flags = [(conv, "fp32_precision", "tf32"), (matmul, "fp32_precision", "tf32")] if new_api else \
+        [(torch.backends.cudnn, "allow_tf32", True), (matmul, "allow_tf32", True)]
+    before = [getattr(obj, name) for obj, name, _ in flags]
+    for obj, name, value in flags:
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for (obj, name, _), value in zip(flags, before):
+            setattr(obj, name, value)
 
 
 def relative_distance(a: dict, b: dict) -> float:
@@ -83,34 +104,41 @@ def device_ceiling(setting: str, device: str, tmp: Path, quick: bool, repeats: i
     y = fed.pool.y[idx].to(device)
     base = copy.deepcopy(next(iter(exp.loop.host.models.values()))).to(device)
     target = 2000 if quick else 20_000          # sample-steps per measurement
-    out, before = {}, (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
-    for name, tf32, bf16 in (("fp32", False, False), ("tf32", True, False), ("bf16", False, True)):
-        set_tf32(tf32)
+    out = {}
+    for name, tf32_on, bf16 in (("fp32", False, False), ("tf32", True, False), ("bf16", False, True)):
         rates = []
         for r in range(repeats + 1):             # the first pass warms cuDNN's algorithm choice up
             model = copy.deepcopy(base)
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             order = torch.randperm(len(idx), generator=torch_generator(0, "ceiling", r)).to(device)
-            done, t = 0, time.perf_counter()
-            while done < target:
-                for s in range(0, len(order), big):
-                    b = order[s:s + big]
-                    with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
-                        logits = model(x[b])
-                    loss = torch.nn.functional.cross_entropy(logits.float(), y[b])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    done += len(b)
-                    if done >= target:
-                        break
+            t = time.perf_counter()
+            with tf32(tf32_on):
+                done = sgd_passes(model, opt, x, y, order, big, target, bf16, device)
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()
             if r:
                 rates.append(done / (time.perf_counter() - t))
-        out[name] = {"batch": big, "samples_per_s": max(rates), "samples_per_s_all": rates}
-    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+        out[name] = {"batch": big, "samples_per_s": statistics.median(rates), "best": max(rates),
+                     "samples_per_s_all": rates}
     return out
+
+
+def sgd_passes(model, opt, x, y, order, batch: int, target: int, bf16: bool, device: str) -> int:
+    """Plain SGD steps over ``order`` in batches of ``batch`` until ``target`` samples; returns them."""
+    done = 0
+    while done < target:
+        for s in range(0, len(order), batch):
+            b = order[s:s + batch]
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+                logits = model(x[b])
+            loss = torch.nn.functional.cross_entropy(logits.float(), y[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            done += len(b)
+            if done >= target:
+                break
+    return done
 
 
 def report(result: dict) -> str:
@@ -119,10 +147,11 @@ def report(result: dict) -> str:
              f"Machine: {m.get('gpu', 'no GPU')}; CPU {m['cpu_model']}, {m['usable_cpus']} usable CPUs; torch "
              f"{m['torch']}; commit {m['commit']}; total {result['wall_s'] / 60:.1f} min.", "",
              "## Ceiling on the device (plain SGD, one batch of clients_per_round x B)", "",
+             "Median of 3 passes (best in brackets).", "",
              "| setting | batch | fp32 samples/s | tf32 samples/s | bf16 samples/s |", "|---|---|---|---|---|"]
     for setting, c in result["ceiling"].items():
-        lines.append(f"| {setting} | {c['fp32']['batch']} | {c['fp32']['samples_per_s']:.0f} | "
-                     f"{c['tf32']['samples_per_s']:.0f} | {c['bf16']['samples_per_s']:.0f} |")
+        lines.append(f"| {setting} | {c['fp32']['batch']} | " + " | ".join(
+            f"{c[p]['samples_per_s']:.0f} ({c[p]['best']:.0f})" for p in ("fp32", "tf32", "bf16")) + " |")
     lines += ["", "## Modes (medians over the measured rounds)", "",
               "| setting | mode | samples/s | x reference | x device fp32 ceiling | train s | evaluate s | "
               "final global acc | rel. L2 to reference |", "|---|---|---|---|---|---|---|---|---|"]
