@@ -156,7 +156,8 @@ class _Request:
 
 
 class _Abort(Exception):
-    """Raised inside a blocked client thread when its phase is abandoned (another client failed)."""
+    """Raised inside a blocked client thread when its phase is abandoned (another client failed,
+    or the run was interrupted)."""
 
 
 class _Task:
@@ -176,10 +177,12 @@ class _Task:
         self.done = False
         self.output = None
         self.error: BaseException | None = None
-        # ``waiting``: the client thread waits for the baton. Written by that thread alone, so an
-        # interrupt (signals stop only the engine's thread) never leaves it stale. ``_abort``: set by
-        # the engine before it hands the baton to a client that never ran, which then ends at once.
-        self.waiting = False
+        # Batons asked for (written by the client thread alone, before each wait) and given (by the
+        # engine, after each hand-over): the client waits for one not yet given exactly when
+        # ``_asked > _given``, a test that cannot go stale while the client takes its baton.
+        # ``_abort``: set by the engine before it hands the baton to a client that never ran.
+        self._asked = 0
+        self._given = 0
         self._abort = False
 
     def _main(self):
@@ -194,15 +197,18 @@ class _Task:
         self._back.put(None)
 
     def _take_baton(self) -> None:
-        self.waiting = True
+        self._asked += 1
         self._go.get()
-        self.waiting = False
+
+    def _hand_baton(self) -> None:
+        self._go.put(None)
+        self._given += 1
 
     def resume(self) -> None:
         if not self.started:
             self.started = True
             self._thread.start()
-        self._go.put(None)
+        self._hand_baton()
         self._back.get()
 
     def wait(self, request: _Request) -> LocalResult:
@@ -223,12 +229,12 @@ class _Task:
         if self._thread.ident is None:
             return
         while not self.done:
-            if self.waiting and self._back.empty():
+            if self._asked > self._given and self._back.empty():
                 if self.request is not None:
                     self.request.error = _Abort("phase abandoned: another client failed or the run was interrupted")
                 else:
                     self._abort = True
-                self._go.put(None)
+                self._hand_baton()
             try:
                 self._back.get(timeout=0.05)
             except queue.Empty:
