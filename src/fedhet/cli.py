@@ -175,8 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--out", help="output folder (default: the file's out, else runs/<name>)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value in every run, after the file's own set lists, e.g. "
-                         "--set run.device=cuda (repeatable). An interrupted run resumes with its recorded "
-                         "config: run.* values apply to runs that start afresh (the sweep says which)")
+                         "--set run.device=cuda (repeatable). The values are part of each run's config: a run "
+                         "folder recorded with others is stale and left alone, except for resumable settings "
+                         "(run.engine, run.workers, ...), which a resumed run keeps from its recording (the "
+                         "sweep says which)")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.set_defaults(func=_cmd_sweep)

@@ -74,8 +74,12 @@ def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, sm
     assert "fedhet sweep " + str(path) + " --set train.rounds=1" in (sweep.out / "sweep.md").read_text()
     # A resumed run keeps its recorded run settings: the sweep names the --set run.* values it does not take
     job = sweep.jobs[0]
-    assert run_settings_not_taken(job, ["run.engine=auto", "train.lr=0.3"]) == []
+    assert run_settings_not_taken(job, ["run.engine=auto", "train.lr=0.3", "run.threads=7"]) == []
     assert run_settings_not_taken(job, ["run.engine=vectorized"]) == ["run.engine: kept 'auto', not 'vectorized'"]
+    # run.device changes results: such a run is stale (left alone), not resumed with a note
+    assert run_settings_not_taken(job, ["run.device=cuda"]) == []
+    assert config_mismatch(job) == [] and load_sweep(path, extra_set=["run.device=cuda"]).jobs[0].run_dir == job.run_dir
+    assert job_status(load_sweep(path, extra_set=["train.rounds=1", "run.device=cuda"]).jobs[0]) == "stale"
 
 
 def test_a_resumed_run_says_which_set_run_values_it_does_not_take(tmp_path, small_config, capsys):

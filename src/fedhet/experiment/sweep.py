@@ -53,7 +53,7 @@ import yaml
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.config import config_changes, load_config, read_yaml
+from fedhet.experiment.config import RESUMABLE_CHANGES, config_changes, load_config, read_yaml
 
 
 @dataclass
@@ -306,7 +306,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
     initial = {j.name: job_status(j) for j in sweep.jobs}
     for j in sweep.jobs:
         if initial[j.name] == "stale":
-            log(f"skipped {j.name}: its run directory holds another config than the sweep file asks for "
+            log(f"skipped {j.name}: its run directory holds another config than the sweep file (with its --set) asks for "
                 f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
         if initial[j.name] == "running":
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {_lock_path(j)})")
@@ -385,8 +385,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
 
 
 def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
-    """The command line's ``--set run.*`` values that a resumed run does not take: ``--resume``
-    continues with the run's recorded config, so they apply only to runs that start afresh."""
+    """The command line's ``--set`` values of resumable settings (``RESUMABLE_CHANGES``: engine,
+    workers, checkpointing...) that a resumed run does not take: ``--resume`` continues with the
+    run's recorded config. ``run.threads`` is the sweep's own (one share per lane). Other settings
+    are part of what a run is: a run recorded with other values is stale and left alone."""
     try:
         recorded = (yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {}).get("run") or {}
     except (OSError, yaml.YAMLError, AttributeError):
@@ -394,7 +396,7 @@ def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
     out = []
     for item in extra_set:
         key, _, value = item.partition("=")
-        if not key.startswith("run."):
+        if not any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES) or key == "run.threads":
             continue
         have: Any = recorded
         for part in key.split(".")[1:]:
