@@ -29,7 +29,6 @@ off), tf32 (what TF32 would be worth; the engine does not use it) and bf16; medi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -49,7 +48,7 @@ from engine_speed import SETTINGS, raw_config, run_mode  # noqa: E402
 from fedhet.core.contract import normalize_uint8  # noqa: E402
 from fedhet.core.cpus import usable_cpus  # noqa: E402
 from fedhet.core.seeding import torch_generator  # noqa: E402
-from fedhet.engine.vectorized import strict_fp32  # noqa: E402
+from fedhet.engine.vectorized import tf32_allowed  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment  # noqa: E402
 from fedhet.experiment.summary import cpu_model, machine_info  # noqa: E402
@@ -63,28 +62,6 @@ MODES = [
     ("vectorized fp32", "vectorized", "fp32", True),
     ("vectorized bf16", "vectorized", "bf16", True),
 ]
-
-
-@contextlib.contextmanager
-def tf32(on: bool):
-    """TF32 on or off for cuDNN convolutions and matrix products in the block, through the flags
-    :func:`fedhet.engine.vectorized.strict_fp32` uses (the per-backend ones where they exist)."""
-    if not on:
-        with strict_fp32(torch.device("cuda")):
-            yield
-        return
-    conv, matmul = getattr(torch.backends.cudnn, "conv", None), torch.backends.cuda.matmul
-    new_api = conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision")
-    flags = [(conv, "fp32_precision", "tf32"), (matmul, "fp32_precision", "tf32")] if new_api else \
-        [(torch.backends.cudnn, "allow_tf32", True), (matmul, "allow_tf32", True)]
-    before = [getattr(obj, name) for obj, name, _ in flags]
-    for obj, name, value in flags:
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for (obj, name, _), value in zip(flags, before):
-            setattr(obj, name, value)
 
 
 def relative_distance(a: dict, b: dict) -> float:
@@ -112,7 +89,7 @@ def device_ceiling(setting: str, device: str, tmp: Path, quick: bool, repeats: i
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             order = torch.randperm(len(idx), generator=torch_generator(0, "ceiling", r)).to(device)
             t = time.perf_counter()
-            with tf32(tf32_on):
+            with tf32_allowed(tf32_on):
                 done = sgd_passes(model, opt, x, y, order, big, target, bf16, device)
             if torch.device(device).type == "cuda":
                 torch.cuda.synchronize()

@@ -202,6 +202,10 @@ def test_strict_fp32_switches_tf32_off_on_cuda_only_and_restores_it():
         assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")    # restored after an error too
         with vectorized.strict_fp32(torch.device("cpu")):
             assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+        conv.fp32_precision = matmul.fp32_precision = "ieee"
+        with vectorized.tf32_allowed(True):        # the benchmark's switch the other way
+            assert (conv.fp32_precision, matmul.fp32_precision) == ("tf32", "tf32")
+        assert (conv.fp32_precision, matmul.fp32_precision) == ("ieee", "ieee")
     finally:
         conv.fp32_precision, matmul.fp32_precision = before
 

@@ -90,28 +90,37 @@ def available() -> bool:
 
 
 @contextlib.contextmanager
-def strict_fp32(device: torch.device):
-    """TF32 off on CUDA for the block (cuDNN convolutions use it by default on Ampere and newer),
-    so fp32 training there computes in fp32 like the CPU reference. The flags are the process's:
-    the engine's thread sets and restores them around its training loop, which no other engine
-    thread shares. torch >= 2.9 has per-backend ``fp32_precision`` flags, and reading the legacy
-    ``allow_tf32`` after someone set the new ones raises, so the new ones are used where they exist."""
-    if device.type != "cuda":
-        yield
-        return
+def tf32_allowed(allow: bool):
+    """TF32 on or off for cuDNN convolutions and CUDA matrix products in the block, then the
+    flags as they were. The flags are the process's. torch >= 2.9 has per-backend
+    ``fp32_precision`` flags, and reading the legacy ``allow_tf32`` after someone set the new ones
+    raises, so the new ones are used where they exist."""
     conv, matmul = getattr(torch.backends.cudnn, "conv", None), torch.backends.cuda.matmul
     if conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision"):
-        flags = [(conv, "fp32_precision", "ieee"), (matmul, "fp32_precision", "ieee")]
+        value = "tf32" if allow else "ieee"
+        flags = [(conv, "fp32_precision", value), (matmul, "fp32_precision", value)]
     else:
-        flags = [(torch.backends.cudnn, "allow_tf32", False), (matmul, "allow_tf32", False)]
+        flags = [(torch.backends.cudnn, "allow_tf32", allow), (matmul, "allow_tf32", allow)]
     before = [getattr(obj, name) for obj, name, _ in flags]
-    for obj, name, strict in flags:
-        setattr(obj, name, strict)
+    for obj, name, value in flags:
+        setattr(obj, name, value)
     try:
         yield
     finally:
         for (obj, name, _), value in zip(flags, before):
             setattr(obj, name, value)
+
+
+@contextlib.contextmanager
+def strict_fp32(device: torch.device):
+    """TF32 off on CUDA for the block (cuDNN convolutions use it by default on Ampere and newer),
+    so fp32 training there computes in fp32 like the CPU reference. The engine's thread sets and
+    restores the flags around its training loop, which no other engine thread shares."""
+    if device.type != "cuda":
+        yield
+        return
+    with tf32_allowed(False):
+        yield
 
 
 def _term_layout(term: LossTerm):

@@ -53,7 +53,7 @@ import yaml
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.config import RESUMABLE_CHANGES, config_changes, load_config, read_yaml
+from fedhet.experiment.config import RESUMABLE_CHANGES, config_changes, flatten_config, load_config, read_yaml
 
 
 @dataclass
@@ -338,7 +338,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                     kept = run_settings_not_taken(job, sweep.extra_set)
                     if kept:
                         log(f"{time.strftime('%H:%M:%S')} note   {job.name} resumes with its recorded run "
-                            f"settings ({'; '.join(kept)}); --set run.* applies to runs that start afresh")
+                            f"settings ({'; '.join(kept)}); those --set values apply to runs that start afresh")
                 _failure_marker(job).unlink(missing_ok=True)
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
@@ -390,17 +390,15 @@ def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
     run's recorded config. ``run.threads`` is the sweep's own (one share per lane). Other settings
     are part of what a run is: a run recorded with other values is stale and left alone."""
     try:
-        recorded = (yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {}).get("run") or {}
+        recorded = flatten_config(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
     except (OSError, yaml.YAMLError, AttributeError):
         return []
     out = []
     for item in extra_set:
         key, _, value = item.partition("=")
-        if not any(key == k or key.startswith(k + ".") for k in RESUMABLE_CHANGES) or key == "run.threads":
+        if key not in RESUMABLE_CHANGES or key == "run.threads":
             continue
-        have: Any = recorded
-        for part in key.split(".")[1:]:
-            have = have.get(part) if isinstance(have, dict) else None
+        have = recorded.get(key)
         try:
             asked = yaml.safe_load(value)
         except yaml.YAMLError:
