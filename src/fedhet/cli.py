@@ -81,15 +81,16 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from fedhet.experiment.sweep import job_status, load_sweep, run_sweep, write_report
+    from fedhet.experiment.sweep import job_status, load_sweep, run_sweep, select_jobs, write_report
 
     sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
+    jobs = select_jobs(sweep, args.only)
     if args.list:
-        for job in sweep.jobs:
+        for job in jobs:
             print(f"{job_status(job):12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}")
         return 0
     try:
-        run_sweep(sweep, retry_failed=args.retry_failed, log=lambda m: print(m, file=sys.stderr, flush=True))
+        run_sweep(sweep, retry_failed=args.retry_failed, only=args.only, log=lambda m: print(m, file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         write_report(sweep)
         print("fedhet: sweep interrupted; run the same `fedhet sweep` command again to resume it", file=sys.stderr)
@@ -100,7 +101,7 @@ def _cmd_sweep(args) -> int:
     report = write_report(sweep)
     print(report)
     print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
-    failed = [j.name for j in sweep.jobs if job_status(j) in ("failed", "stale")]
+    failed = [j.name for j in jobs if job_status(j) in ("failed", "stale")]
     if failed:
         print(f"fedhet: {len(failed)} run(s) failed or stale: {', '.join(failed)} (logs: {sweep.out}/<run>.log)",
               file=sys.stderr)
@@ -179,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "folder recorded with others is stale and left alone, except for resumable settings "
                          "(run.engine, run.workers, ...), which a resumed run keeps from its recording (the "
                          "sweep says which)")
+    sw.add_argument("--only", action="append", metavar="TAG",
+                    help="run only the runs of this tag (repeatable), e.g. --only fedpac; the table still "
+                         "shows every completed run of the sweep")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.set_defaults(func=_cmd_sweep)

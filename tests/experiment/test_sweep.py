@@ -112,6 +112,25 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config):
             load_sweep(bad)
 
 
+def test_only_runs_the_named_tags_and_the_table_shows_every_completed_run(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"seeds": [0, 1]})],
+                       set=["train.rounds=1"])
+    assert cli_main(["sweep", str(path), "--only", "fedpac"]) == 2
+    assert "--only fedpac: no run of sweep 'tiny' has this tag; its tags: fedavg, fedprox" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert cli_main(["sweep", str(path), "--only", "fedprox", "--list"]) == 0
+    assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == [
+        str(tmp_path / "out" / "fedprox_s0"), str(tmp_path / "out" / "fedprox_s1")]
+    assert cli_main(["sweep", str(path), "--only", "fedprox"]) == 0
+    assert "2 runs (--only fedprox: 2 of 3)" in capsys.readouterr().err
+    sweep = load_sweep(path)
+    assert {j.name: job_status(j) for j in sweep.jobs} == {
+        "fedavg_s0": "new", "fedprox_s0": "completed", "fedprox_s1": "completed"}
+    assert cli_main(["sweep", str(path), "--only", "fedavg"]) == 0
+    table = (sweep.out / "sweep.md").read_text()
+    assert "| fedavg | fedavg |" in table and "| fedprox | fedprox |" in table and "Not completed" not in table
+
+
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
     # the third run has an invalid override: reported as failed, the other two complete
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),

@@ -293,27 +293,43 @@ def _rounds_done(job: Job) -> int:
         return 0
 
 
+def select_jobs(sweep: Sweep, only: list[str] | None) -> list[Job]:
+    """The jobs of the groups named in ``only`` (the command line's ``--only``; all jobs without it).
+    A name that is no group of the sweep is an error that lists the groups."""
+    if not only:
+        return list(sweep.jobs)
+    groups = {j.tag for j in sweep.jobs}
+    unknown = [name for name in only if name not in groups]
+    if unknown:
+        raise ConfigError(f"--only {', '.join(unknown)}: no run of sweep {sweep.name!r} has this tag; "
+                          f"its tags: {', '.join(sorted(groups))}")
+    return [j for j in sweep.jobs if j.tag in set(only)]
+
+
 def lane_threads(lanes: int) -> int:
     """``run.threads`` of each run of a sweep with ``lanes`` lanes: the usable CPUs split evenly."""
     return max(1, usable_cpus() // lanes)
 
 
-def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float = 2.0,
-              report_every: float = 60.0, log=print) -> dict[str, str]:
-    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``."""
+def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
+              poll_seconds: float = 2.0, report_every: float = 60.0, log=print) -> dict[str, str]:
+    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``.
+    ``only``: run just the jobs of these tags (the others are neither started nor touched)."""
+    jobs = select_jobs(sweep, only)
     sweep.out.mkdir(parents=True, exist_ok=True)
     threads = lane_threads(sweep.lanes)
-    initial = {j.name: job_status(j) for j in sweep.jobs}
-    for j in sweep.jobs:
+    initial = {j.name: job_status(j) for j in jobs}
+    for j in jobs:
         if initial[j.name] == "stale":
             log(f"skipped {j.name}: its run directory holds another config than the sweep file (with its --set) asks for "
                 f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
         if initial[j.name] == "running":
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {_lock_path(j)})")
-    todo = [j for j in sweep.jobs if initial[j.name] in ("new", "interrupted", "extend")
+    todo = [j for j in jobs if initial[j.name] in ("new", "interrupted", "extend")
             or (retry_failed and initial[j.name] == "failed")]
-    skipped = len(sweep.jobs) - len(todo)
-    log(f"sweep {sweep.name}: {len(sweep.jobs)} runs, {skipped} already completed or failed, {len(todo)} to run "
+    skipped = len(jobs) - len(todo)
+    chosen = f" (--only {', '.join(only)}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
+    log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped} already completed or failed, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
     outcome: dict[str, str] = {}
@@ -368,9 +384,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, poll_seconds: float =
                 outcome[name] = status
             if running and time.monotonic() - last_report >= report_every:
                 last_report = time.monotonic()
-                done = sum(job_status(j) == "completed" for j in sweep.jobs)
+                done = sum(job_status(j) == "completed" for j in jobs)
                 now = ", ".join(f"{n} (round {_rounds_done(j)})" for n, (j, _, _) in running.items())
-                log(f"{time.strftime('%H:%M:%S')} {done}/{len(sweep.jobs)} completed; running: {now}")
+                log(f"{time.strftime('%H:%M:%S')} {done}/{len(jobs)} completed; running: {now}")
     except BaseException as e:
         # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
         # SIGTERM (`fedhet run` stops on it like after Ctrl-C: summary and checkpoints kept; a
