@@ -122,7 +122,7 @@ def test_only_runs_the_named_tags_and_the_table_shows_every_completed_run(tmp_pa
     assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == [
         str(tmp_path / "out" / "fedprox_s0"), str(tmp_path / "out" / "fedprox_s1")]
     assert cli_main(["sweep", str(path), "--only", "fedprox"]) == 0
-    assert "2 runs (--only fedprox: 2 of 3)" in capsys.readouterr().err
+    assert "2 runs (--only fedprox: 2 of 3), none left alone, 2 to run" in capsys.readouterr().err
     sweep = load_sweep(path)
     assert {j.name: job_status(j) for j in sweep.jobs} == {
         "fedavg_s0": "new", "fedprox_s0": "completed", "fedprox_s1": "completed"}
@@ -150,7 +150,7 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
     before = {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
     messages = []
     outcome = run_sweep(load_sweep(path), log=messages.append, poll_seconds=0.2)
-    assert outcome == {} and "0 to run" in messages[0]
+    assert outcome == {} and "3 runs, 2 completed, 1 failed left alone, 0 to run" in messages[0]
     assert before == {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
 
 
@@ -254,6 +254,7 @@ def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_p
     outcome = run_sweep(sweep, log=messages.append, poll_seconds=0.2)
     assert outcome == {dead.name: "completed"}
     assert any(f"skipped {held.name}: another sweep process runs it" in m for m in messages)
+    assert any("2 runs, 1 running left alone, 1 to run" in m for m in messages)
     assert not (sweep.out / f"{dead.name}.lock").exists() and not held.run_dir.exists()
 
 

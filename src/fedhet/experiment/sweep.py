@@ -327,9 +327,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {_lock_path(j)})")
     todo = [j for j in jobs if initial[j.name] in ("new", "interrupted", "extend")
             or (retry_failed and initial[j.name] == "failed")]
-    skipped = len(jobs) - len(todo)
+    left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
+    skipped = ", ".join(f"{left.count(s)} {s}" for s in ("completed", "failed", "stale", "running") if s in left)
     chosen = f" (--only {', '.join(only)}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
-    log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped} already completed or failed, {len(todo)} to run "
+    log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
     outcome: dict[str, str] = {}
