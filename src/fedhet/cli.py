@@ -181,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(run.engine, run.workers, ...), which a resumed run keeps from its recording (the "
                          "sweep says which)")
     sw.add_argument("--only", action="append", metavar="TAG",
-                    help="run only the runs of this tag (repeatable), e.g. --only fedpac; the table still "
-                         "shows every completed run of the sweep")
+                    help="run only the runs of this tag or grid group (repeatable), e.g. --only fedpac; the "
+                         "table still shows every completed run of the sweep; the exit status counts only "
+                         "these runs")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.set_defaults(func=_cmd_sweep)

@@ -113,22 +113,37 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config):
 
 
 def test_only_runs_the_named_tags_and_the_table_shows_every_completed_run(tmp_path, small_config, capsys):
-    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"seeds": [0, 1]})],
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"seeds": [0, 1]}),
+                                                ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})],
                        set=["train.rounds=1"])
     assert cli_main(["sweep", str(path), "--only", "fedpac"]) == 2
-    assert "--only fedpac: no run of sweep 'tiny' has this tag; its tags: fedavg, fedprox" in capsys.readouterr().err
+    assert "--only fedpac: no run of sweep 'tiny' has this tag; its tags and groups: broken, fedavg, fedprox" \
+        in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert cli_main(["sweep", str(path), "--only", "fedprox", "--list"]) == 0
     assert [line.split()[1] for line in capsys.readouterr().out.splitlines()] == [
         str(tmp_path / "out" / "fedprox_s0"), str(tmp_path / "out" / "fedprox_s1")]
-    assert cli_main(["sweep", str(path), "--only", "fedprox"]) == 0
-    assert "2 runs (--only fedprox: 2 of 3), none left alone, 2 to run" in capsys.readouterr().err
+    assert cli_main(["sweep", str(path), "--only", "broken"]) == 1
+    capsys.readouterr()
+    # another tag's failed run neither runs again nor sets the exit status of an --only sweep
+    assert cli_main(["sweep", str(path), "--only", "fedprox", "--only", "fedprox"]) == 0
+    assert "2 runs (--only fedprox: 2 of 4), none left alone, 2 to run" in capsys.readouterr().err
     sweep = load_sweep(path)
     assert {j.name: job_status(j) for j in sweep.jobs} == {
-        "fedavg_s0": "new", "fedprox_s0": "completed", "fedprox_s1": "completed"}
+        "fedavg_s0": "new", "fedprox_s0": "completed", "fedprox_s1": "completed", "broken_s0": "failed"}
     assert cli_main(["sweep", str(path), "--only", "fedavg"]) == 0
     table = (sweep.out / "sweep.md").read_text()
-    assert "| fedavg | fedavg |" in table and "| fedprox | fedprox |" in table and "Not completed" not in table
+    assert "| fedavg | fedavg |" in table and "| fedprox | fedprox |" in table and "`broken_s0`: failed" in table
+    assert not list(sweep.out.glob(".sweep.md.*"))
+
+
+def test_only_takes_a_run_entrys_tag_or_one_of_its_grid_groups(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], grid={"train.lr": [0.05, 0.1]})
+    for only, expected in ((["fedprox"], ["fedprox_lr0.05_s0", "fedprox_lr0.1_s0"]),
+                           (["fedavg_lr0.1"], ["fedavg_lr0.1_s0"]),
+                           (["fedavg_lr0.1", "fedprox"], ["fedavg_lr0.1_s0", "fedprox_lr0.05_s0", "fedprox_lr0.1_s0"])):
+        assert cli_main(["sweep", str(path), "--list", *(a for name in only for a in ("--only", name))]) == 0
+        assert [line.split()[1].rsplit("/", 1)[1] for line in capsys.readouterr().out.splitlines()] == expected
 
 
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
@@ -254,7 +269,7 @@ def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_p
     outcome = run_sweep(sweep, log=messages.append, poll_seconds=0.2)
     assert outcome == {dead.name: "completed"}
     assert any(f"skipped {held.name}: another sweep process runs it" in m for m in messages)
-    assert any("2 runs, 1 running left alone, 1 to run" in m for m in messages)
+    assert any("2 runs, 1 running elsewhere left alone, 1 to run" in m for m in messages)
     assert not (sweep.out / f"{dead.name}.lock").exists() and not held.run_dir.exists()
 
 

@@ -31,6 +31,10 @@ it was evaluated whatever ``eval.every`` says, and FedFM-Lite uploaded the model
 (``model_every``). While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
 sweep over the same folder sees the job as ``running`` and leaves it alone (a lock whose process
 is gone is ignored).
+``--only TAG`` (repeatable) starts, resumes or retries just the runs of that tag (a run entry's tag,
+or one grid group); the others are left as they are, the table still covers every completed run of
+the sweep, and the exit status counts only the chosen runs. Two sweep processes with different
+``--only`` over one folder share it safely (the locks above).
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group) and ``sweep.png``.
@@ -63,6 +67,7 @@ class Job:
     config: Path
     overrides: list[str]
     run_dir: Path
+    run_tag: str = ""         # the sweep file's tag of the run entry (the group name without a grid suffix)
 
     @property
     def name(self) -> str:
@@ -159,7 +164,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                                       "give the runs different tags")
                 seen[run_dir] = where
                 overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
-                jobs.append(Job(group, int(seed), config, overrides, run_dir))
+                jobs.append(Job(group, int(seed), config, overrides, run_dir, tag))
     paired = raw.get("paired")
     if paired is not None and str(paired) not in {j.tag for j in jobs}:
         raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
@@ -294,16 +299,18 @@ def _rounds_done(job: Job) -> int:
 
 
 def select_jobs(sweep: Sweep, only: list[str] | None) -> list[Job]:
-    """The jobs of the groups named in ``only`` (the command line's ``--only``; all jobs without it).
-    A name that is no group of the sweep is an error that lists the groups."""
+    """The jobs named by ``only`` (the command line's ``--only``; all jobs without it): a run
+    entry's tag (every grid point of it) or one group (tag plus grid suffix, as in the run folder
+    names). A name that is neither is an error that lists the sweep's names."""
     if not only:
         return list(sweep.jobs)
-    groups = {j.tag for j in sweep.jobs}
-    unknown = [name for name in only if name not in groups]
+    wanted = set(only)
+    names = {j.tag for j in sweep.jobs} | {j.run_tag for j in sweep.jobs}
+    unknown = [name for name in dict.fromkeys(only) if name not in names]
     if unknown:
         raise ConfigError(f"--only {', '.join(unknown)}: no run of sweep {sweep.name!r} has this tag; "
-                          f"its tags: {', '.join(sorted(groups))}")
-    return [j for j in sweep.jobs if j.tag in set(only)]
+                          f"its tags and groups: {', '.join(sorted(names))}")
+    return [j for j in sweep.jobs if j.tag in wanted or j.run_tag in wanted]
 
 
 def lane_threads(lanes: int) -> int:
@@ -328,8 +335,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     todo = [j for j in jobs if initial[j.name] in ("new", "interrupted", "extend")
             or (retry_failed and initial[j.name] == "failed")]
     left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
-    skipped = ", ".join(f"{left.count(s)} {s}" for s in ("completed", "failed", "stale", "running") if s in left)
-    chosen = f" (--only {', '.join(only)}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
+    skipped = ", ".join(f"{left.count(s)} {s}{' elsewhere' if s == 'running' else ''}"
+                        for s in ("completed", "failed", "stale", "running") if s in left)
+    chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
@@ -486,5 +494,7 @@ def write_report(sweep: Sweep) -> str:
     if missing:
         lines += ["", "Not completed:", ""] + [f"- `{name}`: {status}" for name, status in missing]
     text = "\n".join(lines) + "\n"
-    (sweep.out / "sweep.md").write_text(text)
+    partial = sweep.out / f".sweep.md.{os.getpid()}"   # two sweeps over one folder (--only) never tear it
+    partial.write_text(text)
+    os.replace(partial, sweep.out / "sweep.md")
     return text
