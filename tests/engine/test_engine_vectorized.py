@@ -128,7 +128,8 @@ def assert_model_close(a, b):
     assert diff <= MODEL_RTOL * torch.cat([a[k].flatten() for k in keys]).norm()
 
 
-def run_both(cfg, rounds=2, bn=False, algorithm=None):
+def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None):
+    """Both engines side by side; ``after_round(rnd, loop)`` may edit each loop's state in between."""
     fed = build_federation(cfg.data, cfg.seed)
     ref = build(cfg, "reference", bn, copy.deepcopy(algorithm), fed)
     vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed)
@@ -137,6 +138,9 @@ def run_both(cfg, rounds=2, bn=False, algorithm=None):
         assert (a.steps, a.samples, a.phases) == (b.steps, b.samples, b.phases)
         # rel 1e-3: cnn2 kink flips (fedcme-oe-equal-nobn: 1.23161 vs 1.23124, the same at the parent commit)
         assert b.mean_train_loss() == pytest.approx(a.mean_train_loss(), rel=1e-3)
+        if after_round:
+            after_round(rnd, ref)
+            after_round(rnd, vec)
     return ref, vec
 
 
@@ -196,23 +200,21 @@ def test_fedrema_table_1_settings_equal_reference(small_config, algorithm):
     FedReMa's critical co-learning period is ended by hand after round 1 (its mean gap keeps rising
     over three rounds of this tiny federation, so Eq. 9 would not end it): round 1 aggregates heads
     by relevance (Eq. 7), rounds 2 and 3 by the dependency counts G (Eq. 10).
-    On the smooth BN CNN: on cnn2, momentum 0.9 carries kink flips into the kept buffers."""
+    On the smooth BN CNN: on cnn2, momentum 0.9 carries kink flips into the kept buffers, where they
+    grow over the rounds (FedAvg as much), beyond any tolerance that would still test the engine."""
     raw = copy.deepcopy(small_config)
     raw["data"]["partition"] = dict(UNEQUAL)
     raw["model"] = {"arch": "cnn2", "split": "fc1"}
     raw["algorithm"] = {"name": algorithm}
     raw["train"].update(clients_per_round=6, lr=0.01, momentum=0.9, drop_last=True, clip_grad_norm=10,
                         optimizer_state="keep")
-    cfg = load_config(raw=raw)
-    fed = build_federation(cfg.data, cfg.seed)
-    ref, vec = build(cfg, "reference", True, None, fed), build(cfg, "vectorized", True, None, fed)
-    for rnd in range(3):
-        a, b = ref.run_round(rnd), vec.run_round(rnd)
-        assert (a.steps, a.samples) == (b.steps, b.samples)
+
+    def end_co_learning_period(rnd, loop):
         if algorithm == "fedrema" and rnd == 0:
-            assert ref.server_state["ccp"] and vec.server_state["ccp"] and vec.server_state["G"]
-            for loop in (ref, vec):
-                loop.server_state = {**loop.server_state, "ccp": False, "ccp_end_round": 1}
+            assert loop.server_state["ccp"] and loop.server_state["G"]
+            loop.server_state = {**loop.server_state, "ccp": False, "ccp_end_round": 1}
+
+    ref, vec = run_both(load_config(raw=raw), rounds=3, bn=True, after_round=end_co_learning_period)
     assert vec.transport.counters["vectorized_requests"] > 0
     kept = [state["optimizer_state"] for state in vec.client_states.values() if state.get("optimizer_state")]
     assert kept and any(k.startswith("head.fc1.") for k in kept[0]), "no momentum kept for the fc1 head"
