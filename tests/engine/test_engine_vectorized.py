@@ -164,6 +164,10 @@ CASES = [
     # body phase after its head phase
     ("fedproto", "fedproto", {}, {}, 0.0, 0.05, 1),
     ("fedpac", "fedpac", {}, {}, 0.0, 0.05, 2),
+    # FedRS: each client's restricted-softmax weights (its own label counts) inside the vmapped term
+    ("fedrs", "fedrs", {"alpha": 0.5}, {}, 0.0, 0.05, 1),
+    # FedBABU: the body trained with the head frozen at its initialisation
+    ("fedbabu", "fedbabu", {}, {}, 0.5, 0.05, 1),
 ]
 
 
