@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Sweeps side by side on a lent GPU machine (the workplace's device tool runs this in a copy of
+# the working tree; what is under $OUT comes back), for reproductions that a CPU cannot finish:
+#   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...]' ['SWEEP_FILE ...' ...]
+# Each sweep runs with run.device=cuda and run.engine=vectorized, pinned to its own share of the
+# CPUs (evaluation runs on the CPU; the sweep splits its share between its lanes, --lanes 2), and
+# is stopped with SIGTERM after SECONDS: finished runs are complete, an unfinished one keeps its
+# last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
+# checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep ... --out`
+# on the unpacked folder; larger checkpoints, e.g. 20 clients' kept momentum, stay behind).
+# With PYTEST_SECONDS set, tests/engine/test_engine_vectorized.py runs meanwhile with its
+# vectorized side on CUDA (FEDHET_TEST_DEVICE=cuda), on 4 CPUs of its own.
+# Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
+# .devdata/fashion_mnist/ (the four .gz files), both carried.
+set -u
+deadline=${1:?usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...]" ...}
+shift
+OUT=${OUT:-/tmp/gpu_sweeps_out}
+mkdir -p "$OUT"
+# A folder of this call's own: a machine kept warm between calls still holds the last call's.
+work=$(mktemp -d /tmp/gpu_sweeps.XXXXXX)
+export PYTHONUNBUFFERED=1 FEDHET_DATA=$PWD/.devdata PYTHONPATH=$PWD/src
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
+fi
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda,
+'cudnn', torch.backends.cudnn.version(), torch.cuda.get_device_name(0))"
+  nproc; git rev-parse HEAD 2>/dev/null; date -u; } > "$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+cpus=$(nproc)
+test_cpus=0
+[ -n "${PYTEST_SECONDS:-}" ] && test_cpus=4
+share=$(( (cpus - test_cpus) / $# ))
+pids=()
+n=0
+for spec in "$@"; do
+  first=$(( n * share )); last=$(( first + share - 1 ))
+  # shellcheck disable=SC2086  # spec is a sweep file and its --only options
+  timeout -s TERM -k 30 "$deadline" taskset -c "$first-$last" python3 -m fedhet.cli sweep $spec \
+    --out "$work/sweep$n" --lanes 2 --set run.device=cuda --set run.engine=vectorized \
+    > "$OUT/sweep$n.log" 2>&1 &
+  pids+=($!)
+  echo "sweep$n on CPUs $first-$last: $spec"
+  n=$(( n + 1 ))
+done
+if [ -n "${PYTEST_SECONDS:-}" ]; then
+  FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(( cpus - 4 ))-$(( cpus - 1 ))" \
+    python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_vectorized.py > "$OUT/pytest_cuda.log" 2>&1
+  echo "pytest_cuda: exit $?"; tail -n 5 "$OUT/pytest_cuda.log"
+fi
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}"; echo "sweep$i: exit $?"; tail -n 4 "$OUT/sweep$i.log"
+  (cd "$work" && find "sweep$i" -name checkpoint.pt -size +8M) > "$work/large$i.txt"
+  tar -czf "$OUT/sweep$i.tar.gz" -X "$work/large$i.txt" -C "$work" "sweep$i"
+done
+ls -la "$OUT"
