@@ -12,9 +12,9 @@ regimes, both measured over this file's cases after 2 rounds:
   within TIGHT (observed <= 1.4e-7; SCAFFOLD controls <= 5.5e-7).
 * cnn2 (ReLU, max-pool): mostly ~1e-7 too, but now and then a pre-activation lies within
   rounding of a ReLU kink (or a max-pool tie) and the engines take different sides, moving a
-  handful of elements, usually by ~1e-6 (lr * |dL/dh| / batch), rarely by up to 1.1e-3 (see KINK). Each tensor
-  must agree within KINK (bounds such a flip) and the whole model within a relative L2 distance
-  of MODEL_RTOL (the bulk agrees to rounding).
+  handful of elements, usually by ~1e-6 (lr * |dL/dh| / batch), rarely by up to 1.1e-3 on a CPU
+  and 2.8e-3 on a GPU (see KINK). Each tensor must agree within KINK (bounds such a flip) and the
+  whole model within a relative L2 distance of MODEL_RTOL (the bulk agrees to rounding).
 
 SCAFFOLD's control variates are displacements divided by lr * steps (~0.05 * 7): they get 10x
 the parameters' tolerance. Hyper-parameters stay out of the chaotic regime: at lr 0.05 with
@@ -43,7 +43,11 @@ from fedhet.training.objective import CrossEntropy, LossTerm
 
 DEVICE = os.environ.get("FEDHET_TEST_DEVICE", "cpu")
 TIGHT = 1e-6         # atol, smooth model
-KINK = 2e-3          # atol, cnn2: ReLU/max-pool kink flips move isolated elements; measured up to 1.1e-3 after two rounds on an AVX512-BF16 CPU (fedcme-oe-equal-nobn: 2 of 524,288 fc1 weights; same losses at the parent commit)
+# atol, cnn2: ReLU/max-pool kink flips move isolated elements; measured up to 1.1e-3 after two rounds
+# on an AVX512-BF16 CPU (fedcme-oe-equal-nobn: 2 of 524,288 fc1 weights; same losses at the parent
+# commit), and up to 2.8e-3 with the vectorized side on an H200 (fedpac-unequal-nobn: 2 of 524,288
+# body.fc1.0.weight entries above 2e-3; benchmarks/results/pytest_cuda_h200_2026-11-26.log)
+KINK = 2e-3 if DEVICE == "cpu" else 4e-3
 RTOL = 1e-5
 MODEL_RTOL = 1e-3    # relative norm of the model difference; kink flips on cnn2 measured 4e-4 here (the parent commit failed 1e-5 too)
 EQUAL = {"kind": "iid"}
@@ -166,7 +170,8 @@ CASES = [
     ("fedpac", "fedpac", {}, {}, 0.0, 0.05, 2),
     # FedRS: each client's restricted-softmax weights (its own label counts) inside the vmapped term
     ("fedrs", "fedrs", {"alpha": 0.5}, {}, 0.0, 0.05, 1),
-    # FedBABU: the body trained with the head frozen at its initialisation
+    # FedBABU: the body trained with the head frozen at its initialisation (training rounds only:
+    # run_both does not evaluate, so its evaluation-only fine-tuning is not compared here)
     ("fedbabu", "fedbabu", {}, {}, 0.5, 0.05, 1),
 ]
 
