@@ -10,10 +10,15 @@
 # on the unpacked folder; larger checkpoints, e.g. 20 clients' kept momentum, stay behind).
 # With PYTEST_SECONDS set, tests/engine/test_engine_vectorized.py runs meanwhile with its
 # vectorized side on CUDA (FEDHET_TEST_DEVICE=cuda), on 4 CPUs of its own.
+# The device call's own timeout must cover SECONDS + about 90 s (setup, SIGTERM grace, tar), or
+# nothing comes back. Exit status: the worst of the sweeps' and the tests' (124: stopped at SECONDS).
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
 # .devdata/fashion_mnist/ (the four .gz files), both carried.
 set -u
-deadline=${1:?usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...]" ...}
+set -f   # the sweep specs are split into words below, never glob-expanded
+usage='usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...]" ["SWEEP_FILE ..." ...]'
+[ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
+deadline=$1
 shift
 OUT=${OUT:-/tmp/gpu_sweeps_out}
 mkdir -p "$OUT"
@@ -30,30 +35,38 @@ fi
   nproc; git rev-parse HEAD 2>/dev/null; date -u; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-cpus=$(nproc)
+# The CPUs this process may use (not necessarily 0..n-1), handed out in shares.
+read -ra allowed <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
+cpu_list() { local IFS=,; echo "${allowed[*]:$1:$2}"; }   # cpu_list START COUNT
 test_cpus=0
 [ -n "${PYTEST_SECONDS:-}" ] && test_cpus=4
-share=$(( (cpus - test_cpus) / $# ))
+share=$(( (${#allowed[@]} - test_cpus) / $# ))
+if [ "$share" -lt 1 ]; then
+  echo "gpu_sweeps.sh: ${#allowed[@]} CPUs are too few for $# sweep(s) and $test_cpus test CPUs" >&2; exit 2
+fi
+status=0
 pids=()
 n=0
 for spec in "$@"; do
-  first=$(( n * share )); last=$(( first + share - 1 ))
   # shellcheck disable=SC2086  # spec is a sweep file and its --only options
-  timeout -s TERM -k 30 "$deadline" taskset -c "$first-$last" python3 -m fedhet.cli sweep $spec \
+  timeout -s TERM -k 30 "$deadline" taskset -c "$(cpu_list $(( n * share )) "$share")" python3 -m fedhet.cli sweep $spec \
     --out "$work/sweep$n" --lanes 2 --set run.device=cuda --set run.engine=vectorized \
     > "$OUT/sweep$n.log" 2>&1 &
   pids+=($!)
-  echo "sweep$n on CPUs $first-$last: $spec"
+  echo "sweep$n on CPUs $(cpu_list $(( n * share )) "$share"): $spec"
   n=$(( n + 1 ))
 done
 if [ -n "${PYTEST_SECONDS:-}" ]; then
-  FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(( cpus - 4 ))-$(( cpus - 1 ))" \
+  FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(cpu_list $(( n * share )) 4)" \
     python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_vectorized.py > "$OUT/pytest_cuda.log" 2>&1
-  echo "pytest_cuda: exit $?"; tail -n 5 "$OUT/pytest_cuda.log"
+  rc=$?; [ $rc -gt $status ] && status=$rc
+  echo "pytest_cuda: exit $rc"; tail -n 5 "$OUT/pytest_cuda.log"
 fi
 for i in "${!pids[@]}"; do
-  wait "${pids[$i]}"; echo "sweep$i: exit $?"; tail -n 4 "$OUT/sweep$i.log"
+  wait "${pids[$i]}"; rc=$?; [ $rc -gt $status ] && status=$rc
+  echo "sweep$i: exit $rc"; tail -n 4 "$OUT/sweep$i.log"
   (cd "$work" && find "sweep$i" -name checkpoint.pt -size +8M) > "$work/large$i.txt"
   tar -czf "$OUT/sweep$i.tar.gz" -X "$work/large$i.txt" -C "$work" "sweep$i"
 done
 ls -la "$OUT"
+exit "$status"
