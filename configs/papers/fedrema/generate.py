@@ -6,10 +6,11 @@
 Setting (FedReMa paper (papers/004) Sec. 5 and the official code, seed-specs section 6): K=20
 clients, full participation, 5 overlapping groups of 3 dominant labels with an s IID share
 (``grouped_dominant``), train+test images pooled, per client ``npc`` samples split 80/20 into
-local train/test; CNN2 (MNIST/FMNIST) or the simplified AlexNet (CIFAR-10); FedReMa's classifier
-is every FC layer (``split: fc1``), the baselines' is the last Linear (PFLlib's split); E=5, batch 100, lr 0.01, SGD
-momentum 0.9, gradient clipping at 10, drop_last; T=500; personalized accuracy (every client's
-own model on its local test split), "best" = max over rounds, "final" = mean of the last 5.
+local train/test; CNN2 (MNIST/FMNIST) or the simplified AlexNet (CIFAR-10); the classifier of
+every head-based method is every FC layer (``split: fc1``, see ``config``); E=5 (Per-FedAvg: 10,
+see LOCAL_EPOCHS), batch 100, lr 0.01, SGD momentum 0.9 kept per client across rounds, gradient
+clipping at 10, drop_last; T=500; personalized accuracy (every client's own model on its local
+test split), "best" = max over rounds, "final" = mean of the last 5.
 Baselines at the paper's values: FedProx mu=1, MOON mu=1 (5 on CIFAR-10), FedProto and FedPAC
 lambda=1; the others at their defaults.
 """
@@ -78,14 +79,15 @@ VARIANTS = {
 # Local epochs per round where PFLlib (the paper's framework) differs from E=5: its Per-FedAvg
 # server calls client.train() twice a round (serverperavg.train), so 2E epochs; fedhet's Per-FedAvg
 # runs train.local_epochs once (issue 15: "Per-FedAvg with the epochs PFLlib gives it").
-LOCAL_EPOCHS = {"perfedavg": 10}
+# method -> (local epochs, the reason, written into the config)
+LOCAL_EPOCHS = {"perfedavg": (10, "2E: PFLlib's Per-FedAvg server trains each client twice a round")}
 
 HEAD_BASED = ("fedper", "fedrep", "fedbabu", "fedpac", "fedrema")
 BEST_RULE = "best personalized accuracy over 500 rounds (mean of the clients' accuracies), 5 seeds"
 
 
 def config(name: str, comment: str, ds: str, algorithm: str, options: str | None, npc: int = 600,
-           s: float = 0.2, paper: str = "", epochs: int = 5) -> str:
+           s: float = 0.2, paper: str = "", epochs: tuple[int, str] = (5, "")) -> str:
     dataset, title, arch = DATASETS[ds]
     # Like for like (issue 15): "we consider the fully connected layers of each network as
     # classifiers" (papers/004 Sec. 5.1) - every FC layer is the head of every head-based method
@@ -109,9 +111,8 @@ def config(name: str, comment: str, ds: str, algorithm: str, options: str | None
         "  local_test: {source: holdout, fraction: 0.2}\n"
         f"model: {model}\n"
         f"algorithm: {algorithm}\n"
-        + (f"# local_epochs {epochs} = 2E: PFLlib's Per-FedAvg server trains each client twice a round.\n"
-           if epochs != 5 else "")
-        + f"train: {{rounds: 500, clients_per_round: 20, local_epochs: {epochs}, batch_size: 100, lr: 0.01, momentum: 0.9,\n"
+        + (f"# local_epochs {epochs[0]} = {epochs[1]}.\n" if epochs[1] else "")
+        + f"train: {{rounds: 500, clients_per_round: 20, local_epochs: {epochs[0]}, batch_size: 100, lr: 0.01, momentum: 0.9,\n"
         "        drop_last: true, clip_grad_norm: 10, optimizer_state: keep}\n"
         "eval: {every: 1, final_window: 5}\n"
         "run: {checkpoint_every: 10}\n"
@@ -135,7 +136,7 @@ def files() -> dict[str, str]:
             out[name] = config(f"fedrema-{name}", f"Table 1: {desc}, paper {paper}", ds, algo, opts,
                                paper=paper_section("FedReMa (papers/004) Table 1", f"{title_of(ds)}, {desc}",
                                                    paper, BEST_RULE, metric="personal_acc"),
-                               epochs=LOCAL_EPOCHS.get(method, 5))
+                               epochs=LOCAL_EPOCHS.get(method, (5, "")))
     for s, row in TABLE_2.items():                                           # Table 2
         for method, paper in row.items():
             desc, algo, opts = METHODS[method]
