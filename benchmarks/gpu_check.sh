@@ -7,10 +7,9 @@
 #      (FEDHET_TEST_DEVICE=cuda) against the CPU reference, at the CPU's fp32 tolerances;
 #   3. benchmarks/engine_gpu.py: speed against the same machine's CPU engines and the device's
 #      own ceiling, and agreement with the CPU reference on real Fashion-MNIST;
-#   4. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS): a sweep on the device
-#      (run.device=cuda, run.engine=vectorized), stopped with SIGTERM at the limit, its output
-#      folder tarred into $OUT without checkpoints (too large to bring back: unfinished runs are
-#      lost with the machine, finished ones are complete).
+#   4. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
+#      on the device through benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized,
+#      stopped at the limit, its folder tarred into $OUT with the checkpoints under 8 MB).
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
 # the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
 set -u
@@ -42,13 +41,7 @@ step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m
   tests/engine/test_engine_vectorized.py
 step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
 
-if [ -n "${GPU_SWEEP:-}" ]; then
-  sweep_out=/tmp/gpu_sweep
-  step sweep "${GPU_SWEEP_SECONDS:-240}" python3 -m fedhet.cli sweep "$GPU_SWEEP" --out "$sweep_out" \
-    --lanes "${GPU_SWEEP_LANES:-6}" --set run.device=cuda --set run.engine=vectorized
-  python3 -m fedhet.cli sweep "$GPU_SWEEP" --out "$sweep_out" --list --set run.device=cuda --set run.engine=vectorized > "$OUT/sweep_status.txt" 2>&1
-  cp "$sweep_out/sweep.md" "$OUT/" 2>/dev/null
-  tar -czf "$OUT/gpu_sweep.tar.gz" --exclude=checkpoint.pt -C /tmp gpu_sweep   # checkpoints: too large to bring back
-  cat "$OUT/sweep_status.txt"
+if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
+  SWEEP_LANES="${GPU_SWEEP_LANES:-6}" bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "$GPU_SWEEP"
 fi
 ls -la "$OUT"
