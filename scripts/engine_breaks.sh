@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Breaks the vectorized engine on purpose, one way at a time, and runs the equivalence tests that
+# must catch each break (tests/engine/test_engine_vectorized.py, module docstring). Every line of
+# output must say "caught"; the engine file is restored after each break, and on exit.
+#   bash scripts/engine_breaks.sh          # about 4 minutes on 2 cores
+set -uo pipefail
+cd "$(dirname "$0")/.."
+F=src/fedhet/engine/vectorized.py
+BACKUP=$(mktemp)
+cp "$F" "$BACKUP"
+trap 'cp "$BACKUP" "$F"; rm -f "$BACKUP"' EXIT
+status=0
+brk() {  # name, text to replace (exactly once), replacement, pytest -k expression
+  .venv/bin/python - "$2" "$3" "$F" <<'PY' || { echo "engine_breaks: '$1' no longer applies: update this script" >&2; exit 2; }
+import sys
+old, new, path = sys.argv[1:]
+src = open(path).read()
+if src.count(old) != 1:
+    sys.exit(1)
+open(path, "w").write(src.replace(old, new))
+PY
+  failed=$(.venv/bin/python -m pytest -q -p no:cacheprovider tests/engine/test_engine_vectorized.py -k "$4" 2>&1 \
+           | grep -c '^FAILED')
+  cp "$BACKUP" "$F"
+  if [ "$failed" -gt 0 ]; then echo "caught  $1: $failed test(s) failed [-k '$4']"
+  else echo "MISSED  $1: every test passed [-k '$4']"; status=1; fi
+}
+brk "first client's term constants for every client" \
+    "g.batched_consts.append(self._stack(values))" "g.batched_consts.append(self._stack([values[0]] * len(values)))" \
+    "fedrs and nobn or fedlc and nobn"
+brk "frozen parameters trained" \
+    "leaves = [n for n in names if n in params and trainable(n)]" "leaves = [n for n in names if n in params]" \
+    "fedbabu and nobn or frozen"
+brk "momentum not carried across calls" \
+    "carried = first.optimizer_state is not None and n in first.optimizer_state" "carried = False" \
+    "fedacd or carried or fedrema_table"
+brk "last partial batch dropped" \
+    "yield from epoch_batches(n, s.batch_size, s.drop_last, gen)" "yield from epoch_batches(n, s.batch_size, True, gen)" \
+    "fedavg and nobn or fedprox and nobn"
+brk "a bucket's weights not written back" \
+    "                    g.weights[n].index_copy_(0, idx, w[n].detach())" "                    pass" \
+    "unequal and nobn and (fedavg or moon or scaffold)"
+exit $status
