@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 4's precision check: FedAvg in the FedCME Fashion-MNIST setting (alpha=0.5, K50 M10, E=6, B=32,
+# bf16 precision check: FedAvg in the FedCME Fashion-MNIST setting (alpha=0.5, K50 M10, E=6, B=32,
 # lr 0.01), seeds 0 and 1, fp32 vs bf16 autocast, the same ROUNDS each, one single-threaded lane.
 #   ROUNDS=15 bash benchmarks/bf16_accuracy.sh      (re-running resumes / skips finished runs)
 set -uo pipefail

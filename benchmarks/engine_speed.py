@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/engine_speed.py --quick        # smoke run: results/engine_speed_quick.*
 
 Settings (FedAvg, cnn2, Fashion-MNIST, lr 0.01, evaluation every round on the global test set and
-every client's local test split, as the acceptance of issue 4 asks):
+every client's local test split):
 
 * ``fedcme_a0.1`` / ``fedcme_a0.5``: the FedCME FMNIST setting - 50 clients, Dirichlet(alpha),
   10 clients per round, E=6, batch 32;

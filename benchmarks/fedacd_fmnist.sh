@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedACD reduced reproduction on Fashion-MNIST (issue 13): K=20, 8 clients per round (40%),
+# FedACD reduced reproduction on Fashion-MNIST: K=20, 8 clients per round (40%),
 # Dirichlet(beta) label skew, simple_cnn (FedNH's Conv2Cifar on 1x28x28), E=5, batch 64, SGD lr 0.01
 # momentum 0.9 wd 1e-5, the same for every method (configs/papers/fedacd/fmnist_b<beta>_<method>.yaml,
 # which carry the paper's protocol, T=200 on the whole training set). Compute forces these overrides,

@@ -24,7 +24,7 @@ from fedhet.experiment.summary import git_commit, machine_info
 METHODS = ["fedavg", "fedprox", "fedlc", "fedrod", "fedntd", "fednh", "fedacd_base", "fedacd"]
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedlc": "FedLC", "fedrod": "FedROD", "fedntd": "FedNTD",
           "fednh": "FedNH", "fedacd_base": "FedACD_base", "fedacd": "FedACD"}
-# CIFAR-10 Table 1 (%) and Table 3 (risk) of papers/002, by beta
+# CIFAR-10 Table 1 (%) and Table 3 (risk) of the FedACD paper (Zhou et al.), by beta
 PAPER_T1 = {"0.1": dict(fedavg=68.35, fedrod=71.12, fedlc=69.40, fedntd=70.41, fednh=68.11, fedacd=73.13),
             "0.05": dict(fedavg=60.47, fedrod=62.46, fedlc=52.71, fedntd=60.48, fednh=60.54, fedacd=63.57)}
 PAPER_T3 = {"0.1": dict(fedavg=0.57, fedacd=0.31), "0.05": dict(fedavg=0.70, fedacd=0.39)}
@@ -87,7 +87,7 @@ def main() -> int:
 
     first = next(iter(runs.values()))
     summary0 = json.loads((first / "summary.json").read_text())
-    lines = ["# FedACD reduced reproduction, Fashion-MNIST (issue 13)", "",
+    lines = ["# FedACD reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "bash benchmarks/fedacd_fmnist.sh",
              f"python benchmarks/fedacd_table.py {a.folder}", "```", "",
              "Global model on the balanced test set (Table 1's metric) and on the clients' label distributions "

@@ -1,4 +1,4 @@
-"""Cost of one round of the FedClassAvg paper's full-size federation on this machine (issue 14).
+"""Cost of one round of the FedClassAvg paper's full-size federation on this machine.
 
     .venv/bin/python benchmarks/fedclassavg_fullsize_cost.py [--threads 1]
 
@@ -80,7 +80,7 @@ def main() -> int:
                      * len(fed.test_idx[cid]) for cid in range(fed.num_clients))
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     m = machine_info()
-    lines = ["# FedClassAvg full-size federation: cost of one round on this machine (issue 14)", "",
+    lines = ["# FedClassAvg full-size federation: cost of one round on this machine", "",
              "Command:", "", "```bash", f".venv/bin/python benchmarks/fedclassavg_fullsize_cost.py --threads {a.threads}",
              "```", "", f"Config: `{CONFIG}` (fp32, pre-training off: the cost of a round after the first).", "",
              "| client | architecture | parameters | samples | local steps | train (s) | s/step | eval (s) |",
@@ -97,7 +97,7 @@ def main() -> int:
               f"Peak resident memory of this process: **{peak_mib:,.0f} MiB**, holding the data, the four models "
               f"and all 20 clients' states ({state_bytes / 2**20:,.0f} MiB of weights and BatchNorm statistics).",
               "", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}, commit {git_commit()}; other "
-              "processes may have shared the CPU (see the note in the issue's closing comment).", ""]
+              "processes may have shared the CPU.", ""]
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "fedclassavg_fullsize_cost.md").write_text("\n".join(lines) + "\n")
     (a.out / "fedclassavg_fullsize_cost.json").write_text(json.dumps(

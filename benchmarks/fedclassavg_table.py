@@ -67,7 +67,7 @@ def main() -> int:
         raise SystemExit(f"no evaluated runs of {a.sweep} under {sweep.out}")
     common = min(r["rounds"] for r in rows)      # every run has reached this round: like for like
 
-    lines = ["# FedClassAvg reduced reproduction, Fashion-MNIST (issue 14)", "",
+    lines = ["# FedClassAvg reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", f"fedhet sweep {a.sweep}", f"python benchmarks/fedclassavg_table.py {a.sweep}",
              "```", "",
              "personal_acc = mean over the 20 clients of each client's current model on its own local test set "

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedFM reduced reproduction on Fashion-MNIST (issue 12): K=10, full participation, NIID-1
+# FedFM reduced reproduction on Fashion-MNIST: K=10, full participation, NIID-1
 # (Dirichlet 0.5) and NIID-2, cnn2; FedAvg vs SCAFFOLD vs FedFM-l2 vs FedFM (CG) vs FedFM-Lite (a=2).
 # The configs (configs/papers/fedfm/fmnist_*) carry the paper's protocol (T=100, E=10, the whole
 # training set); compute forces the overrides below, the same for every method:

@@ -96,7 +96,7 @@ def main() -> int:
 
     first = json.loads(next(iter(runs.values()))[0].joinpath("summary.json").read_text())
     cfg_text = next(iter(runs.values()))[0].joinpath("config.yaml").read_text()
-    lines = ["# FedFM reduced reproduction, Fashion-MNIST (issue 12)", "",
+    lines = ["# FedFM reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "bash benchmarks/fedfm_fmnist.sh",
              f"python benchmarks/fedfm_table.py {a.folder}{' --features' if a.features else ''}", "```", "",
              "| partition | method | seeds | test acc at best val round (%) | final (%) | best (%) | "

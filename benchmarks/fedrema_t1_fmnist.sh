@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# FedReMa paper (papers/004) Table 1, Fashion-MNIST column (npc=600, s=0.2, K=20, full participation),
+# FedReMa paper (Liang et al.), Table 1, Fashion-MNIST column (npc=600, s=0.2, K=20, full participation),
 # as two single-threaded lanes (a and b). The paper runs T=500; ROUNDS says how many were run here.
 #   ROUNDS=50 bash benchmarks/fedrema_t1_fmnist.sh [a|b]   (no lane: both in parallel)
 # Re-running resumes unfinished runs and skips finished ones; then:

@@ -1,4 +1,4 @@
-"""Seconds per round of one small config in fedhet's simulator and on Flower (issue 16).
+"""Seconds per round of one small config in fedhet's simulator and on Flower.
 
 Runs FedAvg and FedCME on the same config - Fashion-MNIST, 3 clients all sampled every round,
 cnn2, one local epoch, personalized evaluation every round, one torch thread per process - in

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Baselines (issue 3) and the FedCME reproduction (issue 5) in the FedCME paper's Fashion-MNIST
+# Baselines and the FedCME reproduction in the FedCME paper's Fashion-MNIST
 # setting alpha=0.5, K=50, M=10, B=32, E=6, lr 0.01, as two single-threaded lanes (a and b).
 #   ROUNDS=25 bash benchmarks/fmnist_a0.5_k50_m10.sh [a|b]   (no lane: both in parallel)
 # The paper does not state T; the results file says which ROUNDS was used. Re-running resumes.

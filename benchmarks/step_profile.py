@@ -21,7 +21,7 @@ spread of the whole step over them is reported as min-max. The op table is ``tor
 :func:`profile` is also called by ``benchmarks/engine_speed.py``.
 
 ``--variants`` measures exactly-equivalent rewrites of the step that were candidates for
-``train_local`` (issue 18), each against the current step in one process, the order of the
+``train_local``, each against the current step in one process, the order of the
 variants rotating from one repeat to the next: every variant must give bit-identical weights and
 loss after two epochs (checked; a variant that does not is reported as such), and its speed is the
 ratio of median times over ``--repeats`` repeats (the min-max of its per-repeat ratios beside it):

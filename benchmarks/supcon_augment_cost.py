@@ -1,4 +1,4 @@
-"""What FedClassAvg's two-view SupCon augmentation costs, as a fraction of a local step (issue 14).
+"""What FedClassAvg's two-view SupCon augmentation costs, as a fraction of a local step.
 
     .venv/bin/python benchmarks/supcon_augment_cost.py [--threads 1]
 
@@ -79,7 +79,7 @@ def main() -> int:
         steps.update({arch: r["s_per_step"] for arch, r in json.loads(full_path.read_text())["per_arch"].items()})
 
     m = machine_info()
-    lines = ["# SupCon two-view augmentation: cost per local step (issue 14)", "", "Command:", "", "```bash",
+    lines = ["# SupCon two-view augmentation: cost per local step", "", "Command:", "", "```bash",
              f".venv/bin/python benchmarks/supcon_augment_cost.py --threads {a.threads}", "```", "",
              f"Augmenting one batch of {BATCH} images into two views: median **{1000 * aug:.2f} ms** over {STEPS} "
              f"batches (min {1000 * min(aug_times):.2f}, max {1000 * max(aug_times):.2f}).", "",

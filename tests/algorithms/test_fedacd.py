@@ -1,4 +1,4 @@
-"""FedACD (papers/002, seed-specs Sec. 4) against hand computations, and the local-model risk metric."""
+"""FedACD (Zhou et al.) against hand computations, and the local-model risk metric."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_flattening_gradient_with_a_detached_target_hand_computed():
     torch.testing.assert_close(g[0], p * (d - kl))
     # Found here: q is the closest distribution to p with q_y = p_y and flat wrong classes, so
     # KL's derivative through q vanishes and detaching it does not change the gradient (the
-    # spec expected an extra push on p_y without the detach).
+    # naive expectation is an extra push on p_y without the detach).
     (g2,) = torch.autograd.grad(flattening_kl(logits, torch.tensor([0]), detach_target=False, eps=0).sum(), logits)
     torch.testing.assert_close(g, g2)
 

@@ -1,4 +1,4 @@
-"""FedClassAvg (papers/003, seed-specs Sec. 5): SupCon against its formula, the views, and the protocol."""
+"""FedClassAvg (Jang et al., ICPP 2022): SupCon against its formula, the views, and the protocol."""
 
 from __future__ import annotations
 

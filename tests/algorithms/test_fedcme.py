@@ -1,4 +1,4 @@
-"""FedCME (FedCME paper (papers/000), Algorithms 1-2): matching, swap, alignment, memory, evaluation."""
+"""FedCME (Nie et al., Algorithms 1-2): matching, swap, alignment, memory, evaluation."""
 
 import copy
 

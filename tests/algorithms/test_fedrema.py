@@ -1,4 +1,4 @@
-"""FedReMa (FedReMa paper (papers/004), Algorithms 1-2, Eq. 5-10): MDS, CCP, G, personalization."""
+"""FedReMa (Liang et al., Algorithms 1-2, Eq. 5-10): MDS, CCP, G, personalization."""
 
 import math
 
@@ -233,9 +233,9 @@ def _fedrema_loop(small_config):
 
 
 def test_kept_momentum_is_what_the_next_round_trains_with(small_config):
-    """FedReMa keeps each client's SGD momentum across rounds (spec decision; train.optimizer_state
-    auto): the buffers stored after one round must be the optimizer state the client's next
-    training starts from."""
+    """FedReMa keeps each client's SGD momentum across rounds (as the official code, which creates
+    its optimizer once; train.optimizer_state auto): the buffers stored after one round must be the
+    optimizer state the client's next training starts from."""
     from fedhet.engine.host import OPTIMIZER_STATE, Job, Tally
 
     loop = _fedrema_loop(small_config)

@@ -216,7 +216,7 @@ def test_niid2_fmnist_counts():
 
 
 def test_niid2_cifar100_ten_dominant_classes_per_client():
-    # FedFM's CIFAR-100 NIID-2 (seed-specs 3.3): 500 per class -> shards of 10; client i holds 20
+    # FedFM's CIFAR-100 NIID-2 (the authors' code): 500 per class -> shards of 10; client i holds 20
     # shards of each of classes 10i..10i+9 and 3 shards of every class.
     labels = balanced(100, 500)
     parts = partition("niid2", labels, 10, 0)

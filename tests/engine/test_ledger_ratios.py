@@ -1,6 +1,6 @@
 """Communication and persistent client memory per method, against the FedFM paper's Table VI.
 
-Table VI (papers/001) gives bandwidth in model-sized units relative to FedAvg: FedAvgM, FedProx,
+Table VI gives bandwidth in model-sized units relative to FedAvg: FedAvgM, FedProx,
 FedDyn, FedNova and MOON communicate like FedAvg (1x), SCAFFOLD twice (its control variates
 travel both ways). The memory a client keeps between rounds: SCAFFOLD its c_i, FedDyn its
 gradient state, MOON its previous model (one model each); FedAvg-like methods nothing.

@@ -30,7 +30,7 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
     cfg = load_config(path)
     algorithm = make_algorithm(cfg)
     head = path.read_text().splitlines()[0]
-    assert head.startswith("# FedACD paper (papers/002)")
+    assert head.startswith("# FedACD paper (Zhou et al.)")
     if path.stem.startswith("cifar10_") and path.stem.endswith(("_fedavg", "_fedacd", "_fedrod", "_fedlc")):
         assert "Table 1" in head and "%" in head
     assert cfg.data.num_clients == 20 and cfg.train.clients_per_round == 8

@@ -27,7 +27,7 @@ def test_the_generator_wrote_every_file():
 def test_config_parses_builds_its_method_and_states_its_number(path):
     cfg = load_config(path)
     head = path.read_text().splitlines()[0]
-    assert head.startswith("# FedClassAvg paper (papers/003), Table")
+    assert head.startswith("# FedClassAvg paper (Jang et al., ICPP 2022), Table")
     assert make_algorithm(cfg).name == cfg.algorithm.name
     assert cfg.train.optimizer == "adam" and cfg.train.betas == (0.5, 0.999) and cfg.train.local_epochs == 1
     if path.stem.startswith(("t2_", "t4_")):

@@ -28,7 +28,7 @@ def test_the_generator_wrote_every_file():
 def test_config_parses_and_states_its_number(path):
     cfg = load_config(path)
     head = path.read_text().splitlines()[0]
-    assert head.startswith("# FedFM paper (papers/001)")
+    assert head.startswith("# FedFM paper (Ye et al.)")
     if not path.name.startswith("fmnist"):
         assert "paper " in head and "%" in head                     # the number it corresponds to
     assert cfg.data.num_clients == 10 and cfg.train.clients_per_round == 10

@@ -1,11 +1,11 @@
 """The Flower apps, in-process: the real ServerApp and ClientApp objects through a fake Grid.
 
 No sockets and no Flower runtime: :class:`InProcGrid` hands every pushed message to the
-ClientApp of its destination node at once (flower-notes §5.3), after a serialization round trip
+ClientApp of its destination node at once, after a serialization round trip
 of the content and of each node's ``context.state`` (what Flower's deployment runtime does
 between processes), so encoding bugs show here too. A fresh ``Context`` object is made for
 every message, like the new ``flwr-clientapp`` process of a deployment. The real transport is
-covered by tests/test_flower_deploy.py.
+covered by tests/flower/test_flower_deploy.py.
 
 Equivalence: with every client answering, a run over Flower must leave the same server state
 (bit for bit) and the same metrics as the reference simulator for the same config and seed.

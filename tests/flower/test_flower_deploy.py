@@ -2,7 +2,7 @@
 
 Each test starts its own SuperLink and SuperNodes (free ports, FLWR_HOME in tmp_path), so they
 take about a minute each (Flower polls every few seconds and starts a fresh ClientApp process,
-which imports torch, for every message; flower-notes §4.2). They run in the default ``pytest``
+which imports torch, for every message). They run in the default ``pytest``
 invocation; ``-m "not deploy"`` leaves them out.
 """
 

@@ -20,7 +20,7 @@ from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 T = torch.tensor
-KINK = 5e-5      # cnn2 (ReLU, max-pool): see tests/test_engine_vectorized.py
+KINK = 5e-5      # cnn2 (ReLU, max-pool): see tests/engine/test_engine_vectorized.py
 RTOL = 1e-5
 
 

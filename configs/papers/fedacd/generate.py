@@ -3,7 +3,7 @@
     python configs/papers/fedacd/generate.py          # writes next to this file
     python configs/papers/fedacd/generate.py --check  # exit 1 if a file differs from what it would write
 
-Protocol of every config (FedACD paper (papers/002) Sec. 5.1; seed-specs 4.4): K=20 clients,
+Protocol of every config (FedACD paper (Zhou et al.) Sec. 5.1): K=20 clients,
 40% participation (8 per round), Dirichlet(beta) label skew, T=200 rounds, E=5 local epochs,
 batch 64, SGD lr 0.01, momentum 0.9 (fresh each round), weight decay 1e-5 (1e-3 on
 Tiny-ImageNet). CIFAR: the simple CNN of FedNH (``simple_cnn`` = Conv2Cifar); Tiny-ImageNet:
@@ -90,8 +90,8 @@ def render(dataset: str, beta: str, method: str) -> str:
     if dataset == "cifar100" and method == "feddecorr":   # the FedDecorr repository's CIFAR-100 script
         desc, algo = "FedDecorr (coefficient 0.05: its CIFAR-100 script)", "{name: feddecorr, params: {decorr_beta: 0.05}}"
     number = paper(dataset, beta, method)
-    head = (f"# FedACD paper (papers/002): {desc}; paper: {number}." if number
-            else f"# FedACD paper (papers/002) protocol, no paper number for this cell: {desc}.")
+    head = (f"# FedACD paper (Zhou et al.): {desc}; paper: {number}." if number
+            else f"# FedACD paper (Zhou et al.) protocol, no paper number for this cell: {desc}.")
     return "\n".join([
         head,
         f"# {dataset} Dirichlet beta={beta}, {note}.",

@@ -3,7 +3,8 @@
     python configs/papers/fedclassavg/generate.py          # writes next to this file
     python configs/papers/fedclassavg/generate.py --check  # exit 1 if a file differs from what it would write
 
-Protocol (FedClassAvg paper (papers/003) Sec. 5 and Table 1; seed-specs Sec. 5): 20 clients, all
+Protocol (FedClassAvg paper (Jang et al., ICPP 2022) Sec. 5 and Table 1, and the authors' code
+hukla/FedClassAvg): 20 clients, all
 sampled every round (Table 3's 100-client column: 10%), one local epoch, batch 64 (drop_last as the
 code), Adam with betas (0.5, 0.999) fresh each round - lr 6e-4 and rho 0.4662 on Fashion-MNIST,
 1e-4 / 0.1 on CIFAR-10, 5e-4 / 0.1 on EMNIST (Table 1) - for every method of a table (like for like).
@@ -84,7 +85,7 @@ PAPER = {
 }
 
 
-# The ± of Table 2 (std over clients), where the issue quotes it.
+# The ± of Table 2 (std over clients), for the two FedClassAvg cells on Fashion-MNIST.
 STD = {("2", "fmnist", "dir0.5", "fedclassavg", 20): 0.0308, ("2", "fmnist", "skewed", "fedclassavg", 20): 0.0281}
 
 
@@ -99,8 +100,8 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
     desc, algo = METHODS[method]
     algo = algo.replace("RHO", f"rho: {rho}")
     number = PAPER.get((table, dataset, partition, method, clients))
-    head = (f"# FedClassAvg paper (papers/003), Table {table}: {desc}, paper {number:.4f}."
-            if number is not None else f"# FedClassAvg paper (papers/003), Table {table} protocol, no paper number: {desc}.")
+    head = (f"# FedClassAvg paper (Jang et al., ICPP 2022), Table {table}: {desc}, paper {number:.4f}."
+            if number is not None else f"# FedClassAvg paper (Jang et al., ICPP 2022), Table {table} protocol, no paper number: {desc}.")
     homogeneous = table == "3"
     arch = "fca_resnet18" if homogeneous else HETERO
     # FedProto's prototypes are the classifier's inputs (both references): the ReLU of the head
@@ -127,7 +128,7 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
         "eval: {every: 1, final_window: 5}",
         "run: {checkpoint_every: 10}",
         "",
-    ]) + (paper_section(f"FedClassAvg (papers/003) Table {table}",
+    ]) + (paper_section(f"FedClassAvg (Jang et al., ICPP 2022) Table {table}",
                         f"{dataset} {partition}, {clients} clients, {desc}", f"{number}" + (
                             f"±{STD[(table, dataset, partition, method, clients)]}"
                             if (table, dataset, partition, method, clients) in STD else ""),

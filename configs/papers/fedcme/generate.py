@@ -7,7 +7,7 @@ Cells: dataset x alpha {0.1, 0.5} x (K, M, B) in {(50,10,32), (50,20,32), (80,20
 E=6, lr 0.01, T=100 (not stated in the paper), methods FedAvg, FedProx(0.1/0.01), MOON,
 FedRS(0.1/0.5), FedCME(0.1/0.01), plus the ablations with paper numbers: FedCME-OE on FMNIST
 alpha=0.5 K50 M10 (no paper number), and FedCME-OL/OE on CIFAR-10 alpha=0.1 K50 M20 / K80 M30
-(Table IV). Paper numbers: FedCME paper (papers/000), Tables II and IV (mean +- std, %).
+(Table IV). Paper numbers: FedCME paper (Nie et al.), Tables II and IV (mean +- std, %).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ METHODS = {
     "fedavg": ("FedAvg baseline", "{name: fedavg}", None),
     "fedprox_mu0.1": ("FedProx (mu=0.1)", "{name: fedprox, params: {mu: 0.1}}", None),
     "fedprox_mu0.01": ("FedProx (mu=0.01)", "{name: fedprox, params: {mu: 0.01}}", None),
-    "moon": ("MOON (mu=1, tau=0.5, 256-d projection; not stated in the paper, seed-specs decision 6)",
+    "moon": ("MOON (mu=1, tau=0.5, 256-d projection; not stated in the paper, fedhet's choice)",
              "{name: moon, params: {mu: 1.0, tau: 0.5}}", "{projection_dim: 256}"),
     "fedrs_a0.1": ("FedRS (alpha=0.1)", "{name: fedrs, params: {alpha: 0.1}}", None),
     "fedrs_a0.5": ("FedRS (alpha=0.5)", "{name: fedrs, params: {alpha: 0.5}}", None),
@@ -104,8 +104,8 @@ def render(ds: str, alpha: float, k: int, m: int, b: int, method: str) -> tuple[
     stem = f"{ds}_a{alpha}_k{k}_m{m}_{method}"
     model = f"{{arch: {arch}, options: {options}}}" if options else f"{{arch: {arch}}}"
     text = (
-        f"# FedCME paper (papers/000), {table}, {pretty}, alpha={alpha}, K={k}, M={m}, B={b}: {desc}.\n"
-        f"# {reported} and does not state T; fedhet uses T=100 (seed-specs decision 6).\n"
+        f"# FedCME paper (Nie et al.), {table}, {pretty}, alpha={alpha}, K={k}, M={m}, B={b}: {desc}.\n"
+        f"# {reported} and does not state T; fedhet uses T=100.\n"
         f"name: fedcme-{stem.replace('_', '-')}\n"
         f"seed: 0\n"
         f"data:\n"
@@ -120,9 +120,9 @@ def render(ds: str, alpha: float, k: int, m: int, b: int, method: str) -> tuple[
         f"run: {{checkpoint_every: 10}}\n"
     )
     if number:
-        text += paper_section(f"FedCME (papers/000) {table}", f"{pretty}, alpha={alpha}, K={k}, M={m}: {desc}",
-                              number, "mean of the last 5 rounds' global test accuracy, ± over 3 seeds (seed-specs "
-                              "decision 6; T not stated)", metric="global_acc")
+        text += paper_section(f"FedCME (Nie et al.) {table}", f"{pretty}, alpha={alpha}, K={k}, M={m}: {desc}",
+                              number, "mean of the last 5 rounds' global test accuracy, ± over 3 seeds (the paper "
+                              "does not state T; fedhet uses T=100)", metric="global_acc")
     return stem + ".yaml", text
 
 

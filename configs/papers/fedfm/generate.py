@@ -3,7 +3,7 @@
     python configs/papers/fedfm/generate.py          # writes next to this file
     python configs/papers/fedfm/generate.py --check  # exit 1 if a file differs from what it would write
 
-Protocol of every config (FedFM paper (papers/001) Sec. VII-A; seed-specs 3.2-3.4): K=10 clients,
+Protocol of every config (FedFM paper (Ye et al.) Sec. VII-A and the authors' code): K=10 clients,
 full participation, T=100 rounds, E=10 local epochs, batch 64 (drop_last as the code), SGD lr
 0.01, momentum 0.9 (fresh each round), weight decay 1e-5; 20% of every client's data held out
 for validation; the reported number is the test accuracy at the best-validation round
@@ -45,7 +45,7 @@ DATASETS = {
     "cifar100": ("cifar100", "{arch: resnet50, options: {stem: imagenet}}",
                  "ResNet-50 with the 7x7 stem; the paper augments CIFAR-100 (crop, flip, rotation), fedhet does not"),
     "fmnist": ("fashion_mnist", "{arch: cnn2}", "proxy: no paper number (the paper has no Fashion-MNIST results); "
-               "cnn2 features = the 512-d fc1 output (seed-specs 3.1 [D])"),
+               "cnn2 features = the 512-d fc1 output (fedhet's choice)"),
 }
 
 PARTITIONS = {
@@ -90,8 +90,8 @@ def render(dataset: str, partition: str, method: str) -> str:
     part_desc, part_yaml = PARTITIONS[partition]
     desc, algo = METHODS[method]
     table, number = PAPER.get((dataset, partition, method), (None, None))
-    head = (f"# FedFM paper (papers/001), {table}: {desc}, paper {number:.2f}%."
-            if table else f"# FedFM paper (papers/001) protocol, no paper number for this cell: {desc}.")
+    head = (f"# FedFM paper (Ye et al.), {table}: {desc}, paper {number:.2f}%."
+            if table else f"# FedFM paper (Ye et al.) protocol, no paper number for this cell: {desc}.")
     return "\n".join([
         head,
         f"# {dataset} {part_desc}; {DATASETS[dataset][2]}. Reported: test accuracy at the best-validation round.",

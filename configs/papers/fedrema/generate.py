@@ -3,7 +3,7 @@
     python configs/papers/fedrema/generate.py          # writes next to this file
     python configs/papers/fedrema/generate.py --check  # exit 1 if a file differs from what it would write
 
-Setting (FedReMa paper (papers/004) Sec. 5 and the official code, seed-specs section 6): K=20
+Setting (FedReMa paper (Liang et al.) Sec. 5 and the official code): K=20
 clients, full participation, 5 overlapping groups of 3 dominant labels with an s IID share
 (``grouped_dominant``), train+test images pooled, per client ``npc`` samples split 80/20 into
 local train/test; CNN2 (MNIST/FMNIST) or the simplified AlexNet (CIFAR-10); the classifier of
@@ -78,7 +78,7 @@ VARIANTS = {
 
 # Local epochs per round where PFLlib (the paper's framework) differs from E=5: its Per-FedAvg
 # server calls client.train() twice a round (serverperavg.train), so 2E epochs; fedhet's Per-FedAvg
-# runs train.local_epochs once (issue 15: "Per-FedAvg with the epochs PFLlib gives it").
+# runs train.local_epochs once, so its configs set the epochs PFLlib gives it.
 # method -> (local epochs, the reason, written into the config)
 LOCAL_EPOCHS = {"perfedavg": (10, "2E: PFLlib's Per-FedAvg server trains each client twice a round")}
 
@@ -89,16 +89,16 @@ BEST_RULE = "best personalized accuracy over 500 rounds (mean of the clients' ac
 def config(name: str, comment: str, ds: str, algorithm: str, options: str | None, npc: int = 600,
            s: float = 0.2, paper: str = "", epochs: tuple[int, str] = (5, "")) -> str:
     dataset, title, arch = DATASETS[ds]
-    # Like for like (issue 15): "we consider the fully connected layers of each network as
-    # classifiers" (papers/004 Sec. 5.1) - every FC layer is the head of every head-based method
+    # Like for like: "we consider the fully connected layers of each network as
+    # classifiers" (Liang et al., Sec. 5.1) - every FC layer is the head of every head-based method
     # (FedReMa's main.py too). FedProto keeps PFLlib's split (its prototypes are the last Linear's
     # input, as its nearest-prototype evaluation needs); for the other methods the split is moot.
     head_based = any(f"name: {m}" in algorithm for m in HEAD_BASED)
     split = ", split: fc1" if head_based else (", split: fc3" if ds == "cifar10" else "")
     model = f"{{arch: {arch}{split}" + (f", options: {options}" if options else "") + "}"
     return (
-        f"# FedReMa paper (papers/004), {comment}. {title}, K=20, npc={npc}, s={s}.\n"
-        f"# Paper protocol: T=500, personalized accuracy, best over rounds (seed-specs section 6).\n"
+        f"# FedReMa paper (Liang et al.), {comment}. {title}, K=20, npc={npc}, s={s}.\n"
+        f"# Paper protocol: T=500, personalized accuracy, best over rounds.\n"
         f"# Like for like: every FC layer is the classifier of the head-based methods; every method keeps one\n"
         f"# optimizer per client across rounds (train.optimizer_state: keep, FedReMa's reference).\n"
         f"name: {name}\n"
@@ -134,7 +134,7 @@ def files() -> dict[str, str]:
             paper = TABLE_1[method].split()[col]
             name = f"t1_{ds}_{method}"
             out[name] = config(f"fedrema-{name}", f"Table 1: {desc}, paper {paper}", ds, algo, opts,
-                               paper=paper_section("FedReMa (papers/004) Table 1", f"{title_of(ds)}, {desc}",
+                               paper=paper_section("FedReMa (Liang et al.) Table 1", f"{title_of(ds)}, {desc}",
                                                    paper, BEST_RULE, metric="personal_acc"),
                                epochs=LOCAL_EPOCHS.get(method, (5, "")))
     for s, row in TABLE_2.items():                                           # Table 2
@@ -142,13 +142,13 @@ def files() -> dict[str, str]:
             desc, algo, opts = METHODS[method]
             name = f"t2_cifar10_s{s}_{method}"
             out[name] = config(f"fedrema-{name}", f"Table 2: {desc}, paper {paper}", "cifar10", algo, opts, npc=100, s=s,
-                               paper=paper_section("FedReMa (papers/004) Table 2", f"CIFAR-10 npc=100 s={s}, {desc}",
+                               paper=paper_section("FedReMa (Liang et al.) Table 2", f"CIFAR-10 npc=100 s={s}, {desc}",
                                                    paper, BEST_RULE, metric="personal_acc"))
     for delta, (best, final, ccp) in TABLE_3.items():                        # Table 3
         name = f"t3_cifar10_delta{delta}"
         out[name] = config(f"fedrema-{name}", f"Table 3: FedReMa delta={delta}, paper best {best}, final {final}, "
                            f"CCP {ccp} rounds", "cifar10", f"{{name: fedrema, params: {{delta: {delta}}}}}", None,
-                           paper=paper_section("FedReMa (papers/004) Table 3", f"CIFAR-10, FedReMa delta={delta}",
+                           paper=paper_section("FedReMa (Liang et al.) Table 3", f"CIFAR-10, FedReMa delta={delta}",
                                                best, BEST_RULE + f" (final: {final}; CCP {ccp} rounds)",
                                                metric="personal_acc"))
     for key, (desc, algo) in VARIANTS.items():                              # Tables 4-5

@@ -1,7 +1,8 @@
 """FedACD (Zhou, Ding, Li, Wang): local models that adapt to every client's distribution.
 
-Paper: shared/papers/002 (formulas from the raw LaTeX), spec: shared/specs/seed-specs.md Sec. 4
-(decisions [D] marked below). No public code exists.
+Paper: Zhou et al., "Enhancing the Performance of Global Model by Improving the Adaptability of
+Local Models in Federated Learning". No public code exists; fedhet's own decisions where the paper
+is silent are marked [D] below.
 
 Local probability matrix (Sec. 4.1): ``P_ij`` = mean softmax probability of class j over the
 client's samples of class i. ``P_ii = 1 - eps_i``; rows of classes the client lacks are undefined.
@@ -13,18 +14,18 @@ Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mix
   built from the detached prediction ([D] ``detach_target``), batch mean: the misclassified mass
   is spread evenly over the wrong classes. (The switch changes no gradient: this q is the closest
   distribution to p among those with ``q_y = p_y`` and flat wrong classes, so the derivative of
-  the KL through q is zero - tests/algorithms/test_fedacd.py checks it; the spec expected otherwise.)
+  the KL through q is zero - tests/algorithms/test_fedacd.py checks it.)
 * L2, pairwise logit adjustment (Eq. 8): ``CE(f + log Delta[y], y)`` with
   ``log Delta[y, i] = log(P_yi / P_iy)``; for a class i the client lacks ``Delta[y, i] =
   delta_missing`` ([D] 1e-2, "a small value" as in FedLC). P is clamped to ``prob_floor`` and
   ``log Delta`` clipped to ``+-log_delta_clip`` ([D]).
-* When P is estimated ([D] spec row 14): epoch 0 uses one no-grad pass of the received model over
+* When P is estimated ([D]): epoch 0 uses one no-grad pass of the received model over
   the client's un-mixed data (eval mode); every epoch accumulates the mixup-weighted softmax of
   its training forwards (the term's statistics), and the next epoch uses that estimate. The
   estimate of the last epoch gives the aggregation score.
 
 Server (Eq. 10-11): the template ``Q`` has ``tau`` on the diagonal and ``(1 - tau)/(C - 1)``
-elsewhere; ``KL(P || Q)`` is the mean over the client's present rows ([D] spec row 16: Table 9's
+elsewhere; ``KL(P || Q)`` is the mean over the client's present rows ([D]: Table 9's
 values are per-row sized); ``V = sigmoid(1 / KL)``; the new model is ``sum_m V_m w_m / sum V``
 over the round's participants, with no data-size factor. FedACD_base (Table 8) averages with
 uniform weights; ``mixup: false`` is Table 5's ablation.

@@ -1,7 +1,9 @@
 """FedClassAvg (Jang, Ha, Jung, Yoon; ICPP 2022): classifier averaging across heterogeneous models.
 
-Paper: shared/papers/003; spec: shared/specs/seed-specs.md Sec. 5 (the authors' code hukla/FedClassAvg
-differs from the paper in places; each difference is a named parameter here).
+Paper: Jang et al., "FedClassAvg: Local Representation Learning for Personalized Federated Learning
+on Heterogeneous Neural Networks" (ICPP 2022). The authors' code hukla/FedClassAvg differs from the
+paper in places; each difference is a named parameter here. [C] marks what follows the code, [D]
+fedhet's own decision.
 
 Every client keeps its own feature extractor (any architecture with a 512-d feature layer, client
 state) and a classifier of a shape all clients share (``head``: ReLU + Linear(512, C)); only the
@@ -15,14 +17,14 @@ classifier crosses the wire.
   SupConViews`):
   - ``L_CL`` - supervised contrastive loss (Khosla et al. 2020) over the 2B features, positives =
     the other samples of the same class including the other view; the code's temperature 100
-    with base temperature 0.07 and no L2 normalisation of the features ([C], spec row 18);
+    with base temperature 0.07 and no L2 normalisation of the features ([C]; the paper gives no temperature);
   - ``L_CE`` - cross-entropy of the classifier on the first view;
   - ``L_R`` - proximal term on the classifier only, the code's form ``(rho/2) sum_p mean((p - p_g)^2)``
-    over its weight and bias ([D] spec row 19; the paper writes ``rho ||w - w_g||``). The code skips
+    over its weight and bias ([D]; the paper writes ``rho ||w - w_g||``). The code skips
     it on the first batch, where it is exactly zero anyway (the classifier starts at ``p_g``).
   - The optimizer is the run's (``train.optimizer: adam``, ``train.betas: [0.5, 0.999]`` in the
     paper's configs), fresh each round.
-* ``pretrain`` ([C] spec row 21, default on): a client's first participation starts with one epoch
+* ``pretrain`` ([C], default on; the paper implies no pre-training): a client's first participation starts with one epoch
   of the same objective with its own initial classifier (proximal to that), before it loads the
   global classifier. The code pre-trains every client before round 1; training is the same, but
   with partial participation a client not sampled yet is evaluated with its initial model. Not

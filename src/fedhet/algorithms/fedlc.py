@@ -2,7 +2,7 @@
 
 Each client calibrates its logits by its own label counts before the cross-entropy, so classes it
 has many samples of are pushed less and rare or missing classes are not suppressed (paper Sec. 4,
-Eq. 7; reference: KarhouTam/FL-bench ``src/client/fedlc.py``, seed-specs Sec. 7):
+Eq. 7; reference: KarhouTam/FL-bench ``src/client/fedlc.py``):
 
     loss = CE(f(x) - tau * n^(-1/4), y),   n_c = the client's count of class c (1e-8 when absent)
 

@@ -1,8 +1,8 @@
 """FedReMa (Liang et al.): personalized classifiers from the most relevant peers.
 
-Source: FedReMa paper (papers/004), Sec. 4, Algorithms 1-2, Eq. 5-10; official code
-``liangh68/FedReMa`` (``serverReMa.py``, ``clientReMa.py``) for what the paper leaves open
-(seed-specs section 6).
+Source: Liang et al., "FedReMa: Improving Personalized Federated Learning via Leveraging the Most
+Relevant Clients", Sec. 4, Algorithms 1-2, Eq. 5-10; official code ``liangh68/FedReMa``
+(``serverReMa.py``, ``clientReMa.py``) for what the paper leaves open.
 
 One round (Algorithm 2), full participation in the paper:
 
@@ -20,7 +20,7 @@ One round (Algorithm 2), full participation in the paper:
 4. After the CCP: ``phi_k = sum_i G[k, i] phi_i / sum_i G[k, i]`` (Eq. 10).
 5. Each client receives ``{theta, phi_k}``; that is also the model it is evaluated with.
 
-Decisions (seed-specs section 6 lists the paper/code differences):
+Decisions (where the paper and the official code differ or are silent):
 
 * The soft logits ``p_k`` are computed by the client on the classifier it uploads, from a
   probe seed the server sends as a scalar, and uploaded as 10 extra floats. The server's
@@ -41,7 +41,7 @@ Decisions (seed-specs section 6 lists the paper/code differences):
 * Classifier weights in Eq. 7 are sample sizes (the paper; the code uses uniform weights,
   ``head_weighting: uniform``; identical for equal client sizes as in Table 1).
 * Aggregation keys every weight by client id (the reference mixes heads with the wrong
-  clients' weights, seed-specs section 6).
+  clients' weights).
 * With partial participation only the uploaded clients get new classifiers; a client whose
   dependency row has no weight on this round's uploads keeps its own uploaded classifier.
 * Each client's SGD momentum persists across rounds (the reference creates its optimizer once):

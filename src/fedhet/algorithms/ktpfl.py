@@ -1,7 +1,7 @@
 """KT-pFL: parameterized knowledge transfer for personalized federated learning.
 
 Zhang, Guo, Ma, Wang, Xu, Wu; NeurIPS 2021 (arXiv 2111.02862), the heterogeneous-model baseline of
-FedClassAvg (shared/papers/003, Sec. 5, Tables 2-3). Facts from the paper and two public codes:
+FedClassAvg (Jang et al., ICPP 2022, Sec. 5, Tables 2-3). Facts from the paper and two public codes:
 the authors' ``cugzj/KT-pFL`` (``src/engine_kt_pfl.py``, ``conf/*.json``) and the runner
 FedClassAvg's authors used (``hukla/FedClassAvg`` ``src/KTpFL.py``). Where they differ, each
 difference is a named parameter; the defaults follow the authors' code unless noted.

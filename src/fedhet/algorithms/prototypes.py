@@ -107,14 +107,15 @@ def aggregate_prototypes(uploads: Sequence[tuple[torch.Tensor, torch.Tensor]],
       ``yuetan031/fedproto`` ``proto_aggregation``, copied by PFLlib's FedProto and FedPAC servers
       and by FedReMa's server);
     * ``"counts"`` - weighted by their sample counts of that class (the official FedPAC code,
-      ``tools.protos_aggregation``; FedFM's anchors, papers/001 Eq. 9).
+      ``tools.protos_aggregation``; FedFM's anchors, Ye et al. Eq. 9).
 
     Returns ``(prototypes (C, d) float32, defined (C,) bool)``; a class nobody has is undefined with
     a zero row. ``None`` when nothing was uploaded. Without ``previous`` there is no memory across
     rounds: as in every prototype reference, the global prototypes are rebuilt from the round's uploads.
 
     With ``previous = (prototypes, defined)`` of the last round the rule has memory (FedCME's global
-    features, papers/000 Algorithm 1 lines 27-35; FedFM's anchors, seed-specs row 11): under
+    features, Nie et al. Algorithm 1 lines 27-35; FedFM's anchors where fedhet keeps a class's
+    previous anchor when no participant has it): under
     ``"uniform"`` a client without class c contributes the previous prototype of c (if defined)
     to the mean, and under either rule a class no client has keeps its previous prototype. With
     nothing uploaded the previous pair is returned.

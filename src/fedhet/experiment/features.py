@@ -1,5 +1,5 @@
 """``fedhet features RUN_DIR``: feature-space quality of a run's global model (FedFM paper
-(papers/001) Table V: k-means NMI and silhouette; Fig. 6: t-SNE scatter coloured by class).
+(Ye et al.) Table V: k-means NMI and silhouette; Fig. 6: t-SNE scatter coloured by class).
 
 The model is the one in the run's checkpoint (written every ``run.checkpoint_every`` rounds and
 after the last round, so the final model of a finished run). Results go to

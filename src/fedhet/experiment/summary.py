@@ -61,7 +61,7 @@ def summarize_metrics(rows: list[dict], metric: str, window: int) -> dict:
 def model_selection(rows: list[dict], selected_by: str = "global_val_acc", report: str = "global_acc") -> dict:
     """``report`` at the evaluated round with the best ``selected_by`` (the first such round on ties):
     the FedFM paper's rule, validation on the union of the clients' held-out splits and the test
-    accuracy of that round's model (papers/001, Sec. VII-A). Empty when either metric is missing."""
+    accuracy of that round's model (Ye et al., Sec. VII-A). Empty when either metric is missing."""
     values = [(r["round"], r[selected_by], r[report]) for r in rows
               if r.get(selected_by) is not None and r.get(report) is not None]
     if not values:

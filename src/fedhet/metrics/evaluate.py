@@ -13,12 +13,12 @@
   ``personal_acc_by_client`` has None for the others.
 * ``global_val_acc`` - with held-out local splits (``data.local_test.source: holdout``), the
   global model on the union of the clients' held-out splits (sum of correct over sum of
-  samples): the validation accuracy of the FedFM paper's model selection (papers/001,
+  samples): the validation accuracy of the FedFM paper's model selection (Ye et al.,
   Sec. VII-A: the test accuracy is reported at the round of the best validation accuracy).
 * ``local_risk`` (with ``eval.local_risk``) - the round's *local* models (what each participant
   uploaded) judged over every client's label distribution: ``R(w_m) = (1/M) sum_n eps(w_m) . pi^n``
   with ``eps_c`` the per-class error on the balanced test set and ``pi^n`` client n's training
-  label distribution (papers/002 Eq. 3), mean over the participants m (FedACD Table 3; lower is
+  label distribution (FedACD paper, Zhou et al., Eq. 3), mean over the participants m (FedACD Table 3; lower is
   better). ``local_kl`` - mean over them of ``KL(P^m || Q)`` of the local model on its own
   training split (FedACD Table 9, template tau = 1 - 1e-5, mean over the client's present rows).
   The tau is fixed, not a FedACD run's ``template_tau``: Table 9 compares methods, and a run

@@ -1,4 +1,4 @@
-"""Feature-space quality of a model (FedFM paper (papers/001), Sec. VII-B, Table V and Fig. 6).
+"""Feature-space quality of a model (FedFM paper (Ye et al.), Sec. VII-B, Table V and Fig. 6).
 
 * ``feature_nmi`` - k-means (k = number of classes) on the features of a sample of the global
   test set, then the normalized mutual information between the clusters and the true classes;

@@ -3,7 +3,7 @@
 An augmentation is a callable ``(batch, generator) -> batch`` that draws from the per-epoch
 stream it is given, so it is reproducible per (seed, round, client, epoch) like the batch order.
 
-* :class:`Mixup` (Zhang et al., ICLR 2018; FedACD's local training, papers/002 Sec. 4.2):
+* :class:`Mixup` (Zhang et al., ICLR 2018; FedACD's local training, Zhou et al. Sec. 4.2):
   ``x~ = lam x + (1 - lam) x[perm]`` with ``lam ~ Beta(alpha, alpha)`` once per batch and
   ``perm`` a random permutation of the batch. It records the partner labels and ``lam`` in
   ``batch.extras`` (``"mix_y"``, ``"mix_lam"``); a loss term takes them into account with
@@ -68,7 +68,7 @@ def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class SupConViews:
     """Two augmented views of every image, stacked: ``x = [view 1; view 2]`` (2B rows) and
-    ``y = [y; y]``, with ``batch.extras["views"] = 2`` (FedClassAvg's local training, papers/003
+    ``y = [y; y]``, with ``batch.extras["views"] = 2`` (FedClassAvg's local training, Jang et al.
     Sec. 4.1; the pipeline of the authors' ``supcon_utils.load_dataset``): random resized crop
     (area ``scale``, aspect ``ratio``), horizontal flip (p 0.5), colour jitter (brightness,
     contrast, saturation, hue; p 0.8) and random grayscale (p 0.2), on the whole batch at once.

@@ -100,7 +100,7 @@ def train_local(
     part_sums: dict[str, float] = {}
     # The working weights are bound into the model once for the whole run - what functional_call
     # does around every single call - so each step calls the model directly: the same tensors and
-    # ops (bit-identical), without the per-step swap (issue 11's earlier profile: 2% of a step at
+    # ops (bit-identical), without the per-step swap (an earlier profile: 2% of a step at
     # batch 32, 8.5% at batch 10; not re-measured alone here, see benchmarks/results/engine_speed_vs).
     # A term that runs the model with other weights (MOON's, FedNTD's teachers) nests its own
     # functional_call, which restores these afterwards.
