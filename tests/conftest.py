@@ -92,3 +92,10 @@ def data_root(tmp_path_factory) -> Path:
             for i in range(per_class):
                 Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     return root
+
+
+def pytest_collection_modifyitems(config, items):
+    """The real Flower deployments first: they take minutes each, mostly waiting on Flower, so
+    under pytest-xdist (scripts/test.sh) they should start at once beside the others rather than
+    be the last tests running, alone."""
+    items.sort(key=lambda item: item.get_closest_marker("deploy") is None)
