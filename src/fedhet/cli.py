@@ -64,7 +64,9 @@ def _cmd_partition(args) -> int:
     present = (train > 0).sum(1)
     print(f"\n{fed.num_clients} clients, {sizes.sum()} training samples (min {sizes.min()}, median {int(np.median(sizes))}, "
           f"max {sizes.max()}); classes per client: mean {present.mean():.1f}; local test: {fed.local_test_source}")
-    out = Path(args.out or f"{cfg.name}-partition.png")
+    out = Path(args.out) if args.out else Path(cfg.run.out_dir) / f"{cfg.name}-partition.png"
+    if not args.out:
+        out.parent.mkdir(parents=True, exist_ok=True)
     plot_partition(train, out, f"{cfg.data.dataset}: {cfg.data.partition.kind} {cfg.data.partition.options()}")
     print(f"heatmap: {out}")
     return 0
@@ -120,13 +122,27 @@ def _cmd_features(args) -> int:
     return 0
 
 
+def _one_line(cls, limit: int = 100) -> str:
+    """What a method is, from its docstrings: the class's first sentence where it describes a variant
+    of the module's method (``Name: ...``), else the module's first paragraph."""
+    import inspect
+
+    own = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
+    text = own if ":" in own.split(". ")[0] else " ".join((inspect.getmodule(cls).__doc__ or "").split("\n\n")[0].split())
+    text = text.split(". ")[0].rstrip(".")
+    return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
+
+
 def _cmd_list(args) -> int:
     from fedhet.algorithms import ALGORITHMS
     from fedhet.data.datasets import DATASET_NAMES
     from fedhet.data.partition import PARTITIONS
     from fedhet.models import MODEL_NAMES
 
-    print("algorithms:", ", ".join(sorted(ALGORITHMS)))
+    print("algorithms (algorithm.name; combine FedAvg-family ones with '+', e.g. fedprox+fedfm):")
+    width = max(map(len, ALGORITHMS))
+    for name in sorted(ALGORITHMS):
+        print(f"  {name:<{width}}  {_one_line(ALGORITHMS[name])}")
     print("datasets:  ", ", ".join(DATASET_NAMES))
     print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural")
     print("models:    ", ", ".join(MODEL_NAMES))
@@ -158,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     pa = sub.add_parser("partition", help="print per-client label counts and write a client x class heatmap")
     pa.add_argument("config")
     pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    pa.add_argument("--out", help="heatmap PNG path (default: <name>-partition.png)")
+    pa.add_argument("--out", help="heatmap PNG path (default: <run.out_dir>/<name>-partition.png)")
     pa.set_defaults(func=_cmd_partition)
 
     c = sub.add_parser("compare", help="markdown table (mean ± std over seeds) and overlay plot of runs")

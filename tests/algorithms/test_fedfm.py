@@ -1,4 +1,4 @@
-"""FedFM and FedFM-Lite (papers/001) against hand-computed cases: the CG and l2 matching losses,
+"""FedFM and FedFM-Lite (Ye et al.) against hand-computed cases: the CG and l2 matching losses,
 anchors (Eq. 8) and their aggregation (Eq. 9, Table VIII), the warm-up, the matching term after
 it, Lite's schedule and its communication, and composition with other methods."""
 
@@ -102,7 +102,7 @@ def test_first_aggregation_leaves_unseen_classes_undefined():
 
 
 def test_local_anchors_use_every_training_sample_in_eval_mode(small_config):
-    cfg = config(small_config, "fedfm", batch_size=7, drop_last=True)
+    cfg = config(small_config, "fedfm", {"start_round": 1}, batch_size=7, drop_last=True)
     loop = build_loop(cfg)
     client = runtime(loop, 0)
     weights = client.init_weights()
@@ -142,7 +142,7 @@ def test_warm_up_rounds_are_fedavg_bit_for_bit(small_config):
 def test_anchors_are_computed_in_eval_mode(small_config, monkeypatch):
     import fedhet.algorithms.prototypes as prototypes_module  # local_anchors are the clients' prototypes
 
-    loop = build_loop(config(small_config, "fedfm"))
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 1}))
     client = runtime(loop, 0)
     modes = []
     real = prototypes_module.forward

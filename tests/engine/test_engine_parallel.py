@@ -62,7 +62,7 @@ def test_workers_equal_reference_bit_for_bit(small_config, case):
 def test_worker_error_surfaces_with_its_message_and_the_pool_recovers(small_config):
     cfg = config(small_config, lr=1e9)
     with build(cfg, workers=2) as sim:
-        with pytest.raises(NumericalError, match=r"non-finite .* round 0, client \d+, algorithm fedavg") as info:
+        with pytest.raises(NumericalError, match=r"non-finite .* round 1, client \d+, algorithm fedavg") as info:
             sim.run_round(0)
         assert "in the worker process" in str(info.value.__cause__)
         assert sim.transport._pool is None              # shut down, nothing left running

@@ -408,7 +408,7 @@ def test_cli_threads_is_the_runs_cpu_budget(small_config, tmp_path, monkeypatch)
 def test_a_whole_run_in_a_fresh_process_never_imports_dynamo(small_config, tmp_path):
     """`fedhet run` (build, a round of training, aggregation, evaluation, checkpoint, summary,
     plot) must not pull in torch._dynamo, which costs every Flower ClientApp process seconds:
-    torch.optim's step and several torch helpers import it on first use (issue 11)."""
+    torch.optim's step and several torch helpers import it on first use."""
     import subprocess
     import sys
 
@@ -437,6 +437,8 @@ def test_compare_says_when_runs_differ_in_precision(small_config, tmp_path):
     raw["train"]["rounds"] = 1
     run(raw, tmp_path / "a")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "seed": summary["seed"] + 1}))  # a 2nd seed
     table, _ = compare_table([tmp_path / "a", tmp_path / "b"])
     assert "precision" not in table
     summary = json.loads((tmp_path / "b" / "summary.json").read_text())

@@ -68,6 +68,11 @@ class Algorithm:
         once with client 0's view of the shared pools (data.public included), before any training,
         so that a bad setting stops the run before anything is computed."""
 
+    def check_schedule(self, rounds: int, local_epochs: int) -> None:
+        """Raise a ConfigError when the run's rounds or local epochs leave a part of this method
+        with nothing to do (so that the run would be another method under this one's name).
+        ``make_algorithm`` calls it before anything is built."""
+
     # --- server side -------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         """Initial server state from freshly initialised weights, one set per architecture."""

@@ -1,7 +1,8 @@
 """FedCME (Nie, Xiao, Yang & Wu): client matching, classifier exchanging and feature alignment.
 
-Source: FedCME paper (papers/000), Algorithm 1 (ServerExecute) and Algorithm 2 (ClientExecute),
-Sec. IV. No official code exists; every choice the paper leaves open is listed below.
+Source: the FedCME paper (Nie et al., "FedCME: Client Matching and Classifier Exchanging to Handle
+Data Heterogeneity in Federated Learning"), Algorithm 1 (ServerExecute) and Algorithm 2
+(ClientExecute), Sec. IV. No official code exists; every choice the paper leaves open is listed below.
 
 One round (Algorithm 1 lines 3-8):
 
@@ -41,18 +42,18 @@ FedCME-WM     ``exchange: whole`` - the whole mid-round model is exchanged
 FedCME-FE     ``exchange: extractor`` - only the feature extractor (body) is exchanged
 ============  ==========================================================================
 
-Decisions where the paper is silent or inconsistent (seed-specs decision rows 1-7):
+Decisions where the paper is silent or inconsistent:
 
 * The text of Sec. IV-A says "exchange the feature extractor"; Algorithm 2, the title, Fig. 1
-  and the FedCME-FE ablation say classifier: the classifier is exchanged (row 1).
+  and the FedCME-FE ablation say classifier: the classifier is exchanged.
 * Classifier = the model's head (``model.split``; for ``cnn2`` the last Linear, 512 -> C), so
-  the features are the head's input (row 4).
+  the features are the head's input.
 * A client never sampled before has no evaluation vector (``None``); cosine similarity with
   ``None`` or with a zero vector is 0, and ``eps_g`` treats ``None`` as a zero vector (it is
   the mean over all sampled clients, Algorithm 1 line 15; dividing by the number of known
   vectors instead would only rescale ``eps_g`` and leave every cosine, hence the matching,
   unchanged). In round 0 every similarity is 0,
-  so clients pair in sampling order (row 3). Ties in the greedy search go to the client that
+  so clients pair in sampling order. Ties in the greedy search go to the client that
   comes first in the sorted order.
 * Odd number of sampled clients: the last client left has no counterpart and trains all E
   epochs without an exchange (it still takes part in both phases, receiving an empty
@@ -60,15 +61,15 @@ Decisions where the paper is silent or inconsistent (seed-specs decision rows 1-
 * A client whose counterpart did not answer phase A (dropped out) continues without the swap.
 * ``zeta`` starts undefined (a per-class ``defined`` mask); the L2 term skips undefined
   classes and, in aggregation, a class without a previous global value is averaged over the
-  clients that saw it, and stays undefined if none did (rows 2, 3). Algorithm 1 lines 29-33
+  clients that saw it, and stays undefined if none did. Algorithm 1 lines 29-33
   are authoritative over the reversed sentence of Sec. IV-B.
 * ``zeta_k`` is the running mean of the detached features over all E epochs' batches, with
   the evolving model (Algorithm 2 lines 12 and 18), not an extra pass with the final model as
-  Eq. 5 suggests (row 5). ``sum/count`` equals line 18's ``/(E*|D_kc|)`` when no batch is
+  Eq. 5 suggests. ``sum/count`` equals line 18's ``/(E*|D_kc|)`` when no batch is
   dropped.
 * ``D_eval`` is a random ``round(eval_fraction * n_k)`` (at least 1) subset of the client's
   training split, drawn from the client's ``"eval_subset"`` stream of the round; classes absent
-  from it get accuracy 0 (Eq. 4 and the sentence after it; row 7).
+  from it get accuracy 0 (Eq. 4 and the sentence after it).
 * Optimizer: each phase starts from fresh SGD state (plain SGD without momentum, the paper's
   setting, has none; with momentum this re-creates it after the swap).
 * With ``mu == 0`` (FedCME-OE) there is nothing to align to, so the global features are not
@@ -104,6 +105,7 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
+from fedhet.core.errors import ConfigError
 from fedhet.core.split import select
 from fedhet.training.local import forward
 from fedhet.training.objective import LossTerm
@@ -116,7 +118,7 @@ MID = "fedcme_mid"
 
 # --- matching (server) -------------------------------------------------------------------
 def cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
-    """Cosine similarity; 0 when either vector is missing (``None``) or zero (seed-specs row 3)."""
+    """Cosine similarity; 0 when either vector is missing (``None``) or zero."""
     if a is None or b is None:
         return 0.0
     a = a.double().flatten()
@@ -128,7 +130,7 @@ def cosine(a: torch.Tensor | None, b: torch.Tensor | None) -> float:
 
 
 def _typicality_order(vectors: Vectors, clients: list[int]) -> list[int]:
-    """Clients sorted by cos(eps_k, eps_g) ascending (FedCME paper (papers/000), Algorithm 1
+    """Clients sorted by cos(eps_k, eps_g) ascending (FedCME paper (Nie et al.), Algorithm 1
     lines 13-17). eps_g is the mean over ALL sampled clients with a missing vector counted as
     zeros. The sort is stable: equal similarities keep sampling order."""
     present = [vectors.get(k) for k in clients if vectors.get(k) is not None]
@@ -140,7 +142,7 @@ def _typicality_order(vectors: Vectors, clients: list[int]) -> list[int]:
 
 
 def make_matching(vectors: Vectors, clients: list[int]) -> dict[int, int | None]:
-    """One-to-one counterparts (FedCME paper (papers/000), Algorithm 1 lines 11-24).
+    """One-to-one counterparts (FedCME paper (Nie et al.), Algorithm 1 lines 11-24).
 
     ``vectors[k]`` is client k's last evaluation vector or ``None`` (never seen). Returns
     ``{k: j}`` with ``j``'s classifier going to ``k`` and vice versa; with an odd number of
@@ -194,7 +196,7 @@ class FeatureAlignment(LossTerm):
 
     L2Loss = sum over classes c present in the batch whose global feature ``zeta[c]`` is
     defined of ``|| mean_{i in B, y_i = c} h_i - zeta[c] ||_2^2`` (squared L2 summed over
-    feature dimensions and classes; ``zeta`` is a constant). FedCME paper (papers/000),
+    feature dimensions and classes; ``zeta`` is a constant). FedCME paper (Nie et al.),
     Algorithm 2 lines 8-13.
 
     The call is pure (no state, no data-dependent Python branching; classes are masked with
@@ -255,13 +257,13 @@ def local_features(statistics: dict[str, torch.Tensor],
 
 def aggregate_features(prev: torch.Tensor | None, prev_defined: torch.Tensor | None,
                        uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Global features with memory (FedCME paper (papers/000), Algorithm 1 lines 27-35).
+    """Global features with memory (FedCME paper (Nie et al.), Algorithm 1 lines 27-35).
 
     ``uploads`` holds each replying client's ``(zeta_k (C, d), counts (C,))``. For class c, a
     client that did not see c (count 0) contributes the previous global ``zeta[c]``
     (lines 30-31); the new value is the unweighted mean over the clients (line 35). A class with
-    no previous value is averaged over the clients that saw it, and stays undefined if none did
-    (seed-specs row 3). Returns ``(zeta, defined)``, or the previous pair if nothing was uploaded.
+    no previous value is averaged over the clients that saw it, and stays undefined if none did.
+    Returns ``(zeta, defined)``, or the previous pair if nothing was uploaded.
     """
     return aggregate_prototypes(uploads, "uniform", previous=(prev, prev_defined))
 
@@ -279,7 +281,7 @@ def eval_subset(n: int, fraction: float, generator: torch.Generator) -> torch.Te
 def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int,
                       positions: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
     """Per-class accuracy of ``weights`` on the training positions given, 0 for absent classes
-    (FedCME paper (papers/000), Eq. 4 and Algorithm 2 line 20)."""
+    (FedCME paper (Nie et al.), Eq. 4 and Algorithm 2 line 20)."""
     correct = torch.zeros(num_classes, dtype=torch.float64)
     total = torch.zeros(num_classes, dtype=torch.float64)
     was_training = model.training
@@ -307,6 +309,14 @@ class FedCME(FedAvg):
         exchange: Literal["classifier", "whole", "extractor", "none"] = "classifier"
         matching: Literal["one_to_one", "many_to_one"] = "one_to_one"
         eval_fraction: float = pydantic.Field(0.2, gt=0, le=1)
+
+    def check_schedule(self, rounds: int, local_epochs: int) -> None:
+        if self.params.exchange != "none" and local_epochs < 2:
+            raise ConfigError(
+                f"algorithm {self.name}: the exchange ({self.params.exchange}) happens after floor(E/2) local "
+                f"epochs, and train.local_epochs is {local_epochs}, so the first phase would train no epoch and "
+                "the exchange would swap untrained parts; set train.local_epochs to 2 or more (the paper: 6), "
+                "or algorithm.params.exchange: none (FedCME-OL)")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

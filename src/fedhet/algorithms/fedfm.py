@@ -1,6 +1,7 @@
 """FedFM and FedFM-Lite (Ye et al., IEEE TSP 2023): anchor-based feature matching with
-contrastive guiding. Source: papers/001 (Algorithm 1, Eq. 8-11, Sec. IV-C, Sec. VI) and the
-authors' code as read for seed-specs section 3 (where the paper is silent).
+contrastive guiding. Source: Ye et al., "FedFM: Anchor-Based Feature Matching for Data Heterogeneity
+in Federated Learning" (Algorithm 1, Eq. 8-11, Sec. IV-C, Sec. VI) and, where the paper is silent,
+the authors' code (rui-ye/FedFM).
 
 FedFM, one round t (Algorithm 1):
 
@@ -10,12 +11,12 @@ FedFM, one round t (Algorithm 1):
 2. Anchor phase. Every sampled client receives w^t (array group ``"model"``), computes its local
    anchors with it (:func:`local_anchors`: eval mode, no gradient, over its whole training
    split - Eq. 8; the reference code's drop_last loader counted its last rows as zero-feature
-   class-0 samples, seed-specs row 11b) and uploads the per-class means and counts
+   class-0 samples) and uploads the per-class means and counts
    (``"anchors"``). It keeps w^t in its state for the next phase, so the model goes down once.
 3. The server aggregates them (:func:`aggregate_anchors`): size-weighted per class (Eq. 9,
    ``anchor_weighting: weighted``, the default) or the plain mean over clients with a missing
    local anchor replaced by the previous global one (``uniform``, Table VIII). A class no
-   participant has keeps its previous anchor (the code divides by zero there; seed-specs row 11);
+   participant has keeps its previous anchor (the code divides by zero there);
    a class never seen by anyone has no anchor (``defined`` mask).
 4. Training phase. Clients receive the global anchors and train E epochs on
    ``CE + lam * L_FM`` (Eq. 10) from the stored w^t, then upload the model; the server averages
@@ -29,8 +30,7 @@ The matching loss :class:`AnchorMatching` (Sec. IV-C; ``loss_f.py`` of the autho
   temperature alpha = 0.1.
 * ``matching: l2``: the squared distance between the normalised feature and its normalised
   class anchor, averaged over the batch AND the feature dimensions as the code's ``mse_loss``
-  does (the paper's Eq. 3 is a per-sample squared norm: the code's value is that divided by d;
-  seed-specs row 9).
+  does (the paper's Eq. 3 is a per-sample squared norm: the code's value is that divided by d).
 
 Samples whose class has no anchor yet are left out of L_FM (mean over the others), and
 undefined anchors are left out of CG's softmax. Anchors are constants (no gradient).
@@ -79,6 +79,7 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
+from fedhet.core.errors import ConfigError
 from fedhet.training.objective import LossTerm
 
 # Client-state key of the global model received in the anchor phase (FedFM) or of the client's
@@ -163,6 +164,13 @@ class FedFM(FedAvg):
         matching: Literal["cg", "l2"] = "cg"
         anchor_weighting: Literal["weighted", "uniform"] = "weighted"
         start_round: int = pydantic.Field(20, ge=0)             # T_s: FedAvg before it
+
+    def check_schedule(self, rounds: int, local_epochs: int) -> None:
+        if self.params.start_round >= rounds:
+            raise ConfigError(
+                f"algorithm {self.name}: start_round ({self.params.start_round}, the FedAvg warm-up T_s) is not "
+                f"below train.rounds ({rounds}), so no round would match features and the run would be FedAvg; "
+                f"set algorithm.params.start_round below {rounds} (the paper: 20 of 100 rounds)")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

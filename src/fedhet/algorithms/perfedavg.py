@@ -211,7 +211,7 @@ class PerFedAvg(FedAvg):
         buffers = {k: v.detach().clone() for k, v in weights.items() if k not in names}
         group = 2 if self.params.perfedavg_variant == "fo" else 3
         alpha, beta = self.alpha(client), self.beta(client)
-        where = f"in round {client.round}, client {client.cid}, algorithm {self.name}"
+        where = f"in round {client.round + 1}, client {client.cid}, algorithm {self.name}"
         n = len(data.train_idx)
         steps = samples = 0
         loss_sum = 0.0

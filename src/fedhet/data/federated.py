@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedhet.core.contract import ClientData, normalize_uint8
-from fedhet.core.errors import PartitionError
+from fedhet.core.errors import DataError, PartitionError
 from fedhet.core.seeding import numpy_rng
 from fedhet.data import partition as partitioners
 from fedhet.data.datasets import ImageData, load_dataset
@@ -47,6 +47,11 @@ class PublicSpec(Protocol):
     classes: list[int] | None
 
 
+class NormalizeSpec(Protocol):
+    mean: list[float]
+    std: list[float]
+
+
 class DataSpec(Protocol):
     """What :func:`build_federation` reads (``experiment.config.DataConfig`` has these fields; the
     data layer does not import the config layer above it)."""
@@ -61,6 +66,7 @@ class DataSpec(Protocol):
     partition: PartitionSpec
     local_test: LocalTestSpec
     public: PublicSpec | None
+    normalize: NormalizeSpec | None
 
 
 @dataclass
@@ -157,9 +163,19 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         test_idx = [te[~np.isin(te, used)] for te in test_idx]
     else:
         test_labels = global_test.y.numpy()
-        for part in parts:
+        for cid, part in enumerate(parts):
+            if len(part) == 0:
+                raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
+                                     "partition (for dirichlet, a min_size of at least 1)")
             size = max(1, round(cfg.local_test.fraction * len(part)))
-            test_idx.append(partitioners.sample_like(labels[part], test_labels, size, train.num_classes, rng))
+            try:
+                test_idx.append(partitioners.sample_like(labels[part], test_labels, size, train.num_classes, rng))
+            except PartitionError as e:
+                raise PartitionError(
+                    f"data.local_test (source test_set, fraction {cfg.local_test.fraction}): client {cid}'s local "
+                    f"test split of {size} images with its label proportions cannot be drawn from the global "
+                    f"test set ({str(e).removeprefix('sample_like: ')}); lower data.local_test.fraction, or use "
+                    "data.local_test.source: holdout") from None
             train_idx.append(part)
     for cid, (tr, te) in enumerate(zip(train_idx, test_idx)):
         if len(tr) == 0:
@@ -169,6 +185,12 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                                  f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data")
 
     c = train.x.shape[1]
+    mean, std = train.mean, train.std
+    if cfg.normalize is not None:
+        mean, std = tuple(cfg.normalize.mean), tuple(cfg.normalize.std)
+        if len(mean) != c or len(std) != c:
+            raise DataError(f"data.normalize gives {len(mean)} mean and {len(std)} std values for {c} channel(s) "
+                            f"of {cfg.dataset}: give one value per channel")
     if public_spec is not None and public_spec.source == "dataset":
         public = _public_from_dataset(public_spec, cfg, train, seed)
     return Federation(
@@ -177,8 +199,8 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         train_idx=[torch.as_tensor(np.sort(t), dtype=torch.long) for t in train_idx],
         test_idx=[torch.as_tensor(np.sort(t), dtype=torch.long) for t in test_idx],
         local_test_source=cfg.local_test.source,
-        mean=torch.tensor(train.mean, dtype=torch.float32).view(1, c, 1, 1),
-        std=torch.tensor(train.std, dtype=torch.float32).view(1, c, 1, 1),
+        mean=torch.tensor(mean, dtype=torch.float32).view(1, c, 1, 1),
+        std=torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1),
         public=public,
     )
 

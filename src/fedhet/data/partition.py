@@ -419,6 +419,13 @@ def grouped_dominant(
                 f"grouped_dominant: each group must be a non-empty list of class ids in "
                 f"[0, {num_classes}), got {g!r}"
             )
+    if n < len(groups):
+        dominating = {k * len(groups) // n for k in range(n)}
+        unused = [list(g) for i, g in enumerate(groups) if i not in dominating]
+        raise PartitionError(
+            f"grouped_dominant: {len(groups)} label groups but only {n} clients, so groups {unused} would "
+            f"dominate no client; use at least {len(groups)} clients, or give fewer groups"
+        )
     # +1e-9 so float error (e.g. 100 * 0.29 = 28.999...) does not drop a sample.
     num_iid = int(npc * s + 1e-9)
     num_dom = npc - num_iid

@@ -93,7 +93,7 @@ class SimClient:
         self.kept_optimizer_state: Arrays | None = None
 
     def where(self) -> str:
-        return f"in round {self.round}, client {self.cid}, algorithm {self.host.algorithm.name}"
+        return f"in round {self.round + 1}, client {self.cid}, algorithm {self.host.algorithm.name}"
 
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,

@@ -316,7 +316,7 @@ class Forked(Transport):
                         data = None
                     if data is None:
                         raise WorkerError(f"worker process {w.process.pid} died (exit code {w.process.exitcode}) "
-                                          f"while client {jobs[i].cid} trained in round {rnd}; if the machine ran "
+                                          f"while client {jobs[i].cid} trained in round {rnd + 1}; if the machine ran "
                                           f"out of memory, use fewer run.workers")
                     del busy[w.conn], busy[w.process.sentinel]
                     idle.append(w)

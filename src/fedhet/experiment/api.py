@@ -61,19 +61,20 @@ def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str
 
 
 def run(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] | list[str] | None = None, *,
-        out: str | Path | None = None, progress: bool = False) -> Results:
+        out: str | Path | None = None, progress: bool | None = None) -> Results:
     """Run one experiment and return its :class:`Results`.
 
     ``config``: a YAML path, a dict shaped like the YAML, or an ``ExperimentConfig``;
     ``overrides``: ``{"train.rounds": 5}`` or ``["train.rounds=5"]`` (as ``--set``);
-    ``out``: the run directory (default: ``run.out_dir/<name>-s<seed>-<time>``)."""
+    ``out``: the run directory (default: ``run.out_dir/<name>-s<seed>-<time>``, new each call);
+    ``progress``: a progress bar on stderr (default: the config's ``run.progress``, on unless set off)."""
     cfg = _as_config(config, overrides)
     exp = Experiment.create(cfg, out)
     summary = exp.run(progress=progress)
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))
 
 
-def resume(run_dir: str | Path, *, progress: bool = False) -> Results:
+def resume(run_dir: str | Path, *, progress: bool | None = None) -> Results:
     """Continue an interrupted run from its last checkpoint (``fedhet run --resume``)."""
     exp = Experiment.resume(run_dir)
     summary = exp.run(progress=progress)

@@ -52,7 +52,9 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
                           f"from zero momentum (FedNova's a_i, SCAFFOLD's c_i), so momentum carried across rounds "
                           f"would move the model by amounts it does not count; use train.optimizer_state: reset "
                           f"(or auto), or train.momentum: 0")
-    return cls(params)
+    algorithm = cls(params)
+    algorithm.check_schedule(cfg.train.rounds, cfg.train.local_epochs)
+    return algorithm
 
 
 def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torch.nn.Module], list[str]]:
@@ -68,6 +70,10 @@ def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torc
                                            **cfg.model.options_of(arch))
             except (ValueError, TypeError) as e:
                 raise ConfigError(f"model {arch}: {e}") from None
+            except (RuntimeError, MemoryError) as e:      # e.g. an allocation far beyond memory
+                raise ConfigError(f"model {arch} could not be built with options {cfg.model.options_of(arch)}: "
+                                  f"{str(e).splitlines()[0]}; check model.options / model.arch_options "
+                                  "(a projection_dim or width of that size does not fit in memory)") from None
     return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
 
 

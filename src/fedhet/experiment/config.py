@@ -6,8 +6,9 @@ A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 import yaml
@@ -16,8 +17,48 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedhet.core.errors import ConfigError
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML as users write it: a key given twice in one mapping is an error (PyYAML keeps the last
+    silently, so a second ``train:`` section would replace the first), and ``5e-1`` or ``1e3`` are
+    numbers (PyYAML follows YAML 1.1, which wants ``5.0e-1``: ``5e-1`` was the string "5e-1", which
+    typed keys such as ``train.lr`` converted but a partitioner's own parameters did not)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark, f"the key {key!r} appears twice (first at line "
+                    f"{seen[key].line + 1}): merge the two into one", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text as fedhet reads every file and ``--set`` value (:class:`UniqueKeyLoader`)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data: Any) -> Any:
+        # pydantic reads true as 1 for an int field: `rounds: true` would run one round, silently.
+        if isinstance(data, dict):
+            for name, field in cls.model_fields.items():
+                value = data.get(name)
+                if isinstance(value, bool) and field.annotation in (int, float, int | None, float | None):
+                    raise ValueError(f"{name}: expects a number, got {str(value).lower()}")
+        return data
 
 
 class PartitionConfig(BaseModel):
@@ -58,6 +99,15 @@ class PublicConfig(Strict):
         return self
 
 
+class NormalizeConfig(Strict):
+    """Per-channel input normalisation ``(x / 255 - mean) / std`` in place of the dataset's
+    training-set statistics, e.g. ``{mean: [0.5], std: [0.5]}`` as PFLlib's and FedReMa's data
+    generators normalise Fashion-MNIST."""
+
+    mean: list[float] = Field(min_length=1)
+    std: list[Annotated[float, Field(gt=0)]] = Field(min_length=1)
+
+
 class DataConfig(Strict):
     dataset: str = "fashion_mnist"
     root: str | None = None            # default: $FEDHET_DATA, ~/.cache/fedhet/data, Debian's dataset dir
@@ -71,6 +121,7 @@ class DataConfig(Strict):
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     local_test: LocalTestConfig = Field(default_factory=LocalTestConfig)
     public: PublicConfig | None = None
+    normalize: NormalizeConfig | None = None       # default: the dataset's training-set mean and std
 
 
 class ModelConfig(Strict):
@@ -87,6 +138,13 @@ class ModelConfig(Strict):
 
     def options_of(self, arch: str) -> dict[str, Any]:
         return {**self.options, **self.arch_options.get(arch, {})}
+
+    @pydantic.model_validator(mode="after")
+    def _arch_list_not_empty(self) -> ModelConfig:
+        if not self.archs() or not all(isinstance(a, str) and a for a in self.archs()):
+            raise ValueError(f"model.arch must name an architecture or a non-empty list of them, got {self.arch!r} "
+                             "(fedhet list shows the models)")
+        return self
 
     @pydantic.model_validator(mode="after")
     def _arch_options_name_archs(self) -> ModelConfig:
@@ -173,7 +231,7 @@ class PaperResult(Strict):
     """What a paper reports for the experiment a config describes; ``fedhet compare`` prints it
     beside the measured numbers. Never read by a run (editing it does not make a run stale)."""
 
-    source: str                        # paper and table, e.g. "FedClassAvg (papers/003) Table 2"
+    source: str                        # paper and table, e.g. "FedClassAvg (Jang et al., ICPP 2022) Table 2"
     cell: str = ""                     # the table cell, e.g. "FMNIST Dir(0.5), FedClassAvg"
     metric: str | None = None          # fedhet's metric it corresponds to (default: the run's headline)
     value: float                       # as fedhet reports the metric: a fraction, 0.9303 for 93.03%
@@ -201,6 +259,11 @@ class ExperimentConfig(Strict):
             raise ValueError(f"eval.clients ({self.eval.clients}) chooses whose local test splits the personalized "
                              "metrics use; with eval.personalized: false there are none - drop eval.clients or "
                              "set eval.personalized: true")
+        archs = self.model.archs()
+        if len(archs) > self.data.num_clients:
+            raise ValueError(f"model.arch lists {len(archs)} architectures for {self.data.num_clients} clients "
+                             f"(client i gets arch[i % {len(archs)}]): {archs[self.data.num_clients:]} would train "
+                             "on no client; shorten the list or raise data.num_clients")
         if self.data.pool == "train+test" and self.data.local_test.source == "test_set":
             raise ValueError("data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")
         return self
@@ -210,16 +273,22 @@ def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
     lines = [f"invalid config ({origin}):"]
     for e in err.errors():
         key = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"]
+        msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see configs/README.md for every key)"
         lines.append(f"  {key}: {msg}")
     return "\n".join(lines)
 
 
-def parse_value(text: str) -> Any:
+def parse_value(text: str, key: str = "") -> Any:
     """A ``--set`` value: parsed as YAML so numbers, booleans and lists work (``k=[a,b]``)."""
-    return yaml.safe_load(text)
+    try:
+        return parse_yaml(text)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"--set {key}={text}: the value is not valid YAML ({problem}); close brackets and "
+                          "quotes, e.g. --set 'model.arch=[cnn2, cnn2]', or quote a plain string: "
+                          f"--set '{key}=\"{text}\"'") from None
 
 
 def apply_override(raw: dict, assignment: str) -> None:
@@ -233,7 +302,7 @@ def apply_override(raw: dict, assignment: str) -> None:
         if not isinstance(child, dict):
             raise ConfigError(f"--set {key}: {part!r} is not a section")
         node = child
-    node[parts[-1]] = parse_value(value)
+    node[parts[-1]] = parse_value(value, key.strip())
 
 
 def read_yaml(path: Path, what: str) -> Any:
@@ -241,7 +310,7 @@ def read_yaml(path: Path, what: str) -> Any:
     if not path.is_file():
         raise ConfigError(f"{what} {path} does not exist")
     try:
-        return yaml.safe_load(path.read_text())
+        return parse_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
 

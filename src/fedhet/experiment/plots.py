@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from fedhet.core.errors import OutputError  # noqa: E402
 
@@ -36,6 +37,7 @@ def plot_run(rows: list[dict], path: Path, title: str) -> None:
             x, y = zip(*pts)
             ax.plot(x, np.array(y) * 100, label=label)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # rounds are whole
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -44,7 +46,8 @@ def plot_run(rows: list[dict], path: Path, title: str) -> None:
     save(fig, path)
 
 
-def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, path: Path) -> None:
+def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, path: Path,
+                 title: str | None = None) -> None:
     """Overlay: one line per group (mean over its seeds), shaded min..max band."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, runs in series.items():
@@ -56,7 +59,9 @@ def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, 
         if len(runs) > 1:
             ax.fill_between(rounds, vals.min(0), vals.max(0), alpha=0.2)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"{metric} (%)")
+    ax.set_title(title or f"{metric}: " + ", ".join(series) + " (mean over seeds; band: min..max)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -73,6 +78,7 @@ def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
     ax.set_title(title)
     if c <= 20:
         ax.set_xticks(range(c))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # clients are whole
     fig.colorbar(im, ax=ax, label="training samples")
     fig.tight_layout()
     save(fig, path)

@@ -7,9 +7,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
-
 from fedhet.core.errors import CheckpointError
+from fedhet.experiment.config import parse_yaml
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import CONFIG, read_metrics
 
@@ -26,7 +25,7 @@ def load_paper(run_dir: Path) -> dict | None:
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         return None
-    recorded = yaml.safe_load(path.read_text()) or {}
+    recorded = parse_yaml(path.read_text()) or {}
     return recorded.get("paper") if isinstance(recorded, dict) else None
 
 
@@ -39,15 +38,52 @@ def _mean_std(values: list[float]) -> str:
     return f"{statistics.mean(pct):.2f} ± {statistics.stdev(pct):.2f}"
 
 
+def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]], list[str]]:
+    """Runs grouped by config name, each group's runs being seeds of one experiment; and the
+    failed runs left out (their numbers stop where they failed). Two runs of one name must be the
+    same algorithm with different seeds, and no folder may be given twice."""
+    groups: dict[str, list[tuple[Path, dict]]] = defaultdict(list)
+    seen: dict[Path, Path] = {}
+    left_out: list[str] = []
+    for d in map(Path, run_dirs):
+        real = d.resolve()
+        if real in seen:
+            raise CheckpointError(f"{d} is given twice (also as {seen[real]}): one run would count as two seeds")
+        seen[real] = d
+        s = load_summary(d)
+        if s.get("status") == "failed":
+            left_out.append(f"{d} (failed: {s.get('error') or 'no reason recorded'})")
+            continue
+        groups[s["name"]].append((d, s))
+    for name, runs in groups.items():
+        algorithms = {s["algorithm"] for _, s in runs}
+        if len(algorithms) > 1:
+            listing = ", ".join(f"{d} ({s['algorithm']})" for d, s in runs)
+            raise CheckpointError(f"runs named {name!r} ran different algorithms ({listing}), so they are not seeds "
+                                  "of one experiment: give each config its own name, or compare them separately")
+        by_seed: dict[int, Path] = {}
+        for d, s in runs:
+            seed = int(s["seed"])
+            if seed in by_seed:
+                raise CheckpointError(f"{by_seed[seed]} and {d} are both run {name!r} with seed {seed}, so they are "
+                                      "not two seeds: compare one of them (or give the configs different names)")
+            by_seed[seed] = d
+    if not groups:
+        raise CheckpointError("no completed run to compare: " + "; ".join(left_out))
+    return groups, left_out
+
+
 def compare_table(run_dirs: list[Path], metric: str | None = None) -> tuple[str, dict]:
     """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting.
 
     When a run's config carries a ``paper`` section, two columns give the paper's number and
     the measured final minus it (mean over seeds), and the notes say which rule each side used."""
-    groups: dict[str, list[tuple[Path, dict]]] = defaultdict(list)
-    for d in run_dirs:
-        s = load_summary(d)
-        groups[s["name"]].append((Path(d), s))
+    groups, left_out = group_runs(run_dirs)
+    if metric is not None:
+        recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
+        if metric not in recorded:
+            raise CheckpointError(f"--metric {metric}: no run compared recorded it; recorded: "
+                                  f"{', '.join(sorted(recorded)) or 'none'}")
     papers = {name: load_paper(runs[0][0]) for name, runs in groups.items()}
     with_paper = any(papers.values())
     head = "| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |"
@@ -85,6 +121,8 @@ def compare_table(run_dirs: list[Path], metric: str | None = None) -> tuple[str,
     if len({p for ps in precisions.values() for p in ps}) > 1:     # rounding differs between the rows
         notes += ("\n\nNot every run has the same precision (trained / evaluated): "
                   + "; ".join(f"{name}: {', '.join(f'{t} / {e}' for t, e in ps)}" for name, ps in precisions.items()))
+    if left_out:
+        notes += "\n\nLeft out (not completed): " + "; ".join(left_out)
     if paper_notes:
         notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
                   "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))
@@ -109,18 +147,13 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
     group, over the seeds both have (the paired comparison of a method with a baseline: the
     partition and client sampling of a seed are the same for both)."""
     finals: dict[str, dict[int, float]] = defaultdict(dict)
-    summaries = [load_summary(d) for d in run_dirs]
+    groups, _ = group_runs(run_dirs)
+    summaries = [s for runs in groups.values() for _, s in runs]
     # One metric for every run, so each difference compares like with like: the one asked for,
     # else the baseline's headline (a personalized method is then judged on it too).
     base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
     m = metric or base_metric
-    where: dict[tuple[str, int], Path] = {}
-    for d, s in zip(run_dirs, summaries):
-        key = (s["name"], int(s["seed"]))
-        if key in where:
-            raise CheckpointError(f"--paired: {where[key]} and {d} are both run {key[0]!r} with seed {key[1]}; "
-                                  f"compare one of them")
-        where[key] = d
+    for s in summaries:
         if m and s["metrics"].get(m):
             finals[s["name"]][int(s["seed"])] = s["metrics"][m]["final"]
     if base not in finals:

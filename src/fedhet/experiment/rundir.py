@@ -25,6 +25,7 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 PARTITION = "partition.json"
+LOCK = ".lock"          # held (flock) by the process writing the run; the kernel frees it when that process dies
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
@@ -47,6 +48,36 @@ class RunDir:
 
     def holds_run(self) -> bool:
         return (self.path / METRICS).exists()
+
+    def lock(self) -> None:
+        """Hold the run directory for this process until :meth:`unlock` (or the process's end):
+        a second process writing the same folder would interleave its metrics with this one's."""
+        import fcntl
+
+        if getattr(self, "_lock_fd", None) is not None:
+            return
+        self.create()
+        path = self.path / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise OutputError(f"cannot write {path}: {e.strerror or e}; choose another --out") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(f"{self.path} is in use by another fedhet process (pid {holder}); two runs cannot "
+                              "share a run directory: wait for that one to end, or choose another --out") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        fd = getattr(self, "_lock_fd", None)
+        if fd is not None:
+            self._lock_fd = None
+            os.close(fd)            # closing the descriptor releases the flock
 
     def create(self) -> None:
         try:

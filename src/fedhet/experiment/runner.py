@@ -64,6 +64,11 @@ class ProgressBar(Callback):
         self.bar.close()
 
 
+def already_holds_a_run(run_dir: str | Path) -> str:
+    return (f"{run_dir} already holds a run: continue it with `fedhet run --resume {run_dir}` (from Python: "
+            f"fedhet.resume({str(run_dir)!r})), or choose another --out (out=...)")
+
+
 class Experiment:
     """One run of one config, in one run directory."""
 
@@ -114,19 +119,35 @@ class Experiment:
     def create(cls, cfg: ExperimentConfig, run_dir: str | Path | None = None, **kwargs: Any) -> Experiment:
         if run_dir is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
-            run_dir = Path(cfg.run.out_dir) / f"{cfg.name}-s{cfg.seed}-{stamp}"
+            run_dir = base = Path(cfg.run.out_dir) / f"{cfg.name}-s{cfg.seed}-{stamp}"
+            n = 1
+            while run_dir.exists():         # two runs started within one second
+                n += 1
+                run_dir = base.with_name(f"{base.name}-{n}")
         rundir = RunDir(run_dir)
         if rundir.holds_run():
-            raise ConfigError(f"{run_dir} already holds a run; use `fedhet run --resume {run_dir}` or another --out")
+            raise ConfigError(already_holds_a_run(run_dir))
         exp = cls(cfg, run_dir, **kwargs)
-        rundir.create()
+        rundir = exp.rundir
+        rundir.lock()
+        try:
+            if rundir.holds_run():          # another process created it while this one was building
+                raise ConfigError(already_holds_a_run(run_dir))
+            exp.write_run_files()
+        except BaseException:
+            rundir.unlock()
+            raise
+        return exp
+
+    def write_run_files(self) -> None:
+        """config.yaml, an empty metrics.jsonl and partition.json of a new run."""
+        rundir, cfg = self.rundir, self.cfg
         rundir.write_text(CONFIG, dump_config(cfg))
         (rundir.path / METRICS).touch()
-        fed = exp.federation
+        fed = self.federation
         rundir.write_text(PARTITION, json.dumps({
             "train_counts": fed.train_counts().tolist(), "test_counts": fed.test_counts().tolist(),
             "local_test_source": fed.local_test_source}))
-        return exp
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, threads: int | None = None, config: ExperimentConfig | None = None,
@@ -157,23 +178,28 @@ class Experiment:
                     + "; ".join(changed) + ". A resumed run must compute what it started computing: restore "
                     "those values, or start a new run (only raising train.rounds and run.* settings may change)")
         exp = cls(cfg, run_dir, **kwargs)
-        if snap is not None and isinstance(snap, dict):
-            # A Flower run's client state is on its SuperNodes, the simulator's in the file.
-            flower_file, flower_loop = snap.get("engine") == "flower", exp.loop.transport.name == "flower"
-            if flower_file != flower_loop:
-                how = f"fedhet flower run --resume {run_dir}" if flower_file else f"fedhet run --resume {run_dir}"
-                raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a {'Flower' if flower_file else 'simulator'} "
-                                      f"run, whose client state is {'on its SuperNodes' if flower_file else 'in the file'}: "
-                                      f"continue it with `{how}`")
-        if snap is not None:
-            try:
-                exp.loop.restore(snap["sim"])
-                exp.start_round = int(snap["round"])
-                exp.restored = snap
-            except (KeyError, TypeError, ValueError) as e:
-                raise CheckpointError(f"checkpoint {rundir.path / CHECKPOINT} does not hold a fedhet run's state "
-                                      f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
-        rundir.truncate_metrics(exp.start_round)
+        exp.rundir.lock()
+        try:
+            if snap is not None and isinstance(snap, dict):
+                # A Flower run's client state is on its SuperNodes, the simulator's in the file.
+                flower_file, flower_loop = snap.get("engine") == "flower", exp.loop.transport.name == "flower"
+                if flower_file != flower_loop:
+                    how = f"fedhet flower run --resume {run_dir}" if flower_file else f"fedhet run --resume {run_dir}"
+                    raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a {'Flower' if flower_file else 'simulator'} "
+                                          f"run, whose client state is {'on its SuperNodes' if flower_file else 'in the file'}: "
+                                          f"continue it with `{how}`")
+            if snap is not None:
+                try:
+                    exp.loop.restore(snap["sim"])
+                    exp.start_round = int(snap["round"])
+                    exp.restored = snap
+                except (KeyError, TypeError, ValueError) as e:
+                    raise CheckpointError(f"checkpoint {rundir.path / CHECKPOINT} does not hold a fedhet run's state "
+                                          f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
+            rundir.truncate_metrics(exp.start_round)
+        except BaseException:
+            exp.rundir.unlock()        # a refused resume leaves the folder free
+            raise
         return exp
 
     def read_metrics(self) -> list[dict]:
@@ -232,6 +258,7 @@ class Experiment:
             bar.close()
             self.loop.close()               # worker processes, device copies
             self.write_summary(status, error, time.perf_counter() - t_run, callbacks)
+            self.rundir.unlock()
         return self.summary
 
     def evaluate_round(self, rnd: int) -> dict:

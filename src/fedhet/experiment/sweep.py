@@ -57,7 +57,14 @@ import yaml
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.config import RESUMABLE_CHANGES, config_changes, flatten_config, load_config, read_yaml
+from fedhet.experiment.config import (
+    RESUMABLE_CHANGES,
+    config_changes,
+    flatten_config,
+    load_config,
+    parse_yaml,
+    read_yaml,
+)
 
 
 @dataclass
@@ -244,7 +251,7 @@ def config_mismatch(job: Job) -> list[str]:
         # a run exists, but what the sweep file asks for now cannot be read: not the same run
         return [f"the sweep file's config cannot be loaded ({str(e).splitlines()[0]})"]
     try:
-        return config_changes(yaml.safe_load(recorded.read_text()) or {}, current)
+        return config_changes(parse_yaml(recorded.read_text()) or {}, current)
     except (OSError, yaml.YAMLError):
         return []          # the run itself reports a recorded config it cannot load
 
@@ -415,7 +422,7 @@ def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
     run's recorded config. ``run.threads`` is the sweep's own (one share per lane). Other settings
     are part of what a run is: a run recorded with other values is stale and left alone."""
     try:
-        recorded = flatten_config(yaml.safe_load((job.run_dir / "config.yaml").read_text()) or {})
+        recorded = flatten_config(parse_yaml((job.run_dir / "config.yaml").read_text()) or {})
     except (OSError, yaml.YAMLError, AttributeError):
         return []
     out = []
@@ -425,7 +432,7 @@ def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
             continue
         have = recorded.get(key)
         try:
-            asked = yaml.safe_load(value)
+            asked = parse_yaml(value)
         except yaml.YAMLError:
             asked = value
         if str(have) != str(asked):
@@ -439,7 +446,7 @@ def _extend_rounds(job: Job) -> None:
     wanted = _requested_rounds(job)
     path = job.run_dir / "config.yaml"
     try:
-        recorded = yaml.safe_load(path.read_text()) or {}
+        recorded = parse_yaml(path.read_text()) or {}
         have = int(recorded.get("train", {}).get("rounds", 0))
     except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
         return             # the run itself reports a config it cannot load

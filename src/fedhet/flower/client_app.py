@@ -1,7 +1,7 @@
 """The fedhet ClientApp: one SuperNode hosts one fedhet client (or every ``num-partitions``-th).
 
 Each message may run in a fresh ``flwr-clientapp`` process (Flower's deployment runtime starts
-one per message, flower-notes §2.2), so the handler rebuilds everything it needs from the run
+one per message), so the handler rebuilds everything it needs from the run
 config: the validated fedhet config (run-config key ``fedhet-config``, YAML text) gives the
 federation, which is deterministic from config + seed, so the node builds it from its *local*
 copy of the dataset and uses only its own clients' indices; no data crosses the wire. The
@@ -55,13 +55,12 @@ PROCESS_STARTED = _process_started()
 IMPORTS_STARTED = time.time()
 
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
 from fedhet.core.errors import CheckpointError, ConfigError  # noqa: E402
 from fedhet.engine.host import ClientHost, Job, Tally  # noqa: E402
 from fedhet.engine.ledger import tensor_floats  # noqa: E402
 from fedhet.experiment.build import Built, build, configure_process  # noqa: E402
-from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config  # noqa: E402
+from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config, parse_yaml  # noqa: E402
 from fedhet.flower import require_flower  # noqa: E402
 from fedhet.metrics.evaluate import predict  # noqa: E402
 
@@ -85,7 +84,7 @@ def parse_config(config_text: str, data_root: str | None = None) -> ExperimentCo
     """The fedhet config of a Flower run, with this host's dataset directory, and the in-process
     engine set to ``reference``: Flower carries the clients, so worker processes or vmap
     (``run.engine``) have nothing to do here (and a node trains its clients one after another)."""
-    raw = yaml.safe_load(config_text)
+    raw = parse_yaml(config_text)
     if not isinstance(raw, dict):
         raise ConfigError(f"run config {CONFIG_KEY!r} must hold a fedhet YAML config")
     if data_root:

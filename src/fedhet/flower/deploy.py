@@ -4,11 +4,11 @@ one-machine loopback deployment behind ``fedhet flower run``.
 The loopback starts ``flower-superlink`` and one ``flower-supernode`` per partition on
 127.0.0.1 (free ports, ``FLWR_HOME`` in a temporary directory, update check off), submits the
 app with ``flwr run``, follows the run with ``flwr list`` until it finishes - ``flwr run
---stream`` exits 0 even when the run failed (flower-notes §4.4) - and stops every process by
+--stream`` exits 0 even when the run failed - and stops every process by
 process group, also on errors and Ctrl-C. The ServerApp writes the run directory itself (same
 machine), so the run directory is complete when the run has finished.
 
-Commands and flags are those of flwr 1.41/1.42 (flower-notes §4.1, §7.1); the app directory
+Commands and flags are those of flwr 1.41/1.42; the app directory
 holds only ``pyproject.toml``: the apps are imported from the installed fedhet package, which
 must therefore be installed on every host, like torch (runtime dependency installation is
 disabled: the SuperLink would otherwise run ``uv sync`` for the app's dependencies).
@@ -258,6 +258,9 @@ class Loopback:
     node_config: dict[str, Any] = field(default_factory=dict)
     echo: Callable[[str], None] | None = None
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # Process groups of the SuperLink's descendants seen so far (superexec, flwr-serverapp): when the
+    # SuperLink dies they are re-parented away from it, and stop() would no longer find them.
+    seen_groups: set[int] = field(default_factory=set)
 
     def __post_init__(self):
         self.workdir = Path(self.workdir)
@@ -372,8 +375,8 @@ class Loopback:
         The SuperLink starts its flower-superexec (and that the flwr-serverapp) in a new session,
         so descendants are collected first and their groups signalled too; Flower would end them
         itself (parent-process monitors), but only after a while."""
-        groups = {p.pid for p in self.procs.values()}
-        groups |= {_pgid(d) for p in self.procs.values() for d in _descendants(p.pid)} - {None, os.getpgrp()}
+        self.remember_descendants()
+        groups = {p.pid for p in self.procs.values()} | self.seen_groups
         for g in groups:
             _killpg(g, signal.SIGTERM)
         end = time.monotonic() + grace
@@ -387,6 +390,10 @@ class Loopback:
         for p in self.procs.values():
             if p.poll() is None:
                 p.wait(timeout=5)
+
+    def remember_descendants(self) -> None:
+        groups = {_pgid(d) for p in self.procs.values() for d in _descendants(p.pid)}
+        self.seen_groups |= {g for g in groups if g is not None} - {os.getpgrp()}
 
     def tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"
@@ -448,7 +455,10 @@ class Loopback:
                 while True:
                     now = time.monotonic()
                     hint = streamer.poll() is not None or _mtime(done_marker) != before
+                    if self.procs["superlink"].poll() is not None:
+                        raise DeploymentError("flower-superlink died:\n" + self.tail("superlink"))
                     if now >= next_check or hint:
+                        self.remember_descendants()
                         status = self.status(run_id)
                         if status.startswith("finished"):
                             return status
@@ -456,8 +466,6 @@ class Loopback:
                     if now > end:
                         self.flwr("stop", str(run_id), CONNECTION, timeout=30)
                         raise DeploymentError(f"run {run_id} still {status} after {timeout:.0f} s; stopped it")
-                    if self.procs["superlink"].poll() is not None:
-                        raise DeploymentError("flower-superlink died:\n" + self.tail("superlink"))
                     time.sleep(0.25)
             finally:
                 time.sleep(0.5)              # let the last log lines arrive
@@ -533,7 +541,10 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
             if on_submitted:
                 on_submitted(lb, run_id)
             t2 = time.monotonic()
-            status = lb.follow(run_id, timeout, done_marker=run_dir / "summary.json")
+            try:
+                status = lb.follow(run_id, timeout, done_marker=run_dir / "summary.json")
+            except DeploymentError as e:
+                raise DeploymentError(f"{e}\n{resume_hint(run_dir)}") from None
             seconds["run"] = time.monotonic() - t2
             t3 = time.monotonic()
         seconds["stop"] = time.monotonic() - t3
@@ -545,10 +556,20 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     if status != "finished:completed":
         cause = (summary or {}).get("error") or f"see {work / 'logs'}"
-        hint = (f"; the rounds done are kept: continue with `fedhet flower run --resume {run_dir}`"
-                if (run_dir / CHECKPOINT).exists() else "")
+        hint = f"; {resume_hint(run_dir)}" if (run_dir / CHECKPOINT).exists() else ""
         raise DeploymentError(f"Flower run ended {status}: {cause}{hint}")
     return LoopbackResult(run_dir, status, summary, seconds, work)
+
+
+def resume_hint(run_dir: Path) -> str:
+    from fedhet.experiment.rundir import CHECKPOINT, METRICS
+
+    if (run_dir / CHECKPOINT).exists():
+        return f"the rounds done are kept: continue with `fedhet flower run --resume {run_dir}`"
+    if not (run_dir / METRICS).exists():
+        return "the run had not started: give the same command again"
+    return (f"no checkpoint was written yet: `fedhet flower run --resume {run_dir}` starts the run again from "
+            "round 1 in the same folder")
 
 
 # --- command line (fedhet flower run | app) ------------------------------------------------

@@ -1,0 +1,226 @@
+"""Bad input gets a clear error that names the setting and the fix (or a warning, or it works):
+each case here once crashed with a raw traceback, ran silently as something else, or misled."""
+
+import copy
+import json
+
+import pytest
+import torch
+import yaml
+
+from fedhet.cli import main
+from fedhet.core.errors import ConfigError, PartitionError
+from fedhet.data.federated import build_federation
+from fedhet.experiment import config as config_module
+from fedhet.experiment.build import build_models, make_algorithm
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment
+
+
+def cfg_of(small_config, **sections):
+    raw = copy.deepcopy(small_config)
+    for section, values in sections.items():
+        if isinstance(values, dict) and isinstance(raw.get(section), dict):
+            raw[section].update(values)
+        else:
+            raw[section] = values
+    return raw
+
+
+# --- crashes that are now errors ------------------------------------------------------------
+def test_a_model_too_large_for_memory_is_a_config_error(small_config):
+    cfg = load_config(raw=cfg_of(small_config, model={"arch": "cnn2", "options": {"projection_dim": 10**12}}))
+    with pytest.raises(ConfigError, match=r"model cnn2 could not be built .*projection_dim"):
+        build_models(cfg, build_federation(cfg.data, cfg.seed))
+
+
+def test_an_empty_architecture_list_is_a_config_error(small_config):
+    with pytest.raises(ConfigError, match="model.arch must name an architecture"):
+        load_config(raw=cfg_of(small_config, model={"arch": []}))
+
+
+def test_a_set_value_that_is_not_yaml_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"--set train.rounds=\[1: the value is not valid YAML"):
+        load_config(overrides=["train.rounds=[1"])
+
+
+# --- what used to pass silently ----------------------------------------------------------------
+def test_two_processes_cannot_write_one_run_directory(small_config, tmp_path):
+    cfg = load_config(raw=small_config)
+    first = Experiment.create(cfg, tmp_path / "run")            # holds the folder until its run ends
+    with pytest.raises(ConfigError, match="in use by another fedhet process"):
+        Experiment.resume(tmp_path / "run")
+    first.run(progress=False)
+    Experiment.resume(tmp_path / "run").run(progress=False)     # free again once the run ended
+
+
+def test_default_run_directories_of_one_second_do_not_collide(small_config, monkeypatch):
+    from fedhet.experiment import runner
+
+    monkeypatch.setattr(runner.time, "strftime", lambda *args: "20260101-000000")    # one second
+    cfg = load_config(raw=cfg_of(small_config, train={"rounds": 1}))
+    a = Experiment.create(cfg)
+    a.run(progress=False)
+    b = Experiment.create(cfg)
+    assert a.run_dir != b.run_dir
+
+
+def test_a_key_given_twice_in_a_yaml_file_is_an_error(small_config, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(small_config) + "train: {rounds: 1}\n")
+    with pytest.raises(ConfigError, match="the key 'train' appears twice"):
+        load_config(path)
+
+
+def test_numbers_in_exponent_form_are_numbers():
+    assert config_module.parse_yaml("a: 5e-1\nb: 1e3\nc: 1.5e-2\nd: 2e") == {"a": 0.5, "b": 1000.0, "c": 0.015, "d": "2e"}
+
+
+def test_exponent_partition_parameters_reach_the_partitioner(small_config, tmp_path):
+    raw = cfg_of(small_config, data={"partition": {"kind": "dirichlet", "alpha": 5.0, "min_size": 20}})
+    text = yaml.safe_dump(raw).replace("alpha: 5.0", "alpha: 5e-1")
+    assert "alpha: 5e-1" in text
+    (tmp_path / "c.yaml").write_text(text)
+    cfg = load_config(tmp_path / "c.yaml")
+    assert cfg.data.partition.options()["alpha"] == 0.5
+    build_federation(cfg.data, cfg.seed)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_a_boolean_is_not_a_number_of_rounds(small_config, value):
+    with pytest.raises(ConfigError, match=f"rounds: expects a number, got {str(value).lower()}"):
+        load_config(raw=cfg_of(small_config, train={"rounds": value}))
+
+
+def test_fedfm_whose_warm_up_outlasts_the_run_is_refused(small_config):
+    with pytest.raises(ConfigError, match=r"start_round \(20.*train.rounds \(3\)"):
+        make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedfm"})))
+    make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedfm", "params": {"start_round": 2}})))
+
+
+def test_fedcme_with_one_local_epoch_is_refused_unless_nothing_is_exchanged(small_config):
+    with pytest.raises(ConfigError, match="train.local_epochs to 2 or more"):
+        make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedcme"})))
+    make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedcme", "params": {"exchange": "none"}})))
+    make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedcme"}, train={"local_epochs": 2})))
+
+
+def test_more_architectures_than_clients_is_refused(small_config):
+    with pytest.raises(ConfigError, match="model.arch lists 7 architectures for 6 clients"):
+        load_config(raw=cfg_of(small_config, model={"arch": ["fca_cnn_a"] * 7}))
+
+
+def test_grouped_dominant_with_more_groups_than_clients_is_refused(small_config):
+    raw = cfg_of(small_config, data={"num_clients": 3, "partition": {"kind": "grouped_dominant",
+                                                                      "samples_per_client": 50, "s": 0.2}})
+    raw["train"]["clients_per_round"] = 3
+    cfg = load_config(raw=raw)
+    with pytest.raises(PartitionError, match=r"5 label groups but only 3 clients, so groups \[\[4, 5, 6\], \[8, 9, 0\]\]"):
+        build_federation(cfg.data, cfg.seed)
+
+
+# --- messages that misled ------------------------------------------------------------------------
+def test_an_empty_client_is_named_as_such_with_test_set_local_splits(small_config):
+    raw = cfg_of(small_config, data={"num_clients": 400, "partition": {"kind": "dirichlet", "alpha": 0.05,
+                                                                        "min_size": 0}})
+    cfg = load_config(raw=raw)
+    with pytest.raises(PartitionError, match=r"client \d+ received no training samples"):
+        build_federation(cfg.data, cfg.seed)
+
+
+def test_an_undrawable_local_test_split_names_data_local_test(small_config):
+    raw = cfg_of(small_config, data={"num_clients": 2, "partition": {"kind": "iid"},
+                                      "local_test": {"source": "test_set", "fraction": 0.9}})
+    raw["train"]["clients_per_round"] = 2
+    cfg = load_config(raw=raw)
+    with pytest.raises(PartitionError, match=r"data.local_test \(source test_set, fraction 0.9\): client 0"):
+        build_federation(cfg.data, cfg.seed)
+
+
+def test_a_flower_run_that_died_before_its_first_checkpoint_says_how_to_go_on(tmp_path):
+    from fedhet.flower.deploy import resume_hint
+
+    assert "give the same command again" in resume_hint(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert f"fedhet flower run --resume {tmp_path}` starts the run again from round 1" in resume_hint(tmp_path)
+    (tmp_path / "checkpoint.pt").write_bytes(b"")
+    assert "the rounds done are kept" in resume_hint(tmp_path)
+
+
+# --- fedhet compare ------------------------------------------------------------------------------
+def _run(raw, out, **train):
+    raw = copy.deepcopy(raw)
+    raw["train"].update(rounds=1, **train)
+    Experiment.create(load_config(raw=raw), out).run(progress=False)
+
+
+@pytest.fixture
+def two_runs(small_config, tmp_path):
+    _run(small_config, tmp_path / "a")
+    _run(cfg_of(small_config, seed=4), tmp_path / "b")
+    return tmp_path / "a", tmp_path / "b"
+
+
+def test_compare_refuses_one_run_given_twice(two_runs, capsys):
+    a, _ = two_runs
+    assert main(["compare", str(a), str(a)]) == 2
+    assert "is given twice" in capsys.readouterr().err
+
+
+def test_compare_refuses_to_pool_different_algorithms_under_one_name(small_config, two_runs, tmp_path, capsys):
+    a, _ = two_runs
+    _run(cfg_of(small_config, seed=5, algorithm={"name": "fedprox", "params": {"mu": 0.01}}), tmp_path / "c")
+    assert main(["compare", str(a), str(tmp_path / "c")]) == 2
+    assert "ran different algorithms" in capsys.readouterr().err
+
+
+def test_compare_leaves_failed_runs_out_and_says_so(two_runs, capsys):
+    a, b = two_runs
+    summary = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**summary, "status": "failed", "error": "boom"}))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | fedavg | global_acc | 1 |" in out and f"Left out (not completed): {b} (failed: boom)" in out
+
+
+def test_compare_refuses_a_metric_no_run_recorded(two_runs, capsys):
+    a, b = two_runs
+    assert main(["compare", str(a), str(b), "--metric", "global_accc"]) == 2
+    err = capsys.readouterr().err
+    assert "--metric global_accc: no run compared recorded it" in err and "global_acc" in err
+
+
+# --- a newcomer's path ---------------------------------------------------------------------------
+def test_partition_heatmap_goes_to_the_output_folder(small_config, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))
+    assert main(["partition", "c.yaml"]) == 0
+    assert not list(tmp_path.glob("*.png"))
+    assert (tmp_path / "runs" / "tiny-partition.png").exists()
+
+
+def test_list_describes_every_algorithm(capsys):
+    from fedhet.algorithms import ALGORITHMS
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name in ALGORITHMS:
+        line = next(x for x in lines if x.split()[:1] == [name])
+        assert len(line.split(maxsplit=1)[1]) > 10, line
+
+
+# --- data.normalize ------------------------------------------------------------------------------
+def test_normalize_replaces_the_dataset_statistics(small_config):
+    from fedhet.core.errors import DataError
+
+    default = load_config(raw=small_config)
+    own = load_config(raw=cfg_of(small_config, data={"normalize": {"mean": [0.5], "std": [0.5]}}))
+    fed_default, fed_own = build_federation(default.data, 0), build_federation(own.data, 0)
+    x = fed_own.pool.x[:4]
+    assert torch.allclose(fed_own.normalize(x), (x.float() / 255 - 0.5) / 0.5)
+    assert not torch.allclose(fed_default.normalize(x), fed_own.normalize(x))     # Fashion-MNIST's 0.2860 / 0.3530
+    three = load_config(raw=cfg_of(small_config, data={"normalize": {"mean": [0.5] * 3, "std": [0.5] * 3}}))
+    with pytest.raises(DataError, match="data.normalize gives 3 mean and 3 std values for 1 channel"):
+        build_federation(three.data, 0)
+    with pytest.raises(ConfigError, match="data.normalize.std.0"):
+        load_config(raw=cfg_of(small_config, data={"normalize": {"mean": [0.5], "std": [0.0]}}))
