@@ -26,13 +26,14 @@ echo "The FedReMa paper (Liang et al., Table 1, after 500 rounds of 5 epochs): F
 import json, sys
 from pathlib import Path
 
-finals = {}
+finals, rounds = {}, set()
 for name in ("fedavg", "local", "fedrema"):
     summary = json.loads((Path(sys.argv[1]) / name / "summary.json").read_text())
     finals[name] = 100 * summary["metrics"]["personal_acc"]["final"]
+    rounds.add(summary["rounds_completed"])
 order = sorted(finals, key=finals.get, reverse=True)
 labels = {"fedavg": "FedAvg", "local": "Local-only", "fedrema": "FedReMa"}
-print("Here, after 20 rounds of 2 epochs and one seed: " + " > ".join(f"{labels[m]} {finals[m]:.1f}" for m in order)
+print(f"Here, after {'/'.join(map(str, sorted(rounds)))} rounds of 2 epochs and one seed: " + " > ".join(f"{labels[m]} {finals[m]:.1f}" for m in order)
       + f". {labels[order[0]]} is ahead of {labels[order[1]]} by {finals[order[0]] - finals[order[1]]:.1f} points;"
       " seed-to-seed spread at this budget is up to 2.8 points (README), so a smaller lead is not a verdict.")
 PY

@@ -61,7 +61,7 @@ def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, 
     ax.set_xlabel("round")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel(f"{metric} (%)")
-    ax.set_title(title or f"{metric}: " + ", ".join(series) + " (mean over seeds; band: min..max)", fontsize=9)
+    ax.set_title(title or f"{metric} by round, {len(series)} run group(s): mean over seeds, band min..max", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
