@@ -1,4 +1,3 @@
-import os
 import pickle
 import sys
 from pathlib import Path
@@ -14,22 +13,6 @@ from synthetic import write_fashion_mnist  # noqa: E402
 # Small models at small batches gain little from intra-op threads, and two multi-threaded torch
 # processes on a small machine (tests beside a benchmark) slow each other down by 10x or more.
 torch.set_num_threads(1)
-
-
-def _pin_xdist_worker() -> None:
-    """Under pytest-xdist, each worker (and every process it starts: the CLI runs of the sweep
-    tests, Flower's processes) keeps to one CPU, so a child's default thread count (one per usable
-    CPU) cannot oversubscribe the machine: OpenMP threads that outnumber the cores spin against
-    each other (runs 10x slower seen here). Worker gwN takes the Nth usable CPU, round robin."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if not worker.startswith("gw") or not hasattr(os, "sched_setaffinity"):
-        return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) > 1:
-        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
-
-
-_pin_xdist_worker()
 
 
 @pytest.fixture(scope="session")
