@@ -311,6 +311,7 @@ class FedCME(FedAvg):
         eval_fraction: float = pydantic.Field(0.2, gt=0, le=1)
 
     def check_schedule(self, rounds: int, local_epochs: int) -> None:
+        super().check_schedule(rounds, local_epochs)      # a composed method checks every part
         if self.params.exchange != "none" and local_epochs < 2:
             raise ConfigError(
                 f"algorithm {self.name}: the exchange ({self.params.exchange}) happens after floor(E/2) local "

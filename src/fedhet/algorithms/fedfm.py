@@ -166,6 +166,7 @@ class FedFM(FedAvg):
         start_round: int = pydantic.Field(20, ge=0)             # T_s: FedAvg before it
 
     def check_schedule(self, rounds: int, local_epochs: int) -> None:
+        super().check_schedule(rounds, local_epochs)      # a composed method checks every part
         if self.params.start_round >= rounds:
             raise ConfigError(
                 f"algorithm {self.name}: start_round ({self.params.start_round}, the FedAvg warm-up T_s) is not "
