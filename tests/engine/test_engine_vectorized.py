@@ -13,24 +13,25 @@ regimes, both measured over this file's cases after 2 rounds:
 * cnn2 (ReLU, max-pool): mostly ~1e-7 too, but now and then a pre-activation lies within
   rounding of a ReLU kink (or a max-pool tie) and the engines take different sides. What such a
   flip can move is derived, not fitted (``flip_bounds``): in one step, one sample of a batch of b
-  contributes lr/b times its own gradient; the flip removes or reroutes that sample's gradient
-  through one unit, so an entry of tensor T moves by at most lr * g_T / b, where g_T is the largest
-  per-sample gradient entry of T (measured on the case's own data, at the initial and at the
-  reference's final model). b is the smallest batch any client takes (a client smaller than a
-  batch, or the last partial batch without drop_last), momentum beta carries one step's
-  difference into all later steps (at most 1 / (1 - beta) of it), and an aggregation weight or a
-  personal model (weight 1) never enlarges it. So each tensor must agree within that one-flip
-  bound (plus rounding), and the whole model within a relative L2 distance of MODEL_RTOL (the
-  bulk agrees to rounding). Measured against it: 1.1e-3 on an AVX512-BF16 CPU (fedcme-oe, equal
-  sizes, fc1 weights; bound 1.8e-3) and 2.77e-3 on an AMX Xeon and 2.8e-3 on an H200 (fedpac,
-  unequal sizes, fc1 weights, 2 of 524,288 entries; bound 3.3e-3: its smallest batch is a
-  4-sample remainder).
+  contributes lr/b times its own gradient, and the flip cuts or reroutes one position's
+  delta_out * input product of that sample, so an entry of tensor T moves by at most lr * g_T / b,
+  where g_T = max over the case's samples of max|delta_out| * max|input| of T's layer (max|delta_out|
+  for a bias), measured at the initial and at the reference's final model
+  (``largest_flip_terms``). b is the smallest batch any client takes (a client smaller than a
+  batch, or the last partial batch without drop_last); momentum beta carries one step's difference
+  into all later steps (at most 1 / (1 - beta) of it); an aggregation weight or a personal model
+  (weight 1) never enlarges it; and an entry may carry FLIPS = 2 such moves (one a round). Each
+  tensor must agree within that bound plus rounding (TIGHT), and the whole model within a relative
+  L2 distance of MODEL_RTOL (the bulk agrees to rounding). Measured against it: 1.1e-3 on an
+  AVX512-BF16 CPU (fedcme-oe, equal sizes, fc1 weights; bound 3.5e-3) and 2.77e-3 on an AMX Xeon
+  and 2.8e-3 on an H200 (fedpac, unequal sizes, fc1 weights, 2 of 524,288 entries; bound 6.3e-3:
+  its smallest batch is a 4-sample remainder). ``PYTHONPATH=tests python
+  tests/engine/test_engine_vectorized.py fedpac unequal`` prints a case's bounds.
 
-What the tests catch (each seen to fail once the engine was broken so): a vmapped term given the
-first client's constants for every client (FedRS's restricted-softmax weights, FedProx's global
-weights); frozen parameters trained (FedBABU's head); momentum not carried across the per-epoch
-calls; the last partial batch dropped; the aggregation weights of the reference replaced by
-uniform ones.
+What the tests catch: ``bash scripts/engine_breaks.sh`` breaks the engine five ways (a vmapped
+term given the first client's constants for every client; frozen parameters trained; momentum not
+carried across calls; the last partial batch dropped; a bucket's weights not written back) and
+checks that tests of this file fail under each.
 
 SCAFFOLD's control variates are displacements divided by lr * steps (~0.05 * 7): they get 10x
 the parameters' tolerance. Hyper-parameters stay out of the chaotic regime: at lr 0.05 with
@@ -600,3 +601,30 @@ def test_weights_overflowing_in_the_only_step_raise_like_reference(small_config)
         sim = build(cfg, engine)
         with pytest.raises(NumericalError, match=r"parameter '.*' became non-finite in round 1, client \d+"):
             sim.run_round(0)
+
+
+if __name__ == "__main__":     # PYTHONPATH=tests python tests/engine/test_engine_vectorized.py CASE equal|unequal
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from synthetic import write_fashion_mnist
+
+    torch.set_num_threads(1)
+    case = next(c for c in CASES if c[0] == sys.argv[1])
+    with tempfile.TemporaryDirectory() as tmp:
+        small = {"name": "tiny", "seed": 3, "model": {"arch": "cnn2"}, "algorithm": {"name": "fedavg"},
+                 "data": {"root": str(write_fashion_mnist(Path(tmp))), "verify": False, "num_clients": 6,
+                          "local_test": {"source": "test_set", "fraction": 0.2}},
+                 "train": {"rounds": 3, "clients_per_round": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
+                 "run": {"out_dir": tmp, "progress": False}}
+        _, algorithm, params, options, momentum, lr, epochs = case
+        cfg = make_config(small, algorithm, params, EQUAL if sys.argv[2] == "equal" else UNEQUAL, momentum, lr,
+                          epochs, options)
+        ref, vec = run_both(cfg)
+        bounds = flip_bounds(cfg, ref)
+        a, b = ref.server_state.get("model", {}), vec.server_state.get("model", {})
+        print(f"{sys.argv[1]}-{sys.argv[2]}-nobn: smallest batch {smallest_batch(cfg, ref.federation)}")
+        for k, bound in bounds.items():
+            diff = f"{float((a[k] - b[k]).abs().max()):.2e}" if k in a else "-"
+            print(f"  {k:24s} bound {bound:.2e}  global-model difference here {diff}")

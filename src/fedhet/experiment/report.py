@@ -73,12 +73,13 @@ def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]]
     return groups, left_out
 
 
-def compare_table(run_dirs: list[Path], metric: str | None = None) -> tuple[str, dict]:
+def compare_table(run_dirs: list[Path], metric: str | None = None,
+                  grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> tuple[str, dict]:
     """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting.
 
     When a run's config carries a ``paper`` section, two columns give the paper's number and
     the measured final minus it (mean over seeds), and the notes say which rule each side used."""
-    groups, left_out = group_runs(run_dirs)
+    groups, left_out = grouped or group_runs(run_dirs)
     if metric is not None:
         recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
         if metric not in recorded:
@@ -142,12 +143,13 @@ def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]])
     return f"{text} | {diff}"
 
 
-def paired_differences(run_dirs: list[Path], base: str, metric: str | None = None) -> str:
+def paired_differences(run_dirs: list[Path], base: str, metric: str | None = None,
+                       grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> str:
     """Markdown table of the per-seed differences ``final(group) - final(base)`` for every other
     group, over the seeds both have (the paired comparison of a method with a baseline: the
     partition and client sampling of a seed are the same for both)."""
     finals: dict[str, dict[int, float]] = defaultdict(dict)
-    groups, _ = group_runs(run_dirs)
+    groups, _ = grouped or group_runs(run_dirs)
     summaries = [s for runs in groups.values() for _, s in runs]
     # One metric for every run, so each difference compares like with like: the one asked for,
     # else the baseline's headline (a personalized method is then judged on it too).
@@ -176,9 +178,10 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
 
 
 def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None, paired: str | None = None) -> str:
-    table, curves = compare_table(run_dirs, metric)
+    grouped = group_runs(run_dirs)          # each summary read once
+    table, curves = compare_table(run_dirs, metric, grouped)
     if plot_path is not None:
         plot_compare(curves, metric or "headline accuracy", plot_path)
     if paired:
-        table += "\n\n" + paired_differences(run_dirs, paired, metric)
+        table += "\n\n" + paired_differences(run_dirs, paired, metric, grouped)
     return table

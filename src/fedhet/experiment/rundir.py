@@ -45,6 +45,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 class RunDir:
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._lock_fd: int | None = None       # the open .lock while this process holds the folder
 
     def holds_run(self) -> bool:
         return (self.path / METRICS).exists()
@@ -54,7 +55,7 @@ class RunDir:
         a second process writing the same folder would interleave its metrics with this one's."""
         import fcntl
 
-        if getattr(self, "_lock_fd", None) is not None:
+        if self._lock_fd is not None:
             return
         self.create()
         path = self.path / LOCK
@@ -74,10 +75,9 @@ class RunDir:
         self._lock_fd = fd
 
     def unlock(self) -> None:
-        fd = getattr(self, "_lock_fd", None)
-        if fd is not None:
-            self._lock_fd = None
-            os.close(fd)            # closing the descriptor releases the flock
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None            # closing the descriptor releases the flock
 
     def create(self) -> None:
         try:
