@@ -182,6 +182,16 @@ def test_fedacd_server_weights_models_by_their_scores_not_sizes():
     assert FedACD().round_metrics(state)["fedacd_kl_mean"] == pytest.approx(2.75)
 
 
+def test_fedacd_round_metrics_give_the_spread_of_the_scores():
+    replies = fedacd_replies()
+    replies[2] = Message("update", {"model": {"w": torch.tensor([5.0])}},
+                         {"num_samples": 0, "kl": math.inf, "score": 0.0})    # a client without data
+    m = FedACD().round_metrics(FedACD().aggregate({"model": {"w": torch.tensor([7.0])}}, replies, ctx([0, 1, 2])))
+    assert (m["fedacd_score_min"], m["fedacd_score_max"]) == (0.55, 0.9)
+    assert m["fedacd_weight_ratio"] == pytest.approx(0.9 / 0.55)
+    assert m["fedacd_kl_mean"] == pytest.approx(2.75) and m["fedacd_kl_by_client"][2] is None
+
+
 def test_fedacd_base_weights_uniformly():
     state = FedACDBase().aggregate({"model": {"w": torch.tensor([7.0])}}, fedacd_replies(), ctx([0, 1]))
     assert float(state["model"]["w"]) == pytest.approx(0.5)
@@ -217,6 +227,28 @@ def test_client_uses_the_received_models_P_first_then_each_epochs_estimate(small
     assert reply.scalars["kl"] == pytest.approx(template_kl(P2, present))
     assert reply.scalars["score"] == pytest.approx(aggregation_score(reply.scalars["kl"]))
     assert reply.scalars["steps"] == 2 * math.ceil(client.num_samples / 32)
+
+
+def test_score_from_clean_uses_a_clean_pass_of_the_trained_local_model(small_config):
+    """score_from: clean scores the P of the returned local weights on the client's un-mixed
+    training data; the default scores the last epoch's estimate on the mixed training inputs,
+    and the two differ."""
+    from fedhet.algorithms.fedacd import local_probability_matrix
+
+    replies = {}
+    for source in ("training", "clean"):
+        loop = build_loop(config(small_config, "fedacd", {"score_from": source}, local_epochs=2))
+        client = runtime(loop, 0)
+        weights = loop.server_state["model"]
+        replies[source], _ = loop.algorithm.client_update(Message("train", {"model": weights}), None, client)
+    present = torch.bincount(client.data.y[client.data.train_idx], minlength=10) > 0
+    P, _ = local_probability_matrix(client.model, replies["clean"].arrays["model"], client.data, 10)
+    assert replies["clean"].scalars["kl"] == pytest.approx(template_kl(P, present))
+    assert replies["clean"].scalars["score"] == pytest.approx(aggregation_score(template_kl(P, present)))
+    # the local training itself is the same: only the score's P differs
+    for k, v in replies["training"].arrays["model"].items():
+        torch.testing.assert_close(replies["clean"].arrays["model"][k], v, rtol=0, atol=0)
+    assert replies["clean"].scalars["kl"] != pytest.approx(replies["training"].scalars["kl"], rel=1e-3)
 
 
 def test_fedacd_epochs_split_equal_one_unsplit_run_when_P_is_fixed(small_config):

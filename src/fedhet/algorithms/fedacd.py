@@ -22,13 +22,17 @@ Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mix
 * When P is estimated ([D]): epoch 0 uses one no-grad pass of the received model over
   the client's un-mixed data (eval mode); every epoch accumulates the mixup-weighted softmax of
   its training forwards (the term's statistics), and the next epoch uses that estimate. The
-  estimate of the last epoch gives the aggregation score.
+  estimate of the last epoch gives the aggregation score (``score_from: training``); with
+  ``score_from: clean`` the score's P comes instead from one no-grad pass of the trained local
+  model over the client's un-mixed training data (eval mode), the P of the local model itself.
 
 Server (Eq. 10-11): the template ``Q`` has ``tau`` on the diagonal and ``(1 - tau)/(C - 1)``
 elsewhere; ``KL(P || Q)`` is the mean over the client's present rows ([D]: Table 9's
 values are per-row sized); ``V = sigmoid(1 / KL)``; the new model is ``sum_m V_m w_m / sum V``
 over the round's participants, with no data-size factor. FedACD_base (Table 8) averages with
-uniform weights; ``mixup: false`` is Table 5's ablation.
+uniform weights; ``mixup: false`` is Table 5's ablation. Each round records the scores' spread
+(``fedacd_score_min`` / ``_max``, and ``fedacd_weight_ratio``, the largest normalised weight over the
+smallest): when V barely varies, FedACD's average is FedACD_base's.
 """
 
 from __future__ import annotations
@@ -174,6 +178,8 @@ class FedACD(FedAvg):
         mixup_alpha: float = Field(1.0, gt=0)             # Beta(alpha, alpha) [D]
         detach_target: bool = True                        # q built from the detached p [D]
         weighting: Literal["score", "uniform"] = "score"  # uniform = FedACD_base (Table 8)
+        # P of the score: the last epoch's estimate on the training (mixed) inputs [D], or a clean pass
+        score_from: Literal["training", "clean"] = "training"
 
     # --- server ---------------------------------------------------------------------------
     def aggregation_weights(self, replies: Replies, cids: list[int]) -> list[float]:
@@ -193,9 +199,12 @@ class FedACD(FedAvg):
         finite = [v for v in (kl or {}).values() if math.isfinite(v)]     # clients without data: inf
         if not finite:
             return {}
+        scores = [v for v in state["fedacd_score"].values() if v > 0]        # clients without data: 0
         return {"fedacd_kl_mean": sum(finite) / len(finite),
                 "fedacd_kl_by_client": {c: v if math.isfinite(v) else None for c, v in kl.items()},
-                "fedacd_score_by_client": state["fedacd_score"]}
+                "fedacd_score_by_client": state["fedacd_score"],
+                "fedacd_score_min": min(scores), "fedacd_score_max": max(scores),
+                "fedacd_weight_ratio": max(scores) / min(scores)}
 
     # --- client ---------------------------------------------------------------------------
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
@@ -232,6 +241,8 @@ class FedACD(FedAvg):
             if result.steps:           # an epoch with no step (fewer samples than a batch, drop_last) keeps P
                 P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])
         final = concatenate_results(results)
+        if self.params.score_from == "clean" and present.any():
+            P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
         final.statistics["fedacd.P"] = P
         final.statistics["fedacd.present"] = present
         return final
