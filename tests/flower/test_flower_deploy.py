@@ -2,7 +2,7 @@
 
 Each test starts its own SuperLink and SuperNodes (free ports, FLWR_HOME in tmp_path), so they
 take about a minute each (Flower polls every few seconds and starts a fresh ClientApp process,
-which imports torch, for every message). They run in the default ``pytest``
+which imports torch, for every message); checks that can share a deployment share one. They run in the default ``pytest``
 invocation; ``-m "not deploy"`` leaves them out.
 """
 
@@ -51,12 +51,44 @@ def deploy_config(small_config, algorithm, rounds=2, clients=3):
     return load_config(raw=raw)
 
 
-def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
-    """Two-phase FedCME over real Flower: 3 SuperNodes, 2 rounds, same parameters as the simulator."""
+def test_loopback_fedcme_over_tls_with_authentication_matches_simulator(small_config, tmp_path):
+    """One deployment checks three things at once (each alone costs a deployment, about a
+    minute and a half here): two-phase FedCME over real Flower, 3 SuperNodes, 2 rounds, ends
+    with the simulator's parameters and metrics; the transport is TLS (self-signed CA; the
+    SuperLink answers HTTPS and refuses plain HTTP); and with --enable-supernode-auth the
+    registered SuperNodes (keys registered through `flwr supernode register`) run the rounds
+    while both kinds of stranger are refused: a node whose key was never registered, and a
+    node without a key (which, on a SuperLink without authentication, registers itself and
+    joins). Each stranger exits and never gets a message."""
     cfg = deploy_config(small_config, "fedcme")
     cfg.eval.personalized = False                  # the evaluate message is covered by the kill test
-    res = run_loopback(cfg, tmp_path / "flower", nodes=3, workdir=tmp_path / "work", timeout=600, **SETTINGS)
+    probes, strangers = {}, {}
+
+    def probe_then_start_strangers(lb, run_id):
+        ctx = ssl.create_default_context(cafile=str(lb.certs["ca"]))
+        with urllib.request.urlopen(f"https://127.0.0.1:{lb.port}/health", context=ctx, timeout=10) as r:
+            probes["https"] = r.status
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/health", timeout=10)
+            probes["http"] = "answered"
+        except OSError as e:
+            probes["http"] = f"refused: {e}"
+        procs = {"unregistered": lb.start_node(0, make_node_key(lb.workdir / "keys" / "stranger"),
+                                               name="unregistered"),
+                 "keyless": lb.start_node(1, None, name="keyless")}
+        for name, proc in procs.items():
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                code = None
+            strangers[name] = (code, lb.tail(name, 60))
+
+    res = run_loopback(cfg, tmp_path / "flower", nodes=3, auth=True, workdir=tmp_path / "work", timeout=600,
+                       on_submitted=probe_then_start_strangers, **SETTINGS)
     assert res.status == "finished:completed" and res.summary["status"] == "completed"
+    assert probes["https"] == 200 and probes["http"].startswith("refused"), probes
+    for name, (code, log) in strangers.items():
+        assert code not in (None, 0) and "Failed to" in log and "Receiving" not in log, (name, code, log)
 
     ref = Experiment.create(cfg, tmp_path / "sim")
     ref.run(progress=False)
@@ -71,7 +103,8 @@ def test_loopback_fedcme_matches_simulator(small_config, tmp_path):
         assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "checkpoint.pt"):
         assert (tmp_path / "flower" / name).is_file(), name
-    print(f"\nloopback fedcme: {res.seconds}; phases: {[[p['seconds'] for p in r['flower']['phases']] for r in rows]}")
+    print(f"\nloopback fedcme (TLS, auth): {res.seconds}; "
+          f"phases: {[[p['seconds'] for p in r['flower']['phases']] for r in rows]}")
 
 
 def test_simulation_runtime_fedcme_matches_simulator(small_config, tmp_path):
@@ -98,60 +131,6 @@ def test_simulation_runtime_fedcme_matches_simulator(small_config, tmp_path):
         assert all(p["sent"] == p["answered"] == 3 for p in f["flower"]["phases"])
     for key in ("global_acc", "personal_acc"):           # evaluated after the last round
         assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
-
-
-def test_loopback_tls(small_config, tmp_path):
-    """A deployment over TLS (self-signed CA; SuperNodes verify the SuperLink's certificate;
-    plain HTTP is refused). Two SuperNodes, one round: the transport is what is tested here."""
-    cfg = deploy_config(small_config, "fedavg", rounds=1, clients=2)
-    cfg.eval.personalized = False
-    probes = {}
-
-    def probe(lb, run_id):
-        ctx = ssl.create_default_context(cafile=str(lb.certs["ca"]))
-        with urllib.request.urlopen(f"https://127.0.0.1:{lb.port}/health", context=ctx, timeout=10) as r:
-            probes["https"] = r.status
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{lb.port}/health", timeout=10)
-            probes["http"] = "answered"
-        except OSError as e:
-            probes["http"] = f"refused: {e}"
-
-    res = run_loopback(cfg, tmp_path / "flower", nodes=2, tls=True, workdir=tmp_path / "work", timeout=600,
-                       on_submitted=probe, **SETTINGS)
-    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 1
-    assert probes["https"] == 200 and probes["http"].startswith("refused"), probes
-    (row,) = read_metrics(tmp_path / "flower")
-    assert row["flower"]["phases"][0]["answered"] == 2
-
-
-def test_loopback_supernode_authentication(small_config, tmp_path):
-    """With --enable-supernode-auth, the registered SuperNodes (keys registered through
-    `flwr supernode register`) run the round, and the SuperLink refuses both kinds of stranger:
-    a node whose key was never registered, and a node without a key (which, on a SuperLink
-    without authentication, registers itself and joins). Each exits and never gets a message."""
-    cfg = deploy_config(small_config, "fedavg", rounds=1, clients=2)
-    cfg.eval.personalized = False
-    strangers = {}
-
-    def start_strangers(lb, run_id):
-        procs = {"unregistered": lb.start_node(0, make_node_key(lb.workdir / "keys" / "stranger"),
-                                               name="unregistered"),
-                 "keyless": lb.start_node(1, None, name="keyless")}
-        for name, proc in procs.items():
-            try:
-                code = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                code = None
-            strangers[name] = (code, lb.tail(name, 60))
-
-    res = run_loopback(cfg, tmp_path / "flower", nodes=2, auth=True, workdir=tmp_path / "work", timeout=600,
-                       on_submitted=start_strangers, **SETTINGS)
-    assert res.summary["status"] == "completed" and res.summary["rounds_completed"] == 1
-    (row,) = read_metrics(tmp_path / "flower")
-    assert row["flower"]["phases"][0]["answered"] == 2
-    for name, (code, log) in strangers.items():
-        assert code not in (None, 0) and "Failed to" in log and "Receiving" not in log, (name, code, log)
 
 
 def test_loopback_resume_after_superlink_killed(small_config, tmp_path):
