@@ -325,6 +325,14 @@ def lane_threads(lanes: int) -> int:
     return max(1, usable_cpus() // lanes)
 
 
+def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
+    """Return once one of ``procs`` has exited or ``seconds`` have passed (at once when none runs),
+    so a lane that frees up takes its next run without waiting out the whole poll."""
+    end = time.monotonic() + seconds
+    while procs and all(p.poll() is None for p in procs) and time.monotonic() < end:
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
 def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
               poll_seconds: float = 2.0, report_every: float = 60.0, log=print) -> dict[str, str]:
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``.
@@ -379,7 +387,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
-            time.sleep(poll_seconds)
+            _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
             for name, (job, proc, t0) in list(running.items()):
                 rc = proc.poll()
                 if rc is None:
