@@ -1,5 +1,9 @@
+import json
+import os
 import pickle
+import resource
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +103,24 @@ def pytest_collection_modifyitems(config, items):
     under pytest-xdist (scripts/test.sh) they should start at once beside the others rather than
     be the last tests running, alone."""
     items.sort(key=lambda item: item.get_closest_marker("deploy") is None)
+
+
+# FEDHET_TEST_CPU_LOG=path: one JSON line per test with its wall time and the CPU seconds it used,
+# in the test process and in the child processes it waited for (CLI runs, Flower processes);
+# under pytest-xdist the CPU figures, unlike the wall times, do not count waiting for a core.
+# scripts/test_cpu_table.py sums them per file.
+if os.environ.get("FEDHET_TEST_CPU_LOG"):
+
+    def _cpu_seconds() -> tuple[float, float]:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        (own0, kids0), wall0 = _cpu_seconds(), time.monotonic()
+        yield
+        (own1, kids1), wall1 = _cpu_seconds(), time.monotonic()
+        line = json.dumps({"test": item.nodeid, "wall": round(wall1 - wall0, 3), "cpu": round(own1 - own0, 3),
+                           "children_cpu": round(kids1 - kids0, 3)})
+        with open(os.environ["FEDHET_TEST_CPU_LOG"], "a") as f:      # one short appended line: atomic
+            f.write(line + "\n")
