@@ -242,6 +242,18 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
         path = tmp_path / f"fedprox_s{seed}" / "summary.json"
         path.write_text(json.dumps({**json.loads(path.read_text()), "headline_metric": "personal_acc"}))
     assert compare(dirs, None, None, paired="fedavg").split("Paired differences")[1] == text.split("Paired differences")[1]
+    assert "at best val" not in text                  # these runs hold out no validation split
+    # runs that record the best-validation round (FedFM's reporting rule) get its column and pairs
+    chosen = {("fedavg", 0): 0.5, ("fedavg", 1): 0.6, ("fedprox", 0): 0.55, ("fedprox", 1): 0.58}
+    for (algo, seed), value in chosen.items():
+        path = tmp_path / f"{algo}_s{seed}" / "summary.json"
+        rule = "global_acc at the first evaluated round with the highest global_val_acc"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "headline_metric": "global_acc",
+                                    "model_selection": {"value": value, "round": 1, "validation": 0.9, "rule": rule}}))
+    text = compare(dirs, None, None, paired="fedavg")
+    assert "| 55.00 ± 7.07 |" in text.split("\n")[2] and "| 56.50 ± 2.12 |" in text.split("\n")[3], text
+    tail = text.split("at the best-validation round against fedavg")[1]
+    assert "| fedprox | 2 | s0: +5.00, s1: -2.00 | +1.50 ± 4.95 | 1/2 |" in tail, tail
     with pytest.raises(Exception, match="no completed run of that name"):
         compare(dirs, None, None, paired="scaffold")
     with pytest.raises(Exception, match="is given twice"):

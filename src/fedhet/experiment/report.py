@@ -11,6 +11,7 @@ from fedhet.core.errors import CheckpointError
 from fedhet.experiment.config import parse_yaml
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import CONFIG, read_metrics
+from fedhet.experiment.summary import selected_value
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -89,6 +90,11 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     with_paper = any(papers.values())
     head = "| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |"
     rule = "|---|---|---|---|---|---|---|---|"
+    selected = {name: [v for _, s in runs if (v := selected_value(s, metric or runs[0][1]["headline_metric"]))
+                       is not None] for name, runs in groups.items()}
+    with_selected = any(selected.values())
+    if with_selected:
+        head, rule = head + " at best val (%) |", rule + "---|"
     if with_paper:
         head, rule = head + " paper (%) | final - paper |", rule + "---|---|"
     lines = [head, rule]
@@ -106,6 +112,8 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         spr_text = f"{statistics.median(spr):.2f}" if spr else "-"
         row = (f"| {name} | {runs[0][1]['algorithm']} | {m} | {len(runs)} | {'/'.join(map(str, rounds))} | "
                f"{_mean_std(finals)} | {_mean_std(bests)} | {spr_text} |")
+        if with_selected:
+            row += f" {_mean_std(selected[name])} |"
         if with_paper:
             row += " " + _paper_cells(papers[name], m, runs) + " |"
         lines.append(row)
@@ -116,7 +124,9 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
             paper_notes.append(f"- {name}: {where}" + (f"; paper's rule: {paper['rule']}" if paper.get("rule") else ""))
     notes = ("final = mean of the metric over the last evaluations (window in each summary"
              + (f": {'; '.join(sorted(measured_rules))}" if measured_rules else "") + "); "
-             "best = max over evaluated rounds; ± = sample std over seeds.")
+             "best = max over evaluated rounds; ± = sample std over seeds."
+             + (" at best val = the metric at the first round with the highest validation accuracy (the "
+                "clients' held-out splits)." if with_selected else ""))
     precisions = {name: sorted({(s.get("precision", "fp32"), s.get("eval_precision", "fp32")) for _, s in runs})
                   for name, runs in groups.items()}
     if len({p for ps in precisions.values() for p in ps}) > 1:     # rounding differs between the rows
@@ -147,27 +157,38 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
                        grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> str:
     """Markdown table of the per-seed differences ``final(group) - final(base)`` for every other
     group, over the seeds both have (the paired comparison of a method with a baseline: the
-    partition and client sampling of a seed are the same for both)."""
-    finals: dict[str, dict[int, float]] = defaultdict(dict)
+    partition and client sampling of a seed are the same for both); a second table gives the
+    differences at the best-validation round when the baseline's runs recorded it."""
     groups, _ = grouped or group_runs(run_dirs)
     summaries = [s for runs in groups.values() for _, s in runs]
     # One metric for every run, so each difference compares like with like: the one asked for,
     # else the baseline's headline (a personalized method is then judged on it too).
     base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
     m = metric or base_metric
+    finals: dict[str, dict[int, float]] = defaultdict(dict)
+    chosen: dict[str, dict[int, float]] = defaultdict(dict)
     for s in summaries:
         if m and s["metrics"].get(m):
             finals[s["name"]][int(s["seed"])] = s["metrics"][m]["final"]
+        if m and (v := selected_value(s, m)) is not None:
+            chosen[s["name"]][int(s["seed"])] = v
     if base not in finals:
         raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
                               f"(names: {', '.join(sorted({s['name'] for s in summaries})) or 'none'})")
-    lines = [f"Paired differences of final {m} against {base} (percentage points, per seed):", "",
-             "| run | seeds | per seed | mean ± std | differences > 0 |", "|---|---|---|---|---|"]
-    for name, by_seed in finals.items():
+    text = _paired_table(finals, base, f"Paired differences of final {m} against {base} (percentage points, per seed):")
+    if base in chosen:
+        text += "\n\n" + _paired_table(chosen, base, f"Paired differences of {m} at the best-validation round "
+                                                    f"against {base} (percentage points, per seed):")
+    return text
+
+
+def _paired_table(values: dict[str, dict[int, float]], base: str, title: str) -> str:
+    lines = [title, "", "| run | seeds | per seed | mean ± std | differences > 0 |", "|---|---|---|---|---|"]
+    for name, by_seed in values.items():
         if name == base:
             continue
-        seeds = sorted(set(by_seed) & set(finals[base]))
-        diffs = [100 * (by_seed[s] - finals[base][s]) for s in seeds]
+        seeds = sorted(set(by_seed) & set(values[base]))
+        diffs = [100 * (by_seed[s] - values[base][s]) for s in seeds]
         if not diffs:
             lines.append(f"| {name} | none shared | - | - | - |")
             continue

@@ -67,8 +67,18 @@ def model_selection(rows: list[dict], selected_by: str = "global_val_acc", repor
     if not values:
         return {}
     rnd, val, test = max(values, key=lambda v: (v[1], -v[0]))
-    return {"value": test, "round": rnd, "validation": val,
+    return {"value": test, "round": rnd, "validation": val, "metric": report,
             "rule": f"{report} at the first evaluated round with the highest {selected_by}"}
+
+
+def selected_value(summary: dict, metric: str) -> float | None:
+    """``metric`` at the best-validation round (``model_selection``) of a run's summary, or None
+    when the run recorded no validation metric or selected another metric."""
+    chosen = summary.get("model_selection") or {}
+    if not chosen:
+        return None
+    reported = chosen.get("metric") or chosen["rule"].split(" at ", 1)[0]     # summaries before "metric"
+    return chosen["value"] if reported == metric else None
 
 
 def speed(rows: list[dict]) -> dict:
