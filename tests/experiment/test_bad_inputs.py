@@ -34,6 +34,28 @@ def test_a_model_too_large_for_memory_is_a_config_error(small_config):
         build_models(cfg, build_federation(cfg.data, cfg.seed))
 
 
+def test_run_device_is_checked_against_this_machine(small_config, monkeypatch, tmp_path):
+    """An unknown device is refused at load; a CUDA device the machine lacks when the run is built
+    (it crashed in the first training step); auto picks CUDA only where torch sees it."""
+    from fedhet.experiment.build import resolve_device
+
+    with pytest.raises(ConfigError, match="run.device: expected cpu, cuda, cuda:N or auto, got 'gpu'"):
+        load_config(raw=cfg_of(small_config, run={"device": "gpu"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="run.device: cuda, but torch .* sees no CUDA device"):
+        Experiment.create(load_config(raw=cfg_of(small_config, run={"device": "cuda"})), tmp_path / "cuda")
+    assert not (tmp_path / "cuda" / "metrics.jsonl").exists()
+    assert resolve_device("auto") == "cpu" and resolve_device("cpu") == "cpu"
+    exp = Experiment.create(load_config(raw=cfg_of(small_config, run={"device": "auto"}, train={"rounds": 1})),
+                            tmp_path / "auto")
+    assert exp.run(progress=False)["device"] == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:0") == "cuda:0"
+    with pytest.raises(ConfigError, match=r"cuda:1, but this machine has 1 CUDA device\(s\) \(cuda:0 to cuda:0\)"):
+        resolve_device("cuda:1")
+
+
 def test_an_empty_architecture_list_is_a_config_error(small_config):
     with pytest.raises(ConfigError, match="model.arch must name an architecture"):
         load_config(raw=cfg_of(small_config, model={"arch": []}))

@@ -77,6 +77,23 @@ def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torc
     return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
 
 
+def resolve_device(requested: str) -> str:
+    """``run.device`` for this machine: ``auto`` is ``cuda`` where torch sees a CUDA device, else
+    ``cpu``; a CUDA device this machine lacks is a ConfigError (not a crash deep in training)."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if requested.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"run.device: {requested}, but torch {torch.__version__} sees no CUDA device on this "
+                              "machine (a CPU build of torch, or no GPU); use run.device: cpu, or auto (CUDA "
+                              "where present)")
+        index = int(requested.split(":", 1)[1]) if ":" in requested else 0
+        if index >= torch.cuda.device_count():
+            raise ConfigError(f"run.device: {requested}, but this machine has {torch.cuda.device_count()} CUDA "
+                              f"device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return requested
+
+
 def resolve_precision(requested: str, device: str = "cpu") -> str:
     # 'auto' means bf16 only where the hardware runs it natively AND precision.AUTO_BF16 is on (it
     # is, since the bf16 accuracy check passed; docs/performance.md).
@@ -111,6 +128,7 @@ class Built:
     precision: str
     host: ClientHost
     metric: str                     # the headline metric (headline_metric)
+    device: str = "cpu"             # run.device resolved for this machine (resolve_device)
 
 
 def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federation]:
@@ -125,7 +143,8 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
 def build(cfg: ExperimentConfig) -> Built:
     algorithm, federation = algorithm_and_federation(cfg)
     models, client_arch = build_models(cfg, federation)
-    precision = resolve_precision(cfg.run.precision, cfg.run.device)
+    device = resolve_device(cfg.run.device)
+    precision = resolve_precision(cfg.run.precision, device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed)
     return Built(cfg, algorithm, federation, models, client_arch, precision, host,
-                 headline_metric(algorithm, federation))
+                 headline_metric(algorithm, federation), device)

@@ -214,6 +214,8 @@ class EvalConfig(Strict):
 class RunConfig(Strict):
     out_dir: str = "runs"
     checkpoint_every: int = Field(10, ge=1)
+    # cpu, cuda, cuda:N, or auto (cuda where a CUDA device is present, else cpu); a CUDA device
+    # this machine lacks is an error when the run is built (experiment.build.resolve_device).
     device: str = "cpu"
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
     # Engine: auto | reference | parallel | vectorized, and worker processes for parallel
@@ -225,6 +227,13 @@ class RunConfig(Strict):
     # Experiment tracking beside metrics.jsonl (fedhet.experiment.loggers; pip install -e .[tracking])
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
     mlflow_tracking_uri: str | None = None          # default: sqlite:///RUN_DIR/mlflow.db
+
+    @pydantic.field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if not re.fullmatch(r"cpu|auto|cuda(:[0-9]+)?", value):
+            raise ValueError(f"expected cpu, cuda, cuda:N or auto, got {value!r}")
+        return value
 
 
 class PaperResult(Strict):

@@ -98,9 +98,13 @@ class Experiment:
             try:
                 loop, self.engine_choice = make_loop(self.built.host, cfg.train.clients_per_round,
                                                      engine=cfg.run.engine, workers=cfg.run.workers,
-                                                     device=cfg.run.device, threads=cfg.run.threads)
+                                                     device=self.built.device, threads=cfg.run.threads)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+            if self.built.device != "cpu" and self.engine_choice.engine == "reference":
+                # Not silent: the reference engine's local training runs on the CPU whatever the device.
+                warnings.warn(f"run.device {self.built.device}: run.engine reference trains and evaluates on the "
+                              "CPU; run.engine vectorized (or auto) trains on the device", stacklevel=2)
         self.loop = loop
         self.rundir = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
@@ -306,7 +310,8 @@ class Experiment:
             "communication": self.loop.ledger.totals(),
             "precision": self.precision,
             "eval_precision": self.eval_precision,
-            "bf16_native": bf16_native(self.cfg.run.device),
+            "device": self.built.device,
+            "bf16_native": bf16_native(self.built.device),
             "engine": self.engine_info(),
             "machine": machine_info(),
         }
