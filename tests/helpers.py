@@ -7,6 +7,7 @@ import copy
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedhet.core.contract import RoundContext
 from fedhet.data.federated import build_federation
@@ -14,6 +15,7 @@ from fedhet.engine import ClientHost, RoundLoop
 from fedhet.engine.host import Tally
 from fedhet.experiment.build import build_models, make_algorithm, train_settings
 from fedhet.experiment.config import load_config
+from fedhet.models.base import SplitModel
 
 
 def config(small_config: dict, algorithm: str = "fedavg", params: dict | None = None, **train):
@@ -115,3 +117,23 @@ def run_killed_in_round(exp, monkeypatch, rnd: int) -> None:
     monkeypatch.setattr(exp.loop, "run_round", interrupted)
     with pytest.raises(KeyboardInterrupt):
         exp.run(progress=False)
+
+
+def bn_model(projection_dim=None, split="fc2") -> SplitModel:
+    """A small CNN with BatchNorm for 1x28x28 inputs (the library's BN models are the ResNets, too
+    slow for most tests).
+
+    Smooth (tanh, average pooling): no ReLU kink or max-pool tie for rounding to flip, so the
+    engine-equivalence tests hold it to rounding (their TIGHT).
+    """
+    torch.manual_seed(11)
+    stages = [
+        ("conv1", nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.Tanh(), nn.AvgPool2d(2))),
+        ("conv2", nn.Sequential(nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.Tanh(), nn.AvgPool2d(2), nn.Flatten())),
+        ("fc1", nn.Sequential(nn.Linear(16 * 5 * 5, 64), nn.Tanh())),
+        ("fc2", nn.Linear(64, 10)),
+    ]
+    model = SplitModel(stages, split, (1, 28, 28))
+    if projection_dim:
+        model.add_projection(projection_dim)
+    return model

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_loop, config, ctx, runtime
+from helpers import bn_model, build_loop, config, ctx, runtime
 
 from fedhet.algorithms.fedlc import FedLC, calibration
 from fedhet.algorithms.fednh import CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
@@ -176,10 +176,11 @@ def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_serv
 # --- BatchNorm models: the received and the uploaded weights stay untouched ----------------------
 
 def bn_loop(small_config, algorithm):
+    """A loop whose model has BatchNorm running statistics (the small test CNN, not a ResNet: the
+    property needs BN buffers, not depth)."""
     raw = copy.deepcopy(small_config)
-    raw["model"] = {"arch": "resnet18"}
     raw["train"]["batch_size"] = 16
-    return build_loop(config(raw, algorithm))
+    return build_loop(config(raw, algorithm), models={"cnn2": bn_model()})
 
 
 def test_fedntd_teacher_does_not_change_the_received_batchnorm_statistics(small_config):

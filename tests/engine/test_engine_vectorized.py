@@ -45,7 +45,7 @@ import os
 
 import pytest
 import torch
-from helpers import assert_close, build_loop
+from helpers import assert_close, bn_model, build_loop
 from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvg
@@ -66,25 +66,6 @@ MODEL_RTOL = 1e-3    # relative norm of the model difference; kink flips on cnn2
 EQUAL = {"kind": "iid"}
 # Dir(0.3) sizes over 6 clients: tiny and large clients side by side (checked below).
 UNEQUAL = {"kind": "quantity_skew", "alpha": 0.3, "min_size": 5}
-
-
-def bn_model(projection_dim=None, split="fc2") -> SplitModel:
-    """A small CNN with BatchNorm (the library's only BN models are the ResNets, too slow here).
-
-    Smooth (tanh, average pooling): no ReLU kink or max-pool tie for rounding to flip, so the
-    engines must agree to TIGHT_ATOL.
-    """
-    torch.manual_seed(11)
-    stages = [
-        ("conv1", nn.Sequential(nn.Conv2d(1, 8, 3), nn.BatchNorm2d(8), nn.Tanh(), nn.AvgPool2d(2))),
-        ("conv2", nn.Sequential(nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.Tanh(), nn.AvgPool2d(2), nn.Flatten())),
-        ("fc1", nn.Sequential(nn.Linear(16 * 5 * 5, 64), nn.Tanh())),
-        ("fc2", nn.Linear(64, 10)),
-    ]
-    model = SplitModel(stages, split, (1, 28, 28))
-    if projection_dim:
-        model.add_projection(projection_dim)
-    return model
 
 
 def largest_flip_terms(model: SplitModel, states, fed) -> dict[str, float]:

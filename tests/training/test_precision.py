@@ -24,7 +24,7 @@ def client(small_config):
     models, arch = build_models(cfg, fed)
     model = models[arch[0]]
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    idx = torch.cat(fed.train_idx[:3])
+    idx = fed.train_idx[0]        # one client (301 images): bf16 is emulated, so slow, on CPUs without AVX512-BF16
     return model, weights, ClientData(fed.pool.x, fed.pool.y, idx, fed.mean, fed.std)
 
 
@@ -46,12 +46,12 @@ def mean_loss(client, weights):
 
 def test_bf16_trains_with_fp32_master_weights(client):
     _, w0, _ = client
-    res = train(client, "bf16", epochs=3, momentum=0.9)
+    res = train(client, "bf16", epochs=2, momentum=0.9)
     for k, v in res.weights.items():
         assert v.dtype == w0[k].dtype == torch.float32 and v.is_contiguous(), k   # fp32 masters, default layout
     assert all(b.dtype == torch.float32 and b.is_contiguous() for b in res.optimizer_state.values())
     assert mean_loss(client, res.weights) < 0.7 * mean_loss(client, w0)
-    fp32 = train(client, "fp32", epochs=3, momentum=0.9)
+    fp32 = train(client, "fp32", epochs=2, momentum=0.9)
     assert abs(mean_loss(client, res.weights) - mean_loss(client, fp32.weights)) < 0.1
     assert any(not torch.equal(res.weights[k], fp32.weights[k]) for k in w0)        # bf16 really ran
     again = train(client, "bf16", epochs=1, momentum=0.9, weights=res.weights)      # momentum state reusable
