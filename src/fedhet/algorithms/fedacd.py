@@ -31,8 +31,9 @@ elsewhere; ``KL(P || Q)`` is the mean over the client's present rows ([D]: Table
 values are per-row sized); ``V = sigmoid(1 / KL)``; the new model is ``sum_m V_m w_m / sum V``
 over the round's participants, with no data-size factor. FedACD_base (Table 8) averages with
 uniform weights; ``mixup: false`` is Table 5's ablation. Each round records the scores' spread
-(``fedacd_score_min`` / ``_max``, and ``fedacd_weight_ratio``, the largest normalised weight over the
-smallest): when V barely varies, FedACD's average is FedACD_base's.
+(``fedacd_score_min`` / ``_max``, and ``fedacd_weight_ratio`` = max V / min V, the most the scores
+make one client's weight exceed another's; recorded under uniform weighting too): when V barely
+varies, FedACD's average is FedACD_base's.
 """
 
 from __future__ import annotations
