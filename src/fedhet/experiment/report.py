@@ -90,8 +90,9 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     with_paper = any(papers.values())
     head = "| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |"
     rule = "|---|---|---|---|---|---|---|---|"
-    selected = {name: [v for _, s in runs if (v := selected_value(s, metric or runs[0][1]["headline_metric"]))
-                       is not None] for name, runs in groups.items()}
+    metric_of = {name: metric or runs[0][1]["headline_metric"] for name, runs in groups.items()}
+    selected = {name: [v for _, s in runs if (v := selected_value(s, metric_of[name])) is not None]
+                for name, runs in groups.items()}
     with_selected = any(selected.values())
     if with_selected:
         head, rule = head + " at best val (%) |", rule + "---|"
@@ -102,7 +103,7 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     measured_rules: set[str] = set()
     paper_notes: list[str] = []
     for name, runs in groups.items():
-        m = metric or runs[0][1]["headline_metric"]
+        m = metric_of[name]
         stats = [s["metrics"].get(m, {}) for _, s in runs]
         finals = [x["final"] for x in stats if x]
         bests = [x["best"] for x in stats if x]
