@@ -97,9 +97,9 @@ def test_every_evaluation_pass_of_a_bf16_run_gets_the_evaluation_precision(small
     calls: list[tuple[int, str]] = []
     real_predict = evaluate_module.predict
 
-    def spy(model, weights, x, y, normalize, batch_size, precision="fp32"):
+    def spy(model, weights, x, y, normalize, batch_size, precision="fp32", device="cpu"):
         calls.append((len(y), precision))
-        return real_predict(model, weights, x, y, normalize, batch_size, precision)
+        return real_predict(model, weights, x, y, normalize, batch_size, precision, device)
 
     monkeypatch.setattr(evaluate_module, "predict", spy)
     exp = Experiment.create(load_config(raw=raw), tmp_path / "r")

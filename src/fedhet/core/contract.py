@@ -52,6 +52,26 @@ class Message:
         return out
 
 
+def to_device(obj: Any, device: torch.device | str) -> Any:
+    """``obj`` with every tensor inside it (through messages, dicts, lists and tuples) on ``device``;
+    anything else as it is. Nothing already there is copied, and a container whose contents are all
+    already there is handed back itself (identity kept: on the CPU this is a no-op). Messages and
+    client state cross between the engines' CPU side and a device-resident client through this
+    one function."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, Message):
+        arrays, scalars = to_device(obj.arrays, device), to_device(obj.scalars, device)
+        return obj if arrays is obj.arrays and scalars is obj.scalars else Message(obj.kind, arrays, scalars)
+    if isinstance(obj, dict):
+        moved = {k: to_device(v, device) for k, v in obj.items()}
+        return obj if all(moved[k] is v for k, v in obj.items()) else moved
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        items = [to_device(v, device) for v in obj]
+        return obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
+    return obj
+
+
 Phase = dict[int, Message]
 Replies = dict[int, Message]
 RoundGenerator = Generator[Phase, Replies, State]

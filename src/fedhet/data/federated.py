@@ -84,6 +84,7 @@ class Federation:
     std: torch.Tensor
     public: torch.Tensor | None = None   # uint8 unlabelled public images (data.public), or None
     _train_counts: np.ndarray | None = field(default=None, init=False, repr=False)
+    _moments_on: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def num_clients(self) -> int:
@@ -112,7 +113,13 @@ class Federation:
         return np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes) for i in self.test_idx])
 
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
-        return normalize_uint8(x_uint8, self.mean, self.std)
+        """Normalised float inputs, computed on ``x_uint8``'s device (evaluation on a GPU)."""
+        if x_uint8.device == self.mean.device:
+            return normalize_uint8(x_uint8, self.mean, self.std)
+        key = str(x_uint8.device)
+        if key not in self._moments_on:
+            self._moments_on[key] = (self.mean.to(x_uint8.device), self.std.to(x_uint8.device))
+        return normalize_uint8(x_uint8, *self._moments_on[key])
 
 
 def _concat(a: ImageData, b: ImageData) -> ImageData:

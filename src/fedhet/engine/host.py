@@ -15,10 +15,19 @@ client state (key :data:`OPTIMIZER_STATE`) before ``client_update``, hands it to
 parameter name (a phase that freezes some parameters keeps their buffers) and stores the union
 in the new client state. A method that carries state within a round (FedACD's per-epoch calls)
 still passes it explicitly.
+
+Device: a host built with ``device`` (``run.device``) runs its clients there. The federation's
+uint8 pool, labels and normalisation are copied to the device once (:meth:`ClientHost.client_data`),
+each architecture has a device copy of its model, and :meth:`ClientHost.run` moves the job's
+message and client state to the device before ``client_update`` and the reply and new state back
+to the CPU after it, so messages stay device-agnostic (Flower, checkpoints, the server's code) and
+every method's client code - training, its own forward passes, augmentation - runs on the device
+without code of its own. Random streams stay CPU generators: a draw is the same on every device.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -33,6 +42,7 @@ from fedhet.core.contract import (
     Message,
     State,
     TrainSettings,
+    to_device,
 )
 from fedhet.core.seeding import torch_generator
 from fedhet.data.federated import Federation
@@ -82,9 +92,9 @@ class SimClient:
         self.cid = cid
         self.round = rnd
         self.arch = host.client_arch[cid]
-        self.model = host.models[self.arch]
+        self.model = host.client_models[self.arch]
         self.num_classes = host.federation.num_classes
-        self.data: ClientData = host.federation.client_data(cid)
+        self.data: ClientData = host.client_data(cid)
         self.num_samples = len(self.data.train_idx)
         self.buffer_names = host.buffer_names[self.arch]
         self.settings = host.settings
@@ -131,14 +141,14 @@ class SimClient:
         return torch_generator(self.host.seed, "client", self.round, self.cid, *purpose)
 
     def init_weights(self) -> Arrays:
-        return {k: v.clone() for k, v in self.host.init_models[self.arch].items()}
+        return {k: v.to(self.host.device, copy=True) for k, v in self.host.init_models[self.arch].items()}
 
 
 class ClientHost:
     """Everything needed to run clients' updates in this process (see the module docstring)."""
 
     def __init__(self, algorithm: Algorithm, federation: Federation, models: dict[str, torch.nn.Module],
-                 client_arch: list[str], settings: TrainSettings, seed: int):
+                 client_arch: list[str], settings: TrainSettings, seed: int, device: str | torch.device = "cpu"):
         self.algorithm = algorithm
         self.federation = federation
         self.models = models
@@ -150,6 +160,31 @@ class ClientHost:
         # weights are the common initialisation of each architecture.
         self.init_models = {a: {k: v.detach().clone() for k, v in m.state_dict().items()}
                             for a, m in models.items()}
+        self.device = torch.device(device)
+        # The models clients run (``models`` stay on the CPU for the server's and evaluation's use).
+        self.client_models = models if self.on_cpu else {
+            a: copy.deepcopy(m).to(self.device) for a, m in models.items()}
+        self._device_pool: tuple | None = None
+        self._device_idx: dict[int, torch.Tensor] = {}
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device.type == "cpu"
+
+    def client_data(self, cid: int) -> ClientData:
+        """Client ``cid``'s view of the pools, on the host's device (copied there once)."""
+        fed = self.federation
+        if self._device_pool is None:   # on the CPU, to_device hands back the very same tensors
+            self._device_pool = to_device((fed.pool.x, fed.pool.y, fed.mean, fed.std, fed.public), self.device)
+        if cid not in self._device_idx:
+            self._device_idx[cid] = fed.train_idx[cid].to(self.device)
+        x, y, mean, std, public = self._device_pool
+        return ClientData(x, y, self._device_idx[cid], mean, std, public)
+
+    def release(self) -> None:
+        """Free the device copies of the data (the end of a run)."""
+        self._device_pool = None
+        self._device_idx.clear()
 
     def runtime(self, cid: int, rnd: int, tally: Tally) -> SimClient:
         return SimClient(self, cid, rnd, tally)
@@ -165,15 +200,17 @@ class ClientHost:
         """``algorithm.client_update`` of one job. ``runtime`` (default: this host's) must carry a
         copy of the job's tally, so a failed job changes nothing the loop holds."""
         client = runtime or self.runtime(job.cid, rnd, replace(job.tally))
-        state = job.state
+        # On the CPU these moves hand back the same tensors (no copy): one code path on every device.
+        message, state = to_device(job.message, self.device), to_device(job.state, self.device)
         if not self.keeps_optimizer_state:
-            reply, state = self.algorithm.client_update(job.message, state, client)
-            return JobResult(reply, state, client.tally)
-        kept = dict(state.get(OPTIMIZER_STATE) or {}) if state else {}
-        if state and OPTIMIZER_STATE in state:
-            state = {k: v for k, v in state.items() if k != OPTIMIZER_STATE} or None
-        client.kept_optimizer_state = kept
-        reply, state = self.algorithm.client_update(job.message, state, client)
-        if kept:
-            state = {**(state or {}), OPTIMIZER_STATE: kept}
+            reply, state = self.algorithm.client_update(message, state, client)
+        else:
+            kept = dict(state.get(OPTIMIZER_STATE) or {}) if state else {}
+            if state and OPTIMIZER_STATE in state:
+                state = {k: v for k, v in state.items() if k != OPTIMIZER_STATE} or None
+            client.kept_optimizer_state = kept
+            reply, state = self.algorithm.client_update(message, state, client)
+            if kept:
+                state = {**(state or {}), OPTIMIZER_STATE: kept}
+        reply, state = to_device(reply, "cpu"), to_device(state, "cpu")
         return JobResult(reply, state, client.tally)

@@ -180,6 +180,7 @@ class RoundLoop:
 
     def close(self) -> None:
         self.transport.close()
+        self.host.release()
 
     def __enter__(self) -> RoundLoop:
         return self

@@ -606,9 +606,11 @@ class Vectorized(Transport):
                     rows[i].append((all_losses[k], all_parts[k], size))
                     k += 1
         names = [t.name for t in g.templates]
-        cpu = {n: t.detach().cpu() for n, t in g.weights.items()}
-        moms = {n: (t.detach().cpu(), g.has_momentum[n].cpu()) for n, t in g.momentum.items()}
-        stats = {k: (t.detach().cpu(), g.stat_seen[k].cpu()) for k, t in g.stat_totals.items()}
+        # Results go where the clients' code runs: the host's device (the CPU, or this device).
+        dest = g.requests[0].client.host.device
+        out = {n: t.detach().to(dest) for n, t in g.weights.items()}
+        moms = {n: (t.detach().to(dest), g.has_momentum[n].cpu()) for n, t in g.momentum.items()}
+        stats = {k: (t.detach().to(dest), g.stat_seen[k].cpu()) for k, t in g.stat_totals.items()}
         for i, req in enumerate(g.requests):
             where = req.client.where()
             s = req.settings
@@ -630,7 +632,7 @@ class Vectorized(Transport):
             if req.error is not None:
                 continue
             steps = len(rows[i])
-            weights = {name: cpu[name][i].clone() for name in g.names}
+            weights = {name: out[name][i].clone() for name in g.names}
             try:
                 check_finite(weights, where)
             except NumericalError as e:

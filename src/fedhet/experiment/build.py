@@ -145,6 +145,7 @@ def build(cfg: ExperimentConfig) -> Built:
     models, client_arch = build_models(cfg, federation)
     device = resolve_device(cfg.run.device)
     precision = resolve_precision(cfg.run.precision, device)
-    host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed)
+    host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed,
+                      device=device)
     return Built(cfg, algorithm, federation, models, client_arch, precision, host,
                  headline_metric(algorithm, federation), device)

@@ -85,10 +85,10 @@ class Experiment:
         self.algorithm = self.built.algorithm
         self.federation = self.built.federation
         self.precision = self.built.precision
-        # eval.precision "run": the evaluation passes in the run's resolved precision. They run on
-        # the CPU, where the test data sits, whatever run.device is.
+        # eval.precision "run": the evaluation passes in the run's resolved precision, on the
+        # run's device (where the clients train).
         self.eval_precision = self.precision if cfg.eval.precision == "run" else "fp32"
-        if self.eval_precision == "bf16" and not bf16_native("cpu"):
+        if self.eval_precision == "bf16" and self.built.device == "cpu" and not bf16_native("cpu"):
             warnings.warn("eval.precision: run evaluates this bf16 run in bf16 on a CPU without native bf16 "
                           "(emulated: several times slower than fp32); set eval.precision: fp32 to evaluate in fp32",
                           stacklevel=2)
@@ -101,10 +101,6 @@ class Experiment:
                                                      device=self.built.device, threads=cfg.run.threads)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
-            if self.built.device != "cpu" and self.engine_choice.engine == "reference":
-                # Not silent: the reference engine's local training runs on the CPU whatever the device.
-                warnings.warn(f"run.device {self.built.device}: run.engine reference trains and evaluates on the "
-                              "CPU; run.engine vectorized (or auto) trains on the device", stacklevel=2)
         self.loop = loop
         self.rundir = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
@@ -275,8 +271,8 @@ class Experiment:
             from fedhet.metrics.features import feature_quality, global_test_features
 
             host = self.loop.host
-            feats, labels = global_test_features(host.models[host.client_arch[0]], weights, host.federation,
-                                                 self.cfg.eval.features_samples)
+            feats, labels = global_test_features(host.client_models[host.client_arch[0]], weights, host.federation,
+                                                 self.cfg.eval.features_samples, device=host.device)
             out.update(feature_quality(feats, labels, host.federation.num_classes))
         return out
 

@@ -36,7 +36,7 @@ from torch.func import functional_call
 
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.fedacd import local_probability_matrix, template_kl
-from fedhet.core.contract import Arrays, State
+from fedhet.core.contract import Arrays, ClientData, State, to_device
 from fedhet.core.seeding import numpy_rng
 from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
@@ -53,29 +53,40 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
 def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize,
-            batch_size: int, precision: str = "fp32") -> tuple[torch.Tensor, float]:
-    """Per-sample correctness (bool) of ``weights`` on (x, y) and the summed cross-entropy,
-    in large no-grad batches; ``precision`` "bf16" runs the forward under bf16 autocast (as
-    training does, the loss on fp32 logits), "fp32" without (``eval.precision``).
+            batch_size: int, precision: str = "fp32", device: str | torch.device = "cpu") -> tuple[torch.Tensor, float]:
+    """Per-sample correctness (bool, on the CPU) of ``weights`` on (x, y) and the summed
+    cross-entropy, in large no-grad batches; ``precision`` "bf16" runs the forward under bf16
+    autocast (as training does, the loss on fp32 logits), "fp32" without (``eval.precision``).
 
-    Images and convolution weights go in channels_last: oneDNN's convolutions and max-pooling run
-    about 1.1x faster in that layout (logits differ from the default layout's by float rounding,
-    ~1e-7; evaluation is never fed back into training)."""
+    On the CPU, images and convolution weights go in channels_last: oneDNN's convolutions and
+    max-pooling run about 1.1x faster in that layout (logits differ from the default layout's by
+    float rounding, ~1e-7; evaluation is never fed back into training), and a pass takes
+    ``ROWS_PER_THREAD`` rows per thread. On another ``device`` (``model`` must live there) the
+    weights and each pass's uint8 images are copied there and normalised there, ``batch_size``
+    rows a pass, and the results come back once at the end, not once per pass."""
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"evaluation precision must be 'fp32' or 'bf16', got {precision!r}")
+    device = torch.device(device)
     model.eval()
-    rows = max(1, min(batch_size, ROWS_PER_THREAD * torch.get_num_threads()))
-    weights = {k: _channels_last(v) for k, v in weights.items()}
-    hits, loss = [], 0.0
+    if device.type == "cpu":
+        rows = max(1, min(batch_size, ROWS_PER_THREAD * torch.get_num_threads()))
+        weights = {k: _channels_last(v) for k, v in weights.items()}
+    else:
+        rows = max(1, batch_size)
+        weights = to_device(weights, device)
+    hits, losses = [], []
     for i in range(0, len(y), rows):
-        x = _channels_last(normalize(x_uint8[i:i + rows]))
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+        xb = x_uint8[i:i + rows].to(device)
+        x = _channels_last(normalize(xb)) if device.type == "cpu" else normalize(xb)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = functional_call(model, weights, (x,), strict=False)
         logits = logits.float()
-        yb = y[i:i + rows]
-        loss += float(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        yb = y[i:i + rows].to(device)
+        losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
         hits.append(logits.argmax(1) == yb)
-    return torch.cat(hits), loss
+    if not hits:
+        return torch.zeros(0, dtype=torch.bool), 0.0
+    return torch.cat(hits).cpu(), float(torch.stack(losses).double().sum())
 
 
 def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -102,11 +113,11 @@ def evaluation_clients(which: str | int, num_clients: int, sampled: list[int], s
 def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[int], Arrays],
              models: dict[str, torch.nn.Module], client_arch: list[str], fed: Federation,
              batch_size: int = 2048, personalized: bool = True, clients: list[int] | None = None,
-             precision: str = "fp32") -> dict:
+             precision: str = "fp32", device: str | torch.device = "cpu") -> dict:
     """This round's metrics (module docstring). ``client_model(cid)`` gives the weights client
     ``cid`` is evaluated with (``RoundLoop.client_model``); ``clients`` limits the personalized
-    metrics to those clients (default: all); ``precision`` is that of every forward pass
-    (:func:`predict`)."""
+    metrics to those clients (default: all); ``precision`` and ``device`` are those of every
+    forward pass (:func:`predict`; ``models`` live on ``device``)."""
     evaluated = list(range(fed.num_clients)) if clients is None else list(clients)
     out: dict = {}
 
@@ -115,7 +126,7 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     if global_weights is not None and fed.test is not None:
         arch = client_arch[0]
         global_hits, loss = predict(models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize, batch_size,
-                                      precision)
+                                      precision, device)
         correct = torch.bincount(fed.test.y[global_hits], minlength=fed.num_classes).numpy()
         total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
         out["global_acc"] = float(correct.sum() / total.sum())
@@ -127,7 +138,8 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     if global_weights is not None and fed.local_test_source == "holdout":
         xs, ys = zip(*(fed.local_test(cid) for cid in range(fed.num_clients)))
         x, y = torch.cat(xs), torch.cat(ys)
-        val_hits, _ = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size, precision)
+        val_hits, _ = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size, precision,
+                              device)
         out["global_val_acc"] = float(val_hits.float().mean())
         val_offsets = np.cumsum([0] + [len(t) for t in ys])
 
@@ -162,7 +174,7 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
                 owner.append(torch.full((len(y),), cid, dtype=torch.long))
             x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
             hits, _ = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size,
-                              precision)
+                              precision, device)
             correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
             count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
         acc = correct_k[evaluated] / count_k[evaluated]
@@ -177,23 +189,28 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
 
 
 def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str], local_models: dict[int, Arrays],
-                     fed: Federation, batch_size: int = 2048, precision: str = "fp32") -> dict:
+                     fed: Federation, batch_size: int = 2048, precision: str = "fp32",
+                     device: str | torch.device = "cpu", client_data: Callable[[int], ClientData] | None = None) -> dict:
     """``local_risk`` and ``local_kl`` of the uploaded local models (module docstring); the risk's
-    test-set passes in ``precision``, the KL's probability matrix in fp32 (FedACD's own statistic)."""
+    test-set passes in ``precision``, the KL's probability matrix in fp32 (FedACD's own statistic),
+    both on ``device`` (``models`` and ``client_data(cid)``, default the federation's, live there)."""
     if not local_models or fed.test is None:
         return {}
+    data_of = client_data or fed.client_data
     counts = fed.train_counts().astype(np.float64)
     pi_mean = (counts / counts.sum(1, keepdims=True)).mean(0)      # (1/M) sum_n pi^n
     total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
     risk, kl = {}, {}
     for cid in sorted(local_models):
         model = models[client_arch[cid]]
-        hits, _ = predict(model, local_models[cid], fed.test.x, fed.test.y, fed.normalize, batch_size, precision)
+        hits, _ = predict(model, local_models[cid], fed.test.x, fed.test.y, fed.normalize, batch_size, precision,
+                          device)
         correct = torch.bincount(fed.test.y[hits], minlength=fed.num_classes).numpy()
         error = 1.0 - correct / np.maximum(total, 1)
         risk[cid] = float(error @ pi_mean)
-        P, class_counts = local_probability_matrix(model, local_models[cid], fed.client_data(cid), fed.num_classes)
-        kl[cid] = template_kl(P, class_counts > 0)
+        P, class_counts = local_probability_matrix(model, to_device(local_models[cid], device), data_of(cid),
+                                                   fed.num_classes)
+        kl[cid] = template_kl(P.cpu(), class_counts.cpu() > 0)
     return {"local_risk": float(np.mean(list(risk.values()))), "local_kl": float(np.mean(list(kl.values()))),
             "local_risk_by_client": risk, "local_kl_by_client": kl}
 
@@ -201,11 +218,11 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
 def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True, local_risk: bool = False,
                   clients: list[int] | None = None, precision: str = "fp32") -> dict:
     """:func:`evaluate` of a round loop's current state (and :func:`local_model_risk` of the local
-    models it kept from the round just run, when asked)."""
+    models it kept from the round just run, when asked), on the device its clients run on."""
     host = loop.host
-    out = evaluate(loop.algorithm, loop.server_state, loop.client_model, host.models, host.client_arch,
-                   host.federation, batch_size, personalized, clients, precision)
+    out = evaluate(loop.algorithm, loop.server_state, loop.client_model, host.client_models, host.client_arch,
+                   host.federation, batch_size, personalized, clients, precision, host.device)
     if local_risk:
-        out.update(local_model_risk(host.models, host.client_arch, loop.local_models, host.federation, batch_size,
-                                    precision))
+        out.update(local_model_risk(host.client_models, host.client_arch, loop.local_models, host.federation,
+                                    batch_size, precision, host.device, host.client_data))
     return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedhet.core.contract import Arrays
+from fedhet.core.contract import Arrays, to_device
 from fedhet.core.errors import ConfigError
 from fedhet.data.federated import Federation
 from fedhet.training.local import forward
@@ -40,9 +40,10 @@ def sample_positions(num: int, size: int, seed: int = 0) -> np.ndarray:
 
 @torch.no_grad()
 def global_test_features(model: torch.nn.Module, weights: Arrays, fed: Federation, samples: int = 2000,
-                  seed: int = 0, batch_size: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+                  seed: int = 0, batch_size: int = 1000,
+                  device: str | torch.device = "cpu") -> tuple[np.ndarray, np.ndarray]:
     """``(features (n, d), labels (n,))`` of ``weights`` (eval mode) on a seeded sample of the
-    global test set."""
+    global test set; the forward pass on ``device`` (where ``model`` lives)."""
     if fed.test is None:
         raise ConfigError("feature-space metrics use the global test set, and this run has none "
                           "(data.pool: train+test)")
@@ -50,13 +51,15 @@ def global_test_features(model: torch.nn.Module, weights: Arrays, fed: Federatio
     was_training = model.training
     model.eval()
     feats = []
+    weights = to_device(weights, device)
     try:
-        for i in range(0, len(pos), batch_size):
-            idx = pos[i:i + batch_size]
-            feats.append(forward(model, weights, fed.normalize(fed.test.x[idx])).features.float())
+        with torch.no_grad():
+            for i in range(0, len(pos), batch_size):
+                x = fed.normalize(fed.test.x[pos[i:i + batch_size]].to(device))
+                feats.append(forward(model, weights, x).features.float())
     finally:
         model.train(was_training)
-    return torch.cat(feats).numpy(), fed.test.y[pos].numpy()
+    return torch.cat(feats).cpu().numpy(), fed.test.y[pos].numpy()
 
 
 def feature_quality(features: np.ndarray, labels: np.ndarray, num_classes: int, seed: int = 0) -> dict[str, float]:
