@@ -55,12 +55,14 @@ from fedhet.experiment.summary import cpu_model, machine_info  # noqa: E402
 
 RESULTS = engine_speed.RESULTS
 
-# (label, engine, run.precision, runs on the device)
+# (label, engine, run.precision, runs on the device, more run settings)
 MODES = [
-    ("reference fp32 (CPU)", "reference", "fp32", False),
-    ("parallel fp32 (CPU)", "parallel", "fp32", False),
-    ("vectorized fp32", "vectorized", "fp32", True),
-    ("vectorized bf16", "vectorized", "bf16", True),
+    ("reference fp32 (CPU)", "reference", "fp32", False, {}),
+    ("parallel fp32 (CPU)", "parallel", "fp32", False, {}),
+    ("reference fp32 (device)", "reference", "fp32", True, {}),
+    ("vectorized fp32 eager", "vectorized", "fp32", True, {"cuda_graphs": False}),
+    ("vectorized fp32", "vectorized", "fp32", True, {}),
+    ("vectorized bf16", "vectorized", "bf16", True, {}),
 ]
 
 
@@ -131,7 +133,7 @@ def report(result: dict) -> str:
             f"{c[p]['samples_per_s']:.0f} ({c[p]['best']:.0f})" for p in ("fp32", "tf32", "bf16")) + " |")
     lines += ["", "## Modes (medians over the measured rounds)", "",
               "| setting | mode | samples/s | x reference | x device fp32 ceiling | train s | evaluate s | "
-              "final global acc | rel. L2 to reference |", "|---|---|---|---|---|---|---|---|---|"]
+              "evaluate share | final global acc | rel. L2 to reference |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in result["modes"]:
         ref = next((r for r in result["modes"] if r["setting"] == row["setting"] and r["engine"] == "reference"), row)
         ceil = result["ceiling"].get(row["setting"], {}).get("fp32", {}).get("samples_per_s")
@@ -140,11 +142,13 @@ def report(result: dict) -> str:
                      f"{row['samples_per_s'] / ref['samples_per_s']:.2f} | "
                      f"{'-' if not ceil else format(row['samples_per_s'] / ceil, '.2f')} | "
                      f"{row['seconds']['train']:.2f} | {row['seconds']['evaluate']:.2f} | "
+                     f"{row['seconds']['evaluate'] / row['seconds']['total']:.0%} | "
                      f"{'-' if acc is None else format(100 * acc, '.2f')} | "
                      f"{'-' if row['distance_to_reference'] is None else format(row['distance_to_reference'], '.2e')} |")
     lines += ["", "Samples/s = local sample-steps / time of the round's training phases. The CPU modes run on "
               "the same machine's CPU (parallel: one worker per CPU, at most one per client of a round). "
-              "Evaluation runs on the CPU in every mode.", ""]
+              "Evaluation runs on the mode's device (the CPU modes' on the CPU); its share is of the round's "
+              "total. 'eager': the vectorized engine without CUDA graphs (run.cuda_graphs: false).", ""]
     return "\n".join(lines)
 
 
@@ -187,13 +191,14 @@ def main() -> int:
                       f"{c['tf32']['samples_per_s']:.0f}, bf16 {c['bf16']['samples_per_s']:.0f} samples/s",
                       flush=True)
             n_rounds = a.rounds * 4 if setting == "cross_device" and not a.quick else a.rounds
-            for label, engine, precision, on_device in MODES:
+            for label, engine, precision, on_device, run_settings in MODES:
                 if (phase == "device") != on_device or (not on_device and engine != phase):
                     continue
                 keep = lambda exp, label=label, kept=models[setting]: kept.__setitem__(  # noqa: E731
                     label, exp.algorithm.global_model(exp.loop.server_state))
                 row = run_mode(setting, engine, precision, n_rounds, tmp, a.quick,
-                               device=a.device if on_device else "cpu", label=label.replace(" ", "_"), on_done=keep)
+                               device=a.device if on_device else "cpu", label=label.replace(" ", "_"), on_done=keep,
+                               run=run_settings)
                 row.update(label=label, distance_to_reference=None)
                 result["modes"].append(row)
                 reference = models[setting].get(MODES[0][0])
@@ -203,7 +208,7 @@ def main() -> int:
                 print(f"  {setting} {label:22s} {row['samples_per_s']:8.0f} samples/s  train "
                       f"{row['seconds']['train']:.2f}s eval {row['seconds']['evaluate']:.2f}s  acc "
                       f"{row['final_global_acc']}  rel. L2 to reference {row['distance_to_reference']}  "
-                      f"{ {k: row['info'].get(k) for k in ('device', 'vectorized_requests', 'fallback_requests')} }",
+                      f"{ {k: row['info'].get(k) for k in ('device', 'vectorized_requests', 'fallback_requests', 'graph_steps', 'eager_reasons')} }",
                       flush=True)
                 # Written after every mode: a run stopped at a time limit keeps what it measured.
                 result.update(wall_s=time.perf_counter() - t_start, load=[round(x, 2) for x in os.getloadavg()])

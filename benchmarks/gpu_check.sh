@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The GPU checks of the vectorized engine, as one call on a lent GPU machine (the workplace's
-# device tool runs it in a copy of the working tree; $OUT comes back). Steps, each under its own
-# time limit, so one that fails or overruns still leaves the others' results:
+# The GPU checks, as one call on a lent GPU machine (the workplace's device tool runs it in a copy
+# of the working tree; $OUT comes back). Steps, each under its own time limit, so one that fails or
+# overruns still leaves the others' results:
 #   1. the machine: GPU, driver, torch, CUDA;
-#   2. tests/engine/test_engine_vectorized.py with the vectorized side on CUDA
-#      (FEDHET_TEST_DEVICE=cuda) against the CPU reference, at the CPU's fp32 tolerances;
-#   3. benchmarks/engine_gpu.py: speed against the same machine's CPU engines and the device's
-#      own ceiling, and agreement with the CPU reference on real Fashion-MNIST;
-#   4. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
+#   2. the CUDA tests ($PYTEST_SECONDS, default 150; $PYTEST_FILES): tests/engine/test_device.py
+#      (every method on run.device cuda, reference and vectorized engines, against a CPU run, with no
+#      forward pass of the CPU models) and tests/engine/test_engine_vectorized.py with the vectorized
+#      side on CUDA (FEDHET_TEST_DEVICE=cuda), on 8 workers;
+#   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, $BENCH_ARGS): samples/s of every engine mode against
+#      the same machine's CPU engines and the device's own ceiling, evaluation's share of a round,
+#      and agreement with the CPU reference on real Fashion-MNIST;
+#   4. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
+#      default 20, $RUN_LIMIT seconds per run): whole paper-setting runs on the device, timed;
+#   5. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
 #      on the device through benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized,
 #      stopped at the limit, its folder tarred into $OUT with the checkpoints under 8 MB).
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
@@ -38,8 +43,10 @@ step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on fa
 cat "$OUT/machine.txt"
 
 step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
-  tests/engine/test_engine_vectorized.py
+  -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
+step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
+  --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}"
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
   SWEEP_LANES="${GPU_SWEEP_LANES:-6}" bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "$GPU_SWEEP"

@@ -42,21 +42,22 @@ loop runs with TF32 off (torch's default lets cuDNN convolutions use it, a 10-bi
 ``precision: fp32`` means fp32 on every device (for cnn2 on an H200, bf16 measured slower than
 fp32: docs/performance.md).
 
-What falls back to the reference path (``train_local`` on the CPU model, exact): requests with a
-loss term that does not declare itself pure (``LossTerm.vectorizable``), requests for an
-optimizer other than SGD (Adam), requests with
-``augment`` (an opaque per-client callable), requests with zero steps, and - when
-``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not
-to be vmappable). Counts are kept in ``Vectorized.counters``.
+What falls back to the reference path (``train_local``, exact, on the client host's device):
+requests with a loss term that does not declare itself pure (``LossTerm.vectorizable``), requests
+for an optimizer other than SGD (Adam), requests with ``augment`` (an opaque per-client
+callable), requests with zero steps, and - when ``fallback_on_error`` is true - a group whose
+vmapped step raises (a term that turns out not to be vmappable). ``Vectorized.counters`` counts
+them, and ``fallback_reasons`` (in the run's summary) says why, per reason.
 
-On CUDA the training loop runs on the device (the data pool is copied there once); messages,
-client state and all algorithm code stay on the CPU, as in the reference, and so do fallback
-requests.
+Device: the engine trains on ``device``; the client host (``run.device``, normally the same
+device) runs the clients' own code there too - messages and client state arrive on it and the
+trained weights stay on it until the host hands the reply back to the CPU (engine/host.py). With a
+CPU host and a CUDA engine (tests, benchmarks) the data pool is copied to the device once and the
+results come back to the CPU.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import queue
@@ -82,45 +83,12 @@ from fedhet.engine.loop import Transport
 from fedhet.training.local import check_finite, epoch_batches, forward, train_local
 from fedhet.training.objective import LossTerm, accumulate_statistics
 from fedhet.training.optim import SGD, clip_coefficient, make_optimizer
+from fedhet.training.precision import strict_fp32, tf32_allowed  # noqa: F401 - tf32_allowed: benchmarks
 
 
 def available() -> bool:
     """True where the vectorized engine is the better choice: a CUDA device is present."""
     return torch.cuda.is_available()
-
-
-@contextlib.contextmanager
-def tf32_allowed(allow: bool):
-    """TF32 on or off for cuDNN convolutions and CUDA matrix products in the block, then the
-    flags as they were. The flags are the process's. torch >= 2.9 has per-backend
-    ``fp32_precision`` flags, and reading the legacy ``allow_tf32`` after someone set the new ones
-    raises, so the new ones are used where they exist."""
-    conv, matmul = getattr(torch.backends.cudnn, "conv", None), torch.backends.cuda.matmul
-    if conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision"):
-        value = "tf32" if allow else "ieee"
-        flags = [(conv, "fp32_precision", value), (matmul, "fp32_precision", value)]
-    else:
-        flags = [(torch.backends.cudnn, "allow_tf32", allow), (matmul, "allow_tf32", allow)]
-    before = [getattr(obj, name) for obj, name, _ in flags]
-    for obj, name, value in flags:
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for (obj, name, _), value in zip(flags, before):
-            setattr(obj, name, value)
-
-
-@contextlib.contextmanager
-def strict_fp32(device: torch.device):
-    """TF32 off on CUDA for the block (cuDNN convolutions use it by default on Ampere and newer),
-    so fp32 training there computes in fp32 like the CPU reference. The engine's thread sets and
-    restores the flags around its training loop, which no other engine thread shares."""
-    if device.type != "cuda":
-        yield
-        return
-    with tf32_allowed(False):
-        yield
 
 
 def _term_layout(term: LossTerm):
@@ -288,6 +256,36 @@ class _Group:
     stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+class _GraphedStep:
+    """One full step of a group (every client, a full batch) captured as a CUDA graph.
+
+    Everything the step reads or writes lives at a fixed address for the group's life: the
+    stacked weights, momentum buffers and statistics' totals (updated in place), the loss terms'
+    constants, the device data pool, and two input buffers (the batch's pool indices and
+    positions) that :meth:`replay` fills before each launch. The losses and parts it returns are
+    copies of the graph's outputs. ``ok`` is False, with ``error`` set, when capturing failed."""
+
+    def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int):
+        dev = engine.device
+        C = len(members)
+        self.pool_idx = torch.zeros((C, size), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((C, size), dtype=torch.long, device=dev)
+        self.graph = torch.cuda.CUDAGraph()
+        self.ok, self.error = True, ""
+        try:
+            with torch.cuda.graph(self.graph):
+                self.losses, self.parts = engine._step(g, members, size, None, self.pool_idx, self.pos)
+        except Exception as e:  # noqa: BLE001 - counted by the engine; the group goes on eagerly
+            self.ok, self.error = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            torch.cuda.synchronize(dev)
+
+    def replay(self, pool_idx: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.pool_idx.copy_(pool_idx)
+        self.pos.copy_(pos)
+        self.graph.replay()
+        return self.losses.clone(), self.parts.clone()
+
+
 class Vectorized(Transport):
     """A transport that trains the clients of a phase together with ``vmap``.
 
@@ -298,15 +296,23 @@ class Vectorized(Transport):
 
     name = "vectorized"
 
-    def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True):
+    def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
+                 cuda_graphs: bool = True):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
-        self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0}
+        self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
+                         "graph_steps": 0}
+        self.cuda_graphs = cuda_graphs
+        # Why requests ran on the reference path (on the engine's device all the same): reason -> count.
+        self.fallback_reasons: dict[str, int] = {}
+        # Why a group's full steps ran eagerly on CUDA instead of replaying a graph: reason -> groups.
+        self.eager_reasons: dict[str, int] = {}
         self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
 
     def info(self) -> dict:
-        return {**super().info(), "device": str(self.device), **self.counters}
+        return {**super().info(), "device": str(self.device), **self.counters,
+                "fallback_reasons": dict(self.fallback_reasons), "eager_reasons": dict(self.eager_reasons)}
 
     def close(self) -> None:
         """Free the device copy of the data pool (the runner calls this at the end of a run)."""
@@ -346,8 +352,8 @@ class Vectorized(Transport):
         groups: dict[tuple, list[_Request]] = {}
         for req in requests:
             key = self._group_key(req)
-            if key is None:
-                self._train_reference(req)
+            if isinstance(key, str):
+                self._train_reference(req, key)
             else:
                 groups.setdefault(key, []).append(req)
         with strict_fp32(self.device):     # outside the fallback's try: a failure here is not a vmap failure
@@ -368,9 +374,9 @@ class Vectorized(Transport):
                                   f"these clients train on the reference path", RuntimeWarning, stacklevel=2)
                 for req in reqs:
                     req.result = req.error = None
-                    self._train_reference(req)
+                    self._train_reference(req, "vmap error")
 
-    def _train_reference(self, req: _Request) -> None:
+    def _train_reference(self, req: _Request, reason: str) -> None:
         c = req.client
         try:
             req.result = train_local(
@@ -380,6 +386,7 @@ class Vectorized(Transport):
         except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
             req.error = e
         self.counters["fallback_requests"] += 1
+        self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
 
     @staticmethod
     def _num_steps(req: _Request) -> int:
@@ -387,12 +394,18 @@ class Vectorized(Transport):
         per_epoch = n // b if req.settings.drop_last else -(-n // b)
         return req.settings.epochs * per_epoch
 
-    def _group_key(self, req: _Request) -> tuple | None:
-        if req.augment is not None or self._num_steps(req) == 0 or req.settings.optimizer != "sgd":
-            return None
+    def _group_key(self, req: _Request) -> tuple | str:
+        """The group ``req`` trains in, or why it cannot be vmapped (the reason it is counted under)."""
+        if req.augment is not None:
+            return "augmentation"
+        if self._num_steps(req) == 0:
+            return "zero steps"
+        if req.settings.optimizer != "sgd":
+            return f"optimizer {req.settings.optimizer}"
         layouts = [_term_layout(t) for t in req.terms]
-        if any(lay is None for lay in layouts):
-            return None
+        impure = [t.name for t, lay in zip(req.terms, layouts) if lay is None]
+        if impure:
+            return f"loss term {impure[0]}"
         c = req.client
         params = {n for n, _ in c.model.named_parameters()}
         trainable = req.trainable or (lambda name: True)
@@ -466,9 +479,16 @@ class Vectorized(Transport):
                 gen = req.client.generator("batches", req.start_epoch + e)
                 yield from epoch_batches(n, s.batch_size, s.drop_last, gen)
 
+        # The whole schedule first (it does not depend on what training computes): which clients
+        # step together at each iteration, with their batches' pool indices and positions copied to
+        # the device in one transfer each, so the loop itself sends nothing from the host.
         streams = [batches(r) for r in reqs]
         upcoming = [next(it, None) for it in streams]
-        g.model.train()
+        train_idx = [r.client.host.federation.train_idx[r.client.cid] for r in reqs]
+        plan: list[tuple[list[int], int]] = []
+        positions: list[torch.Tensor] = []
+        pool_rows: list[torch.Tensor] = []
+        partial: list[int] = []                # the members of the steps that leave someone out
         while True:
             buckets: dict[int, list[int]] = {}
             for i, pos in enumerate(upcoming):
@@ -478,17 +498,67 @@ class Vectorized(Transport):
                 break
             for size in sorted(buckets, reverse=True):
                 members = buckets[size]
-                self._step(g, members, [upcoming[i] for i in members])
+                plan.append((members, size))
+                if len(members) < C:
+                    partial.extend(members)
                 for i in members:
+                    positions.append(upcoming[i])
+                    pool_rows.append(train_idx[i][upcoming[i]])
                     upcoming[i] = next(streams[i], None)
+        dev = self.device
+        all_pos = torch.cat(positions).to(dev)
+        all_pool = torch.cat(pool_rows).to(dev)
+        all_members = torch.tensor(partial, dtype=torch.long).to(dev)
+        g.model.train()
+        row = member_row = 0
+        graph: _GraphedStep | None = None
+        eager_full_steps = 0
+        for members, size in plan:
+            m = len(members)
+            idx = None
+            if m < C:
+                idx = all_members[member_row:member_row + m]
+                member_row += m
+            rows = slice(row, row + m * size)
+            row += m * size
+            pool_idx, pos = all_pool[rows].view(m, size), all_pos[rows].view(m, size)
+            # The steps where every client takes a full batch - nearly all of them - replay one
+            # CUDA graph: the first such step runs eagerly (it creates the statistics' totals and
+            # warms up cuDNN), the second is captured, then replayed with its inputs copied in.
+            graphable = m == C and size == s.batch_size and self._graphs_on()
+            if graphable and graph is None and eager_full_steps >= 1:
+                graph = self._capture(g, members, size)
+            if graphable and graph is not None and graph.ok:
+                losses, parts = graph.replay(pool_idx, pos)
+                self.counters["graph_steps"] += 1
+            else:
+                losses, parts = self._step(g, members, size, idx, pool_idx, pos)
+                eager_full_steps += graphable
+            g.records.append((members, size, losses, parts))
+            self.counters["vmapped_steps"] += 1
         self._finish(g, C)
 
-    def _step(self, g: _Group, members: list[int], positions: list[torch.Tensor]) -> None:
-        """One SGD step for the clients ``members`` of the group (all with equal batch size)."""
+    def _graphs_on(self) -> bool:
+        return self.cuda_graphs and self.device.type == "cuda"
+
+    def _capture(self, g: _Group, members: list[int], size: int) -> _GraphedStep:
+        """A CUDA graph of the group's full step, or one marked failed (counted by reason: the
+        group then goes on eagerly, which is slower but the same arithmetic)."""
+        graphed = _GraphedStep(self, g, members, size)
+        if not graphed.ok:
+            reason = f"cuda graph capture failed ({graphed.error})"
+            self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
+        return graphed
+
+    def _step(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None, pool_idx: torch.Tensor,
+              pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One SGD step for the clients ``members`` of the group (all with batch ``size``; ``idx``:
+        their rows on the device, None when all step; ``pool_idx`` / ``pos``: (members, size) pool
+        indices and positions of their batches, on the device). Returns the step's per-client
+        losses and loss parts (on the device)."""
         dev = self.device
         s = g.requests[0].settings
-        full = len(members) == len(g.requests)
-        idx = None if full else torch.tensor(members, device=dev)
+        full = idx is None
 
         def take(t: torch.Tensor) -> torch.Tensor:
             return t if full else t.index_select(0, idx)
@@ -500,11 +570,8 @@ class Vectorized(Transport):
         consts = [take(t) for t in g.batched_consts]
 
         x_pool, y_pool, mean, std = self._pool(g.requests[0].client.data)
-        pos = torch.stack(positions)
-        pool_idx = torch.stack([g.requests[i].client.data.train_idx[p] for i, p in zip(members, positions)]).to(dev)
         x = normalize_uint8(x_pool[pool_idx], mean, std)      # ClientData.inputs, per client
         y = y_pool[pool_idx]
-        pos = pos.to(dev)
 
         model, templates, paths, shared = g.model, g.templates, g.batched_paths, g.shared_consts
         use_bf16 = s.precision == "bf16"
@@ -544,8 +611,7 @@ class Vectorized(Transport):
                 for n in g.names:
                     g.weights[n].index_copy_(0, idx, w[n].detach())
             self._accumulate(g, stats, idx)
-        g.records.append((members, len(positions[0]), losses.detach(), parts))
-        self.counters["vmapped_steps"] += 1
+        return losses.detach(), parts
 
     def _accumulate(self, g: _Group, stats: dict[str, torch.Tensor], idx) -> None:
         """Add one step's statistics (rows: the step's members) to the group's per-client totals."""

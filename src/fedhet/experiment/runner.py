@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
@@ -42,7 +44,7 @@ from fedhet.experiment.summary import (
     summarize_metrics,
 )
 from fedhet.metrics.evaluate import evaluate_loop, evaluation_clients
-from fedhet.training.precision import bf16_native
+from fedhet.training.precision import bf16_native, strict_fp32
 
 __all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "read_metrics"]
 
@@ -98,7 +100,8 @@ class Experiment:
             try:
                 loop, self.engine_choice = make_loop(self.built.host, cfg.train.clients_per_round,
                                                      engine=cfg.run.engine, workers=cfg.run.workers,
-                                                     device=self.built.device, threads=cfg.run.threads)
+                                                     device=self.built.device, threads=cfg.run.threads,
+                                                     cuda_graphs=cfg.run.cuda_graphs)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         self.loop = loop
@@ -219,32 +222,8 @@ class Experiment:
         t_run = time.perf_counter()
         status, error = "completed", None
         try:
-            for rnd in range(self.start_round, cfg.train.rounds):
-                t0 = time.perf_counter()
-                done = rnd + 1
-                evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
-                self.loop.keep_local_models = evaluating and cfg.eval.local_risk
-                stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds)
-                row = {"round": done, "clients": stats.clients, "phases": stats.phases,
-                       "train_loss": stats.mean_train_loss(),
-                       "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),
-                       # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
-                       "client_state_floats": tensor_floats(self.loop.client_states)}
-                t_eval = 0.0
-                if evaluating:
-                    t1 = time.perf_counter()
-                    row.update(self.evaluator(self, rnd))
-                    t_eval = time.perf_counter() - t1
-                row.update(self.algorithm.round_metrics(self.loop.server_state))
-                row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
-                                  "evaluate": t_eval, "total": time.perf_counter() - t0}
-                for cb in callbacks:
-                    cb.on_row(self, row)
-                self.rundir.append_metrics(row)
-                for cb in callbacks:
-                    cb.on_row_written(self, row)
-                if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
-                    self.checkpointer(self, done)
+            with strict_fp32(torch.device(self.built.device)):   # fp32 means fp32 on CUDA too: TF32 off
+                self.run_rounds(callbacks)
         except FedhetError as e:
             status, error = "failed", str(e)
             raise
@@ -260,6 +239,36 @@ class Experiment:
             self.write_summary(status, error, time.perf_counter() - t_run, callbacks)
             self.rundir.unlock()
         return self.summary
+
+    def run_rounds(self, callbacks: list[Callback]) -> None:
+        """The rounds still to run: train, evaluate when due, record, checkpoint."""
+        cfg = self.cfg
+        for rnd in range(self.start_round, cfg.train.rounds):
+            t0 = time.perf_counter()
+            done = rnd + 1
+            evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
+            self.loop.keep_local_models = evaluating and cfg.eval.local_risk
+            stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds)
+            row = {"round": done, "clients": stats.clients, "phases": stats.phases,
+                   "train_loss": stats.mean_train_loss(),
+                   "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),
+                   # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
+                   "client_state_floats": tensor_floats(self.loop.client_states)}
+            t_eval = 0.0
+            if evaluating:
+                t1 = time.perf_counter()
+                row.update(self.evaluator(self, rnd))
+                t_eval = time.perf_counter() - t1
+            row.update(self.algorithm.round_metrics(self.loop.server_state))
+            row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
+                              "evaluate": t_eval, "total": time.perf_counter() - t0}
+            for cb in callbacks:
+                cb.on_row(self, row)
+            self.rundir.append_metrics(row)
+            for cb in callbacks:
+                cb.on_row_written(self, row)
+            if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
+                self.checkpointer(self, done)
 
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""

@@ -1,0 +1,124 @@
+"""Every method trains and evaluates on the run's device (``run.device``), with no work left on the CPU.
+
+On a CPU machine the cross-device checks are skipped: there is no second device, and every other
+test already runs the device code path with ``device="cpu"`` (the client host moves each job's
+message and state with :func:`fedhet.core.contract.to_device`, which hands CPU tensors back as they
+are). On a GPU machine (``FEDHET_TEST_DEVICE=cuda``, benchmarks/gpu_check.sh) each of the 30
+methods runs two rounds through the real runner twice, ``run.device: cpu`` and ``run.device: cuda``,
+on the reference and the vectorized engine, and the CUDA run must:
+
+* never run a forward pass of the CPU models (the server's copies): training, the methods' own
+  passes (prototypes, probability matrices, public-set predictions) and evaluation all use the
+  device copies, whose parameters are on the device;
+* report its device in the summary and, with the vectorized engine, count every request that did
+  not run vmapped by reason (none silently);
+* end where the CPU run ends, to float tolerance: cuDNN and oneDNN sum in other orders, so the
+  server state and each client's state (every floating tensor of each, together) agree to a
+  relative L2 distance of 2e-2 after two rounds of lr 0.05
+  (ReLU kink flips grow such differences; the engines' own test file bounds them exactly) and the
+  headline accuracy to 5 points on the tiny synthetic test split (a handful of test images).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from fedhet.algorithms import ALGORITHMS
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment
+
+DEVICE = os.environ.get("FEDHET_TEST_DEVICE", "cpu")
+cross_device = pytest.mark.skipif(DEVICE == "cpu", reason="needs FEDHET_TEST_DEVICE=cuda (a second device)")
+
+MODEL_RTOL = 2e-2
+ACC_ATOL = 0.05
+
+
+def method_config(small_config: dict, name: str, engine: str, device: str) -> dict:
+    """Two rounds of ``name`` on the small synthetic federation, with what the method needs."""
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": name, "params": {}}
+    raw["train"].update(rounds=2)
+    raw["run"].update(engine=engine, device=device, checkpoint_every=100)
+    if name == "fedcme":         # its exchange needs two local epochs
+        raw["train"].update(local_epochs=2)
+    if name in ("fedfm", "fedfm_lite"):   # feature matching from the first round
+        raw["algorithm"]["params"] = {"start_round": 0, "lam": 1.0}
+    if name == "fednh":          # a bias-free linear head
+        raw["model"] = {"arch": "simple_cnn"}
+    if name == "ktpfl":          # heterogeneous models, a public set
+        raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"]}
+        raw["data"]["public"] = {"source": "holdout", "size": 100}
+        raw["algorithm"]["params"] = {"public_size": 64, "distill_batch_size": 32}
+    if name == "fedclassavg":    # heterogeneous models, Adam, two augmented views
+        raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]}
+        raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
+    return raw
+
+
+def run(raw: dict, tmp_path, tag: str):
+    exp = Experiment.create(load_config(raw=raw), tmp_path / tag)
+    cpu_calls = []
+    hooks = [m.register_forward_pre_hook(lambda *a, arch=arch: cpu_calls.append(arch))
+             for arch, m in exp.loop.host.models.items()] if DEVICE != "cpu" else []
+    summary = exp.run(progress=False)
+    for h in hooks:
+        h.remove()
+    return exp, summary, cpu_calls
+
+
+def float_tensors(obj, path: str = "") -> dict[str, torch.Tensor]:
+    """Every floating tensor in a nested state, by its path (server state, client states)."""
+    if isinstance(obj, torch.Tensor):
+        return {path: obj} if obj.is_floating_point() else {}
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    out = {}
+    for key, value in items:
+        out.update(float_tensors(value, f"{path}/{key}"))
+    return out
+
+
+def states_of(exp) -> dict[str, dict[str, torch.Tensor]]:
+    """What a run ends with: the server state and each client's state, as floating tensors."""
+    out = {"server": float_tensors(exp.loop.server_state)}
+    for cid, state in sorted(exp.loop.client_states.items()):
+        out[f"client {cid}"] = float_tensors(state)
+    return {k: v for k, v in out.items() if v}
+
+
+def relative_distance(a: dict, b: dict) -> float:
+    assert set(a) == set(b)
+    diff = torch.cat([(a[k].float() - b[k].float().cpu()).flatten() for k in a]).norm()
+    return float(diff / torch.cat([a[k].float().flatten() for k in a]).norm().clamp(min=1e-12))
+
+
+@cross_device
+@pytest.mark.parametrize("engine", ["reference", "vectorized"])
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_a_run_on_the_device_leaves_no_work_on_the_cpu_and_matches_the_cpu_run(small_config, tmp_path, name,
+                                                                                engine):
+    cpu_exp, cpu_summary, _ = run(method_config(small_config, name, "reference", "cpu"), tmp_path, "cpu")
+    dev_exp, dev_summary, cpu_calls = run(method_config(small_config, name, engine, DEVICE), tmp_path, "dev")
+    assert dev_summary["status"] == "completed"
+    assert dev_summary["device"] == DEVICE
+    assert cpu_calls == [], f"{len(cpu_calls)} forward passes of the CPU models"
+    host = dev_exp.loop.host
+    for model in host.client_models.values():
+        assert all(p.device.type == DEVICE for p in model.parameters())
+    if engine == "vectorized":
+        counters = dev_summary["engine"]
+        assert sum(counters["fallback_reasons"].values()) == counters["fallback_requests"]
+        assert "vmap error" not in counters["fallback_reasons"], counters["fallback_reasons"]
+        assert counters["eager_reasons"] == {}, counters["eager_reasons"]     # every CUDA graph captured
+        if name == "fedavg":
+            assert counters["graph_steps"] > 0
+    metric = cpu_exp.metric
+    assert dev_summary["headline"]["last"] == pytest.approx(cpu_summary["headline"]["last"], abs=ACC_ATOL), metric
+    cpu_states, dev_states = states_of(cpu_exp), states_of(dev_exp)
+    assert set(cpu_states) == set(dev_states)
+    for key in cpu_states:
+        assert relative_distance(cpu_states[key], dev_states[key]) <= MODEL_RTOL, key
