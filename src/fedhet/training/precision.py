@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -38,7 +40,7 @@ def auto_precision(device: str | torch.device | None = "cpu") -> str:
 
 
 @contextlib.contextmanager
-def tf32_allowed(allow: bool):
+def tf32_allowed(allow: bool) -> Iterator[None]:
     """TF32 on or off for cuDNN convolutions and CUDA matrix products in the block, then the
     flags as they were. The flags are the process's. torch >= 2.9 has per-backend
     ``fp32_precision`` flags, and reading the legacy ``allow_tf32`` after someone set the new ones
@@ -46,7 +48,7 @@ def tf32_allowed(allow: bool):
     conv, matmul = getattr(torch.backends.cudnn, "conv", None), torch.backends.cuda.matmul
     if conv is not None and hasattr(conv, "fp32_precision") and hasattr(matmul, "fp32_precision"):
         value = "tf32" if allow else "ieee"
-        flags = [(conv, "fp32_precision", value), (matmul, "fp32_precision", value)]
+        flags: list[tuple[Any, str, Any]] = [(conv, "fp32_precision", value), (matmul, "fp32_precision", value)]
     else:
         flags = [(torch.backends.cudnn, "allow_tf32", allow), (matmul, "allow_tf32", allow)]
     before = [getattr(obj, name) for obj, name, _ in flags]
@@ -60,7 +62,7 @@ def tf32_allowed(allow: bool):
 
 
 @contextlib.contextmanager
-def strict_fp32(device: torch.device):
+def strict_fp32(device: torch.device) -> Iterator[None]:
     """TF32 off on CUDA for the block (cuDNN convolutions use it by default on Ampere and newer),
     so fp32 training there computes in fp32 like the CPU reference. A run on CUDA holds it around
     its whole round loop (experiment.runner), and the vectorized engine's thread around its
