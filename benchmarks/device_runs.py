@@ -105,6 +105,7 @@ def report(result: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--run", nargs="+", choices=list(RUNS), required=True)
+    p.add_argument("--only", nargs="*", help="run only these labels of the named runs (e.g. 'FedCME mu 0.01')")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--device", default="cuda")
     p.add_argument("--limit", type=float, default=120, help="seconds per run")
@@ -119,6 +120,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmpdir:
         for name in a.run:
             for label, config, sets in RUNS[name]:
+                if a.only and label not in a.only:
+                    continue
                 result["runs"].append(one_run(label, config, sets, a.rounds, a.device, a.limit, Path(tmpdir)))
                 (a.out / "device_runs.json").write_text(json.dumps(result, indent=2, default=str))
                 (a.out / "device_runs.md").write_text(report(result))

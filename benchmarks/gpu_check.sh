@@ -44,8 +44,8 @@ cat "$OUT/machine.txt"
 
 step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
-step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
-step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
+[ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
+[ "${RUNS_SECONDS:-150}" = 0 ] || step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
   --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}"
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them

@@ -12,11 +12,13 @@ on the reference and the vectorized engine, and the CUDA run must:
   device copies, whose parameters are on the device;
 * report its device in the summary and, with the vectorized engine, count every request that did
   not run vmapped by reason (none silently);
-* end where the CPU run ends, to float tolerance: cuDNN and oneDNN sum in other orders, so the
-  server state and each client's state (every floating tensor of each, together) agree to a
-  relative L2 distance of 2e-2 after two rounds of lr 0.05
-  (ReLU kink flips grow such differences; the engines' own test file bounds them exactly) and the
-  headline accuracy to 5 points on the tiny synthetic test split (a handful of test images).
+* end where the CPU run ends, to a coarse tolerance: cuDNN and oneDNN sum in other orders, and
+  ReLU kink flips grow such differences over two rounds of lr 0.05 (up to 2.7e-2 in relative L2
+  distance on an H200: FedDecorr's server state; FedClassAvg's Adam clients and FedProto 2.1e-2
+  and 2.4e-2), so the server state and each client's state (every floating tensor of each,
+  together) must agree to 5e-2 and the headline accuracy to 5 points on the tiny synthetic test
+  split. This catches a method computing on the wrong data or dropping a term, not rounding; the
+  exact bound of the engines' float differences is tests/engine/test_engine_vectorized.py's.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from fedhet.experiment.runner import Experiment
 DEVICE = os.environ.get("FEDHET_TEST_DEVICE", "cpu")
 cross_device = pytest.mark.skipif(DEVICE == "cpu", reason="needs FEDHET_TEST_DEVICE=cuda (a second device)")
 
-MODEL_RTOL = 2e-2
+MODEL_RTOL = 5e-2
 ACC_ATOL = 0.05
 
 

@@ -59,6 +59,7 @@ from fedhet.models.base import SplitModel
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 DEVICE = os.environ.get("FEDHET_TEST_DEVICE", "cpu")
+CUDA_GRAPHS = os.environ.get("FEDHET_TEST_CUDA_GRAPHS", "1") != "0"     # on CUDA: 0 compares the eager steps
 TIGHT = 1e-6         # atol, smooth model; also the rounding part of the cnn2 bound
 FLIPS = 2            # cnn2: flips one entry may carry, one a round (module docstring)
 RTOL = 1e-5
@@ -164,7 +165,8 @@ def build(cfg, engine, bn=False, algorithm=None, fed=None):
     models, client_arch = build_models(cfg, fed)
     if bn:
         models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"), cfg.model.split or "fc2")}
-    transport = Vectorized(device=DEVICE, fallback_on_error=False) if engine == "vectorized" else None
+    transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS) \
+        if engine == "vectorized" else None
     return build_loop(cfg, transport, fed=fed, models=models, algorithm=algorithm)
 
 

@@ -227,7 +227,7 @@ class FedACD(FedAvg):
         labels = client.data.y[client.data.train_idx]
         present = torch.bincount(labels, minlength=num_classes) > 0
         if not present.any():          # no data: nothing to train, no P (scored 0 in upload_scalars)
-            P = torch.zeros(num_classes, num_classes, dtype=torch.float64)
+            P = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=labels.device)
         else:
             P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
         options = self.train_options(msg, state, client)

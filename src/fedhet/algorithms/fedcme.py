@@ -218,7 +218,7 @@ class FeatureAlignment(LossTerm):
         self.zeta = zeta
         self.defined = defined.bool() if defined is not None else None
         if zeta is not None and self.defined is None:
-            self.defined = torch.ones(num_classes, dtype=torch.bool)
+            self.defined = torch.ones(num_classes, dtype=torch.bool, device=zeta.device)
 
     def _onehot(self, y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         # == F.one_hot(y, C), written as a comparison so it is vmappable
@@ -282,8 +282,8 @@ def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData,
                       positions: torch.Tensor, batch_size: int = 1024) -> torch.Tensor:
     """Per-class accuracy of ``weights`` on the training positions given, 0 for absent classes
     (FedCME paper (Nie et al.), Eq. 4 and Algorithm 2 line 20)."""
-    correct = torch.zeros(num_classes, dtype=torch.float64)
-    total = torch.zeros(num_classes, dtype=torch.float64)
+    correct = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
+    total = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
     was_training = model.training
     model.eval()
     try:

@@ -85,7 +85,7 @@ class Distillation(LossTerm):
         self.num_classes = num_classes
         self.global_logits = global_logits
         if global_logits is not None and defined is None:
-            defined = torch.ones(num_classes, dtype=torch.bool)
+            defined = torch.ones(num_classes, dtype=torch.bool, device=global_logits.device)
         self.defined = defined.bool() if defined is not None else None
         self.kind = kind
 

@@ -106,6 +106,7 @@ def soft_logits(model: torch.nn.Module, head: Arrays, probe: torch.Tensor, tempe
     """``softmax(phi(h~) / M)`` of a classifier (paper Sec. 4.1)."""
     weights = strip_prefix(head, HEAD)
     with torch.no_grad():
+        probe = probe.to(next(iter(weights.values())).device) if weights else probe
         logits = functional_call(model.head, weights, (probe.unsqueeze(0),), strict=False)
     return torch.softmax(logits.double() / temperature, dim=1).squeeze(0)
 

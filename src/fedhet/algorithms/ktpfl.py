@@ -319,7 +319,7 @@ class KTpFL(Algorithm):
                               "{source: dataset, dataset: mnist} as KT-pFL, or {source: holdout, size: 3000})",
                               stacklevel=2)
             return ClientData(d.x, d.y, public_positions(d.x.shape[0], self.params.public_size, seed), d.mean, d.std)
-        unlabelled = torch.zeros(d.public.shape[0], dtype=torch.long)
+        unlabelled = torch.zeros(d.public.shape[0], dtype=torch.long, device=d.public.device)
         return ClientData(d.public, unlabelled, public_positions(d.public.shape[0], self.params.public_size, seed),
                           d.mean, d.std)
 

@@ -63,7 +63,7 @@ def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, 
     n = len(data.train_idx)
     positions = torch.arange(n) if positions is None else positions
     sums = sq = None
-    counts = torch.zeros(num_classes, dtype=torch.int64)
+    counts = torch.zeros(num_classes, dtype=torch.int64, device=data.y.device)
     was_training = model.training
     model.eval()
     try:
@@ -72,8 +72,8 @@ def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, 
             out = forward(model, weights, batch.x)
             h = (out.features if of is None else of(out)).double()
             if sums is None:
-                sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64)
-                sq = torch.zeros(num_classes, dtype=torch.float64)
+                sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64, device=h.device)
+                sq = torch.zeros(num_classes, dtype=torch.float64, device=h.device)
             sums.index_add_(0, batch.y, h)
             sq.index_add_(0, batch.y, (h * h).sum(1))
             counts += torch.bincount(batch.y, minlength=num_classes)
@@ -174,7 +174,7 @@ class PrototypeAlignment(LossTerm):
     def __init__(self, prototypes: torch.Tensor, defined: torch.Tensor | None, weight: float):
         self.prototypes = prototypes.detach()
         self.defined = (defined.bool() if defined is not None
-                        else torch.ones(prototypes.shape[0], dtype=torch.bool))
+                        else torch.ones(prototypes.shape[0], dtype=torch.bool, device=prototypes.device))
         self.weight = float(weight)
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
@@ -198,7 +198,8 @@ def received_prototypes(msg: Message) -> tuple[torch.Tensor, torch.Tensor] | Non
     if not group or "mean" not in group:
         return None
     defined = group.get("defined")
-    defined = defined.bool() if defined is not None else torch.ones(group["mean"].shape[0], dtype=torch.bool)
+    defined = defined.bool() if defined is not None else torch.ones(group["mean"].shape[0], dtype=torch.bool,
+                                                                        device=group["mean"].device)
     return (group["mean"], defined) if bool(defined.any()) else None
 
 
