@@ -102,7 +102,10 @@ def relative_distance(a: dict, b: dict) -> float:
 @pytest.mark.parametrize("engine", ["reference", "vectorized"])
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_a_run_on_the_device_leaves_no_work_on_the_cpu_and_matches_the_cpu_run(small_config, tmp_path, name,
-                                                                                engine):
+                                                                                engine, monkeypatch):
+    from fedhet.engine import vectorized
+
+    monkeypatch.setattr(vectorized, "GRAPH_MIN_REPEATS", 2)    # short schedules replay graphs too
     cpu_exp, cpu_summary, _ = run(method_config(small_config, name, "reference", "cpu"), tmp_path, "cpu")
     dev_exp, dev_summary, cpu_calls = run(method_config(small_config, name, engine, DEVICE), tmp_path, "dev")
     assert dev_summary["status"] == "completed"

@@ -165,7 +165,8 @@ def build(cfg, engine, bn=False, algorithm=None, fed=None):
     models, client_arch = build_models(cfg, fed)
     if bn:
         models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"), cfg.model.split or "fc2")}
-    transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS) \
+    # graph_min_repeats 2: the tests' short schedules replay graphs as well (on CUDA)
+    transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2) \
         if engine == "vectorized" else None
     return build_loop(cfg, transport, fed=fed, models=models, algorithm=algorithm)
 

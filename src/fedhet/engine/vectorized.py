@@ -52,12 +52,16 @@ them, and ``fallback_reasons`` (in the run's summary) says why, per reason.
 CUDA graphs (``cuda_graphs``, ``run.cuda_graphs``; CUDA only): a group's whole schedule - which
 clients step together, their batches' pool indices and positions - is computed before training and
 copied to the device in one transfer, so no step waits on the host. The steps in which every client
-of the group takes a full batch (nearly all) replay one captured graph of the step (forward,
-per-client losses, gradients, SGD update, statistics): the first runs eagerly, the second is
-captured, the rest replay it with their inputs copied in. The arithmetic is the eager step's (the
-equivalence tests pass with graphs on or off, ``FEDHET_TEST_CUDA_GRAPHS``); a group whose capture
+of the group step with the same batch size - all of them with full batches, or those left once the
+smallest clients have finished - at least ``GRAPH_MIN_REPEATS`` times in the schedule replay one
+captured graph of the step per (members, size) (forward, per-client losses, gradients, SGD update,
+statistics): the first runs eagerly, the second is captured, the rest replay it with their inputs
+copied in. The arithmetic is the eager step's. The equivalence tests replay graphs
+(``graph_min_repeats=2``) and run without them under ``FEDHET_TEST_CUDA_GRAPHS=0``. Graphs of full
+steps were checked against the reference on an H200; graphs of partial steps have not been checked
+there yet. A group whose capture
 fails goes on eagerly and is counted in ``eager_reasons``. Measured on an H200 (FedCME setting):
-1.22x the eager steps (docs/performance.md).
+2.6x the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
 
 Device: the engine trains on ``device``; the client host (``run.device``, normally the same
 device) runs the clients' own code there too - messages and client state arrive on it and the
@@ -73,6 +77,7 @@ import math
 import queue
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -266,25 +271,30 @@ class _Group:
     stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+# A (members, batch size) step captured as a CUDA graph only if the group's schedule has it this often.
+GRAPH_MIN_REPEATS = 16
+
+
 class _GraphedStep:
-    """One full step of a group (every client, a full batch) captured as a CUDA graph.
+    """One recurring step of a group (the same members, the same batch size) captured as a CUDA graph.
 
     Everything the step reads or writes lives at a fixed address for the group's life: the
     stacked weights, momentum buffers and statistics' totals (updated in place), the loss terms'
-    constants, the device data pool, and two input buffers (the batch's pool indices and
-    positions) that :meth:`replay` fills before each launch. The losses and parts it returns are
-    copies of the graph's outputs. ``ok`` is False, with ``error`` set, when capturing failed."""
+    constants, the members' row indices (``idx``, a slice of the group's schedule), the device
+    data pool, and two input buffers (the batch's pool indices and positions) that :meth:`replay`
+    fills before each launch. The losses and parts it returns are copies of the graph's outputs.
+    ``ok`` is False, with ``error`` set, when capturing failed."""
 
-    def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int):
+    def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int, idx: torch.Tensor | None):
         dev = engine.device
-        C = len(members)
-        self.pool_idx = torch.zeros((C, size), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((C, size), dtype=torch.long, device=dev)
+        m = len(members)
+        self.pool_idx = torch.zeros((m, size), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((m, size), dtype=torch.long, device=dev)
         self.graph = torch.cuda.CUDAGraph()
         self.ok, self.error = True, ""
         try:
             with torch.cuda.graph(self.graph):
-                self.losses, self.parts = engine._step(g, members, size, None, self.pool_idx, self.pos)
+                self.losses, self.parts = engine._step(g, members, size, idx, self.pool_idx, self.pos)
         except Exception as e:  # noqa: BLE001 - counted by the engine; the group goes on eagerly
             self.ok, self.error = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             torch.cuda.synchronize(dev)
@@ -307,12 +317,14 @@ class Vectorized(Transport):
     name = "vectorized"
 
     def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
-                 cuda_graphs: bool = True):
+                 cuda_graphs: bool = True, graph_min_repeats: int | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
         self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
                          "graph_steps": 0}
         self.cuda_graphs = cuda_graphs
+        # Tests lower it so that their short schedules capture graphs too.
+        self.graph_min_repeats = GRAPH_MIN_REPEATS if graph_min_repeats is None else graph_min_repeats
         # Why requests ran on the reference path (on the engine's device all the same): reason -> count.
         self.fallback_reasons: dict[str, int] = {}
         # Why a group's full steps ran eagerly on CUDA instead of replaying a graph: reason -> groups.
@@ -521,8 +533,14 @@ class Vectorized(Transport):
         all_members = torch.tensor(partial, dtype=torch.long).to(dev)
         g.model.train()
         row = member_row = 0
-        graph: _GraphedStep | None = None
-        eager_full_steps = 0
+        # Steps that recur - the same clients with the same batch size, e.g. all of them with full
+        # batches, or the clients left once the smallest have finished - replay one CUDA graph per
+        # (members, size): its first step runs eagerly (it creates the statistics' totals and warms
+        # up cuDNN), the second is captured, the rest replay it with their inputs copied in. A key
+        # that recurs fewer than GRAPH_MIN_REPEATS times in the schedule is not worth a capture.
+        repeats = Counter((tuple(members), size) for members, size in plan)
+        graphs: dict[tuple, _GraphedStep] = {}
+        eager_once: set[tuple] = set()
         for members, size in plan:
             m = len(members)
             idx = None
@@ -532,18 +550,18 @@ class Vectorized(Transport):
             rows = slice(row, row + m * size)
             row += m * size
             pool_idx, pos = all_pool[rows].view(m, size), all_pos[rows].view(m, size)
-            # The steps where every client takes a full batch - nearly all of them - replay one
-            # CUDA graph: the first such step runs eagerly (it creates the statistics' totals and
-            # warms up cuDNN), the second is captured, then replayed with its inputs copied in.
-            graphable = m == C and size == s.batch_size and self._graphs_on()
-            if graphable and graph is None and eager_full_steps >= 1:
-                graph = self._capture(g, members, size)
-            if graphable and graph is not None and graph.ok:
+            key = (tuple(members), size)
+            graphable = self._graphs_on() and repeats[key] >= self.graph_min_repeats
+            if graphable and key not in graphs and key in eager_once:
+                # idx's values are the same at every step of this key (the same members).
+                graphs[key] = self._capture(g, members, size, idx)
+            graph = graphs.get(key) if graphable else None
+            if graph is not None and graph.ok:
                 losses, parts = graph.replay(pool_idx, pos)
                 self.counters["graph_steps"] += 1
             else:
                 losses, parts = self._step(g, members, size, idx, pool_idx, pos)
-                eager_full_steps += graphable
+                eager_once.add(key)
             g.records.append((members, size, losses, parts))
             self.counters["vmapped_steps"] += 1
         self._finish(g, C)
@@ -551,10 +569,10 @@ class Vectorized(Transport):
     def _graphs_on(self) -> bool:
         return self.cuda_graphs and self.device.type == "cuda"
 
-    def _capture(self, g: _Group, members: list[int], size: int) -> _GraphedStep:
-        """A CUDA graph of the group's full step, or one marked failed (counted by reason: the
-        group then goes on eagerly, which is slower but the same arithmetic)."""
-        graphed = _GraphedStep(self, g, members, size)
+    def _capture(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None) -> _GraphedStep:
+        """A CUDA graph of one recurring step of the group, or one marked failed (counted by
+        reason: those steps then run eagerly, which is slower but the same arithmetic)."""
+        graphed = _GraphedStep(self, g, members, size, idx)
         if not graphed.ok:
             reason = f"cuda graph capture failed ({graphed.error})"
             self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
