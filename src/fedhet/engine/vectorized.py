@@ -16,7 +16,10 @@ loop:
 * the optimizer is local training's SGD kernel (:mod:`fedhet.training.optim`, the rule of
   ``torch.optim.SGD``) applied to the stacked tensors: weight decay, momentum with dampening /
   Nesterov (a client's first step starts its buffer from the gradient, like torch) and
-  per-client ``clip_grad_norm``;
+  per-client ``clip_grad_norm``; or its Adam rule (``torch.optim.Adam``: L2 weight decay,
+  amsgrad) from a fresh state, every client of a step taking the step number the schedule gives
+  it (each client with steps left takes exactly one per iteration), with the bias corrections
+  computed in double on the host for the whole loop and read from the device;
 * the terms' statistics (``LossTerm.statistics``, FedCME's per-class feature sums) are computed
   under the same ``vmap`` and added up per client in its step order, starting from the request's
   ``statistics``, like ``train_local``;
@@ -43,9 +46,9 @@ loop runs with TF32 off (torch's default lets cuDNN convolutions use it, a 10-bi
 fp32: docs/performance.md).
 
 What falls back to the reference path (``train_local``, exact, on the client host's device):
-requests with a loss term that does not declare itself pure (``LossTerm.vectorizable``), requests
-for an optimizer other than SGD (Adam), requests with ``augment`` (an opaque per-client
-callable), requests with zero steps, and - when ``fallback_on_error`` is true - a group whose
+requests with a loss term that does not declare itself pure (``LossTerm.vectorizable``), Adam
+requests that carry an optimizer state from an earlier call (their clients' step counts differ),
+requests with ``augment`` (an opaque per-client callable), requests with zero steps, and - when ``fallback_on_error`` is true - a group whose
 vmapped step raises (a term that turns out not to be vmappable). ``Vectorized.counters`` counts
 them, and ``fallback_reasons`` (in the run's summary) says why, per reason.
 
@@ -97,7 +100,7 @@ from fedhet.engine.host import ClientHost, Job, JobResult, SimClient, Tally
 from fedhet.engine.loop import Transport
 from fedhet.training.local import check_finite, epoch_batches, forward, train_local
 from fedhet.training.objective import LossTerm, accumulate_statistics
-from fedhet.training.optim import SGD, clip_coefficient, make_optimizer
+from fedhet.training.optim import SGD, Adam, clip_coefficient, make_optimizer
 from fedhet.training.precision import strict_fp32, tf32_allowed  # noqa: F401 - tf32_allowed: benchmarks
 
 
@@ -264,7 +267,15 @@ class _Group:
     batched_consts: list[torch.Tensor] = field(default_factory=list)      # (C, ...) each
     shared_consts: dict[tuple[int, tuple], torch.Tensor] = field(default_factory=dict)
     records: list = field(default_factory=list)     # (members, batch size, losses, parts) per step
-    optimizer: SGD | None = None                    # the update kernel (fedhet.training.optim)
+    optimizer: SGD | Adam | None = None             # the update kernel (fedhet.training.optim)
+    # Adam (fresh state each call): per-client moments, the leaves that have had a gradient, and
+    # this step's (lr / bias correction 1, sqrt(bias correction 2)) - a device tensor that the
+    # loop fills before each step, so a replayed CUDA graph reads the current step's values.
+    adam_m: dict[str, torch.Tensor] = field(default_factory=dict)
+    adam_v: dict[str, torch.Tensor] = field(default_factory=dict)
+    adam_vmax: dict[str, torch.Tensor] = field(default_factory=dict)
+    adam_seen: set[str] = field(default_factory=set)
+    adam_now: torch.Tensor | None = None
     # Per client running totals of the terms' statistics ("<term>.<key>" -> (C, ...)), added in
     # each client's step order like train_local, and which clients have a value for each key.
     stat_totals: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -422,8 +433,10 @@ class Vectorized(Transport):
             return "augmentation"
         if self._num_steps(req) == 0:
             return "zero steps"
-        if req.settings.optimizer != "sgd":
+        if req.settings.optimizer not in ("sgd", "adam"):
             return f"optimizer {req.settings.optimizer}"
+        if req.settings.optimizer == "adam" and req.optimizer_state:
+            return "optimizer adam with carried state"
         layouts = [_term_layout(t) for t in req.terms]
         impure = [t.name for t, lay in zip(req.terms, layouts) if lay is None]
         if impure:
@@ -470,7 +483,14 @@ class Vectorized(Transport):
             g.stat_totals[key] = self._stack([(r.statistics or {}).get(key, torch.zeros_like(proto)) for r in reqs])
             g.stat_seen[key] = torch.tensor([bool(r.statistics) and key in r.statistics for r in reqs],
                                             device=self.device)
-        if s.momentum > 0:
+        if isinstance(g.optimizer, Adam):
+            for n in leaves:
+                g.adam_m[n] = torch.zeros_like(g.weights[n])
+                g.adam_v[n] = torch.zeros_like(g.weights[n])
+                if g.optimizer.amsgrad:
+                    g.adam_vmax[n] = torch.zeros_like(g.weights[n])
+            g.adam_now = torch.zeros(2, dtype=torch.float32, device=self.device)
+        elif s.momentum > 0:
             for n in leaves:
                 carried = first.optimizer_state is not None and n in first.optimizer_state
                 g.momentum[n] = (self._stack([r.optimizer_state[n] for r in reqs]) if carried
@@ -507,10 +527,11 @@ class Vectorized(Transport):
         streams = [batches(r) for r in reqs]
         upcoming = [next(it, None) for it in streams]
         train_idx = [r.client.host.federation.train_idx[r.client.cid] for r in reqs]
-        plan: list[tuple[list[int], int]] = []
+        plan: list[tuple[list[int], int, int]] = []    # (members, batch size, iteration)
         positions: list[torch.Tensor] = []
         pool_rows: list[torch.Tensor] = []
         partial: list[int] = []                # the members of the steps that leave someone out
+        iteration = 0
         while True:
             buckets: dict[int, list[int]] = {}
             for i, pos in enumerate(upcoming):
@@ -520,13 +541,14 @@ class Vectorized(Transport):
                 break
             for size in sorted(buckets, reverse=True):
                 members = buckets[size]
-                plan.append((members, size))
+                plan.append((members, size, iteration))
                 if len(members) < C:
                     partial.extend(members)
                 for i in members:
                     positions.append(upcoming[i])
                     pool_rows.append(train_idx[i][upcoming[i]])
                     upcoming[i] = next(streams[i], None)
+            iteration += 1              # every client with steps left took exactly one this iteration
         dev = self.device
         all_pos = torch.cat(positions).to(dev)
         all_pool = torch.cat(pool_rows).to(dev)
@@ -538,10 +560,11 @@ class Vectorized(Transport):
         # (members, size): its first step runs eagerly (it creates the statistics' totals and warms
         # up cuDNN), the second is captured, the rest replay it with their inputs copied in. A key
         # that recurs fewer than GRAPH_MIN_REPEATS times in the schedule is not worth a capture.
-        repeats = Counter((tuple(members), size) for members, size in plan)
+        repeats = Counter((tuple(members), size) for members, size, _ in plan)
+        adam = self._adam_table(g, iteration)
         graphs: dict[tuple, _GraphedStep] = {}
         eager_once: set[tuple] = set()
-        for members, size in plan:
+        for members, size, it in plan:
             m = len(members)
             idx = None
             if m < C:
@@ -556,6 +579,8 @@ class Vectorized(Transport):
                 # idx's values are the same at every step of this key (the same members).
                 graphs[key] = self._capture(g, members, size, idx)
             graph = graphs.get(key) if graphable else None
+            if adam is not None:
+                g.adam_now.copy_(adam[it])       # this step's bias corrections (every member's step it + 1)
             if graph is not None and graph.ok:
                 losses, parts = graph.replay(pool_idx, pos)
                 self.counters["graph_steps"] += 1
@@ -565,6 +590,15 @@ class Vectorized(Transport):
             g.records.append((members, size, losses, parts))
             self.counters["vmapped_steps"] += 1
         self._finish(g, C)
+
+    def _adam_table(self, g: _Group, iterations: int) -> torch.Tensor | None:
+        """Adam's (lr / (1 - beta1^k), sqrt(1 - beta2^k)) for steps k = 1..iterations, computed in
+        double like ``torch.optim.Adam``'s Python scalars and sent to the device once (None for SGD)."""
+        opt = g.optimizer
+        if not isinstance(opt, Adam):
+            return None
+        rows = [(opt.lr / (1 - opt.beta1 ** k), (1 - opt.beta2 ** k) ** 0.5) for k in range(1, iterations + 1)]
+        return torch.tensor(rows, dtype=torch.float32).to(self.device)
 
     def _graphs_on(self) -> bool:
         return self.cuda_graphs and self.device.type == "cuda"
@@ -634,7 +668,10 @@ class Vectorized(Transport):
         leaves = [w[n] for n in g.leaves]
         grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True) if leaves else []
         with torch.no_grad():
-            self._sgd(g, w, grads, idx, s)
+            if isinstance(g.optimizer, Adam):
+                self._adam(g, w, grads, idx, s)
+            else:
+                self._sgd(g, w, grads, idx, s)
             if not full:   # the bucket worked on copies: write back weights and BatchNorm statistics
                 for n in g.names:
                     g.weights[n].index_copy_(0, idx, w[n].detach())
@@ -655,6 +692,42 @@ class Vectorized(Transport):
             else:
                 g.stat_totals[key].index_add_(0, idx, value)
                 g.stat_seen[key].index_fill_(0, idx, True)
+
+    def _adam(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
+        """The Adam kernel of local training (:class:`fedhet.training.optim.Adam`: L2 weight decay,
+        optional amsgrad) + ``clip_grad_norm``, per client, on stacked tensors, from a fresh state.
+        Every member of a step takes its step number ``it + 1`` (one step per client per
+        iteration), whose bias corrections are in ``g.adam_now``."""
+        pairs = [(n, gr) for n, gr in zip(g.leaves, grads) if gr is not None]   # torch skips grad=None
+        if not pairs:
+            return
+        m = pairs[0][1].shape[0]
+        if s.clip_grad_norm is not None:
+            norms = torch.stack([torch.linalg.vector_norm(gr.reshape(m, -1), dim=1) for _, gr in pairs])
+            coef = clip_coefficient(norms, s.clip_grad_norm)
+            pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
+        opt = g.optimizer
+        assert isinstance(opt, Adam) and g.adam_now is not None
+        step_size, bias2_sqrt = g.adam_now[0], g.adam_now[1]
+        full = idx is None
+        for n, gr in pairs:
+            p = w[n]
+            if opt.weight_decay != 0:
+                gr = gr.add(p, alpha=opt.weight_decay)
+            slots = [g.adam_m, g.adam_v] + ([g.adam_vmax] if opt.amsgrad else [])
+            exp_avg, exp_avg_sq, *vmax = [d[n] if full else d[n].index_select(0, idx) for d in slots]
+            exp_avg.lerp_(gr, 1 - opt.beta1)
+            exp_avg_sq.mul_(opt.beta2).addcmul_(gr, gr, value=1 - opt.beta2)
+            if opt.amsgrad:
+                torch.maximum(vmax[0], exp_avg_sq, out=vmax[0])
+                denom = (vmax[0].sqrt() / bias2_sqrt).add_(opt.eps)
+            else:
+                denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(opt.eps)
+            p.sub_(exp_avg / denom * step_size)
+            if not full:
+                for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):
+                    d[n].index_copy_(0, idx, t)
+            g.adam_seen.add(n)
 
     def _sgd(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
         """The SGD kernel of local training (:class:`fedhet.training.optim.SGD`: weight decay,
@@ -704,6 +777,9 @@ class Vectorized(Transport):
         dest = g.requests[0].client.host.device
         out = {n: t.detach().to(dest) for n, t in g.weights.items()}
         moms = {n: (t.detach().to(dest), g.has_momentum[n].cpu()) for n, t in g.momentum.items()}
+        adam_slots = [("exp_avg", g.adam_m), ("exp_avg_sq", g.adam_v)] + \
+            ([("max_exp_avg_sq", g.adam_vmax)] if g.adam_vmax else [])
+        adam = {n: [(slot, d[n].detach().to(dest)) for slot, d in adam_slots] for n in g.leaves if n in g.adam_seen}
         stats = {k: (t.detach().to(dest), g.stat_seen[k].cpu()) for k, t in g.stat_totals.items()}
         for i, req in enumerate(g.requests):
             where = req.client.where()
@@ -733,6 +809,10 @@ class Vectorized(Transport):
                 req.error = e
                 continue
             opt_state = {name: buf[i].clone() for name, (buf, has) in moms.items() if bool(has[i])}
+            for name, slots in adam.items():     # torch.optim.Adam's slots, in its order (optim.Adam.export)
+                opt_state[f"{name}/step"] = torch.tensor(float(steps), dtype=torch.float32)
+                for slot, t in slots:
+                    opt_state[f"{name}/{slot}"] = t[i].clone()
             statistics = {k: t[i].clone() for k, (t, seen) in stats.items() if bool(seen[i])}
             req.result = LocalResult(weights, opt_state, steps, samples, loss_sum / max(steps, 1),
                                      {k: v / max(steps, 1) for k, v in part_sums.items()}, statistics)
