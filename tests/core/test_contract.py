@@ -165,3 +165,30 @@ def test_composition_refuses_clashing_parameter_names():
     with pytest.raises(KeyError, match="both fedprox and moon have a parameter 'mu'"):
         algorithm_class("fedprox+moon")
     assert algorithm_class("fedprox+scaffold").name == "fedprox+scaffold"
+
+
+def test_to_device_moves_every_tensor_and_keeps_what_is_already_there():
+    """Through messages, dicts, lists, tuples and namedtuples; on the CPU the very same objects come
+    back (the client host calls it for every job, so a CPU run must not copy anything); moved to
+    another device ('meta' stands in for a GPU here) every tensor is there, containers are rebuilt
+    and values that are not tensors are kept as they are."""
+    from collections import namedtuple
+
+    from fedhet.core.contract import to_device
+
+    Pair = namedtuple("Pair", "a b")
+    t = torch.ones(3)
+    obj = {"msg": Message("train", {"model": {"w": t}}, {"lr": 0.1, "mask": torch.zeros(2)}),
+           "list": [t, 1, "x"], "tuple": (t, None), "pair": Pair(t, 2.0), "n": 5}
+    same = to_device(obj, "cpu")
+    assert same is obj and same["msg"] is obj["msg"] and same["pair"] is obj["pair"]
+
+    moved = to_device(obj, "meta")
+    assert moved["msg"] is not obj["msg"] and moved["msg"].kind == "train"
+    assert moved["msg"].arrays["model"]["w"].device.type == "meta"
+    assert moved["msg"].scalars["lr"] == 0.1 and moved["msg"].scalars["mask"].device.type == "meta"
+    assert moved["list"][0].device.type == "meta" and moved["list"][1:] == [1, "x"]
+    assert moved["tuple"][0].device.type == "meta" and moved["tuple"][1] is None
+    assert isinstance(moved["pair"], Pair) and moved["pair"].a.device.type == "meta" and moved["pair"].b == 2.0
+    assert moved["n"] == 5
+    assert obj["msg"].arrays["model"]["w"].device.type == "cpu"     # the original is untouched

@@ -38,6 +38,10 @@ cross_device = pytest.mark.skipif(DEVICE == "cpu", reason="needs FEDHET_TEST_DEV
 
 MODEL_RTOL = 5e-2
 ACC_ATOL = 0.05
+# Methods none of whose requests the vectorized engine vmaps, and why (the run's fallback_reasons
+# name it): mixup (FedACD, FedACD_base) and SupCon views (FedClassAvg) are augmentations, FedNTD's
+# teacher term is not declared pure, and Per-FedAvg's meta steps never reach client.train.
+NOT_VMAPPED = {"fedacd", "fedacd_base", "fedclassavg", "fedntd", "perfedavg"}
 
 
 def method_config(small_config: dict, name: str, engine: str, device: str) -> dict:
@@ -118,6 +122,7 @@ def test_a_run_on_the_device_leaves_no_work_on_the_cpu_and_matches_the_cpu_run(s
         counters = dev_summary["engine"]
         assert sum(counters["fallback_reasons"].values()) == counters["fallback_requests"]
         assert "vmap error" not in counters["fallback_reasons"], counters["fallback_reasons"]
+        assert (counters["vectorized_requests"] > 0) == (name not in NOT_VMAPPED), counters
         assert counters["eager_reasons"] == {}, counters["eager_reasons"]     # every CUDA graph captured
         if name == "fedavg":
             assert counters["graph_steps"] > 0

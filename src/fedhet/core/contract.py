@@ -66,9 +66,11 @@ def to_device(obj: Any, device: torch.device | str) -> Any:
     if isinstance(obj, dict):
         moved = {k: to_device(v, device) for k, v in obj.items()}
         return obj if all(moved[k] is v for k, v in obj.items()) else moved
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+    if isinstance(obj, (list, tuple)):
         items = [to_device(v, device) for v in obj]
-        return obj if all(a is b for a, b in zip(items, obj)) else type(obj)(items)
+        if all(a is b for a, b in zip(items, obj)):
+            return obj
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)     # a namedtuple takes fields
     return obj
 
 

@@ -57,13 +57,13 @@ clients step together, their batches' pool indices and positions - is computed b
 copied to the device in one transfer, so no step waits on the host. The steps in which every client
 of the group step with the same batch size - all of them with full batches, or those left once the
 smallest clients have finished - at least ``GRAPH_MIN_REPEATS`` times in the schedule replay one
-captured graph of the step per (members, size) (forward, per-client losses, gradients, SGD update,
-statistics): the first runs eagerly, the second is captured, the rest replay it with their inputs
+captured graph of the step per (members, size) (forward, per-client losses, gradients, SGD or Adam
+update, statistics): the first runs eagerly, the second is captured, the rest replay it with their inputs
 copied in. The arithmetic is the eager step's. The equivalence tests replay graphs
 (``graph_min_repeats=2``) and run without them under ``FEDHET_TEST_CUDA_GRAPHS=0``. Graphs of full
 steps were checked against the reference on an H200; graphs of partial steps have not been checked
 there yet. A group whose capture
-fails goes on eagerly and is counted in ``eager_reasons``. Measured on an H200 (FedCME setting):
+fails leaves that (members, size)'s steps eager, counted in ``eager_reasons``. Measured on an H200 (FedCME setting):
 2.6x the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
 
 Device: the engine trains on ``device``; the client host (``run.device``, normally the same
@@ -303,12 +303,20 @@ class _GraphedStep:
         self.pos = torch.zeros((m, size), dtype=torch.long, device=dev)
         self.graph = torch.cuda.CUDAGraph()
         self.ok, self.error = True, ""
+        # Captured on a stream of our own: the outer context restores the thread's stream even when
+        # torch.cuda.graph's exit raises (it ends the capture before it restores the stream), so
+        # a failed capture cannot leave later eager steps on the capture stream.
+        current = torch.cuda.current_stream(dev)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(current)
         try:
-            with torch.cuda.graph(self.graph):
+            with torch.cuda.stream(side), torch.cuda.graph(self.graph, stream=side):
                 self.losses, self.parts = engine._step(g, members, size, idx, self.pool_idx, self.pos)
-        except Exception as e:  # noqa: BLE001 - counted by the engine; the group goes on eagerly
+        except Exception as e:  # noqa: BLE001 - counted by the engine; these steps go on eagerly
             self.ok, self.error = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             torch.cuda.synchronize(dev)
+        finally:
+            current.wait_stream(side)
 
     def replay(self, pool_idx: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.pool_idx.copy_(pool_idx)
@@ -338,7 +346,7 @@ class Vectorized(Transport):
         self.graph_min_repeats = GRAPH_MIN_REPEATS if graph_min_repeats is None else graph_min_repeats
         # Why requests ran on the reference path (on the engine's device all the same): reason -> count.
         self.fallback_reasons: dict[str, int] = {}
-        # Why a group's full steps ran eagerly on CUDA instead of replaying a graph: reason -> groups.
+        # Why recurring steps ran eagerly on CUDA instead of replaying a graph: reason -> failed captures.
         self.eager_reasons: dict[str, int] = {}
         self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
@@ -526,7 +534,7 @@ class Vectorized(Transport):
         # the device in one transfer each, so the loop itself sends nothing from the host.
         streams = [batches(r) for r in reqs]
         upcoming = [next(it, None) for it in streams]
-        train_idx = [r.client.host.federation.train_idx[r.client.cid] for r in reqs]
+        train_idx = [r.client.data.train_idx.cpu() for r in reqs]     # what the reference indexes
         plan: list[tuple[list[int], int, int]] = []    # (members, batch size, iteration)
         positions: list[torch.Tensor] = []
         pool_rows: list[torch.Tensor] = []
@@ -614,7 +622,7 @@ class Vectorized(Transport):
 
     def _step(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None, pool_idx: torch.Tensor,
               pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One SGD step for the clients ``members`` of the group (all with batch ``size``; ``idx``:
+        """One SGD or Adam step for the clients ``members`` of the group (all with batch ``size``; ``idx``:
         their rows on the device, None when all step; ``pool_idx`` / ``pos``: (members, size) pool
         indices and positions of their batches, on the device). Returns the step's per-client
         losses and loss parts (on the device)."""
@@ -723,7 +731,7 @@ class Vectorized(Transport):
                 denom = (vmax[0].sqrt() / bias2_sqrt).add_(opt.eps)
             else:
                 denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(opt.eps)
-            p.sub_(exp_avg / denom * step_size)
+            p.sub_(exp_avg.mul(step_size).div_(denom))     # addcdiv_(exp_avg, denom, value=-step_size)
             if not full:
                 for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):
                     d[n].index_copy_(0, idx, t)
@@ -773,6 +781,14 @@ class Vectorized(Transport):
                     rows[i].append((all_losses[k], all_parts[k], size))
                     k += 1
         names = [t.name for t in g.templates]
+        # Which clients' weights are all finite, for the whole group in one reduction and one copy to
+        # the host (check_finite per client would wait for the device once per tensor and client).
+        finite = torch.ones(C, dtype=torch.bool, device=self.device)
+        for t in g.weights.values():
+            if t.is_floating_point() and t.numel():
+                low, high = torch.aminmax(t.detach().reshape(C, -1), dim=1)
+                finite &= torch.isfinite(low) & torch.isfinite(high)
+        finite_on_host = finite.cpu().tolist()
         # Results go where the clients' code runs: the host's device (the CPU, or this device).
         dest = g.requests[0].client.host.device
         out = {n: t.detach().to(dest) for n, t in g.weights.items()}
@@ -803,11 +819,12 @@ class Vectorized(Transport):
                 continue
             steps = len(rows[i])
             weights = {name: out[name][i].clone() for name in g.names}
-            try:
-                check_finite(weights, where)
-            except NumericalError as e:
-                req.error = e
-                continue
+            if not finite_on_host[i]:
+                try:
+                    check_finite(weights, where)        # names the first non-finite tensor
+                except NumericalError as e:
+                    req.error = e
+                    continue
             opt_state = {name: buf[i].clone() for name, (buf, has) in moms.items() if bool(has[i])}
             for name, slots in adam.items():     # torch.optim.Adam's slots, in its order (optim.Adam.export)
                 opt_state[f"{name}/step"] = torch.tensor(float(steps), dtype=torch.float32)

@@ -223,8 +223,8 @@ class RunConfig(Strict):
     engine: Literal["auto", "reference", "parallel", "vectorized"] = "auto"
     workers: Literal["auto"] | pydantic.PositiveInt = "auto"
     threads: int | None = Field(None, ge=1)        # torch intra-op threads; default: torch's choice
-    # The vectorized engine on CUDA replays each group's full steps as one CUDA graph (a failed
-    # capture is counted in the summary's engine.eager_reasons and that group runs eagerly).
+    # The vectorized engine on CUDA replays the steps that recur in a group's schedule as CUDA
+    # graphs (a failed capture is counted in the summary's engine.eager_reasons; those steps run eagerly).
     cuda_graphs: bool = True
     progress: bool = True
     # Experiment tracking beside metrics.jsonl (fedhet.experiment.loggers; pip install -e .[tracking])

@@ -1,8 +1,10 @@
 """The optimizer kernels of local training, as plain tensor arithmetic.
 
 One definition of each update rule, used by :func:`fedhet.training.local.train_local` on one
-client's tensors and by the vectorized engine on tensors stacked over clients (the arithmetic is
-elementwise, so a leading client dimension changes nothing but the per-client first step):
+client's tensors and, for SGD, by the vectorized engine on tensors stacked over clients (the
+arithmetic is elementwise, so a leading client dimension changes nothing but the per-client first
+step). The vectorized engine writes Adam out on stacked tensors itself (``Vectorized._adam``: the
+bias corrections differ per step and come from its schedule), in the same operations:
 
 * :class:`SGD` - ``torch.optim.SGD`` (lr, momentum, dampening, weight_decay, nesterov);
 * :class:`Adam` - ``torch.optim.Adam`` (lr, betas, eps, weight_decay, amsgrad);
@@ -86,7 +88,9 @@ class Optimizer:
             for slot in self.slots:
                 t = (arrays or {}).get(f"{name}/{slot}")
                 if t is not None:
-                    state[name][slot] = t.clone()
+                    # Adam's step counter stays a CPU float, as in torch.optim.Adam: update() reads it
+                    # with .item(), which on a device would wait for the device at every update.
+                    state[name][slot] = t.detach().to("cpu", torch.float32).clone() if slot == "step" else t.clone()
         return state
 
 
