@@ -701,19 +701,26 @@ class Vectorized(Transport):
                 g.stat_totals[key].index_add_(0, idx, value)
                 g.stat_seen[key].index_fill_(0, idx, True)
 
+    @staticmethod
+    def _clipped(g: _Group, grads, s: TrainSettings) -> list[tuple[str, torch.Tensor]]:
+        """(name, gradient) of the leaves that have one (torch skips a None gradient), each
+        client's scaled by its own ``clip_grad_norm`` factor when the settings clip."""
+        pairs = [(n, gr) for n, gr in zip(g.leaves, grads) if gr is not None]
+        if pairs and s.clip_grad_norm is not None:
+            m = pairs[0][1].shape[0]
+            norms = torch.stack([torch.linalg.vector_norm(gr.reshape(m, -1), dim=1) for _, gr in pairs])
+            coef = clip_coefficient(norms, s.clip_grad_norm)
+            pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
+        return pairs
+
     def _adam(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
         """The Adam kernel of local training (:class:`fedhet.training.optim.Adam`: L2 weight decay,
         optional amsgrad) + ``clip_grad_norm``, per client, on stacked tensors, from a fresh state.
         Every member of a step takes its step number ``it + 1`` (one step per client per
         iteration), whose bias corrections are in ``g.adam_now``."""
-        pairs = [(n, gr) for n, gr in zip(g.leaves, grads) if gr is not None]   # torch skips grad=None
+        pairs = self._clipped(g, grads, s)
         if not pairs:
             return
-        m = pairs[0][1].shape[0]
-        if s.clip_grad_norm is not None:
-            norms = torch.stack([torch.linalg.vector_norm(gr.reshape(m, -1), dim=1) for _, gr in pairs])
-            coef = clip_coefficient(norms, s.clip_grad_norm)
-            pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
         opt = g.optimizer
         assert isinstance(opt, Adam) and g.adam_now is not None
         step_size, bias2_sqrt = g.adam_now[0], g.adam_now[1]
@@ -743,14 +750,9 @@ class Vectorized(Transport):
 
         Only the first-step rule is per client: a client without a buffer yet starts it from
         its gradient (``had`` mask), as ``torch.optim.SGD`` does."""
-        pairs = [(n, gr) for n, gr in zip(g.leaves, grads) if gr is not None]   # torch skips grad=None
+        pairs = self._clipped(g, grads, s)
         if not pairs:
             return
-        m = pairs[0][1].shape[0]
-        if s.clip_grad_norm is not None:
-            norms = torch.stack([torch.linalg.vector_norm(gr.reshape(m, -1), dim=1) for _, gr in pairs])
-            coef = clip_coefficient(norms, s.clip_grad_norm)
-            pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
         opt = g.optimizer
         for n, gr in pairs:
             p = w[n]
@@ -758,7 +760,7 @@ class Vectorized(Transport):
                 full = idx is None
                 buf = g.momentum[n] if full else g.momentum[n].index_select(0, idx)
                 had = g.has_momentum[n] if full else g.has_momentum[n].index_select(0, idx)
-                d, buf = opt.direction(p, gr, buf, had.view(m, *[1] * (gr.dim() - 1)))
+                d, buf = opt.direction(p, gr, buf, had.view(gr.shape[0], *[1] * (gr.dim() - 1)))
                 if full:
                     g.momentum[n].copy_(buf)
                     g.has_momentum[n].fill_(True)
