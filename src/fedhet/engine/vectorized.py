@@ -48,8 +48,8 @@ fp32: docs/performance.md).
 What falls back to the reference path (``train_local``, exact, on the client host's device):
 requests with a loss term that does not declare itself pure (``LossTerm.vectorizable``), Adam
 requests that carry an optimizer state from an earlier call (their clients' step counts differ),
-requests with ``augment`` (an opaque per-client callable), requests with zero steps, and - when ``fallback_on_error`` is true - a group whose
-vmapped step raises (a term that turns out not to be vmappable). ``Vectorized.counters`` counts
+requests with ``augment`` (an opaque per-client callable), requests with zero steps, and - when
+``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not to be vmappable). ``Vectorized.counters`` counts
 them, and ``fallback_reasons`` (in the run's summary) says why, per reason.
 
 CUDA graphs (``cuda_graphs``, ``run.cuda_graphs``; CUDA only): a group's whole schedule - which
@@ -62,9 +62,8 @@ update, statistics): the first runs eagerly, the second is captured, the rest re
 copied in. The arithmetic is the eager step's. The equivalence tests replay graphs
 (``graph_min_repeats=2``) and run without them under ``FEDHET_TEST_CUDA_GRAPHS=0``. Graphs of full
 steps were checked against the reference on an H200; graphs of partial steps have not been checked
-there yet. A group whose capture
-fails leaves that (members, size)'s steps eager, counted in ``eager_reasons``. Measured on an H200 (FedCME setting):
-2.6x the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
+there yet. A failed capture leaves that (members, size)'s steps eager, counted in
+``eager_reasons``. Measured on an H200 (FedCME setting): 2.6x the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
 
 Device: the engine trains on ``device``; the client host (``run.device``, normally the same
 device) runs the clients' own code there too - messages and client state arrive on it and the
@@ -605,7 +604,7 @@ class Vectorized(Transport):
         opt = g.optimizer
         if not isinstance(opt, Adam):
             return None
-        rows = [(opt.lr / (1 - opt.beta1 ** k), (1 - opt.beta2 ** k) ** 0.5) for k in range(1, iterations + 1)]
+        rows = [opt.corrections(k) for k in range(1, iterations + 1)]
         return torch.tensor(rows, dtype=torch.float32).to(self.device)
 
     def _graphs_on(self) -> bool:
@@ -727,17 +726,9 @@ class Vectorized(Transport):
         full = idx is None
         for n, gr in pairs:
             p = w[n]
-            if opt.weight_decay != 0:
-                gr = gr.add(p, alpha=opt.weight_decay)
             slots = [g.adam_m, g.adam_v] + ([g.adam_vmax] if opt.amsgrad else [])
             exp_avg, exp_avg_sq, *vmax = [d[n] if full else d[n].index_select(0, idx) for d in slots]
-            exp_avg.lerp_(gr, 1 - opt.beta1)
-            exp_avg_sq.mul_(opt.beta2).addcmul_(gr, gr, value=1 - opt.beta2)
-            if opt.amsgrad:
-                torch.maximum(vmax[0], exp_avg_sq, out=vmax[0])
-                denom = (vmax[0].sqrt() / bias2_sqrt).add_(opt.eps)
-            else:
-                denom = (exp_avg_sq.sqrt() / bias2_sqrt).add_(opt.eps)
+            denom = opt.moments(p, gr, exp_avg, exp_avg_sq, vmax[0] if vmax else None, bias2_sqrt)
             p.sub_(exp_avg.mul(step_size).div_(denom))     # addcdiv_(exp_avg, denom, value=-step_size)
             if not full:
                 for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):

@@ -168,22 +168,29 @@ class Adam(Optimizer):
             if self.amsgrad:
                 s["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         s["step"] += 1
+        step = s["step"].item()
+        step_size, bias_correction2_sqrt = self.corrections(step)
+        denom = self.moments(p, g, s["exp_avg"], s["exp_avg_sq"], s.get("max_exp_avg_sq"), bias_correction2_sqrt)
+        p.addcdiv_(s["exp_avg"], denom, value=-step_size)
+
+    def corrections(self, step: float) -> tuple[float, float]:
+        """``(lr / (1 - beta1^step), sqrt(1 - beta2^step))`` in double, as torch.optim.Adam's scalars."""
+        return self.lr / (1 - self.beta1 ** step), (1 - self.beta2 ** step) ** 0.5
+
+    def moments(self, p: torch.Tensor, g: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                max_exp_avg_sq: torch.Tensor | None, bias_correction2_sqrt: float | torch.Tensor) -> torch.Tensor:
+        """Weight decay, the moments' update in place, and the update's denominator
+        ``sqrt(v_hat) + eps`` (of the running maximum with amsgrad). Shared with the vectorized
+        engine, which passes client-stacked tensors and a device scalar for the correction."""
         if self.weight_decay != 0:
             g = g.add(p, alpha=self.weight_decay)
-        exp_avg, exp_avg_sq = s["exp_avg"], s["exp_avg_sq"]
         exp_avg.lerp_(g, 1 - self.beta1)
         exp_avg_sq.mul_(self.beta2).addcmul_(g, g, value=1 - self.beta2)
-        step = s["step"].item()
-        bias_correction1 = 1 - self.beta1 ** step
-        bias_correction2 = 1 - self.beta2 ** step
-        step_size = self.lr / bias_correction1
-        bias_correction2_sqrt = bias_correction2 ** 0.5
         if self.amsgrad:
-            torch.maximum(s["max_exp_avg_sq"], exp_avg_sq, out=s["max_exp_avg_sq"])
-            denom = (s["max_exp_avg_sq"].sqrt() / bias_correction2_sqrt).add_(self.eps)
-        else:
-            denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
-        p.addcdiv_(exp_avg, denom, value=-step_size)
+            assert max_exp_avg_sq is not None
+            torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
+            return (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
+        return (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(self.eps)
 
 
 def make_optimizer(settings: TrainSettings) -> Optimizer:
