@@ -3,8 +3,8 @@
 One definition of each update rule, used by :func:`fedhet.training.local.train_local` on one
 client's tensors and, for SGD, by the vectorized engine on tensors stacked over clients (the
 arithmetic is elementwise, so a leading client dimension changes nothing but the per-client first
-step). The vectorized engine writes Adam out on stacked tensors itself (``Vectorized._adam``: the
-bias corrections differ per step and come from its schedule), in the same operations:
+step). For Adam the vectorized engine shares :meth:`Adam.moments` and :meth:`Adam.corrections`
+and takes the bias corrections of each step from its schedule (``Vectorized._adam``):
 
 * :class:`SGD` - ``torch.optim.SGD`` (lr, momentum, dampening, weight_decay, nesterov);
 * :class:`Adam` - ``torch.optim.Adam`` (lr, betas, eps, weight_decay, amsgrad);
