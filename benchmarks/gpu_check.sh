@@ -10,9 +10,11 @@
 #   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, $BENCH_ARGS): samples/s of every engine mode against
 #      the same machine's CPU engines and the device's own ceiling, evaluation's share of a round,
 #      and agreement with the CPU reference on real Fashion-MNIST;
-#   4. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
+#   4. benchmarks/profile_device.py ($PROFILE_SECONDS, default 90; 0 skips it): a torch.profiler
+#      trace of two rounds of FedAvg at the FedCME Table II setting, vectorized, into $OUT;
+#   5. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
 #      default 20, $RUN_LIMIT seconds per run): whole paper-setting runs on the device, timed;
-#   5. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
+#   6. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
 #      on the device through benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized,
 #      stopped at the limit, its folder tarred into $OUT with the checkpoints under 8 MB).
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
@@ -45,6 +47,7 @@ cat "$OUT/machine.txt"
 step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
+[ "${PROFILE_SECONDS:-90}" = 0 ] || step profile "${PROFILE_SECONDS:-90}" python3 benchmarks/profile_device.py --out "$OUT"
 [ "${RUNS_SECONDS:-150}" = 0 ] || step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
   --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}"
 
