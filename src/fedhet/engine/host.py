@@ -19,10 +19,12 @@ still passes it explicitly.
 Device: a host built with ``device`` (``run.device``) runs its clients there. The federation's
 uint8 pool, labels and normalisation are copied to the device once (:meth:`ClientHost.client_data`),
 each architecture has a device copy of its model, and :meth:`ClientHost.run` moves the job's
-message and client state to the device before ``client_update`` and the reply and new state back
-to the CPU after it, so messages stay device-agnostic (Flower, checkpoints, the server's code) and
-every method's client code - training, its own forward passes, augmentation - runs on the device
-without code of its own. Random streams stay CPU generators: a draw is the same on every device.
+message and client state to the device before ``client_update`` and the reply back to the CPU
+after it, so messages stay device-agnostic (Flower, checkpoints, the server's code) and every
+method's client code - training, its own forward passes, augmentation - runs on the device without
+code of its own. The new client state goes back to the CPU too, unless the host keeps it on the
+device (``state_on_device``, ``run.client_state: device``): then it moves no more, and the loop's
+snapshot for a checkpoint copies it to the CPU. Random streams stay CPU generators: a draw is the same on every device.
 """
 
 from __future__ import annotations
@@ -148,7 +150,8 @@ class ClientHost:
     """Everything needed to run clients' updates in this process (see the module docstring)."""
 
     def __init__(self, algorithm: Algorithm, federation: Federation, models: dict[str, torch.nn.Module],
-                 client_arch: list[str], settings: TrainSettings, seed: int, device: str | torch.device = "cpu"):
+                 client_arch: list[str], settings: TrainSettings, seed: int, device: str | torch.device = "cpu",
+                 state_on_device: bool = False):
         self.algorithm = algorithm
         self.federation = federation
         self.models = models
@@ -161,6 +164,8 @@ class ClientHost:
         self.init_models = {a: {k: v.detach().clone() for k, v in m.state_dict().items()}
                             for a, m in models.items()}
         self.device = torch.device(device)
+        # Where client states live between jobs (module docstring).
+        self.state_device = self.device if state_on_device else torch.device("cpu")
         # The models clients run (``models`` stay on the CPU for the server's and evaluation's use).
         self.client_models = models if self.on_cpu else {
             a: copy.deepcopy(m).to(self.device) for a, m in models.items()}
@@ -212,5 +217,5 @@ class ClientHost:
             reply, state = self.algorithm.client_update(message, state, client)
             if kept:
                 state = {**(state or {}), OPTIMIZER_STATE: kept}
-        reply, state = to_device(reply, "cpu"), to_device(state, "cpu")
+        reply, state = to_device(reply, "cpu"), to_device(state, self.state_device)
         return JobResult(reply, state, client.tally)

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhet.core.contract import Arrays, Phase, Replies, RoundContext, State
+from fedhet.core.contract import Arrays, Phase, Replies, RoundContext, State, to_device
 from fedhet.core.seeding import numpy_rng
 from fedhet.engine.host import ClientHost, Job, JobResult, Tally
 from fedhet.engine.ledger import CommLedger
@@ -170,7 +170,8 @@ class RoundLoop:
 
     # --- checkpointing ------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        return {"server_state": self.server_state, "client_states": self.client_states,
+        # client states may live on the device (run.client_state: device); a checkpoint holds them on the CPU
+        return {"server_state": self.server_state, "client_states": to_device(self.client_states, "cpu"),
                 "ledger": self.ledger.state_dict()}
 
     def restore(self, snap: dict[str, Any]) -> None:

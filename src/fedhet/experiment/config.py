@@ -206,8 +206,8 @@ class EvalConfig(Strict):
     local_risk: bool = False
     # Precision of the evaluation passes: "fp32" always (metrics comparable across run precisions),
     # or "run": the run's resolved run.precision (bf16 autocast in a bf16 run; its metrics then carry
-    # bf16 rounding). Evaluation runs on the CPU: bf16 there is only expected to be cheaper where
-    # that CPU computes bf16 natively. feature_nmi/feature_silhouette and local_kl stay fp32.
+    # bf16 rounding). Evaluation runs on run.device: on a CPU, bf16 is only expected to be cheaper
+    # where that CPU computes bf16 natively. feature_nmi/feature_silhouette and local_kl stay fp32.
     precision: Literal["fp32", "run"] = "fp32"
 
 
@@ -226,6 +226,11 @@ class RunConfig(Strict):
     # The vectorized engine on CUDA replays the steps that recur in a group's schedule as CUDA
     # graphs (a failed capture is counted in the summary's engine.eager_reasons; those steps run eagerly).
     cuda_graphs: bool = True
+    # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
+    # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the
+    # device for each job and back, so large federations fit) or "device" (stays on run.device: no
+    # transfers, device memory grows with the clients seen). Checkpoints hold it on the CPU either way.
+    client_state: Literal["cpu", "device"] = "cpu"
     progress: bool = True
     # Experiment tracking beside metrics.jsonl (fedhet.experiment.loggers; pip install -e .[tracking])
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)

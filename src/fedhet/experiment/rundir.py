@@ -140,7 +140,7 @@ class RunDir:
         if not ckpt.exists():
             return None
         try:
-            return torch.load(ckpt, weights_only=False)
+            return torch.load(ckpt, weights_only=False, map_location="cpu")
         except Exception as e:  # a truncated or foreign file: say so, keep the metrics
             raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}. The recorded metrics in "
                                   f"{self.path / METRICS} are intact; delete the checkpoint to restart the run "
