@@ -47,7 +47,7 @@ def test_probability_matrix_from_the_terms_statistics_hand_computed():
 
 def test_probability_matrix_of_a_mixed_batch_splits_each_sample_between_its_two_labels():
     logits = torch.log(torch.tensor([[0.5, 0.5], [0.9, 0.1]]))
-    b = batch([0, 1], {"mix_y": torch.tensor([1, 0]), "mix_lam": 0.75})
+    b = batch([0, 1], {"mix_y": torch.tensor([1, 0]), "mix_lam": torch.tensor([0.75, 0.25], dtype=torch.float64)})
     stats = MarginAdjustedCE(torch.zeros(2, 2)).statistics(Forward(torch.zeros(2, 1), logits), b)
     # row 0 gets 0.75 of sample 0 and 0.25 of sample 1; row 1 the rest
     assert stats["counts"].tolist() == [1.0, 1.0]
@@ -127,9 +127,9 @@ def test_mixup_is_reproducible_and_mixes_inputs_and_labels():
     b = Batch(torch.arange(8.0).view(4, 1, 1, 2), torch.tensor([0, 1, 2, 3]), torch.arange(4))
     m1 = Mixup(1.0)(b, torch.Generator().manual_seed(5))
     m2 = Mixup(1.0)(b, torch.Generator().manual_seed(5))
-    assert torch.equal(m1.x, m2.x) and m1.extras["mix_lam"] == m2.extras["mix_lam"]
-    lam, partner = m1.extras["mix_lam"], m1.extras["mix_y"]
-    assert 0 < lam < 1 and sorted(partner.tolist()) == [0, 1, 2, 3]
+    assert torch.equal(m1.x, m2.x) and torch.equal(m1.extras["mix_lam"], m2.extras["mix_lam"])
+    (lam, rest), partner = m1.extras["mix_lam"].tolist(), m1.extras["mix_y"]
+    assert 0 < lam < 1 and rest == 1.0 - lam and sorted(partner.tolist()) == [0, 1, 2, 3]
     torch.testing.assert_close(m1.x, lam * b.x + (1 - lam) * b.x[partner])
     with pytest.raises(ValueError, match="positive"):
         Mixup(0.0)
@@ -138,7 +138,7 @@ def test_mixup_is_reproducible_and_mixes_inputs_and_labels():
 def test_both_terms_use_both_labels_of_a_mixed_batch():
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.2, 0.1]])
     out = Forward(torch.zeros(2, 1), logits)
-    b = batch([0, 1], {"mix_y": torch.tensor([2, 0]), "mix_lam": 0.3})
+    b = batch([0, 1], {"mix_y": torch.tensor([2, 0]), "mix_lam": torch.tensor([0.3, 0.7], dtype=torch.float64)})
     P = torch.tensor([[0.8, 0.15, 0.05], [0.2, 0.6, 0.2], [0.1, 0.3, 0.6]], dtype=torch.float64)
     log_delta = log_adjustment(P, torch.ones(3, dtype=torch.bool))
     ce = MarginAdjustedCE(log_delta)(out, b, {})

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import build_loop, config, ctx, runtime
 
 from fedhet.algorithms.fedclassavg import (
@@ -16,7 +17,7 @@ from fedhet.algorithms.fedclassavg import (
     supcon_loss,
 )
 from fedhet.core.contract import Batch, Forward, Message
-from fedhet.training.augment import SupConViews
+from fedhet.training.augment import SupConViews, _affine_grid
 
 
 def test_supcon_matches_a_direct_formula_on_a_tiny_batch():
@@ -79,20 +80,22 @@ def test_supcon_views_shapes_ranges_determinism_and_crop_scales():
     assert abs(float(area.median()) - 0.6) < 0.03
     assert float((boxes[:, 2] - boxes[:, 0] / 2).min()) >= -1e-9 and float((boxes[:, 2] + boxes[:, 0] / 2).max()) <= 1 + 1e-9
     # crop geometry: the whole image unflipped is the identity, a flip mirrors, a half box a quadrant
-    class Fixed(SupConViews):
-        def __init__(self, box, flip):
-            super().__init__(mean, std, flip_p=1.0 if flip else 0.0, jitter_p=0.0)
-            object.__setattr__(self, "box", box)
-
-        def crop_boxes(self, n, generator):
-            return torch.tensor([self.box] * n, dtype=torch.float64)
-
     img = torch.arange(16.0).view(1, 1, 4, 4) / 16
-    g = torch.Generator().manual_seed(0)
-    torch.testing.assert_close(Fixed((1.0, 1.0, 0.5, 0.5), False).view(img, g), img)
-    torch.testing.assert_close(Fixed((1.0, 1.0, 0.5, 0.5), True).view(img, g), img.flip(-1))
-    quadrant = Fixed((0.5, 0.5, 0.25, 0.75), False).view(img, g)      # left half across, lower half down
+
+    def view(box, flip):      # one view with a given crop box, no colour jitter
+        return SupConViews(mean, std, jitter_p=0.0).view(img, torch.tensor([box], dtype=torch.float64),
+                                                        torch.tensor([flip]), torch.zeros(1, 6))
+
+    torch.testing.assert_close(view((1.0, 1.0, 0.5, 0.5), False), img)
+    torch.testing.assert_close(view((1.0, 1.0, 0.5, 0.5), True), img.flip(-1))
+    quadrant = view((0.5, 0.5, 0.25, 0.75), False)      # left half across, lower half down
     assert float(quadrant.mean()) == pytest.approx(float(img[..., 2:, :2].mean()), abs=0.02)
+    # the written-out sampling grid is torch's affine_grid (align_corners=False)
+    theta = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(_affine_grid(theta, 7, 9), F.affine_grid(theta, [5, 1, 7, 9], align_corners=False))
+    # a call is apply(draw): the same stream gives the same views either way
+    draws = aug.draw(16, torch.Generator().manual_seed(3))
+    assert torch.equal(aug.apply(b, draws).x, v1.x)
     rgb = SupConViews(torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25))
     out = rgb(Batch(torch.randn(8, 3, 32, 32), torch.zeros(8, dtype=torch.long), torch.arange(8)),
               torch.Generator().manual_seed(0))

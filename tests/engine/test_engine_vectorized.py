@@ -160,15 +160,16 @@ def make_config(small_config, algorithm="fedavg", params=None, partition=EQUAL, 
     return load_config(raw=raw)
 
 
-def build(cfg, engine, bn=False, algorithm=None, fed=None):
-    """A simulator built like ``Experiment`` builds it (runner helpers), optionally with the BN CNN."""
+def build(cfg, engine, bn=False, algorithm=None, fed=None, wide=None):
+    """A simulator built like ``Experiment`` builds it (runner helpers), optionally with the BN CNN;
+    ``wide``: the vectorized engine's full-width masked steps on (True), off, or as on the device (None)."""
     fed = fed or build_federation(cfg.data, cfg.seed)
     models, client_arch = build_models(cfg, fed)
     if bn:
         models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"), cfg.model.split or "fc2")}
     # graph_min_repeats 2: the tests' short schedules replay graphs as well (on CUDA)
-    transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2) \
-        if engine == "vectorized" else None
+    transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2,
+                           wide_steps=wide) if engine == "vectorized" else None
     return build_loop(cfg, transport, fed=fed, models=models, algorithm=algorithm)
 
 
@@ -204,11 +205,11 @@ def assert_model_close(a, b):
     assert diff <= MODEL_RTOL * torch.cat([a[k].flatten() for k in keys]).norm()
 
 
-def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None):
+def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None, wide=None):
     """Both engines side by side; ``after_round(rnd, loop)`` may edit each loop's state in between."""
     fed = build_federation(cfg.data, cfg.seed)
     ref = build(cfg, "reference", bn, copy.deepcopy(algorithm), fed)
-    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed)
+    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed, wide)
     for rnd in range(rounds):
         a, b = ref.run_round(rnd), vec.run_round(rnd)
         assert (a.steps, a.samples, a.phases) == (b.steps, b.samples, b.phases)
@@ -285,6 +286,37 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
         model = vec.server_state["model"] if "model" in vec.server_state else \
             next(iter(vec.client_states.values()))["model"]
         assert not torch.equal(model[key], vec.host.init_models["cnn2"][key])
+
+
+# Full-width steps with an active mask (the steps CUDA graphs replay for at least half a group):
+# momentum (fedprox), per-client statistics (fedcme's feature sums, fedproto's and fedpac's
+# prototypes), two phases (fedcme, fedpac), frozen parameters (fedbabu).
+WIDE_CASES = [c for c in CASES if c[0] in ("fedavg", "fedprox", "fedproto", "fedpac", "fedbabu")] + [
+    ("fedcme", "fedcme", {"mu": 0.01}, {}, 0.0, 0.05, 2)]
+
+
+@pytest.mark.parametrize("case", WIDE_CASES, ids=[c[0] for c in WIDE_CASES])
+def test_wide_steps_equal_reference(small_config, case):
+    """With wide steps on, the steps of at least half a group run at its full width and the clients
+    outside a step compute on a stand-in batch: their weights, momentum, BatchNorm statistics and
+    the terms' statistics must stay as they were. Unequal sizes over 6 clients make such steps
+    (idle rows > 0); on the BN CNN every tensor agrees with the reference to rounding."""
+    _, algorithm, params, options, momentum, lr, epochs = case
+    cfg = make_config(small_config, algorithm, params, UNEQUAL, momentum, lr, epochs, options, clients_per_round=6)
+    ref, vec = run_both(cfg, bn=True, wide=True)
+    counters = vec.transport.counters
+    assert counters["fallback_requests"] == 0 and counters["idle_rows"] > 0
+    assert_engines_agree(ref, vec, TIGHT)
+
+
+@pytest.mark.parametrize("extras", [{}, {"amsgrad": True, "clip_grad_norm": 0.5}], ids=["plain", "amsgrad-clip"])
+def test_wide_steps_with_adam_equal_reference(small_config, extras):
+    """Adam's moments of the clients outside a wide step stay as they were (moments() updates in place)."""
+    cfg = make_config(small_config, "fedavg", partition=UNEQUAL, lr=1e-3, optimizer="adam", weight_decay=1e-4,
+                      optimizer_state="reset", clients_per_round=6)
+    ref, vec = run_adam(cfg, wide=True, **extras)
+    assert vec.transport.counters["idle_rows"] > 0
+    assert_engines_agree(ref, vec, TIGHT)
 
 
 @pytest.mark.parametrize("algorithm", ["fedrema", "fedpac"])
@@ -636,14 +668,15 @@ def smooth_model(projection_dim=None, split="fc2"):
     return helpers.bn_model(projection_dim, split, batch_norm=False)
 
 
-def run_adam(cfg, rounds: int = 2, **settings):
+def run_adam(cfg, rounds: int = 2, wide=None, **settings):
     """Reference and vectorized loops side by side with Adam at eps 1e-3 on the smooth model. Adam
     divides by sqrt(v) + eps, so where a gradient is rounding noise (near zero) the default eps
     1e-8 amplifies the engines' float differences by up to lr / eps; eps 1e-3 keeps the comparison
     at rounding while every part of the rule (moments, bias corrections, weight decay) still acts."""
     fed = build_federation(cfg.data, cfg.seed)
     models = {"cnn2": smooth_model()}
-    vectorized_engine = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2)
+    vectorized_engine = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2,
+                                   wide_steps=wide)
     loops = [build_loop(cfg, transport, fed=fed, models=copy.deepcopy(models)) for transport in (None, vectorized_engine)]
     for loop in loops:
         loop.host.settings = replace(loop.host.settings, eps=1e-3, **settings)
@@ -677,4 +710,30 @@ def test_adam_with_carried_state_falls_back_by_name(small_config, partition):
                       clients_per_round=6)
     ref, vec = run_adam(cfg)
     assert vec.transport.fallback_reasons == {"optimizer adam with carried state": 6}
+    assert_engines_agree(ref, vec, TIGHT)
+
+
+def test_mixup_trains_vectorized_and_equals_reference(small_config):
+    """FedACD with its mixup: each batch's permutation and lambda are drawn on the host from the
+    client's stream in train_local's order and applied under vmap, so the engines mix the same
+    samples with the same weights (two epochs, momentum carried between FedACD's per-epoch calls)."""
+    cfg = make_config(small_config, "fedacd", {"mixup": True}, UNEQUAL, 0.5, 0.05, 2)
+    ref, vec = run_both(cfg, bn=True)
+    counters = vec.transport.counters
+    assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
+    assert_engines_agree(ref, vec, TIGHT)
+
+
+@pytest.mark.parametrize("wide", [None, True], ids=["plain", "wide"])
+def test_supcon_views_train_vectorized_and_equal_reference(small_config, wide):
+    """FedClassAvg's two augmented views (crop, flip, colour jitter through the written-out affine
+    grid) with Adam, vmapped from draws made on the host, against the reference; with wide steps
+    too (stand-in rows get stand-in draws). Smooth model, Adam eps 1e-3 (run_adam)."""
+    cfg = make_config(small_config, "fedclassavg", {}, UNEQUAL, lr=1e-3, optimizer="adam", betas=(0.5, 0.999),
+                      clients_per_round=6)
+    ref, vec = run_adam(cfg, wide=wide)
+    counters = vec.transport.counters
+    assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
+    if wide:
+        assert counters["idle_rows"] > 0
     assert_engines_agree(ref, vec, TIGHT)

@@ -48,22 +48,39 @@ fp32: docs/performance.md).
 What falls back to the reference path (``train_local``, exact, on the client host's device):
 requests with a loss term that does not declare itself pure (``LossTerm.vectorizable``), Adam
 requests that carry an optimizer state from an earlier call (their clients' step counts differ),
-requests with ``augment`` (an opaque per-client callable), requests with zero steps, and - when
-``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not to be vmappable). ``Vectorized.counters`` counts
-them, and ``fallback_reasons`` (in the run's summary) says why, per reason.
+requests whose ``augment`` is an opaque callable rather than a
+:class:`fedhet.training.augment.Augmentation`, requests with zero steps, and - when
+``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not to be
+vmappable). ``Vectorized.counters`` counts them, and ``fallback_reasons`` (in the run's summary)
+says why, per reason.
+
+Augmentation (FedACD's mixup, FedClassAvg's two views): an ``Augmentation`` splits into ``draw``
+(every random draw of a batch, on the host) and ``apply`` (tensor arithmetic). The schedule takes
+each batch's draws from the client's stream right after its positions, as ``train_local`` does,
+sends them to the device with the schedule, and each step applies them per client under ``vmap``
+before the forward pass. Requests whose augmentations share a ``signature`` train in one group.
 
 CUDA graphs (``cuda_graphs``, ``run.cuda_graphs``; CUDA only): a group's whole schedule - which
 clients step together, their batches' pool indices and positions - is computed before training and
-copied to the device in one transfer, so no step waits on the host. The steps in which every client
-of the group step with the same batch size - all of them with full batches, or those left once the
-smallest clients have finished - at least ``GRAPH_MIN_REPEATS`` times in the schedule replay one
-captured graph of the step per (members, size) (forward, per-client losses, gradients, SGD or Adam
-update, statistics): the first runs eagerly, the second is captured, the rest replay it with their inputs
-copied in. The arithmetic is the eager step's. The equivalence tests replay graphs
-(``graph_min_repeats=2``) and run without them under ``FEDHET_TEST_CUDA_GRAPHS=0``. Graphs of full
-steps were checked against the reference on an H200; graphs of partial steps have not been checked
-there yet. A failed capture leaves that (members, size)'s steps eager, counted in
-``eager_reasons``. Measured on an H200 (FedCME setting): 2.6x the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
+copied to the device in one transfer, so no step waits on the host. Steps that recur replay one
+captured graph (forward, per-client losses, gradients, SGD or Adam update, statistics): the first
+of a kind runs eagerly, the second is captured, the rest replay it with their inputs copied in. The
+arithmetic is the eager step's. Which steps are "of a kind":
+
+* wide steps (``wide_steps``; on wherever graphs are): every step of at least half the group at a
+  batch size that such steps use at least ``GRAPH_MIN_REPEATS`` times runs at the group's full
+  width, with a per-client ``active`` mask; the clients outside the step compute on a stand-in
+  batch and keep their weights, optimizer state, BatchNorm statistics and term statistics. So the
+  steps that one client's remainder batch splits off from the others, and those after a client has
+  finished, replay the one full-width graph instead of running eagerly as new (members, size)
+  pairs. The stand-in rows are wasted work, counted as ``idle_rows``;
+* the other steps per (members, size), when it recurs ``GRAPH_MIN_REPEATS`` times.
+
+A group's graphs share one memory pool. The equivalence tests replay graphs
+(``graph_min_repeats=2``), run the wide steps on the CPU as well (``wide_steps=True``), and run
+without graphs under ``FEDHET_TEST_CUDA_GRAPHS=0``. A failed capture leaves that kind's steps
+eager, counted in ``eager_reasons``. Measured on an H200 (FedCME setting, before wide steps): 2.6x
+the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
 
 Device: the engine trains on ``device``; the client host (``run.device``, normally the same
 device) runs the clients' own code there too - messages and client state arrive on it and the
@@ -97,6 +114,7 @@ from fedhet.core.contract import (
 from fedhet.core.errors import NumericalError
 from fedhet.engine.host import ClientHost, Job, JobResult, SimClient, Tally
 from fedhet.engine.loop import Transport
+from fedhet.training.augment import Augmentation
 from fedhet.training.local import check_finite, epoch_batches, forward, train_local
 from fedhet.training.objective import LossTerm, accumulate_statistics
 from fedhet.training.optim import SGD, Adam, clip_coefficient, make_optimizer
@@ -265,7 +283,7 @@ class _Group:
     batched_paths: list[tuple[int, tuple]] = field(default_factory=list)  # (term index, (attr, key))
     batched_consts: list[torch.Tensor] = field(default_factory=list)      # (C, ...) each
     shared_consts: dict[tuple[int, tuple], torch.Tensor] = field(default_factory=dict)
-    records: list = field(default_factory=list)     # (members, batch size, losses, parts) per step
+    records: list = field(default_factory=list)     # (client of each row or None, batch size, losses, parts) per step
     optimizer: SGD | Adam | None = None             # the update kernel (fedhet.training.optim)
     # Adam (fresh state each call): per-client moments, the leaves that have had a gradient, and
     # this step's (lr / bias correction 1, sqrt(bias correction 2)) - a device tensor that the
@@ -279,10 +297,17 @@ class _Group:
     # each client's step order like train_local, and which clients have a value for each key.
     stat_totals: dict[str, torch.Tensor] = field(default_factory=dict)
     stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The memory pool of the group's first CUDA graph, which its later graphs share (below).
+    graph_pool: tuple | None = None
 
 
 # A (members, batch size) step captured as a CUDA graph only if the group's schedule has it this often.
 GRAPH_MIN_REPEATS = 16
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A (C,) per-client mask shaped to broadcast over ``like``'s (C, ...) rows."""
+    return mask.view(-1, *[1] * (like.dim() - 1))
 
 
 class _GraphedStep:
@@ -292,14 +317,19 @@ class _GraphedStep:
     stacked weights, momentum buffers and statistics' totals (updated in place), the loss terms'
     constants, the members' row indices (``idx``, a slice of the group's schedule), the device
     data pool, and two input buffers (the batch's pool indices and positions) that :meth:`replay`
-    fills before each launch. The losses and parts it returns are copies of the graph's outputs.
+    fills before each launch, and for a full-width step (``wide``) a third, which of the group's
+    clients the step is for. The losses and parts it returns are copies of the graph's outputs.
     ``ok`` is False, with ``error`` set, when capturing failed."""
 
-    def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int, idx: torch.Tensor | None):
+    def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int, idx: torch.Tensor | None,
+                 wide: bool = False, draws: dict[str, torch.Tensor] | None = None):
         dev = engine.device
-        m = len(members)
+        m = len(g.requests) if wide else len(members)
         self.pool_idx = torch.zeros((m, size), dtype=torch.long, device=dev)
         self.pos = torch.zeros((m, size), dtype=torch.long, device=dev)
+        self.active = torch.ones(m, dtype=torch.bool, device=dev) if wide else None
+        # the augmentation's draws of the step (same shapes at every step of this kind)
+        self.draws = None if draws is None else {k: torch.zeros_like(v) for k, v in draws.items()}
         self.graph = torch.cuda.CUDAGraph()
         self.ok, self.error = True, ""
         # Captured on a stream of our own: the outer context restores the thread's stream even when
@@ -309,17 +339,32 @@ class _GraphedStep:
         side = torch.cuda.Stream(dev)
         side.wait_stream(current)
         try:
-            with torch.cuda.stream(side), torch.cuda.graph(self.graph, stream=side):
-                self.losses, self.parts = engine._step(g, members, size, idx, self.pool_idx, self.pos)
+            # One memory pool for all of a group's graphs: each step's intermediates are dead once it
+            # has run and its outputs are copied out of the graph at once (replay), so graphs
+            # replayed in any order may reuse the same memory; a pool per graph would hold every
+            # graph's activations at once (large models).
+            with torch.cuda.stream(side), torch.cuda.graph(self.graph, stream=side, pool=g.graph_pool):
+                self.losses, self.parts = engine._step(g, members, size, idx, self.pool_idx, self.pos, self.active,
+                                                       self.draws)
+            if g.graph_pool is None:
+                g.graph_pool = self.graph.pool()
         except Exception as e:  # noqa: BLE001 - counted by the engine; these steps go on eagerly
             self.ok, self.error = False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             torch.cuda.synchronize(dev)
         finally:
             current.wait_stream(side)
 
-    def replay(self, pool_idx: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def replay(self, pool_idx: torch.Tensor, pos: torch.Tensor, active: torch.Tensor | None = None,
+               draws: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.pool_idx.copy_(pool_idx)
         self.pos.copy_(pos)
+        if self.active is not None:
+            assert active is not None
+            self.active.copy_(active)
+        if self.draws is not None:
+            assert draws is not None
+            for k, t in self.draws.items():
+                t.copy_(draws[k])
         self.graph.replay()
         return self.losses.clone(), self.parts.clone()
 
@@ -335,14 +380,17 @@ class Vectorized(Transport):
     name = "vectorized"
 
     def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
-                 cuda_graphs: bool = True, graph_min_repeats: int | None = None):
+                 cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
         self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
-                         "graph_steps": 0}
+                         "graph_steps": 0, "idle_rows": 0}
         self.cuda_graphs = cuda_graphs
         # Tests lower it so that their short schedules capture graphs too.
         self.graph_min_repeats = GRAPH_MIN_REPEATS if graph_min_repeats is None else graph_min_repeats
+        # Full-width steps with an active mask (see _train_group): where graphs replay, by default;
+        # the tests turn them on without graphs, so the CPU checks their arithmetic too.
+        self.wide_steps = wide_steps
         # Why requests ran on the reference path (on the engine's device all the same): reason -> count.
         self.fallback_reasons: dict[str, int] = {}
         # Why recurring steps ran eagerly on CUDA instead of replaying a graph: reason -> failed captures.
@@ -436,7 +484,7 @@ class Vectorized(Transport):
 
     def _group_key(self, req: _Request) -> tuple | str:
         """The group ``req`` trains in, or why it cannot be vmapped (the reason it is counted under)."""
-        if req.augment is not None:
+        if req.augment is not None and not isinstance(req.augment, Augmentation):
             return "augmentation"
         if self._num_steps(req) == 0:
             return "zero steps"
@@ -457,8 +505,9 @@ class Vectorized(Transport):
             carried = tuple(n for n in leaves if n in req.optimizer_state)
         shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in req.weights.items())
         data = c.data
+        augmentation = req.augment.signature() if req.augment is not None else None
         return (c.arch, req.settings, leaves, carried, shapes, tuple(lay[0] for lay in layouts),
-                id(data.x), id(data.y), id(data.mean), id(data.std))
+                id(data.x), id(data.y), id(data.mean), id(data.std), augmentation)
 
     # --- the vectorized training loop ---------------------------------------------------
     def _pool(self, data) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -523,10 +572,13 @@ class Vectorized(Transport):
         s = reqs[0].settings
 
         def batches(req: _Request):
+            """(positions, the augmentation's draws or None) per batch, drawn in train_local's order."""
             n = len(req.client.data.train_idx)
+            aug = req.augment
             for e in range(s.epochs):
                 gen = req.client.generator("batches", req.start_epoch + e)
-                yield from epoch_batches(n, s.batch_size, s.drop_last, gen)
+                for positions in epoch_batches(n, s.batch_size, s.drop_last, gen):
+                    yield positions, (aug.draw(len(positions), gen) if aug is not None else None)
 
         # The whole schedule first (it does not depend on what training computes): which clients
         # step together at each iteration, with their batches' pool indices and positions copied to
@@ -534,67 +586,130 @@ class Vectorized(Transport):
         streams = [batches(r) for r in reqs]
         upcoming = [next(it, None) for it in streams]
         train_idx = [r.client.data.train_idx.cpu() for r in reqs]     # what the reference indexes
-        plan: list[tuple[list[int], int, int]] = []    # (members, batch size, iteration)
-        positions: list[torch.Tensor] = []
-        pool_rows: list[torch.Tensor] = []
-        partial: list[int] = []                # the members of the steps that leave someone out
+        # (members, size, iteration, their (positions, draws))
+        steps: list[tuple[list[int], int, int, list[tuple[torch.Tensor, dict | None]]]] = []
         iteration = 0
         while True:
             buckets: dict[int, list[int]] = {}
-            for i, pos in enumerate(upcoming):
-                if pos is not None:
-                    buckets.setdefault(len(pos), []).append(i)
+            for i, nxt in enumerate(upcoming):
+                if nxt is not None:
+                    buckets.setdefault(len(nxt[0]), []).append(i)
             if not buckets:
                 break
             for size in sorted(buckets, reverse=True):
                 members = buckets[size]
-                plan.append((members, size, iteration))
-                if len(members) < C:
-                    partial.extend(members)
+                steps.append((members, size, iteration, [upcoming[i] for i in members]))
                 for i in members:
-                    positions.append(upcoming[i])
-                    pool_rows.append(train_idx[i][upcoming[i]])
                     upcoming[i] = next(streams[i], None)
             iteration += 1              # every client with steps left took exactly one this iteration
+        # With CUDA graphs, a step of at least half the group at a batch size that recurs runs at the
+        # group's full width ("wide"): the clients outside it compute on a stand-in batch and keep
+        # their weights, optimizer state and statistics (the step's ``active`` mask). All such steps
+        # then replay one graph, where each new set of members would otherwise be a new (members,
+        # size) step, run eagerly unless it recurs: one client's remainder batch (n % B) at the end
+        # of its epoch splits the others off into such a set, and so does each client that finishes
+        # before the rest. The stand-in rows are computed and thrown away (counted as idle_rows).
+        wide_sizes: set[int] = set()
+        if self._graphs_on() if self.wide_steps is None else self.wide_steps:
+            wide_count = Counter(size for members, size, _, _ in steps if 2 * len(members) >= C)
+            wide_sizes = {b for b, k in wide_count.items() if k >= self.graph_min_repeats}
+        plan: list[tuple[list[int], int, int, bool]] = []    # (members, batch size, iteration, wide)
+        positions: list[torch.Tensor] = []
+        pool_rows: list[torch.Tensor] = []
+        partial: list[int] = []                # the members of the narrow steps that leave someone out
+        masks: list[list[bool]] = []           # per wide step, which clients it is for
+        # The augmentations' draws, per name all in one flat tensor (one transfer each): a step's
+        # rows are (offset, per-row shape) into it.
+        draw_parts: dict[str, list[torch.Tensor]] = {}
+        draw_rows: list[dict[str, tuple[int, tuple]] | None] = []
+        offsets: dict[str, int] = {}
+        for members, size, it, batch in steps:
+            wide = size in wide_sizes and 2 * len(members) >= C
+            if wide:
+                mine = dict(zip(members, batch))
+                some = batch[0][1]
+                rows_batch = []
+                for i in range(C):
+                    # a stand-in for a client outside the step: positions it has, results unused
+                    rows_batch.append(mine[i] if i in mine else (
+                        torch.arange(size) % len(train_idx[i]),
+                        None if some is None else {k: torch.zeros_like(v) for k, v in some.items()}))
+                rows_of = list(range(C))
+                masks.append([i in mine for i in range(C)])
+            else:
+                if len(members) < C:
+                    partial.extend(members)
+                rows_batch, rows_of = batch, members
+            for i, (p, _) in zip(rows_of, rows_batch):
+                positions.append(p)
+                pool_rows.append(train_idx[i][p])
+            meta = None
+            if rows_batch[0][1] is not None:
+                meta = {}
+                for name, first in rows_batch[0][1].items():
+                    meta[name] = (offsets.get(name, 0), tuple(first.shape))
+                    flat = [d[name].reshape(-1) for _, d in rows_batch]
+                    draw_parts.setdefault(name, []).extend(flat)
+                    offsets[name] = offsets.get(name, 0) + sum(len(f) for f in flat)
+            draw_rows.append(meta)
+            plan.append((members, size, it, wide))
         dev = self.device
         all_pos = torch.cat(positions).to(dev)
         all_pool = torch.cat(pool_rows).to(dev)
         all_members = torch.tensor(partial, dtype=torch.long).to(dev)
+        all_active = torch.tensor(masks, dtype=torch.bool).to(dev) if masks else None
+        all_draws = {name: torch.cat(parts).to(dev) for name, parts in draw_parts.items()}
         g.model.train()
-        row = member_row = 0
+        row = member_row = wide_row = 0
         # Steps that recur - the same clients with the same batch size, e.g. all of them with full
         # batches, or the clients left once the smallest have finished - replay one CUDA graph per
-        # (members, size): its first step runs eagerly (it creates the statistics' totals and warms
-        # up cuDNN), the second is captured, the rest replay it with their inputs copied in. A key
-        # that recurs fewer than GRAPH_MIN_REPEATS times in the schedule is not worth a capture.
-        repeats = Counter((tuple(members), size) for members, size, _ in plan)
+        # (members, size), and wide steps one per size: its first step runs eagerly (it creates the
+        # statistics' totals and warms up cuDNN), the second is captured, the rest replay it with
+        # their inputs copied in. A narrow key that recurs fewer than GRAPH_MIN_REPEATS times in the
+        # schedule is not worth a capture.
+        repeats = Counter((tuple(members), size) for members, size, _, wide in plan if not wide)
         adam = self._adam_table(g, iteration)
         graphs: dict[tuple, _GraphedStep] = {}
         eager_once: set[tuple] = set()
-        for members, size, it in plan:
+        everyone = list(range(C))
+        for (members, size, it, wide), meta in zip(plan, draw_rows):
             m = len(members)
-            idx = None
-            if m < C:
+            width = C if wide else m
+            draws = None if meta is None else {
+                name: all_draws[name][off:off + width * math.prod(shape)].view(width, *shape)
+                for name, (off, shape) in meta.items()}
+            idx = active = None
+            if wide:
+                assert all_active is not None
+                active = all_active[wide_row]
+                wide_row += 1
+                self.counters["idle_rows"] += C - m
+            elif m < C:
                 idx = all_members[member_row:member_row + m]
                 member_row += m
-            rows = slice(row, row + m * size)
-            row += m * size
-            pool_idx, pos = all_pool[rows].view(m, size), all_pos[rows].view(m, size)
-            key = (tuple(members), size)
-            graphable = self._graphs_on() and repeats[key] >= self.graph_min_repeats
+            rows = slice(row, row + width * size)
+            row += width * size
+            pool_idx, pos = all_pool[rows].view(width, size), all_pos[rows].view(width, size)
+            key: tuple = ("wide", size) if wide else (tuple(members), size)
+            graphable = self._graphs_on() and (wide or repeats[key] >= self.graph_min_repeats)
             if graphable and key not in graphs and key in eager_once:
                 # idx's values are the same at every step of this key (the same members).
-                graphs[key] = self._capture(g, members, size, idx)
+                graphs[key] = self._capture(g, everyone if wide else members, size, idx, wide, draws)
             graph = graphs.get(key) if graphable else None
             if adam is not None:
                 g.adam_now.copy_(adam[it])       # this step's bias corrections (every member's step it + 1)
             if graph is not None and graph.ok:
-                losses, parts = graph.replay(pool_idx, pos)
+                losses, parts = graph.replay(pool_idx, pos, active, draws)
                 self.counters["graph_steps"] += 1
             else:
-                losses, parts = self._step(g, members, size, idx, pool_idx, pos)
+                losses, parts = self._step(g, everyone if wide else members, size, idx, pool_idx, pos, active, draws)
                 eager_once.add(key)
-            g.records.append((members, size, losses, parts))
+            if wide and m < C:
+                inside = set(members)
+                row_clients: list[int | None] = [i if i in inside else None for i in everyone]
+            else:
+                row_clients = list(members)
+            g.records.append((row_clients, size, losses, parts))
             self.counters["vmapped_steps"] += 1
         self._finish(g, C)
 
@@ -610,24 +725,32 @@ class Vectorized(Transport):
     def _graphs_on(self) -> bool:
         return self.cuda_graphs and self.device.type == "cuda"
 
-    def _capture(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None) -> _GraphedStep:
+    def _capture(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None,
+                 wide: bool = False, draws: dict[str, torch.Tensor] | None = None) -> _GraphedStep:
         """A CUDA graph of one recurring step of the group, or one marked failed (counted by
         reason: those steps then run eagerly, which is slower but the same arithmetic)."""
-        graphed = _GraphedStep(self, g, members, size, idx)
+        graphed = _GraphedStep(self, g, members, size, idx, wide, draws)
         if not graphed.ok:
             reason = f"cuda graph capture failed ({graphed.error})"
             self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
         return graphed
 
     def _step(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None, pool_idx: torch.Tensor,
-              pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              pos: torch.Tensor, active: torch.Tensor | None = None,
+              draws: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One SGD or Adam step for the clients ``members`` of the group (all with batch ``size``; ``idx``:
         their rows on the device, None when all step; ``pool_idx`` / ``pos``: (members, size) pool
-        indices and positions of their batches, on the device). Returns the step's per-client
-        losses and loss parts (on the device)."""
+        indices and positions of their batches, on the device). ``active``: a full-width step's
+        (C,) mask of the clients it is for; the others' rows are computed and discarded, their
+        state left as it was. ``draws``: the members' augmentation draws, (members, ...) each, applied
+        per client with the group's augmentation before the forward pass, as ``train_local`` applies
+        them. Returns the step's per-client losses and loss parts (on the device)."""
         dev = self.device
         s = g.requests[0].settings
         full = idx is None
+        # What the forward pass may change in place (BatchNorm's running statistics), for the rows
+        # outside a wide step to get back.
+        kept = {n: g.weights[n].clone() for n in g.names if n not in g.leaves} if active is not None else {}
 
         def take(t: torch.Tensor) -> torch.Tensor:
             return t if full else t.index_select(0, idx)
@@ -643,13 +766,16 @@ class Vectorized(Transport):
         y = y_pool[pool_idx]
 
         model, templates, paths, shared = g.model, g.templates, g.batched_paths, g.shared_consts
+        augment = g.requests[0].augment         # the group's (one signature: _group_key)
         use_bf16 = s.precision == "bf16"
 
-        def client_loss(w, x, y, index, consts):
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-                out = forward(model, w, x)
-            out = Forward(out.features.float(), out.logits.float())
+        def client_loss(w, x, y, index, consts, draws):
             batch = Batch(x, y, index)
+            if augment is not None:
+                batch = augment.apply(batch, draws)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+                out = forward(model, w, batch.x)
+            out = Forward(out.features.float(), out.logits.float())
             values = {}
             for (j, (attr, key)), value in [*zip(paths, consts), *shared.items()]:
                 values.setdefault(j, {})
@@ -671,29 +797,35 @@ class Vectorized(Transport):
                 accumulate_statistics([term], seen, batch, stats)
             return loss, torch.stack(parts), stats
 
-        losses, parts, stats = torch.func.vmap(client_loss)(w, x, y, pos, consts)
+        losses, parts, stats = torch.func.vmap(client_loss)(w, x, y, pos, consts, draws or {})
         leaves = [w[n] for n in g.leaves]
         grads = torch.autograd.grad(losses.sum(), leaves, allow_unused=True) if leaves else []
         with torch.no_grad():
             if isinstance(g.optimizer, Adam):
-                self._adam(g, w, grads, idx, s)
+                self._adam(g, w, grads, idx, s, active)
             else:
-                self._sgd(g, w, grads, idx, s)
+                self._sgd(g, w, grads, idx, s, active)
             if not full:   # the bucket worked on copies: write back weights and BatchNorm statistics
                 for n in g.names:
                     g.weights[n].index_copy_(0, idx, w[n].detach())
-            self._accumulate(g, stats, idx)
+            for n, before in kept.items():
+                g.weights[n].copy_(torch.where(_rows(active, before), g.weights[n], before))
+            self._accumulate(g, stats, idx, active)
         return losses.detach(), parts
 
-    def _accumulate(self, g: _Group, stats: dict[str, torch.Tensor], idx) -> None:
-        """Add one step's statistics (rows: the step's members) to the group's per-client totals."""
+    def _accumulate(self, g: _Group, stats: dict[str, torch.Tensor], idx, active: torch.Tensor | None = None) -> None:
+        """Add one step's statistics (rows: the step's members, or the rows ``active`` marks of a
+        full-width step) to the group's per-client totals."""
         C = len(g.requests)
         for key, value in stats.items():
             value = value.detach()
             if key not in g.stat_totals:
                 g.stat_totals[key] = value.new_zeros((C, *value.shape[1:]))
                 g.stat_seen[key] = torch.zeros(C, dtype=torch.bool, device=value.device)
-            if idx is None:
+            if active is not None:
+                g.stat_totals[key] += torch.where(_rows(active, value), value, 0)
+                g.stat_seen[key] |= active
+            elif idx is None:
                 g.stat_totals[key] += value
                 g.stat_seen[key].fill_(True)
             else:
@@ -712,11 +844,11 @@ class Vectorized(Transport):
             pairs = [(n, gr * coef.view(m, *[1] * (gr.dim() - 1))) for n, gr in pairs]
         return pairs
 
-    def _adam(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
+    def _adam(self, g: _Group, w: dict, grads, idx, s: TrainSettings, active: torch.Tensor | None = None) -> None:
         """The Adam kernel of local training (:class:`fedhet.training.optim.Adam`: L2 weight decay,
         optional amsgrad) + ``clip_grad_norm``, per client, on stacked tensors, from a fresh state.
         Every member of a step takes its step number ``it + 1`` (one step per client per
-        iteration), whose bias corrections are in ``g.adam_now``."""
+        iteration), whose bias corrections are in ``g.adam_now``. ``active``: see :meth:`_step`."""
         pairs = self._clipped(g, grads, s)
         if not pairs:
             return
@@ -727,20 +859,28 @@ class Vectorized(Transport):
         for n, gr in pairs:
             p = w[n]
             slots = [g.adam_m, g.adam_v] + ([g.adam_vmax] if opt.amsgrad else [])
-            exp_avg, exp_avg_sq, *vmax = [d[n] if full else d[n].index_select(0, idx) for d in slots]
+            # moments() updates them in place: a wide step works on copies and keeps the active rows
+            exp_avg, exp_avg_sq, *vmax = [d[n].clone() if active is not None else d[n] if full
+                                          else d[n].index_select(0, idx) for d in slots]
             denom = opt.moments(p, gr, exp_avg, exp_avg_sq, vmax[0] if vmax else None, bias2_sqrt)
-            p.sub_(exp_avg.mul(step_size).div_(denom))     # addcdiv_(exp_avg, denom, value=-step_size)
-            if not full:
+            update = exp_avg.mul(step_size).div_(denom)
+            if active is not None:
+                update = torch.where(_rows(active, update), update, 0)
+            p.sub_(update)     # addcdiv_(exp_avg, denom, value=-step_size)
+            if active is not None:
+                for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):
+                    d[n].copy_(torch.where(_rows(active, t), t, d[n]))
+            elif not full:
                 for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):
                     d[n].index_copy_(0, idx, t)
             g.adam_seen.add(n)
 
-    def _sgd(self, g: _Group, w: dict, grads, idx, s: TrainSettings) -> None:
+    def _sgd(self, g: _Group, w: dict, grads, idx, s: TrainSettings, active: torch.Tensor | None = None) -> None:
         """The SGD kernel of local training (:class:`fedhet.training.optim.SGD`: weight decay,
         momentum with dampening / Nesterov) + its ``clip_grad_norm``, per client, on stacked tensors.
 
         Only the first-step rule is per client: a client without a buffer yet starts it from
-        its gradient (``had`` mask), as ``torch.optim.SGD`` does."""
+        its gradient (``had`` mask), as ``torch.optim.SGD`` does. ``active``: see :meth:`_step`."""
         pairs = self._clipped(g, grads, s)
         if not pairs:
             return
@@ -752,7 +892,10 @@ class Vectorized(Transport):
                 buf = g.momentum[n] if full else g.momentum[n].index_select(0, idx)
                 had = g.has_momentum[n] if full else g.has_momentum[n].index_select(0, idx)
                 d, buf = opt.direction(p, gr, buf, had.view(gr.shape[0], *[1] * (gr.dim() - 1)))
-                if full:
+                if active is not None:      # direction() leaves the old buffer as it was
+                    g.momentum[n].copy_(torch.where(_rows(active, buf), buf, g.momentum[n]))
+                    g.has_momentum[n] |= active
+                elif full:
                     g.momentum[n].copy_(buf)
                     g.has_momentum[n].fill_(True)
                 else:
@@ -760,6 +903,8 @@ class Vectorized(Transport):
                     g.has_momentum[n].index_fill_(0, idx, True)
             else:
                 d, _ = opt.direction(p, gr, None)
+            if active is not None:
+                d = torch.where(_rows(active, d), d, 0)
             p.add_(d, alpha=-opt.lr)
 
     def _finish(self, g: _Group, C: int) -> None:
@@ -769,9 +914,10 @@ class Vectorized(Transport):
             all_losses = torch.cat([r[2] for r in g.records]).cpu().tolist()
             all_parts = torch.cat([r[3] for r in g.records]).cpu().tolist()
             k = 0
-            for members, size, _, _ in g.records:
-                for i in members:
-                    rows[i].append((all_losses[k], all_parts[k], size))
+            for row_clients, size, _, _ in g.records:
+                for i in row_clients:
+                    if i is not None:           # None: a stand-in row of a wide step
+                        rows[i].append((all_losses[k], all_parts[k], size))
                     k += 1
         names = [t.name for t in g.templates]
         # Which clients' weights are all finite, for the whole group in one reduction and one copy to

@@ -2,6 +2,11 @@
 
 An augmentation is a callable ``(batch, generator) -> batch`` that draws from the per-epoch
 stream it is given, so it is reproducible per (seed, round, client, epoch) like the batch order.
+The two below are :class:`Augmentation` s: a call is ``apply(batch, draw(len(batch.y), generator))``,
+where ``draw`` makes every random draw of one batch on the host (tensors) and ``apply`` is tensor
+arithmetic alone. The vectorized engine draws a whole schedule's worth first, in the reference's
+order from the same streams, and applies them under ``vmap`` on the device, so an augmented run
+does not depend on the engine (to float tolerance).
 
 * :class:`Mixup` (Zhang et al., ICLR 2018; FedACD's local training, Zhou et al. Sec. 4.2):
   ``x~ = lam x + (1 - lam) x[perm]`` with ``lam ~ Beta(alpha, alpha)`` once per batch and
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,9 +30,29 @@ import torch.nn.functional as F
 from fedhet.core.contract import Batch
 
 
+class Augmentation:
+    """An augmentation in two parts (module docstring): ``draw`` (host, from the stream) and
+    ``apply`` (pure tensor arithmetic, vmappable); ``signature`` says which instances the
+    vectorized engine may apply together (the same arithmetic with the same constants)."""
+
+    def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def apply(self, batch: Batch, draws: dict[str, torch.Tensor]) -> Batch:
+        raise NotImplementedError
+
+    def signature(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        draws = self.draw(len(batch.y), generator)
+        return self.apply(batch, {k: v.to(batch.x.device) for k, v in draws.items()})
+
+
 @dataclass(frozen=True)
-class Mixup:
-    """Input mixup with one ``lam ~ Beta(alpha, alpha)`` per batch."""
+class Mixup(Augmentation):
+    """Input mixup with one ``lam ~ Beta(alpha, alpha)`` per batch. ``batch.extras["mix_lam"]`` is
+    ``(lam, 1 - lam)``, computed in double (a float64 tensor of 2)."""
 
     alpha: float = 1.0
 
@@ -34,13 +60,20 @@ class Mixup:
         if not self.alpha > 0:
             raise ValueError(f"mixup alpha must be positive, got {self.alpha}")
 
-    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
-        perm = torch.randperm(len(batch.y), generator=generator)
+    def signature(self) -> tuple[Any, ...]:
+        return ("mixup", self.alpha)
+
+    def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        perm = torch.randperm(n, generator=generator)
         # torch's Beta sampler takes no generator: a numpy Beta seeded from the stream keeps it reproducible.
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         lam = float(np.random.default_rng(seed).beta(self.alpha, self.alpha))
-        perm = perm.to(batch.x.device)
-        x = lam * batch.x + (1.0 - lam) * batch.x[perm]
+        return {"perm": perm, "lam": torch.tensor([lam, 1.0 - lam], dtype=torch.float64)}
+
+    def apply(self, batch: Batch, draws: dict[str, torch.Tensor]) -> Batch:
+        perm, lam = draws["perm"], draws["lam"]
+        weight = lam.to(batch.x.dtype)      # each rounded once, like a Python float times the tensor
+        x = weight[0] * batch.x + weight[1] * batch.x[perm]
         return Batch(x, batch.y, batch.index, {**batch.extras, "mix_y": batch.y[perm], "mix_lam": lam})
 
 
@@ -49,8 +82,9 @@ def mixed(loss_of_labels: Callable[[torch.Tensor], torch.Tensor], batch: Batch) 
     partner = batch.extras.get("mix_y")
     if partner is None:
         return loss_of_labels(batch.y)
-    lam = float(batch.extras["mix_lam"])
-    return lam * loss_of_labels(batch.y) + (1.0 - lam) * loss_of_labels(partner)
+    lam: torch.Tensor = batch.extras["mix_lam"]
+    own, other = loss_of_labels(batch.y), loss_of_labels(partner)
+    return lam[0].to(own.dtype) * own + lam[1].to(other.dtype) * other
 
 
 def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
@@ -61,12 +95,12 @@ def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
     partner: torch.Tensor | None = batch.extras.get("mix_y")
     if partner is None:
         return weights
-    lam = float(batch.extras["mix_lam"])
-    return lam * weights + (1.0 - lam) * (partner.unsqueeze(1) == classes).double()
+    lam: torch.Tensor = batch.extras["mix_lam"]
+    return lam[0] * weights + lam[1] * (partner.unsqueeze(1) == classes).double()
 
 
 @dataclass(frozen=True)
-class SupConViews:
+class SupConViews(Augmentation):
     """Two augmented views of every image, stacked: ``x = [view 1; view 2]`` (2B rows) and
     ``y = [y; y]``, with ``batch.extras["views"] = 2`` (FedClassAvg's local training, Jang et al.
     Sec. 4.1; the pipeline of the authors' ``supcon_utils.load_dataset``): random resized crop
@@ -79,6 +113,8 @@ class SupConViews:
     centre crop); resampling is bilinear through ``grid_sample`` (border padding); the jitter
     factors apply in a fixed order (brightness, contrast, saturation, hue), hue as a rotation of
     the chroma plane in YIQ space; saturation, hue and grayscale do nothing to 1-channel images.
+    The sampling grid is torch's ``affine_grid`` (``align_corners=False``) written out, which vmap
+    batches (``affine_grid`` has no batching rule).
     """
 
     mean: torch.Tensor
@@ -90,10 +126,25 @@ class SupConViews:
     jitter_p: float = 0.8
     grayscale_p: float = 0.2
 
-    def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+    def signature(self) -> tuple[Any, ...]:
+        # mean / std by identity: the clients of a run share the pool's normalisation tensors
+        return ("supcon_views", id(self.mean), id(self.std), self.scale, self.ratio, self.flip_p, self.jitter,
+                self.jitter_p, self.grayscale_p)
+
+    def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Per view, in this order: the crop boxes, the flips, the colour draws."""
+        boxes, flips, colours = [], [], []
+        for _ in range(2):
+            boxes.append(self.crop_boxes(n, generator))
+            flips.append(torch.rand(n, generator=generator) < self.flip_p)
+            colours.append(torch.rand(n, 6, generator=generator))
+        return {"box": torch.stack(boxes), "flip": torch.stack(flips), "colour": torch.stack(colours)}
+
+    def apply(self, batch: Batch, draws: dict[str, torch.Tensor]) -> Batch:
         mean, std = self.mean.to(batch.x.device), self.std.to(batch.x.device)
         images = batch.x * std + mean
-        views = [((self.view(images, generator) - mean) / std) for _ in range(2)]
+        views = [((self.view(images, draws["box"][v], draws["flip"][v], draws["colour"][v]) - mean) / std)
+                 for v in range(2)]
         return Batch(torch.cat(views), torch.cat([batch.y, batch.y]), batch.index, {**batch.extras, "views": 2})
 
     def crop_boxes(self, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -108,22 +159,21 @@ class SupConViews:
         cy = h / 2 + (1 - h) * u[:, 3]
         return torch.stack([w, h, cx, cy], 1)
 
-    def view(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        n, c = images.shape[:2]
-        box = self.crop_boxes(n, generator).to(images.dtype)
-        flip = torch.rand(n, generator=generator) < self.flip_p
+    def view(self, images: torch.Tensor, box: torch.Tensor, flip: torch.Tensor, colour: torch.Tensor) -> torch.Tensor:
+        box = box.to(images.dtype)
         sx = torch.where(flip, -box[:, 0], box[:, 0])
-        theta = torch.zeros(n, 2, 3, dtype=images.dtype)
-        theta[:, 0, 0], theta[:, 0, 2] = sx, 2 * box[:, 2] - 1
-        theta[:, 1, 1], theta[:, 1, 2] = box[:, 1], 2 * box[:, 3] - 1
-        grid = F.affine_grid(theta.to(images.device), list(images.shape), align_corners=False)
+        zero = torch.zeros_like(sx)
+        theta = torch.stack([torch.stack([sx, zero, 2 * box[:, 2] - 1], 1),
+                             torch.stack([zero, box[:, 1], 2 * box[:, 3] - 1], 1)], 1)      # (n, 2, 3)
+        grid = _affine_grid(theta, images.shape[-2], images.shape[-1])
         out = F.grid_sample(images, grid, mode="bilinear", padding_mode="border", align_corners=False)
-        return self.colour(out, generator).clamp(0.0, 1.0)
+        return self.colour(out, colour).clamp(0.0, 1.0)
 
-    def colour(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def colour(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Colour jitter and grayscale with the draws ``u`` (n, 6): jitter on, its four factors, grayscale."""
         n, c = x.shape[:2]
         b, ct, s, h = self.jitter
-        u = torch.rand(n, 6, generator=generator).to(x.device, x.dtype)
+        u = u.to(x.dtype)
         on = (u[:, 0] < self.jitter_p).view(n, 1, 1, 1)
 
         def factor(col: torch.Tensor, amount: float) -> torch.Tensor:
@@ -147,6 +197,18 @@ class SupConViews:
             to_gray = (u[:, 5] < self.grayscale_p).view(n, 1, 1, 1)
             x = torch.where(to_gray, gray(x).expand_as(x), x)
         return x
+
+
+def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """``F.affine_grid(theta, (n, c, height, width), align_corners=False)``: the pixel centres in
+    [-1, 1] coordinates, (x, y, 1) each, times ``theta`` (n, 2, 3) transposed; (n, height, width, 2)."""
+    def centres(k: int) -> torch.Tensor:
+        return torch.linspace(-1, 1, k, dtype=theta.dtype, device=theta.device) * ((k - 1) / k)
+
+    xs, ys = centres(width), centres(height)
+    base = torch.stack([xs.view(1, width).expand(height, width), ys.view(height, 1).expand(height, width),
+                        torch.ones(height, width, dtype=theta.dtype, device=theta.device)], -1)
+    return (base.view(1, height * width, 3) @ theta.transpose(1, 2)).view(-1, height, width, 2)
 
 
 def _rotate_hue(rgb: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
