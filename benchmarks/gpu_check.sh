@@ -10,8 +10,9 @@
 #   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, $BENCH_ARGS): samples/s of every engine mode against
 #      the same machine's CPU engines and the device's own ceiling, evaluation's share of a round,
 #      and agreement with the CPU reference on real Fashion-MNIST;
-#   4. benchmarks/profile_device.py ($PROFILE_SECONDS, default 90; 0 skips it): a torch.profiler
-#      trace of two rounds of FedAvg at the FedCME Table II setting, vectorized, into $OUT;
+#   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 90; 0 skips it): a
+#      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
+#      Table II setting), vectorized, into $OUT/profile_<config name>/;
 #   5. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
 #      default 20, $RUN_LIMIT seconds per run): whole paper-setting runs on the device, timed;
 #   6. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
@@ -47,11 +48,19 @@ cat "$OUT/machine.txt"
 step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
-[ "${PROFILE_SECONDS:-90}" = 0 ] || step profile "${PROFILE_SECONDS:-90}" python3 benchmarks/profile_device.py --out "$OUT"
+if [ "${PROFILE_SECONDS:-90}" != 0 ]; then
+  for config in ${PROFILE_CONFIGS:-configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml}; do
+    name=profile_$(basename "$config" .yaml)
+    step "$name" "${PROFILE_SECONDS:-90}" python3 benchmarks/profile_device.py --config "$config" --out "$OUT/$name"
+  done
+fi
 [ "${RUNS_SECONDS:-150}" = 0 ] || step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
   --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}"
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
   SWEEP_LANES="${GPU_SWEEP_LANES:-6}" bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "$GPU_SWEEP"
 fi
+# The device tool brings back at most 8 files: everything goes into one archive beside machine.txt.
+tar czf /tmp/gpu_check_results.tar.gz -C "$OUT" --exclude machine.txt . && mv /tmp/gpu_check_results.tar.gz "$OUT/results.tar.gz"
+find "$OUT" -mindepth 1 ! -name machine.txt ! -name results.tar.gz -exec rm -rf {} + 2>/dev/null
 ls -la "$OUT"

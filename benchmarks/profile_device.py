@@ -5,9 +5,9 @@
 
 Runs ``--config`` (default: FedAvg at the FedCME paper's Table II setting, Fashion-MNIST Dir(0.5),
 K=50, M=10, E=6, B=32) on ``--device`` with the vectorized engine, through the real runner. The
-first ``--skip`` rounds (default 2: cuDNN's autotuning and the CUDA graphs' capture happen there)
-run unprofiled; the next ``--rounds`` rounds run under ``torch.profiler`` (CPU and CUDA
-activities), one profiler step a round.
+first ``--skip`` rounds (default 2: cuDNN's autotuning and the first allocations happen there)
+run unprofiled; the profiler (CPU and CUDA activities) starts after them and stops after the next
+``--rounds`` rounds. Progress goes to stderr with timestamps.
 
 Writes to ``--out``:
 
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import ProfilerActivity, profile
 
 from fedhet.experiment.callbacks import Callback
 from fedhet.experiment.config import load_config
@@ -40,16 +40,31 @@ from fedhet.experiment.summary import git_commit, machine_info
 DEFAULT_CONFIG = "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml"
 
 
-class ProfilerSteps(Callback):
-    """One profiler step per round; the wall time of each round."""
+class ProfiledRounds(Callback):
+    """Starts the profiler after round ``skip`` and stops it after round ``skip + rounds``; the wall
+    time of every round. (A profiler opened before the run, with a schedule that skipped the first
+    rounds, did not finish within a minute on an H100, for a reason its log did not show; this one
+    starts later and logs every stage.)"""
 
-    def __init__(self, prof: profile):
-        self.prof = prof
+    def __init__(self, prof: profile, skip: int, rounds: int):
+        self.prof, self.skip, self.rounds = prof, skip, rounds
         self.round_seconds: list[float] = []
+        self.t0 = time.perf_counter()
+        if skip == 0:
+            self.prof.start()
 
     def on_row_written(self, exp: Experiment, row: dict) -> None:
         self.round_seconds.append(row["seconds"]["total"])
-        self.prof.step()
+        done = len(self.round_seconds)
+        log(self.t0, f"round {done}: {row['seconds']['total']:.2f} s")
+        if done == self.skip:
+            self.prof.start()
+        elif done == self.skip + self.rounds:
+            self.prof.stop()
+
+
+def log(t0: float, what: str) -> None:
+    print(f"[{time.perf_counter() - t0:7.1f} s] {what}", file=sys.stderr, flush=True)
 
 
 def device_events(events, cuda: bool) -> dict:
@@ -79,7 +94,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--engine", default="vectorized")
     p.add_argument("--skip", type=int, default=2, help="unprofiled rounds first (warm-up, graph capture)")
-    p.add_argument("--rounds", type=int, default=2, help="profiled rounds")
+    p.add_argument("--rounds", type=int, default=1, help="profiled rounds")
     p.add_argument("--set", action="append", default=[], help="more config overrides, key=value")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = p.parse_args()
@@ -90,18 +105,20 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = load_config(a.config, overrides)
-        sched = schedule(skip_first=a.skip, wait=0, warmup=0, active=a.rounds, repeat=1)
-        with profile(activities=activities, schedule=sched, record_shapes=False) as prof:
-            steps = ProfilerSteps(prof)
-            exp = Experiment.create(cfg, Path(tmp) / "run", callbacks=[steps])
-            t0 = time.perf_counter()
-            exp.run(progress=False)
-            wall = time.perf_counter() - t0
+        prof = profile(activities=activities, record_shapes=False)
+        steps = ProfiledRounds(prof, a.skip, a.rounds)
+        exp = Experiment.create(cfg, Path(tmp) / "run", callbacks=[steps])
+        log(steps.t0, "built")
+        t0 = time.perf_counter()
+        exp.run(progress=False)
+        wall = time.perf_counter() - t0
+        log(steps.t0, "run finished; reading the profile")
         averages = prof.key_averages()
         sort_key = "self_device_time_total" if cuda else "self_cpu_time_total"
         table = averages.table(sort_by=sort_key, row_limit=25, max_name_column_width=60)
         counts = device_events(prof.events(), cuda)
         trace = Path(tmp) / "trace.json"
+        log(steps.t0, "key averages done")
         prof.export_chrome_trace(str(trace))
         with trace.open("rb") as src, gzip.open(a.out / "profile_device_trace.json.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
