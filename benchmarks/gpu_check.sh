@@ -14,7 +14,8 @@
 #      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
 #      Table II setting), vectorized, into $OUT/profile_<config name>/;
 #   5. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
-#      default 20, $RUN_LIMIT seconds per run): whole paper-setting runs on the device, timed;
+#      default 20, $RUN_LIMIT seconds per run, $DEVICE_ONLY one run's label): whole paper-setting runs on the
+#      device, timed;
 #   6. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
 #      on the device through benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized,
 #      stopped at the limit, its folder tarred into $OUT with the checkpoints under 8 MB).
@@ -55,7 +56,7 @@ if [ "${PROFILE_SECONDS:-90}" != 0 ]; then
   done
 fi
 [ "${RUNS_SECONDS:-150}" = 0 ] || step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
-  --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}"
+  --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
   SWEEP_LANES="${GPU_SWEEP_LANES:-6}" bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "$GPU_SWEEP"
