@@ -385,6 +385,23 @@ def test_clear_errors(small_config, tmp_path):
         client_mod.node_of(ctx)
 
 
+def test_a_node_may_name_its_own_device(small_config):
+    """``device`` in a SuperNode's --node-config replaces the config's run.device for that node's
+    clients: a config naming a CUDA device this machine lacks is a clear error on a node without
+    the key, and builds on a node that names its own device. (On a CUDA machine the config's device
+    exists, so the first half is checked on CPU machines only.)"""
+    cfg = tiny(small_config, "fedavg")
+    cfg.run.device = "cuda:7"
+    rc = {"fedhet-config": dump_config(cfg)}
+    part = {"partition-id": 0, "num-partitions": 2}
+    if torch.cuda.device_count() < 8:
+        with pytest.raises(FedhetError, match="run.device: cuda:7"):
+            client_mod.node_of(Context(run_id=1, node_id=5, node_config=part, state=RecordDict(), run_config=rc))
+    node = client_mod.node_of(Context(run_id=1, node_id=5, node_config={**part, "device": "cpu"},
+                                      state=RecordDict(), run_config=rc))
+    assert node.host.device == torch.device("cpu") and node.clients == list(range(0, cfg.data.num_clients, 2))
+
+
 # --- resume: server checkpoints, node commits ------------------------------------------------
 class ServerCrash(Exception):
     """Stands for the SuperLink (and the ServerApp with it) going down."""

@@ -6,7 +6,8 @@ config: the validated fedhet config (run-config key ``fedhet-config``, YAML text
 federation, which is deterministic from config + seed, so the node builds it from its *local*
 copy of the dataset and uses only its own clients' indices; no data crosses the wire. The
 node's ``--node-config`` supplies ``partition-id`` and ``num-partitions`` (and optionally
-``data-root``, the dataset directory on that machine). Node ``p`` of ``n`` hosts the fedhet
+``data-root``, the dataset directory on that machine, and ``device``, the device its clients train
+on, in place of the config's ``run.device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``). Node ``p`` of ``n`` hosts the fedhet
 clients ``cid`` with ``cid % n == p`` (with ``n`` = number of clients: exactly client ``p``).
 
 The fedhet client id travels in every message (ConfigRecord ``"fedhet"``), never Flower's node
@@ -80,15 +81,18 @@ CONFIG_KEY = "fedhet-config"
 _BUILT: dict[tuple, Built] = {}
 
 
-def parse_config(config_text: str, data_root: str | None = None) -> ExperimentConfig:
-    """The fedhet config of a Flower run, with this host's dataset directory, and the in-process
-    engine set to ``reference``: Flower carries the clients, so worker processes or vmap
-    (``run.engine``) have nothing to do here (and a node trains its clients one after another)."""
+def parse_config(config_text: str, data_root: str | None = None, device: str | None = None) -> ExperimentConfig:
+    """The fedhet config of a Flower run, with this host's dataset directory and device (when
+    given), and the in-process engine set to ``reference``: Flower carries the clients, so worker
+    processes or vmap (``run.engine``) have nothing to do here (and a node trains its clients one
+    after another)."""
     raw = parse_yaml(config_text)
     if not isinstance(raw, dict):
         raise ConfigError(f"run config {CONFIG_KEY!r} must hold a fedhet YAML config")
     if data_root:
         raw.setdefault("data", {})["root"] = str(data_root)
+    if device:
+        raw.setdefault("run", {})["device"] = str(device)
     if "engine" in RunConfig.model_fields:
         run = raw.setdefault("run", {})
         run["engine"] = "reference"
@@ -96,10 +100,10 @@ def parse_config(config_text: str, data_root: str | None = None) -> ExperimentCo
     return load_config(raw=raw)
 
 
-def built_for(config_text: str, data_root: str | None) -> Built:
-    key = (config_text, data_root)
+def built_for(config_text: str, data_root: str | None, device: str | None = None) -> Built:
+    key = (config_text, data_root, device)
     if key not in _BUILT:
-        cfg = parse_config(config_text, data_root)
+        cfg = parse_config(config_text, data_root, device)
         _BUILT.clear()
         configure_process(cfg)        # run.threads, as in the simulator: the same float sums
         _BUILT[key] = build(cfg)      # pure: no files written
@@ -151,7 +155,8 @@ def node_of(context: Context) -> Node:
     if "partition-id" not in nc or "num-partitions" not in nc:
         raise ConfigError("this SuperNode has no partition: start it with "
                           "--node-config 'partition-id=I num-partitions=N'")
-    built = built_for(cfg_text, nc.get("data-root"))
+    device = nc.get("device")
+    built = built_for(cfg_text, nc.get("data-root"), str(device) if device else None)
     return Node(built.host, int(nc["partition-id"]), int(nc["num-partitions"]))
 
 
