@@ -299,6 +299,8 @@ class _Group:
     stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
     # The memory pool of the group's first CUDA graph, which its later graphs share (below).
     graph_pool: tuple | None = None
+    # The model's buffers among ``names`` (what a forward pass may change: BatchNorm statistics).
+    buffers: list[str] = field(default_factory=list)
 
 
 # A (members, batch size) step captured as a CUDA graph only if the group's schedule has it this often.
@@ -317,8 +319,9 @@ class _GraphedStep:
     stacked weights, momentum buffers and statistics' totals (updated in place), the loss terms'
     constants, the members' row indices (``idx``, a slice of the group's schedule), the device
     data pool, and two input buffers (the batch's pool indices and positions) that :meth:`replay`
-    fills before each launch, and for a full-width step (``wide``) a third, which of the group's
-    clients the step is for. The losses and parts it returns are copies of the graph's outputs.
+    fills before each launch; for a full-width step (``wide``) also which of the group's clients
+    the step is for, and with an augmentation the step's draws. The losses and parts it returns are
+    copies of the graph's outputs.
     ``ok`` is False, with ``error`` set, when capturing failed."""
 
     def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int, idx: torch.Tensor | None,
@@ -530,6 +533,8 @@ class Vectorized(Transport):
         leaves = [n for n in names if n in params and trainable(n)]
         g = _Group(reqs, model, names, leaves,
                    {n: self._stack([r.weights[n] for r in reqs]) for n in names})
+        buffers = {n for n, _ in model.named_buffers()}
+        g.buffers = [n for n in names if n in buffers]
         s = first.settings
         g.optimizer = make_optimizer(s)
         # Statistics totals start from each request's own (phase B continues phase A's).
@@ -610,7 +615,7 @@ class Vectorized(Transport):
         # of its epoch splits the others off into such a set, and so does each client that finishes
         # before the rest. The stand-in rows are computed and thrown away (counted as idle_rows).
         wide_sizes: set[int] = set()
-        if self._graphs_on() if self.wide_steps is None else self.wide_steps:
+        if self._wide_on():
             wide_count = Counter(size for members, size, _, _ in steps if 2 * len(members) >= C)
             wide_sizes = {b for b, k in wide_count.items() if k >= self.graph_min_repeats}
         plan: list[tuple[list[int], int, int, bool]] = []    # (members, batch size, iteration, wide)
@@ -725,6 +730,9 @@ class Vectorized(Transport):
     def _graphs_on(self) -> bool:
         return self.cuda_graphs and self.device.type == "cuda"
 
+    def _wide_on(self) -> bool:
+        return self._graphs_on() if self.wide_steps is None else self.wide_steps
+
     def _capture(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None,
                  wide: bool = False, draws: dict[str, torch.Tensor] | None = None) -> _GraphedStep:
         """A CUDA graph of one recurring step of the group, or one marked failed (counted by
@@ -750,7 +758,7 @@ class Vectorized(Transport):
         full = idx is None
         # What the forward pass may change in place (BatchNorm's running statistics), for the rows
         # outside a wide step to get back.
-        kept = {n: g.weights[n].clone() for n in g.names if n not in g.leaves} if active is not None else {}
+        kept = {n: g.weights[n].clone() for n in g.buffers} if active is not None else {}
 
         def take(t: torch.Tensor) -> torch.Tensor:
             return t if full else t.index_select(0, idx)
