@@ -17,7 +17,7 @@ from fedhet.algorithms.fedclassavg import (
     supcon_loss,
 )
 from fedhet.core.contract import Batch, Forward, Message
-from fedhet.training.augment import SupConViews, _affine_grid
+from fedhet.training.augment import SupConViews, _affine_grid, _rotate_hue
 
 
 def test_supcon_matches_a_direct_formula_on_a_tiny_batch():
@@ -93,9 +93,23 @@ def test_supcon_views_shapes_ranges_determinism_and_crop_scales():
     # the written-out sampling grid is torch's affine_grid (align_corners=False)
     theta = torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(2))
     torch.testing.assert_close(_affine_grid(theta, 7, 9), F.affine_grid(theta, [5, 1, 7, 9], align_corners=False))
-    # a call is apply(draw): the same stream gives the same views either way
-    draws = aug.draw(16, torch.Generator().manual_seed(3))
-    assert torch.equal(aug.apply(b, draws).x, v1.x)
+    # the draws' order on the stream (what the vectorized engine replays): per view the crop
+    # boxes, the flips, the colour draws
+    draws, g = aug.draw(16, torch.Generator().manual_seed(3)), torch.Generator().manual_seed(3)
+    for v in range(2):
+        assert torch.equal(draws["box"][v], aug.crop_boxes(16, g))
+        assert torch.equal(draws["flip"][v], torch.rand(16, generator=g) < aug.flip_p)
+        assert torch.equal(draws["colour"][v], torch.rand(16, 6, generator=g))
+    # the hue shift is a rotation of YIQ's chroma plane, written with Python-float constants
+    rgb_images = torch.rand(4, 3, 5, 5, generator=torch.Generator().manual_seed(6))
+    angle = torch.tensor([0.0, 0.5, -1.0, math.pi])
+    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]])
+    yiq = torch.einsum("ij,njhw->nihw", to_yiq, rgb_images)
+    c, s = torch.cos(angle).view(-1, 1, 1), torch.sin(angle).view(-1, 1, 1)
+    turned = torch.stack([yiq[:, 0], c * yiq[:, 1] - s * yiq[:, 2], s * yiq[:, 1] + c * yiq[:, 2]], 1)
+    expected = torch.einsum("ij,njhw->nihw", torch.linalg.inv(to_yiq), turned)
+    torch.testing.assert_close(_rotate_hue(rgb_images, angle), expected)
+    torch.testing.assert_close(_rotate_hue(rgb_images, torch.zeros(4)), rgb_images)
     rgb = SupConViews(torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25))
     out = rgb(Batch(torch.randn(8, 3, 32, 32), torch.zeros(8, dtype=torch.long), torch.arange(8)),
               torch.Generator().manual_seed(0))

@@ -142,7 +142,8 @@ def tensors_in(obj) -> list[torch.Tensor]:
 
 
 @cross_device
-@pytest.mark.parametrize("name", ["scaffold", "fedper", "moon"])     # controls; personal heads; previous models
+# controls; personal heads; previous models; a personal head that evaluation adds to the global one
+@pytest.mark.parametrize("name", ["scaffold", "fedper", "moon", "fedrod"])
 def test_client_state_on_the_device_stays_there_and_checkpoints_on_the_cpu(small_config, tmp_path, name):
     """``run.client_state: device`` keeps each client's state on the device between rounds, its
     checkpoint holds the states on the CPU, and the run ends where the host-memory run ends (the

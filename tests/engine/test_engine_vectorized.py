@@ -713,14 +713,18 @@ def test_adam_with_carried_state_falls_back_by_name(small_config, partition):
     assert_engines_agree(ref, vec, TIGHT)
 
 
-def test_mixup_trains_vectorized_and_equals_reference(small_config):
+@pytest.mark.parametrize("wide", [None, True], ids=["plain", "wide"])
+def test_mixup_trains_vectorized_and_equals_reference(small_config, wide):
     """FedACD with its mixup: each batch's permutation and lambda are drawn on the host from the
     client's stream in train_local's order and applied under vmap, so the engines mix the same
-    samples with the same weights (two epochs, momentum carried between FedACD's per-epoch calls)."""
-    cfg = make_config(small_config, "fedacd", {"mixup": True}, UNEQUAL, 0.5, 0.05, 2)
-    ref, vec = run_both(cfg, bn=True)
+    samples with the same weights (two epochs, momentum carried between FedACD's per-epoch calls);
+    with wide steps too (stand-in rows get stand-in draws)."""
+    cfg = make_config(small_config, "fedacd", {"mixup": True}, UNEQUAL, 0.5, 0.05, 2, clients_per_round=6)
+    ref, vec = run_both(cfg, bn=True, wide=wide)
     counters = vec.transport.counters
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
+    if wide:
+        assert counters["idle_rows"] > 0
     assert_engines_agree(ref, vec, TIGHT)
 
 

@@ -165,7 +165,10 @@ class RoundLoop:
 
     # --- evaluation support -------------------------------------------------------------
     def client_model(self, cid: int) -> Arrays:
-        weights = self.algorithm.client_model(cid, self.server_state, self.client_states.get(cid))
+        # The server state is on the CPU; a client state kept on the device (run.client_state:
+        # device) joins it there, so a method may combine the two (FedRoD adds its personal head).
+        state = to_device(self.client_states.get(cid), "cpu")
+        weights = self.algorithm.client_model(cid, self.server_state, state)
         return weights if weights is not None else self.host.init_models[self.host.client_arch[cid]]
 
     # --- checkpointing ------------------------------------------------------------------

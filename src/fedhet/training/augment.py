@@ -182,8 +182,7 @@ class SupConViews(Augmentation):
         def gray(t: torch.Tensor) -> torch.Tensor:
             if t.shape[1] == 1:
                 return t
-            w = torch.tensor([0.299, 0.587, 0.114], device=t.device, dtype=t.dtype).view(1, 3, 1, 1)
-            return (t * w).sum(1, keepdim=True)
+            return _mix(t, (_TO_YIQ[0],))
 
         j = (x * factor(u[:, 1], b)).clamp(0, 1)
         mean_gray = gray(j).mean(dim=(1, 2, 3), keepdim=True)
@@ -201,9 +200,12 @@ class SupConViews(Augmentation):
 
 def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """``F.affine_grid(theta, (n, c, height, width), align_corners=False)``: the pixel centres in
-    [-1, 1] coordinates, (x, y, 1) each, times ``theta`` (n, 2, 3) transposed; (n, height, width, 2)."""
+    [-1, 1] coordinates, (x, y, 1) each, times ``theta`` (n, 2, 3) transposed; (n, height, width, 2).
+    The centres are computed as ATen computes them; the product may sum in another order."""
     def centres(k: int) -> torch.Tensor:
-        return torch.linspace(-1, 1, k, dtype=theta.dtype, device=theta.device) * ((k - 1) / k)
+        if k <= 1:
+            return torch.zeros(k, dtype=theta.dtype, device=theta.device)
+        return torch.linspace(-1, 1, k, dtype=theta.dtype, device=theta.device) * (k - 1) / k
 
     xs, ys = centres(width), centres(height)
     base = torch.stack([xs.view(1, width).expand(height, width), ys.view(height, 1).expand(height, width),
@@ -211,12 +213,21 @@ def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
     return (base.view(1, height * width, 3) @ theta.transpose(1, 2)).view(-1, height, width, 2)
 
 
+# RGB -> YIQ and back, as Python floats: no tensor is made from host data inside a step, which a
+# CUDA graph capture would refuse (the vectorized engine applies augmentations inside one).
+_TO_YIQ = ((0.299, 0.587, 0.114), (0.596, -0.274, -0.322), (0.211, -0.523, 0.312))
+_FROM_YIQ = tuple(tuple(float(v) for v in row) for row in np.linalg.inv(np.array(_TO_YIQ)))
+
+
+def _mix(t: torch.Tensor, rows: tuple[tuple[float, ...], ...]) -> torch.Tensor:
+    """Per pixel, output channel i = sum_j rows[i][j] * input channel j (3 input channels)."""
+    return torch.stack([r[0] * t[:, 0] + r[1] * t[:, 1] + r[2] * t[:, 2] for r in rows], 1)
+
+
 def _rotate_hue(rgb: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
     """Rotate the chroma (I, Q) of YIQ by ``angle`` radians per image (a hue shift)."""
-    to_yiq = torch.tensor([[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
-                          device=rgb.device, dtype=rgb.dtype)
-    yiq = torch.einsum("ij,njhw->nihw", to_yiq, rgb)
+    yiq = _mix(rgb, _TO_YIQ)
     cos, sin = torch.cos(angle).view(-1, 1, 1), torch.sin(angle).view(-1, 1, 1)
     i, q = yiq[:, 1], yiq[:, 2]
     yiq = torch.stack([yiq[:, 0], cos * i - sin * q, sin * i + cos * q], 1)
-    return torch.einsum("ij,njhw->nihw", torch.linalg.inv(to_yiq), yiq)
+    return _mix(yiq, _FROM_YIQ)
