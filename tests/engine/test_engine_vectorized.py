@@ -28,10 +28,11 @@ regimes, both measured over this file's cases after 2 rounds:
   its smallest batch is a 4-sample remainder). ``PYTHONPATH=tests python
   tests/engine/test_engine_vectorized.py fedpac unequal`` prints a case's bounds.
 
-What the tests catch: ``bash scripts/engine_breaks.sh`` breaks the engine five ways (a vmapped
+What the tests catch: ``bash scripts/engine_breaks.sh`` breaks the engine eight ways (a vmapped
 term given the first client's constants for every client; frozen parameters trained; momentum not
-carried across calls; the last partial batch dropped; a bucket's weights not written back) and
-checks that tests of this file fail under each.
+carried across calls; the last partial batch dropped; a bucket's weights not written back; a wide
+step updating the clients outside it; a wide step not restoring their BatchNorm statistics;
+augmentation draws taken from another stream) and checks that tests of this file fail under each.
 
 SCAFFOLD's control variates are displacements divided by lr * steps (~0.05 * 7): they get 10x
 the parameters' tolerance. Hyper-parameters stay out of the chaotic regime: at lr 0.05 with

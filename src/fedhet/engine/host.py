@@ -24,7 +24,8 @@ after it, so messages stay device-agnostic (Flower, checkpoints, the server's co
 method's client code - training, its own forward passes, augmentation - runs on the device without
 code of its own. The new client state goes back to the CPU too, unless the host keeps it on the
 device (``state_on_device``, ``run.client_state: device``): then it moves no more, and the loop's
-snapshot for a checkpoint copies it to the CPU. Random streams stay CPU generators: a draw is the same on every device.
+snapshot for a checkpoint copies it to the CPU. Random streams stay CPU generators: a draw is the
+same on every device.
 """
 
 from __future__ import annotations

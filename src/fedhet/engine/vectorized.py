@@ -312,6 +312,16 @@ def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.view(-1, *[1] * (like.dim() - 1))
 
 
+def _only(active: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the rows of the clients outside a wide step set to zero (an update or a sum they skip)."""
+    return torch.where(_rows(active, t), t, 0)
+
+
+def _keep(active: torch.Tensor, dst: torch.Tensor, new: torch.Tensor) -> None:
+    """``dst`` takes ``new`` in the rows of the step's clients and keeps its own elsewhere."""
+    dst.copy_(torch.where(_rows(active, new), new, dst))
+
+
 class _GraphedStep:
     """One recurring step of a group (the same members, the same batch size) captured as a CUDA graph.
 
@@ -324,13 +334,12 @@ class _GraphedStep:
     copies of the graph's outputs.
     ``ok`` is False, with ``error`` set, when capturing failed."""
 
-    def __init__(self, engine: Vectorized, g: _Group, members: list[int], size: int, idx: torch.Tensor | None,
+    def __init__(self, engine: Vectorized, g: _Group, width: int, size: int, idx: torch.Tensor | None,
                  wide: bool = False, draws: dict[str, torch.Tensor] | None = None):
         dev = engine.device
-        m = len(g.requests) if wide else len(members)
-        self.pool_idx = torch.zeros((m, size), dtype=torch.long, device=dev)
-        self.pos = torch.zeros((m, size), dtype=torch.long, device=dev)
-        self.active = torch.ones(m, dtype=torch.bool, device=dev) if wide else None
+        self.pool_idx = torch.zeros((width, size), dtype=torch.long, device=dev)
+        self.pos = torch.zeros((width, size), dtype=torch.long, device=dev)
+        self.active = torch.ones(width, dtype=torch.bool, device=dev) if wide else None
         # the augmentation's draws of the step (same shapes at every step of this kind)
         self.draws = None if draws is None else {k: torch.zeros_like(v) for k, v in draws.items()}
         self.graph = torch.cuda.CUDAGraph()
@@ -347,8 +356,7 @@ class _GraphedStep:
             # replayed in any order may reuse the same memory; a pool per graph would hold every
             # graph's activations at once (large models).
             with torch.cuda.stream(side), torch.cuda.graph(self.graph, stream=side, pool=g.graph_pool):
-                self.losses, self.parts = engine._step(g, members, size, idx, self.pool_idx, self.pos, self.active,
-                                                       self.draws)
+                self.losses, self.parts = engine._step(g, idx, self.pool_idx, self.pos, self.active, self.draws)
             if g.graph_pool is None:
                 g.graph_pool = self.graph.pool()
         except Exception as e:  # noqa: BLE001 - counted by the engine; these steps go on eagerly
@@ -618,11 +626,12 @@ class Vectorized(Transport):
         if self._wide_on():
             wide_count = Counter(size for members, size, _, _ in steps if 2 * len(members) >= C)
             wide_sizes = {b for b, k in wide_count.items() if k >= self.graph_min_repeats}
-        plan: list[tuple[list[int], int, int, bool]] = []    # (members, batch size, iteration, wide)
+        # (members, batch size, iteration, wide, the client of each row: None for a stand-in row)
+        plan: list[tuple[list[int], int, int, bool, list[int | None]]] = []
         positions: list[torch.Tensor] = []
         pool_rows: list[torch.Tensor] = []
         partial: list[int] = []                # the members of the narrow steps that leave someone out
-        masks: list[list[bool]] = []           # per wide step, which clients it is for
+        masks: list[list[bool]] = []           # per wide step, which rows are its clients
         # The augmentations' draws, per name all in one flat tensor (one transfer each): a step's
         # rows are (offset, per-row shape) into it.
         draw_parts: dict[str, list[torch.Tensor]] = {}
@@ -639,15 +648,16 @@ class Vectorized(Transport):
                     rows_batch.append(mine[i] if i in mine else (
                         torch.arange(size) % len(train_idx[i]),
                         None if some is None else {k: torch.zeros_like(v) for k, v in some.items()}))
-                rows_of = list(range(C))
-                masks.append([i in mine for i in range(C)])
+                row_clients: list[int | None] = [i if i in mine else None for i in range(C)]
+                masks.append([i is not None for i in row_clients])
             else:
                 if len(members) < C:
                     partial.extend(members)
-                rows_batch, rows_of = batch, members
-            for i, (p, _) in zip(rows_of, rows_batch):
+                rows_batch, row_clients = batch, list(members)
+            for i, (p, _) in enumerate(rows_batch):      # row i of a wide step is client i
+                client = i if wide else members[i]
                 positions.append(p)
-                pool_rows.append(train_idx[i][p])
+                pool_rows.append(train_idx[client][p])
             meta = None
             if rows_batch[0][1] is not None:
                 meta = {}
@@ -657,7 +667,7 @@ class Vectorized(Transport):
                     draw_parts.setdefault(name, []).extend(flat)
                     offsets[name] = offsets.get(name, 0) + sum(len(f) for f in flat)
             draw_rows.append(meta)
-            plan.append((members, size, it, wide))
+            plan.append((members, size, it, wide, row_clients))
         dev = self.device
         all_pos = torch.cat(positions).to(dev)
         all_pool = torch.cat(pool_rows).to(dev)
@@ -672,12 +682,11 @@ class Vectorized(Transport):
         # statistics' totals and warms up cuDNN), the second is captured, the rest replay it with
         # their inputs copied in. A narrow key that recurs fewer than GRAPH_MIN_REPEATS times in the
         # schedule is not worth a capture.
-        repeats = Counter((tuple(members), size) for members, size, _, wide in plan if not wide)
+        repeats = Counter((tuple(members), size) for members, size, _, wide, _ in plan if not wide)
         adam = self._adam_table(g, iteration)
         graphs: dict[tuple, _GraphedStep] = {}
         eager_once: set[tuple] = set()
-        everyone = list(range(C))
-        for (members, size, it, wide), meta in zip(plan, draw_rows):
+        for (members, size, it, wide, row_clients), meta in zip(plan, draw_rows):
             m = len(members)
             width = C if wide else m
             draws = None if meta is None else {
@@ -699,7 +708,7 @@ class Vectorized(Transport):
             graphable = self._graphs_on() and (wide or repeats[key] >= self.graph_min_repeats)
             if graphable and key not in graphs and key in eager_once:
                 # idx's values are the same at every step of this key (the same members).
-                graphs[key] = self._capture(g, everyone if wide else members, size, idx, wide, draws)
+                graphs[key] = self._capture(g, width, size, idx, wide, draws)
             graph = graphs.get(key) if graphable else None
             if adam is not None:
                 g.adam_now.copy_(adam[it])       # this step's bias corrections (every member's step it + 1)
@@ -707,13 +716,8 @@ class Vectorized(Transport):
                 losses, parts = graph.replay(pool_idx, pos, active, draws)
                 self.counters["graph_steps"] += 1
             else:
-                losses, parts = self._step(g, everyone if wide else members, size, idx, pool_idx, pos, active, draws)
+                losses, parts = self._step(g, idx, pool_idx, pos, active, draws)
                 eager_once.add(key)
-            if wide and m < C:
-                inside = set(members)
-                row_clients: list[int | None] = [i if i in inside else None for i in everyone]
-            else:
-                row_clients = list(members)
             g.records.append((row_clients, size, losses, parts))
             self.counters["vmapped_steps"] += 1
         self._finish(g, C)
@@ -733,22 +737,22 @@ class Vectorized(Transport):
     def _wide_on(self) -> bool:
         return self._graphs_on() if self.wide_steps is None else self.wide_steps
 
-    def _capture(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None,
+    def _capture(self, g: _Group, width: int, size: int, idx: torch.Tensor | None,
                  wide: bool = False, draws: dict[str, torch.Tensor] | None = None) -> _GraphedStep:
         """A CUDA graph of one recurring step of the group, or one marked failed (counted by
         reason: those steps then run eagerly, which is slower but the same arithmetic)."""
-        graphed = _GraphedStep(self, g, members, size, idx, wide, draws)
+        graphed = _GraphedStep(self, g, width, size, idx, wide, draws)
         if not graphed.ok:
             reason = f"cuda graph capture failed ({graphed.error})"
             self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
         return graphed
 
-    def _step(self, g: _Group, members: list[int], size: int, idx: torch.Tensor | None, pool_idx: torch.Tensor,
-              pos: torch.Tensor, active: torch.Tensor | None = None,
+    def _step(self, g: _Group, idx: torch.Tensor | None, pool_idx: torch.Tensor, pos: torch.Tensor,
+              active: torch.Tensor | None = None,
               draws: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One SGD or Adam step for the clients ``members`` of the group (all with batch ``size``; ``idx``:
-        their rows on the device, None when all step; ``pool_idx`` / ``pos``: (members, size) pool
-        indices and positions of their batches, on the device). ``active``: a full-width step's
+        """One SGD or Adam step for some clients of the group, all with the same batch size (``idx``:
+        their rows on the device, None when all step; ``pool_idx`` / ``pos``: (clients, batch size)
+        pool indices and positions of their batches, on the device). ``active``: a full-width step's
         (C,) mask of the clients it is for; the others' rows are computed and discarded, their
         state left as it was. ``draws``: the members' augmentation draws, (members, ...) each, applied
         per client with the group's augmentation before the forward pass, as ``train_local`` applies
@@ -831,7 +835,7 @@ class Vectorized(Transport):
                 g.stat_totals[key] = value.new_zeros((C, *value.shape[1:]))
                 g.stat_seen[key] = torch.zeros(C, dtype=torch.bool, device=value.device)
             if active is not None:
-                g.stat_totals[key] += torch.where(_rows(active, value), value, 0)
+                g.stat_totals[key] += _only(active, value)
                 g.stat_seen[key] |= active
             elif idx is None:
                 g.stat_totals[key] += value
@@ -872,12 +876,10 @@ class Vectorized(Transport):
                                           else d[n].index_select(0, idx) for d in slots]
             denom = opt.moments(p, gr, exp_avg, exp_avg_sq, vmax[0] if vmax else None, bias2_sqrt)
             update = exp_avg.mul(step_size).div_(denom)
-            if active is not None:
-                update = torch.where(_rows(active, update), update, 0)
-            p.sub_(update)     # addcdiv_(exp_avg, denom, value=-step_size)
+            p.sub_(update if active is None else _only(active, update))     # addcdiv_(exp_avg, denom, value=-step_size)
             if active is not None:
                 for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):
-                    d[n].copy_(torch.where(_rows(active, t), t, d[n]))
+                    _keep(active, d[n], t)
             elif not full:
                 for d, t in zip(slots, [exp_avg, exp_avg_sq, *vmax]):
                     d[n].index_copy_(0, idx, t)
@@ -901,7 +903,7 @@ class Vectorized(Transport):
                 had = g.has_momentum[n] if full else g.has_momentum[n].index_select(0, idx)
                 d, buf = opt.direction(p, gr, buf, had.view(gr.shape[0], *[1] * (gr.dim() - 1)))
                 if active is not None:      # direction() leaves the old buffer as it was
-                    g.momentum[n].copy_(torch.where(_rows(active, buf), buf, g.momentum[n]))
+                    _keep(active, g.momentum[n], buf)
                     g.has_momentum[n] |= active
                 elif full:
                     g.momentum[n].copy_(buf)
@@ -911,9 +913,7 @@ class Vectorized(Transport):
                     g.has_momentum[n].index_fill_(0, idx, True)
             else:
                 d, _ = opt.direction(p, gr, None)
-            if active is not None:
-                d = torch.where(_rows(active, d), d, 0)
-            p.add_(d, alpha=-opt.lr)
+            p.add_(d if active is None else _only(active, d), alpha=-opt.lr)
 
     def _finish(self, g: _Group, C: int) -> None:
         """Unstack the group into one LocalResult per client (accounting like ``train_local``)."""

@@ -7,8 +7,9 @@ federation, which is deterministic from config + seed, so the node builds it fro
 copy of the dataset and uses only its own clients' indices; no data crosses the wire. The
 node's ``--node-config`` supplies ``partition-id`` and ``num-partitions`` (and optionally
 ``data-root``, the dataset directory on that machine, and ``device``, the device its clients train
-on, in place of the config's ``run.device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``). Node ``p`` of ``n`` hosts the fedhet
-clients ``cid`` with ``cid % n == p`` (with ``n`` = number of clients: exactly client ``p``).
+on, in place of the config's ``run.device``: ``cpu``, ``cuda``, ``cuda:N`` or ``auto``). Node ``p``
+of ``n`` hosts the fedhet clients ``cid`` with ``cid % n == p`` (with ``n`` = number of clients:
+exactly client ``p``).
 
 The fedhet client id travels in every message (ConfigRecord ``"fedhet"``), never Flower's node
 id, which changes when a SuperNode restarts. Client state survives between messages only in
