@@ -209,3 +209,41 @@ def test_average_body_variant_needs_one_architecture(small_config):
     loop.run_round(0)
     assert {k for k in loop.ledger.totals() if k.startswith("up/")} == {"up/head", "up/body"}
     assert FedClassAvg.personalized and not FedClassAvg.has_global_model
+
+
+def test_one_view_is_the_first_of_fedclassavgs_two():
+    """``views=1`` (the baselines' ``augment: supcon_view``) is FedClassAvg's first view: the same
+    draws from the same stream, B rows, labels unchanged."""
+    mean, std = torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.4)
+    x01 = torch.rand(8, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    b = Batch((x01 - mean) / std, torch.arange(8) % 3, torch.arange(8))
+    one = SupConViews(mean, std, views=1)(b, torch.Generator().manual_seed(5))
+    two = SupConViews(mean, std)(b, torch.Generator().manual_seed(5))
+    assert one.x.shape == b.x.shape and torch.equal(one.y, b.y) and one.extras["views"] == 1
+    assert torch.equal(one.x, two.x[:8]) and not torch.equal(one.x, b.x)
+    with pytest.raises(ValueError, match="at least one view"):
+        SupConViews(mean, std, views=0)
+
+
+@pytest.mark.parametrize("method", ["local", "fedproto"])
+def test_baselines_can_train_on_fedclassavgs_augmentation(small_config, method, monkeypatch):
+    """``augment: supcon_view`` hands client.train one FedClassAvg view per image; the default, none."""
+    for augment, expected in (("none", None), ("supcon_view", 1)):
+        loop = build_loop(config(small_config, method, {"augment": augment}))
+        client = runtime(loop, 0)
+        seen = []
+        train = client.train
+
+        def spy(*args, **kwargs):
+            seen.append(kwargs.get("augment"))
+            return train(*args, **kwargs)
+
+        monkeypatch.setattr(client, "train", spy)
+        msg = Message("train") if method == "local" else Message("train", {})
+        loop.algorithm.client_update(msg, None, client)
+        (aug,) = seen
+        if expected is None:
+            assert aug is None
+        else:
+            assert isinstance(aug, SupConViews) and aug.views == expected
+            assert aug.mean is client.data.mean and aug.std is client.data.std

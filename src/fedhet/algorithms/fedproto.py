@@ -43,12 +43,15 @@ Decision on local prototypes: computed after training with the final model in ev
 client's trained embedding function. PFLlib's FedProto client instead averages the train-mode
 features of every batch of all local epochs (the official code: of the last epoch), i.e. of a
 moving model; the two agree as the local model converges.
+
+``augment: supcon_view`` trains on one view of FedClassAvg's augmentation per image, so that
+FedClassAvg's tables compare FedProto like for like with methods that see augmented images.
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field
@@ -72,6 +75,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.split import HEAD, select
+from fedhet.training.augment import BaselineAugmentation, baseline_augmentation
 from fedhet.training.objective import LossTerm
 
 UNDEFINED_LOGIT = -1e30
@@ -122,6 +126,7 @@ class FedProto(FedAvg):
     class Params(FedAvg.Params):
         proto_weight: float = Field(1.0, ge=0)     # lambda of the local objective (FedReMa Table 1: 1)
         proto_eval: Literal["nearest_prototype", "classifier"] = "nearest_prototype"
+        augment: BaselineAugmentation = "none"     # supcon_view: trained like FedClassAvg's clients
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -160,6 +165,10 @@ class FedProto(FedAvg):
         reply = Message("update", {GROUP: {"mean": means, "count": counts}, **self.uploads(result, msg, state, client)},
                         {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
         return reply, state
+
+    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
+        return {**super().train_options(msg, state, client),
+                "augment": baseline_augmentation(self.params.augment, client.data)}
 
     # --- evaluation -----------------------------------------------------------------------
     def global_model(self, state: State) -> Arrays | None:

@@ -2,7 +2,8 @@
 
 The lower bound of personalized FL tables (FedReMa Table 1 "Local", FedClassAvg Table 2).
 Each client starts from the common initialisation of its architecture; its model lives in its
-client state.
+client state. ``augment: supcon_view`` trains on one view of FedClassAvg's augmentation per image
+(the like-for-like Local of FedClassAvg's tables, whose methods all see augmented images).
 """
 
 from __future__ import annotations
@@ -16,12 +17,16 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
+from fedhet.training.augment import BaselineAugmentation, baseline_augmentation
 
 
 class LocalOnly(Algorithm):
     name = "local"
     personalized = True
     has_global_model = False
+
+    class Params(Algorithm.Params):
+        augment: BaselineAugmentation = "none"
 
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         return {}
@@ -32,7 +37,7 @@ class LocalOnly(Algorithm):
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         weights = state["model"] if state else client.init_weights()
-        result = client.train(weights)
+        result = client.train(weights, augment=baseline_augmentation(self.params.augment, client.data))
         return Message("done", scalars={"num_samples": client.num_samples}), {"model": result.weights}
 
     def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:

@@ -14,6 +14,10 @@ does not depend on the engine (to float tolerance).
   ``batch.extras`` (``"mix_y"``, ``"mix_lam"``); a loss term takes them into account with
   :func:`mixed` (``lam L(y) + (1 - lam) L(y[perm])``) or :func:`label_weights`.
 * :class:`SupConViews` (FedClassAvg): two augmented views of every image, stacked in one batch.
+
+Baselines compared with FedClassAvg may train on one such view of every image instead of the
+clean image (:func:`baseline_augmentation`, the methods' ``augment: supcon_view``), so that an
+ablation table compares objectives, not data pipelines.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedhet.core.contract import Batch
+from fedhet.core.contract import Batch, ClientData
+
+# What a baseline's ``augment`` parameter may name (see baseline_augmentation).
+BaselineAugmentation = Literal["none", "supcon_view"]
 
 
 class Augmentation:
@@ -102,8 +109,8 @@ def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
 @dataclass(frozen=True)
 class SupConViews(Augmentation):
     """Two augmented views of every image, stacked: ``x = [view 1; view 2]`` (2B rows) and
-    ``y = [y; y]``, with ``batch.extras["views"] = 2`` (FedClassAvg's local training, Jang et al.
-    Sec. 4.1; the pipeline of the authors' ``supcon_utils.load_dataset``): random resized crop
+    ``y = [y; y]``, with ``batch.extras["views"] = 2`` (``views=1``: one view, B rows) (FedClassAvg's
+    local training, Jang et al. Sec. 4.1; the pipeline of the authors' ``supcon_utils.load_dataset``): random resized crop
     (area ``scale``, aspect ``ratio``), horizontal flip (p 0.5), colour jitter (brightness,
     contrast, saturation, hue; p 0.8) and random grayscale (p 0.2), on the whole batch at once.
 
@@ -125,16 +132,21 @@ class SupConViews(Augmentation):
     jitter: tuple[float, float, float, float] = (0.4, 0.4, 0.4, 0.1)
     jitter_p: float = 0.8
     grayscale_p: float = 0.2
+    views: int = 2          # 1: one augmented view of each image (baselines trained like FedClassAvg)
+
+    def __post_init__(self) -> None:
+        if self.views < 1:
+            raise ValueError(f"SupConViews needs at least one view, got views={self.views}")
 
     def signature(self) -> tuple[Any, ...]:
         # mean / std by identity: the clients of a run share the pool's normalisation tensors
         return ("supcon_views", id(self.mean), id(self.std), self.scale, self.ratio, self.flip_p, self.jitter,
-                self.jitter_p, self.grayscale_p)
+                self.jitter_p, self.grayscale_p, self.views)
 
     def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Per view, in this order: the crop boxes, the flips, the colour draws."""
         boxes, flips, colours = [], [], []
-        for _ in range(2):
+        for _ in range(self.views):
             boxes.append(self.crop_boxes(n, generator))
             flips.append(torch.rand(n, generator=generator) < self.flip_p)
             colours.append(torch.rand(n, 6, generator=generator))
@@ -144,8 +156,8 @@ class SupConViews(Augmentation):
         mean, std = self.mean.to(batch.x.device), self.std.to(batch.x.device)
         images = batch.x * std + mean
         views = [((self.view(images, draws["box"][v], draws["flip"][v], draws["colour"][v]) - mean) / std)
-                 for v in range(2)]
-        return Batch(torch.cat(views), torch.cat([batch.y, batch.y]), batch.index, {**batch.extras, "views": 2})
+                 for v in range(self.views)]
+        return Batch(torch.cat(views), batch.y.repeat(self.views), batch.index, {**batch.extras, "views": self.views})
 
     def crop_boxes(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """(n, 4): width, height (fractions of the side), centre x, centre y (in [0, 1])."""
@@ -196,6 +208,17 @@ class SupConViews(Augmentation):
             to_gray = (u[:, 5] < self.grayscale_p).view(n, 1, 1, 1)
             x = torch.where(to_gray, gray(x).expand_as(x), x)
         return x
+
+
+def baseline_augmentation(name: BaselineAugmentation, data: ClientData) -> Augmentation | None:
+    """The augmentation a baseline's ``augment`` parameter names: ``none`` (clean images) or
+    ``supcon_view`` (one view of FedClassAvg's pipeline per image, :class:`SupConViews` with
+    ``views=1``; cross-entropy then sees the same kind of images as FedClassAvg's first view)."""
+    if name == "none":
+        return None
+    if name == "supcon_view":
+        return SupConViews(data.mean, data.std, views=1)
+    raise ValueError(f"unknown augmentation {name!r}; expected one of: none, supcon_view")
 
 
 def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
