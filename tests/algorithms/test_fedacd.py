@@ -56,6 +56,13 @@ def test_probability_matrix_of_a_mixed_batch_splits_each_sample_between_its_two_
     torch.testing.assert_close(label_weights(b, 2), torch.tensor([[0.75, 0.25], [0.25, 0.75]], dtype=torch.float64))
 
 
+def test_probability_matrix_divides_by_fractional_counts_below_one():
+    # a class seen only as the partner of one mixed sample (weight 0.25): its row is that sample's p
+    sums = torch.tensor([[0.45, 0.3], [0.1, 0.15]], dtype=torch.float64)
+    P = probability_matrix(sums, torch.tensor([0.75, 0.25], dtype=torch.float64))
+    torch.testing.assert_close(P, torch.tensor([[0.6, 0.4], [0.4, 0.6]], dtype=torch.float64))
+
+
 # --- L1: flattening ---------------------------------------------------------------------------
 
 def test_flattening_is_zero_when_the_wrong_class_mass_is_already_flat():
@@ -68,6 +75,18 @@ def test_flattening_hand_value_when_not_flat():
     # q = (0.6, 0.2, 0.2): KL = 0.3 log(0.3/0.2) + 0.1 log(0.1/0.2)
     expected = 0.3 * math.log(1.5) + 0.1 * math.log(0.5)
     assert float(flattening_kl(p.log(), torch.tensor([0]))) == pytest.approx(expected, abs=1e-6)
+
+
+def test_flattening_is_per_sample_and_finite_when_the_true_class_probability_underflows():
+    p = torch.tensor([[0.6, 0.3, 0.1], [0.7, 0.1, 0.2]], dtype=torch.float64)
+    per_sample = flattening_kl(p.log(), torch.tensor([0, 0]))
+    q2 = 0.15          # (1 - 0.7) / 2
+    expected = [0.3 * math.log(1.5) + 0.1 * math.log(0.5), 0.1 * math.log(0.1 / q2) + 0.2 * math.log(0.2 / q2)]
+    assert per_sample.shape == (2,)
+    torch.testing.assert_close(per_sample, torch.tensor(expected, dtype=torch.float64))
+    # p_y = 0 in float64: log(p_y + eps) stays finite, and so does the term
+    value = flattening_kl(torch.tensor([[-1000.0, 0.0, 0.0]], dtype=torch.float64), torch.tensor([0]))
+    assert torch.isfinite(value).all()
 
 
 def test_flattening_gradient_with_a_detached_target_hand_computed():
@@ -108,10 +127,19 @@ def test_adjusted_ce_adds_log_P_yi_over_P_iy_to_the_other_logits_hand_computed()
     assert float(value) == pytest.approx(expected, rel=1e-6)
 
 
+def test_adjusted_ce_keeps_the_logits_precision():
+    # log Delta is float32; under bf16 autocast-free training the term must follow the logits' dtype
+    P = torch.tensor([[0.9, 0.1], [0.3, 0.7]], dtype=torch.float64)
+    logits = torch.tensor([[1.0, 0.5], [0.2, 0.4]], dtype=torch.bfloat16)
+    value = MarginAdjustedCE(log_adjustment(P, torch.ones(2, dtype=torch.bool)))(
+        Forward(torch.zeros(2, 1), logits), batch([0, 1]), {})
+    assert value.dtype == torch.bfloat16
+
+
 def test_missing_classes_get_delta_missing_and_absent_rows_are_never_used():
     P = torch.tensor([[0.8, 0.2, 0.0], [0.0, 0.0, 0.0], [0.3, 0.0, 0.7]], dtype=torch.float64)
     present = torch.tensor([True, False, True])
-    log_delta = log_adjustment(P, present, delta_missing=1e-2)
+    log_delta = log_adjustment(P, present)                         # delta_missing 1e-2 by default
     assert float(log_delta[0, 1]) == pytest.approx(math.log(1e-2))
     assert float(log_delta[2, 1]) == pytest.approx(math.log(1e-2))
     assert torch.count_nonzero(log_delta[1]) == 0 and torch.count_nonzero(torch.diagonal(log_delta)) == 0
@@ -119,6 +147,7 @@ def test_missing_classes_get_delta_missing_and_absent_rows_are_never_used():
     assert float(log_delta[0, 2]) == -10.0                      # log(1e-6 / 0.3) = -12.6, clipped
     assert float(log_adjustment(P, present, clip=20.0)[0, 2]) == pytest.approx(math.log(1e-6 / 0.3))
     assert float(log_adjustment(P, present, clip=20.0)[2, 0]) == pytest.approx(-math.log(1e-6 / 0.3))
+    assert float(log_delta[2, 0]) == 10.0                       # clipped from above too
 
 
 # --- mixup ------------------------------------------------------------------------------------
@@ -167,6 +196,12 @@ def test_template_kl_and_score_on_hand_made_P():
     present = torch.tensor([True, True, False, True])
     assert template_kl(mixed_P, present, tau) == pytest.approx((-math.log(tau) + 2 * row) / 3)
     assert aggregation_score(row) == pytest.approx(1 / (1 + math.exp(-1 / row)))
+    # Q in double whatever P's dtype: -log(tau) = 1.00000500e-5 needs more than float32's 7 digits
+    assert template_kl(eye.float(), torch.ones(4, dtype=torch.bool), tau) == pytest.approx(-math.log(tau), rel=1e-9)
+    with pytest.raises(ValueError, match=r"^KL\(P \|\| Q\) needs at least one present class$"):
+        template_kl(eye, torch.zeros(4, dtype=torch.bool), tau)
+    # KL = 0 (a P equal to the template) scores the limit 1 instead of dividing by zero
+    assert aggregation_score(0.0) == 1.0 and aggregation_score(1.0) == pytest.approx(1 / (1 + math.exp(-1)))
 
 
 def fedacd_replies():
@@ -190,6 +225,7 @@ def test_fedacd_round_metrics_give_the_spread_of_the_scores():
     assert (m["fedacd_score_min"], m["fedacd_score_max"]) == (0.55, 0.9)
     assert m["fedacd_weight_ratio"] == pytest.approx(0.9 / 0.55)
     assert m["fedacd_kl_mean"] == pytest.approx(2.75) and m["fedacd_kl_by_client"][2] is None
+    assert m["fedacd_kl_by_client"][0] == 0.5 and m["fedacd_score_by_client"] == {0: 0.9, 1: 0.55, 2: 0.0}
 
 
 def test_fedacd_base_weights_uniformly():
@@ -353,3 +389,55 @@ def test_a_fedacd_client_without_a_full_batch_or_without_data_still_answers(smal
     assert reply.scalars["score"] == 0.0 and reply.scalars["kl"] == math.inf
     metrics = FedACD().round_metrics({"fedacd_kl": {0: 2.0, 1: math.inf}, "fedacd_score": {0: 0.6, 1: 0.0}})
     assert metrics["fedacd_kl_mean"] == 2.0 and metrics["fedacd_kl_by_client"][1] is None
+
+
+@pytest.mark.parametrize("partner", ["fedprox", "moon"])
+def test_every_epoch_trains_with_mixup_the_methods_parameters_and_a_partners_terms(small_config, partner):
+    """Each client.train call of FedACD gets its mixup (Beta(mixup_alpha)), its two terms built with
+    the method's parameters (log Delta clipped at log_delta_clip, L2 weighted by margin_weight, over
+    every class with at least one sample), a composed partner's local terms (FedProx's pull towards
+    the received model, MOON's contrast with the client's previous model), and the score's KL uses
+    template_tau."""
+    from fedhet.algorithms.fedacd import local_probability_matrix
+    from fedhet.algorithms.fedprox import Proximal
+    from fedhet.algorithms.moon import ModelContrastive
+
+    params = {"margin_weight": 2.0, "log_delta_clip": 0.05, "mixup_alpha": 0.5, "template_tau": 0.9}
+    loop = build_loop(config(small_config, f"{partner}+fedacd", params, local_epochs=2))
+    client = runtime(loop, 0)
+    # class 9 keeps exactly one training sample: it is present (a label the client has)
+    idx, y = client.data.train_idx, client.data.y
+    keep = torch.cat([idx[y[idx] != 9], idx[y[idx] == 9][:1]])
+    client.data = type(client.data)(client.data.x, client.data.y, keep, client.data.mean, client.data.std)
+    present = torch.bincount(y[keep], minlength=10) > 0
+    assert bool(present[9]) and int((y[keep] == 9).sum()) == 1
+    calls = []
+    real_train = client.train
+
+    def spy(weights, terms=None, **kw):
+        result = real_train(weights, terms, **kw)
+        calls.append((terms, kw, result.statistics))
+        return result
+
+    client.train = spy
+    weights = loop.server_state["model"]
+    previous = {k: v + 1.0 for k, v in weights.items()}
+    state = {"moon_prev": previous} if partner == "moon" else None
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": weights}), state, client)
+    assert len(calls) == 2
+    P0, _ = local_probability_matrix(client.model, weights, client.data, 10)
+    for terms, kw, _ in calls:
+        assert isinstance(kw["augment"], Mixup) and kw["augment"].alpha == 0.5
+        assert isinstance(terms[0], Flattening) and isinstance(terms[1], MarginAdjustedCE)
+        assert terms[1].weight == 2.0
+        (extra,) = terms[2:]
+        if partner == "fedprox":
+            assert isinstance(extra, Proximal)
+            for k, a in extra.anchor.items():
+                assert torch.equal(a, weights[k])
+        else:
+            assert isinstance(extra, ModelContrastive) and extra.prev_weights is previous
+    torch.testing.assert_close(calls[0][0][1].log_delta, log_adjustment(P0, present, clip=0.05))
+    assert float(calls[0][0][1].log_delta.abs().max()) == pytest.approx(0.05)   # clipped (unclipped: ~0.1)
+    P_last = probability_matrix(calls[1][2]["adjusted_ce.sums"], calls[1][2]["adjusted_ce.counts"])
+    assert reply.scalars["kl"] == pytest.approx(template_kl(P_last, present, 0.9))
