@@ -130,6 +130,12 @@ def main() -> int:
             get_diff_for_mutant(n, path=p))) for n, p, s in survivors) or "none"
         eq_md = "\n".join(f"- `{n}`: {why}" for n, why in sorted(equivalent.items())) or "none"
         args.out.with_suffix(".md").write_text(
+            "# Mutation score of the seed methods' tests\n\n"
+            "Command: `bash scripts/mutation.sh` (mutmut 3.8.1 over the files and tests of pyproject.toml's "
+            "[tool.mutmut]), then `python scripts/mutation_score.py --out benchmarks/results/mutation`. "
+            "killed = a test failed, timed out or crashed under the mutant; survived = every test it ran passed, "
+            "or none reached it; not checked = not run yet; equivalent = cannot change behaviour "
+            "(scripts/mutation_equivalent.yaml); score = killed / (mutants - equivalent).\n\n"
             f"{table}\n\nSurvivors:\n\n{surv_md}\n\nEquivalent (left out of the score; "
             f"scripts/mutation_equivalent.yaml):\n\n{eq_md}\n\nCommit {commit}, Python {machine['python']}.\n")
         args.out.with_suffix(".json").write_text(json.dumps({
