@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_loop, config, ctx, runtime
+from helpers import assert_identical, build_loop, config, ctx, runtime
 
 from fedhet.algorithms.fedclassavg import (
     FedClassAvg,
     FirstViewCrossEntropy,
     HeadProximal,
+    SupervisedContrastive,
     supcon_loss,
 )
-from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.contract import Batch, ClientData, Forward, LocalResult, Message
 from fedhet.training.augment import SupConViews, _affine_grid, _rotate_hue
 
 
@@ -247,3 +249,190 @@ def test_baselines_can_train_on_fedclassavgs_augmentation(small_config, method, 
         else:
             assert isinstance(aug, SupConViews) and aug.views == expected
             assert aug.mean is client.data.mean and aug.std is client.data.std
+
+
+# --- SupCon: the formula's averaging, its defaults, the loss term, numerical care -----------------
+
+
+def supcon_by_hand(f, y, T, base):
+    """Khosla et al.'s L_out, written out: for every anchor i with positives P(i),
+    -(T/base) * mean_{p in P(i)} [s_ip - log sum_{a != i} exp(s_ia)], s = f.f/T; mean over those anchors."""
+    n, per_anchor = len(y), []
+    for i in range(n):
+        pos = [p for p in range(n) if p != i and int(y[p]) == int(y[i])]
+        if not pos:
+            continue
+        s = {a: float(f[i] @ f[a]) / T for a in range(n) if a != i}
+        log_den = math.log(sum(math.exp(v) for v in s.values()))
+        per_anchor.append(-(T / base) * sum(s[p] - log_den for p in pos) / len(pos))
+    return sum(per_anchor) / len(per_anchor)
+
+
+UNEVEN_F = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.6, -0.8], [0.0, 1.0], [-1.0, 0.5], [0.3, 0.3]])
+UNEVEN_Y = torch.tensor([0, 0, 0, 1, 1, 2])      # 2, 2, 2, 1, 1 positives; the last anchor has none
+
+
+def test_supcon_averages_each_anchors_own_positives_then_the_anchors():
+    """Classes of unequal size: an anchor's log-probabilities are averaged over its own positives
+    (|P(i)| = 2 or 1) and normalised by its own denominator, then over the anchors that have any -
+    not one pooled mean over all positive pairs (which equal class sizes cannot tell apart)."""
+    expected = supcon_by_hand(UNEVEN_F, UNEVEN_Y, 0.5, 0.07)
+    assert float(supcon_loss(UNEVEN_F, UNEVEN_Y, 0.5, 0.07)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_supcon_defaults_are_the_authors_temperatures():
+    """The code's T = 100 and base T = 0.07 are supcon_loss's defaults (features of norm ~10, so
+    that s = f.f / 100 is of order one)."""
+    f, y = 10 * UNEVEN_F, UNEVEN_Y
+    assert float(supcon_loss(f, y)) == pytest.approx(supcon_by_hand(f, y, 100.0, 0.07), rel=1e-5)
+
+
+def test_supervised_contrastive_term_passes_both_temperatures():
+    """The loss term evaluates supcon on the body's features with its own T and base T."""
+    batch = Batch(torch.zeros(6, 1, 2, 2), UNEVEN_Y, torch.arange(6), {"views": 2})
+    value = SupervisedContrastive(2.0, 0.5)(Forward(UNEVEN_F, torch.zeros(6, 3)), batch, {})
+    assert float(value) == pytest.approx(supcon_by_hand(UNEVEN_F, UNEVEN_Y, 2.0, 0.5), rel=1e-5)
+
+
+def test_supcon_row_max_shift_keeps_large_similarities_exact():
+    """The stabilising row-max shift is a subtraction: with integer similarities near 9e6 (exact in
+    float32) the shifted values are the exact small differences. Anchor 0: positive s = 9e6,
+    negative 9e6 + 1, so its term is 1 + log(1 + e^-1); anchor 1: both others at 9e6, log 2;
+    anchor 2 has no positive. (Adding the max would round 2 * 9e6 + 1 in float32.)"""
+    f = torch.tensor([[3000.0, 1.0], [3000.0, 0.0], [3000.0, 1.0]])
+    y = torch.tensor([0, 0, 1])
+    expected = ((1.0 + math.log(1.0 + math.exp(-1.0))) + math.log(2.0)) / 2
+    assert float(supcon_loss(f, y, 1.0, 1.0)) == pytest.approx(expected, rel=1e-6)
+
+
+def ce_by_hand(logits, labels):
+    rows = [-(row[c] - math.log(sum(math.exp(v) for v in row))) for row, c in zip(logits, labels)]
+    return sum(rows) / len(rows)
+
+
+def test_first_view_ce_uses_the_first_of_the_stacked_views_and_all_rows_without_views():
+    """views = 2 over 4 rows: CE of rows 0-1 (the row count, not the class count, is split);
+    no ``views`` in the batch (no augmentation): one view, CE over every row."""
+    logits = [[2.0, 0.0, -1.0], [0.5, 0.0, 1.5], [3.0, -3.0, 0.0], [0.0, 0.0, 4.0]]
+    y = [0, 2, 1, 0]
+    lt, yt = torch.tensor(logits), torch.tensor(y)
+    two = FirstViewCrossEntropy()(Forward(torch.zeros(4, 1), lt), Batch(torch.zeros(4, 1), yt, torch.arange(4),
+                                                                        {"views": 2}), {})
+    assert float(two) == pytest.approx(ce_by_hand(logits[:2], y[:2]), rel=1e-6)
+    plain = FirstViewCrossEntropy()(Forward(torch.zeros(4, 1), lt), Batch(torch.zeros(4, 1), yt, torch.arange(4)), {})
+    assert float(plain) == pytest.approx(ce_by_hand(logits, y), rel=1e-6)
+
+
+# --- the protocol, against a recording client (no training) --------------------------------------
+
+
+class RecordingClient:
+    """A ClientRuntime stand-in: records each ``train`` call and returns the weights plus one
+    (4 steps, mean loss 0.25), so that which weights, terms and options reach training are visible."""
+
+    def __init__(self, init, epochs=3):
+        self.init, self.calls, self.num_samples = init, [], 17
+        self.data = ClientData(torch.zeros(1, 1, 2, 2, dtype=torch.uint8), torch.zeros(1, dtype=torch.long),
+                               torch.arange(1), torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.4))
+        self.settings = SimpleNamespace(epochs=epochs)
+
+    def init_weights(self):
+        return {k: v.clone() for k, v in self.init.items()}
+
+    def train(self, weights, terms=None, **kw):
+        self.calls.append((dict(weights), terms, kw))
+        return LocalResult({k: v + 1 for k, v in weights.items()}, {}, steps=4, samples=68, mean_loss=0.25)
+
+
+def small_weights(value=0.0):
+    return {"body.w": torch.full((2, 2), value), "head.w": torch.full((3, 2), value), "head.b": torch.full((3,), value)}
+
+
+def assert_views(augment, client):
+    assert isinstance(augment, SupConViews) and augment.views == 2
+    assert augment.mean is client.data.mean and augment.std is client.data.std
+
+
+def assert_terms(terms, anchor):
+    """L_CL + L_CE + L_R (Eq. 4), the proximal term anchored at ``anchor``'s classifier."""
+    assert sorted(t.name for t in terms) == ["ce", "prox", "supcon"]
+    (prox,) = [t for t in terms if isinstance(t, HeadProximal)]
+    assert set(prox.anchor) == {"head.w", "head.b"}
+    for k, v in prox.anchor.items():
+        assert torch.equal(v, anchor[k]), k
+
+
+def test_first_participation_pretrains_then_trains_from_the_global_classifier():
+    """Pre-training: one epoch (its own stream, after the round's epochs) from the initial model,
+    proximal to its own classifier, on two views; then the round's training from the pre-trained
+    body with the global classifier, proximal to it, on two views. The reply carries the trained
+    classifier and the statistics; the client keeps its whole model."""
+    client = RecordingClient(small_weights(0.0), epochs=3)
+    glob = {"head.w": torch.full((3, 2), 5.0), "head.b": torch.full((3,), 5.0)}
+    reply, state = FedClassAvg().client_update(Message("train", {"head": glob}), None, client)
+    (w_pre, t_pre, kw_pre), (w_main, t_main, kw_main) = client.calls
+    assert_identical(w_pre, small_weights(0.0))
+    assert_terms(t_pre, small_weights(0.0))
+    assert kw_pre["epochs"] == 1 and kw_pre["start_epoch"] == 3
+    assert_views(kw_pre["augment"], client)
+    assert torch.equal(w_main["body.w"], torch.ones(2, 2))                  # the pre-trained body
+    assert torch.equal(w_main["head.w"], glob["head.w"]) and torch.equal(w_main["head.b"], glob["head.b"])
+    assert_terms(t_main, glob)
+    assert kw_main.get("epochs") is None and kw_main.get("start_epoch", 0) == 0     # the run's epochs
+    assert_views(kw_main["augment"], client)
+    assert reply.kind == "update" and set(reply.arrays) == {"head"}
+    assert_identical(reply.arrays["head"], {"head.w": torch.full((3, 2), 6.0), "head.b": torch.full((3,), 6.0)})
+    assert reply.scalars == {"num_samples": 17, "steps": 4, "loss": 0.25}
+    assert_identical(state, {"model": {"body.w": torch.full((2, 2), 2.0), **reply.arrays["head"]}})
+
+
+def test_a_returning_client_resumes_its_own_model_and_a_state_without_one_starts_fresh():
+    glob = {"head.w": torch.full((3, 2), 5.0), "head.b": torch.full((3,), 5.0)}
+    msg = Message("train", {"head": glob})
+    client = RecordingClient(small_weights(0.0))
+    FedClassAvg().client_update(msg, {"model": small_weights(7.0)}, client)
+    ((weights, _, _),) = client.calls                                       # no second pre-training
+    assert torch.equal(weights["body.w"], torch.full((2, 2), 7.0)) and torch.equal(weights["head.w"], glob["head.w"])
+    client = RecordingClient(small_weights(0.0))
+    FedClassAvg().client_update(msg, {}, client)                            # a state without a model
+    (weights, _, _), _ = client.calls
+    assert_identical(weights, small_weights(0.0))
+
+
+def test_average_body_sends_loads_and_averages_the_feature_extractor():
+    """'+weight': the server's body travels with the classifier, the client trains from it (no
+    pre-training), uploads its body, and the server averages bodies by sample count."""
+    algo = FedClassAvg(FedClassAvg.Params(average_body=True))
+    state = algo.init_server_state({"a": small_weights(0.5)})
+    msg = algo.train_message(state, 0, ctx([0]))
+    assert msg.kind == "train" and set(msg.arrays) == {"head", "body"}
+    assert_identical(msg.arrays["body"], {"body.w": torch.full((2, 2), 0.5)})
+    sent = Message("train", {"head": {"head.w": torch.full((3, 2), 5.0), "head.b": torch.full((3,), 5.0)},
+                             "body": {"body.w": torch.full((2, 2), 3.0)}})
+    client = RecordingClient(small_weights(0.0))
+    reply, _ = algo.client_update(sent, None, client)
+    ((weights, _, _),) = client.calls
+    assert torch.equal(weights["body.w"], torch.full((2, 2), 3.0))
+    assert_identical(reply.arrays["body"], {"body.w": torch.full((2, 2), 4.0)})
+    body = {"body.w": torch.zeros(2, 2)}
+    replies = {0: Message("update", {"head": small_weights(0.0), "body": body}, {"num_samples": 10}),
+               1: Message("update", {"head": small_weights(1.0), "body": {"body.w": torch.ones(2, 2)}},
+                          {"num_samples": 30})}
+    new = algo.aggregate(dict(state), replies, ctx([0, 1]))
+    assert set(new) == {"head", "body"}
+    torch.testing.assert_close(new["body"]["body.w"], torch.full((2, 2), 0.75))
+
+
+def test_evaluation_uses_the_clients_own_model_or_none():
+    algo, w = FedClassAvg(), small_weights(2.0)
+    assert algo.client_model(0, {}, {"model": w}) is w
+    assert algo.client_model(0, {}, None) is None
+    assert algo.client_model(0, {}, {}) is None
+    assert algo.client_model(0, {}, {"other": 1}) is None
+
+
+def test_architectures_with_different_classifiers_are_refused_with_their_shapes():
+    a = small_weights()
+    b = {**small_weights(), "head.w": torch.zeros(4, 2), "head.b": torch.zeros(4)}
+    with pytest.raises(ValueError, match=r"same head.*\(4, 2\)"):
+        FedClassAvg().init_server_state({"a": a, "b": b})
