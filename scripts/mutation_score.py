@@ -6,7 +6,7 @@ the code computes (e.g. a ``.to(device)`` dropped, on the CPU where everything a
 listed in ``scripts/mutation_equivalent.yaml`` with the changed lines and the reason; this script
 checks that each listed mutant still makes exactly that change and leaves it out of the score.
 
-    score = killed / (all mutants - equivalent)
+    score = killed / (killed + survived)   (equivalent and not-yet-checked mutants are not judged)
 
     python scripts/mutation_score.py                    # table to stdout
     python scripts/mutation_score.py --out benchmarks/results/mutation   # also .md and .json
@@ -103,16 +103,19 @@ def main() -> int:
     for counts in by_file.values():
         total.update(counts)
 
-    def score(c: Counter) -> float:
-        judged = sum(c.values()) - c["equivalent"]
-        return c["killed"] / judged if judged else 1.0
+    def score(c: Counter) -> float | None:
+        judged = c["killed"] + c["survived"]          # not checked and equivalent mutants are not judged
+        return c["killed"] / judged if judged else None
+
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
 
     rows = ["| file | mutants | killed | survived | not checked | equivalent | score |", "|---|---|---|---|---|---|---|"]
     for path, c in sorted(by_file.items()):
         rows.append(f"| {path} | {sum(c.values())} | {c['killed']} | {c['survived']} | {c['not checked']} | "
-                    f"{c['equivalent']} | {score(c):.1%} |")
+                    f"{c['equivalent']} | {pct(score(c))} |")
     rows.append(f"| **all** | {sum(total.values())} | {total['killed']} | {total['survived']} | "
-                f"{total['not checked']} | {total['equivalent']} | **{score(total):.1%}** |")
+                f"{total['not checked']} | {total['equivalent']} | **{pct(score(total))}** |")
     table = "\n".join(rows)
     print(table)
     for line in stale:
@@ -135,7 +138,7 @@ def main() -> int:
             "[tool.mutmut]), then `python scripts/mutation_score.py --out benchmarks/results/mutation`. "
             "killed = a test failed, timed out or crashed under the mutant; survived = every test it ran passed, "
             "or none reached it; not checked = not run yet; equivalent = cannot change behaviour "
-            "(scripts/mutation_equivalent.yaml); score = killed / (mutants - equivalent).\n\n"
+            "(scripts/mutation_equivalent.yaml); score = killed / (killed + survived), over the mutants checked.\n\n"
             f"{table}\n\nSurvivors:\n\n{surv_md}\n\nEquivalent (left out of the score; "
             f"scripts/mutation_equivalent.yaml):\n\n{eq_md}\n\nCommit {commit}, Python {machine['python']}.\n")
         args.out.with_suffix(".json").write_text(json.dumps({
