@@ -57,7 +57,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="write OUT.md and OUT.json")
     ap.add_argument("--survivors", action="store_true", help="print every survivor's diff")
-    ap.add_argument("--file", default="", help="with --survivors: only the survivors of files whose path contains this")
+    ap.add_argument("--names", action="store_true",
+                    help="print only the survivors' names, one a line (to re-check them: mutmut run NAME ...)")
+    ap.add_argument("--file", default="", help="with --survivors / --names: only files whose path contains this")
     ap.add_argument("--mark", nargs="+", default=[], metavar="NAME", help="add these survivors to the equivalent list")
     ap.add_argument("--why", help="with --mark: why they cannot change behaviour")
     args = ap.parse_args()
@@ -117,6 +119,9 @@ def main() -> int:
     rows.append(f"| **all** | {sum(total.values())} | {total['killed']} | {total['survived']} | "
                 f"{total['not checked']} | {total['equivalent']} | **{pct(score(total))}** |")
     table = "\n".join(rows)
+    if args.names:
+        print("\n".join(n for n, p, st in survivors if args.file in str(p) and st != "not checked"))
+        return 0
     print(table)
     for line in stale:
         print(f"stale entry in {EQUIVALENT.name}: {line}", file=sys.stderr)
