@@ -4,6 +4,7 @@ it, Lite's schedule and its communication, and composition with other methods.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -336,3 +337,204 @@ def test_fednova_composition_runs_both_phases(small_config):
     loop = build_loop(config(small_config, "fedfm+fednova", {"start_round": 0, "lam": 1.0}))
     assert loop.run_round(0).phases == 2
     assert loop.server_state["anchors"] is not None
+
+
+# --- the round's messages, driven by hand (no training) -----------------------------------
+def anchor_reply(means, counts) -> Message:
+    return Message("anchors", {"anchors": {"mean": torch.tensor(means), "count": torch.tensor(counts)}})
+
+
+def test_fedfm_trains_every_client_that_answered_the_anchor_phase():
+    """A client dropped in the anchor phase is left out of training, and only it: the clients
+    after it in the sampling order still get their training message (anchors, no second model)."""
+    algo = FedFM(FedFM.Params(start_round=0))
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+    gen = algo.round(state, ctx([0, 1, 2], num_classes=2))
+    first = next(gen)
+    assert set(first) == {0, 1, 2} and all(m.kind == "anchors" for m in first.values())
+    # client 0 does not answer; 1 and 2 each have one class (Eq. 9 with disjoint classes)
+    train = gen.send({1: anchor_reply([[1.0, 0.0], [0.0, 0.0]], [4, 0]),
+                      2: anchor_reply([[0.0, 0.0], [0.0, 3.0]], [0, 2])})
+    assert set(train) == {1, 2}
+    for msg in train.values():
+        assert msg.kind == "train" and "model" not in msg.arrays
+        assert torch.equal(msg.arrays["anchors"]["mean"], torch.tensor([[1.0, 0.0], [0.0, 3.0]]))
+        assert msg.arrays["anchors"]["defined"].tolist() == [True, True]
+
+
+def test_fedfm_training_phase_carries_each_clients_own_message(small_config):
+    """The training phase asks ``train_message`` for each client by its id: in ``fedfm+fedpac``
+    every client gets its own personalised head (FedPAC's ``server_head(state, cid)``)."""
+    loop = build_loop(config(small_config, "fedfm+fedpac", {"start_round": 0}))
+    algo = loop.algorithm
+    heads = {0: {"h": torch.zeros(3)}, 1: {"h": torch.ones(3)}}
+    state = {**loop.server_state, "heads": heads}
+    gen = algo.round(state, ctx([0, 1], num_classes=10, num_clients=6))
+    next(gen)
+    up = [[0.0] * 4] * 10
+    train = gen.send({0: anchor_reply(up, [1] + [0] * 9), 1: anchor_reply(up, [0, 1] + [0] * 8)})
+    assert set(train) == {0, 1}
+    for cid in (0, 1):
+        assert train[cid].arrays["head"] is heads[cid]
+
+
+def test_lite_asks_for_each_clients_own_message():
+    """FedFM-Lite builds each client's message with that client's id (the hook a composed method
+    such as FedPAC personalises by)."""
+
+    class Tagged(FedFMLite):
+        def train_message(self, state, cid, ctx):
+            msg = super().train_message(state, cid, ctx)
+            msg.scalars["to"] = cid
+            return msg
+
+    algo = Tagged(FedFMLite.Params(start_round=0))
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+    phase = next(algo.round(state, ctx([4, 1], num_classes=2, num_clients=6)))
+    assert {cid: m.scalars["to"] for cid, m in phase.items()} == {4: 4, 1: 1}
+
+
+def lite_reply(msg: Message, w: float) -> Message:
+    """What a FedFM-Lite client sends back under ``msg``'s flags (two classes, 2-d anchors)."""
+    arrays = {}
+    if msg.scalars["upload_anchors"]:
+        arrays["anchors"] = {"mean": torch.tensor([[w, 0.0], [0.0, w]]), "count": torch.tensor([1, 1])}
+    if msg.scalars["upload_model"]:
+        arrays["model"] = {"w": torch.full((2,), w)}
+    return Message("update", arrays, {"num_samples": 10})
+
+
+def test_lite_schedule_counts_rounds_from_the_warm_up_end():
+    """Sec. VI with T_s = 1 and a = 3, counting s = t - T_s: the model goes down when s % a == 0
+    (rounds 1, 4) and in the warm-up (round 0), comes up when (s + 1) % a == 0 (round 3), in the
+    warm-up and in the last round (5); in between, clients keep their own models."""
+    algo = FedFMLite(FedFMLite.Params(start_round=1, model_every=3))
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+    assert state["lite_participants"] == []            # nobody trained before round 0
+    assert set(state) == {"model", "anchors", "anchors_defined", "lite_participants"}
+    clients = [0, 1]
+    down, up = [], []
+    for rnd in range(6):
+        gen = algo.round(state, dataclasses.replace(ctx(clients, num_classes=2, rnd=rnd), num_rounds=6))
+        phase = next(gen)
+        down.append(all("model" in m.arrays for m in phase.values()))
+        assert down[-1] or not any("model" in m.arrays for m in phase.values()), rnd
+        up.append(phase[0].scalars["upload_model"])
+        with pytest.raises(StopIteration) as done:
+            gen.send({cid: lite_reply(m, float(rnd + 1)) for cid, m in phase.items()})
+        state = done.value.value
+    assert down == [True, True, False, False, True, False]
+    assert up == [True, False, False, True, False, True]
+
+
+# --- the client side -------------------------------------------------------------------------
+def test_training_message_without_the_anchor_phase_model_is_refused_with_a_reason(small_config):
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 0}))
+    with pytest.raises(RuntimeError) as err:
+        loop.algorithm.client_update(Message("train", {}), None, runtime(loop, 0))
+    assert str(err.value) == ("fedfm client 0 got a training message without a model and "
+                              "has no model from this round's anchor phase")
+
+
+def test_rebuilt_training_message_keeps_the_servers_scalars(small_config, monkeypatch):
+    """The training phase's message, rebuilt with the stored model, still carries the scalars the
+    server sent, so a composed method's hooks (local terms, options) see them."""
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 0}))
+    algo = loop.algorithm
+    seen = []
+    real = algo.local_terms
+
+    def spy(msg, state, client):
+        seen.append(msg)
+        return real(msg, state, client)
+
+    monkeypatch.setattr(algo, "local_terms", spy)
+    w = loop.server_state["model"]
+    algo.client_update(Message("train", {}, {"probe_seed": 7}), {"fedfm_received": w}, runtime(loop, 0))
+    (msg,) = seen
+    assert msg.scalars == {"probe_seed": 7} and msg.arrays["model"] is w
+
+
+def test_local_batchnorm_statistics_serve_both_phases(small_config):
+    """With ``bn_buffers: local`` a client's own BatchNorm statistics replace the global ones for
+    its anchors (Eq. 8 on its own model) and for training, and stay in its state."""
+    from helpers import bn_model
+
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 0, "bn_buffers": "local"}),
+                      models={"cnn2": bn_model()})
+    algo, client = loop.algorithm, runtime(loop, 0)
+    w = loop.server_state["model"]
+    own = {k: (w[k] + 0.5 if w[k].is_floating_point() else w[k] + 3) for k in client.buffer_names}
+    reply, cstate = algo.client_update(Message("anchors", {"model": w}), {"buffers": own}, client)
+    means, counts = local_anchors(client.model, {**w, **own}, client.data, client.num_classes)
+    assert torch.equal(reply.arrays["anchors"]["mean"], means)
+    assert not torch.equal(means, local_anchors(client.model, w, client.data, client.num_classes)[0])
+    assert cstate["buffers"] is own and cstate["fedfm_received"] is w
+    trained, after = algo.client_update(Message("train", {}), cstate, runtime(loop, 0))
+    expect = runtime(loop, 0).train({**w, **own}, [CrossEntropy()])
+    for k, v in expect.weights.items():
+        assert torch.equal(trained.arrays["model"][k], v), k
+    assert set(after) == {"buffers"}
+    for k in client.buffer_names:
+        assert torch.equal(after["buffers"][k], expect.weights[k]), k
+
+
+# --- recorded metrics -------------------------------------------------------------------------
+def test_round_metrics_count_the_classes_with_an_anchor(small_config):
+    """``fedfm_anchor_classes``: None before any anchor, then the number of defined classes; a
+    composed method's own metrics (SCAFFOLD's control norm) are still recorded."""
+    loop = build_loop(config(small_config, "fedfm+scaffold", {"start_round": 0}))
+    algo, state = loop.algorithm, loop.server_state
+    before = algo.round_metrics(state)
+    assert before == {"fedfm_anchor_classes": None, "scaffold_control_norm": 0.0}
+    after = algo.round_metrics({**state, "anchors_defined": torch.tensor([True, False, True, True])})
+    assert after["fedfm_anchor_classes"] == 3 and isinstance(after["fedfm_anchor_classes"], int)
+
+
+def test_l2_variant_is_a_squared_distance_and_skips_classes_without_anchor():
+    # h (1,0); its anchor (0,2) -> (0,1): squared distance 1 + 1 = 2, over d=2 -> 1.0. The second
+    # sample's class has no anchor: it is left out of the mean (and of no feature average). lam 2 -> 2.0
+    term = AnchorMatching(torch.tensor([[0.0, 2.0], [5.0, 5.0]]), torch.tensor([True, False]), lam=2.0, kind="l2")
+    value = term(out_of(torch.tensor([[1.0, 0.0], [3.0, 4.0]])), batch_of([0, 1]), {})
+    assert float(value) == pytest.approx(2.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["cg", "l2"])
+def test_float64_anchors_match_like_float32_ones(kind):
+    """Anchors are matched in the features' float32 whatever dtype they arrive in (a float64
+    aggregate or checkpoint must not break the matmul or change the value)."""
+    g = torch.Generator().manual_seed(1)
+    h, anchors = torch.randn(4, 3, generator=g), torch.randn(2, 3, generator=g)
+    defined = torch.ones(2, dtype=torch.bool)
+    single = AnchorMatching(anchors, defined, 1.0, kind)(out_of(h), batch_of([0, 1, 1, 0]), {})
+    double = AnchorMatching(anchors.double(), defined, 1.0, kind)(out_of(h), batch_of([0, 1, 1, 0]), {})
+    assert double.dtype == torch.float32 and float(double) == pytest.approx(float(single), rel=1e-6)
+
+
+def test_lite_client_uploads_anchors_and_model_unless_told_otherwise(small_config):
+    """A message without FedFM-Lite's flags (``upload_model``, ``upload_anchors``) gets the full
+    reply: the trained model and its anchors."""
+    loop = build_loop(config(small_config, "fedfm_lite", {"start_round": 0}))
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None,
+                                            runtime(loop, 0))
+    assert {"model", "anchors"} <= set(reply.arrays)
+
+
+def test_lite_client_trains_with_its_own_batchnorm_statistics(small_config):
+    """FedFM-Lite with ``bn_buffers: local``: the received model gets the client's own BatchNorm
+    statistics before training, and the trained ones stay in its state."""
+    from helpers import bn_model
+
+    loop = build_loop(config(small_config, "fedfm_lite", {"start_round": 0, "bn_buffers": "local"}),
+                      models={"cnn2": bn_model()})
+    client = runtime(loop, 0)
+    w = loop.server_state["model"]
+    own = {k: (w[k] + 0.5 if w[k].is_floating_point() else w[k] + 3) for k in client.buffer_names}
+    msg = Message("train", {"model": w}, {"upload_model": True, "upload_anchors": True})
+    reply, after = loop.algorithm.client_update(msg, {"buffers": own}, client)
+    expect = runtime(loop, 0).train({**w, **own}, [CrossEntropy()])
+    for k, v in expect.weights.items():
+        assert torch.equal(reply.arrays["model"][k], v), k
+    assert set(after) == {"buffers"}
+    for k in client.buffer_names:
+        assert torch.equal(after["buffers"][k], expect.weights[k]), k
