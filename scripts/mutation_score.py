@@ -135,7 +135,7 @@ def main() -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         machine = {"python": platform.python_version(), "machine": platform.machine(), "commit": commit}
         surv_md = "\n".join(f"- `{n}` ({s}): " + " / ".join(f"`{x}`" for x in changed_lines(
-            get_diff_for_mutant(n, path=p))) for n, p, s in survivors) or "none"
+            get_diff_for_mutant(n, path=p))) for n, p, s in survivors if s != "not checked") or "none"
         eq_md = "\n".join(f"- `{n}`: {why}" for n, why in sorted(equivalent.items())) or "none"
         args.out.with_suffix(".md").write_text(
             "# Mutation score of the seed methods' tests\n\n"
@@ -144,7 +144,7 @@ def main() -> int:
             "killed = a test failed, timed out or crashed under the mutant; survived = every test it ran passed, "
             "or none reached it; not checked = not run yet; equivalent = cannot change behaviour "
             "(scripts/mutation_equivalent.yaml); score = killed / (killed + survived), over the mutants checked.\n\n"
-            f"{table}\n\nSurvivors:\n\n{surv_md}\n\nEquivalent (left out of the score; "
+            f"{table}\n\nSurvivors (not-checked mutants are counted in the table only):\n\n{surv_md}\n\nEquivalent (left out of the score; "
             f"scripts/mutation_equivalent.yaml):\n\n{eq_md}\n\nCommit {commit}, Python {machine['python']}.\n")
         args.out.with_suffix(".json").write_text(json.dumps({
             "score": score(total), "totals": dict(total), "by_file": {p: dict(c) for p, c in by_file.items()},
