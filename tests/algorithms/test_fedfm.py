@@ -455,6 +455,22 @@ def test_rebuilt_training_message_keeps_the_servers_scalars(small_config, monkey
     assert msg.scalars == {"probe_seed": 7} and msg.arrays["model"] is w
 
 
+def shifted_buffers(weights, names):
+    """A client's own BatchNorm statistics, different from the global ones in ``weights``."""
+    return {k: (weights[k] + 0.5 if weights[k].is_floating_point() else weights[k] + 3) for k in names}
+
+
+def assert_trained_from_own_buffers(loop, model, after, weights, own, names):
+    """``model`` is plain CE training from ``weights`` with the client's ``own`` statistics, and the
+    trained statistics (only they) stay in the client's state ``after``."""
+    expect = runtime(loop, 0).train({**weights, **own}, [CrossEntropy()])
+    for k, v in expect.weights.items():
+        assert torch.equal(model[k], v), k
+    assert set(after) == {"buffers"}
+    for k in names:
+        assert torch.equal(after["buffers"][k], expect.weights[k]), k
+
+
 def test_local_batchnorm_statistics_serve_both_phases(small_config):
     """With ``bn_buffers: local`` a client's own BatchNorm statistics replace the global ones for
     its anchors (Eq. 8 on its own model) and for training, and stay in its state."""
@@ -464,19 +480,14 @@ def test_local_batchnorm_statistics_serve_both_phases(small_config):
                       models={"cnn2": bn_model()})
     algo, client = loop.algorithm, runtime(loop, 0)
     w = loop.server_state["model"]
-    own = {k: (w[k] + 0.5 if w[k].is_floating_point() else w[k] + 3) for k in client.buffer_names}
+    own = shifted_buffers(w, client.buffer_names)
     reply, cstate = algo.client_update(Message("anchors", {"model": w}), {"buffers": own}, client)
     means, counts = local_anchors(client.model, {**w, **own}, client.data, client.num_classes)
     assert torch.equal(reply.arrays["anchors"]["mean"], means)
     assert not torch.equal(means, local_anchors(client.model, w, client.data, client.num_classes)[0])
     assert cstate["buffers"] is own and cstate["fedfm_received"] is w
     trained, after = algo.client_update(Message("train", {}), cstate, runtime(loop, 0))
-    expect = runtime(loop, 0).train({**w, **own}, [CrossEntropy()])
-    for k, v in expect.weights.items():
-        assert torch.equal(trained.arrays["model"][k], v), k
-    assert set(after) == {"buffers"}
-    for k in client.buffer_names:
-        assert torch.equal(after["buffers"][k], expect.weights[k]), k
+    assert_trained_from_own_buffers(loop, trained.arrays["model"], after, w, own, client.buffer_names)
 
 
 # --- recorded metrics -------------------------------------------------------------------------
@@ -529,12 +540,7 @@ def test_lite_client_trains_with_its_own_batchnorm_statistics(small_config):
                       models={"cnn2": bn_model()})
     client = runtime(loop, 0)
     w = loop.server_state["model"]
-    own = {k: (w[k] + 0.5 if w[k].is_floating_point() else w[k] + 3) for k in client.buffer_names}
+    own = shifted_buffers(w, client.buffer_names)
     msg = Message("train", {"model": w}, {"upload_model": True, "upload_anchors": True})
     reply, after = loop.algorithm.client_update(msg, {"buffers": own}, client)
-    expect = runtime(loop, 0).train({**w, **own}, [CrossEntropy()])
-    for k, v in expect.weights.items():
-        assert torch.equal(reply.arrays["model"][k], v), k
-    assert set(after) == {"buffers"}
-    for k in client.buffer_names:
-        assert torch.equal(after["buffers"][k], expect.weights[k]), k
+    assert_trained_from_own_buffers(loop, reply.arrays["model"], after, w, own, client.buffer_names)
