@@ -241,8 +241,7 @@ def test_baselines_can_train_on_fedclassavgs_augmentation(small_config, method, 
             return train(*args, **kwargs)
 
         monkeypatch.setattr(client, "train", spy)
-        msg = Message("train") if method == "local" else Message("train", {})
-        loop.algorithm.client_update(msg, None, client)
+        loop.algorithm.client_update(Message("train"), None, client)
         (aug,) = seen
         if expected is None:
             assert aug is None
