@@ -52,22 +52,24 @@ class Message:
         return out
 
 
-def to_device(obj: Any, device: torch.device | str) -> Any:
+def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """``obj`` with every tensor inside it (through messages, dicts, lists and tuples) on ``device``;
     anything else as it is. Nothing already there is copied, and a container whose contents are all
     already there is handed back itself (identity kept: on the CPU this is a no-op). Messages and
     client state cross between the engines' CPU side and a device-resident client through this
-    one function."""
+    one function. ``non_blocking``: the copies are only queued (from CUDA into pinned host memory),
+    so the caller must synchronise the stream before reading them: one wait for a whole message
+    instead of one per tensor."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        return obj.to(device, non_blocking=non_blocking)
     if isinstance(obj, Message):
-        arrays, scalars = to_device(obj.arrays, device), to_device(obj.scalars, device)
+        arrays, scalars = to_device(obj.arrays, device, non_blocking), to_device(obj.scalars, device, non_blocking)
         return obj if arrays is obj.arrays and scalars is obj.scalars else Message(obj.kind, arrays, scalars)
     if isinstance(obj, dict):
-        moved = {k: to_device(v, device) for k, v in obj.items()}
+        moved = {k: to_device(v, device, non_blocking) for k, v in obj.items()}
         return obj if all(moved[k] is v for k, v in obj.items()) else moved
     if isinstance(obj, (list, tuple)):
-        items = [to_device(v, device) for v in obj]
+        items = [to_device(v, device, non_blocking) for v in obj]
         if all(a is b for a, b in zip(items, obj)):
             return obj
         return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)     # a namedtuple takes fields
