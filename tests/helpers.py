@@ -119,9 +119,10 @@ def run_killed_in_round(exp, monkeypatch, rnd: int) -> None:
         exp.run(progress=False)
 
 
-def bn_model(projection_dim=None, split="fc2", batch_norm: bool = True) -> SplitModel:
-    """A small CNN with BatchNorm for 1x28x28 inputs (the library's BN models are the ResNets, too
-    slow for most tests).
+def bn_model(projection_dim=None, split="fc2", batch_norm: bool = True, channels: int = 1,
+             size: int = 28) -> SplitModel:
+    """A small CNN with BatchNorm for ``channels`` x ``size`` x ``size`` inputs (default 1x28x28; the
+    library's BN models are the ResNets, too slow for most tests).
 
     Smooth (tanh, average pooling): no ReLU kink or max-pool tie for rounding to flip, so the
     engine-equivalence tests hold it to rounding (their TIGHT). ``batch_norm=False`` leaves the
@@ -129,17 +130,18 @@ def bn_model(projection_dim=None, split="fc2", batch_norm: bool = True) -> Split
     gradient, i.e. rounding noise, which Adam's normalisation blows up to steps of lr.
     """
     torch.manual_seed(11)
+    side = ((size - 2) // 2 - 2) // 2      # after two 3x3 convolutions, each followed by 2x2 pooling
 
-    def norm(channels: int) -> nn.Module:
-        return nn.BatchNorm2d(channels) if batch_norm else nn.Identity()
+    def norm(width: int) -> nn.Module:
+        return nn.BatchNorm2d(width) if batch_norm else nn.Identity()
 
     stages = [
-        ("conv1", nn.Sequential(nn.Conv2d(1, 8, 3), norm(8), nn.Tanh(), nn.AvgPool2d(2))),
+        ("conv1", nn.Sequential(nn.Conv2d(channels, 8, 3), norm(8), nn.Tanh(), nn.AvgPool2d(2))),
         ("conv2", nn.Sequential(nn.Conv2d(8, 16, 3), norm(16), nn.Tanh(), nn.AvgPool2d(2), nn.Flatten())),
-        ("fc1", nn.Sequential(nn.Linear(16 * 5 * 5, 64), nn.Tanh())),
+        ("fc1", nn.Sequential(nn.Linear(16 * side * side, 64), nn.Tanh())),
         ("fc2", nn.Linear(64, 10)),
     ]
-    model = SplitModel(stages, split, (1, 28, 28))
+    model = SplitModel(stages, split, (channels, size, size))
     if projection_dim:
         model.add_projection(projection_dim)
     return model

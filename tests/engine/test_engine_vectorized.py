@@ -662,20 +662,20 @@ if __name__ == "__main__":     # PYTHONPATH=tests python tests/engine/test_engin
             print(f"  {k:24s} bound {bound:.2e}  global-model difference here {diff}")
 
 
-def smooth_model(projection_dim=None, split="fc2"):
+def smooth_model(projection_dim=None, split="fc2", channels=1, size=28):
     """The smooth test CNN without BatchNorm (helpers.bn_model explains why, for Adam)."""
     import helpers  # not this module's bn_model, which the Adam tests replace by this function
 
-    return helpers.bn_model(projection_dim, split, batch_norm=False)
+    return helpers.bn_model(projection_dim, split, batch_norm=False, channels=channels, size=size)
 
 
-def run_adam(cfg, rounds: int = 2, wide=None, **settings):
+def run_adam(cfg, rounds: int = 2, wide=None, model=None, **settings):
     """Reference and vectorized loops side by side with Adam at eps 1e-3 on the smooth model. Adam
     divides by sqrt(v) + eps, so where a gradient is rounding noise (near zero) the default eps
     1e-8 amplifies the engines' float differences by up to lr / eps; eps 1e-3 keeps the comparison
     at rounding while every part of the rule (moments, bias corrections, weight decay) still acts."""
     fed = build_federation(cfg.data, cfg.seed)
-    models = {"cnn2": smooth_model()}
+    models = {"cnn2": model or smooth_model()}
     vectorized_engine = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2,
                                    wide_steps=wide)
     loops = [build_loop(cfg, transport, fed=fed, models=copy.deepcopy(models)) for transport in (None, vectorized_engine)]
@@ -745,4 +745,20 @@ def test_supcon_views_train_vectorized_and_equal_reference(small_config, wide):
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
     if wide:
         assert counters["idle_rows"] > 0
+    assert_engines_agree(ref, vec, 4 * TIGHT if DEVICE == "cuda" else TIGHT)
+
+
+def test_supcon_views_of_colour_images_train_vectorized_and_equal_reference(small_config, data_root):
+    """FedClassAvg's views of 3-channel images (CIFAR-10 in its real format): saturation, hue and
+    random grayscale act only on colour, so this is the path 1-channel data never reaches. Vmapped
+    with no fallback and equal to the reference; on CUDA every step's graph is captured as well (the
+    colour constants once made tensors from host data inside the step, which a capture refuses)."""
+    raw = copy.deepcopy(small_config)
+    raw["data"].update(dataset="cifar10", root=str(data_root), local_test={"source": "holdout", "fraction": 0.2})
+    cfg = make_config(raw, "fedclassavg", {}, UNEQUAL, lr=1e-3, optimizer="adam", betas=(0.5, 0.999),
+                      clients_per_round=6)
+    ref, vec = run_adam(cfg, model=smooth_model(channels=3, size=32))
+    counters = vec.transport.counters
+    assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
+    assert vec.transport.eager_reasons == {}, vec.transport.eager_reasons     # every CUDA graph captured
     assert_engines_agree(ref, vec, 4 * TIGHT if DEVICE == "cuda" else TIGHT)
