@@ -16,9 +16,12 @@
 #   5. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
 #      default 20, $RUN_LIMIT seconds per run, $DEVICE_ONLY one run's label): whole paper-setting runs on the
 #      device, timed;
-#   6. optionally ($GPU_SWEEP=path/to.sweep.yaml, $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES): a sweep
-#      on the device through benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized,
-#      stopped at the limit, its folder tarred into $OUT with the checkpoints under 8 MB).
+#   6. optionally ($GPU_SWEEP='a.sweep.yaml [--only TAG]; b.sweep.yaml', $GPU_SWEEP_SECONDS,
+#      $GPU_SWEEP_LANES lanes per sweep): sweeps side by side on the device through
+#      benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized, stopped at the limit, each
+#      folder tarred into $OUT with its unfinished runs' checkpoints under 8 MB); with
+#      $SWEEP_PYTEST_SECONDS the CUDA tests of step 2 run beside them instead (set PYTEST_SECONDS=0).
+# PYTEST_SECONDS, BENCH_SECONDS, PROFILE_SECONDS or RUNS_SECONDS at 0 skips that step.
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
 # the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
 set -u
@@ -46,7 +49,7 @@ step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on fa
   nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+[ "${PYTEST_SECONDS:-150}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
 if [ "${PROFILE_SECONDS:-90}" != 0 ]; then
@@ -59,9 +62,14 @@ fi
   --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
-  SWEEP_LANES="${GPU_SWEEP_LANES:-6}" bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "$GPU_SWEEP"
+  IFS=';' read -ra sweeps <<< "$GPU_SWEEP"
+  SWEEP_LANES="${GPU_SWEEP_LANES:-6}" PYTEST_SECONDS="${SWEEP_PYTEST_SECONDS:-}" \
+    bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "${sweeps[@]}" > "$OUT/gpu_sweeps.log" 2>&1
+  echo "=== gpu_sweeps: exit $?"; tail -n 30 "$OUT/gpu_sweeps.log"
 fi
-# The device tool brings back at most 8 files: everything goes into one archive beside machine.txt.
-tar czf /tmp/gpu_check_results.tar.gz -C "$OUT" --exclude machine.txt . && mv /tmp/gpu_check_results.tar.gz "$OUT/results.tar.gz"
-find "$OUT" -mindepth 1 ! -name machine.txt ! -name results.tar.gz -exec rm -rf {} + 2>/dev/null
+# The device tool brings back at most 8 files of at most 16 MB each: everything goes into one archive
+# beside machine.txt, except the sweeps' own archives (each up to a few MB of checkpoints).
+tar czf /tmp/gpu_check_results.tar.gz -C "$OUT" --exclude machine.txt --exclude 'sweep*.tar.gz' . \
+  && mv /tmp/gpu_check_results.tar.gz "$OUT/results.tar.gz"
+find "$OUT" -mindepth 1 ! -name machine.txt ! -name results.tar.gz ! -name 'sweep*.tar.gz' -exec rm -rf {} + 2>/dev/null
 ls -la "$OUT"

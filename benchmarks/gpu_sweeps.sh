@@ -3,13 +3,13 @@
 # the working tree; what is under $OUT comes back), for reproductions that a CPU cannot finish:
 #   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...]' ['SWEEP_FILE ...' ...]
 # Each sweep runs with run.device=cuda and run.engine=vectorized, pinned to its own share of the
-# CPUs (evaluation runs on the CPU; the sweep splits its share between its lanes, $SWEEP_LANES,
-# default 2), and is stopped with SIGTERM after SECONDS: finished runs are complete, an unfinished
+# CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped with SIGTERM after SECONDS: finished runs are complete, an unfinished
 # one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
-# checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep ... --out`
-# on the unpacked folder; larger checkpoints, e.g. 20 clients' kept momentum, stay behind).
-# With PYTEST_SECONDS set, tests/engine/test_engine_vectorized.py runs meanwhile with its
-# vectorized side on CUDA (FEDHET_TEST_DEVICE=cuda), on 4 CPUs of its own.
+# unfinished run's checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep
+# ... --out` on the unpacked folder; larger checkpoints, e.g. 20 clients' kept momentum, stay behind;
+# finished runs need none). With PYTEST_SECONDS set, $PYTEST_FILES (default
+# tests/engine/test_engine_vectorized.py) run meanwhile with their device side on CUDA
+# (FEDHET_TEST_DEVICE=cuda), on 4 CPUs and 4 workers of their own.
 # The device call's own timeout must cover SECONDS + about 90 s (setup, SIGTERM grace, tar), or
 # nothing comes back. Exit status: the worst of the sweeps' and the tests' (124: stopped at SECONDS).
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
@@ -57,15 +57,19 @@ for spec in "$@"; do
   n=$(( n + 1 ))
 done
 if [ -n "${PYTEST_SECONDS:-}" ]; then
+  # shellcheck disable=SC2086  # PYTEST_FILES is a list of paths
   FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(cpu_list $(( n * share )) 4)" \
-    python3 -m pytest -q -p no:cacheprovider tests/engine/test_engine_vectorized.py > "$OUT/pytest_cuda.log" 2>&1
+    python3 -m pytest -q -p no:cacheprovider -n 4 ${PYTEST_FILES:-tests/engine/test_engine_vectorized.py} \
+    > "$OUT/pytest_cuda.log" 2>&1
   rc=$?; [ $rc -gt $status ] && status=$rc
   echo "pytest_cuda: exit $rc"; tail -n 5 "$OUT/pytest_cuda.log"
 fi
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; rc=$?; [ $rc -gt $status ] && status=$rc
   echo "sweep$i: exit $rc"; tail -n 4 "$OUT/sweep$i.log"
-  (cd "$work" && find "sweep$i" -name checkpoint.pt -size +8M) > "$work/large$i.txt"
+  # Checkpoints travel only for unfinished runs (a finished run has its summary.json), and only under 8 MB.
+  (cd "$work" && find "sweep$i" -name checkpoint.pt \( -size +8M -o -execdir test -e summary.json \; \) -print) \
+    > "$work/large$i.txt"
   tar -czf "$OUT/sweep$i.tar.gz" -X "$work/large$i.txt" -C "$work" "sweep$i"
 done
 ls -la "$OUT"
