@@ -297,6 +297,9 @@ class _Group:
     # each client's step order like train_local, and which clients have a value for each key.
     stat_totals: dict[str, torch.Tensor] = field(default_factory=dict)
     stat_seen: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The group's augmentation (one signature: _group_key) with its constants on the device, moved
+    # here once: a copy from the host inside a step would break its CUDA graph capture.
+    augment: Augmentation | None = None
     # The memory pool of the group's first CUDA graph, which its later graphs share (below).
     graph_pool: tuple | None = None
     # The model's buffers among ``names`` (what a forward pass may change: BatchNorm statistics).
@@ -545,6 +548,7 @@ class Vectorized(Transport):
         g.buffers = [n for n in names if n in buffers]
         s = first.settings
         g.optimizer = make_optimizer(s)
+        g.augment = first.augment.to(self.device) if isinstance(first.augment, Augmentation) else None
         # Statistics totals start from each request's own (phase B continues phase A's).
         keys = list(dict.fromkeys(k for r in reqs for k in (r.statistics or {})))
         for key in keys:
@@ -778,7 +782,7 @@ class Vectorized(Transport):
         y = y_pool[pool_idx]
 
         model, templates, paths, shared = g.model, g.templates, g.batched_paths, g.shared_consts
-        augment = g.requests[0].augment         # the group's (one signature: _group_key)
+        augment = g.augment
         use_bf16 = s.precision == "bf16"
 
         def client_loss(w, x, y, index, consts, draws):

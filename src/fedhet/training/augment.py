@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -50,6 +50,11 @@ class Augmentation:
 
     def signature(self) -> tuple[Any, ...]:
         raise NotImplementedError
+
+    def to(self, device: torch.device | str) -> Augmentation:
+        """This augmentation with its tensor constants on ``device`` (itself when it has none or
+        they are there already), so that ``apply`` copies nothing from the host."""
+        return self
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
         draws = self.draw(len(batch.y), generator)
@@ -142,6 +147,10 @@ class SupConViews(Augmentation):
         # mean / std by identity: the clients of a run share the pool's normalisation tensors
         return ("supcon_views", id(self.mean), id(self.std), self.scale, self.ratio, self.flip_p, self.jitter,
                 self.jitter_p, self.grayscale_p, self.views)
+
+    def to(self, device: torch.device | str) -> SupConViews:
+        mean, std = self.mean.to(device), self.std.to(device)
+        return self if mean is self.mean and std is self.std else replace(self, mean=mean, std=std)
 
     def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Per view, in this order: the crop boxes, the flips, the colour draws."""
