@@ -15,7 +15,6 @@
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
 # .devdata/fashion_mnist/ (the four .gz files), both carried.
 set -u
-set -f   # the sweep specs are split into words below, never glob-expanded
 usage='usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...]" ["SWEEP_FILE ..." ...]'
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 deadline=$1
@@ -29,6 +28,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
 fi
+set -f   # from here on the sweep specs are split into words, never glob-expanded (.whl/*.whl above is)
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'cudnn', torch.backends.cudnn.version(), torch.cuda.get_device_name(0))"

@@ -729,15 +729,22 @@ def test_mixup_trains_vectorized_and_equals_reference(small_config, wide):
     assert_engines_agree(ref, vec, TIGHT)
 
 
+# Augmented views on CUDA against the CPU reference: the views' pixels round differently there
+# (grid_sample and the colour arithmetic are other kernels), and two rounds of Adam carry that into
+# the weights. Measured on the 1-channel case, one fc1 entry of 25,600 each time: 1.3e-6 on an H100,
+# 4.9e-6 and 5.3e-6 on an H200 (plain, wide); the other entries within TIGHT. 10x TIGHT keeps a
+# margin over those and stays far below a wrong view or update (errors of order lr = 1e-3).
+VIEWS_ON_CUDA = 10 * TIGHT
+
+
 @pytest.mark.parametrize("wide", [None, True], ids=["plain", "wide"])
 def test_supcon_views_train_vectorized_and_equal_reference(small_config, wide):
     """FedClassAvg's two augmented views (crop, flip, colour jitter through the written-out affine
     grid) with Adam, vmapped from draws made on the host, against the reference; with wide steps
     too (stand-in rows get stand-in draws). Smooth model, Adam eps 1e-3 (run_adam). On CUDA the
     views can differ from the CPU's by rounding too (grid_sample and the colour arithmetic run as
-    other kernels there; this source was not isolated), beyond what the model-only cases have:
-    measured 1.3e-6 on an H100 (2 of 25,600 fc1 entries; both cases) against TIGHT's 1e-6, so
-    CUDA gets 4x TIGHT (not yet run on a GPU with it)."""
+    other kernels there; this source was not isolated), beyond what the model-only cases have, so
+    CUDA gets VIEWS_ON_CUDA; on CUDA every step's graph is captured as well."""
     cfg = make_config(small_config, "fedclassavg", {}, UNEQUAL, lr=1e-3, optimizer="adam", betas=(0.5, 0.999),
                       clients_per_round=6)
     ref, vec = run_adam(cfg, wide=wide)
@@ -745,7 +752,8 @@ def test_supcon_views_train_vectorized_and_equal_reference(small_config, wide):
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
     if wide:
         assert counters["idle_rows"] > 0
-    assert_engines_agree(ref, vec, 4 * TIGHT if DEVICE == "cuda" else TIGHT)
+    assert vec.transport.eager_reasons == {}, vec.transport.eager_reasons
+    assert_engines_agree(ref, vec, VIEWS_ON_CUDA if DEVICE == "cuda" else TIGHT)
 
 
 def test_supcon_views_of_colour_images_train_vectorized_and_equal_reference(small_config, data_root):
@@ -761,4 +769,4 @@ def test_supcon_views_of_colour_images_train_vectorized_and_equal_reference(smal
     counters = vec.transport.counters
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
     assert vec.transport.eager_reasons == {}, vec.transport.eager_reasons     # every CUDA graph captured
-    assert_engines_agree(ref, vec, 4 * TIGHT if DEVICE == "cuda" else TIGHT)
+    assert_engines_agree(ref, vec, VIEWS_ON_CUDA if DEVICE == "cuda" else TIGHT)
