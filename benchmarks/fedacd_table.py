@@ -1,6 +1,8 @@
-"""Table of the FedACD reduced reproduction (runs of ``benchmarks/fedacd_fmnist.sh``).
+"""Table of the FedACD reduced reproduction (runs of ``benchmarks/fedacd_fmnist.sh``), or of one beta's
+sweep (``--sweep BETA``: folders ``<tag>_s<seed>`` of ``fedhet sweep``, several seeds a tag).
 
     .venv/bin/python benchmarks/fedacd_table.py runs/fedacd_fmnist_p0.1_r20
+    .venv/bin/python benchmarks/fedacd_table.py runs/fedacd_fmnist_full_r20_e1 --sweep 0.1 --name full_b0.1
 
 Per beta and method (one seed: no std): the global model on the balanced test set (Table 1's
 metric; final = mean of the last 2 evaluations, and best), on the clients' label distributions
@@ -8,6 +10,9 @@ metric; final = mean of the last 2 evaluations, and best), on the clients' label
 distribution (``local_risk``, Table 3, lower is better) and their KL(P || Q) on their own data
 (``local_kl``, Table 9), both final. Beside them the paper's CIFAR-10 numbers for the same beta
 (the paper has no Fashion-MNIST results). Writes ``benchmarks/results/fedacd_fmnist_<tag>.{md,json,png}``.
+With ``--sweep``: mean +- sample std over each tag's seeds, each seed's final accuracy, and for
+FedACD and FedACD_base the range of the aggregation scores V over all rounds and seeds and the
+largest weight ratio of a round (max V / min V).
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import git_commit, machine_info
 
-METHODS = ["fedavg", "fedprox", "fedlc", "fedrod", "fedntd", "fednh", "fedacd_base", "fedacd"]
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fedlc": "FedLC", "fedrod": "FedROD", "fedntd": "FedNTD",
-          "fednh": "FedNH", "fedacd_base": "FedACD_base", "fedacd": "FedACD"}
+METHODS = ["fedavg", "fedprox", "fednova", "fedlc", "fedrod", "fedntd", "fednh", "feddecorr", "creff",
+           "fedacd_base", "fedacd_nomixup", "fedacd"]
+LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fednova": "FedNova", "fedlc": "FedLC", "fedrod": "FedROD",
+          "fedntd": "FedNTD", "fednh": "FedNH", "feddecorr": "FedDecorr", "creff": "CReFF",
+          "fedacd_base": "FedACD_base", "fedacd_nomixup": "FedACD without mixup", "fedacd": "FedACD"}
 # CIFAR-10 Table 1 (%) and Table 3 (risk) of the FedACD paper (Zhou et al.), by beta
 PAPER_T1 = {"0.1": dict(fedavg=68.35, fedrod=71.12, fedlc=69.40, fedntd=70.41, fednh=68.11, fedacd=73.13),
             "0.05": dict(fedavg=60.47, fedrod=62.46, fedlc=52.71, fedntd=60.48, fednh=60.54, fedacd=63.57)}
@@ -44,11 +51,97 @@ def fmt(x: float | None, scale: float = 100, spec: str = ".2f") -> str:
     return "-" if x is None else format(scale * x, spec)
 
 
+def mean_std(values: list[float | None], scale: float = 100, spec: str = ".2f") -> str:
+    """``mean ± std`` over seeds (one value: itself; any missing: -)."""
+    if not values or any(v is None for v in values):
+        return "-"
+    vals = [scale * v for v in values if v is not None]
+    if len(vals) == 1:
+        return format(vals[0], spec)
+    return f"{format(statistics.mean(vals), spec)} ± {format(statistics.stdev(vals), spec)}"
+
+
+def sweep_table(a: argparse.Namespace) -> int:
+    """One beta's sweep: a row per tag over its seeds (completed runs only)."""
+    beta, by_tag, unfinished = a.sweep, {}, []
+    for d in sorted(a.folder.iterdir()):
+        s = d / "summary.json"
+        if not (d.is_dir() and s.is_file()):
+            continue
+        summary = json.loads(s.read_text())
+        if summary["status"] != "completed":
+            unfinished.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
+            continue
+        by_tag.setdefault(d.name.rsplit("_s", 1)[0], []).append((summary, read_metrics(d)))
+    if not by_tag:
+        raise SystemExit(f"no completed runs in {a.folder}")
+    rows, curves = [], {}
+    for method in [m for m in METHODS if m in by_tag] + sorted(set(by_tag) - set(METHODS)):
+        runs = sorted(by_tag[method], key=lambda r: r[0]["seed"])
+        every = [m for _, ms in runs for m in ms]
+        scores = [m[k] for m in every for k in ("fedacd_score_min", "fedacd_score_max") if m.get(k) is not None]
+        ratios = [m["fedacd_weight_ratio"] for m in every if m.get("fedacd_weight_ratio") is not None]
+        rows.append({"method": method, "seeds": [sm["seed"] for sm, _ in runs],
+                     "rounds": runs[0][0]["rounds_completed"],
+                     "global_final": [final(ms, "global_acc") for _, ms in runs],
+                     "global_best": [best(ms, "global_acc") for _, ms in runs],
+                     "labeldist_final": [final(ms, "global_labeldist_acc") for _, ms in runs],
+                     "local_risk_final": [final(ms, "local_risk") for _, ms in runs],
+                     "local_kl_final": [final(ms, "local_kl") for _, ms in runs],
+                     "score_range": [min(scores), max(scores)] if scores else None,
+                     "weight_ratio_max": max(ratios) if ratios else None,
+                     "seconds_per_round": statistics.median(sm["seconds_per_round_median"] for sm, _ in runs),
+                     "paper_t1": PAPER_T1.get(beta, {}).get(method)})
+        curves[LABELS.get(method, method)] = [[(r["round"], r["global_acc"]) for r in ms if r.get("global_acc") is not None]
+                                              for _, ms in runs]
+    first_summary = by_tag[rows[0]["method"]][0][0]
+    lines = [f"# FedACD sweep, Fashion-MNIST, beta {beta}: {a.folder.name}", "",
+             "Command:", "", "```bash", f"python benchmarks/fedacd_table.py {a.folder} --sweep {beta} --name {a.name}",
+             "```", "",
+             "Per tag, mean ± sample std over its seeds: the global model on the balanced test set (Table 1's "
+             "metric; final = mean of the last 2 evaluations), on the clients' label distributions (Table 2's), "
+             "the risk of the round's local models over every client's distribution (Table 3's, lower is better) "
+             "and their mean KL(P || Q) on their own data (Table 9's); each seed's final; the aggregation scores "
+             "V = sigmoid(1/KL) over all rounds and seeds and the largest max V / min V of a round. Paper: "
+             "CIFAR-10 Table 1 at the same beta (no Fashion-MNIST numbers exist).", "",
+             "| method | seeds | global acc final (%) | per seed (%) | best (%) | labeldist acc final (%) | "
+             "local risk final | local KL final | V range | max weight ratio | s/round | paper C-10 T1 (%) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        per_seed = ", ".join(f"s{sd}: {fmt(v)}" for sd, v in zip(r["seeds"], r["global_final"]))
+        vr = "-" if r["score_range"] is None else f"{r['score_range'][0]:.3f}-{r['score_range'][1]:.3f}"
+        wr = "-" if r["weight_ratio_max"] is None else f"{r['weight_ratio_max']:.3f}"
+        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {len(r['seeds'])} | {mean_std(r['global_final'])} | "
+                     f"{per_seed} | {mean_std(r['global_best'])} | {mean_std(r['labeldist_final'])} | "
+                     f"{mean_std(r['local_risk_final'], 1, '.3f')} | {mean_std(r['local_kl_final'], 1, '.2f')} | "
+                     f"{vr} | {wr} | {r['seconds_per_round']:.2f} | {r['paper_t1'] or '-'} |")
+    if unfinished:
+        lines += ["", "Runs that did not finish (left out of the table above):", ""]
+        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in unfinished]
+    rm = first_summary["machine"]
+    lines += ["", f"Runs on: {rm.get('cpu_model', rm['processor'])}, {rm['cpus']} CPUs, torch {rm['torch']}, "
+              f"device {first_summary.get('device', 'cpu')}, engine {first_summary['engine'].get('engine', '-')}; "
+              f"table at commit {git_commit()}.", ""]
+    a.out.mkdir(parents=True, exist_ok=True)
+    stem = f"fedacd_fmnist_{a.name}"
+    (a.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (a.out / f"{stem}.json").write_text(json.dumps({"beta": beta, "rows": rows, "machine_of_runs": rm}, indent=2))
+    plot_compare(curves, "global_acc", a.out / f"{stem}.png")
+    print("\n".join(lines))
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--sweep", metavar="BETA", help="the folder is one beta's fedhet sweep (tags <method>_s<seed>)")
+    p.add_argument("--name", help="with --sweep: the result files' name, fedacd_fmnist_<name>.{md,json,png}")
     a = p.parse_args()
+    if a.sweep:
+        if not a.name:
+            p.error("--sweep needs --name")
+        return sweep_table(a)
 
     runs: dict[tuple[str, str], Path] = {}
     unfinished = []
