@@ -32,8 +32,8 @@ set -f   # from here on the sweep specs are split into words, never glob-expande
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'cudnn', torch.backends.cudnn.version(), torch.cuda.get_device_name(0))"
-  nproc; git rev-parse HEAD 2>/dev/null; date -u; } > "$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+  nproc; git rev-parse HEAD 2>/dev/null; date -u; } > "$OUT/sweeps_machine.txt" 2>&1
+cat "$OUT/sweeps_machine.txt"
 
 # The CPUs this process may use (not necessarily 0..n-1), handed out in shares.
 read -ra allowed <<< "$(python3 -c 'import os; print(*sorted(os.sched_getaffinity(0)))')"
@@ -60,16 +60,17 @@ if [ -n "${PYTEST_SECONDS:-}" ]; then
   # shellcheck disable=SC2086  # PYTEST_FILES is a list of paths
   FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(cpu_list $(( n * share )) 4)" \
     python3 -m pytest -q -p no:cacheprovider -n 4 ${PYTEST_FILES:-tests/engine/test_engine_vectorized.py} \
-    > "$OUT/pytest_cuda.log" 2>&1
+    > "$OUT/pytest_cuda_sweeps.log" 2>&1
   rc=$?; [ $rc -gt $status ] && status=$rc
-  echo "pytest_cuda: exit $rc"; tail -n 5 "$OUT/pytest_cuda.log"
+  echo "pytest_cuda: exit $rc"; tail -n 5 "$OUT/pytest_cuda_sweeps.log"
 fi
 for i in "${!pids[@]}"; do
   wait "${pids[$i]}"; rc=$?; [ $rc -gt $status ] && status=$rc
   echo "sweep$i: exit $rc"; tail -n 4 "$OUT/sweep$i.log"
-  # Checkpoints travel only for unfinished runs (a finished run has its summary.json), and only under 8 MB.
-  (cd "$work" && find "sweep$i" -name checkpoint.pt \( -size +8M -o -execdir test -e summary.json \; \) -print) \
-    > "$work/large$i.txt"
+  # Checkpoints travel only for runs not completed (a run stopped at the deadline writes its summary.json
+  # too, with status "interrupted"), and only under 8 MB.
+  (cd "$work" && find "sweep$i" -name checkpoint.pt \( -size +8M -o -execdir grep -qs '"status": "completed"' \
+    summary.json \; \) -print) > "$work/large$i.txt"
   tar -czf "$OUT/sweep$i.tar.gz" -X "$work/large$i.txt" -C "$work" "sweep$i"
 done
 ls -la "$OUT"
