@@ -10,7 +10,8 @@ the rounds after the first, which warms cuDNN and, for FedClassAvg, pre-trains e
 training and evaluation parts, evaluation's share of a round, the engine's counters (vectorized
 and fallback requests, graph steps, the reasons for any slower path) and the last accuracy. A
 100-round figure, where given, is the first round plus 99 times the median: an extrapolation,
-named so.
+named so. The wall time is the whole process; the rounds' own seconds are summed beside it, and the
+rest is what the process spent outside them (start-up: imports, CUDA, data; the end: summary, plot).
 
 Runs:
 
@@ -78,6 +79,9 @@ def one_run(label: str, config: str, sets: list[str], rounds: int, device: str, 
               "engine": summary.get("engine"), "device": summary.get("device"),
               "samples_per_s": statistics.median(r["samples"] / r["seconds"]["train"] for r in later) if later else None,
               "extrapolated_100_rounds_s": (rows[0]["seconds"]["total"] + 99 * med["total"]) if later else None,
+              # what the process spent outside its rounds: start (imports, CUDA, data), the end (summary, plot)
+              "rounds_sum_s": sum(r["seconds"]["total"] for r in rows) if rows else None,
+              "outside_rounds_s": wall - sum(r["seconds"]["total"] for r in rows) if rows else None,
               "output_tail": tail if not rows or status != "exit 0" else ""}
     print(f"{label}: {status}, {len(rows)} rounds in {wall:.1f} s; median {med}; acc {result['last_acc']}; "
           f"engine {result['engine']}", flush=True)
@@ -88,9 +92,10 @@ def report(result: dict) -> str:
     m = result["machine"]
     lines = ["# Whole runs on a device", "", "```bash", result["command"], "```", "",
              f"Machine: {m.get('gpu', 'no GPU')}; torch {m.get('torch')}; commit {m.get('commit')}.", "",
-             "| run | rounds done | s/round (median, after round 1) | train s | evaluate s | evaluate share | "
-             "round 1 s | 100 rounds, extrapolated s | samples/s | last acc | engine counters |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| run | rounds done | wall s | rounds s (sum) | outside the rounds s | s/round (median, after round 1) | "
+             "train s | evaluate s | evaluate share | round 1 s | 100 rounds, extrapolated s | samples/s | last acc | "
+             "engine counters |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["runs"]:
         med = r["median_s"]
         fmt = (lambda v, f=".2f": "-" if v is None else format(v, f))  # noqa: E731
@@ -98,7 +103,8 @@ def report(result: dict) -> str:
         counters = {k: eng[k] for k in ("engine", "vectorized_requests", "fallback_requests", "graph_steps",
                                         "fallback_reasons", "eager_reasons") if k in eng}
         lines.append(f"| {r['label']} | {r['rounds_done']} of {r['rounds_planned']} ({r['status']}) | "
-                     f"{fmt(med['total'])} | {fmt(med['train'])} | {fmt(med['evaluate'])} | "
+                     f"{fmt(r['wall_s'], '.1f')} | {fmt(r.get('rounds_sum_s'), '.1f')} | "
+                     f"{fmt(r.get('outside_rounds_s'), '.1f')} | {fmt(med['total'])} | {fmt(med['train'])} | {fmt(med['evaluate'])} | "
                      f"{fmt(r['eval_share'], '.1%')} | {fmt(r['first_round_s'])} | "
                      f"{fmt(r['extrapolated_100_rounds_s'], '.0f')} | {fmt(r['samples_per_s'], '.0f')} | "
                      f"{fmt(r['last_acc'], '.4f')} | `{json.dumps(counters)}` |")

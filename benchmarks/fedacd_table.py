@@ -66,7 +66,10 @@ def sweep_table(a: argparse.Namespace) -> int:
     beta, by_tag, unfinished = a.sweep, {}, []
     for d in sorted(a.folder.iterdir()):
         s = d / "summary.json"
-        if not (d.is_dir() and s.is_file()):
+        if not d.is_dir():
+            continue
+        if not s.is_file():
+            unfinished.append((d.name, len(read_metrics(d)) if (d / "metrics.jsonl").is_file() else 0, "no summary.json"))
             continue
         summary = json.loads(s.read_text())
         if summary["status"] != "completed":
