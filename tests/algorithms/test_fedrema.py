@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedrema import (
     FedReMa,
     ccp_continues,
@@ -280,3 +281,294 @@ def test_every_client_of_a_round_probes_the_same_feature(small_config):
     up_a = algo.uploads(Result(), msg, None, runtime(loop, a))
     up_b = algo.uploads(Result(), msg, None, runtime(loop, b))
     assert torch.equal(up_a["relevance"]["soft_logits"], up_b["relevance"]["soft_logits"])
+
+
+# --- pinned by mutation testing: MDS precision, the probe, G, metrics, the round, composition ----
+def _cos(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def test_mds_measures_gaps_in_double_precision_for_a_single_precision_row():
+    """Delta s* is the exact difference of the two similarities around the cut, also when the row
+    arrives in float32: the difference of two float32 numbers is exact in float64, not in float32."""
+    row = np.array([0.1, 0.7, 0.95, 1.0], dtype=np.float32)
+    members, gap = mds(row, 3)
+    # sorted .1 .7 .95 1.0; gaps .6 .25 (.05 self-gap ignored) -> cut above .1
+    assert members == [1, 2, 3]
+    assert gap == float(np.float64(row[1]) - np.float64(row[0]))
+    assert gap != float(row[1] - row[0])                    # float32 arithmetic would round it
+
+
+def test_soft_logits_evaluate_the_probe_on_the_classifiers_device():
+    """The probe h~ (drawn on the CPU) is moved to the device of the classifier's weights before
+    phi(h~) is computed; the meta device stands in for an accelerator."""
+    torch.manual_seed(0)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28, split="fc1")
+    head = {k: v.to("meta") for k, v in model.state_dict().items() if k.startswith("head.")}
+    p = soft_logits(model, head, probe_feature(3, model.feature_dim), 0.5)
+    assert p.device.type == "meta" and p.shape == (10,) and p.dtype == torch.float64
+
+
+def test_soft_logits_complete_a_partial_classifier_with_the_models_own_weights():
+    """Entries missing from the given classifier come from the model itself (non-strict functional
+    call); with no entries at all, the model's own classifier is probed."""
+    torch.manual_seed(0)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28, split="fc1")
+    probe = probe_feature(5, model.feature_dim)
+    own = torch.softmax(model.head(probe.unsqueeze(0)).double() / 0.5, dim=1)[0]
+    assert torch.allclose(soft_logits(model, {}, probe, 0.5), own, atol=1e-12)
+    zero_out = {"head.fc2.weight": torch.zeros(10, 512), "head.fc2.bias": torch.zeros(10)}
+    # fc2 = 0 gives equal logits whatever fc1 is: the uniform distribution
+    assert torch.allclose(soft_logits(model, zero_out, probe, 0.5), torch.full((10,), 0.1, dtype=torch.float64),
+                          atol=1e-12)
+
+
+def test_uniform_head_weighting_averages_relevant_classifiers_equally():
+    """head_weighting: uniform (the official code) replaces the sample sizes of Eq. 7 by equal weights."""
+    algo = FedReMa(FedReMa.Params(head_weighting="uniform"))
+    state = algo.init_server_state({"m": {"body.w": T([0.0]), "head.w": T([0.0])}})
+    replies = _replies({c: 1.0 for c in range(4)}, {0: 1.0, 1: 5.0, 2: 10.0, 3: 20.0}, SOFT,
+                       {0: 10, 1: 30, 2: 20, 3: 60})
+    new = algo.aggregate(dict(state), replies, _ctx([0, 1, 2, 3]))
+    assert new["relevant"] == {0: [0, 1], 1: [0, 1], 2: [2, 3], 3: [2, 3]}
+    assert float(new["heads"][0]["head.w"]) == pytest.approx(3.0)         # (1 + 5) / 2, not (10 + 150) / 40
+    assert float(new["heads"][3]["head.w"]) == pytest.approx(15.0)        # (10 + 20) / 2, not (200 + 1200) / 80
+
+
+def test_ccp_round_adds_to_earlier_dependency_counts_and_reports_them():
+    """G[k, i] += 1 for i in A_k (Algorithm 2) on top of the earlier rounds' counts; the round's
+    metrics report G, A_k and the mean maximum gap of Eq. 8 (own peer's cosine minus the best other's)."""
+    algo, state = _server()
+    state["G"] = {0: {0: 2, 1: 1}, 2: {3: 4}}
+    replies = _replies({c: 1.0 for c in range(4)}, {c: float(c) for c in range(4)}, SOFT, {c: 10 for c in range(4)})
+    new = algo.aggregate(dict(state), replies, _ctx([0, 1, 2, 3]))
+    assert new["G"] == {0: {0: 3, 1: 2}, 1: {0: 1, 1: 1}, 2: {2: 1, 3: 5}, 3: {2: 1, 3: 1}}
+    assert state["G"] == {0: {0: 2, 1: 1}, 2: {3: 4}}                      # the old state is not modified
+    peer = {0: 1, 1: 0, 2: 3, 3: 2}
+    others = {0: (2, 3), 1: (2, 3), 2: (0, 1), 3: (0, 1)}
+    gaps = [_cos(SOFT[k], SOFT[peer[k]]) - max(_cos(SOFT[k], SOFT[o]) for o in others[k]) for k in range(4)]
+    assert new["mean_gap"] == pytest.approx(np.mean(gaps), rel=1e-6)
+    metrics = algo.round_metrics(new)
+    assert metrics["fedrema_mean_gap"] == new["mean_gap"]
+    assert metrics["fedrema_relevant"] == {"0": [0, 1], "1": [0, 1], "2": [2, 3], "3": [2, 3]}
+    assert metrics["fedrema_G"] == {"0": {"0": 3, "1": 2}, "1": {"0": 1, "1": 1},
+                                    "2": {"2": 1, "3": 5}, "3": {"2": 1, "3": 1}}
+
+
+def test_after_ccp_rounds_report_no_mean_gap():
+    """After the CCP no MDS runs, so the round has no Delta s_bar: the last CCP round's value is cleared."""
+    algo, state = _server(ccp=False)
+    state["mean_gap"], state["G"] = 0.42, {c: {c: 1} for c in range(4)}
+    replies = _replies({c: 1.0 for c in range(4)}, {c: float(c) for c in range(4)}, SOFT, {c: 10 for c in range(4)})
+    new = algo.aggregate(dict(state), replies, _ctx([0, 1, 2, 3]))
+    assert new["mean_gap"] is None and algo.round_metrics(new)["fedrema_mean_gap"] is None
+
+
+def test_fresh_server_state_has_no_matching_yet():
+    """Before round 1: no classifiers, an empty dependency map, CCP on, no gap and no prototypes."""
+    algo = FedReMa()
+    state = algo.init_server_state({"m": {"body.w": T([0.0]), "head.w": T([0.0])}})
+    assert state["heads"] == {} and state["G"] == {} and state["ccp"] and state["gaps"] == []
+    assert state["prototypes"] is None and state["defined"] is None
+    assert algo.round_metrics(state) == {"fedrema_ccp": True, "fedrema_ccp_end_round": None, "fedrema_mean_gap": None,
+                                         "fedrema_relevant": {}, "fedrema_G": {}}
+
+
+def test_client_without_a_classifier_yet_views_and_evaluates_the_shared_model():
+    """A client that has not been aggregated yet gets an empty head set in its view and is
+    evaluated (and trained) with the shared model."""
+    algo, state = _server()
+    state["heads"] = {0: {"head.w": T([7.0])}}
+    view = algo.client_view(state, 3)
+    assert view["heads"] == {} and view["model"] is state["model"]
+    assert algo.client_model(3, view, None) is state["model"]
+    assert torch.equal(algo.client_model(0, algo.client_view(state, 0), None)["head.w"], T([7.0]))
+
+
+def test_round_sends_each_client_its_own_classifier_and_one_probe_seed():
+    """Step 5 of the round: client k trains {theta, phi_k} (the shared model before it has a
+    classifier), in a "train" message with the round's probe seed, the same for everybody."""
+    algo, state = _server()
+    state["model"] = {"body.w": T([2.0]), "head.w": T([0.0])}
+    state["heads"] = {0: {"head.w": T([7.0])}, 1: {"head.w": T([8.0])}}
+    msgs = next(algo.round(state, _ctx([0, 1, 2])))
+    assert all(m.kind == "train" for m in msgs.values())
+    assert [float(msgs[c].arrays["model"]["head.w"]) for c in (0, 1, 2)] == [7.0, 8.0, 0.0]
+    assert all(float(m.arrays["model"]["body.w"]) == 2.0 for m in msgs.values())
+    assert len({m.scalars["probe_seed"] for m in msgs.values()}) == 1
+    direct = algo.train_message({**state, "probe_seed": 5}, 1, _ctx([1]))
+    assert direct.kind == "train" and float(direct.arrays["model"]["head.w"]) == 8.0
+
+
+def test_every_round_draws_a_new_probe():
+    """h~ is redrawn each round (Sec. 4.1): 130 rounds give 130 different probe seeds."""
+    algo, state = _server()
+    ctx = _ctx([0])
+    seeds = [next(algo.round(state, ctx))[0].scalars["probe_seed"] for _ in range(130)]
+    assert len(set(seeds)) == 130
+
+
+def test_round_ends_the_ccp_with_its_own_round_number():
+    """Driven through the round generator, the CCP switch is stamped with the round's context
+    (ccp_end_round = round + 1)."""
+    algo = FedReMa(FedReMa.Params(delta=0.7))
+    state = algo.init_server_state({"m": {"body.w": T([0.0]), "head.w": T([0.0])}})
+    state["gaps"] = [1.0]
+    replies = _replies({c: 1.0 for c in range(4)}, {c: float(c) for c in range(4)}, SOFT, {c: 10 for c in range(4)})
+    gen = algo.round(state, _ctx([0, 1, 2, 3], rnd=4))
+    next(gen)
+    with pytest.raises(StopIteration) as stop:
+        gen.send(replies)
+    assert not stop.value.value["ccp"] and stop.value.value["ccp_end_round"] == 5
+
+
+# --- the +F / +A&F variants' loss terms ----------------------------------------------------------
+PROTOS = torch.arange(6.0).reshape(3, 2)
+DEFINED = T([True, False, True])
+
+
+def _with_prototypes():
+    return Message("train", {"model": {}, "prototypes": {"mean": PROTOS, "defined": DEFINED}}, {"probe_seed": 1})
+
+
+def _is_alignment(term, weight):
+    from fedhet.algorithms.prototypes import PrototypeAlignment
+
+    return (isinstance(term, PrototypeAlignment) and torch.equal(term.prototypes, PROTOS)
+            and torch.equal(term.defined, DEFINED) and term.weight == weight)
+
+
+def test_feature_alignment_adds_the_prototype_term_to_joint_training_only():
+    """FedReMa+F (Eq. 11): CE + lambda * MSE(h, proto[y]) in the one joint phase; under +A&F the
+    alignment belongs to the extractor phase, so the joint terms do not carry it."""
+    plus_f = FedReMa(FedReMa.Params(feature_alignment=True, align_weight=0.25))
+    (term,) = plus_f.local_terms(_with_prototypes(), None, None)
+    assert _is_alignment(term, 0.25)
+    assert plus_f.local_terms(Message("train", {"model": {}}), None, None) == []
+    plus_af = FedReMa(FedReMa.Params(feature_alignment=True, alternating=True, align_weight=0.25))
+    assert plus_af.local_terms(_with_prototypes(), None, None) == []
+    assert FedReMa().local_terms(_with_prototypes(), None, None) == []
+
+
+def _capture_head_then_body(monkeypatch):
+    import fedhet.algorithms.fedrema as fedrema_module
+
+    calls = []
+
+    def fake(client, weights, head_terms, body_terms, **kw):
+        calls.append((head_terms, body_terms, kw))
+        return "result"
+
+    monkeypatch.setattr(fedrema_module, "train_head_then_body", fake)
+    return calls
+
+
+def test_alternating_trains_the_classifier_then_the_extractor_with_alignment(monkeypatch):
+    """FedReMa+A&F: E epochs of the classifier on CE, then E epochs of the extractor on CE plus the
+    prototype alignment (official train_separately_with_proto); without prototypes only CE."""
+    from types import SimpleNamespace
+
+    from fedhet.training.objective import CrossEntropy
+
+    calls = _capture_head_then_body(monkeypatch)
+    algo = FedReMa(FedReMa.Params(feature_alignment=True, alternating=True, align_weight=0.25))
+    client = SimpleNamespace(settings=SimpleNamespace(epochs=3))
+    assert algo.local_training({}, _with_prototypes(), None, client) == "result"
+    head_terms, body_terms, kw = calls[0]
+    assert [type(t) for t in head_terms] == [CrossEntropy] and kw == {"head_epochs": 3, "body_epochs": 3}
+    assert isinstance(body_terms[0], CrossEntropy) and len(body_terms) == 2 and _is_alignment(body_terms[1], 0.25)
+    algo.local_training({}, Message("train", {"model": {}}), None, client)
+    head_terms, body_terms, _ = calls[1]
+    assert [type(t) for t in head_terms] == [CrossEntropy] and [type(t) for t in body_terms] == [CrossEntropy]
+
+
+# --- composition: FedReMa's hooks chain through super() ------------------------------------------
+class _Spy(FedAvg):
+    """A partner method that records what each hook receives (fedhet.algorithms.compose)."""
+
+    name = "spy"
+
+    class Params(FedAvg.Params):
+        pass
+
+    def _seen(self, hook, *args):
+        self.__dict__.setdefault("seen", []).append((hook, *args))
+
+    def train_message(self, state, cid, ctx):
+        self._seen("train_message", cid, ctx)
+        return super().train_message(state, cid, ctx)
+
+    def aggregate(self, state, replies, ctx):
+        self._seen("aggregate", ctx)
+        return super().aggregate(state, replies, ctx)
+
+    def local_training(self, weights, msg, state, client):
+        self._seen("local_training", weights, msg, state, client)
+        return "trained"
+
+    def data_terms(self, msg, state, client):
+        self._seen("data_terms", msg, state, client)
+        return super().data_terms(msg, state, client)
+
+    def local_terms(self, msg, state, client):
+        self._seen("local_terms", msg, state, client)
+        return [*super().local_terms(msg, state, client), "spy-term"]
+
+    def train_options(self, msg, state, client):
+        self._seen("train_options", msg, state, client)
+        return {**super().train_options(msg, state, client), "augment": "spy-augment"}
+
+    def uploads(self, result, msg, state, client):
+        self._seen("uploads", result, msg, state, client)
+        return {**super().uploads(result, msg, state, client), "spy": {"x": T([1.0])}}
+
+
+def _combined(first, second, **params):
+    from fedhet.algorithms import compose
+
+    cls = compose([first, second])
+    return cls(cls.Params(**params))
+
+
+def test_combined_fedrema_hands_its_client_hooks_arguments_to_the_partner(monkeypatch):
+    """Hooks call super() so methods compose (fedavg module): FedReMa's local terms, local training
+    (joint and +A&F) and uploads pass the partner the message, client state, client and result
+    they received, and keep the partner's contribution."""
+    from types import SimpleNamespace
+
+    calls = _capture_head_then_body(monkeypatch)
+    msg, cstate = _with_prototypes(), {"c": 1}
+    client = SimpleNamespace(settings=SimpleNamespace(epochs=2))
+    joint = _combined(FedReMa, _Spy)
+    assert joint.local_terms(msg, cstate, client) == ["spy-term"]
+    assert joint.local_training({"w": 1}, msg, cstate, client) == "trained"
+    assert joint.seen == [("local_terms", msg, cstate, client), ("local_training", {"w": 1}, msg, cstate, client)]
+
+    alt = _combined(FedReMa, _Spy, feature_alignment=True, alternating=True)
+    alt.local_training({}, msg, cstate, client)
+    assert [s[1:] for s in alt.seen] == [(msg, cstate, client)] * 3
+    assert [s[0] for s in alt.seen] == ["data_terms", "local_terms", "train_options"]
+    head_terms, body_terms, kw = calls[0]
+    assert "spy-term" in head_terms and "spy-term" in body_terms and kw["augment"] == "spy-augment"
+
+    torch.manual_seed(0)
+    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28, split="fc1")
+    result, runtime_ = SimpleNamespace(weights=model.state_dict()), SimpleNamespace(model=model)
+    up = joint.uploads(result, msg, cstate, runtime_)
+    assert joint.seen[-1] == ("uploads", result, msg, cstate, runtime_)
+    assert torch.equal(up["spy"]["x"], T([1.0])) and up["relevance"]["soft_logits"].shape == (10,)
+
+
+def test_combined_fedrema_round_passes_client_and_context_to_the_partner():
+    """A partner listed first sees FedReMa's round through its own train_message and aggregate hooks,
+    with the real client id and round context (FedFM's train_message reads ctx.round)."""
+    algo = _combined(_Spy, FedReMa)
+    state = algo.init_server_state({"m": {"body.w": T([0.0]), "head.w": T([0.0])}})
+    ctx = _ctx([0, 1, 2, 3])
+    gen = algo.round(state, ctx)
+    next(gen)
+    replies = _replies({c: 1.0 for c in range(4)}, {c: float(c) for c in range(4)}, SOFT, {c: 10 for c in range(4)})
+    with pytest.raises(StopIteration):
+        gen.send(replies)
+    assert algo.seen == [("train_message", c, ctx) for c in range(4)] + [("aggregate", ctx)]
