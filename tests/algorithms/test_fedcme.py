@@ -8,12 +8,14 @@ import torch
 from helpers import deliver, runtime
 from torch import nn
 
-from fedhet.algorithms import register
+from fedhet.algorithms import compose, register
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedcme import (
     MID,
     FeatureAlignment,
     FedCME,
     aggregate_features,
+    cosine,
     eval_subset,
     evaluation_vector,
     local_features,
@@ -75,6 +77,16 @@ def test_many_to_one_takes_the_most_dissimilar_with_duplicates():
     v2 = {0: T([1.0, 0]), 1: T([0.0, 1]), 2: T([1.0, 0.1])}
     assert make_many_to_one(v2, [0, 1, 2]) == {0: 1, 1: 0, 2: 1}
     assert make_many_to_one({}, [7]) == {7: None}
+
+
+def test_zero_evaluation_vector_is_dissimilar_to_every_client():
+    """A client that got every evaluated class wrong (eps_k = 0) has cosine 0 with everyone, so it
+    is the least typical client and takes the first counterpart in sorted order."""
+    assert cosine(T([0.0, 0.0]), T([1.0, 0.0])) == 0.0 and cosine(T([1.0, 0.0]), T([0.0, 0.0])) == 0.0
+    v = {0: T([1.0, 0]), 1: T([1.0, 0]), 2: T([0.0, 0]), 3: T([0.0, 1])}
+    # eps_g = [2, 1]/4: cos(v, eps_g) = .894, .894, 0, .447 -> order 2, 3, 0, 1. Pop 2: cos 0 with
+    # 3, 0 and 1 alike -> 3 (first); then (0, 1). (Zero vector as cosine 1 would pair (3,0), (1,2).)
+    assert make_matching(v, [0, 1, 2, 3]) == {0: 1, 1: 0, 2: 3, 3: 2}
 
 
 # --- feature alignment (Eq. 9, Algorithm 2 lines 8-13) ---------------------------------------
@@ -338,6 +350,115 @@ def test_only_exchange_sends_no_features():
     assert set(algo.train_message(state, 0, ctx).arrays) == {"model"}
     assert algo.local_terms(Message("train"), None, None) == []
     assert "features" in FedCME().train_message(state, 0, ctx).arrays
+
+
+def server_setup(algo, evals, clients):
+    """A server state with the given last evaluation vectors and a RoundContext sampling ``clients``."""
+    state = algo.init_server_state({"cnn": {"body.w": T([0.0]), "head.w": T([0.0])}})
+    state["eval"] = dict(evals)
+    ctx = RoundContext(round=2, clients=list(clients), num_clients=len(clients), num_classes=2,
+                       client_sizes={c: 1 for c in clients}, rng=np.random.default_rng(0))
+    return state, ctx
+
+
+def update(model):
+    """A final (phase-B or single-phase) reply with a model and no features or evaluation."""
+    return Message("update", {"model": {"body.w": T([model]), "head.w": T([model])}}, {"num_samples": 1})
+
+
+def finish(gen, replies):
+    """Send the last phase's replies and return the round's new server state."""
+    with pytest.raises(StopIteration) as stop:
+        gen.send(replies)
+    return stop.value.value
+
+
+def test_client_dropped_mid_list_in_phase_a_leaves_the_others_their_exchange():
+    """A client missing from the phase-A replies gets no phase-B message, but every later client
+    still does; each exchange message carries the counterpart's part and names that counterpart."""
+    algo = FedCME()
+    evals = {0: T([1.0, 0.0]), 1: T([1.0, 0.0]), 2: T([0.0, 1.0]), 3: T([0.0, 1.0])}
+    state, ctx = server_setup(algo, evals, [0, 1, 2, 3])
+    gen = algo.round(state, ctx)
+    phase_a = next(gen)
+    # every cos(eps_k, eps_g) is equal -> order 0,1,2,3: (0,2) (cosine 0), then (1,3).
+    assert {c: m.scalars["partner"] for c, m in phase_a.items()} == {0: 2, 1: 3, 2: 0, 3: 1}
+    head = {c: {"head.w": T([float(c)])} for c in range(4)}
+    # Client 1 (second in sampling order) drops out in phase A.
+    phase_b = gen.send({c: Message("mid", {"exchange": head[c]}, {"num_samples": 1}) for c in (0, 2, 3)})
+    assert set(phase_b) == {0, 2, 3}
+    assert phase_b[0].kind == "exchange" and phase_b[0].arrays["exchange"] is head[2]
+    assert phase_b[0].scalars == {"partner": 2}
+    assert phase_b[2].kind == "exchange" and phase_b[2].arrays["exchange"] is head[0]
+    assert phase_b[2].scalars == {"partner": 0}
+    assert phase_b[3].kind == "continue" and not phase_b[3].arrays      # its counterpart 1 is gone
+    new = finish(gen, {c: update(float(c)) for c in (0, 2, 3)})
+    assert torch.allclose(new["model"]["body.w"], T([5.0 / 3]))      # FedAvg over the three replies
+    assert new["matching"] == [[0, 2], [1, 3]]
+
+
+def test_only_alignment_round_has_one_phase_no_partners_and_no_matching():
+    """FedCME-OL (exchange: none): no client matching at all - no partner, nothing to share,
+    a single phase - and the round records an empty matching."""
+    algo = FedCME(FedCME.Params(exchange="none"))
+    evals = {0: T([1.0, 0.0]), 1: T([0.0, 1.0]), 2: T([1.0, 1.0])}
+    state, ctx = server_setup(algo, evals, [0, 1, 2])
+    assert algo.match(state, ctx) == {0: None, 1: None, 2: None}
+    gen = algo.round(state, ctx)
+    phase = next(gen)
+    assert {c: (m.kind, m.scalars["partner"], m.scalars["share"]) for c, m in phase.items()} == \
+        {c: ("train", None, False) for c in (0, 1, 2)}
+    new = finish(gen, {c: update(float(c)) for c in (0, 1, 2)})
+    assert new["matching"] == []
+    assert set(new) == set(state)                      # the round adds no state entry
+    assert algo.round_metrics(new) == {"fedcme_pairs": []}
+
+
+def test_many_to_one_round_records_every_clients_source():
+    """FedCME-MTO: the round records one ``[k, source]`` entry per sampled client (a source may
+    repeat), reported as the ``fedcme_sources`` metric."""
+    algo = FedCME(FedCME.Params(matching="many_to_one"))
+    state, ctx = server_setup(algo, {0: T([1.0, 0]), 1: T([0.0, 1]), 2: T([1.0, 0.1])}, [0, 1, 2])
+    gen = algo.round(state, ctx)
+    next(gen)                                          # sources 0 <- 1, 1 <- 0, 2 <- 1 (as above)
+    head = {c: {"head.w": T([float(c)])} for c in range(3)}
+    gen.send({c: Message("mid", {"exchange": head[c]} if c < 2 else {}) for c in range(3)})
+    new = finish(gen, {c: update(float(c)) for c in range(3)})
+    assert new["matching"] == [[0, 1], [1, 0], [2, 1]]
+    assert set(new) == set(state)
+    assert algo.round_metrics(new) == {"fedcme_sources": [[0, 1], [1, 0], [2, 1]]}
+
+
+class ArgumentProbe(FedAvg):
+    """A FedAvg-family component that records the client id and round context its hooks receive."""
+
+    name = "probe"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.calls = []
+
+    def train_message(self, state, cid, ctx):
+        self.calls.append(("train_message", cid, ctx))
+        return super().train_message(state, cid, ctx)
+
+    def aggregate(self, state, replies, ctx):
+        self.calls.append(("aggregate", None, ctx))
+        return super().aggregate(state, replies, ctx)
+
+
+def test_round_passes_client_ids_and_context_down_the_composition():
+    """Composed after FedCME (``compose`` chains hooks by ``super()``), a component's
+    ``train_message`` gets each sampled client's id and the round context, and its ``aggregate``
+    gets the round context."""
+    algo = compose([FedCME, ArgumentProbe])(FedCME.Params(exchange="none"))
+    state, ctx = server_setup(algo, {}, [4, 7])
+    gen = algo.round(state, ctx)
+    next(gen)
+    finish(gen, {c: update(1.0) for c in (4, 7)})
+    assert [(hook, cid) for hook, cid, _ in algo.calls] == \
+        [("train_message", 4), ("train_message", 7), ("aggregate", None)]
+    assert all(c is ctx for _, _, c in algo.calls)
 
 
 # --- end to end ------------------------------------------------------------------------------
