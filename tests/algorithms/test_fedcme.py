@@ -22,7 +22,8 @@ from fedhet.algorithms.fedcme import (
     make_many_to_one,
     make_matching,
 )
-from fedhet.core.contract import Batch, ClientData, Forward, Message, RoundContext
+from fedhet.core.contract import Batch, ClientData, Forward, LocalResult, Message, RoundContext, TrainSettings
+from fedhet.core.errors import ConfigError
 from fedhet.engine.loop import RoundStats
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
@@ -459,6 +460,140 @@ def test_round_passes_client_ids_and_context_down_the_composition():
     assert [(hook, cid) for hook, cid, _ in algo.calls] == \
         [("train_message", 4), ("train_message", 7), ("aggregate", None)]
     assert all(c is ctx for _, _, c in algo.calls)
+
+
+class ScriptedClient:
+    """A client runtime (id 3) whose ``train`` records the weights and options it starts from and
+    returns the scripted ``(steps, mean loss)`` results in turn, weights unchanged; the model is a
+    tiny flatten -> BatchNorm -> linear net on 2-pixel images (4 classes, 3 samples)."""
+
+    def __init__(self, epochs=2, results=((3, 0.5), (1, 0.25))):
+        self.cid, self.round, self.num_classes, self.num_samples = 3, 0, 4, 3
+        self.model = SplitModel([("flat", nn.Flatten()), ("bn", nn.BatchNorm1d(2)), ("fc", nn.Linear(2, 4))],
+                                "fc", (1, 1, 2))
+        self.weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.buffer_names = [k for k, _ in self.model.named_buffers()]
+        pix = T([[255, 0], [0, 255], [0, 0]], dtype=torch.uint8)
+        self.data = ClientData(pix.view(-1, 1, 1, 2), T([0, 1, 2]), torch.arange(3),
+                               torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+        self.settings = TrainSettings(epochs=epochs, batch_size=3, lr=0.1)
+        self.results, self.calls = list(results), []
+
+    def generator(self, *purpose):
+        return torch.Generator().manual_seed(0)
+
+    def train(self, weights, terms=None, **kw):
+        self.calls.append(({k: v.clone() for k, v in weights.items()}, kw))
+        steps, loss = self.results[len(self.calls) - 1]
+        return LocalResult(dict(weights), {}, steps, 3 * steps, loss)
+
+
+class ClientStateProbe(FedAvg):
+    """A FedAvg-family component with client state of its own (a counter, as SCAFFOLD keeps its
+    control variate) that records what its schedule check and client hooks receive."""
+
+    name = "stateprobe"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.seen = []
+
+    def check_schedule(self, rounds, local_epochs):
+        self.seen.append(("check_schedule", rounds, local_epochs))
+        super().check_schedule(rounds, local_epochs)
+
+    def with_local_buffers(self, weights, state, client):
+        self.seen.append(("with_local_buffers", state, client))
+        return super().with_local_buffers(weights, state, client)
+
+    def after_training(self, result, msg, state, client):
+        self.seen.append(("after_training", state, client))
+        state = super().after_training(result, msg, state, client)
+        return {**(state or {}), "probe_rounds": (state or {}).get("probe_rounds", 0) + 1}
+
+
+def test_exchange_with_fewer_than_two_local_epochs_is_refused_with_both_fixes():
+    """An exchange after floor(E/2) epochs needs E >= 2 (else phase A trains nothing); the refusal
+    says why and names both fixes, E >= 2 or FedCME-OL. Without an exchange E = 1 is fine."""
+    with pytest.raises(ConfigError) as err:
+        FedCME(FedCME.Params(exchange="whole")).check_schedule(10, 1)
+    msg = str(err.value)
+    assert msg.startswith("algorithm fedcme: the exchange (whole) happens after floor(E/2) local epochs")
+    assert ("train.local_epochs is 1, so the first phase would train no epoch and the exchange would swap "
+            "untrained parts; ") in msg
+    assert msg.endswith("; set train.local_epochs to 2 or more (the paper: 6), "
+                        "or algorithm.params.exchange: none (FedCME-OL)")
+    FedCME().check_schedule(10, 2)
+    FedCME(FedCME.Params(exchange="none")).check_schedule(10, 1)
+
+
+def test_schedule_check_reaches_every_composed_part_with_the_runs_values():
+    """Composed, FedCME's schedule check passes the run's rounds and local epochs on to the next
+    part (``super()``), so every part of the combination checks the same schedule."""
+    algo = compose([FedCME, ClientStateProbe])()
+    algo.check_schedule(7, 6)
+    assert algo.seen == [("check_schedule", 7, 6)]
+
+
+def test_local_batchnorm_statistics_enter_phase_a_and_survive_both_phases():
+    """With ``bn_buffers: local`` phase A starts from the global model with the client's own
+    BatchNorm statistics, the phase-A client state keeps them beside the mid-round model, and the
+    round ends with them as the client's state (phase B continues from the mid-round model)."""
+    algo = FedCME(FedCME.Params(bn_buffers="local"))
+    client = ScriptedClient()
+    glob = client.weights
+    own = {"body.bn.running_mean": T([5.0, -5.0]), "body.bn.running_var": T([4.0, 9.0]),
+           "body.bn.num_batches_tracked": T(7)}
+    reply_a, state = algo.client_update(Message("train", {"model": glob}, {"partner": 1, "share": True}),
+                                        {"buffers": own}, client)
+    start, kw = client.calls[0]
+    assert same(start, {**glob, **own}) and kw["epochs"] == 1 and kw["start_epoch"] == 0
+    assert set(state) == {"buffers", MID} and state["buffers"] is own
+    assert same(reply_a.arrays["exchange"], part(glob, "head."))
+    _, final = algo.client_update(Message("continue"), state, client)
+    assert same(client.calls[1][0], {**glob, **own}) and set(final) == {"buffers"}
+    assert same(final["buffers"], own)
+
+
+def test_composed_components_client_state_and_runtime_pass_through_both_phases():
+    """Composed after FedCME, a component's client state (without FedCME's mid-round entry) and
+    the client runtime reach its hooks: ``with_local_buffers`` at the start of phase A,
+    ``after_training`` at the end of phase B, and its updated state is the client's next state."""
+    algo = compose([FedCME, ClientStateProbe])()
+    client = ScriptedClient()
+    msg = Message("train", {"model": client.weights}, {"partner": None, "share": False})
+    _, state = algo.client_update(msg, {"probe_rounds": 4}, client)
+    assert set(state) == {"probe_rounds", MID}
+    _, final = algo.client_update(Message("continue"), state, client)
+    assert algo.seen == [("with_local_buffers", {"probe_rounds": 4}, client),
+                         ("after_training", {"probe_rounds": 4}, client)]
+    assert final == {"probe_rounds": 5}
+
+
+def test_reported_steps_and_loss_cover_the_whole_round():
+    """A client reports its optimizer steps and mean loss over all E epochs: one phase for
+    FedCME-OL, phase A's and phase B's together (step-weighted mean) for a split round."""
+    msg = Message("train", {"model": ScriptedClient().weights}, {"partner": None, "share": False})
+    single = ScriptedClient(results=[(4, 0.5)])
+    reply, _ = FedCME(FedCME.Params(exchange="none")).client_update(msg, None, single)
+    assert single.calls[0][1]["epochs"] == 2
+    assert reply.kind == "update" and reply.scalars == {"num_samples": 3, "steps": 4, "loss": 0.5}
+    split = ScriptedClient(results=[(3, 0.5), (1, 0.25)])
+    reply_a, state = FedCME().client_update(msg, None, split)
+    assert reply_a.scalars == {"num_samples": 3, "steps": 3, "loss": 0.5}
+    reply, _ = FedCME().client_update(Message("continue"), state, split)
+    assert reply.scalars == {"num_samples": 3, "steps": 4, "loss": (3 * 0.5 + 0.25) / 4}
+
+
+def test_phase_b_message_without_a_phase_a_state_is_an_error_naming_client_and_kind():
+    """A phase-B message (``continue`` or ``exchange``) reaching a client that kept no mid-round
+    state is an error that names the client and the message kind."""
+    client = ScriptedClient()
+    with pytest.raises(RuntimeError, match=r"^fedcme client 3 got a 'continue' message without a phase-A state$"):
+        FedCME().client_update(Message("continue"), None, client)
+    with pytest.raises(RuntimeError, match=r"^fedcme client 3 got a 'exchange' message without a phase-A state$"):
+        FedCME().client_update(Message("exchange", {"exchange": {}}), {"buffers": {}}, client)
+    assert client.calls == []
 
 
 # --- end to end ------------------------------------------------------------------------------
