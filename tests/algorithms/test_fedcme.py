@@ -616,3 +616,136 @@ def test_fedcme_end_to_end_ledger_and_learning(small_config, tmp_path):
         assert len(row["fedcme_pairs"]) == 2 and row["fedcme_pairs"][1][1] is None
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert rows[-1]["global_acc"] > 0.3                          # chance is 0.1
+
+
+class HookArgumentProbe(FedAvg):
+    """A FedAvg-family component that records the message, client state and client runtime its
+    training hooks (``data_terms``, ``local_terms``, ``train_options``) receive."""
+
+    name = "hookprobe"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.seen = []
+
+    def data_terms(self, msg, state, client):
+        self.seen.append(("data_terms", msg, state, client))
+        return super().data_terms(msg, state, client)
+
+    def local_terms(self, msg, state, client):
+        self.seen.append(("local_terms", msg, state, client))
+        return super().local_terms(msg, state, client)
+
+    def train_options(self, msg, state, client):
+        self.seen.append(("train_options", msg, state, client))
+        return super().train_options(msg, state, client)
+
+
+def test_training_hooks_see_the_round_message_client_state_and_runtime_in_both_phases():
+    """Both phases build their loss terms and training options from the round's ``train`` message
+    (phase B from the one kept since phase A, with its partner and share flag), with the client
+    state a composed component keeps and the client runtime."""
+    algo = compose([FedCME, HookArgumentProbe])()
+    client = ScriptedClient()
+    msg = Message("train", {"model": client.weights}, {"partner": 1, "share": True})
+    _, state = algo.client_update(msg, {"probe_rounds": 4}, client)
+    algo.client_update(Message("exchange", {"exchange": {}}, {"partner": 1}), state, client)
+    hooks = ["data_terms", "local_terms", "train_options"]
+    assert [h for h, *_ in algo.seen] == hooks + hooks
+    for _, seen_msg, seen_state, seen_client in algo.seen:
+        assert seen_msg.kind == "train" and seen_msg.arrays is msg.arrays
+        assert seen_msg.scalars == {"partner": 1, "share": True}
+        assert seen_state["probe_rounds"] == 4
+        assert seen_client is client
+
+
+def test_unknown_message_kind_is_an_error_naming_the_kind():
+    """A client message that is neither ``train`` nor a phase-B ``exchange``/``continue`` is refused
+    with its kind named, before any training."""
+    client = ScriptedClient()
+    with pytest.raises(ValueError, match=r"^fedcme client got an unknown message kind 'evaluate'$"):
+        FedCME().client_update(Message("evaluate"), None, client)
+    assert client.calls == []
+
+
+def test_exchange_with_tensors_the_model_lacks_is_refused_naming_the_first_three():
+    """A counterpart's part with tensor names the mid-round model does not have is refused (no
+    phase-B training); the error lists the first three unknown names in sorted order."""
+    client = ScriptedClient()
+    msg = Message("train", {"model": client.weights}, {"partner": 1, "share": True})
+    _, state = FedCME().client_update(msg, None, client)
+    bad = {**part(client.weights, "head."), **{f"head.x{i}": T([0.0]) for i in (4, 2, 3, 1)}}
+    with pytest.raises(ValueError) as err:
+        FedCME().client_update(Message("exchange", {"exchange": bad}, {"partner": 1}), state, client)
+    assert str(err.value) == \
+        "fedcme exchange carries tensors the model does not have: ['head.x1', 'head.x2', 'head.x3']"
+    assert len(client.calls) == 1                           # phase A only
+
+
+class OtherTermStatisticsClient(ScriptedClient):
+    """A ScriptedClient whose results also carry per-class statistics of another composed loss
+    term (FedDistill's logit sums), as local training reports them."""
+
+    def train(self, weights, terms=None, **kw):
+        result = super().train(weights, terms, **kw)
+        result.statistics = {"distill.sums": torch.ones(4, 4, dtype=torch.float64),
+                             "distill.counts": T([1, 1, 1, 0])}
+        return result
+
+
+def test_only_exchange_client_swaps_but_uploads_no_features():
+    """FedCME-OE (``mu: 0``): no alignment term, so the client still hands over and receives the
+    classifier but collects and uploads no class features - only the model and eps_k - even when
+    another composed term's statistics come back from training."""
+    algo = FedCME(FedCME.Params(mu=0.0))
+    client = OtherTermStatisticsClient()
+    msg = Message("train", {"model": client.weights}, {"partner": 1, "share": True})
+    reply_a, state = algo.client_update(msg, None, client)
+    assert same(reply_a.arrays["exchange"], part(client.weights, "head."))
+    theirs = {k: v + 1 for k, v in part(client.weights, "head.").items()}
+    reply, _ = algo.client_update(Message("exchange", {"exchange": theirs}, {"partner": 1}), state, client)
+    assert same(client.calls[1][0], {**client.weights, **theirs})
+    assert set(reply.arrays) == {"model", "evaluation"}
+    assert all("statistics" not in kw for _, kw in client.calls)
+
+
+@pytest.mark.parametrize("results", [[(1, 0.75)], [(1, 0.75), (0, 0.0)]])
+def test_a_round_of_one_optimizer_step_reports_that_steps_loss(results):
+    """With one optimizer step in the whole round (FedCME-OL, or a split round whose phase B
+    trains no batch) the reported mean loss is that step's loss."""
+    exchange = "none" if len(results) == 1 else "classifier"
+    algo = FedCME(FedCME.Params(exchange=exchange))
+    client = ScriptedClient(results=results)
+    msg = Message("train", {"model": client.weights}, {"partner": None, "share": False})
+    reply, state = algo.client_update(msg, None, client)
+    if len(results) == 2:
+        reply, _ = algo.client_update(Message("continue"), state, client)
+    assert reply.kind == "update" and reply.scalars == {"num_samples": 3, "steps": 1, "loss": 0.75}
+
+
+def test_split_round_loss_weights_each_phase_mean_by_its_steps():
+    """Phase A's and phase B's mean losses combine weighted by their step counts:
+    (2 * 0.5 + 2 * 0.25) / 4 = 0.375."""
+    client = ScriptedClient(results=[(2, 0.5), (2, 0.25)])
+    msg = Message("train", {"model": client.weights}, {"partner": None, "share": False})
+    _, state = FedCME().client_update(msg, None, client)
+    reply, _ = FedCME().client_update(Message("continue"), state, client)
+    assert reply.scalars == {"num_samples": 3, "steps": 4, "loss": 0.375}
+
+
+@pytest.mark.parametrize("scalars, shares", [
+    ({"partner": 1, "share": False}, False),     # paired, but nobody takes its part (FedCME-MTO)
+    ({"partner": None, "share": True}, True),    # the server's flag decides, not the partner
+    ({"partner": 1}, True),                      # no flag: share exactly when paired
+    ({"partner": None}, False),
+])
+def test_phase_a_uploads_its_part_exactly_when_it_is_needed(scalars, shares):
+    """The phase-A reply carries the mid-round part iff the server's ``share`` flag says another
+    client takes it; a message without the flag shares iff the client has a counterpart."""
+    client = ScriptedClient()
+    reply, _ = FedCME().client_update(Message("train", {"model": client.weights}, scalars), None, client)
+    assert reply.kind == "mid"
+    if shares:
+        assert set(reply.arrays) == {"exchange"} and same(reply.arrays["exchange"], part(client.weights, "head."))
+    else:
+        assert reply.arrays == {}
