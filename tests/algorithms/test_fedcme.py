@@ -749,3 +749,123 @@ def test_phase_a_uploads_its_part_exactly_when_it_is_needed(scalars, shares):
         assert set(reply.arrays) == {"exchange"} and same(reply.arrays["exchange"], part(client.weights, "head."))
     else:
         assert reply.arrays == {}
+
+
+# --- feature alignment and client-side details (hand-computed cases) -------------------------
+def alignment_loss(term, h, y):
+    """The alignment term on a batch whose features are ``h`` (the logits are unused)."""
+    return term(Forward(h, h), Batch(h, y, torch.arange(len(y))), {})
+
+
+def test_alignment_with_mu_one_without_a_mask_aligns_every_present_class():
+    """Eq. 9-10 with mu = 1 and no ``defined`` mask given (every zeta row defined): the loss is
+    sum_c ||mean_{y_i=c} h_i - zeta_c||^2 and dL/dh_i = 2 (mean_c - zeta_c) / n_c.
+    h = [1,2], [3,0], [2,4], y = 0, 1, 0, zeta = [0,1], [1,1]:
+    class 0 mean [1.5,3] - [0,1] = [1.5,2] -> 6.25; class 1: [3,0] - [1,1] = [2,-1] -> 5."""
+    zeta = T([[0.0, 1.0], [1.0, 1.0]])
+    term = FeatureAlignment(1.0, 2, zeta)
+    assert torch.equal(term.defined, T([True, True]))            # a (C,) boolean mask, all defined
+    h = T([[1.0, 2.0], [3.0, 0.0], [2.0, 4.0]], requires_grad=True)
+    loss = alignment_loss(term, h, T([0, 1, 0]))
+    assert loss.item() == 11.25
+    loss.backward()
+    assert torch.equal(h.grad, T([[1.5, 2.0], [4.0, -2.0], [1.5, 2.0]]))
+
+
+def test_alignment_casts_zeta_to_the_features_precision():
+    """zeta is a constant in the features' dtype: float32 features equal to a float64 zeta of the
+    same value (0.1) give exactly 0, a float32 loss (not the float64 rounding gap 1.5e-9 squared)."""
+    term = FeatureAlignment(1.0, 1, T([[0.1]], dtype=torch.float64))
+    loss = alignment_loss(term, T([[0.1]]), T([0]))
+    assert loss.dtype == torch.float32 and loss.item() == 0.0
+
+
+def test_alignment_runs_on_the_features_device_with_the_mask_beside_zeta():
+    """The term moves zeta and its mask to the device of the features (the meta device stands in
+    for an accelerator here), and a mask built for a zeta keeps zeta's device."""
+    zeta = T([[0.0, 1.0], [1.0, 1.0]])
+    h = torch.zeros(2, 2, device="meta")
+    y = torch.zeros(2, dtype=torch.long, device="meta")
+    loss = alignment_loss(FeatureAlignment(1.0, 2, zeta, T([True, False])), h, y)
+    assert loss.device.type == "meta" and loss.shape == ()
+    assert FeatureAlignment(1.0, 2, zeta.to("meta")).defined.device.type == "meta"
+
+
+def test_unseen_class_mean_is_zero_even_if_diverged_features_poison_its_sum():
+    """Algorithm 2 line 18: a class with count 0 gets mean 0, even when an infinite feature made
+    its (masked) sum 0 * inf = NaN; seen classes get sum / count."""
+    h = T([[float("inf"), 1.0], [float("inf"), 3.0]])
+    y = T([0, 0])
+    stats = FeatureAlignment(1.0, 2).statistics(Forward(h, h), Batch(h, y, torch.arange(2)))
+    means, counts = local_features({f"l2.{k}": v for k, v in stats.items()})
+    assert torch.equal(counts, T([2, 0]))
+    assert torch.equal(means, T([[float("inf"), 2.0], [0.0, 0.0]]))
+
+
+def test_eval_subset_of_an_empty_split_is_an_empty_index_tensor():
+    """A client without training samples evaluates on no position: an empty int64 index vector."""
+    positions = eval_subset(0, 0.2, torch.Generator().manual_seed(0))
+    assert positions.dtype == torch.long and positions.shape == (0,)
+
+
+def test_fresh_server_state_has_no_evaluations_features_or_matching():
+    """Before round 1 the server knows no eps_k, no global feature (zeta and its mask undefined)
+    and no matching."""
+    state = FedCME().init_server_state({"cnn": {"head.w": T([0.0])}})
+    assert state["eval"] == {} and state["features"] is None and state["defined"] is None
+    assert state["matching"] == []
+
+
+def test_local_alignment_term_skips_classes_the_server_has_not_defined():
+    """The client's term takes the server's ``defined`` mask: with class 1 undefined only class
+    0 is aligned, mu * ||[1,2] - [0,1]||^2 = 0.5 * 2 = 1 (class 1's [3,0] vs [1,1] would add 2.5)."""
+    zeta = T([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]])          # ScriptedClient: 4 classes
+    msg = Message("train", {"model": {}, "features": {"mean": zeta, "defined": T([True, False, True, True])}})
+    [term] = FedCME(FedCME.Params(mu=0.5)).local_terms(msg, None, ScriptedClient())
+    assert alignment_loss(term, T([[1.0, 2.0], [3.0, 0.0]]), T([0, 1])).item() == 1.0
+
+
+class UploadHookProbe(FedAvg):
+    """A FedAvg-family component that records what ``after_training`` and ``uploads`` receive and
+    uploads the number of steps its result reports."""
+
+    name = "uploadprobe"
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.seen = []
+
+    def after_training(self, result, msg, state, client):
+        self.seen.append(("after_training", result, msg, state, client))
+        return {**(super().after_training(result, msg, state, client) or {}), "probe": 1}
+
+    def uploads(self, result, msg, state, client):
+        self.seen.append(("uploads", result, msg, state, client))
+        return {**super().uploads(result, msg, state, client), "probe": {"steps": T(result.steps)}}
+
+
+class PurposeClient(ScriptedClient):
+    """A ScriptedClient that records the purposes of the random streams it hands out."""
+
+    def generator(self, *purpose):
+        self.purposes = [*getattr(self, "purposes", []), purpose]
+        return super().generator(*purpose)
+
+
+def test_final_hooks_see_phase_bs_result_the_round_message_and_the_new_state():
+    """At the end of the round the composed ``after_training`` gets phase B's result, the round's
+    ``train`` message and the client state, and ``uploads`` gets the same result and message with
+    the state ``after_training`` returned; its arrays are uploaded. eps_k's subset comes from the
+    client's ``"eval_subset"`` stream."""
+    algo = compose([FedCME, UploadHookProbe])()
+    client = PurposeClient(results=[(3, 0.5), (1, 0.25)])
+    msg = Message("train", {"model": client.weights}, {"partner": None, "share": False})
+    _, state = algo.client_update(msg, {"own": 2}, client)
+    reply, final = algo.client_update(Message("continue"), state, client)
+    assert [h for h, *_ in algo.seen] == ["after_training", "uploads"]
+    (_, r1, m1, s1, c1), (_, r2, m2, s2, c2) = algo.seen
+    assert r1 is r2 and r1.steps == 1 and c1 is client and c2 is client
+    assert m1.kind == m2.kind == "train" and m1.arrays is msg.arrays and m2.arrays is msg.arrays
+    assert s1 == {"own": 2} and s2 == {"own": 2, "probe": 1} == final
+    assert torch.equal(reply.arrays["probe"]["steps"], T(1))
+    assert client.purposes == [("eval_subset",)]
