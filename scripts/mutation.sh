@@ -12,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh mutation
 # mutmut keeps mutants/ between runs but never mutates a file it first copied unmutated: when the
-# [tool.mutmut] section changes (other files or tests), start from a clean folder.
+# [tool.mutmut] section changes (other files or tests), start from a clean folder. (mutmut itself
+# sets every recorded verdict back to "not checked" on such a change, even a test added to the
+# selection: add tests to files already selected when a long run's results should be kept.)
 config=$(sed -n '/^\[tool.mutmut\]/,/^\[/p' pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat mutants/.fedhet-config 2>/dev/null || true)" != "$config" ]; then
   rm -rf mutants
