@@ -218,10 +218,13 @@ class ClientHost:
             reply, state = self.algorithm.client_update(message, state, client)
             if kept:
                 state = {**(state or {}), OPTIMIZER_STATE: kept}
-        # On CUDA the copies back are queued and waited for once, not tensor by tensor: each wait
-        # idles the device while the host catches up (FedCME's replies made 3.8x FedAvg's waits).
+        # On CUDA the reply's copies back are queued and waited for once, not tensor by tensor: each
+        # wait idles the device while the host catches up (FedCME's replies made 3.8x FedAvg's waits).
+        # Queued copies land in pinned memory, which a reply (dropped after aggregation) may hold but
+        # clients' kept state must not: pinned blocks are scarce and rounded up to powers of two.
         queued = self.device.type == "cuda"
-        reply, state = to_device(reply, "cpu", queued), to_device(state, self.state_device, queued)
+        reply = to_device(reply, "cpu", queued)
+        state = to_device(state, self.state_device)
         if queued:
             torch.cuda.current_stream(self.device).synchronize()
         return JobResult(reply, state, client.tally)
