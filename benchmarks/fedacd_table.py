@@ -61,13 +61,12 @@ def mean_std(values: list[float | None], scale: float = 100, spec: str = ".2f") 
     return f"{format(statistics.mean(vals), spec)} ± {format(statistics.stdev(vals), spec)}"
 
 
-def sweep_table(a: argparse.Namespace) -> int:
-    """One beta's sweep: a row per tag over its seeds (completed runs only)."""
-    beta, by_tag, unfinished = a.sweep, {}, []
-    for d in sorted(a.folder.iterdir()):
+def scan(folder: Path) -> tuple[list[tuple[Path, dict]], list[tuple[str, int, str]]]:
+    """The run folders of ``folder``: (completed ones with their summaries, the others as (name,
+    rounds recorded, why))."""
+    completed, unfinished = [], []
+    for d in sorted(p for p in folder.iterdir() if p.is_dir()):
         s = d / "summary.json"
-        if not d.is_dir():
-            continue
         if not s.is_file():
             unfinished.append((d.name, len(read_metrics(d)) if (d / "metrics.jsonl").is_file() else 0, "no summary.json"))
             continue
@@ -75,15 +74,44 @@ def sweep_table(a: argparse.Namespace) -> int:
         if summary["status"] != "completed":
             unfinished.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
             continue
+        completed.append((d, summary))
+    if not completed:
+        raise SystemExit(f"no completed runs in {folder}")
+    return completed, unfinished
+
+
+def write_result(out: Path, stem: str, lines: list[str], unfinished: list[tuple[str, int, str]], payload: dict,
+                 curves: dict) -> None:
+    """``out/<stem>.{md,json,png}``: the table (with the runs left out of it), its rows, the curves."""
+    if unfinished:
+        lines += ["", "Runs that did not finish (left out of the table above):", ""]
+        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in unfinished]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    plot_compare(curves, "global_acc", out / f"{stem}.png")
+    print("\n".join(lines))
+
+
+def sweep_table(a: argparse.Namespace) -> int:
+    """One beta's sweep: a row per tag over its seeds (completed runs only)."""
+    beta, by_tag = a.sweep, {}
+    completed, unfinished = scan(a.folder)
+    for d, summary in completed:
         by_tag.setdefault(d.name.rsplit("_s", 1)[0], []).append((summary, read_metrics(d)))
-    if not by_tag:
-        raise SystemExit(f"no completed runs in {a.folder}")
     rows, curves = [], {}
     for method in [m for m in METHODS if m in by_tag] + sorted(set(by_tag) - set(METHODS)):
         runs = sorted(by_tag[method], key=lambda r: r[0]["seed"])
         every = [m for _, ms in runs for m in ms]
         scores = [m[k] for m in every for k in ("fedacd_score_min", "fedacd_score_max") if m.get(k) is not None]
         ratios = [m["fedacd_weight_ratio"] for m in every if m.get("fedacd_weight_ratio") is not None]
+        per_seed_spread = []       # (seed, V min, V max, median and max weight ratio of a round)
+        for sm, ms in runs:
+            lo = [m["fedacd_score_min"] for m in ms if m.get("fedacd_score_min") is not None]
+            hi = [m["fedacd_score_max"] for m in ms if m.get("fedacd_score_max") is not None]
+            wr = [m["fedacd_weight_ratio"] for m in ms if m.get("fedacd_weight_ratio") is not None]
+            if lo and hi and wr:
+                per_seed_spread.append((sm["seed"], min(lo), max(hi), statistics.median(wr), max(wr)))
         rows.append({"method": method, "seeds": [sm["seed"] for sm, _ in runs],
                      "rounds": runs[0][0]["rounds_completed"],
                      "global_final": [final(ms, "global_acc") for _, ms in runs],
@@ -93,6 +121,7 @@ def sweep_table(a: argparse.Namespace) -> int:
                      "local_kl_final": [final(ms, "local_kl") for _, ms in runs],
                      "score_range": [min(scores), max(scores)] if scores else None,
                      "weight_ratio_max": max(ratios) if ratios else None,
+                     "score_spread_by_seed": per_seed_spread,
                      "seconds_per_round": statistics.median(sm["seconds_per_round_median"] for sm, _ in runs),
                      "paper_t1": PAPER_T1.get(beta, {}).get(method)})
         curves[LABELS.get(method, method)] = [[(r["round"], r["global_acc"]) for r in ms if r.get("global_acc") is not None]
@@ -118,19 +147,18 @@ def sweep_table(a: argparse.Namespace) -> int:
                      f"{per_seed} | {mean_std(r['global_best'])} | {mean_std(r['labeldist_final'])} | "
                      f"{mean_std(r['local_risk_final'], 1, '.3f')} | {mean_std(r['local_kl_final'], 1, '.2f')} | "
                      f"{vr} | {wr} | {r['seconds_per_round']:.2f} | {r['paper_t1'] or '-'} |")
-    if unfinished:
-        lines += ["", "Runs that did not finish (left out of the table above):", ""]
-        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in unfinished]
+    spread = [(LABELS.get(r["method"], r["method"]), sp) for r in rows for sp in r["score_spread_by_seed"]]
+    if spread:
+        lines += ["", "The scores per seed (over all rounds of the run):", "",
+                  "| method | seed | V min-max | max V / min V of a round: median (max) |", "|---|---|---|---|"]
+        lines += [f"| {label} | {seed} | {lo:.3f}-{hi:.3f} | {med:.3f} ({top:.3f}) |"
+                  for label, (seed, lo, hi, med, top) in spread]
     rm = first_summary["machine"]
     lines += ["", f"Runs on: {rm.get('cpu_model', rm['processor'])}, {rm['cpus']} CPUs, torch {rm['torch']}, "
               f"device {first_summary.get('device', 'cpu')}, engine {first_summary['engine'].get('engine', '-')}; "
-              f"table at commit {git_commit()}.", ""]
-    a.out.mkdir(parents=True, exist_ok=True)
-    stem = f"fedacd_fmnist_{a.name}"
-    (a.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (a.out / f"{stem}.json").write_text(json.dumps({"beta": beta, "rows": rows, "machine_of_runs": rm}, indent=2))
-    plot_compare(curves, "global_acc", a.out / f"{stem}.png")
-    print("\n".join(lines))
+              f"table at commit {git_commit()}."]
+    write_result(a.out, f"fedacd_fmnist_{a.name}", lines, unfinished,
+                 {"beta": beta, "rows": rows, "machine_of_runs": rm}, curves)
     return 0
 
 
@@ -146,30 +174,19 @@ def main() -> int:
             p.error("--sweep needs --name")
         return sweep_table(a)
 
-    runs: dict[tuple[str, str], Path] = {}
-    unfinished = []
-    for d in sorted(a.folder.iterdir()):
-        s = d / "summary.json"
-        if not (d.is_dir() and s.is_file()):
-            continue
-        summary = json.loads(s.read_text())
+    runs: dict[tuple[str, str], tuple[Path, dict]] = {}
+    completed, unfinished = scan(a.folder)
+    for d, summary in completed:
         beta, rest = d.name.split("_", 1)
-        method = rest.rsplit("_s", 1)[0]
-        if summary["status"] != "completed":
-            unfinished.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
-            continue
-        runs[(beta[1:], method)] = d
-    if not runs:
-        raise SystemExit(f"no completed runs in {a.folder}")
+        runs[(beta[1:], rest.rsplit("_s", 1)[0])] = (d, summary)
 
     rows, curves = [], {}
     for beta in ("0.1", "0.05"):
         for method in METHODS:
-            d = runs.get((beta, method))
-            if d is None:
+            if (beta, method) not in runs:
                 continue
+            d, summary = runs[(beta, method)]
             metrics = read_metrics(d)
-            summary = json.loads((d / "summary.json").read_text())
             rows.append({"beta": beta, "method": method, "seed": summary["seed"],
                          "rounds": summary["rounds_completed"],
                          "global_final": final(metrics, "global_acc"), "global_best": best(metrics, "global_acc"),
@@ -181,8 +198,7 @@ def main() -> int:
             curves[f"beta {beta} {LABELS[method]}"] = [[(r["round"], r["global_acc"]) for r in metrics
                                                         if r.get("global_acc") is not None]]
 
-    first = next(iter(runs.values()))
-    summary0 = json.loads((first / "summary.json").read_text())
+    first, summary0 = next(iter(runs.values()))
     lines = ["# FedACD reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "bash benchmarks/fedacd_fmnist.sh",
              f"python benchmarks/fedacd_table.py {a.folder}", "```", "",
@@ -199,20 +215,13 @@ def main() -> int:
                      f"{fmt(r['global_best'])} | {fmt(r['labeldist_final'])} | {fmt(r['local_risk_final'], 1, '.3f')} | "
                      f"{fmt(r['local_kl_final'], 1, '.2f')} | {r['seconds_per_round']:.1f} | "
                      f"{r['paper_t1'] if r['paper_t1'] else '-'} | {r['paper_t3'] if r['paper_t3'] else '-'} |")
-    if unfinished:
-        lines += ["", "Runs that did not finish (left out of the table above):", ""]
-        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in unfinished]
     m = machine_info()
     lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit "
               f"{summary0['machine']['commit']}, table at commit {git_commit()}.", "",
               "Config of the first run (the others differ in algorithm and beta only):", "", "```yaml",
               (first / "config.yaml").read_text().strip(), "```", ""]
-    tag = a.folder.name.replace("fedacd_fmnist_", "")
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"fedacd_fmnist_{tag}.md").write_text("\n".join(lines) + "\n")
-    (a.out / f"fedacd_fmnist_{tag}.json").write_text(json.dumps({"rows": rows, "machine": m}, indent=2))
-    plot_compare(curves, "global_acc", a.out / f"fedacd_fmnist_{tag}.png")
-    print("\n".join(lines))
+    write_result(a.out, f"fedacd_fmnist_{a.folder.name.replace('fedacd_fmnist_', '')}", lines, unfinished,
+                 {"rows": rows, "machine": m}, curves)
     return 0
 
 
