@@ -69,6 +69,7 @@ def one_run(label: str, config: str, sets: list[str], rounds: int, device: str, 
         if (out / "metrics.jsonl").exists() else []
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     later = rows[1:] or rows
+    rounds_sum = sum(r["seconds"]["total"] for r in rows) if rows else None
     med = {k: statistics.median(r["seconds"][k] for r in later) if later else None
            for k in ("train", "evaluate", "total")}
     acc_key = summary.get("headline_metric", "global_acc")
@@ -80,8 +81,7 @@ def one_run(label: str, config: str, sets: list[str], rounds: int, device: str, 
               "samples_per_s": statistics.median(r["samples"] / r["seconds"]["train"] for r in later) if later else None,
               "extrapolated_100_rounds_s": (rows[0]["seconds"]["total"] + 99 * med["total"]) if later else None,
               # what the process spent outside its rounds: start (imports, CUDA, data), the end (summary, plot)
-              "rounds_sum_s": sum(r["seconds"]["total"] for r in rows) if rows else None,
-              "outside_rounds_s": wall - sum(r["seconds"]["total"] for r in rows) if rows else None,
+              "rounds_sum_s": rounds_sum, "outside_rounds_s": wall - rounds_sum if rows else None,
               "output_tail": tail if not rows or status != "exit 0" else ""}
     print(f"{label}: {status}, {len(rows)} rounds in {wall:.1f} s; median {med}; acc {result['last_acc']}; "
           f"engine {result['engine']}", flush=True)

@@ -3,8 +3,8 @@
 # the working tree; what is under $OUT comes back), for reproductions that a CPU cannot finish:
 #   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...]' ['SWEEP_FILE ...' ...]
 # Each sweep runs with run.device=cuda and run.engine=vectorized, pinned to its own share of the
-# CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped with SIGTERM after SECONDS: finished runs are complete, an unfinished
-# one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
+# CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped
+# with SIGTERM after SECONDS: finished runs are complete, an unfinished one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
 # unfinished run's checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep
 # ... --out` on the unpacked folder; larger checkpoints, e.g. 20 clients' kept momentum, stay behind;
 # finished runs need none). With PYTEST_SECONDS set, $PYTEST_FILES (default

@@ -99,7 +99,7 @@ def main() -> int:
         kind = "equivalent" if name in equivalent else "killed" if status in KILLED else \
             "not checked" if status == "not checked" else "survived"
         by_file.setdefault(str(path), Counter())[kind] += 1
-        if kind in ("survived", "not checked"):
+        if kind == "survived":                    # checked and not killed (incl. "no tests")
             survivors.append((name, path, status))
     total = Counter()
     for counts in by_file.values():
@@ -120,14 +120,14 @@ def main() -> int:
                 f"{total['not checked']} | {total['equivalent']} | **{pct(score(total))}** |")
     table = "\n".join(rows)
     if args.names:
-        print("\n".join(n for n, p, st in survivors if args.file in str(p) and st != "not checked"))
+        print("\n".join(n for n, p, _ in survivors if args.file in str(p)))
         return 0
     print(table)
     for line in stale:
         print(f"stale entry in {EQUIVALENT.name}: {line}", file=sys.stderr)
     if args.survivors:
         for name, path, status in survivors:
-            if args.file not in str(path) or status == "not checked":
+            if args.file not in str(path):
                 continue
             print(f"\n## {name} ({status})")
             print("\n".join(changed_lines(get_diff_for_mutant(name, path=path))))
@@ -135,7 +135,7 @@ def main() -> int:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         machine = {"python": platform.python_version(), "machine": platform.machine(), "commit": commit}
         surv_md = "\n".join(f"- `{n}` ({s}): " + " / ".join(f"`{x}`" for x in changed_lines(
-            get_diff_for_mutant(n, path=p))) for n, p, s in survivors if s != "not checked") or "none"
+            get_diff_for_mutant(n, path=p))) for n, p, s in survivors) or "none"
         eq_md = "\n".join(f"- `{n}`: {why}" for n, why in sorted(equivalent.items())) or "none"
         args.out.with_suffix(".md").write_text(
             "# Mutation score of the seed methods' tests\n\n"
@@ -144,11 +144,11 @@ def main() -> int:
             "killed = a test failed, timed out or crashed under the mutant; survived = every test it ran passed, "
             "or none reached it; not checked = not run yet; equivalent = cannot change behaviour "
             "(scripts/mutation_equivalent.yaml); score = killed / (killed + survived), over the mutants checked.\n\n"
-            f"{table}\n\nSurvivors (not-checked mutants are counted in the table only):\n\n{surv_md}\n\nEquivalent (left out of the score; "
+            f"{table}\n\nSurvivors:\n\n{surv_md}\n\nEquivalent (left out of the score; "
             f"scripts/mutation_equivalent.yaml):\n\n{eq_md}\n\nCommit {commit}, Python {machine['python']}.\n")
         args.out.with_suffix(".json").write_text(json.dumps({
             "score": score(total), "totals": dict(total), "by_file": {p: dict(c) for p, c in by_file.items()},
-            "survivors": [n for n, _, st in survivors if st != "not checked"], "equivalent": equivalent,
+            "survivors": [n for n, _, _ in survivors], "equivalent": equivalent,
             "stale": stale,
             "machine": machine}, indent=1))
     return 1 if stale else 0
