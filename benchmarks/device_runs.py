@@ -17,12 +17,14 @@ Runs:
 
 * ``fedcme_t2``: the FedCME paper's Table II setting (Fashion-MNIST, Dir(0.5), K=50, M=10, E=6,
   B=32, lr 0.01), FedAvg and FedCME (mu 0.01), vectorized engine;
+* ``fedcme_conv``: FedCME at that setting with ``run.vmap_conv`` grouped and matmul, side by side;
 * ``fedclassavg_full``: the FedClassAvg paper's full-size Fashion-MNIST federation (20 clients of
   about 3,000 images, ResNet-18 / ShuffleNetV2 / GoogLeNet / AlexNet by client, Adam, SupCon on two
   views), on the reference engine and on the vectorized one (clients grouped by architecture, the
   views drawn on the host and applied under vmap).
 
-Writes device_runs.{md,json} to ``--out`` (default benchmarks/results) after every run.
+Writes device_runs.{md,json} (with ``--tag T``: device_runs_T.*) to ``--out`` (default
+benchmarks/results) after every run.
 """
 
 from __future__ import annotations
@@ -44,6 +46,13 @@ RUNS = {
     "fedcme_t2": [
         ("FedAvg", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml", ["run.engine=vectorized"]),
         ("FedCME mu 0.01", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml", ["run.engine=vectorized"]),
+    ],
+    # The vectorized engine's two ways of computing convolutions (run.vmap_conv), side by side.
+    "fedcme_conv": [
+        ("FedCME grouped convs", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml",
+         ["run.engine=vectorized", "run.vmap_conv=grouped"]),
+        ("FedCME matmul convs", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml",
+         ["run.engine=vectorized", "run.vmap_conv=matmul"]),
     ],
     "fedclassavg_full": [
         ("FedClassAvg", "configs/papers/fedclassavg/t2_fmnist_dir0.5_fedclassavg.yaml", ["run.engine=reference"]),
@@ -119,6 +128,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--limit", type=float, default=120, help="seconds per run")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--tag", default="", help="write device_runs_TAG.{md,json} (several calls into one --out)")
     a = p.parse_args()
     info = machine_info()
     info["commit"] = git_commit()
@@ -132,8 +142,9 @@ def main() -> int:
                 if a.only and label not in a.only:
                     continue
                 result["runs"].append(one_run(label, config, sets, a.rounds, a.device, a.limit, Path(tmpdir)))
-                (a.out / "device_runs.json").write_text(json.dumps(result, indent=2, default=str))
-                (a.out / "device_runs.md").write_text(report(result))
+                stem = f"device_runs_{a.tag}" if a.tag else "device_runs"
+                (a.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
+                (a.out / f"{stem}.md").write_text(report(result))
     print(report(result))
     return 0
 

@@ -13,9 +13,14 @@
 #   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 90; 0 skips it): a
 #      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
 #      Table II setting), vectorized, into $OUT/profile_<config name>/;
-#   5. benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
+#   5. benchmarks/vmap_conv.py ($CONV_SECONDS per case, default 0: skipped; $CONV_CASES, default
+#      "cnn2:10:32", space-separated ARCH:CLIENTS:BATCH): one vmapped step with each way of computing
+#      convolutions, into $OUT/vmap_conv_<arch>/;
+#      benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
 #      default 20, $RUN_LIMIT seconds per run, $DEVICE_ONLY one run's label): whole paper-setting runs on the
-#      device, timed;
+#      device, timed; or several calls, each a step of $RUNS_SECONDS, with
+#      $RUN_SPECS='RUNS:ROUNDS[:LABEL];...' (e.g. 'fedcme_conv:20;fedcme_t2:100:FedCME mu 0.01'),
+#      into device_runs_<i>.*;
 #   6. optionally ($GPU_SWEEP='a.sweep.yaml [--only TAG]; b.sweep.yaml', $GPU_SWEEP_SECONDS,
 #      $GPU_SWEEP_LANES lanes per sweep): sweeps side by side on the device through
 #      benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized, stopped at the limit, each
@@ -58,8 +63,22 @@ if [ "${PROFILE_SECONDS:-90}" != 0 ]; then
     step "$name" "${PROFILE_SECONDS:-90}" python3 benchmarks/profile_device.py --config "$config" --out "$OUT/$name"
   done
 fi
-[ "${RUNS_SECONDS:-150}" = 0 ] || step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
-  --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
+[ "${CONV_SECONDS:-0}" = 0 ] || for case in ${CONV_CASES:-cnn2:10:32}; do
+  IFS=: read -r arch clients batch <<< "$case"
+  step "vmap_conv_$arch" "$CONV_SECONDS" python3 benchmarks/vmap_conv.py --out "$OUT/vmap_conv_$arch" --arch "$arch" \
+    --clients "$clients" --batch "$batch"
+done
+if [ -n "${RUN_SPECS:-}" ]; then      # several device_runs.py calls, each its own step and limit
+  IFS=';' read -ra specs <<< "$RUN_SPECS"
+  for i in "${!specs[@]}"; do
+    IFS=: read -r runs rounds only <<< "${specs[$i]}"
+    step "device_runs_$i" "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --tag "$i" --run $runs \
+      --rounds "$rounds" --limit "${RUN_LIMIT:-70}" ${only:+--only "$only"}
+  done
+elif [ "${RUNS_SECONDS:-150}" != 0 ]; then
+  step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
+    --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
+fi
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
   IFS=';' read -ra sweeps <<< "$GPU_SWEEP"
