@@ -286,13 +286,15 @@ def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData,
     total = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
     was_training = model.training
     model.eval()
+    positions = positions.to(data.train_idx.device)
     try:
+        # Counts by index_add_, not bincount or a boolean mask: on a device those wait for it.
         for i in range(0, len(positions), batch_size):
             idx = data.train_idx[positions[i:i + batch_size]]
             y = data.y[idx]
             pred = forward(model, weights, data.inputs(idx)).logits.argmax(1)
-            total += torch.bincount(y, minlength=num_classes).double()
-            correct += torch.bincount(y[pred == y], minlength=num_classes).double()
+            total.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
+            correct.index_add_(0, y, (pred == y).double())
     finally:
         model.train(was_training)
     return torch.where(total > 0, correct / total.clamp(min=1), torch.zeros_like(total)).float()
