@@ -1,8 +1,10 @@
-"""eval.precision: the evaluation passes in fp32, or in the run's precision (bf16 autocast)."""
+"""eval.precision: the evaluation passes in fp32, or in the run's precision (bf16 autocast); and
+the personalized loss (personal_loss) those passes give, on a hand-computed case."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -97,9 +99,9 @@ def test_every_evaluation_pass_of_a_bf16_run_gets_the_evaluation_precision(small
     calls: list[tuple[int, str]] = []
     real_predict = evaluate_module.predict
 
-    def spy(model, weights, x, y, normalize, batch_size, precision="fp32", device="cpu"):
+    def spy(model, weights, x, y, normalize, batch_size, precision="fp32", device="cpu", **kwargs):
         calls.append((len(y), precision))
-        return real_predict(model, weights, x, y, normalize, batch_size, precision, device)
+        return real_predict(model, weights, x, y, normalize, batch_size, precision, device, **kwargs)
 
     monkeypatch.setattr(evaluate_module, "predict", spy)
     exp = Experiment.create(load_config(raw=raw), tmp_path / "r")
@@ -132,3 +134,103 @@ def test_bf16_evaluation_on_a_cpu_without_native_bf16_warns(small_config, tmp_pa
         assert said == []
     else:
         assert len(said) == 1 and "without native bf16" in said[0] and "eval.precision: fp32" in said[0]
+
+
+# --- personal_loss: each client's mean cross-entropy on its own local test split, mean over clients ---------------
+
+# 1x1x2 uint8 images whose normalised pixels are the features (0 or 1) of a linear model with 3 classes.
+FEATURES = [(0, 0), (1, 0), (0, 1), (1, 1), (1, 0), (0, 1), (1, 1), (0, 0)]
+LABELS = [0, 1, 2, 1, 0, 0, 2, 2]
+SPLITS = [[0], [1, 2], [3, 4, 5, 6, 7]]         # clients' local test rows: 1, 2 and 5 samples
+GLOBAL = ([[1.0, -1.0], [0.5, 2.0], [-1.0, 0.0]], [0.1, -0.2, 0.3])
+OWN_A = ([[2.0, 0.0], [0.0, 2.0], [1.0, 1.0]], [0.0, 0.0, 0.0])
+OWN_B = ([[-1.0, 1.0], [0.5, 0.5], [0.0, -2.0]], [0.2, 0.0, -0.1])
+
+
+def hand_ce(params, rows) -> list[float]:
+    """Cross-entropy of each row, from the logits W f + b written out in plain math."""
+    (w, b), out = params, []
+    for r in rows:
+        f = FEATURES[r]
+        logits = [w[c][0] * f[0] + w[c][1] * f[1] + b[c] for c in range(3)]
+        out.append(math.log(sum(math.exp(z) for z in logits)) - logits[LABELS[r]])
+    return out
+
+
+def as_weights(params) -> dict[str, torch.Tensor]:
+    return {"1.weight": torch.tensor(params[0]), "1.bias": torch.tensor(params[1])}
+
+
+def toy_federation(source: str):
+    from fedhet.data.datasets import ImageData
+    from fedhet.data.federated import Federation
+
+    x = torch.tensor([[[[255 * a, 255 * b]]] for a, b in FEATURES], dtype=torch.uint8)
+    data = ImageData(x, torch.tensor(LABELS), 3, (0.0,), (1.0,))
+    everything = torch.arange(len(LABELS))                 # training rows: only their label counts are read
+    return Federation("toy", 3, 1, 2, pool=data, test=data, train_idx=[everything] * len(SPLITS),
+                      test_idx=[torch.tensor(s) for s in SPLITS], local_test_source=source,
+                      mean=torch.zeros(1, 1, 1, 1), std=torch.ones(1, 1, 1, 1))
+
+
+class ToyAlgorithm:
+    def __init__(self, weights):
+        self.weights = weights
+
+    def global_model(self, state):
+        return self.weights
+
+
+def evaluate_toy(monkeypatch, source: str, global_weights, client_weights: list, clients=None):
+    """evaluate() of the toy federation, and the sizes of the forward passes it ran."""
+    import fedhet.metrics.evaluate as evaluate_module
+
+    passes: list[int] = []
+    real_predict = evaluate_module.predict
+
+    def spy(model, weights, x, y, *args, **kwargs):
+        passes.append(len(y))
+        return real_predict(model, weights, x, y, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "predict", spy)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(2, 3))
+    fed = toy_federation(source)
+    out = evaluate_module.evaluate(ToyAlgorithm(global_weights), {}, lambda cid: client_weights[cid],
+                                   {"linear": model}, ["linear"] * len(SPLITS), fed, batch_size=3, clients=clients)
+    return out, passes
+
+
+@pytest.mark.parametrize("source", ["test_set", "holdout"])
+def test_personal_loss_of_clients_tested_with_the_global_model_reuses_its_pass(monkeypatch, source):
+    """Every client evaluated with the global model: the losses come from the global test pass
+    (test_set) or the validation pass (holdout), with no pass of their own."""
+    g = as_weights(GLOBAL)
+    out, passes = evaluate_toy(monkeypatch, source, g, [g] * len(SPLITS))
+    per_client = [hand_ce(GLOBAL, rows) for rows in SPLITS]
+    means = [sum(ce) / len(ce) for ce in per_client]
+    pooled = sum(map(sum, per_client)) / sum(map(len, per_client))
+    assert out["personal_loss"] == pytest.approx(sum(means) / len(means), abs=1e-6)
+    assert abs(out["personal_loss"] - pooled) > 1e-2        # the clients' sizes differ: not the pooled mean
+    assert out["personal_loss_by_client"] == pytest.approx(means, abs=1e-5)
+    assert passes == [len(LABELS)] * (1 if source == "test_set" else 2)     # global (and validation) pass only
+    assert out["global_loss"] == pytest.approx(sum(hand_ce(GLOBAL, range(len(LABELS)))) / len(LABELS), abs=1e-6)
+
+
+def test_personal_loss_of_clients_with_their_own_weights(monkeypatch):
+    """Client 0 on the global model (its pass reused), clients 1 and 2 on their own weights; then
+    clients 0 and 1 sharing one weights object (one pass, split by client), client 2 left out."""
+    g, a, b = as_weights(GLOBAL), as_weights(OWN_A), as_weights(OWN_B)
+    out, passes = evaluate_toy(monkeypatch, "test_set", g, [g, a, b])
+    means = [sum(ce) / len(ce) for ce in (hand_ce(GLOBAL, SPLITS[0]), hand_ce(OWN_A, SPLITS[1]),
+                                          hand_ce(OWN_B, SPLITS[2]))]
+    assert out["personal_loss"] == pytest.approx(sum(means) / 3, abs=1e-6)
+    assert out["personal_loss_by_client"] == pytest.approx(means, abs=1e-5)
+    assert sorted(passes) == sorted([len(LABELS), len(SPLITS[1]), len(SPLITS[2])])
+
+    out, passes = evaluate_toy(monkeypatch, "test_set", None, [a, a, b], clients=[0, 1])
+    per_client = [hand_ce(OWN_A, SPLITS[0]), hand_ce(OWN_A, SPLITS[1])]
+    means = [sum(ce) / len(ce) for ce in per_client]
+    pooled = sum(map(sum, per_client)) / sum(map(len, per_client))
+    assert out["personal_loss"] == pytest.approx(sum(means) / 2, abs=1e-6)
+    assert abs(out["personal_loss"] - pooled) > 1e-2
+    assert out["personal_loss_by_client"][2] is None and passes == [len(SPLITS[0]) + len(SPLITS[1])]

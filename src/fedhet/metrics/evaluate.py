@@ -11,6 +11,9 @@
   ``eval.clients`` may restrict them to the round's sampled clients or a fixed random subset
   (:func:`evaluation_clients`); ``personal_clients`` records how many were tested, and
   ``personal_acc_by_client`` has None for the others.
+* ``personal_loss`` - each client's mean cross-entropy on its own local test split (the same
+  passes), mean over clients: FedClassAvg's selection rule (the round of minimum mean local test
+  loss, the authors' ``best_val_loss``); ``personal_loss_by_client`` as for the accuracy.
 * ``global_val_acc`` - with held-out local splits (``data.local_test.source: holdout``), the
   global model on the union of the clients' held-out splits (sum of correct over sum of
   samples): the validation accuracy of the FedFM paper's model selection (Ye et al.,
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -51,12 +55,22 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
 
 
+@overload
+def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
+            precision: str = ..., device: str | torch.device = ...,
+            per_sample_loss: Literal[False] = ...) -> tuple[torch.Tensor, float]: ...
+@overload
+def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
+            precision: str = ..., device: str | torch.device = ..., *,
+            per_sample_loss: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
-def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize,
-            batch_size: int, precision: str = "fp32", device: str | torch.device = "cpu") -> tuple[torch.Tensor, float]:
+def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
+            precision: str = "fp32", device: str | torch.device = "cpu",
+            per_sample_loss: bool = False) -> tuple[torch.Tensor, float | torch.Tensor]:
     """Per-sample correctness (bool, on the CPU) of ``weights`` on (x, y) and the summed
     cross-entropy, in large no-grad batches; ``precision`` "bf16" runs the forward under bf16
     autocast (as training does, the loss on fp32 logits), "fp32" without (``eval.precision``).
+    ``per_sample_loss``: the cross-entropy of each sample instead (float32, on the CPU).
 
     On the CPU, images and convolution weights go in channels_last: oneDNN's convolutions and
     max-pooling run about 1.1x faster in that layout (logits differ from the default layout's by
@@ -82,10 +96,12 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
             logits = functional_call(model, weights, (x,), strict=False)
         logits = logits.float()
         yb = y[i:i + rows].to(device)
-        losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none" if per_sample_loss else "sum"))
         hits.append(logits.argmax(1) == yb)
     if not hits:
-        return torch.zeros(0, dtype=torch.bool), 0.0
+        return torch.zeros(0, dtype=torch.bool), torch.zeros(0) if per_sample_loss else 0.0
+    if per_sample_loss:
+        return torch.cat(hits).cpu(), torch.cat(losses).cpu()
     return torch.cat(hits).cpu(), float(torch.stack(losses).double().sum())
 
 
@@ -122,24 +138,27 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     out: dict = {}
 
     global_weights = algorithm.global_model(server_state)
-    global_hits = None
+    # The global and validation passes keep per-sample losses, for the clients the personalized
+    # metrics test with the global model; global_loss is their sum whether or not those are computed
+    # (the same number in a Flower run, whose server evaluates without personalized metrics).
+    global_hits = global_losses = None
     if global_weights is not None and fed.test is not None:
         arch = client_arch[0]
-        global_hits, loss = predict(models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize, batch_size,
-                                      precision, device)
+        global_hits, global_losses = predict(models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize,
+                                             batch_size, precision, device, per_sample_loss=True)
         correct = torch.bincount(fed.test.y[global_hits], minlength=fed.num_classes).numpy()
         total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
         out["global_acc"] = float(correct.sum() / total.sum())
-        out["global_loss"] = loss / float(total.sum())
+        out["global_loss"] = float(global_losses.double().sum()) / float(total.sum())
         out["global_per_class"] = [float(c / t) if t else None for c, t in zip(correct, total)]
         out["global_labeldist_acc"] = float(labeldist_accuracy(fed.train_counts(), correct, total).mean())
 
-    val_hits = None
+    val_hits = val_losses = None
     if global_weights is not None and fed.local_test_source == "holdout":
         xs, ys = zip(*(fed.local_test(cid) for cid in range(fed.num_clients)))
         x, y = torch.cat(xs), torch.cat(ys)
-        val_hits, _ = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size, precision,
-                              device)
+        val_hits, val_losses = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size,
+                                       precision, device, per_sample_loss=True)
         out["global_val_acc"] = float(val_hits.float().mean())
         val_offsets = np.cumsum([0] + [len(t) for t in ys])
 
@@ -155,15 +174,19 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
             weights_of[key] = w
         correct_k = np.zeros(fed.num_clients)
         count_k = np.zeros(fed.num_clients)
+        loss_k = np.zeros(fed.num_clients)          # summed cross-entropy (the tensors are on the CPU)
         for key, cids in groups.items():
-            if weights_of[key] is global_weights and global_hits is not None and fed.local_test_source == "test_set":
+            if (weights_of[key] is global_weights and global_hits is not None and global_losses is not None
+                    and fed.local_test_source == "test_set"):
                 for cid in cids:
                     correct_k[cid] = float(global_hits[fed.test_idx[cid]].sum())
+                    loss_k[cid] = float(global_losses[fed.test_idx[cid]].double().sum())
                     count_k[cid] = len(fed.test_idx[cid])
                 continue
-            if weights_of[key] is global_weights and val_hits is not None:
+            if weights_of[key] is global_weights and val_hits is not None and val_losses is not None:
                 for cid in cids:                      # the validation pass above tested exactly these
                     correct_k[cid] = float(val_hits[val_offsets[cid]:val_offsets[cid + 1]].sum())
+                    loss_k[cid] = float(val_losses[val_offsets[cid]:val_offsets[cid + 1]].double().sum())
                     count_k[cid] = val_offsets[cid + 1] - val_offsets[cid]
                 continue
             xs, ys, owner = [], [], []
@@ -173,9 +196,10 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
                 ys.append(y)
                 owner.append(torch.full((len(y),), cid, dtype=torch.long))
             x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
-            hits, _ = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size,
-                              precision, device)
+            hits, losses = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size,
+                                   precision, device, per_sample_loss=True)
             correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
+            loss_k += torch.bincount(owner, weights=losses.double(), minlength=fed.num_clients).numpy()
             count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
         acc = correct_k[evaluated] / count_k[evaluated]
         out["personal_acc"] = float(acc.mean())
@@ -184,6 +208,9 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         chosen = set(evaluated)
         out["personal_acc_by_client"] = [round(float(correct_k[c] / count_k[c]), 5) if c in chosen else None
                                          for c in range(fed.num_clients)]
+        out["personal_loss"] = float((loss_k[evaluated] / count_k[evaluated]).mean())
+        out["personal_loss_by_client"] = [round(float(loss_k[c] / count_k[c]), 5) if c in chosen else None
+                                          for c in range(fed.num_clients)]
         out["personal_clients"] = len(evaluated)
     return out
 
