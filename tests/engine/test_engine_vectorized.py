@@ -161,17 +161,16 @@ def make_config(small_config, algorithm="fedavg", params=None, partition=EQUAL, 
     return load_config(raw=raw)
 
 
-def build(cfg, engine, bn=False, algorithm=None, fed=None, wide=None, vmap_conv="auto"):
+def build(cfg, engine, bn=False, algorithm=None, fed=None, wide=None):
     """A simulator built like ``Experiment`` builds it (runner helpers), optionally with the BN CNN;
-    ``wide``: the vectorized engine's full-width masked steps on (True), off, or as on the device (None);
-    ``vmap_conv``: how its steps compute convolutions (auto: matmul on CUDA)."""
+    ``wide``: the vectorized engine's full-width masked steps on (True), off, or as on the device (None)."""
     fed = fed or build_federation(cfg.data, cfg.seed)
     models, client_arch = build_models(cfg, fed)
     if bn:
         models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"), cfg.model.split or "fc2")}
     # graph_min_repeats 2: the tests' short schedules replay graphs as well (on CUDA)
     transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2,
-                           wide_steps=wide, vmap_conv=vmap_conv) if engine == "vectorized" else None
+                           wide_steps=wide) if engine == "vectorized" else None
     return build_loop(cfg, transport, fed=fed, models=models, algorithm=algorithm)
 
 
@@ -207,11 +206,11 @@ def assert_model_close(a, b):
     assert diff <= MODEL_RTOL * torch.cat([a[k].flatten() for k in keys]).norm()
 
 
-def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None, wide=None, vmap_conv="auto"):
+def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None, wide=None):
     """Both engines side by side; ``after_round(rnd, loop)`` may edit each loop's state in between."""
     fed = build_federation(cfg.data, cfg.seed)
     ref = build(cfg, "reference", bn, copy.deepcopy(algorithm), fed)
-    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed, wide, vmap_conv)
+    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed, wide)
     for rnd in range(rounds):
         a, b = ref.run_round(rnd), vec.run_round(rnd)
         assert (a.steps, a.samples, a.phases) == (b.steps, b.samples, b.phases)
@@ -288,31 +287,6 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
         model = vec.server_state["model"] if "model" in vec.server_state else \
             next(iter(vec.client_states.values()))["model"]
         assert not torch.equal(model[key], vec.host.init_models["cnn2"][key])
-
-
-# run.vmap_conv: matmul (the default on CUDA: convolutions as im2col and one product per client)
-# on every device, with momentum, a projection head, two phases with statistics, and BatchNorm.
-MATMUL_CASES = [c for c in CASES if c[0] in ("fedavg", "moon")] + [("fedcme", "fedcme", {"mu": 0.01}, {}, 0.0, 0.05, 2)]
-
-
-@pytest.mark.parametrize("bn", [False, True], ids=["nobn", "bn"])
-@pytest.mark.parametrize("case", MATMUL_CASES, ids=[c[0] for c in MATMUL_CASES])
-def test_matmul_convolutions_equal_reference(small_config, case, bn):
-    _, algorithm, params, options, momentum, lr, epochs = case
-    cfg = make_config(small_config, algorithm, params, UNEQUAL, momentum, lr, epochs, options)
-    ref, vec = run_both(cfg, bn=bn, vmap_conv="matmul")
-    assert vec.transport.info()["vmap_conv"] == "matmul"
-    assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
-    assert_engines_agree(ref, vec, TIGHT if bn else flip_bounds(cfg, ref))
-
-
-def test_vmap_conv_auto_is_matmul_on_cuda_only_and_unknown_is_refused():
-    assert Vectorized(device="cpu").vmap_conv == "grouped"
-    assert Vectorized(device="cpu", vmap_conv="matmul").vmap_conv == "matmul"
-    if torch.cuda.is_available():
-        assert Vectorized(device="cuda").vmap_conv == "matmul"
-    with pytest.raises(ValueError, match="vmap_conv must be one of"):
-        Vectorized(device="cpu", vmap_conv="fft")
 
 
 # Full-width steps with an active mask (the steps CUDA graphs replay for at least half a group):

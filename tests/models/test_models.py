@@ -15,7 +15,6 @@ from fedhet.models import (
     default_split,
     param_groups,
 )
-from fedhet.models.base import MatmulConv2d, matmul_conv2d, use_matmul_convs
 
 SMALL_MODELS = ("cnn2", "simple_cnn", "alexnet_cifar", "alexnet_fedrema")
 RESNETS = ("resnet18", "resnet34", "resnet50")
@@ -271,33 +270,3 @@ def test_vmap_over_stacked_cnn2_params_matches_loop() -> None:
         for i, m in enumerate(models):
             assert torch.allclose(shared[i], m(x), atol=1e-6)
             assert torch.allclose(per_model[i], m(xs[i]), atol=1e-6)
-
-
-# --- convolutions as matrix products (the vectorized engine's run.vmap_conv: matmul) ---------------
-@pytest.mark.parametrize("stride,padding,dilation,bias", [(1, 0, 1, True), (2, 1, 1, False), (1, 2, 2, True),
-                                                          ((2, 1), (0, 1), (1, 2), True)])
-def test_matmul_conv2d_is_conv2d(stride, padding, dilation, bias):
-    pair = lambda v: (v, v) if isinstance(v, int) else v   # noqa: E731
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(3, 4, 11, 9, generator=g, dtype=torch.float64)
-    w = torch.randn(5, 4, 3, 2, generator=g, dtype=torch.float64)
-    b = torch.randn(5, generator=g, dtype=torch.float64) if bias else None
-    want = torch.nn.functional.conv2d(x, w, b, pair(stride), pair(padding), pair(dilation))
-    got = matmul_conv2d(x, w, b, pair(stride), pair(padding), pair(dilation))
-    assert got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
-
-
-def test_use_matmul_convs_swaps_plain_convolutions_of_a_copy_only():
-    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
-    model.body.add_module("grouped", torch.nn.Conv2d(64, 64, 1, groups=2))   # never called: only its kind counts
-    twin = use_matmul_convs(model)
-    kinds = {n: type(m) for n, m in twin.named_modules() if isinstance(m, torch.nn.Conv2d)}
-    assert kinds == {"body.conv1.0": MatmulConv2d, "body.conv2.0": MatmulConv2d, "body.grouped": torch.nn.Conv2d}
-    assert all(type(m) is torch.nn.Conv2d for m in model.modules() if isinstance(m, torch.nn.Conv2d))
-    assert [n for n, _ in twin.named_parameters()] == [n for n, _ in model.named_parameters()]
-    first = use_matmul_convs(model, first_only=True)
-    assert [type(m) for m in first.modules() if isinstance(m, torch.nn.Conv2d)][:2] == [MatmulConv2d, torch.nn.Conv2d]
-    del model.body.grouped, twin.body.grouped
-    x = torch.randn(2, 1, 28, 28)
-    torch.testing.assert_close(twin(x), model(x), rtol=1e-5, atol=1e-5)

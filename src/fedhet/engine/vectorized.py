@@ -82,14 +82,6 @@ without graphs under ``FEDHET_TEST_CUDA_GRAPHS=0``. A failed capture leaves that
 eager, counted in ``eager_reasons``. Measured on an H200 (FedCME setting, before wide steps): 2.6x
 the eager steps, 0.71x of the device's one-batch ceiling (docs/performance.md).
 
-Convolutions (``vmap_conv``, ``run.vmap_conv``): under ``vmap`` a convolution with per-client
-weights becomes one grouped convolution (groups = clients), which cuDNN runs as one kernel per
-client, and a first layer with one input channel a depthwise one, which PyTorch runs on its own
-slow kernel. "matmul" steps instead call a twin of the model (``fedhet.models.base.
-use_matmul_convs``: the same parameters) whose convolutions are im2col and one matrix product per
-client; "grouped" keeps ``F.conv2d``; "auto" is matmul on CUDA (``benchmarks/vmap_conv.py``
-measures the two). The results agree to float rounding.
-
 Device: the engine trains on ``device``; the client host (``run.device``, normally the same
 device) runs the clients' own code there too - messages and client state arrive on it and the
 trained weights stay on it until the host hands the reply back to the CPU (engine/host.py). With a
@@ -122,7 +114,6 @@ from fedhet.core.contract import (
 from fedhet.core.errors import NumericalError
 from fedhet.engine.host import ClientHost, Job, JobResult, SimClient, Tally
 from fedhet.engine.loop import Transport
-from fedhet.models.base import use_matmul_convs
 from fedhet.training.augment import Augmentation
 from fedhet.training.local import check_finite, epoch_batches, forward, train_local
 from fedhet.training.objective import LossTerm, accumulate_statistics
@@ -318,9 +309,6 @@ class _Group:
 # A (members, batch size) step captured as a CUDA graph only if the group's schedule has it this often.
 GRAPH_MIN_REPEATS = 16
 
-# ``vmap_conv`` (``run.vmap_conv``): how a vmapped step computes convolutions (module docstring).
-VMAP_CONVS = ("auto", "grouped", "matmul")
-
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A (C,) per-client mask shaped to broadcast over ``like``'s (C, ...) rows."""
@@ -406,8 +394,7 @@ class Vectorized(Transport):
     name = "vectorized"
 
     def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
-                 cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None,
-                 vmap_conv: str = "auto"):
+                 cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
         self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
@@ -424,14 +411,9 @@ class Vectorized(Transport):
         self.eager_reasons: dict[str, int] = {}
         self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
-        if vmap_conv not in VMAP_CONVS:
-            raise ValueError(f"vmap_conv must be one of {', '.join(VMAP_CONVS)}, got {vmap_conv!r}")
-        # How the vmapped steps compute convolutions (module docstring); "auto": matmul on CUDA.
-        self.vmap_conv = vmap_conv if vmap_conv != "auto" else "matmul" if self.device.type == "cuda" else "grouped"
-        self._matmul_twins: dict[int, tuple[nn.Module, nn.Module]] = {}     # id(model) -> (model, its twin)
 
     def info(self) -> dict:
-        return {**super().info(), "device": str(self.device), "vmap_conv": self.vmap_conv, **self.counters,
+        return {**super().info(), "device": str(self.device), **self.counters,
                 "fallback_reasons": dict(self.fallback_reasons), "eager_reasons": dict(self.eager_reasons)}
 
     def close(self) -> None:
@@ -553,16 +535,6 @@ class Vectorized(Transport):
     def _stack(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([t.detach() for t in tensors]).to(self.device)
 
-    def _step_model(self, model: nn.Module) -> nn.Module:
-        """The module the group's vmapped steps call: ``model``, or with ``vmap_conv`` "matmul" its
-        twin with the same parameter names whose convolutions are matrix products (made once)."""
-        if self.vmap_conv != "matmul":
-            return model
-        known = self._matmul_twins.get(id(model))
-        if known is None or known[0] is not model:
-            known = self._matmul_twins[id(model)] = (model, use_matmul_convs(model))
-        return known[1]
-
     def _build_group(self, reqs: list[_Request]) -> _Group:
         first = reqs[0]
         model = first.client.model
@@ -570,7 +542,7 @@ class Vectorized(Transport):
         trainable = first.trainable or (lambda name: True)
         names = list(first.weights)
         leaves = [n for n in names if n in params and trainable(n)]
-        g = _Group(reqs, self._step_model(model), names, leaves,
+        g = _Group(reqs, model, names, leaves,
                    {n: self._stack([r.weights[n] for r in reqs]) for n in names})
         buffers = {n for n, _ in model.named_buffers()}
         g.buffers = [n for n in names if n in buffers]

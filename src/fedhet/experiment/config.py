@@ -226,10 +226,6 @@ class RunConfig(Strict):
     # The vectorized engine on CUDA replays the steps that recur in a group's schedule as CUDA
     # graphs (a failed capture is counted in the summary's engine.eager_reasons; those steps run eagerly).
     cuda_graphs: bool = True
-    # How the vectorized engine's vmapped steps compute convolutions: "grouped" (F.conv2d: one grouped
-    # convolution, which cuDNN runs client by client), "matmul" (im2col and one matrix product per
-    # client; the same result to float rounding), "auto" (matmul on CUDA, grouped on the CPU).
-    vmap_conv: Literal["auto", "grouped", "matmul"] = "auto"
     # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
     # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the
     # device for each job and back, so large federations fit) or "device" (stays on run.device: no

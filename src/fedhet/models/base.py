@@ -9,13 +9,11 @@ personal part of a state dict is a prefix test.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 _UNFLATTEN = "unflatten"
@@ -131,44 +129,3 @@ def count_params(model: nn.Module, part: str | None = None) -> int:
     if part not in _PARTS:
         raise ValueError(f"unknown part {part!r}; valid parts: {', '.join(_PARTS)}")
     return sum(p.numel() for p in getattr(model, part).parameters())
-
-
-def matmul_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
-                  padding: tuple[int, int], dilation: tuple[int, int]) -> Tensor:
-    """``F.conv2d`` (groups 1, zero padding) as im2col (``F.unfold``) and one matrix product.
-
-    The same function of ``x`` and the weights as the convolution, rounded differently. Under
-    ``torch.func.vmap`` with per-client weights it becomes one batched product per client,
-    where ``F.conv2d`` becomes a grouped convolution that cuDNN runs as one kernel per client
-    (and, with one input channel, PyTorch's depthwise kernel): see :func:`use_matmul_convs`."""
-    n, _, h, w = x.shape
-    cout, _, kh, kw = weight.shape
-    ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1
-    wo = (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1
-    cols = F.unfold(x, (kh, kw), dilation=dilation, padding=padding, stride=stride)    # (N, Cin*kh*kw, L)
-    k = cols.shape[1]
-    out = weight.reshape(cout, k) @ cols.transpose(0, 1).reshape(k, n * ho * wo)     # one product: (Cout, N*L)
-    out = out.view(cout, n, ho, wo).transpose(0, 1)
-    return out if bias is None else out + bias.view(1, cout, 1, 1)
-
-
-class MatmulConv2d(nn.Conv2d):
-    """An ``nn.Conv2d`` computed by :func:`matmul_conv2d`; the same parameters and names."""
-
-    def _conv_forward(self, input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        return matmul_conv2d(input, weight, bias, self.stride, self.padding, self.dilation)  # type: ignore[arg-type]
-
-
-def use_matmul_convs(model: nn.Module, first_only: bool = False) -> nn.Module:
-    """A copy of ``model`` whose convolutions (groups 1, numeric zero padding; with
-    ``first_only`` only the first) run as :class:`MatmulConv2d`; parameter and buffer names are
-    unchanged, so the same weights load into either. For vmapped training on CUDA, where the
-    grouped convolutions of per-client weights are slow (``benchmarks/vmap_conv.py``)."""
-    twin = copy.deepcopy(model)
-    for m in twin.modules():
-        if (type(m) is nn.Conv2d and m.groups == 1 and m.padding_mode == "zeros"
-                and not isinstance(m.padding, str)):
-            m.__class__ = MatmulConv2d
-            if first_only:
-                break
-    return twin
