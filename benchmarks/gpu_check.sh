@@ -19,7 +19,7 @@
 #      benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
 #      default 20, $RUN_LIMIT seconds per run, $DEVICE_ONLY one run's label): whole paper-setting runs on the
 #      device, timed; or several calls, each a step of $RUNS_SECONDS, with
-#      $RUN_SPECS='RUNS:ROUNDS[:LABEL];...' (e.g. 'fedcme_conv:20;fedcme_t2:100:FedCME mu 0.01'),
+#      $RUN_SPECS='RUNS:ROUNDS[:LABEL];...' (e.g. 'fedcme_t2:20:FedAvg;fedcme_t2:100:FedCME mu 0.01'),
 #      into device_runs_<i>.*;
 #   6. optionally ($GPU_SWEEP='a.sweep.yaml [--only TAG]; b.sweep.yaml', $GPU_SWEEP_SECONDS,
 #      $GPU_SWEEP_LANES lanes per sweep): sweeps side by side on the device through
