@@ -74,7 +74,9 @@ arithmetic is the eager step's. Which steps are "of a kind":
   steps that one client's remainder batch splits off from the others, and those after a client has
   finished, replay the one full-width graph instead of running eagerly as new (members, size)
   pairs. The stand-in rows are wasted work, counted as ``idle_rows``;
-* the other steps per (members, size), when it recurs ``GRAPH_MIN_REPEATS`` times.
+* the other ("narrow") steps per (number of members, size), when that recurs ``GRAPH_MIN_REPEATS``
+  times: the members' rows are an input of the graph, so the steps left once the small clients have
+  finished replay one graph per count of clients left, whichever clients they are.
 
 A group's graphs share one memory pool. The equivalence tests replay graphs
 (``graph_min_repeats=2``), run the wide steps on the CPU as well (``wide_steps=True``), and run
@@ -306,8 +308,12 @@ class _Group:
     buffers: list[str] = field(default_factory=list)
 
 
-# A (members, batch size) step captured as a CUDA graph only if the group's schedule has it this often.
-GRAPH_MIN_REPEATS = 16
+# A (number of members, batch size) step captured as a CUDA graph only if the group's schedule has it
+# this often: its first step runs eagerly, the capture costs about one more plus the graph's
+# instantiation, and each replay saves most of an eager step (a few ms of Python and launches). At
+# FedCME's Table II setting, 4 instead of 16 leaves 58 eager steps of 352 a round instead of 103,
+# for 9 captures a round instead of 2.5 (counted on the CPU with graphs simulated).
+GRAPH_MIN_REPEATS = 4
 
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -326,13 +332,13 @@ def _keep(active: torch.Tensor, dst: torch.Tensor, new: torch.Tensor) -> None:
 
 
 class _GraphedStep:
-    """One recurring step of a group (the same members, the same batch size) captured as a CUDA graph.
+    """One recurring step of a group (as many members, the same batch size) captured as a CUDA graph.
 
     Everything the step reads or writes lives at a fixed address for the group's life: the
     stacked weights, momentum buffers and statistics' totals (updated in place), the loss terms'
-    constants, the members' row indices (``idx``, a slice of the group's schedule), the device
-    data pool, and two input buffers (the batch's pool indices and positions) that :meth:`replay`
-    fills before each launch; for a full-width step (``wide``) also which of the group's clients
+    constants, the device data pool, and input buffers that :meth:`replay` fills before each
+    launch: the batch's pool indices and positions, for a narrow step its members' rows (``idx``),
+    for a full-width step (``wide``) also which of the group's clients
     the step is for, and with an augmentation the step's draws. The losses and parts it returns are
     copies of the graph's outputs.
     ``ok`` is False, with ``error`` set, when capturing failed."""
@@ -342,6 +348,7 @@ class _GraphedStep:
         dev = engine.device
         self.pool_idx = torch.zeros((width, size), dtype=torch.long, device=dev)
         self.pos = torch.zeros((width, size), dtype=torch.long, device=dev)
+        self.idx = None if idx is None else idx.clone()     # the members' rows, filled at each replay
         self.active = torch.ones(width, dtype=torch.bool, device=dev) if wide else None
         # the augmentation's draws of the step (same shapes at every step of this kind)
         self.draws = None if draws is None else {k: torch.zeros_like(v) for k, v in draws.items()}
@@ -359,7 +366,7 @@ class _GraphedStep:
             # replayed in any order may reuse the same memory; a pool per graph would hold every
             # graph's activations at once (large models).
             with torch.cuda.stream(side), torch.cuda.graph(self.graph, stream=side, pool=g.graph_pool):
-                self.losses, self.parts = engine._step(g, idx, self.pool_idx, self.pos, self.active, self.draws)
+                self.losses, self.parts = engine._step(g, self.idx, self.pool_idx, self.pos, self.active, self.draws)
             if g.graph_pool is None:
                 g.graph_pool = self.graph.pool()
         except Exception as e:  # noqa: BLE001 - counted by the engine; these steps go on eagerly
@@ -369,9 +376,13 @@ class _GraphedStep:
             current.wait_stream(side)
 
     def replay(self, pool_idx: torch.Tensor, pos: torch.Tensor, active: torch.Tensor | None = None,
-               draws: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               draws: dict[str, torch.Tensor] | None = None,
+               idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         self.pool_idx.copy_(pool_idx)
         self.pos.copy_(pos)
+        if self.idx is not None:
+            assert idx is not None
+            self.idx.copy_(idx)
         if self.active is not None:
             assert active is not None
             self.active.copy_(active)
@@ -680,13 +691,13 @@ class Vectorized(Transport):
         all_draws = {name: torch.cat(parts).to(dev) for name, parts in draw_parts.items()}
         g.model.train()
         row = member_row = wide_row = 0
-        # Steps that recur - the same clients with the same batch size, e.g. all of them with full
+        # Steps that recur - as many clients with the same batch size, e.g. all of them with full
         # batches, or the clients left once the smallest have finished - replay one CUDA graph per
-        # (members, size), and wide steps one per size: its first step runs eagerly (it creates the
-        # statistics' totals and warms up cuDNN), the second is captured, the rest replay it with
-        # their inputs copied in. A narrow key that recurs fewer than GRAPH_MIN_REPEATS times in the
-        # schedule is not worth a capture.
-        repeats = Counter((tuple(members), size) for members, size, _, wide, _ in plan if not wide)
+        # (number of members, size), and wide steps one per size: its first step runs eagerly (it
+        # creates the statistics' totals and warms up cuDNN), the second is captured, the rest replay
+        # it with their inputs copied in. A narrow key that recurs fewer than GRAPH_MIN_REPEATS times
+        # in the schedule is not worth a capture.
+        repeats = Counter((len(members), size) for members, size, _, wide, _ in plan if not wide)
         adam = self._adam_table(g, iteration)
         graphs: dict[tuple, _GraphedStep] = {}
         eager_once: set[tuple] = set()
@@ -708,16 +719,17 @@ class Vectorized(Transport):
             rows = slice(row, row + width * size)
             row += width * size
             pool_idx, pos = all_pool[rows].view(width, size), all_pos[rows].view(width, size)
-            key: tuple = ("wide", size) if wide else (tuple(members), size)
+            # A narrow step's graph serves every step with as many members at its batch size: the
+            # members' rows (idx) are one of its inputs.
+            key: tuple = ("wide", size) if wide else (m, size)
             graphable = self._graphs_on() and (wide or repeats[key] >= self.graph_min_repeats)
             if graphable and key not in graphs and key in eager_once:
-                # idx's values are the same at every step of this key (the same members).
                 graphs[key] = self._capture(g, width, size, idx, wide, draws)
             graph = graphs.get(key) if graphable else None
             if adam is not None:
                 g.adam_now.copy_(adam[it])       # this step's bias corrections (every member's step it + 1)
             if graph is not None and graph.ok:
-                losses, parts = graph.replay(pool_idx, pos, active, draws)
+                losses, parts = graph.replay(pool_idx, pos, active, draws, idx)
                 self.counters["graph_steps"] += 1
             else:
                 losses, parts = self._step(g, idx, pool_idx, pos, active, draws)
