@@ -6,7 +6,8 @@
 # CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped
 # with SIGTERM after SECONDS: finished runs are complete, an unfinished one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
 # unfinished run's checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep
-# ... --out` on the unpacked folder; larger checkpoints, e.g. 20 clients' kept momentum, stay behind;
+# ... --out FOLDER --set run.device=cpu` on the unpacked folder; larger checkpoints, e.g. 20 clients'
+# kept momentum, stay behind;
 # finished runs need none). With PYTEST_SECONDS set, $PYTEST_FILES (default
 # tests/engine/test_engine_vectorized.py) run meanwhile with their device side on CUDA
 # (FEDHET_TEST_DEVICE=cuda), on 4 CPUs and 4 workers of their own.

@@ -27,9 +27,10 @@ def _cmd_run(args) -> int:
     from fedhet.experiment.runner import Experiment
 
     if args.resume:
-        if args.config or args.set:
-            raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG or --set")
-        exp = Experiment.resume(args.resume, threads=args.threads)
+        if args.config:
+            raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG")
+        # --set only for how the run is carried out (run.device, run.engine...): Experiment.resume checks
+        exp = Experiment.resume(args.resume, threads=args.threads, run_settings=args.set)
         print(f"resuming {exp.run_dir} after round {exp.start_round}", file=sys.stderr)
     else:
         if not args.config:
@@ -162,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run an experiment from a YAML config")
     r.add_argument("config", nargs="?", help="YAML config (see configs/)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.rounds=5 (repeatable)")
+                   help="override a config value, e.g. --set train.rounds=5 (repeatable); with --resume only "
+                        "how the run is carried out, e.g. --set run.device=cpu")
     r.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -193,9 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value in every run, after the file's own set lists, e.g. "
                          "--set run.device=cuda (repeatable). The values are part of each run's config: a run "
-                         "folder recorded with others is stale and left alone, except for resumable settings "
-                         "(run.engine, run.workers, ...), which a resumed run keeps from its recording (the "
-                         "sweep says which)")
+                         "folder recorded with others is stale and left alone, except for how runs are carried "
+                         "out (run.device, run.engine, run.workers, ...), which resumed runs take too (e.g. runs "
+                         "stopped on a GPU go on with --set run.device=cpu)")
     sw.add_argument("--only", action="append", metavar="TAG",
                     help="run only the runs of this tag or grid group (repeatable), e.g. --only fedpac; the "
                          "table still shows every completed run of the sweep; the exit status counts only "

@@ -119,6 +119,24 @@ def test_resume_refuses_a_changed_config_but_allows_more_rounds(small_config, tm
         Experiment.resume(exp.run_dir)
 
 
+def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config, tmp_path, monkeypatch, capsys):
+    """``fedhet run --resume DIR --set run.engine=...`` (or run.device=cpu for a run stopped on a
+    GPU): the run goes on that way and config.yaml records it; a --set that would change what the
+    run computes is refused before anything is touched."""
+    exp = Experiment.create(load_config(raw=small_config), tmp_path / "r")
+    run_killed_in_round(exp, monkeypatch, 1)
+    monkeypatch.undo()
+    before = (exp.run_dir / "metrics.jsonl").read_text()
+    assert main(["run", "--resume", str(exp.run_dir), "--set", "train.lr=0.3"]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr would change what it computes" in err and "run.device" in err
+    assert (exp.run_dir / "metrics.jsonl").read_text() == before and load_config(exp.run_dir / "config.yaml").train.lr == 0.05
+    assert main(["run", "--resume", str(exp.run_dir), "--set", "run.engine=reference", "--no-progress"]) == 0
+    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3]
+    assert load_config(exp.run_dir / "config.yaml").run.engine == "reference"
+    assert json.loads((exp.run_dir / "summary.json").read_text())["engine"]["engine"] == "reference"
+
+
 FULL_DISK = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)       # a short write then fails with EFBIG, as on a full disk
@@ -350,6 +368,18 @@ def test_resume_accepts_a_checkpoint_made_before_a_config_key_existed(small_conf
     assert config_changes(recorded, cfg) == []
     changed = load_config(raw={**small_config, "eval": {**small_config["eval"], "clients": "sampled"}})
     assert config_changes(recorded, changed) == ["eval.clients: '<absent>' -> 'sampled'"]
+
+
+def test_a_run_may_resume_on_another_device_but_not_in_another_precision(small_config):
+    """A sweep stopped on a lent GPU goes on on a CPU (benchmarks/gpu_sweeps.sh): run.device and how
+    the device runs it (cuda_graphs, client_state) may change on resume; run.precision may not."""
+    from fedhet.experiment.config import config_changes
+
+    on_gpu = {**small_config.get("run", {}), "device": "cuda", "cuda_graphs": False, "client_state": "device"}
+    recorded = load_config(raw={**small_config, "run": on_gpu}).model_dump(mode="json")
+    assert config_changes(recorded, load_config(raw=small_config)) == []
+    bf16 = load_config(raw={**small_config, "run": {**on_gpu, "precision": "bf16"}})
+    assert config_changes(recorded, bf16) == ["run.precision: 'fp32' -> 'bf16'"]
 
 
 @pytest.mark.parametrize("name", ["scaffold", "fednova", "fedprox+scaffold"])

@@ -20,7 +20,7 @@ from fedhet.experiment.sweep import (
     job_status,
     lane_threads,
     load_sweep,
-    run_settings_not_taken,
+    resumable_sets,
     run_sweep,
     write_report,
 )
@@ -72,25 +72,25 @@ def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, sm
     for job in sweep.jobs:
         assert len(read_metrics(job.run_dir)) == 1      # the command line's value won over both files' sets
     assert "fedhet sweep " + str(path) + " --set train.rounds=1" in (sweep.out / "sweep.md").read_text()
-    # A resumed run keeps its recorded run settings: the sweep names the --set run.* values it does not take
+    # A resumed run takes the --set values of how it is carried out (not run.threads: the sweep's own),
+    # so a run stopped on a GPU may go on on the CPU; other settings make a recorded run stale
     job = sweep.jobs[0]
-    assert run_settings_not_taken(job, ["run.engine=auto", "train.lr=0.3", "run.threads=7"]) == []
-    assert run_settings_not_taken(job, ["run.engine=vectorized"]) == ["run.engine: kept 'auto', not 'vectorized'"]
-    # run.device changes results: such a run is stale (left alone), not resumed with a note
-    assert run_settings_not_taken(job, ["run.device=cuda"]) == []
+    assert resumable_sets(["run.engine=auto", "train.lr=0.3", "run.threads=7", "run.device=cpu"]) == [
+        "run.engine=auto", "run.device=cpu"]
     assert config_mismatch(job) == [] and load_sweep(path, extra_set=["run.device=cuda"]).jobs[0].run_dir == job.run_dir
-    assert job_status(load_sweep(path, extra_set=["train.rounds=1", "run.device=cuda"]).jobs[0]) == "stale"
+    assert job_status(load_sweep(path, extra_set=["train.rounds=1", "run.device=cuda"]).jobs[0]) == "completed"
+    assert job_status(load_sweep(path, extra_set=["train.rounds=1", "run.precision=bf16"]).jobs[0]) == "stale"
 
 
-def test_a_resumed_run_says_which_set_run_values_it_does_not_take(tmp_path, small_config, capsys):
+def test_a_resumed_run_takes_the_set_values_of_how_it_is_carried_out(tmp_path, small_config):
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=1"])
     assert cli_main(["sweep", str(path)]) == 0
-    capsys.readouterr()
-    # more rounds: the completed run is extended through --resume, with its recorded run settings
+    # more rounds: the completed run is extended through --resume, on the engine asked for now
     assert cli_main(["sweep", str(path), "--set", "train.rounds=2", "--set", "run.engine=reference"]) == 0
-    err = capsys.readouterr().err
-    assert "fedavg_s0 resumes with its recorded run settings (run.engine: kept 'auto', not 'reference')" in err
-    assert len(read_metrics(load_sweep(path).jobs[0].run_dir)) == 2
+    run_dir = load_sweep(path).jobs[0].run_dir
+    assert len(read_metrics(run_dir)) == 2
+    assert json.loads((run_dir / "summary.json").read_text())["engine"]["engine"] == "reference"
+    assert load_config(run_dir / "config.yaml").run.engine == "reference"     # recorded from then on
 
 
 def test_sweep_file_errors_are_clear(tmp_path, small_config):

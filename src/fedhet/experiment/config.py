@@ -354,9 +354,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 # Keys that may differ between a run's checkpoint and its config on resume: how the run is
-# carried out, not what it computes (engines are equivalent; threads change speed only).
-RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.checkpoint_every",
-                     "run.out_dir", "run.loggers", "run.mlflow_tracking_uri")
+# carried out, not what it computes (engines and devices are equivalent to float rounding, so a
+# run stopped on a lent GPU may go on on a CPU; threads change speed only).
+RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
+                     "run.client_state", "run.checkpoint_every", "run.out_dir", "run.loggers",
+                     "run.mlflow_tracking_uri")
 
 
 # Mappings that are one value each: compared and recorded whole (a method's or partitioner's own keys).

@@ -24,7 +24,7 @@ from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build, configure_process
 from fedhet.experiment.callbacks import Callback
-from fedhet.experiment.config import ExperimentConfig, config_changes, dump_config, load_config
+from fedhet.experiment.config import RESUMABLE_CHANGES, ExperimentConfig, config_changes, dump_config, load_config
 from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
     CHECKPOINT,
@@ -154,9 +154,12 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, threads: int | None = None, config: ExperimentConfig | None = None,
-               **kwargs: Any) -> Experiment:
+               run_settings: list[str] | None = None, **kwargs: Any) -> Experiment:
         """Continue the run in ``run_dir`` from its checkpoint; ``threads`` replaces its
-        ``run.threads`` (speed only: float sums may differ in the last bits). The Flower runner
+        ``run.threads`` (speed only: float sums may differ in the last bits). ``run_settings``
+        (``KEY=VALUE``, only :data:`RESUMABLE_CHANGES` keys: how the run is carried out, e.g.
+        ``run.device=cpu`` for a run stopped on a GPU) replace the recorded values, and config.yaml
+        records them from then on. The Flower runner
         passes the ``config`` its run config holds (checked against config.yaml and the
         checkpoint like a changed file) and its loop, callbacks... as ``kwargs``; the checkpoint
         read is kept as ``restored``."""
@@ -164,6 +167,12 @@ class Experiment:
         if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         cfg = load_config(rundir.path / CONFIG)
+        if run_settings:
+            fixed = [k for k in (item.partition("=")[0] for item in run_settings) if k not in RESUMABLE_CHANGES]
+            if fixed:
+                raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(RESUMABLE_CHANGES)}); "
+                                  f"{', '.join(fixed)} would change what it computes: start a new run for that")
+            cfg = load_config(rundir.path / CONFIG, run_settings)
         if config is not None:
             changed = config_changes(cfg.model_dump(mode="json"), config)
             if changed:
@@ -200,6 +209,8 @@ class Experiment:
                     raise CheckpointError(f"checkpoint {rundir.path / CHECKPOINT} does not hold a fedhet run's state "
                                           f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
             rundir.truncate_metrics(exp.start_round)
+            if run_settings:
+                rundir.write_text(CONFIG, dump_config(cfg))
         except BaseException:
             exp.rundir.unlock()        # a refused resume leaves the folder free
             raise

@@ -60,7 +60,6 @@ from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import (
     RESUMABLE_CHANGES,
     config_changes,
-    flatten_config,
     load_config,
     parse_yaml,
     read_yaml,
@@ -289,10 +288,13 @@ def _recorded_status(job: Job) -> str:
     return "new"
 
 
-def _command(job: Job, threads: int, resume: bool) -> list[str]:
+def _command(job: Job, threads: int, resume: bool, extra_set: list[str] = ()) -> list[str]:
     base = [sys.executable, "-m", "fedhet.cli", "run"]
     if resume:
-        return [*base, "--resume", str(job.run_dir), "--no-progress", "--threads", str(threads)]
+        # the command line's settings of how runs are carried out (run.device, run.engine...) apply
+        # to resumed runs too: a run stopped on a lent GPU goes on on the CPU with --set run.device=cpu
+        sets = [x for item in resumable_sets(extra_set) for x in ("--set", item)]
+        return [*base, "--resume", str(job.run_dir), *sets, "--no-progress", "--threads", str(threads)]
     sets = [x for o in job.overrides for x in ("--set", o)]
     return [*base, str(job.config), *sets, "--out", str(job.run_dir), "--no-progress", "--threads", str(threads)]
 
@@ -375,14 +377,11 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 resume = (job.run_dir / "config.yaml").is_file()
                 if resume:
                     _extend_rounds(job)
-                    kept = run_settings_not_taken(job, sweep.extra_set)
-                    if kept:
-                        log(f"{time.strftime('%H:%M:%S')} note   {job.name} resumes with its recorded run "
-                            f"settings ({'; '.join(kept)}); those --set values apply to runs that start afresh")
                 _failure_marker(job).unlink(missing_ok=True)
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
-                proc = subprocess.Popen(_command(job, threads, resume), stdout=logf, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(_command(job, threads, resume, sweep.extra_set), stdout=logf,
+                                        stderr=subprocess.STDOUT)
                 logf.close()
                 _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
@@ -424,28 +423,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     return outcome
 
 
-def run_settings_not_taken(job: Job, extra_set: list[str]) -> list[str]:
-    """The command line's ``--set`` values of resumable settings (``RESUMABLE_CHANGES``: engine,
-    workers, checkpointing...) that a resumed run does not take: ``--resume`` continues with the
-    run's recorded config. ``run.threads`` is the sweep's own (one share per lane). Other settings
-    are part of what a run is: a run recorded with other values is stale and left alone."""
-    try:
-        recorded = flatten_config(parse_yaml((job.run_dir / "config.yaml").read_text()) or {})
-    except (OSError, yaml.YAMLError, AttributeError):
-        return []
-    out = []
-    for item in extra_set:
-        key, _, value = item.partition("=")
-        if key not in RESUMABLE_CHANGES or key == "run.threads":
-            continue
-        have = recorded.get(key)
-        try:
-            asked = parse_yaml(value)
-        except yaml.YAMLError:
-            asked = value
-        if str(have) != str(asked):
-            out.append(f"{key}: kept {have!r}, not {value!r}")
-    return out
+def resumable_sets(extra_set: list[str]) -> list[str]:
+    """The command line's ``--set`` values that a resumed run takes (``RESUMABLE_CHANGES``: device,
+    engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane).
+    Other settings are part of what a run is: a run recorded with other values is stale and left alone."""
+    return [item for item in extra_set
+            if item.partition("=")[0] in RESUMABLE_CHANGES and item.partition("=")[0] != "run.threads"]
 
 
 def _extend_rounds(job: Job) -> None:
