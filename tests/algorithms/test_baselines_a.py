@@ -438,3 +438,48 @@ def test_feddyn_server_rule_chains_in_a_composition():
     for name in ("feddyn+fedacd", "fedacd+feddyn"):
         with pytest.raises(KeyError, match="each define the aggregation weights"):
             algorithm_class(name)
+
+
+# --- FedAvg.client_model and server_trainable (mutation-testing survivors) -----------------
+from fedhet.algorithms.aggregate import server_trainable  # noqa: E402
+
+
+def test_fedavg_client_model_local_bn_evaluates_the_global_weights_with_the_clients_statistics():
+    algo = FedAvg(FedAvg.Params(bn_buffers="local"))
+    server = {"model": {"w": torch.tensor([0.5]), "bn.running_mean": torch.tensor([7.0])}}
+    own = {"buffers": {"bn.running_mean": torch.tensor([102.0])}}
+    view = algo.client_model(4, server, own)
+    assert set(view) == {"w", "bn.running_mean"}
+    assert torch.equal(view["w"], torch.tensor([0.5]))                     # global weight
+    assert torch.equal(view["bn.running_mean"], torch.tensor([102.0]))     # the client's own statistics
+    assert torch.equal(server["model"]["bn.running_mean"], torch.tensor([7.0]))   # server state untouched
+    # a client that has never trained (no state, or a state without buffers) sees the global model
+    assert algo.client_model(1, server, None) is server["model"]
+    assert algo.client_model(1, server, {}) is server["model"]
+    assert algo.client_model(1, server, {"other": 1}) is server["model"]
+
+
+def test_fedavg_client_model_average_bn_ignores_client_statistics():
+    algo = FedAvg()                                  # bn_buffers="average"
+    server = {"model": {"w": torch.tensor([0.5]), "bn.running_mean": torch.tensor([7.0])}}
+    stale = {"buffers": {"bn.running_mean": torch.tensor([102.0])}}
+    assert algo.client_model(0, server, stale) is server["model"]
+    assert algo.client_model(0, server, None) is server["model"]
+
+
+def test_server_trainable_drops_batchnorm_statistics_at_any_depth_and_integer_tensors():
+    f = torch.zeros(2)
+    weights = {
+        "conv.weight": f,
+        "bn.running_mean": f,                              # statistics of a top-level BatchNorm
+        "body.layer1.0.bn1.weight": f,                     # BN affine parameters are trainable
+        "body.layer1.0.bn1.bias": f,
+        "body.layer1.0.bn1.running_mean": f,               # statistics nested three modules deep
+        "body.layer1.0.bn1.running_var": f,
+        "body.layer1.0.bn1.num_batches_tracked": torch.tensor(3.0),
+        "head.bn.num_batches_tracked": torch.tensor(3),    # integer counter
+        "steps": torch.tensor([1, 2]),                     # any integer tensor
+        "head.fc.bias": f,
+    }
+    assert server_trainable(weights) == ["conv.weight", "body.layer1.0.bn1.weight", "body.layer1.0.bn1.bias",
+                                         "head.fc.bias"]
