@@ -161,16 +161,17 @@ def make_config(small_config, algorithm="fedavg", params=None, partition=EQUAL, 
     return load_config(raw=raw)
 
 
-def build(cfg, engine, bn=False, algorithm=None, fed=None, wide=None):
+def build(cfg, engine, bn=False, algorithm=None, fed=None, wide=None, keep_graphs=False):
     """A simulator built like ``Experiment`` builds it (runner helpers), optionally with the BN CNN;
-    ``wide``: the vectorized engine's full-width masked steps on (True), off, or as on the device (None)."""
+    ``wide``: the vectorized engine's full-width masked steps on (True), off, or as on the device (None);
+    ``keep_graphs``: later groups of one signature train in the first one's buffers (and graphs)."""
     fed = fed or build_federation(cfg.data, cfg.seed)
     models, client_arch = build_models(cfg, fed)
     if bn:
         models = {"cnn2": bn_model(cfg.model.options.get("projection_dim"), cfg.model.split or "fc2")}
     # graph_min_repeats 2: the tests' short schedules replay graphs as well (on CUDA)
     transport = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2,
-                           wide_steps=wide) if engine == "vectorized" else None
+                           wide_steps=wide, keep_graphs=keep_graphs) if engine == "vectorized" else None
     return build_loop(cfg, transport, fed=fed, models=models, algorithm=algorithm)
 
 
@@ -206,11 +207,11 @@ def assert_model_close(a, b):
     assert diff <= MODEL_RTOL * torch.cat([a[k].flatten() for k in keys]).norm()
 
 
-def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None, wide=None):
+def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None, wide=None, keep_graphs=False):
     """Both engines side by side; ``after_round(rnd, loop)`` may edit each loop's state in between."""
     fed = build_federation(cfg.data, cfg.seed)
     ref = build(cfg, "reference", bn, copy.deepcopy(algorithm), fed)
-    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed, wide)
+    vec = build(cfg, "vectorized", bn, copy.deepcopy(algorithm), fed, wide, keep_graphs)
     for rnd in range(rounds):
         a, b = ref.run_round(rnd), vec.run_round(rnd)
         assert (a.steps, a.samples, a.phases) == (b.steps, b.samples, b.phases)
@@ -287,6 +288,45 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
         model = vec.server_state["model"] if "model" in vec.server_state else \
             next(iter(vec.client_states.values()))["model"]
         assert not torch.equal(model[key], vec.host.init_models["cnn2"][key])
+
+
+# run.keep_graphs: three rounds, so that later groups train in the buffers (and on CUDA replay the
+# graphs) of earlier ones: momentum carried within a round (fedprox), a projection head (moon), two
+# phases whose second continues the first's statistics (fedcme), prototypes as term constants
+# (fedproto), frozen parameters (fedbabu); wide steps as on the device.
+KEPT_CASES = [c for c in CASES if c[0] in ("fedavg", "fedprox", "moon", "fedproto", "fedbabu")] + [
+    ("fedcme", "fedcme", {"mu": 0.01}, {}, 0.0, 0.05, 2)]
+
+
+@pytest.mark.parametrize("case", KEPT_CASES, ids=[c[0] for c in KEPT_CASES])
+def test_kept_groups_equal_reference(small_config, case):
+    _, algorithm, params, options, momentum, lr, epochs = case
+    cfg = make_config(small_config, algorithm, params, UNEQUAL, momentum, lr, epochs, options)
+    ref, vec = run_both(cfg, rounds=3, bn=True, wide=True, keep_graphs=True)
+    engine = vec.transport
+    assert engine.counters["fallback_requests"] == 0 and engine.counters["groups"] > len(engine._kept) >= 1
+    assert_engines_agree(ref, vec, TIGHT)
+
+
+def test_a_kept_group_trains_later_groups_in_its_own_buffers(small_config):
+    """The second round's group is the first's: the same stacked weight tensor (its CUDA graphs read
+    that address), refilled with the round's clients' weights."""
+    cfg = make_config(small_config, "fedavg", {}, UNEQUAL)
+    vec = build(cfg, "vectorized", keep_graphs=True)
+    vec.run_round(0)
+    (kept,) = vec.transport._kept.values()
+    buffer = kept.weights["head.fc2.weight"]
+    vec.run_round(1)
+    assert list(vec.transport._kept.values()) == [kept] and kept.weights["head.fc2.weight"] is buffer
+    assert vec.transport.counters["groups"] == 2
+
+
+def test_kept_groups_with_adam_equal_reference(small_config):
+    cfg = make_config(small_config, "fedavg", partition=UNEQUAL, lr=1e-3, optimizer="adam", weight_decay=1e-4,
+                      optimizer_state="reset")
+    ref, vec = run_adam(cfg, rounds=3, wide=True, keep_graphs=True)
+    assert vec.transport.counters["fallback_requests"] == 0 and len(vec.transport._kept) == 1
+    assert_engines_agree(ref, vec, TIGHT)
 
 
 # Full-width steps with an active mask (the steps CUDA graphs replay for at least half a group):
@@ -669,7 +709,7 @@ def smooth_model(projection_dim=None, split="fc2", channels=1, size=28):
     return helpers.bn_model(projection_dim, split, batch_norm=False, channels=channels, size=size)
 
 
-def run_adam(cfg, rounds: int = 2, wide=None, model=None, **settings):
+def run_adam(cfg, rounds: int = 2, wide=None, model=None, keep_graphs=False, **settings):
     """Reference and vectorized loops side by side with Adam at eps 1e-3 on the smooth model. Adam
     divides by sqrt(v) + eps, so where a gradient is rounding noise (near zero) the default eps
     1e-8 amplifies the engines' float differences by up to lr / eps; eps 1e-3 keeps the comparison
@@ -677,7 +717,7 @@ def run_adam(cfg, rounds: int = 2, wide=None, model=None, **settings):
     fed = build_federation(cfg.data, cfg.seed)
     models = {"cnn2": model or smooth_model()}
     vectorized_engine = Vectorized(device=DEVICE, fallback_on_error=False, cuda_graphs=CUDA_GRAPHS, graph_min_repeats=2,
-                                   wide_steps=wide)
+                                   wide_steps=wide, keep_graphs=keep_graphs)
     loops = [build_loop(cfg, transport, fed=fed, models=copy.deepcopy(models)) for transport in (None, vectorized_engine)]
     for loop in loops:
         loop.host.settings = replace(loop.host.settings, eps=1e-3, **settings)

@@ -116,7 +116,8 @@ def round_sample_estimate(federation, settings, clients_per_round: int) -> float
     return sum(sizes) / max(len(sizes), 1) * settings.epochs * clients_per_round
 
 
-def make_transport(choice: EngineChoice, device: str | None = "cpu", cuda_graphs: bool = True) -> Transport:
+def make_transport(choice: EngineChoice, device: str | None = "cpu", cuda_graphs: bool = True,
+                   keep_graphs: bool = False) -> Transport:
     """The transport an :class:`EngineChoice` names."""
     if choice.engine == "reference":
         return InProcess()
@@ -126,17 +127,18 @@ def make_transport(choice: EngineChoice, device: str | None = "cpu", cuda_graphs
         from fedhet.engine.vectorized import Vectorized
     except ImportError as e:
         raise ConfigError(f"run.engine: vectorized is not available ({e})") from None
-    return Vectorized(device=None if device in (None, "auto") else device, cuda_graphs=cuda_graphs)
+    return Vectorized(device=None if device in (None, "auto") else device, cuda_graphs=cuda_graphs,
+                      keep_graphs=keep_graphs)
 
 
 def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto", workers: int | str = "auto",
               device: str | None = "cpu", threads: int | None = None,
-              cuda_graphs: bool = True) -> tuple[RoundLoop, EngineChoice]:
+              cuda_graphs: bool = True, keep_graphs: bool = False) -> tuple[RoundLoop, EngineChoice]:
     """The round loop for ``host`` with the transport :func:`choose_engine` picks, and that choice."""
     choice = choose_engine(engine, workers, device, clients_per_round=clients_per_round,
                            round_samples=round_sample_estimate(host.federation, host.settings, clients_per_round),
                            threads=threads)
-    return RoundLoop(host, clients_per_round, make_transport(choice, device, cuda_graphs)), choice
+    return RoundLoop(host, clients_per_round, make_transport(choice, device, cuda_graphs, keep_graphs)), choice
 
 
 __all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "ClientHost", "EngineChoice", "Forked", "InProcess",

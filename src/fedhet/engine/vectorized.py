@@ -78,7 +78,11 @@ arithmetic is the eager step's. Which steps are "of a kind":
   times: the members' rows are an input of the graph, so the steps left once the small clients have
   finished replay one graph per count of clients left, whichever clients they are.
 
-A group's graphs share one memory pool. The equivalence tests replay graphs
+A group's graphs share one memory pool. With ``keep_graphs`` (``run.keep_graphs``) a later group
+of the same signature (the same architecture, settings, terms, number of clients...) trains in the
+same stacked buffers, its values copied in, and keeps the earlier groups' graphs and counts: in a
+long run the steps of every kind, the one-client remainder batches (n mod B) included, replay
+graphs captured once instead of once per group. The equivalence tests replay graphs
 (``graph_min_repeats=2``), run the wide steps on the CPU as well (``wide_steps=True``), and run
 without graphs under ``FEDHET_TEST_CUDA_GRAPHS=0``. A failed capture leaves that kind's steps
 eager, counted in ``eager_reasons``. Measured on an H200 (FedCME setting, before wide steps): 2.6x
@@ -98,7 +102,7 @@ import math
 import queue
 import threading
 import warnings
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -306,6 +310,13 @@ class _Group:
     graph_pool: tuple | None = None
     # The model's buffers among ``names`` (what a forward pass may change: BatchNorm statistics).
     buffers: list[str] = field(default_factory=list)
+    # The group's CUDA graphs by step kind, the kinds that have run eagerly, and how often each
+    # narrow kind has occurred: this group's own, or with ``keep_graphs`` those of every group
+    # that trained in these buffers before it (``Vectorized._group_for``).
+    graphs: dict[tuple, _GraphedStep] = field(default_factory=dict)
+    eager_once: set[tuple] = field(default_factory=set)
+    kind_counts: Counter = field(default_factory=Counter)
+    signature: tuple | None = None       # with keep_graphs: what a later group must match to train here
 
 
 # A (number of members, batch size) step captured as a CUDA graph only if the group's schedule has it
@@ -314,6 +325,10 @@ class _Group:
 # FedCME's Table II setting, 4 instead of 16 leaves 58 eager steps of 352 a round instead of 103,
 # for 9 captures a round instead of 2.5 (counted on the CPU with graphs simulated).
 GRAPH_MIN_REPEATS = 4
+
+# keep_graphs: how many group signatures keep their buffers and graphs (FedCME uses two: phase A
+# starts its statistics from zero, phase B from phase A's).
+KEPT_GROUPS = 8
 
 
 def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -405,7 +420,8 @@ class Vectorized(Transport):
     name = "vectorized"
 
     def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
-                 cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None):
+                 cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None,
+                 keep_graphs: bool = False):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
         self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
@@ -422,14 +438,19 @@ class Vectorized(Transport):
         self.eager_reasons: dict[str, int] = {}
         self._pool_cache: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
+        # keep_graphs: groups of one signature train in the same stacked buffers and keep one set of
+        # CUDA graphs (module docstring), at most KEPT_GROUPS signatures, the least recent dropped.
+        self.keep_graphs = keep_graphs
+        self._kept: OrderedDict[tuple, _Group] = OrderedDict()
 
     def info(self) -> dict:
-        return {**super().info(), "device": str(self.device), **self.counters,
+        return {**super().info(), "device": str(self.device), "keep_graphs": self.keep_graphs, **self.counters,
                 "fallback_reasons": dict(self.fallback_reasons), "eager_reasons": dict(self.eager_reasons)}
 
     def close(self) -> None:
-        """Free the device copy of the data pool (the runner calls this at the end of a run)."""
+        """Free the device copy of the data pool and the kept groups (the runner calls this at the end of a run)."""
         self._pool_cache.clear()
+        self._kept.clear()
 
     # --- phases -------------------------------------------------------------------------
     def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
@@ -479,6 +500,9 @@ class Vectorized(Transport):
                 self.counters["vectorized_requests"] += len(reqs)
                 self.counters["groups"] += 1
             except Exception as e:  # a term that cannot be vmapped after all: reference path
+                # kept buffers and graphs a failed group may have left half-written are not reused
+                for sig in [k for k, kept in self._kept.items() if any(r is q for q in kept.requests for r in reqs)]:
+                    del self._kept[sig]
                 if not self.fallback_on_error:
                     raise
                 if key not in self._warned:
@@ -594,8 +618,45 @@ class Vectorized(Transport):
                     g.batched_consts.append(self._stack(values))
         return g
 
+    def _group_for(self, reqs: list[_Request]) -> _Group:
+        """The group ``reqs`` train in: a new one, or with ``keep_graphs`` the kept group of the same
+        signature with ``reqs``' weights, optimizer state, statistics and term constants copied into
+        its buffers (in place: its CUDA graphs read those addresses)."""
+        fresh = self._build_group(reqs)
+        if not self.keep_graphs:
+            return fresh
+        signature = (self._group_key(reqs[0]), len(reqs), tuple(fresh.batched_paths), tuple(fresh.shared_consts),
+                     tuple(sorted(fresh.momentum)), tuple(sorted(fresh.stat_totals)))
+        kept = self._kept.get(signature)
+        if kept is None:
+            fresh.signature = signature
+            self._kept[signature] = fresh
+            while len(self._kept) > KEPT_GROUPS:
+                self._kept.popitem(last=False)
+            return fresh
+        self._kept.move_to_end(signature)
+        with torch.no_grad():
+            for mine, theirs in [(kept.weights, fresh.weights), (kept.momentum, fresh.momentum),
+                                 (kept.has_momentum, fresh.has_momentum), (kept.adam_m, fresh.adam_m),
+                                 (kept.adam_v, fresh.adam_v), (kept.adam_vmax, fresh.adam_vmax),
+                                 (kept.shared_consts, fresh.shared_consts)]:
+                for name, t in theirs.items():
+                    mine[name].copy_(t)
+            for mine_t, t in zip(kept.batched_consts, fresh.batched_consts):
+                mine_t.copy_(t)
+            # statistics: the requests' own (phase B continues phase A's), zero where they have none
+            for key, total in kept.stat_totals.items():
+                if key in fresh.stat_totals:
+                    total.copy_(fresh.stat_totals[key])
+                    kept.stat_seen[key].copy_(fresh.stat_seen[key])
+                else:
+                    total.zero_()
+                    kept.stat_seen[key].fill_(False)
+        kept.requests, kept.records = reqs, []
+        return kept
+
     def _train_group(self, reqs: list[_Request]) -> None:
-        g = self._build_group(reqs)
+        g = self._group_for(reqs)
         C = len(reqs)
         s = reqs[0].settings
 
@@ -697,10 +758,9 @@ class Vectorized(Transport):
         # creates the statistics' totals and warms up cuDNN), the second is captured, the rest replay
         # it with their inputs copied in. A narrow key that recurs fewer than GRAPH_MIN_REPEATS times
         # in the schedule is not worth a capture.
-        repeats = Counter((len(members), size) for members, size, _, wide, _ in plan if not wide)
+        g.kind_counts.update((len(members), size) for members, size, _, wide, _ in plan if not wide)
         adam = self._adam_table(g, iteration)
-        graphs: dict[tuple, _GraphedStep] = {}
-        eager_once: set[tuple] = set()
+        graphs, eager_once = g.graphs, g.eager_once
         for (members, size, it, wide, row_clients), meta in zip(plan, draw_rows):
             m = len(members)
             width = C if wide else m
@@ -722,7 +782,7 @@ class Vectorized(Transport):
             # A narrow step's graph serves every step with as many members at its batch size: the
             # members' rows (idx) are one of its inputs.
             key: tuple = ("wide", size) if wide else (m, size)
-            graphable = self._graphs_on() and (wide or repeats[key] >= self.graph_min_repeats)
+            graphable = self._graphs_on() and (wide or g.kind_counts[key] >= self.graph_min_repeats)
             if graphable and key not in graphs and key in eager_once:
                 graphs[key] = self._capture(g, width, size, idx, wide, draws)
             graph = graphs.get(key) if graphable else None

@@ -226,6 +226,10 @@ class RunConfig(Strict):
     # The vectorized engine on CUDA replays the steps that recur in a group's schedule as CUDA
     # graphs (a failed capture is counted in the summary's engine.eager_reasons; those steps run eagerly).
     cuda_graphs: bool = True
+    # Later groups of the same shape (architecture, settings, terms, number of clients) train in the
+    # buffers of the first and replay its CUDA graphs instead of capturing their own (fedhet.engine.
+    # vectorized); off until measured on a GPU.
+    keep_graphs: bool = False
     # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
     # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the
     # device for each job and back, so large federations fit) or "device" (stays on run.device: no
@@ -357,6 +361,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # carried out, not what it computes (engines and devices are equivalent to float rounding, so a
 # run stopped on a lent GPU may go on on a CPU; threads change speed only).
 RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
+                     "run.keep_graphs",
                      "run.client_state", "run.checkpoint_every", "run.out_dir", "run.loggers",
                      "run.mlflow_tracking_uri")
 

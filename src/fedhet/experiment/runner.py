@@ -101,7 +101,7 @@ class Experiment:
                 loop, self.engine_choice = make_loop(self.built.host, cfg.train.clients_per_round,
                                                      engine=cfg.run.engine, workers=cfg.run.workers,
                                                      device=self.built.device, threads=cfg.run.threads,
-                                                     cuda_graphs=cfg.run.cuda_graphs)
+                                                     cuda_graphs=cfg.run.cuda_graphs, keep_graphs=cfg.run.keep_graphs)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         self.loop = loop
