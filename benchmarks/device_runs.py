@@ -17,6 +17,7 @@ Runs:
 
 * ``fedcme_t2``: the FedCME paper's Table II setting (Fashion-MNIST, Dir(0.5), K=50, M=10, E=6,
   B=32, lr 0.01), FedAvg and FedCME (mu 0.01), vectorized engine;
+* ``fedcme_keep_graphs``: FedCME at that setting with ``run.keep_graphs`` off and on, side by side;
 * ``fedclassavg_full``: the FedClassAvg paper's full-size Fashion-MNIST federation (20 clients of
   about 3,000 images, ResNet-18 / ShuffleNetV2 / GoogLeNet / AlexNet by client, Adam, SupCon on two
   views), on the reference engine and on the vectorized one (clients grouped by architecture, the
@@ -45,6 +46,12 @@ RUNS = {
     "fedcme_t2": [
         ("FedAvg", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml", ["run.engine=vectorized"]),
         ("FedCME mu 0.01", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml", ["run.engine=vectorized"]),
+    ],
+    # run.keep_graphs off and on, side by side (the same machine, one after the other)
+    "fedcme_keep_graphs": [
+        ("FedCME mu 0.01", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml", ["run.engine=vectorized"]),
+        ("FedCME mu 0.01, keep_graphs", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml",
+         ["run.engine=vectorized", "run.keep_graphs=true"]),
     ],
     "fedclassavg_full": [
         ("FedClassAvg", "configs/papers/fedclassavg/t2_fmnist_dir0.5_fedclassavg.yaml", ["run.engine=reference"]),
