@@ -308,17 +308,38 @@ def test_kept_groups_equal_reference(small_config, case):
     assert_engines_agree(ref, vec, TIGHT)
 
 
+def kept_addresses(g) -> dict:
+    """Where every tensor a kept group's CUDA graphs may read lives."""
+    out = {}
+    for part in ("weights", "momentum", "has_momentum", "adam_m", "adam_v", "adam_vmax", "stat_totals", "stat_seen"):
+        out.update({(part, k): t.data_ptr() for k, t in getattr(g, part).items()})
+    out.update({("shared", k): t.data_ptr() for k, t in g.shared_consts.items()})
+    out.update({("batched", i): t.data_ptr() for i, t in enumerate(g.batched_consts)})
+    if g.adam_now is not None:
+        out["adam_now"] = g.adam_now.data_ptr()
+    return out
+
+
 def test_a_kept_group_trains_later_groups_in_its_own_buffers(small_config):
-    """The second round's group is the first's: the same stacked weight tensor (its CUDA graphs read
-    that address), refilled with the round's clients' weights."""
-    cfg = make_config(small_config, "fedavg", {}, UNEQUAL)
+    """Later rounds' groups are the first's: every buffer its CUDA graphs read (weights, momentum,
+    term constants shared and per client, statistics) stays at its address, refilled with the
+    round's values; and the caller's own tensors (the global model, a shared constant of MOON's
+    terms) are never written into."""
+    cfg = make_config(small_config, "moon", {"mu": 1.0}, UNEQUAL, momentum=0.5, options={"projection_dim": 16})
     vec = build(cfg, "vectorized", keep_graphs=True)
-    vec.run_round(0)
-    (kept,) = vec.transport._kept.values()
-    buffer = kept.weights["head.fc2.weight"]
+    vec.run_round(0)                       # no previous local models yet: a signature of its own
+    sent = vec.server_state["model"]       # the global model round 1's group holds as a shared constant
+    values_sent = {k: v.clone() for k, v in sent.items()}
     vec.run_round(1)
-    assert list(vec.transport._kept.values()) == [kept] and kept.weights["head.fc2.weight"] is buffer
-    assert vec.transport.counters["groups"] == 2
+    kept = next(g for g in vec.transport._kept.values() if g.batched_consts)   # previous models, per client
+    addresses = kept_addresses(kept)
+    assert any(part == "shared" for part, *_ in addresses)
+    for rnd in (2, 3):
+        vec.run_round(rnd)
+        assert kept in vec.transport._kept.values() and kept_addresses(kept) == addresses
+    for k, v in sent.items():
+        assert torch.equal(v, values_sent[k]), k
+    assert vec.transport.counters["groups"] == 4 and len(vec.transport._kept) == 2
 
 
 def test_kept_groups_with_adam_equal_reference(small_config):

@@ -82,7 +82,10 @@ A group's graphs share one memory pool. With ``keep_graphs`` (``run.keep_graphs`
 of the same signature (the same architecture, settings, terms, number of clients...) trains in the
 same stacked buffers, its values copied in, and keeps the earlier groups' graphs and counts: in a
 long run the steps of every kind, the one-client remainder batches (n mod B) included, replay
-graphs captured once instead of once per group. The equivalence tests replay graphs
+graphs captured once instead of once per group. Its costs: each group is still built before its
+values are copied in (twice a group's memory at that moment), and groups that differ in their
+number of clients (partial participation, groups per architecture) keep separate buffers, up to
+``KEPT_GROUPS``. The equivalence tests replay graphs
 (``graph_min_repeats=2``), run the wide steps on the CPU as well (``wide_steps=True``), and run
 without graphs under ``FEDHET_TEST_CUDA_GRAPHS=0``. A failed capture leaves that kind's steps
 eager, counted in ``eager_reasons``. Measured on an H200 (FedCME setting, before wide steps): 2.6x
@@ -316,7 +319,6 @@ class _Group:
     graphs: dict[tuple, _GraphedStep] = field(default_factory=dict)
     eager_once: set[tuple] = field(default_factory=set)
     kind_counts: Counter = field(default_factory=Counter)
-    signature: tuple | None = None       # with keep_graphs: what a later group must match to train here
 
 
 # A (number of members, batch size) step captured as a CUDA graph only if the group's schedule has it
@@ -629,7 +631,9 @@ class Vectorized(Transport):
                      tuple(sorted(fresh.momentum)), tuple(sorted(fresh.stat_totals)))
         kept = self._kept.get(signature)
         if kept is None:
-            fresh.signature = signature
+            # Shared constants may be the caller's own tensors (to() hands back one already on the
+            # device): later groups copy into these buffers, so they must be the group's own.
+            fresh.shared_consts = {k: t.clone() for k, t in fresh.shared_consts.items()}
             self._kept[signature] = fresh
             while len(self._kept) > KEPT_GROUPS:
                 self._kept.popitem(last=False)
