@@ -131,10 +131,29 @@ def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config
     err = capsys.readouterr().err
     assert "train.lr would change what it computes" in err and "run.device" in err
     assert (exp.run_dir / "metrics.jsonl").read_text() == before and load_config(exp.run_dir / "config.yaml").train.lr == 0.05
-    assert main(["run", "--resume", str(exp.run_dir), "--set", "run.engine=reference", "--no-progress"]) == 0
-    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3]
-    assert load_config(exp.run_dir / "config.yaml").run.engine == "reference"
+    assert main(["run", "--resume", str(exp.run_dir), "--set", "run.engine=reference", "--set", " train.rounds=4",
+                 "--no-progress"]) == 0
+    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3, 4]
+    recorded = load_config(exp.run_dir / "config.yaml")
+    assert (recorded.run.engine, recorded.train.rounds, recorded.run.threads) == ("reference", 4, None)
     assert json.loads((exp.run_dir / "summary.json").read_text())["engine"]["engine"] == "reference"
+
+
+def test_resume_refuses_a_run_whose_precision_would_resolve_otherwise(small_config, tmp_path):
+    """run.precision: auto resolves by device (bf16 where the hardware runs it natively): a run
+    moved to another device must not go on in another precision. The checkpoint records the
+    precision it trained in."""
+    from fedhet.experiment.rundir import CHECKPOINT, RunDir
+
+    exp = run(small_config, tmp_path / "r")
+    rundir = RunDir(exp.run_dir)
+    snap = rundir.load_checkpoint()
+    assert snap["precision"] == "fp32"
+    snap["precision"] = "bf16"                       # as if it had trained on a bf16 device
+    rundir.save(CHECKPOINT, snap)
+    with pytest.raises(CheckpointError, match="trained in bf16 and would go on in fp32"):
+        Experiment.resume(exp.run_dir, run_settings=["train.rounds=4"])
+    assert load_config(exp.run_dir / "config.yaml").train.rounds == 3          # nothing touched
 
 
 FULL_DISK = """

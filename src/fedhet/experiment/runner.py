@@ -158,8 +158,9 @@ class Experiment:
         """Continue the run in ``run_dir`` from its checkpoint; ``threads`` replaces its
         ``run.threads`` (speed only: float sums may differ in the last bits). ``run_settings``
         (``KEY=VALUE``, only :data:`RESUMABLE_CHANGES` keys: how the run is carried out, e.g.
-        ``run.device=cpu`` for a run stopped on a GPU) replace the recorded values, and config.yaml
-        records them from then on. The Flower runner
+        ``run.device=cpu`` for a run stopped on a GPU; and ``train.rounds``, raised) replace the
+        recorded values, and config.yaml records them from then on; a run whose precision would
+        resolve otherwise on the new device (``run.precision: auto``) is refused. The Flower runner
         passes the ``config`` its run config holds (checked against config.yaml and the
         checkpoint like a changed file) and its loop, callbacks... as ``kwargs``; the checkpoint
         read is kept as ``restored``."""
@@ -168,11 +169,14 @@ class Experiment:
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         cfg = load_config(rundir.path / CONFIG)
         if run_settings:
-            fixed = [k for k in (item.partition("=")[0] for item in run_settings) if k not in RESUMABLE_CHANGES]
+            # how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
+            allowed = (*RESUMABLE_CHANGES, "train.rounds")
+            fixed = [k for k in (item.partition("=")[0].strip() for item in run_settings) if k not in allowed]
             if fixed:
-                raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(RESUMABLE_CHANGES)}); "
+                raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
                                   f"{', '.join(fixed)} would change what it computes: start a new run for that")
             cfg = load_config(rundir.path / CONFIG, run_settings)
+        recorded = cfg                      # what config.yaml records from here on (--threads aside)
         if config is not None:
             changed = config_changes(cfg.model_dump(mode="json"), config)
             if changed:
@@ -192,6 +196,14 @@ class Experiment:
         exp = cls(cfg, run_dir, **kwargs)
         exp.rundir.lock()
         try:
+            # run.precision "auto" resolves by device: a run moved to another device must not go on
+            # in another precision (checkpoints from before this record have no "precision")
+            trained_in = snap.get("precision") if isinstance(snap, dict) else None
+            if trained_in is not None and trained_in != exp.built.precision:
+                raise CheckpointError(
+                    f"{run_dir} trained in {trained_in} and would go on in {exp.built.precision} here "
+                    f"(run.precision: {cfg.run.precision}, run.device: {cfg.run.device}): resume it where it "
+                    f"resolves to {trained_in}, or start a new run")
             if snap is not None and isinstance(snap, dict):
                 # A Flower run's client state is on its SuperNodes, the simulator's in the file.
                 flower_file, flower_loop = snap.get("engine") == "flower", exp.loop.transport.name == "flower"
@@ -210,7 +222,7 @@ class Experiment:
                                           f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
             rundir.truncate_metrics(exp.start_round)
             if run_settings:
-                rundir.write_text(CONFIG, dump_config(cfg))
+                rundir.write_text(CONFIG, dump_config(recorded))
         except BaseException:
             exp.rundir.unlock()        # a refused resume leaves the folder free
             raise
@@ -222,7 +234,8 @@ class Experiment:
     def checkpoint(self, done_rounds: int, **extra: Any) -> None:
         """``extra``: what else a resume needs (the Flower runner's node commits)."""
         self.rundir.save(CHECKPOINT, {"round": done_rounds, "sim": self.loop.snapshot(),
-                                      "config": self.cfg.model_dump(mode="json"), **extra})
+                                      "config": self.cfg.model_dump(mode="json"), "precision": self.built.precision,
+                                      **extra})
 
     # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:
