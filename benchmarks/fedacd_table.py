@@ -156,9 +156,20 @@ def sweep_table(a: argparse.Namespace) -> int:
         lines += [f"| {label} | {seed} | {lo:.3f}-{hi:.3f} | {med:.3f} ({top:.3f}) |"
                   for label, (seed, lo, hi, med, top) in spread]
     rm = first_summary["machine"]
-    lines += ["", f"Runs on: {rm.get('cpu_model', rm['processor'])}, {rm['cpus']} CPUs, torch {rm['torch']}, "
-              f"device {first_summary.get('device', 'cpu')}, engine {first_summary['engine'].get('engine', '-')}; "
-              f"table at commit {git_commit()}."]
+    # a run resumed elsewhere (a GPU run finished on a CPU) records where it ended: name each place
+    where: dict[str, list[str]] = {}
+    for d, sm in completed:
+        m = sm["machine"]
+        place = (f"{m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs, torch {m['torch']}, "
+                 f"device {sm.get('device', 'cpu')}, engine {sm['engine'].get('engine', '-')}")
+        where.setdefault(place, []).append(d.name)
+    if len(where) == 1:
+        lines += ["", f"Runs on: {next(iter(where))}; table at commit {git_commit()}."]
+    else:
+        lines += ["", "Runs on (where each run ended; a run resumed on another machine ran its earlier rounds "
+                  "elsewhere, and its s/round mixes the two):", ""]
+        lines += [f"- {place}: {', '.join(sorted(names))}" for place, names in where.items()]
+        lines += ["", f"Table at commit {git_commit()}."]
     write_result(a.out, f"fedacd_fmnist_{a.name}", lines, unfinished,
                  {"beta": beta, "rows": rows, "machine_of_runs": rm}, curves)
     return 0

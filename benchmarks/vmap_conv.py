@@ -20,9 +20,11 @@ weights after one step from the native variant's.
 
 On the CPU it runs the same code eagerly (a dry run: no graphs, no timing worth quoting).
 
-Measured on an H200 (benchmarks/results/gpu_h200_2026-11-27_session3/): the grouped convolutions
-are the fastest of the four (cnn2, 10 clients x 32: 1.15 ms a step; matmul 6.27 ms, 5.4x slower;
-cudnn.benchmark changes nothing), so the vectorized engine keeps ``F.conv2d``."""
+Every variant runs with TF32 off (``strict_fp32``), as the engine trains in fp32. Measured on an
+H200 before that was so (benchmarks/results/gpu_h200_2026-11-27_session3/, cuDNN free to use TF32):
+the grouped convolutions were the fastest of the four (cnn2, 10 clients x 32: 1.15 ms a step;
+matmul 6.27 ms; cudnn.benchmark changed nothing); whole FedCME runs in the engine's strict fp32 were
+2.4x slower a round with matmul, so the vectorized engine keeps ``F.conv2d``."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect import machine_info  # noqa: E402
 
 from fedhet.models import build_model  # noqa: E402
+from fedhet.training.precision import strict_fp32  # noqa: E402
 
 
 def matmul_conv2d(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, int],
@@ -156,7 +159,8 @@ def main() -> None:
     y = torch.randint(0, 10, (C, B), device=device)
     rows, reference = [], None
     for name in args.variants.split(","):
-        after_one, times, how = run_variant(name, model, init, x, y, args, device)
+        with strict_fp32(device):             # TF32 off, as the engine trains in fp32
+            after_one, times, how = run_variant(name, model, init, x, y, args, device)
         if reference is None:
             reference = after_one
         diff = max(float((after_one[n] - reference[n]).abs().max()) for n in reference)
