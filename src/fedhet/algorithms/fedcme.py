@@ -284,9 +284,9 @@ def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData,
     (FedCME paper (Nie et al.), Eq. 4 and Algorithm 2 line 20)."""
     correct = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
     total = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
+    positions = positions.to(data.train_idx.device)
     was_training = model.training
     model.eval()
-    positions = positions.to(data.train_idx.device)
     try:
         # Counts by index_add_, not bincount or a boolean mask: on a device those wait for it.
         for i in range(0, len(positions), batch_size):

@@ -325,7 +325,7 @@ class _Group:
 # this often: its first step runs eagerly, the capture costs about one more plus the graph's
 # instantiation, and each replay saves most of an eager step (a few ms of Python and launches). At
 # FedCME's Table II setting, 4 instead of 16 leaves 58 eager steps of 352 a round instead of 103,
-# for 9 captures a round instead of 2.5 (counted on the CPU with graphs simulated).
+# for 9 captures a round instead of 2.5 (counted on the CPU: benchmarks/graph_schedule.py).
 GRAPH_MIN_REPEATS = 4
 
 # keep_graphs: how many group signatures keep their buffers and graphs (FedCME uses two: phase A
