@@ -174,6 +174,7 @@ def test_loopback_resume_after_superlink_killed(small_config, tmp_path):
         assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"], f["round"]
     assert rows[-1]["global_acc"] == pytest.approx(sim_rows[-1]["global_acc"], abs=1e-9)
     assert rows[-1]["personal_acc"] == pytest.approx(sim_rows[-1]["personal_acc"], abs=1e-9)
+    assert rows[-1]["personal_loss"] == pytest.approx(sim_rows[-1]["personal_loss"], rel=1e-5)
 
 
 def test_supernode_killed_mid_round(small_config, tmp_path):

@@ -353,8 +353,8 @@ _served_before = False      # this process answered a message already
 
 @torch.no_grad()
 def handle_evaluate(msg: Message, context: Context) -> Message:
-    """Each listed client's evaluation model on its local test split: ``correct``/``total``
-    lists in the order of ``cids`` (what metrics/evaluate.py counts per client)."""
+    """Each listed client's evaluation model on its local test split: ``correct``/``total``/``loss``
+    (summed cross-entropy) lists in the order of ``cids`` (what metrics/evaluate.py counts per client)."""
     started = time.time()
     node = node_of(context)
     built = time.time()
@@ -362,7 +362,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     cids = [int(c) for c in head["cids"]]
     views = codec.tree_from_records(msg.content, "server")
     host, fed = node.host, node.federation
-    correct, total = [], []
+    correct, total, loss = [], [], []
     for cid in cids:
         node.check_hosts(cid)
         weights = node.algorithm.client_model(cid, views[cid], load_state(context, cid))
@@ -370,11 +370,12 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
         if weights is None:                # never trained: the common initialisation (RoundLoop.client_model)
             weights = host.init_models[arch]
         x, y = fed.local_test(cid)
-        hits, _ = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]),
-                          str(head["precision"]) if "precision" in head else "fp32")
+        hits, losses = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]),
+                               str(head["precision"]) if "precision" in head else "fp32", per_sample_loss=True)
         correct.append(int(hits.sum()))
         total.append(int(len(y)))
-    return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total}),
+        loss.append(float(losses.double().sum()))
+    return Message(RecordDict({"eval": MetricRecord({"correct": correct, "total": total, "loss": loss}),
                               "profile": MetricRecord(profile(started, built))}), reply_to=msg)
 
 

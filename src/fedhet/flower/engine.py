@@ -407,6 +407,7 @@ class GridTransport(Transport):
         chosen = list(range(k)) if clients is None else list(clients)
         correct = np.full(k, np.nan)
         total = np.full(k, np.nan)
+        loss = np.full(k, np.nan)              # summed cross-entropy (a node of an older fedhet sends none)
         failed: dict[str, str] = {str(c): "no SuperNode hosts this client" for c in chosen if c not in self.node_of}
         # One message per node for all its clients: evaluation leaves client state unchanged, and
         # one process per node tests them all (one torch start-up instead of one per client).
@@ -437,6 +438,9 @@ class GridTransport(Transport):
             rec = r.content["eval"]
             for c, hit, n in zip(per_node[nid], rec["correct"], rec["total"]):
                 correct[c], total[c] = hit, n
+            if "loss" in rec:
+                for c, value in zip(per_node[nid], rec["loss"]):
+                    loss[c] = value
         for c, why in failed.items():
             log.warning("fedhet: round %d: client %s not evaluated (%s)", rnd + 1, c, why)
         self.round_info["evaluate"] = {"answered": int(np.isfinite(total).sum()), "down_bytes": int(nbytes),
@@ -448,9 +452,13 @@ class GridTransport(Transport):
             return {}
         acc = correct[ok] / total[ok]
         by_client = [round(float(correct[c] / total[c]), 5) if ok[c] else None for c in range(k)]
-        return {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
-                "personal_acc_pooled": float(correct[ok].sum() / total[ok].sum()),
-                "personal_acc_by_client": by_client, "personal_clients": int(ok.sum())}
+        out = {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
+               "personal_acc_pooled": float(correct[ok].sum() / total[ok].sum()),
+               "personal_acc_by_client": by_client, "personal_clients": int(ok.sum())}
+        if np.isfinite(loss[ok]).all():
+            out["personal_loss"] = float((loss[ok] / total[ok]).mean())
+            out["personal_loss_by_client"] = [round(float(loss[c] / total[c]), 5) if ok[c] else None for c in range(k)]
+        return out
 
     def client_state_floats(self) -> int:
         return sum(self.state_floats.values())
