@@ -483,3 +483,16 @@ def test_server_trainable_drops_batchnorm_statistics_at_any_depth_and_integer_te
     }
     assert server_trainable(weights) == ["conv.weight", "body.layer1.0.bn1.weight", "body.layer1.0.bn1.bias",
                                          "head.fc.bias"]
+
+
+def test_weighted_average_normalises_the_weights_in_double_and_refuses_no_models():
+    """FedAvg's weighted mean: equal weights of three float64 models of ones give exactly one (1/3
+    in double sums back to 1; in float32 the coefficient 0.33333334 would give 1 + 3e-8), and an
+    empty list is refused with a message that says what is missing."""
+    from fedhet.algorithms.aggregate import weighted_average
+
+    ones = [{"w": torch.ones(4, dtype=torch.float64)} for _ in range(3)]
+    assert torch.equal(weighted_average(ones, [1, 1, 1])["w"], torch.ones(4, dtype=torch.float64))
+    with pytest.raises(ValueError) as err:
+        weighted_average([], [])
+    assert str(err.value) == "weighted_average needs at least one model"
