@@ -145,3 +145,14 @@ def test_saturation_hue_and_grayscale_leave_a_one_channel_image_alone():
     aug = views(1, jitter=(0.4, 0.4, 1.0, 0.5))
     x = torch.tensor([[[[0.1, 0.7, 0.3]]]])
     torch.testing.assert_close(aug.colour(x, u_colour(s=0.0, h=0.75, gray=0.0)), x)
+
+
+def test_grayscale_with_probability_p_converts_below_a_draw_of_p_only():
+    """Grayscale happens "with probability p": a draw u converts when u < p, so a draw of exactly p
+    leaves the colours, a draw just under it gives the luminance in every channel."""
+    v = views(grayscale_p=0.25)
+    x = pixels((0.9, 0.2, 0.1), (0.1, 0.5, 0.8))
+    off = u_colour(on=0.99, gray=0.25)                    # jitter off, grayscale draw = p
+    torch.testing.assert_close(v.colour(x, off), x)
+    on = u_colour(on=0.99, gray=0.2499)
+    torch.testing.assert_close(v.colour(x, on), luminance(x).expand(1, 3, 1, 2))
