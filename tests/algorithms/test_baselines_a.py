@@ -496,3 +496,27 @@ def test_weighted_average_normalises_the_weights_in_double_and_refuses_no_models
     with pytest.raises(ValueError) as err:
         weighted_average([], [])
     assert str(err.value) == "weighted_average needs at least one model"
+
+
+def test_weighted_average_refuses_negative_or_zero_weights_and_averages_only_the_keys_asked():
+    from fedhet.algorithms.aggregate import weighted_average
+
+    models = [{"a": torch.tensor([1.0]), "b": torch.tensor([5.0])}, {"a": torch.tensor([3.0]), "b": torch.tensor([7.0])}]
+    for bad in ([-1, 2], [0, 0]):                       # a negative weight (sum still positive); a zero sum
+        with pytest.raises(ValueError) as err:
+            weighted_average(models, bad)
+        assert str(err.value) == f"aggregation weights must be non-negative with a positive sum, got {bad}"
+    assert weighted_average(models, [1, 3], keys=["a"]) == {"a": torch.tensor([2.5])}
+
+
+def test_weighted_average_of_float32_models_is_the_float32_weighted_sum_bit_for_bit():
+    """The documented contract (aggregate.py): the same products and sum as (stacked * w).sum(0) with
+    the normalised weights in the tensors' dtype, so runs reproduce earlier runs' bits."""
+    from fedhet.algorithms.aggregate import weighted_average
+
+    g = torch.Generator().manual_seed(0)
+    models = [{"w": torch.randn(1000, generator=g)} for _ in range(3)]
+    weights = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    coef = (weights / weights.sum()).to(torch.float32).view(-1, 1)
+    want = (torch.stack([m["w"] for m in models]) * coef).sum(0)
+    assert torch.equal(weighted_average(models, [1, 2, 4])["w"], want)
