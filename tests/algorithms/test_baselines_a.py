@@ -520,3 +520,12 @@ def test_weighted_average_of_float32_models_is_the_float32_weighted_sum_bit_for_
     coef = (weights / weights.sum()).to(torch.float32).view(-1, 1)
     want = (torch.stack([m["w"] for m in models]) * coef).sum(0)
     assert torch.equal(weighted_average(models, [1, 2, 4])["w"], want)
+
+
+def test_weighted_average_of_integer_tensors_rounds_the_weighted_mean_per_entry():
+    """Integer tensors (BatchNorm's counters, or any) average in double and round back, entry by entry."""
+    from fedhet.algorithms.aggregate import weighted_average
+
+    models = [{"n": torch.tensor([4, 8, 10])}, {"n": torch.tensor([8, 0, 2])}]
+    got = weighted_average(models, [1, 3])["n"]            # (1 * a + 3 * b) / 4 = [7, 2, 4]
+    assert got.dtype == torch.int64 and torch.equal(got, torch.tensor([7, 2, 4]))
