@@ -148,3 +148,11 @@ def test_vectorized_equals_reference_without_fallback(small_config, algorithm, p
     assert engine.counters["vectorized_requests"] > 0 and engine.counters["vmapped_steps"] > 0
     key = {"fedcme": "features", "feddistill": "logits"}.get(algorithm)
     assert key is None or vec.server_state[key] is not None
+
+
+def test_an_objective_without_terms_is_refused_with_a_message_that_says_so():
+    from fedhet.training.objective import total_loss
+
+    with pytest.raises(ValueError) as err:
+        total_loss([], None, None, {})
+    assert str(err.value) == "a local objective needs at least one loss term"
