@@ -456,3 +456,40 @@ def test_fedproto_on_fedclassavg_models_needs_relu_features(small_config):
     with pytest.warns(UserWarning, match="not a single Linear"):
         ev = loop.algorithm.client_model(1, loop.server_state, loop.client_states[1])
     assert ev is loop.client_states[1]["model"]
+
+
+# --- the prototype term and messages with their defaults ----------------------------------------
+def test_prototype_term_without_a_defined_mask_uses_every_class_hand_computed():
+    """No ``defined`` mask: every class has its prototype. 3 classes, 2-d features (fewer features
+    than classes), batch of 2: value = weight * sum ||h_i - proto[y_i]||^2 / (B * d)."""
+    from fedhet.algorithms.prototypes import PrototypeAlignment
+    from fedhet.core.contract import Batch, Forward
+
+    protos = torch.tensor([[0.0, 0.0], [1.0, 1.0], [2.0, 0.0]])
+    term = PrototypeAlignment(protos, None, weight=0.5)
+    assert term.defined.dtype == torch.bool and term.defined.tolist() == [True, True, True]
+    h = torch.tensor([[1.0, 2.0], [0.0, 1.0]])
+    y = torch.tensor([2, 1])
+    value = term(Forward(h, torch.zeros(2, 3)), Batch(h, y, torch.arange(2)), {})
+    # (1-2)^2 + (2-0)^2 = 5 and (0-1)^2 + (1-1)^2 = 1: 0.5 * 6 / 4
+    assert float(value) == pytest.approx(0.75)
+
+
+def test_prototype_terms_default_mask_lives_on_the_prototypes_device():
+    from fedhet.algorithms.prototypes import PrototypeAlignment
+
+    protos = torch.zeros(3, 2, device="meta")
+    assert PrototypeAlignment(protos, None, weight=1.0).defined.device.type == "meta"
+
+
+def test_received_prototypes_without_a_mask_are_all_defined_and_uploads_need_counts():
+    from fedhet.algorithms.prototypes import received_prototypes, uploaded_prototypes
+    from fedhet.core.contract import Message
+
+    means = torch.ones(3, 4)
+    got = received_prototypes(Message("train", {"prototypes": {"mean": means}}))
+    assert got is not None and got[0] is means
+    assert got[1].dtype == torch.bool and got[1].tolist() == [True, True, True]
+    assert uploaded_prototypes(Message("reply", {"prototypes": {"mean": means}})) is None   # no counts: none
+    counts = torch.tensor([1, 0, 2])
+    assert uploaded_prototypes(Message("reply", {"prototypes": {"mean": means, "count": counts}})) == (means, counts)
