@@ -50,7 +50,7 @@ def measure(run_dir: Path, repeats: int) -> dict:
                                             cfg.eval.batch_size, precision)
             seconds[precision].append(time.perf_counter() - t0)
             out[f"{precision}_acc"] = float(hits[precision].float().mean())
-            out[f"{precision}_loss"] = loss / len(fed.test.y)
+            out[f"{precision}_loss"] = float(loss.double().sum()) / len(fed.test.y)
     out["flipped"] = int((hits["fp32"] != hits["bf16"]).sum())
     out["seconds"] = {p: statistics.median(s) for p, s in seconds.items()}
     return out

@@ -35,8 +35,9 @@ def hand_loss(model, weights, x, y, bf16: bool) -> float:
 def test_predict_in_bf16_is_the_forward_under_bf16_autocast(cnn_client):
     model, data, weights = cnn_client
     x, y = data.x[:40], data.y[:40]
-    hits32, loss32 = predict(model, weights, x, y, normalize, batch_size=40)
-    hits16, loss16 = predict(model, weights, x, y, normalize, batch_size=40, precision="bf16")
+    hits32, losses32 = predict(model, weights, x, y, normalize, batch_size=40)
+    hits16, losses16 = predict(model, weights, x, y, normalize, batch_size=40, precision="bf16")
+    loss32, loss16 = float(losses32.double().sum()), float(losses16.double().sum())
     assert loss32 == pytest.approx(hand_loss(model, weights, x, y, bf16=False), rel=1e-6)
     assert loss16 == pytest.approx(hand_loss(model, weights, x, y, bf16=True), rel=1e-6)
     # bf16 keeps 8 mantissa bits: its loss must show that rounding (fails when autocast is off)
@@ -65,8 +66,8 @@ def test_a_bf16_run_evaluates_in_the_precision_eval_precision_names(small_config
     weights = exp.loop.server_state["model"]
     row = read_metrics(exp.run_dir)[-1]
     model = exp.loop.host.models["cnn2"]
-    losses = {p: predict(model, weights, fed.test.x, fed.test.y, fed.normalize, 2048, p)[1] / len(fed.test.y)
-              for p in ("fp32", "bf16")}
+    losses = {p: float(predict(model, weights, fed.test.x, fed.test.y, fed.normalize, 2048, p)[1].double().sum())
+              / len(fed.test.y) for p in ("fp32", "bf16")}
     assert abs(losses["fp32"] - losses["bf16"]) > 1e-5 * losses["fp32"]    # the check below can tell them apart
     assert row["global_loss"] == pytest.approx(losses[expected], rel=1e-6)
 

@@ -361,8 +361,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # carried out, not what it computes (engines and devices are equivalent to float rounding, so a
 # run stopped on a lent GPU may go on on a CPU; threads change speed only).
 RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
-                     "run.keep_graphs",
-                     "run.client_state", "run.checkpoint_every", "run.out_dir", "run.loggers",
+                     "run.keep_graphs", "run.client_state", "run.checkpoint_every", "run.out_dir", "run.loggers",
                      "run.mlflow_tracking_uri")
 
 

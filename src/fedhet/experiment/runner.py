@@ -167,15 +167,13 @@ class Experiment:
         rundir = RunDir(run_dir)
         if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
-        cfg = load_config(rundir.path / CONFIG)
-        if run_settings:
-            # how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
-            allowed = (*RESUMABLE_CHANGES, "train.rounds")
-            fixed = [k for k in (item.partition("=")[0].strip() for item in run_settings) if k not in allowed]
-            if fixed:
-                raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
-                                  f"{', '.join(fixed)} would change what it computes: start a new run for that")
-            cfg = load_config(rundir.path / CONFIG, run_settings)
+        # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
+        allowed = (*RESUMABLE_CHANGES, "train.rounds")
+        fixed = [k for k in (item.partition("=")[0].strip() for item in run_settings or []) if k not in allowed]
+        if fixed:
+            raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
+                              f"{', '.join(fixed)} would change what it computes: start a new run for that")
+        cfg = load_config(rundir.path / CONFIG, run_settings)
         recorded = cfg                      # what config.yaml records from here on (--threads aside)
         if config is not None:
             changed = config_changes(cfg.model_dump(mode="json"), config)

@@ -427,8 +427,7 @@ def resumable_sets(extra_set: list[str]) -> list[str]:
     """The command line's ``--set`` values that a resumed run takes (``RESUMABLE_CHANGES``: device,
     engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane).
     Other settings are part of what a run is: a run recorded with other values is stale and left alone."""
-    return [item for item in extra_set
-            if item.partition("=")[0] in RESUMABLE_CHANGES and item.partition("=")[0] != "run.threads"]
+    return [item for item in extra_set if item.partition("=")[0].strip() in set(RESUMABLE_CHANGES) - {"run.threads"}]
 
 
 def _extend_rounds(job: Job) -> None:

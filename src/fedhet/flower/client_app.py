@@ -371,7 +371,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
             weights = host.init_models[arch]
         x, y = fed.local_test(cid)
         hits, losses = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]),
-                               str(head["precision"]) if "precision" in head else "fp32", per_sample_loss=True)
+                               str(head["precision"]) if "precision" in head else "fp32")
         correct.append(int(hits.sum()))
         total.append(int(len(y)))
         loss.append(float(losses.double().sum()))

@@ -56,7 +56,7 @@ from fedhet.experiment.config import ExperimentConfig
 from fedhet.experiment.rundir import CHECKPOINT
 from fedhet.experiment.runner import Callback, Experiment
 from fedhet.flower import require_flower
-from fedhet.metrics.evaluate import evaluate_loop
+from fedhet.metrics.evaluate import evaluate_loop, personal_metrics
 
 require_flower()
 
@@ -450,15 +450,8 @@ class GridTransport(Transport):
         ok = np.isfinite(total)
         if not ok.any():
             return {}
-        acc = correct[ok] / total[ok]
-        by_client = [round(float(correct[c] / total[c]), 5) if ok[c] else None for c in range(k)]
-        out = {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
-               "personal_acc_pooled": float(correct[ok].sum() / total[ok].sum()),
-               "personal_acc_by_client": by_client, "personal_clients": int(ok.sum())}
-        if np.isfinite(loss[ok]).all():
-            out["personal_loss"] = float((loss[ok] / total[ok]).mean())
-            out["personal_loss_by_client"] = [round(float(loss[c] / total[c]), 5) if ok[c] else None for c in range(k)]
-        return out
+        answered = [c for c in range(k) if ok[c]]
+        return personal_metrics(correct, total, loss if np.isfinite(loss[ok]).all() else None, answered)
 
     def client_state_floats(self) -> int:
         return sum(self.state_floats.values())

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Literal, overload
 
 import numpy as np
 import torch
@@ -55,22 +54,13 @@ def _channels_last(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
 
 
-@overload
-def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
-            precision: str = ..., device: str | torch.device = ...,
-            per_sample_loss: Literal[False] = ...) -> tuple[torch.Tensor, float]: ...
-@overload
-def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
-            precision: str = ..., device: str | torch.device = ..., *,
-            per_sample_loss: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
 def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
-            precision: str = "fp32", device: str | torch.device = "cpu",
-            per_sample_loss: bool = False) -> tuple[torch.Tensor, float | torch.Tensor]:
-    """Per-sample correctness (bool, on the CPU) of ``weights`` on (x, y) and the summed
-    cross-entropy, in large no-grad batches; ``precision`` "bf16" runs the forward under bf16
-    autocast (as training does, the loss on fp32 logits), "fp32" without (``eval.precision``).
-    ``per_sample_loss``: the cross-entropy of each sample instead (float32, on the CPU).
+            precision: str = "fp32", device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sample correctness (bool) and cross-entropy (float32) of ``weights`` on (x, y), both on
+    the CPU, in large no-grad batches; ``precision`` "bf16" runs the forward under bf16 autocast
+    (as training does, the loss on fp32 logits), "fp32" without (``eval.precision``). Sums over
+    samples or clients are the callers' (in double).
 
     On the CPU, images and convolution weights go in channels_last: oneDNN's convolutions and
     max-pooling run about 1.1x faster in that layout (logits differ from the default layout's by
@@ -96,13 +86,11 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
             logits = functional_call(model, weights, (x,), strict=False)
         logits = logits.float()
         yb = y[i:i + rows].to(device)
-        losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none" if per_sample_loss else "sum"))
+        losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none"))
         hits.append(logits.argmax(1) == yb)
     if not hits:
-        return torch.zeros(0, dtype=torch.bool), torch.zeros(0) if per_sample_loss else 0.0
-    if per_sample_loss:
-        return torch.cat(hits).cpu(), torch.cat(losses).cpu()
-    return torch.cat(hits).cpu(), float(torch.stack(losses).double().sum())
+        return torch.zeros(0, dtype=torch.bool), torch.zeros(0)
+    return torch.cat(hits).cpu(), torch.cat(losses).cpu()
 
 
 def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.ndarray) -> np.ndarray:
@@ -145,7 +133,7 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
     if global_weights is not None and fed.test is not None:
         arch = client_arch[0]
         global_hits, global_losses = predict(models[arch], global_weights, fed.test.x, fed.test.y, fed.normalize,
-                                             batch_size, precision, device, per_sample_loss=True)
+                                             batch_size, precision, device)
         correct = torch.bincount(fed.test.y[global_hits], minlength=fed.num_classes).numpy()
         total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
         out["global_acc"] = float(correct.sum() / total.sum())
@@ -158,7 +146,7 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         xs, ys = zip(*(fed.local_test(cid) for cid in range(fed.num_clients)))
         x, y = torch.cat(xs), torch.cat(ys)
         val_hits, val_losses = predict(models[client_arch[0]], global_weights, x, y, fed.normalize, batch_size,
-                                       precision, device, per_sample_loss=True)
+                                       precision, device)
         out["global_val_acc"] = float(val_hits.float().mean())
         val_offsets = np.cumsum([0] + [len(t) for t in ys])
 
@@ -197,21 +185,31 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
                 owner.append(torch.full((len(y),), cid, dtype=torch.long))
             x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
             hits, losses = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size,
-                                   precision, device, per_sample_loss=True)
+                                   precision, device)
             correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
             loss_k += torch.bincount(owner, weights=losses.double(), minlength=fed.num_clients).numpy()
             count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
-        acc = correct_k[evaluated] / count_k[evaluated]
-        out["personal_acc"] = float(acc.mean())
-        out["personal_acc_std"] = float(acc.std())
-        out["personal_acc_pooled"] = float(correct_k[evaluated].sum() / count_k[evaluated].sum())
-        chosen = set(evaluated)
-        out["personal_acc_by_client"] = [round(float(correct_k[c] / count_k[c]), 5) if c in chosen else None
-                                         for c in range(fed.num_clients)]
-        out["personal_loss"] = float((loss_k[evaluated] / count_k[evaluated]).mean())
-        out["personal_loss_by_client"] = [round(float(loss_k[c] / count_k[c]), 5) if c in chosen else None
-                                          for c in range(fed.num_clients)]
-        out["personal_clients"] = len(evaluated)
+        out.update(personal_metrics(correct_k, count_k, loss_k, evaluated))
+    return out
+
+
+def personal_metrics(correct: np.ndarray, count: np.ndarray, loss: np.ndarray | None, clients: list[int]) -> dict:
+    """The ``personal_*`` metrics (module docstring) from per-client correct counts, sample counts
+    and summed cross-entropies (arrays over all clients; only ``clients`` are read; ``loss`` None
+    leaves the loss metrics out): the simulator's and the Flower server's one formula."""
+    chosen = set(clients)
+
+    def by_client(num: np.ndarray) -> list[float | None]:
+        return [round(float(num[c] / count[c]), 5) if c in chosen else None for c in range(len(count))]
+
+    acc = correct[clients] / count[clients]
+    out = {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
+           "personal_acc_pooled": float(correct[clients].sum() / count[clients].sum()),
+           "personal_acc_by_client": by_client(correct)}
+    if loss is not None:
+        out["personal_loss"] = float((loss[clients] / count[clients]).mean())
+        out["personal_loss_by_client"] = by_client(loss)
+    out["personal_clients"] = len(clients)
     return out
 
 
