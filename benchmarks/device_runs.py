@@ -49,8 +49,9 @@ RUNS = {
     ],
     # run.keep_graphs off and on, side by side (the same machine, one after the other)
     "fedcme_keep_graphs": [
-        ("FedCME mu 0.01", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml", ["run.engine=vectorized"]),
-        ("FedCME mu 0.01, keep_graphs", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml",
+        ("FedCME mu 0.01, keep_graphs off", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml",
+         ["run.engine=vectorized", "run.keep_graphs=false"]),
+        ("FedCME mu 0.01, keep_graphs on", "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml",
          ["run.engine=vectorized", "run.keep_graphs=true"]),
     ],
     "fedclassavg_full": [

@@ -8,7 +8,7 @@ remainder batches apart), the captures and the replays. It measures no time; it 
 change to the graph rules does to a GPU run before a GPU is lent.
 
     python benchmarks/graph_schedule.py configs/papers/fedcme/fmnist_a0.5_k50_m10_fedcme_mu0.01.yaml \\
-        --rounds 8 [--min-repeats 4] [--set run.keep_graphs=true]
+        --rounds 8 [--min-repeats 4] [--set run.keep_graphs=false]
 """
 
 from __future__ import annotations

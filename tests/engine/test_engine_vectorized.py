@@ -841,3 +841,18 @@ def test_supcon_views_of_colour_images_train_vectorized_and_equal_reference(smal
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
     assert_every_graph_captured(vec.transport)
     assert_engines_agree(ref, vec, VIEWS_ON_CUDA if DEVICE == "cuda" else TIGHT)
+
+
+def test_keep_graphs_from_the_config_takes_effect_only_where_graphs_replay(monkeypatch):
+    """run.keep_graphs (on by default) keeps groups' buffers only where CUDA graphs replay: on the
+    CPU the copies would buy nothing. Off in the config means off everywhere."""
+    from fedhet.engine import EngineChoice, make_transport
+    from fedhet.experiment.config import RunConfig
+
+    assert RunConfig().keep_graphs is True
+    vectorized = EngineChoice("vectorized", 1, "test")
+    on, off = make_transport(vectorized, "cpu", keep_graphs=True), make_transport(vectorized, "cpu", keep_graphs=False)
+    assert not on._keep_on() and not off._keep_on()
+    assert on.info()["keep_graphs"] is False
+    monkeypatch.setattr(Vectorized, "_graphs_on", lambda self: True)
+    assert on._keep_on() and not off._keep_on()

@@ -117,8 +117,9 @@ def round_sample_estimate(federation, settings, clients_per_round: int) -> float
 
 
 def make_transport(choice: EngineChoice, device: str | None = "cpu", cuda_graphs: bool = True,
-                   keep_graphs: bool = False) -> Transport:
-    """The transport an :class:`EngineChoice` names."""
+                   keep_graphs: bool = True) -> Transport:
+    """The transport an :class:`EngineChoice` names. ``keep_graphs`` (``run.keep_graphs``) takes effect
+    where CUDA graphs replay."""
     if choice.engine == "reference":
         return InProcess()
     if choice.engine == "parallel":
@@ -128,12 +129,12 @@ def make_transport(choice: EngineChoice, device: str | None = "cpu", cuda_graphs
     except ImportError as e:
         raise ConfigError(f"run.engine: vectorized is not available ({e})") from None
     return Vectorized(device=None if device in (None, "auto") else device, cuda_graphs=cuda_graphs,
-                      keep_graphs=keep_graphs)
+                      keep_graphs=None if keep_graphs else False)
 
 
 def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto", workers: int | str = "auto",
               device: str | None = "cpu", threads: int | None = None,
-              cuda_graphs: bool = True, keep_graphs: bool = False) -> tuple[RoundLoop, EngineChoice]:
+              cuda_graphs: bool = True, keep_graphs: bool = True) -> tuple[RoundLoop, EngineChoice]:
     """The round loop for ``host`` with the transport :func:`choose_engine` picks, and that choice."""
     choice = choose_engine(engine, workers, device, clients_per_round=clients_per_round,
                            round_samples=round_sample_estimate(host.federation, host.settings, clients_per_round),

@@ -423,7 +423,7 @@ class Vectorized(Transport):
 
     def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
                  cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None,
-                 keep_graphs: bool = False):
+                 keep_graphs: bool | None = None):
         self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
         self.fallback_on_error = fallback_on_error
         self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
@@ -442,11 +442,13 @@ class Vectorized(Transport):
         self._warned: set = set()
         # keep_graphs: groups of one signature train in the same stacked buffers and keep one set of
         # CUDA graphs (module docstring), at most KEPT_GROUPS signatures, the least recent dropped.
+        # None: wherever graphs replay (elsewhere the copies would buy nothing); the tests force it
+        # on, so the CPU checks the copies' arithmetic too.
         self.keep_graphs = keep_graphs
         self._kept: OrderedDict[tuple, _Group] = OrderedDict()
 
     def info(self) -> dict:
-        return {**super().info(), "device": str(self.device), "keep_graphs": self.keep_graphs, **self.counters,
+        return {**super().info(), "device": str(self.device), "keep_graphs": self._keep_on(), **self.counters,
                 "fallback_reasons": dict(self.fallback_reasons), "eager_reasons": dict(self.eager_reasons)}
 
     def close(self) -> None:
@@ -625,7 +627,7 @@ class Vectorized(Transport):
         signature with ``reqs``' weights, optimizer state, statistics and term constants copied into
         its buffers (in place: its CUDA graphs read those addresses)."""
         fresh = self._build_group(reqs)
-        if not self.keep_graphs:
+        if not self._keep_on():
             return fresh
         signature = (self._group_key(reqs[0]), len(reqs), tuple(fresh.batched_paths), tuple(fresh.shared_consts),
                      tuple(sorted(fresh.momentum)), tuple(sorted(fresh.stat_totals)))
@@ -816,6 +818,9 @@ class Vectorized(Transport):
 
     def _wide_on(self) -> bool:
         return self._graphs_on() if self.wide_steps is None else self.wide_steps
+
+    def _keep_on(self) -> bool:
+        return self._graphs_on() if self.keep_graphs is None else self.keep_graphs
 
     def _capture(self, g: _Group, width: int, size: int, idx: torch.Tensor | None,
                  wide: bool = False, draws: dict[str, torch.Tensor] | None = None) -> _GraphedStep:

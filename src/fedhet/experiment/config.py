@@ -226,10 +226,10 @@ class RunConfig(Strict):
     # The vectorized engine on CUDA replays the steps that recur in a group's schedule as CUDA
     # graphs (a failed capture is counted in the summary's engine.eager_reasons; those steps run eagerly).
     cuda_graphs: bool = True
-    # Later groups of the same shape (architecture, settings, terms, number of clients) train in the
-    # buffers of the first and replay its CUDA graphs instead of capturing their own (fedhet.engine.
-    # vectorized); off until measured on a GPU.
-    keep_graphs: bool = False
+    # Where those graphs replay, later groups of the same shape (architecture, settings, terms, number
+    # of clients) train in the buffers of the first and replay its graphs instead of capturing their
+    # own (fedhet.engine.vectorized): FedCME's Table II run 0.78x the time on an H200 (docs/performance.md).
+    keep_graphs: bool = True
     # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
     # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the
     # device for each job and back, so large federations fit) or "device" (stays on run.device: no
