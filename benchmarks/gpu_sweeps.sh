@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...]' ['SWEEP_FILE ...' ...]
 # Each sweep runs with run.device=cuda and run.engine=vectorized, pinned to its own share of the
 # CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped
-# with SIGTERM after SECONDS: finished runs are complete, an unfinished one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
+# with SIGTERM after SECONDS (a spec's own --lanes N overrides $SWEEP_LANES for that sweep): finished runs are complete, an unfinished one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
 # unfinished run's checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep
 # ... --out FOLDER --set run.device=cpu` on the unpacked folder; larger checkpoints, e.g. 20 clients'
 # kept momentum, stay behind;
@@ -50,8 +50,8 @@ pids=()
 n=0
 for spec in "$@"; do
   # shellcheck disable=SC2086  # spec is a sweep file and its --only options
-  timeout -s TERM -k 30 "$deadline" taskset -c "$(cpu_list $(( n * share )) "$share")" python3 -m fedhet.cli sweep $spec \
-    --out "$work/sweep$n" --lanes "${SWEEP_LANES:-2}" --set run.device=cuda --set run.engine=vectorized \
+  timeout -s TERM -k 30 "$deadline" taskset -c "$(cpu_list $(( n * share )) "$share")" python3 -m fedhet.cli sweep \
+    --lanes "${SWEEP_LANES:-2}" $spec --out "$work/sweep$n" --set run.device=cuda --set run.engine=vectorized \
     > "$OUT/sweep$n.log" 2>&1 &
   pids+=($!)
   echo "sweep$n on CPUs $(cpu_list $(( n * share )) "$share"): $spec"
