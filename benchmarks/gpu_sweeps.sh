@@ -16,7 +16,7 @@
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
 # .devdata/fashion_mnist/ (the four .gz files), both carried.
 set -u
-usage='usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...]" ["SWEEP_FILE ..." ...]'
+usage='usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...] [--lanes N] [--from=ARCHIVE]" ["SWEEP_FILE ..." ...]'
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 deadline=$1
 shift
@@ -49,9 +49,18 @@ status=0
 pids=()
 n=0
 for spec in "$@"; do
-  # shellcheck disable=SC2086  # spec is a sweep file and its --only options
+  # --from=ARCHIVE (a sweepN.tar.gz an earlier call brought back, committed or carried) seeds the
+  # sweep's folder: its unfinished runs go on from their checkpoints, its finished ones are kept.
+  words=()
+  for word in $spec; do
+    case $word in
+      --from=*) mkdir -p "$work/sweep$n" && tar -xzf "${word#--from=}" -C "$work/sweep$n" --strip-components=1 \
+                  || { echo "gpu_sweeps.sh: cannot unpack ${word#--from=}" >&2; exit 2; } ;;
+      *) words+=("$word") ;;
+    esac
+  done
   timeout -s TERM -k 30 "$deadline" taskset -c "$(cpu_list $(( n * share )) "$share")" python3 -m fedhet.cli sweep \
-    --lanes "${SWEEP_LANES:-2}" $spec --out "$work/sweep$n" --set run.device=cuda --set run.engine=vectorized \
+    --lanes "${SWEEP_LANES:-2}" "${words[@]}" --out "$work/sweep$n" --set run.device=cuda --set run.engine=vectorized \
     > "$OUT/sweep$n.log" 2>&1 &
   pids+=($!)
   echo "sweep$n on CPUs $(cpu_list $(( n * share )) "$share"): $spec"
