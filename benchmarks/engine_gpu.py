@@ -20,6 +20,13 @@ a warm-up and is not timed):
 Agreement: every mode's final global model against the reference's after the same rounds: the
 relative L2 distance of the float tensors, and the global test accuracy of each.
 
+Method families (``--families``, on by default; at the first setting): one method of each family
+(a proximal term, control variates, a contrastive term on the previous model, prototypes, a body and
+head trained apart, label skew with mixup, and three seed methods) in ``vectorized fp32`` on the
+device, against the same ceiling and FedAvg's vectorized fp32, with its fallbacks and the share of
+its steps that replayed a graph. FedFM's warm-up ends after the unmeasured first round, so the
+measured rounds match features against anchors.
+
 Ceiling: the same cnn2 on the device, plain ``torch.optim.SGD`` over round 1's clients' samples in
 batches of clients_per_round x B (the FLOPs of a round without per-client work), in fp32 (TF32
 off), tf32 (what TF32 would be worth; the engine does not use it) and bf16; median of 3 passes
@@ -63,6 +70,20 @@ MODES = [
     ("vectorized fp32 eager", "vectorized", "fp32", True, {"cuda_graphs": False}),
     ("vectorized fp32", "vectorized", "fp32", True, {}),
     ("vectorized bf16", "vectorized", "bf16", True, {}),
+]
+
+
+# (family, the config's algorithm section): one method of each family for --families
+FAMILIES = [
+    ("proximal term", {"name": "fedprox", "params": {"mu": 0.01}}),
+    ("control variates, client state", {"name": "scaffold"}),
+    ("contrastive, previous model", {"name": "moon"}),
+    ("prototypes", {"name": "fedproto"}),
+    ("body and head apart", {"name": "fedrep"}),
+    ("label skew with mixup", {"name": "fedacd"}),
+    ("seed: FedCME", {"name": "fedcme", "params": {"mu": 0.01}}),
+    ("seed: FedFM", {"name": "fedfm", "params": {"lam": 5.0, "start_round": 1}}),
+    ("seed: FedReMa", {"name": "fedrema"}),
 ]
 
 
@@ -145,6 +166,24 @@ def report(result: dict) -> str:
                      f"{row['seconds']['evaluate'] / row['seconds']['total']:.0%} | "
                      f"{'-' if acc is None else format(100 * acc, '.2f')} | "
                      f"{'-' if row['distance_to_reference'] is None else format(row['distance_to_reference'], '.2e')} |")
+    if result.get("families"):
+        lines += ["", "## Method families (vectorized fp32 on the device)", "",
+                  "| setting | family | algorithm | samples/s | x FedAvg vectorized fp32 | x device fp32 ceiling | "
+                  "graph steps | fallback requests | eager reasons | train s | evaluate share |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for row in result["families"]:
+            fedavg = next((r for r in result["modes"] if r["setting"] == row["setting"]
+                           and r["label"] == "vectorized fp32"), None)
+            ceil = result["ceiling"].get(row["setting"], {}).get("fp32", {}).get("samples_per_s")
+            info = row["info"]
+            steps = info.get("vmapped_steps") or 0
+            lines.append(f"| {row['setting']} | {row['family']} | {row['algorithm']} | {row['samples_per_s']:.0f} | "
+                         f"{'-' if fedavg is None else format(row['samples_per_s'] / fedavg['samples_per_s'], '.2f')} | "
+                         f"{'-' if not ceil else format(row['samples_per_s'] / ceil, '.2f')} | "
+                         f"{'-' if not steps else format(info.get('graph_steps', 0) / steps, '.0%')} | "
+                         f"{info.get('fallback_requests')} {info.get('fallback_reasons') or ''} | "
+                         f"{info.get('eager_reasons') or '-'} | {row['seconds']['train']:.2f} | "
+                         f"{row['seconds']['evaluate'] / row['seconds']['total']:.0%} |")
     lines += ["", "Samples/s = local sample-steps / time of the round's training phases. The CPU modes run on "
               "the same machine's CPU (parallel: one worker per CPU, at most one per client of a round). "
               "Evaluation runs on the mode's device (the CPU modes' on the CPU); its share is of the round's "
@@ -165,6 +204,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=2, help="measured rounds per mode (after 1 warm-up round)")
     p.add_argument("--settings", nargs="*", choices=list(SETTINGS), default=["fedcme_a0.5", "cross_device"])
     p.add_argument("--quick", action="store_true", help="E=1 and a small ceiling: a smoke run")
+    p.add_argument("--families", action=argparse.BooleanOptionalAction, default=True,
+                   help="one method of each family, vectorized fp32 on the device, at the first setting")
     p.add_argument("--out", type=Path, default=RESULTS, help="folder for engine_gpu.{md,json}")
     a = p.parse_args()
     if a.device.startswith("cuda") and not torch.cuda.is_available():
@@ -176,7 +217,7 @@ def main() -> int:
         info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda,
                     cudnn=torch.backends.cudnn.version())
     result = {"command": " ".join(["python", "benchmarks/engine_gpu.py", *sys.argv[1:]]), "ceiling": {}, "modes": [],
-              "machine": info}
+              "families": [], "machine": info}
     models: dict[str, dict[str, dict]] = {setting: {} for setting in a.settings}
     # The parallel engine's modes first, for all settings: it forks, and torch cannot fork workers
     # that run autograd from a process whose autograd has started (on a CUDA machine its first
@@ -213,6 +254,19 @@ def main() -> int:
                 # Written after every mode: a run stopped at a time limit keeps what it measured.
                 result.update(wall_s=time.perf_counter() - t_start, load=[round(x, 2) for x in os.getloadavg()])
                 write(result, a.out)
+            if phase == "device" and a.families and setting == a.settings[0]:
+                for family, algorithm in FAMILIES:
+                    if a.quick and algorithm["name"] == "fedcme":   # a smoke run's one epoch has no first phase
+                        algorithm = {**algorithm, "params": {**algorithm["params"], "exchange": "none"}}
+                    row = run_mode(setting, "vectorized", "fp32", a.rounds, tmp, a.quick, device=a.device,
+                                   label="_" + algorithm["name"], algorithm=algorithm)
+                    row.update(family=family, algorithm=algorithm["name"])
+                    result["families"].append(row)
+                    print(f"  {setting} {family:32s} {algorithm['name']:9s} {row['samples_per_s']:8.0f} samples/s  "
+                          f"{ {k: row['info'].get(k) for k in ('fallback_requests', 'graph_steps', 'vmapped_steps', 'eager_reasons')} }",
+                          flush=True)
+                    result.update(wall_s=time.perf_counter() - t_start, load=[round(x, 2) for x in os.getloadavg()])
+                    write(result, a.out)
     print("\n" + report(result) + f"\nwrote {a.out / 'engine_gpu.md'} and .json", flush=True)
     return 0
 

@@ -92,12 +92,16 @@ def median(xs):
 
 # --- engine modes ----------------------------------------------------------------------------
 def run_mode(setting: str, engine: str, precision: str, rounds: int, tmp: Path, quick: bool,
-             device: str = "cpu", label: str = "", on_done=None, run: dict | None = None) -> dict:
+             device: str = "cpu", label: str = "", on_done=None, run: dict | None = None,
+             algorithm: dict | None = None) -> dict:
     """``on_done(experiment)``, when given, sees the finished run (its final global model, say);
-    ``run``: more ``run.*`` settings (``cuda_graphs``)."""
+    ``run``: more ``run.*`` settings (``cuda_graphs``); ``algorithm``: the config's algorithm
+    section instead of FedAvg's."""
     workers = min(usable_cpus(), SETTINGS[setting]["clients_per_round"]) if engine == "parallel" else "auto"
     raw = raw_config(setting, str(tmp), rounds + 1, engine, workers, precision, quick, device)
     raw["run"].update(run or {})
+    if algorithm is not None:
+        raw["algorithm"] = algorithm
     cfg = load_config(raw=raw)
     exp = Experiment.create(cfg, tmp / f"{setting}-{engine}-{precision}{label}")
     t0 = time.perf_counter()

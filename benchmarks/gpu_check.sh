@@ -1,32 +1,37 @@
 #!/usr/bin/env bash
 # The GPU checks, as one call on a lent GPU machine (the workplace's device tool runs it in a copy
-# of the working tree; $OUT comes back). Steps, each under its own time limit, so one that fails or
+# of the working tree; $OUT comes back). With no settings, one call measures what issue 34 asks of
+# the device in about 7 minutes on an H200 (the steps' own times there: tests 59 s, FedAvg's and
+# FedCME's 100-round runs 53 + 68 s; the benchmark and FedClassAvg steps estimated): give the
+# device tool a timeout of 600 s. Steps, each under its own time limit, so one that fails or
 # overruns still leaves the others' results:
 #   1. the machine: GPU, driver, torch, CUDA;
-#   2. the CUDA tests ($PYTEST_SECONDS, default 150; $PYTEST_FILES): tests/engine/test_device.py
+#   2. the CUDA tests ($PYTEST_SECONDS, default 120; $PYTEST_FILES): tests/engine/test_device.py
 #      (every method on run.device cuda, reference and vectorized engines, against a CPU run, with no
 #      forward pass of the CPU models) and tests/engine/test_engine_vectorized.py with the vectorized
 #      side on CUDA (FEDHET_TEST_DEVICE=cuda), on 8 workers;
-#   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, $BENCH_ARGS): samples/s of every engine mode against
-#      the same machine's CPU engines and the device's own ceiling, evaluation's share of a round,
-#      and agreement with the CPU reference on real Fashion-MNIST;
-#   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 90; 0 skips it): a
+#   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, default 200; $BENCH_ARGS, default "--settings
+#      fedcme_a0.5 --rounds 1"): samples/s of every engine mode against the same machine's CPU
+#      engines and the device's own ceiling, one method of each family against the same ceiling,
+#      evaluation's share of a round, and agreement with the CPU reference on real Fashion-MNIST;
+#   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 0: skipped): a
 #      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
 #      Table II setting), vectorized, into $OUT/profile_<config name>/;
 #   5. benchmarks/vmap_conv.py ($CONV_SECONDS per case, default 0: skipped; $CONV_CASES, default
 #      "cnn2:10:32", space-separated ARCH:CLIENTS:BATCH): one vmapped step with each way of computing
 #      convolutions, into $OUT/vmap_conv_<arch>/;
-#      benchmarks/device_runs.py ($RUNS_SECONDS, $DEVICE_RUNS default fedcme_t2, $DEVICE_ROUNDS
-#      default 20, $RUN_LIMIT seconds per run, $DEVICE_ONLY one run's label): whole paper-setting runs on the
-#      device, timed; or several calls, each a step of $RUNS_SECONDS, with
-#      $RUN_SPECS='RUNS:ROUNDS[:LABEL];...' (e.g. 'fedcme_t2:20:FedAvg;fedcme_t2:100:FedCME mu 0.01'),
-#      into device_runs_<i>.*;
-#   6. optionally ($GPU_SWEEP='a.sweep.yaml [--only TAG]; b.sweep.yaml', $GPU_SWEEP_SECONDS,
-#      $GPU_SWEEP_LANES lanes per sweep): sweeps side by side on the device through
+#      benchmarks/device_runs.py: whole paper-setting runs on the device, timed, one step of
+#      $RUNS_SECONDS (default 170) per entry of $RUN_SPECS='RUNS:ROUNDS[:LABEL];...', default
+#      'fedcme_t2:100;fedclassavg_full:2:FedClassAvg vectorized' (FedAvg's and FedCME's 100-round
+#      Table II runs; one full-size FedClassAvg round after the first), $RUN_LIMIT (default 100)
+#      seconds per run, into device_runs_<i>.*; or, with $DEVICE_RUNS set, one step of that run set
+#      ($DEVICE_ROUNDS default 20, $DEVICE_ONLY one run's label);
+#   6. optionally ($GPU_SWEEP='a.sweep.yaml [--only TAG] [--lanes N] [--from=ARCHIVE]; b.sweep.yaml',
+#      $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES lanes per sweep): sweeps side by side on the device through
 #      benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized, stopped at the limit, each
 #      folder tarred into $OUT with its unfinished runs' checkpoints under 8 MB); with
 #      $SWEEP_PYTEST_SECONDS the CUDA tests of step 2 run beside them instead (set PYTEST_SECONDS=0).
-# PYTEST_SECONDS, BENCH_SECONDS, PROFILE_SECONDS or RUNS_SECONDS at 0 skips that step.
+# PYTEST_SECONDS, BENCH_SECONDS or RUNS_SECONDS at 0 skips that step; RUN_SPECS= (empty) skips the runs.
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
 # the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
 set -u
@@ -54,13 +59,13 @@ step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on fa
   nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-[ "${PYTEST_SECONDS:-150}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-150}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
-[ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:-}
-if [ "${PROFILE_SECONDS:-90}" != 0 ]; then
+[ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1}
+if [ "${PROFILE_SECONDS:-0}" != 0 ]; then
   for config in ${PROFILE_CONFIGS:-configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml}; do
     name=profile_$(basename "$config" .yaml)
-    step "$name" "${PROFILE_SECONDS:-90}" python3 benchmarks/profile_device.py --config "$config" --out "$OUT/$name"
+    step "$name" "${PROFILE_SECONDS}" python3 benchmarks/profile_device.py --config "$config" --out "$OUT/$name"
   done
 fi
 [ "${CONV_SECONDS:-0}" = 0 ] || for case in ${CONV_CASES:-cnn2:10:32}; do
@@ -68,16 +73,19 @@ fi
   step "vmap_conv_$arch" "$CONV_SECONDS" python3 benchmarks/vmap_conv.py --out "$OUT/vmap_conv_$arch" --arch "$arch" \
     --clients "$clients" --batch "$batch"
 done
-if [ -n "${RUN_SPECS:-}" ]; then      # several device_runs.py calls, each its own step and limit
+# By default FedAvg's and FedCME's 100-round Table II runs, then one full-size FedClassAvg round
+# after a first one (which captures the graphs).
+[ -z "${DEVICE_RUNS:-}" ] && RUN_SPECS=${RUN_SPECS-"fedcme_t2:100;fedclassavg_full:2:FedClassAvg vectorized"}
+if [ -n "${RUN_SPECS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then   # device_runs.py calls, each its own step and limit
   IFS=';' read -ra specs <<< "$RUN_SPECS"
   for i in "${!specs[@]}"; do
     IFS=: read -r runs rounds only <<< "${specs[$i]}"
-    step "device_runs_$i" "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --tag "$i" --run $runs \
-      --rounds "$rounds" --limit "${RUN_LIMIT:-70}" ${only:+--only "$only"}
+    step "device_runs_$i" "${RUNS_SECONDS:-170}" python3 benchmarks/device_runs.py --out "$OUT" --tag "$i" --run $runs \
+      --rounds "$rounds" --limit "${RUN_LIMIT:-100}" ${only:+--only "$only"}
   done
-elif [ "${RUNS_SECONDS:-150}" != 0 ]; then
-  step device_runs "${RUNS_SECONDS:-150}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
-    --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-70}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
+elif [ -n "${DEVICE_RUNS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then
+  step device_runs "${RUNS_SECONDS:-170}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
+    --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-100}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
 fi
 
 if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
