@@ -493,3 +493,46 @@ def test_received_prototypes_without_a_mask_are_all_defined_and_uploads_need_cou
     assert uploaded_prototypes(Message("reply", {"prototypes": {"mean": means}})) is None   # no counts: none
     counts = torch.tensor([1, 0, 2])
     assert uploaded_prototypes(Message("reply", {"prototypes": {"mean": means, "count": counts}})) == (means, counts)
+
+
+def test_aggregate_prototypes_defaults_to_the_uniform_rule():
+    """Without a weighting the plain mean over the clients that have a class (FedProto's rule)."""
+    a = (t([2, 0]), torch.tensor([3]))
+    b = (t([4, 2]), torch.tensor([1]))
+    protos, defined = aggregate_prototypes([a, b])
+    torch.testing.assert_close(protos, t([3, 1]))                     # uniform; counts would give [2.5, 0.5]
+    assert defined.tolist() == [True]
+
+
+def test_aggregate_prototypes_with_nothing_uploaded_hands_back_a_complete_previous_pair():
+    prev, prev_defined = t([1, 2], [0, 0]), torch.tensor([True, False])
+    got = aggregate_prototypes([], "uniform", previous=(prev, prev_defined))
+    assert got is not None and got[0] is prev and got[1] is prev_defined
+    # half a previous pair is no pair: nothing to hand back
+    assert aggregate_prototypes([], "uniform", previous=(prev, None)) is None
+    assert aggregate_prototypes([], "uniform", previous=(None, prev_defined)) is None
+    assert aggregate_prototypes([], "uniform", previous=(None, None)) is None
+
+
+def test_class_means_over_given_positions_only():
+    model = tiny_model(d_in=2, hidden=0, classes=2)
+    data = raw_data([[1, 2], [3, 4], [10, 20]], [0, 0, 1])
+    means, counts = class_means(model, weights_of(model), data, 2, positions=torch.tensor([1, 2]))
+    assert counts.tolist() == [1, 1]
+    torch.testing.assert_close(means, t([3, 4], [10, 20]))             # sample 0 left out
+
+
+def test_received_prototypes_with_no_class_defined_are_none():
+    from fedhet.algorithms.prototypes import received_prototypes
+
+    msg = Message("train", {"prototypes": {"mean": torch.ones(2, 3), "defined": torch.tensor([False, False])}})
+    assert received_prototypes(msg) is None
+
+
+def test_prototype_alignment_target_takes_the_features_dtype():
+    """Under bf16 features the prototypes are rounded to bf16 before the difference: bf16(1.001) is
+    exactly 1, so h = 0 gives a loss of exactly weight * 1 (a float32 target would give 1.002001)."""
+    h = torch.zeros(3, 1, dtype=torch.bfloat16)
+    term = PrototypeAlignment(torch.full((2, 1), 1.001), None, weight=2.0)
+    value = term(Forward(h, None), Batch(None, torch.tensor([0, 1, 0]), torch.arange(3)), {})
+    assert value.dtype == torch.bfloat16 and float(value) == 2.0
