@@ -228,7 +228,7 @@ class RunConfig(Strict):
     cuda_graphs: bool = True
     # Where those graphs replay, later groups of the same shape (architecture, settings, terms, number
     # of clients) train in the buffers of the first and replay its graphs instead of capturing their
-    # own (fedhet.engine.vectorized): FedCME's Table II run 0.78x the time on an H200 (docs/performance.md).
+    # own (fedhet.engine.vectorized): FedCME's Table II run 0.79x the time on an H200 (docs/performance.md).
     keep_graphs: bool = True
     # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
     # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the
