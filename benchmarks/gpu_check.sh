@@ -11,7 +11,8 @@
 #      forward pass of the CPU models) and tests/engine/test_engine_vectorized.py with the vectorized
 #      side on CUDA (FEDHET_TEST_DEVICE=cuda), on 8 workers;
 #   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, default 200; $BENCH_ARGS, default "--settings
-#      fedcme_a0.5 --rounds 1"): samples/s of every engine mode against the same machine's CPU
+#      fedcme_a0.5 --rounds 1", which replaces the whole default: BENCH_ARGS=" " gives the script's own
+#      defaults, BENCH_ARGS="--settings fedcme_a0.5 --rounds 1 --no-families" leaves the families out): samples/s of every engine mode against the same machine's CPU
 #      engines and the device's own ceiling, one method of each family against the same ceiling,
 #      evaluation's share of a round, and agreement with the CPU reference on real Fashion-MNIST;
 #   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 0: skipped): a
@@ -25,7 +26,7 @@
 #      'fedcme_t2:100;fedclassavg_full:2:FedClassAvg vectorized' (FedAvg's and FedCME's 100-round
 #      Table II runs; one full-size FedClassAvg round after the first), $RUN_LIMIT (default 100)
 #      seconds per run, into device_runs_<i>.*; or, with $DEVICE_RUNS set, one step of that run set
-#      ($DEVICE_ROUNDS default 20, $DEVICE_ONLY one run's label);
+#      ($DEVICE_ROUNDS default 20, $DEVICE_ONLY one run's label; $RUN_SPECS, if set too, wins);
 #   6. optionally ($GPU_SWEEP='a.sweep.yaml [--only TAG] [--lanes N] [--from=ARCHIVE]; b.sweep.yaml',
 #      $GPU_SWEEP_SECONDS, $GPU_SWEEP_LANES lanes per sweep): sweeps side by side on the device through
 #      benchmarks/gpu_sweeps.sh (run.device=cuda, run.engine=vectorized, stopped at the limit, each
@@ -43,9 +44,15 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
 fi
 
+# The whole call's own deadline ($DEADLINE seconds, default 560): a step gets at most what is left
+# of it less 40 s (the archive at the end), and none starts with under 30 s left, so the results
+# come back within a device call of 600 s even when steps run to their limits.
+DEADLINE=${DEADLINE:-560}
 step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on failure
   local name=$1 limit=$2; shift 2
-  local t0=$SECONDS
+  local t0=$SECONDS left=$(( DEADLINE - 40 - SECONDS ))
+  if [ "$left" -lt 30 ]; then echo "=== $name: skipped, ${left}s left of the call's deadline"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "=== $name (limit ${limit}s)"
   timeout -s TERM -k 20 "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
@@ -59,7 +66,7 @@ step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on fa
   nproc; } > "$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -q -p no:cacheprovider \
+[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1}
 if [ "${PROFILE_SECONDS:-0}" != 0 ]; then
@@ -84,7 +91,7 @@ if [ -n "${RUN_SPECS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then   # device_r
       --rounds "$rounds" --limit "${RUN_LIMIT:-100}" ${only:+--only "$only"}
   done
 elif [ -n "${DEVICE_RUNS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then
-  step device_runs "${RUNS_SECONDS:-170}" python3 benchmarks/device_runs.py --out "$OUT" --run ${DEVICE_RUNS:-fedcme_t2} \
+  step device_runs "${RUNS_SECONDS:-170}" python3 benchmarks/device_runs.py --out "$OUT" --run $DEVICE_RUNS \
     --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-100}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
 fi
 

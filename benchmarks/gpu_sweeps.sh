@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sweeps side by side on a lent GPU machine (the workplace's device tool runs this in a copy of
 # the working tree; what is under $OUT comes back), for reproductions that a CPU cannot finish:
-#   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...]' ['SWEEP_FILE ...' ...]
+#   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...] [--lanes N] [--from=ARCHIVE]' ['SWEEP_FILE ...' ...]
 # Each sweep runs with run.device=cuda and run.engine=vectorized, pinned to its own share of the
 # CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped
 # with SIGTERM after SECONDS (a spec's own --lanes N overrides $SWEEP_LANES for that sweep): finished runs are complete, an unfinished one keeps its last checkpoint. Each sweep's output folder comes back as $OUT/sweepN.tar.gz with every
@@ -48,14 +48,24 @@ fi
 status=0
 pids=()
 n=0
+# --from=ARCHIVE (a sweepN.tar.gz an earlier call brought back, committed or carried) seeds the
+# sweep's folder: its unfinished runs go on from their checkpoints, its finished ones are kept.
+# Every archive is unpacked before any sweep starts, so a bad one stops the call with nothing running.
 for spec in "$@"; do
-  # --from=ARCHIVE (a sweepN.tar.gz an earlier call brought back, committed or carried) seeds the
-  # sweep's folder: its unfinished runs go on from their checkpoints, its finished ones are kept.
-  words=()
   for word in $spec; do
     case $word in
       --from=*) mkdir -p "$work/sweep$n" && tar -xzf "${word#--from=}" -C "$work/sweep$n" --strip-components=1 \
                   || { echo "gpu_sweeps.sh: cannot unpack ${word#--from=}" >&2; exit 2; } ;;
+    esac
+  done
+  n=$(( n + 1 ))
+done
+n=0
+for spec in "$@"; do
+  words=()
+  for word in $spec; do
+    case $word in
+      --from=*) ;;
       *) words+=("$word") ;;
     esac
   done
@@ -69,7 +79,7 @@ done
 if [ -n "${PYTEST_SECONDS:-}" ]; then
   # shellcheck disable=SC2086  # PYTEST_FILES is a list of paths
   FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(cpu_list $(( n * share )) 4)" \
-    python3 -m pytest -q -p no:cacheprovider -n 4 ${PYTEST_FILES:-tests/engine/test_engine_vectorized.py} \
+    python3 -m pytest -p no:cacheprovider -n 4 ${PYTEST_FILES:-tests/engine/test_engine_vectorized.py} \
     > "$OUT/pytest_cuda_sweeps.log" 2>&1
   rc=$?; [ $rc -gt $status ] && status=$rc
   echo "pytest_cuda: exit $rc"; tail -n 5 "$OUT/pytest_cuda_sweeps.log"

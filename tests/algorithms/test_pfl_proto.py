@@ -531,7 +531,8 @@ def test_received_prototypes_with_no_class_defined_are_none():
 
 def test_prototype_alignment_target_takes_the_features_dtype():
     """Under bf16 features the prototypes are rounded to bf16 before the difference: bf16(1.001) is
-    exactly 1, so h = 0 gives a loss of exactly weight * 1 (a float32 target would give 1.002001)."""
+    exactly 1, so h = 0 gives a bf16 loss of exactly weight * 1. A float32 target would make the loss
+    float32 (2 * 1.002001)."""
     h = torch.zeros(3, 1, dtype=torch.bfloat16)
     term = PrototypeAlignment(torch.full((2, 1), 1.001), None, weight=2.0)
     value = term(Forward(h, None), Batch(None, torch.tensor([0, 1, 0]), torch.arange(3)), {})
