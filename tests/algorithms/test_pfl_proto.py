@@ -537,3 +537,30 @@ def test_prototype_alignment_target_takes_the_features_dtype():
     term = PrototypeAlignment(torch.full((2, 1), 1.001), None, weight=2.0)
     value = term(Forward(h, None), Batch(None, torch.tensor([0, 1, 0]), torch.arange(3)), {})
     assert value.dtype == torch.bfloat16 and float(value) == 2.0
+
+
+def test_aggregate_prototypes_refusals_say_what_is_wrong():
+    a = (t([1, 1], [2, 0], [0, 0]), torch.tensor([1, 3, 0]))
+    with pytest.raises(ValueError, match=r"unknown prototype weighting 'median'; use 'uniform' or 'counts'"):
+        aggregate_prototypes([a], "median")
+    short_counts = (t([1, 1], [2, 0], [0, 0]), torch.tensor([1, 3]))         # means fit, counts do not
+    with pytest.raises(ValueError, match=r"disagree in shape: \(3, 2\) / \(2,\) vs \(3, 2\)"):
+        aggregate_prototypes([a, short_counts])
+    short_means = (t([1, 1], [2, 0]), torch.tensor([1, 3, 0]))
+    with pytest.raises(ValueError, match=r"disagree in shape: \(2, 2\) / \(3,\) vs \(3, 2\)"):
+        aggregate_prototypes([a, short_means])
+
+
+def test_aggregate_prototypes_with_half_a_previous_pair_is_memoryless():
+    a = (t([1, 1], [0, 0]), torch.tensor([2, 0]))
+    protos, defined = aggregate_prototypes([a], "uniform", previous=(t([5, 5], [7, 7]), None))
+    torch.testing.assert_close(protos, t([1, 1], [0, 0]))
+    assert defined.tolist() == [True, False]
+
+
+def test_aggregate_prototypes_accumulates_the_class_mass_in_double():
+    """2^24 + 3 samples of one class: in float32 the mass would round to 2^24 + 4 and the prototype
+    to (2^24 + 3) / (2^24 + 4) = 0.99999994; in double it is exactly the uploaded mean."""
+    n = 2 ** 24 + 3
+    protos, _ = aggregate_prototypes([(t([1.0]), torch.tensor([n]))], "counts")
+    assert protos.item() == 1.0
