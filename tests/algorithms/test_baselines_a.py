@@ -529,3 +529,62 @@ def test_weighted_average_of_integer_tensors_rounds_the_weighted_mean_per_entry(
     models = [{"n": torch.tensor([4, 8, 10])}, {"n": torch.tensor([8, 0, 2])}]
     got = weighted_average(models, [1, 3])["n"]            # (1 * a + 3 * b) / 4 = [7, 2, 4]
     assert got.dtype == torch.int64 and torch.equal(got, torch.tensor([7, 2, 4]))
+
+
+class HookRecorder(FedAvg):
+    """FedAvg with each hook recording the arguments it receives (a composed method's view of them)."""
+
+    name = "hook_recorder"
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: dict[str, tuple] = {}
+
+    def train_message(self, state, cid, ctx):
+        self.seen.setdefault("train_message", []).append(cid)
+        return super().train_message(state, cid, ctx)
+
+    def with_local_buffers(self, weights, state, client):
+        self.seen["with_local_buffers"] = (state, client)
+        return super().with_local_buffers(weights, state, client)
+
+    def data_terms(self, msg, state, client):
+        self.seen["data_terms"] = (msg, state, client)
+        return super().data_terms(msg, state, client)
+
+    def uploads(self, result, msg, state, client):
+        self.seen["uploads"] = (result, msg, state, client)
+        return super().uploads(result, msg, state, client)
+
+    def upload_scalars(self, result, msg, state, client):
+        self.seen["upload_scalars"] = (result, msg, state, client)
+        return {"extra": 1.5}
+
+    def after_training(self, result, msg, state, client):
+        return {"after": True}
+
+
+def test_fedavg_hands_every_hook_its_own_arguments_and_replies_an_update():
+    """A method that extends FedAvg through its hooks gets the round's message, the client's state
+    (after training where the reply is built) and the client; the reply is an "update" message with
+    the sample count, steps, mean loss and the hook's scalars."""
+    model, data = TinyNet(), tiny_data()
+    client = Runtime(model, data, TrainSettings(epochs=1, batch_size=5, lr=0.1))
+    algo = HookRecorder()
+    msg = Message("train", {"model": weights_of(model)})
+    before = {"mine": True}
+    reply_msg, state = algo.client_update(msg, before, client)
+    assert reply_msg.kind == "update" and state == {"after": True}
+    assert set(reply_msg.scalars) == {"num_samples", "steps", "loss", "extra"}
+    assert reply_msg.scalars["num_samples"] == 10 and reply_msg.scalars["steps"] == 2
+    assert reply_msg.scalars["extra"] == 1.5
+    assert algo.seen["with_local_buffers"][0] is before and algo.seen["with_local_buffers"][1] is client
+    assert algo.seen["data_terms"][0] is msg and algo.seen["data_terms"][1] is before
+    assert algo.seen["data_terms"][2] is client
+    for hook in ("uploads", "upload_scalars"):
+        result, got_msg, got_state, got_client = algo.seen[hook]
+        assert result is not None and result.steps == 2
+        assert got_msg is msg and got_state == {"after": True} and got_client is client
+    # the server asks each of the round's clients by its own id
+    sent = next(algo.round(algo.init_server_state({"tiny": weights_of(model)}), ctx([2, 0])))
+    assert sorted(sent) == [0, 2] and algo.seen["train_message"] == [2, 0]
