@@ -544,3 +544,148 @@ def test_lite_client_trains_with_its_own_batchnorm_statistics(small_config):
     msg = Message("train", {"model": w}, {"upload_model": True, "upload_anchors": True})
     reply, after = loop.algorithm.client_update(msg, {"buffers": own}, client)
     assert_trained_from_own_buffers(loop, reply.arrays["model"], after, w, own, client.buffer_names)
+
+
+# --- defaults, errors and the replies' fields ---------------------------------------------------
+def test_default_matching_is_contrastive_guiding_at_temperature_0_1():
+    """``AnchorMatching(anchors, defined, lam)`` is CG with the paper's alpha = 0.1. Normalised
+    anchors (1,0), (0,1); both samples are class 1. Sample (1,0): s = (10, 0), CE = log(1 + e^10);
+    sample (0,2) -> (0,1): s = (0, 10), CE = log(1 + e^-10). Mean: 5 + log(1 + e^-10)."""
+    term = AnchorMatching(torch.tensor([[3.0, 0.0], [0.0, 0.5]]), torch.ones(2, dtype=torch.bool), lam=1.0)
+    assert term.kind == "cg" and term.temperature == 0.1
+    value = term(out_of(torch.tensor([[1.0, 0.0], [0.0, 2.0]])), batch_of([1, 1]), {})
+    assert float(value) == pytest.approx(5.0 + math.log1p(math.exp(-10.0)), rel=1e-6)
+
+
+def test_unknown_matching_kind_is_refused_naming_it():
+    with pytest.raises(ValueError) as err:
+        AnchorMatching(torch.zeros(2, 2), torch.ones(2, dtype=torch.bool), 1.0, kind="cos")
+    assert str(err.value) == "unknown feature-matching loss 'cos'; use 'cg' or 'l2'"
+
+
+class BufferProbe(FedFM):
+    """FedFM recording what its ``with_local_buffers`` hook receives."""
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.seen = []
+
+    def with_local_buffers(self, weights, state, client):
+        self.seen.append((weights, state, client))
+        return super().with_local_buffers(weights, state, client)
+
+
+def test_anchor_reply_is_an_anchors_message_with_the_sample_count(small_config):
+    """The anchor phase's reply: kind ``anchors``, scalars ``{"num_samples": n_k}`` (nothing else),
+    and the model it takes the anchors with comes through ``with_local_buffers`` with the client."""
+    cfg = config(small_config, "fedfm", {"start_round": 0})
+    algo = BufferProbe(FedFM.Params(start_round=0))
+    loop = build_loop(cfg, algorithm=algo)
+    client = runtime(loop, 0)
+    w = loop.server_state["model"]
+    reply, cstate = algo.client_update(Message("anchors", {"model": w}), {"own": 1}, client)
+    assert reply.kind == "anchors"
+    assert reply.scalars == {"num_samples": client.num_samples} and client.num_samples > 0
+    assert set(reply.arrays) == {"anchors"}
+    assert algo.seen == [(w, {"own": 1}, client)]
+    assert cstate == {"own": 1, "fedfm_received": w}
+
+
+def test_uniform_round_aggregates_present_masks():
+    """Under ``anchor_weighting: uniform`` clients upload only which classes they have; the server
+    averages over the clients that have each class (no previous anchors): class 0 from both,
+    (1 + 3) / 2 = 2; class 1 from the second client only, 4."""
+    algo = FedFM(FedFM.Params(start_round=0, anchor_weighting="uniform"))
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+
+    def up(means, present):
+        return Message("anchors", {"anchors": {"mean": torch.tensor(means), "present": torch.tensor(present)}})
+
+    replies = {3: up([[1.0, 0.0], [9.0, 9.0]], [True, False]), 5: up([[3.0, 0.0], [0.0, 4.0]], [True, True])}
+    new = algo.update_anchors(dict(state), replies)
+    assert torch.allclose(new["anchors"], torch.tensor([[2.0, 0.0], [0.0, 4.0]]))
+    assert new["anchors_defined"].tolist() == [True, True]
+
+
+class LiteProbe(FedFMLite):
+    """FedFM-Lite recording what its training hooks receive; ``after_training`` adds a key."""
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.seen = []
+
+    def local_training(self, weights, msg, state, client):
+        result = super().local_training(weights, msg, state, client)
+        self.seen.append(("local_training", weights, msg, state, client, result))
+        return result
+
+    def after_training(self, result, msg, state, client):
+        self.seen.append(("after_training", result, msg, state, client))
+        return {**(super().after_training(result, msg, state, client) or {}), "probe": 1}
+
+    def uploads(self, result, msg, state, client):
+        self.seen.append(("uploads", result, msg, state, client))
+        return super().uploads(result, msg, state, client)
+
+
+def test_lite_hooks_see_the_kept_model_the_message_the_state_and_the_client(small_config):
+    """Between model downloads a Lite client trains its own kept model: the hooks get a ``train``
+    message carrying that model as ``"model"`` and the server's scalars, the client state without
+    the kept model, the new state from ``after_training`` (in ``uploads``) and the client; the reply
+    reports the training's steps and mean loss."""
+    algo = LiteProbe(FedFMLite.Params(start_round=0))
+    loop = build_loop(config(small_config, "fedfm_lite", {"start_round": 0}), algorithm=algo)
+    client = runtime(loop, 0)
+    kept = loop.server_state["model"]
+    scalars = {"upload_model": True, "upload_anchors": False, "tag": 7}
+    reply, after = algo.client_update(Message("train", {}, dict(scalars)), {"fedfm_local": kept, "own": 1}, client)
+    assert [h[0] for h in algo.seen] == ["local_training", "after_training", "uploads"]
+    (_, weights, m1, s1, c1, result), (_, r2, m2, s2, c2), (_, r3, m3, s3, c3) = algo.seen
+    assert weights is kept and result is r2 is r3
+    for m in (m1, m2, m3):
+        assert m.kind == "train" and set(m.arrays) == {"model"} and m.arrays["model"] is kept
+        assert m.scalars == scalars
+    assert s1 == s2 == {"own": 1} and s3 == {"own": 1, "probe": 1} == after
+    assert c1 is client and c2 is client and c3 is client
+    assert reply.kind == "update" and set(reply.arrays) == {"model"}
+    assert reply.scalars == {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss}
+    assert result.steps > 0 and result.mean_loss > 0
+
+
+class LiteAggregateProbe(FedFMLite):
+    """FedFM-Lite recording the round context its ``aggregate`` hook receives."""
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.contexts = []
+
+    def aggregate(self, state, replies, ctx):
+        self.contexts.append(ctx)
+        return super().aggregate(state, replies, ctx)
+
+
+def test_lite_round_bookkeeping_after_an_upload():
+    """T_s = 0, a = 3. Round 0 sends the model, nobody uploads: both clients keep their models and
+    are remembered. Round 1 (the planned last, so models come up) sends no model to them, and
+    ``aggregate`` gets the round context. Having uploaded, nobody keeps a model: the server forgets
+    the participants, so if the run goes on (round 2, s % a != 0) every client gets the model."""
+    algo = LiteAggregateProbe(FedFMLite.Params(start_round=0, model_every=3))
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+
+    def play(state, rnd, num_rounds):
+        c = dataclasses.replace(ctx([0, 1], num_classes=2, rnd=rnd), num_rounds=num_rounds)
+        gen = algo.round(state, c)
+        phase = next(gen)
+        with pytest.raises(StopIteration) as done:
+            gen.send({cid: lite_reply(m, float(rnd + 1)) for cid, m in phase.items()})
+        return phase, c, done.value.value
+
+    phase, _, state = play(state, 0, 2)
+    assert all("model" in m.arrays for m in phase.values()) and state["lite_participants"] == [0, 1]
+    phase, c1, state = play(state, 1, 2)
+    assert not any("model" in m.arrays for m in phase.values())
+    assert all(m.scalars["upload_model"] for m in phase.values())
+    assert algo.contexts == [c1] and state["lite_participants"] == []
+    assert torch.equal(state["model"]["w"], torch.full((2,), 2.0))
+    phase, _, state = play(state, 2, 6)
+    assert set(phase) == {0, 1} and all("model" in m.arrays for m in phase.values())
