@@ -552,6 +552,14 @@ class HookRecorder(FedAvg):
         self.seen["data_terms"] = (msg, state, client)
         return super().data_terms(msg, state, client)
 
+    def local_terms(self, msg, state, client):
+        self.seen["local_terms"] = (msg, state, client)
+        return super().local_terms(msg, state, client)
+
+    def train_options(self, msg, state, client):
+        self.seen["train_options"] = (msg, state, client)
+        return {"trainable": lambda name: False}          # the options reach client.train: nothing moves
+
     def uploads(self, result, msg, state, client):
         self.seen["uploads"] = (result, msg, state, client)
         return super().uploads(result, msg, state, client)
@@ -577,10 +585,12 @@ def test_fedavg_hands_every_hook_its_own_arguments_and_replies_an_update():
     assert reply_msg.kind == "update" and state == {"after": True}
     assert set(reply_msg.scalars) == {"num_samples", "steps", "loss", "extra"}
     assert reply_msg.scalars["num_samples"] == 10 and reply_msg.scalars["steps"] == 2
+    assert all(torch.equal(reply_msg.arrays["model"][k], v) for k, v in msg.arrays["model"].items())   # all frozen
     assert reply_msg.scalars["extra"] == 1.5
     assert algo.seen["with_local_buffers"][0] is before and algo.seen["with_local_buffers"][1] is client
-    assert algo.seen["data_terms"][0] is msg and algo.seen["data_terms"][1] is before
-    assert algo.seen["data_terms"][2] is client
+    for hook in ("data_terms", "local_terms", "train_options"):
+        got_msg, got_state, got_client = algo.seen[hook]
+        assert got_msg is msg and got_state is before and got_client is client
     for hook in ("uploads", "upload_scalars"):
         result, got_msg, got_state, got_client = algo.seen[hook]
         assert result is not None and result.steps == 2
@@ -588,3 +598,11 @@ def test_fedavg_hands_every_hook_its_own_arguments_and_replies_an_update():
     # the server asks each of the round's clients by its own id
     sent = next(algo.round(algo.init_server_state({"tiny": weights_of(model)}), ctx([2, 0])))
     assert sorted(sent) == [0, 2] and algo.seen["train_message"] == [2, 0]
+
+
+def test_fedavg_keeps_no_buffers_entry_for_a_model_without_buffers():
+    """bn_buffers: local on a model with no buffers leaves the client's state as it was."""
+    model, data = TinyNet(), tiny_data()
+    client = Runtime(model, data, TrainSettings(epochs=1, batch_size=5, lr=0.1))
+    state = {"mine": True}
+    assert FedAvg(FedAvg.Params(bn_buffers="local")).keep_local_buffers(weights_of(model), state, client) is state
