@@ -606,3 +606,21 @@ def test_fedavg_keeps_no_buffers_entry_for_a_model_without_buffers():
     client = Runtime(model, data, TrainSettings(epochs=1, batch_size=5, lr=0.1))
     state = {"mine": True}
     assert FedAvg(FedAvg.Params(bn_buffers="local")).keep_local_buffers(weights_of(model), state, client) is state
+
+
+def test_fedavg_buffer_policy_keeps_the_rest_of_the_state_and_ignores_kept_buffers_when_averaging():
+    from types import SimpleNamespace
+
+    client = SimpleNamespace(buffer_names=["bn.running_mean"])
+    weights = {"fc.weight": torch.ones(2), "bn.running_mean": torch.full((2,), 3.0)}
+    kept = FedAvg(FedAvg.Params(bn_buffers="local")).keep_local_buffers(weights, {"mine": True}, client)
+    assert set(kept) == {"mine", "buffers"} and kept["mine"] is True
+    assert set(kept["buffers"]) == {"bn.running_mean"}
+    # bn_buffers: average (the default) trains from the server's buffers even if a state holds some
+    assert FedAvg().with_local_buffers(weights, {"buffers": {"bn.running_mean": torch.zeros(2)}}, client) is weights
+
+
+def test_fedavg_refuses_several_architectures_naming_them():
+    with pytest.raises(ValueError, match=r"^fedavg averages whole models, so every client needs the same "
+                                         r"architecture; got \['a', 'b'\]$"):
+        FedAvg().init_server_state({"b": {}, "a": {}})
