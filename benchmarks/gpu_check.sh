@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The GPU checks, as one call on a lent GPU machine (the workplace's device tool runs it in a copy
-# of the working tree; $OUT comes back). With no settings, one call measures what issue 34 asks of
-# the device in about 7 minutes on an H200 (the steps' own times there: tests 59 s, FedAvg's and
-# FedCME's 100-round runs 53 + 68 s; the benchmark and FedClassAvg steps estimated): give the
-# device tool a timeout of 600 s. Steps, each under its own time limit, so one that fails or
-# overruns still leaves the others' results:
+# of the working tree; $OUT comes back). With no settings, one call measures the engines and one
+# method of each family against the device's ceiling, evaluation's share, FedAvg's and FedCME's
+# 100-round Table II runs and a full-size FedClassAvg round, in about 7 minutes on an H200 (the
+# steps' own times there: tests 59 s, the two runs 53 + 68 s; the benchmark and FedClassAvg steps
+# estimated, not yet timed together): give the device tool a timeout of 600 s; $DEADLINE below keeps
+# the call inside it. Steps, each under its own time limit, so one that fails or overruns still
+# leaves the others' results:
 #   1. the machine: GPU, driver, torch, CUDA;
 #   2. the CUDA tests ($PYTEST_SECONDS, default 120; $PYTEST_FILES): tests/engine/test_device.py
 #      (every method on run.device cuda, reference and vectorized engines, against a CPU run, with no
