@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from helpers import build_loop, config, ctx, runtime
 
 from fedhet.algorithms import algorithm_class
+from fedhet.algorithms import fedfm as fedfm_module
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedfm import AnchorMatching, FedFM, FedFMLite, aggregate_anchors, local_anchors
 from fedhet.core.contract import Batch, Forward, Message
 from fedhet.training.local import forward
@@ -689,3 +691,88 @@ def test_lite_round_bookkeeping_after_an_upload():
     assert torch.equal(state["model"]["w"], torch.full((2,), 2.0))
     phase, _, state = play(state, 2, 6)
     assert set(phase) == {0, 1} and all("model" in m.arrays for m in phase.values())
+
+
+# --- defaults, the uniform upload and the hooks a composed method sees --------------------
+def test_anchor_aggregation_weights_by_counts_unless_told_otherwise():
+    """Eq. 9 is the default rule: (3 x [1, 0] + 1 x [5, 4]) / 4 = [2, 1]; the uniform mean would
+    be [3, 2]."""
+    uploads = [(torch.tensor([[1.0, 0.0]]), torch.tensor([3])), (torch.tensor([[5.0, 4.0]]), torch.tensor([1]))]
+    anchors, defined = aggregate_anchors(None, None, uploads)
+    assert torch.allclose(anchors, torch.tensor([[2.0, 1.0]])) and defined.tolist() == [True]
+
+
+def test_uniform_upload_marks_a_class_present_from_its_first_sample(small_config, monkeypatch):
+    """Under uniform weighting the upload says which classes the client has: one sample is enough,
+    none is not (the counts are set by hand: 3, 1 and 0 samples)."""
+    loop = build_loop(config(small_config, "fedfm", {"start_round": 0, "anchor_weighting": "uniform"}))
+    means = torch.arange(6.0).reshape(3, 2)
+    monkeypatch.setattr(fedfm_module, "local_anchors", lambda *args, **kwargs: (means, torch.tensor([3, 1, 0])))
+    up = loop.algorithm.anchor_upload(loop.server_state["model"], runtime(loop, 0))
+    assert up["present"].tolist() == [True, True, False]
+    assert torch.equal(up["mean"], means)
+
+
+def with_previous_anchors(algo, anchors, defined):
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+    state["anchors"], state["anchors_defined"] = torch.tensor(anchors), torch.tensor(defined)
+    return state
+
+
+def test_round_keeps_the_previous_anchor_of_a_class_nobody_uploads():
+    """The server's anchors carry over: class 1, which no client of this round has, keeps its
+    anchor from the last round and stays defined; class 0 is the new upload's."""
+    algo = FedFM(FedFM.Params(start_round=0))
+    state = with_previous_anchors(algo, [[9.0, 9.0], [7.0, 5.0]], [True, True])
+    new = algo.update_anchors(state, {2: anchor_reply([[1.0, 0.0], [0.0, 0.0]], [4, 0])})
+    assert torch.allclose(new["anchors"], torch.tensor([[1.0, 0.0], [7.0, 5.0]]))
+    assert new["anchors_defined"].tolist() == [True, True]
+
+
+def test_uniform_round_lets_a_client_without_the_class_contribute_the_previous_anchor():
+    """``anchor_weighting: uniform`` reaches the server's rule (Table VIII): class 1 is the mean of
+    client 3's 3 and the previous anchor 6 that client 5 (without class 1) contributes, 4.5; Eq. 9
+    with the presence masks as counts would give 3."""
+    algo = FedFM(FedFM.Params(start_round=0, anchor_weighting="uniform"))
+    state = with_previous_anchors(algo, [[10.0, 0.0], [0.0, 6.0]], [True, True])
+
+    def up(means, present):
+        return Message("anchors", {"anchors": {"mean": torch.tensor(means), "present": torch.tensor(present)}})
+
+    new = algo.update_anchors(state, {3: up([[1.0, 0.0], [0.0, 3.0]], [True, True]),
+                                      5: up([[4.0, 0.0], [9.0, 9.0]], [True, False])})
+    assert torch.allclose(new["anchors"], torch.tensor([[2.5, 0.0], [0.0, 4.5]]))
+
+
+class HookParent(FedAvg):
+    """A method FedFM may be composed with (FedFM first in the bases): records what FedFM's
+    ``super()`` calls hand on."""
+
+    def __init__(self, params=None):
+        super().__init__(params)
+        self.local_terms_args = None
+        self.train_message_args = None
+
+    def local_terms(self, msg, state, client):
+        self.local_terms_args = (msg, state, client)
+        return super().local_terms(msg, state, client)
+
+    def train_message(self, state, cid, ctx):
+        self.train_message_args = (state, cid, ctx)
+        return super().train_message(state, cid, ctx)
+
+
+class ComposedFM(FedFM, HookParent):
+    pass
+
+
+def test_a_composed_parent_sees_the_message_state_client_and_round_fedfm_got():
+    algo = ComposedFM(FedFM.Params(start_round=0))
+    msg, state, client = Message("train", {}), {"own": 1}, object()
+    assert algo.local_terms(msg, state, client) == []               # no anchors: no matching term
+    assert algo.local_terms_args == (msg, state, client)
+    server = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+    round_ctx = ctx([0, 1], num_classes=2, rnd=3)
+    algo.train_message(server, 1, round_ctx)
+    assert algo.train_message_args[1] == 1 and algo.train_message_args[2] is round_ctx
+    assert algo.train_message_args[0] is server

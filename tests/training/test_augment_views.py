@@ -242,3 +242,37 @@ def test_apply_moves_the_normalisation_to_the_batchs_device():
               torch.arange(3, device="meta"))
     out = aug(b, torch.Generator().manual_seed(0))
     assert out.x.device.type == "meta" and out.x.shape == (6, 3, 5, 6)
+
+
+# --- what the vectorized engine relies on: grouping and the move to the device ----------------
+
+
+def test_signature_tells_apart_views_with_other_normalisation_tensors():
+    """The engine applies one group's constants to every member, so views group only when they
+    share the pool's mean and std tensors (by identity) and every setting."""
+    mean, std = torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1)
+    base = SupConViews(mean, std)
+    assert SupConViews(mean, std).signature() == base.signature()
+    assert SupConViews(mean.clone(), std).signature() != base.signature()
+    assert SupConViews(mean, std.clone()).signature() != base.signature()
+    assert SupConViews(mean, std, views=1).signature() != base.signature()
+
+
+def test_to_the_device_it_is_on_returns_the_same_views():
+    aug = views(scale=(0.5, 1.0))
+    assert aug.to("cpu") is aug
+
+
+@pytest.mark.parametrize("moved", ["both", "mean", "std"])
+def test_to_another_device_moves_both_constants_and_keeps_the_settings(moved):
+    """``meta`` stands in for an accelerator on a CPU-only machine: the constants not there yet
+    move, the ones already there stay the same tensors, and every other field is kept."""
+    mean = torch.zeros(1, 1, 1, 1, device="meta" if moved == "std" else "cpu")
+    std = torch.ones(1, 1, 1, 1, device="meta" if moved == "mean" else "cpu")
+    aug = SupConViews(mean, std, scale=(0.5, 1.0), flip_p=0.25, views=1)
+    out = aug.to("meta")
+    assert out is not aug
+    assert out.mean.device.type == "meta" and out.std.device.type == "meta"
+    assert (out.mean is mean) == (moved == "std") and (out.std is std) == (moved == "mean")
+    assert (out.scale, out.flip_p, out.views) == ((0.5, 1.0), 0.25, 1)
+    assert aug.mean is mean and aug.std is std                         # the original is untouched
