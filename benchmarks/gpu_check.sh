@@ -37,10 +37,24 @@
 # PYTEST_SECONDS, BENCH_SECONDS or RUNS_SECONDS at 0 skips that step; RUN_SPECS= (empty) skips the runs.
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
 # the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
+#
+# A dry run on a machine without CUDA, before device time is spent (steps 2, 3 and 5 start with the
+# same arguments on the CPU under short limits, so a broken step shows here; the sweeps of step 6
+# are not covered): source .venv/bin/activate; GPU_CHECK_DEVICE=cpu OUT=/tmp/dry bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu_check_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FEDHET_DATA=$PWD/.devdata PYTHONPATH=$PWD/src
+CHECK_DEVICE=${GPU_CHECK_DEVICE:-cuda}
+BENCH_DEVICE_ARGS=""
+if [ "$CHECK_DEVICE" = cpu ]; then   # the dry run's limits: about 9 minutes in all (every family of step 3)
+  DEADLINE=${DEADLINE:-560} PYTEST_SECONDS=${PYTEST_SECONDS:-45} BENCH_SECONDS=${BENCH_SECONDS:-340}
+  RUNS_SECONDS=${RUNS_SECONDS:-50} RUN_LIMIT=${RUN_LIMIT:-40} PYTEST_WORKERS=${PYTEST_WORKERS:-2}
+  BENCH_DEVICE_ARGS="--device cpu --quick"
+elif [ "$CHECK_DEVICE" != cuda ]; then
+  echo "gpu_check: GPU_CHECK_DEVICE must be cuda (the default) or cpu (a dry run), got '$CHECK_DEVICE'" >&2; exit 2
+fi
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
+[ -d .devdata ] && export FEDHET_DATA=$PWD/.devdata   # else the usual places (fedhet.data.datasets)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
@@ -62,15 +76,19 @@ step() {  # step NAME SECONDS COMMAND...: log to $OUT/NAME.log, keep going on fa
   tail -n 25 "$OUT/$name.log"
 }
 
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+if [ "$CHECK_DEVICE" = cpu ]; then
+  { echo "dry run on the CPU (GPU_CHECK_DEVICE=cpu)"; lscpu | grep 'Model name'
+    python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__)"; nproc; } > "$OUT/machine.txt" 2>&1
+else { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
   python3 -c "import torch, sys; print(sys.version); print('torch', torch.__version__, 'cuda', torch.version.cuda,
 'cudnn', torch.backends.cudnn.version(), torch.cuda.get_device_name(0), 'bf16', torch.cuda.is_bf16_supported())"
   nproc; } > "$OUT/machine.txt" 2>&1
+fi
 cat "$OUT/machine.txt"
 
-[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE=cuda python3 -m pytest -p no:cacheprovider \
+[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE="$CHECK_DEVICE" python3 -m pytest -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
-[ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1}
+[ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1} $BENCH_DEVICE_ARGS
 if [ "${PROFILE_SECONDS:-0}" != 0 ]; then
   for config in ${PROFILE_CONFIGS:-configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml}; do
     name=profile_$(basename "$config" .yaml)
@@ -90,14 +108,16 @@ if [ -n "${RUN_SPECS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then   # device_r
   for i in "${!specs[@]}"; do
     IFS=: read -r runs rounds only <<< "${specs[$i]}"
     step "device_runs_$i" "${RUNS_SECONDS:-170}" python3 benchmarks/device_runs.py --out "$OUT" --tag "$i" --run $runs \
-      --rounds "$rounds" --limit "${RUN_LIMIT:-100}" ${only:+--only "$only"}
+      --rounds "$rounds" --limit "${RUN_LIMIT:-100}" --device "$CHECK_DEVICE" ${only:+--only "$only"}
   done
 elif [ -n "${DEVICE_RUNS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then
   step device_runs "${RUNS_SECONDS:-170}" python3 benchmarks/device_runs.py --out "$OUT" --run $DEVICE_RUNS \
-    --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-100}" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
+    --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-100}" --device "$CHECK_DEVICE" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
 fi
 
-if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
+if [ -n "${GPU_SWEEP:-}" ] && [ "$CHECK_DEVICE" = cpu ]; then
+  echo "=== gpu_sweeps: not part of the dry run (GPU_SWEEP ignored)"
+elif [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
   IFS=';' read -ra sweeps <<< "$GPU_SWEEP"
   SWEEP_LANES="${GPU_SWEEP_LANES:-6}" PYTEST_SECONDS="${SWEEP_PYTEST_SECONDS:-}" \
     bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "${sweeps[@]}" > "$OUT/gpu_sweeps.log" 2>&1
