@@ -26,7 +26,11 @@ regimes, both measured over this file's cases after 2 rounds:
   AVX512-BF16 CPU (fedcme-oe, equal sizes, fc1 weights; bound 3.5e-3) and 2.77e-3 on an AMX Xeon
   and 2.8e-3 on an H200 (fedpac, unequal sizes, fc1 weights, 2 of 524,288 entries; bound 6.3e-3:
   its smallest batch is a 4-sample remainder). ``PYTHONPATH=tests python
-  tests/engine/test_engine_vectorized.py fedpac unequal`` prints a case's bounds.
+  tests/engine/test_engine_vectorized.py fedpac unequal`` prints a case's bounds, its differences
+  and the whole model's. After a flip the later steps differ a little everywhere, which no derived
+  bound covers: the one case known to take the whole model past MODEL_RTOL on a CPU (FedPAC,
+  unequal sizes, 1.006e-3 on an AVX512-BF16 Xeon) is held to its per-entry bounds only
+  (``FLIP_DOMINATED``).
 
 What the tests catch: ``bash scripts/engine_breaks.sh`` breaks the engine eight ways (a vmapped
 term given the first client's constants for every client; frozen parameters trained; momentum not
@@ -65,7 +69,7 @@ CUDA_GRAPHS = os.environ.get("FEDHET_TEST_CUDA_GRAPHS", "1") != "0"     # on CUD
 TIGHT = 1e-6         # atol, smooth model; also the rounding part of the cnn2 bound
 FLIPS = 2            # cnn2: flips one entry may carry, one a round (module docstring)
 RTOL = 1e-5
-MODEL_RTOL = 1e-3    # relative norm of the model difference; kink flips on cnn2 measured 4e-4 here (the parent commit failed 1e-5 too)
+MODEL_RTOL = 1e-3    # relative norm of the model difference; measured, not derived (module docstring, FLIP_DOMINATED)
 EQUAL = {"kind": "iid"}
 # Dir(0.3) sizes over 6 clients: tiny and large clients side by side (checked below).
 UNEQUAL = {"kind": "quantity_skew", "alpha": 0.3, "min_size": 5}
@@ -273,8 +277,9 @@ CUDA_KNOWN = {"fedpac-unequal-nobn", "fedproto-equal-nobn"}
 # everywhere, which no derived bound covers. FedPAC with unequal sizes on cnn2 flips on an
 # AVX512-BF16 Xeon: each entry stays within its flip bound (fc1 weights 2.77e-3 against 6.3e-3),
 # while the whole model differs by 1.006e-3 in relative norm, 0.6% over MODEL_RTOL (FedAvg and
-# FedCME-OE with the same sizes, without a flip there: 1.2e-6 and 3.6e-8). Its entries stay held to
-# the flip bounds, and the same case on the smooth model to TIGHT, where a wrong engine shows.
+# FedCME-OE with the same unequal sizes, without a flip there: 1.2e-6 and 3.6e-8). Its entries stay held to
+# the flip bounds, and the same case on the smooth model to TIGHT, where a wrong engine shows
+# (benchmarks/results/vectorized_flips_xeon.md).
 FLIP_DOMINATED = {"fedpac-unequal-nobn"}
 
 
@@ -729,6 +734,10 @@ if __name__ == "__main__":     # PYTHONPATH=tests python tests/engine/test_engin
         bounds = flip_bounds(cfg, ref)
         a, b = ref.server_state.get("model", {}), vec.server_state.get("model", {})
         print(f"{sys.argv[1]}-{sys.argv[2]}-nobn: smallest batch {smallest_batch(cfg, ref.federation)}")
+        if a:
+            keys = [k for k, v in a.items() if v.is_floating_point()]
+            rel = torch.cat([(a[k] - b[k]).flatten() for k in keys]).norm() / torch.cat([a[k].flatten() for k in keys]).norm()
+            print(f"  whole global model: relative L2 difference {float(rel):.3e} (MODEL_RTOL {MODEL_RTOL:.0e})")
         for k, bound in bounds.items():
             diff = f"{float((a[k] - b[k]).abs().max()):.2e}" if k in a else "-"
             print(f"  {k:24s} bound {bound:.2e}  global-model difference here {diff}")
