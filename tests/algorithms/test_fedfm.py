@@ -17,6 +17,7 @@ from fedhet.algorithms import fedfm as fedfm_module
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedfm import AnchorMatching, FedFM, FedFMLite, aggregate_anchors, local_anchors
 from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.errors import ConfigError
 from fedhet.training.local import forward
 from fedhet.training.objective import CrossEntropy
 from fedhet.training.terms import Proximal
@@ -761,6 +762,10 @@ class HookParent(FedAvg):
         self.train_message_args = (state, cid, ctx)
         return super().train_message(state, cid, ctx)
 
+    def check_schedule(self, rounds, local_epochs):
+        self.check_schedule_args = (rounds, local_epochs)
+        super().check_schedule(rounds, local_epochs)
+
 
 class ComposedFM(FedFM, HookParent):
     pass
@@ -776,3 +781,30 @@ def test_a_composed_parent_sees_the_message_state_client_and_round_fedfm_got():
     algo.train_message(server, 1, round_ctx)
     assert algo.train_message_args[1] == 1 and algo.train_message_args[2] is round_ctx
     assert algo.train_message_args[0] is server
+
+
+def test_a_composed_parent_checks_the_same_schedule():
+    algo = ComposedFM(FedFM.Params(start_round=2))
+    algo.check_schedule(10, 3)
+    assert algo.check_schedule_args == (10, 3)
+
+
+def test_a_warm_up_as_long_as_the_run_is_refused_naming_both():
+    """T_s = T would leave no round with matching: the run would be FedAvg under FedFM's name."""
+    FedFM(FedFM.Params(start_round=4)).check_schedule(5, 1)           # one matching round: fine
+    with pytest.raises(ConfigError) as err:
+        FedFM(FedFM.Params(start_round=5)).check_schedule(5, 1)
+    assert "start_round (5" in str(err.value) and "train.rounds (5)" in str(err.value)
+
+
+@pytest.mark.parametrize("lam,expected", [(0.0, False), (0.5, True)])
+def test_matching_term_is_added_for_any_positive_lambda_only(lam, expected):
+    """lambda 0 turns matching off (no term at all); any positive lambda, also below 1, adds it
+    with the configured temperature."""
+    algo = FedFM(FedFM.Params(start_round=0, lam=lam, temperature=0.5))
+    anchors = {"mean": torch.zeros(2, 3), "defined": torch.ones(2, dtype=torch.bool)}
+    terms = algo.local_terms(Message("train", {"anchors": anchors}), None, object())
+    assert len(terms) == int(expected)
+    if expected:
+        assert isinstance(terms[0], AnchorMatching)
+        assert (terms[0].lam, terms[0].temperature, terms[0].kind) == (0.5, 0.5, "cg")
