@@ -347,6 +347,11 @@ def anchor_reply(means, counts) -> Message:
     return Message("anchors", {"anchors": {"mean": torch.tensor(means), "count": torch.tensor(counts)}})
 
 
+def presence_reply(means, present) -> Message:
+    """An anchor reply under uniform weighting: which classes the client has, not how many."""
+    return Message("anchors", {"anchors": {"mean": torch.tensor(means), "present": torch.tensor(present)}})
+
+
 def test_fedfm_trains_every_client_that_answered_the_anchor_phase():
     """A client dropped in the anchor phase is left out of training, and only it: the clients
     after it in the sampling order still get their training message (anchors, no second model)."""
@@ -601,10 +606,8 @@ def test_uniform_round_aggregates_present_masks():
     algo = FedFM(FedFM.Params(start_round=0, anchor_weighting="uniform"))
     state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
 
-    def up(means, present):
-        return Message("anchors", {"anchors": {"mean": torch.tensor(means), "present": torch.tensor(present)}})
-
-    replies = {3: up([[1.0, 0.0], [9.0, 9.0]], [True, False]), 5: up([[3.0, 0.0], [0.0, 4.0]], [True, True])}
+    replies = {3: presence_reply([[1.0, 0.0], [9.0, 9.0]], [True, False]),
+               5: presence_reply([[3.0, 0.0], [0.0, 4.0]], [True, True])}
     new = algo.update_anchors(dict(state), replies)
     assert torch.allclose(new["anchors"], torch.tensor([[2.0, 0.0], [0.0, 4.0]]))
     assert new["anchors_defined"].tolist() == [True, True]
@@ -737,11 +740,8 @@ def test_uniform_round_lets_a_client_without_the_class_contribute_the_previous_a
     algo = FedFM(FedFM.Params(start_round=0, anchor_weighting="uniform"))
     state = with_previous_anchors(algo, [[10.0, 0.0], [0.0, 6.0]], [True, True])
 
-    def up(means, present):
-        return Message("anchors", {"anchors": {"mean": torch.tensor(means), "present": torch.tensor(present)}})
-
-    new = algo.update_anchors(state, {3: up([[1.0, 0.0], [0.0, 3.0]], [True, True]),
-                                      5: up([[4.0, 0.0], [9.0, 9.0]], [True, False])})
+    new = algo.update_anchors(state, {3: presence_reply([[1.0, 0.0], [0.0, 3.0]], [True, True]),
+                                      5: presence_reply([[4.0, 0.0], [9.0, 9.0]], [True, False])})
     assert torch.allclose(new["anchors"], torch.tensor([[2.5, 0.0], [0.0, 4.5]]))
 
 

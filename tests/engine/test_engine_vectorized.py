@@ -206,10 +206,14 @@ def assert_engines_agree(ref, vec, atol, whole_model=True):
     assert ref.ledger.totals() == vec.ledger.totals()
 
 
-def assert_model_close(a, b):
+def model_relative_difference(a, b) -> float:
+    """||a - b|| / ||a|| over the models' floating-point tensors, taken as one vector."""
     keys = [k for k, v in a.items() if v.is_floating_point()]
-    diff = torch.cat([(a[k] - b[k]).flatten() for k in keys]).norm()
-    assert diff <= MODEL_RTOL * torch.cat([a[k].flatten() for k in keys]).norm()
+    return float(torch.cat([(a[k] - b[k]).flatten() for k in keys]).norm() / torch.cat([a[k].flatten() for k in keys]).norm())
+
+
+def assert_model_close(a, b):
+    assert model_relative_difference(a, b) <= MODEL_RTOL
 
 
 def run_both(cfg, rounds=2, bn=False, algorithm=None, after_round=None, wide=None, keep_graphs=False):
@@ -735,9 +739,8 @@ if __name__ == "__main__":     # PYTHONPATH=tests python tests/engine/test_engin
         a, b = ref.server_state.get("model", {}), vec.server_state.get("model", {})
         print(f"{sys.argv[1]}-{sys.argv[2]}-nobn: smallest batch {smallest_batch(cfg, ref.federation)}")
         if a:
-            keys = [k for k, v in a.items() if v.is_floating_point()]
-            rel = torch.cat([(a[k] - b[k]).flatten() for k in keys]).norm() / torch.cat([a[k].flatten() for k in keys]).norm()
-            print(f"  whole global model: relative L2 difference {float(rel):.3e} (MODEL_RTOL {MODEL_RTOL:.0e})")
+            print(f"  whole global model: relative L2 difference {model_relative_difference(a, b):.3e} "
+                  f"(MODEL_RTOL {MODEL_RTOL:.0e})")
         for k, bound in bounds.items():
             diff = f"{float((a[k] - b[k]).abs().max()):.2e}" if k in a else "-"
             print(f"  {k:24s} bound {bound:.2e}  global-model difference here {diff}")
