@@ -19,6 +19,15 @@ from synthetic import write_fashion_mnist  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """Put torch back on one thread after each test. A run whose config or CLI names run.threads
+    sets the process-wide count, and float sums depend on it: a later test on the same worker
+    then compared two evaluations summed in different orders (it failed one CI run)."""
+    yield
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory) -> Path:
     """A small learnable dataset in the real Fashion-MNIST IDX format."""

@@ -167,6 +167,20 @@ VOLATILE = {"seconds", "flower"}
 SUMMED_DIFFERENTLY = {"personal_loss", "personal_loss_by_client"}
 
 
+def assert_rows_match_simulator(sim_rows, fl_rows):
+    """The Flower run's metric rows against the simulator's: the same keys, every value equal but
+    the two personalized losses, which agree to rounding only: they tie on one intra-op thread on
+    an Intel Xeon, and differed by 6e-9 relative on three threads (one CI run)."""
+    assert len(fl_rows) == len(sim_rows)
+    for s, f in zip(sim_rows, fl_rows):
+        assert set(s) - VOLATILE == set(f) - VOLATILE, f["round"]
+        for key in set(s) - VOLATILE - SUMMED_DIFFERENTLY:
+            assert f[key] == s[key], (f["round"], key)
+        assert f["personal_loss"] == pytest.approx(s["personal_loss"], rel=1e-5), f["round"]
+        assert f["personal_loss_by_client"] == pytest.approx(s["personal_loss_by_client"], rel=1e-4, abs=2e-5), \
+            f["round"]
+
+
 @pytest.mark.parametrize("algorithm,params", EQUIVALENCE)
 def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
     cfg = tiny(small_config, algorithm, **params)
@@ -177,12 +191,8 @@ def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
     assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
     sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert len(fl_rows) == len(sim_rows) == cfg.train.rounds
-    for s, f in zip(sim_rows, fl_rows):
-        assert set(s) - VOLATILE == set(f) - VOLATILE
-        for key in set(s) - VOLATILE - SUMMED_DIFFERENTLY:
-            assert f[key] == s[key], key
-        assert f["personal_loss"] == pytest.approx(s["personal_loss"], rel=1e-5)
-        assert f["personal_loss_by_client"] == pytest.approx(s["personal_loss_by_client"], rel=1e-4, abs=2e-5)
+    assert_rows_match_simulator(sim_rows, fl_rows)
+    for f in fl_rows:
         assert f["flower"]["phases"] and all(p["answered"] == p["sent"] for p in f["flower"]["phases"])
         assert "dropped" not in f["flower"]
     summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
@@ -456,9 +466,7 @@ def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, c
     flower_run(cfg, tmp_path / "flower", resume=True, node_state_dir=str(nodes))
     sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert [r["round"] for r in fl_rows] == [1, 2, 3, 4]
-    for s, f in zip(sim_rows, fl_rows):
-        for key in set(s) - VOLATILE:
-            assert f[key] == s[key], (f["round"], key)
+    assert_rows_match_simulator(sim_rows, fl_rows)
     assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
     assert json.loads((tmp_path / "flower" / "summary.json").read_text())["status"] == "completed"
     # the nodes keep the commit of the server's checkpoint before the last (round 2) and the last (4)
