@@ -2,7 +2,7 @@
 to a benchmarks/engine_speed_vs.sh sitting, where one ratio sits at the edge of the noise.
 
     PYTHONPATH=$TREE/src python benchmarks/engine_speed_one_mode.py $TREE/benchmarks/engine_speed.py LABEL \
-        [--setting cross_device] [--engine parallel] [--rounds 2]
+        [--setting cross_device] [--engine parallel] [--precision fp32] [--rounds 2]
 
 Prints one JSON line: the label, the median training samples/s of the measured rounds (after one
 warm-up round) and each round's figure. ``$TREE`` is a worktree of the commit to measure (git
@@ -25,6 +25,7 @@ def main() -> int:
     p.add_argument("label")
     p.add_argument("--setting", default="cross_device")
     p.add_argument("--engine", default="parallel")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     p.add_argument("--rounds", type=int, default=2)
     a = p.parse_args()
     sys.path.insert(0, str(a.script.parent))
@@ -33,8 +34,8 @@ def main() -> int:
     side = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(side)
     with tempfile.TemporaryDirectory() as tmp:
-        r = side.run_mode(a.setting, a.engine, "fp32", a.rounds, Path(tmp), False)
-    print(json.dumps({"label": a.label, "setting": a.setting, "engine": a.engine,
+        r = side.run_mode(a.setting, a.engine, a.precision, a.rounds, Path(tmp), False)
+    print(json.dumps({"label": a.label, "setting": a.setting, "engine": a.engine, "precision": a.precision,
                       "samples_per_s": r["samples_per_s"], "rounds": r["samples_per_s_all"]}))
     return 0
 

@@ -30,8 +30,10 @@ def mode_speed(results: list[dict], setting: str, mode: str) -> float | None:
     return statistics.median(speeds) if speeds else None
 
 
-def ceiling(results: list[dict], setting: str) -> float:
-    return statistics.median(r["ceiling"][setting]["fp32"]["samples_per_s"] for r in results)
+def ceiling(results: list[dict], setting: str) -> float | None:
+    """The median fp32 ceiling of ``results``; None for a sitting without fp32 (PRECISIONS=bf16)."""
+    speeds = [r["ceiling"][setting]["fp32"]["samples_per_s"] for r in results if "fp32" in r["ceiling"][setting]]
+    return statistics.median(speeds) if speeds else None
 
 
 def compare(base: dict[str, list[dict]], head: dict[str, list[dict]]) -> list[dict]:
@@ -47,8 +49,8 @@ def compare(base: dict[str, list[dict]], head: dict[str, list[dict]]) -> list[di
             rows.append({"setting": setting, "mode": mode, "repeats": len(head[setting]),
                          "base_samples_per_s": b, "head_samples_per_s": h,
                          "ratio": None if not b or h is None else h / b,
-                         "base_x_fp32_ceiling": None if b is None else b / c_base,
-                         "head_x_fp32_ceiling": None if h is None else h / c_head,
+                         "base_x_fp32_ceiling": None if b is None or c_base is None else b / c_base,
+                         "head_x_fp32_ceiling": None if h is None or c_head is None else h / c_head,
                          "base_fp32_ceiling": c_base, "head_fp32_ceiling": c_head})
     return rows
 
@@ -76,7 +78,8 @@ def main() -> int:
              f"{any_run['machine']['usable_cpus']} usable CPUs, torch {any_run['machine']['torch']}. "
              f"Each side ran {repeats} time(s) per setting, the order of the sides rotating from one setting "
              "to the next; samples/s are medians over those runs, and each side's ceiling is the fp32 "
-             "ceiling of its own runs (train_local, one large batch).", ""]
+             "ceiling of its own runs (train_local, one large batch; \"-\" where the sitting measured no "
+             "fp32).", ""]
     out: dict[str, list[dict]] = {}
     for rev in a.base:
         rows = compare(load(a.folder, "base", rev), head)
