@@ -169,8 +169,8 @@ SUMMED_DIFFERENTLY = {"personal_loss", "personal_loss_by_client"}
 
 def assert_rows_match_simulator(sim_rows, fl_rows):
     """The Flower run's metric rows against the simulator's: the same keys, every value equal but
-    the two personalized losses, which agree to rounding only: they tie on one intra-op thread on
-    an Intel Xeon, and differed by 6e-9 relative on three threads (one CI run)."""
+    the two personalized losses, which agree to rounding only (the resume test's tied on one
+    intra-op thread on an Intel Xeon, and differed by 6e-9 relative on three threads in one CI run)."""
     assert len(fl_rows) == len(sim_rows)
     for s, f in zip(sim_rows, fl_rows):
         assert set(s) - VOLATILE == set(f) - VOLATILE, f["round"]
