@@ -6,7 +6,6 @@ import copy
 import json
 
 import pytest
-import torch
 import yaml
 from helpers import run_killed_in_round
 
@@ -177,11 +176,7 @@ def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path
     # floats in another order, and the comparison below is exact)
     job = next(j for j in sweep.jobs if j.tag == "fedprox")
     cfg = load_config(job.config, [*job.overrides, f"run.threads={lane_threads(sweep.lanes)}"])
-    torch_threads = torch.get_num_threads()
-    try:
-        run_killed_in_round(Experiment.create(cfg, job.run_dir), monkeypatch, 2)
-    finally:
-        torch.set_num_threads(torch_threads)
+    run_killed_in_round(Experiment.create(cfg, job.run_dir), monkeypatch, 2)
     assert job_status(job) == "interrupted" and len(read_metrics(job.run_dir)) == 2
     messages = []
     outcome = run_sweep(sweep, log=messages.append, poll_seconds=0.2)
@@ -308,11 +303,7 @@ def test_a_raised_round_count_reaches_interrupted_runs_too(tmp_path, small_confi
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=3"])
     (job,) = load_sweep(path).jobs
     cfg = load_config(job.config, [*job.overrides, "run.threads=1"])
-    torch_threads = torch.get_num_threads()
-    try:
-        run_killed_in_round(Experiment.create(cfg, job.run_dir), monkeypatch, 2)
-    finally:
-        torch.set_num_threads(torch_threads)
+    run_killed_in_round(Experiment.create(cfg, job.run_dir), monkeypatch, 2)
     longer = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=4"]))
     assert job_status(longer.jobs[0]) == "interrupted"
     assert run_sweep(longer, log=lambda m: None, poll_seconds=0.2) == {job.name: "completed"}
@@ -367,11 +358,7 @@ def test_a_job_finished_by_another_sweep_after_this_one_started_is_not_run_again
 
     def take_after_another_sweep_finished(j):
         cfg = load_config(j.config, [*j.overrides, "run.threads=1"])
-        threads = torch.get_num_threads()
-        try:
-            Experiment.create(cfg, j.run_dir).run(progress=False)
-        finally:
-            torch.set_num_threads(threads)
+        Experiment.create(cfg, j.run_dir).run(progress=False)
         return real_take(j)
 
     monkeypatch.setattr(sweep_mod, "_take_lock", take_after_another_sweep_finished)
