@@ -19,6 +19,7 @@ from fedhet.algorithms.fedacd import (
     aggregation_score,
     flattening_kl,
     log_adjustment,
+    pair_flattening_kl,
     probability_matrix,
     template_kl,
 )
@@ -178,6 +179,42 @@ def test_both_terms_use_both_labels_of_a_mixed_batch():
     torch.testing.assert_close(fl, 0.3 * flattening_kl(logits, torch.tensor([0, 1])).mean()
                                + 0.7 * flattening_kl(logits, torch.tensor([2, 0])).mean())
     assert float(mixed(lambda y: y.float().sum(), batch([1, 1]))) == 2.0
+
+
+def test_pair_flattening_keeps_both_labels_of_a_mixed_pair_hand_computed():
+    # labels (0, 1): the rest 0.3 spread over the 3 other classes -> q = (0.5, 0.2, 0.1, 0.1, 0.1)
+    p = torch.tensor([[0.5, 0.2, 0.2, 0.05, 0.05]], dtype=torch.float64)
+    value = pair_flattening_kl(p.log(), torch.tensor([0]), torch.tensor([1]), eps=0)
+    assert float(value) == pytest.approx(0.2 * math.log(2) + 2 * 0.05 * math.log(0.5), abs=1e-9)
+    # already flat outside the pair: zero, where the per-label form counts the partner's 0.3 as wrong
+    flat = torch.tensor([[0.5, 0.3, 0.1, 0.1]], dtype=torch.float64)
+    assert float(pair_flattening_kl(flat.log(), torch.tensor([0]), torch.tensor([1]))) == pytest.approx(0.0, abs=1e-7)
+    assert float(flattening_kl(flat.log(), torch.tensor([0]))) > 0.05
+    # a pair of one class is Eq. 7 itself
+    q = torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64)
+    torch.testing.assert_close(pair_flattening_kl(q.log(), torch.tensor([0]), torch.tensor([0])),
+                               flattening_kl(q.log(), torch.tensor([0])))
+
+
+def test_flatten_mixed_pair_applies_to_mixed_batches_only_and_ignores_lam():
+    logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.5, 0.2, 0.1, -0.3]], dtype=torch.float64)
+    out = Forward(torch.zeros(2, 1), logits)
+    y, partner = torch.tensor([0, 1]), torch.tensor([2, 0])
+    expected = pair_flattening_kl(logits, y, partner).mean()
+    for lam in (0.3, 0.9):
+        b = batch([0, 1], {"mix_y": partner, "mix_lam": torch.tensor([lam, 1 - lam], dtype=torch.float64)})
+        torch.testing.assert_close(Flattening(flatten_mixed="pair")(out, b, {}), expected)
+    plain = batch([0, 1])
+    torch.testing.assert_close(Flattening(flatten_mixed="pair")(out, plain, {}), flattening_kl(logits, y).mean())
+    with pytest.raises(ValueError, match="per_label' or 'pair"):
+        Flattening(flatten_mixed="both")
+
+
+def test_flatten_mixed_reaches_the_flattening_term(small_config):
+    for choice in ("per_label", "pair"):
+        loop = build_loop(config(small_config, "fedacd", {"flatten_mixed": choice}))
+        terms = loop.algorithm.acd_terms(torch.eye(10, dtype=torch.float64), torch.ones(10, dtype=torch.bool))
+        assert terms[0].flatten_mixed == choice
 
 
 # --- the aggregation score V and the server rule -----------------------------------------------

@@ -798,13 +798,15 @@ def test_adam_with_carried_state_falls_back_by_name(small_config, partition):
     assert_engines_agree(ref, vec, TIGHT)
 
 
-@pytest.mark.parametrize("wide", [None, True], ids=["plain", "wide"])
-def test_mixup_trains_vectorized_and_equals_reference(small_config, wide):
+@pytest.mark.parametrize(("wide", "flatten_mixed"), [(None, "per_label"), (True, "per_label"), (None, "pair")],
+                         ids=["plain", "wide", "pair"])
+def test_mixup_trains_vectorized_and_equals_reference(small_config, wide, flatten_mixed):
     """FedACD with its mixup: each batch's permutation and lambda are drawn on the host from the
     client's stream in train_local's order and applied under vmap, so the engines mix the same
     samples with the same weights (two epochs, momentum carried between FedACD's per-epoch calls);
-    with wide steps too (stand-in rows get stand-in draws)."""
-    cfg = make_config(small_config, "fedacd", {"mixup": True}, UNEQUAL, 0.5, 0.05, 2, clients_per_round=6)
+    with wide steps too (stand-in rows get stand-in draws), and with the pair form of Eq. 7."""
+    cfg = make_config(small_config, "fedacd", {"mixup": True, "flatten_mixed": flatten_mixed}, UNEQUAL, 0.5, 0.05, 2,
+                      clients_per_round=6)
     ref, vec = run_both(cfg, bn=True, wide=wide)
     counters = vec.transport.counters
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons

@@ -19,7 +19,8 @@ from fedhet.models import (
 SMALL_MODELS = ("cnn2", "simple_cnn", "alexnet_cifar", "alexnet_fedrema")
 RESNETS = ("resnet18", "resnet34", "resnet50")
 # FedClassAvg's heterogeneous models, tested in test_models_hetero.py
-FCA_MODELS = tuple(f"fca_{n}" for n in ("resnet18", "shufflenetv2", "googlenet", "alexnet", "cnn_a", "cnn_b", "cnn_c", "cnn_d"))
+FCA_MODELS = tuple(f"fca_{n}" for n in ("resnet18", "shufflenetv2", "googlenet", "alexnet", "cnn_a", "cnn_b", "cnn_c", "cnn_d",
+                                            "tiny_a", "tiny_b", "tiny_c", "tiny_d"))
 
 
 @pytest.fixture(autouse=True)

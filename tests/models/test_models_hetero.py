@@ -16,7 +16,8 @@ from fedhet.models import MODEL_NAMES, build_model, count_params, default_split,
 
 PAPER_MODELS = ("fca_resnet18", "fca_shufflenetv2", "fca_googlenet", "fca_alexnet")
 SMALL_CNNS = ("fca_cnn_a", "fca_cnn_b", "fca_cnn_c", "fca_cnn_d")
-FCA_MODELS = PAPER_MODELS + SMALL_CNNS
+TINY_CNNS = ("fca_tiny_a", "fca_tiny_b", "fca_tiny_c", "fca_tiny_d")
+FCA_MODELS = PAPER_MODELS + SMALL_CNNS + TINY_CNNS
 INPUTS = [(1, 28), (3, 32)]
 SMALL_CNN_LIMIT = 400_000  # whole model, 10 classes, either input
 CLASSES = 10
@@ -148,6 +149,15 @@ EXPECTED_BODY = {
         + linear(64, 512)
     ),
     "fca_cnn_d": lambda c: conv(c, 64, 3, bias=True) + conv(64, 128, 3, bias=True) + linear(512, 512),
+    "fca_tiny_a": lambda c: conv(c, 16, 5, bias=True) + linear(16 * 7 * 7, 512),
+    "fca_tiny_b": lambda c: (
+        conv(c, 16, 3, bias=True) + conv(16, 16, 3, bias=True) + conv(16, 32, 3, bias=True)
+        + conv(32, 32, 3, bias=True) + linear(32, 512)
+    ),
+    "fca_tiny_c": lambda c: conv(c, 16, 3) + bn(16) + conv(16, 32, 3) + bn(32) + linear(128, 512),
+    "fca_tiny_d": lambda c: (
+        conv(c, 16, 5, bias=True) + conv(16, 32, 3, bias=True) + conv(32, 48, 3, bias=True) + linear(48, 512)
+    ),
 }
 
 
@@ -167,14 +177,46 @@ def test_small_cnns_are_distinct_and_small(built) -> None:
         assert max(counts) < min(count_params(built[n, c, s]) for n in PAPER_MODELS)
 
 
+def multiply_adds(model: nn.Module, shape: tuple[int, ...]) -> int:
+    """Multiply-adds of one sample's forward pass through the convolutions and linears."""
+    total = 0
+
+    def count(module: nn.Module, _inputs: object, out: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            kh, kw = module.kernel_size
+            total += out[0].numel() * module.in_channels // module.groups * kh * kw
+        elif isinstance(module, nn.Linear):
+            total += module.in_features * module.out_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules()]
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(1, *shape))
+    for h in hooks:
+        h.remove()
+    return total
+
+
+def test_tiny_cnns_each_cost_less_than_cnn2_per_sample(built) -> None:
+    """The CPU federation's promise: every member is cheaper per 28x28 sample than cnn2 (McMahan et
+    al.'s CNN), hand-counted for cnn2 and fca_tiny_a."""
+    cnn2 = multiply_adds(build_model("cnn2", 1, CLASSES, 28), (1, 28, 28))
+    assert cnn2 == 24 * 24 * 32 * 25 + 8 * 8 * 64 * 32 * 25 + 1024 * 512 + 512 * CLASSES
+    assert multiply_adds(built["fca_tiny_a", 1, 28], (1, 28, 28)) == 28 * 28 * 16 * 25 + 784 * 512 + 512 * CLASSES
+    for name in TINY_CNNS:
+        assert multiply_adds(built[name, 1, 28], (1, 28, 28)) < cnn2 / 2, name
+    assert any(isinstance(m, nn.BatchNorm2d) for m in built["fca_tiny_c", 1, 28].modules())
+
+
 def test_small_cnns_are_distinct_architectures(built) -> None:
     layouts = {
         n: tuple(
             (type(m).__name__, tuple(p.shape)) for m in built[n, 1, 28].body.modules() for p in m.parameters(False)
         )
-        for n in SMALL_CNNS
+        for n in SMALL_CNNS + TINY_CNNS
     }
-    assert len(set(layouts.values())) == len(SMALL_CNNS)
+    assert len(set(layouts.values())) == len(SMALL_CNNS + TINY_CNNS)
 
 
 # -------------------------------------------------------------------------------- shapes, heads
@@ -268,7 +310,8 @@ def test_shufflenet_unit_counts(built) -> None:
 
 @pytest.mark.parametrize(
     ("name", "min_size"),
-    [("fca_googlenet", 15), ("fca_alexnet", 3), ("fca_cnn_a", 4), ("fca_cnn_b", 8), ("fca_cnn_c", 4), ("fca_cnn_d", 4)],
+    [("fca_googlenet", 15), ("fca_alexnet", 3), ("fca_cnn_a", 4), ("fca_cnn_b", 8), ("fca_cnn_c", 4), ("fca_cnn_d", 4),
+     ("fca_tiny_a", 4), ("fca_tiny_b", 4), ("fca_tiny_c", 4), ("fca_tiny_d", 4)],
 )
 def test_too_small_images_name_the_minimum(name: str, min_size: int) -> None:
     with pytest.raises(ValueError, match=f"image_size >= {min_size}"):

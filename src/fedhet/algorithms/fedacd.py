@@ -15,6 +15,11 @@ Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mix
   is spread evenly over the wrong classes. (The switch changes no gradient: this q is the closest
   distribution to p among those with ``q_y = p_y`` and flat wrong classes, so the derivative of
   the KL through q is zero - tests/algorithms/test_fedacd.py checks it.)
+  The paper does not say how Eq. 7 reads for a mixed input with labels ``(y_a, y_b)`` ([D],
+  ``flatten_mixed``): ``per_label`` takes ``lam KL(p || q(y_a)) + (1 - lam) KL(p || q(y_b))``, so
+  each label's term counts the other label's mass as misclassified and flattens it away;
+  ``pair`` keeps both labels' probabilities (``q_a = p_a``, ``q_b = p_b``) and spreads the rest
+  evenly over the other ``C - 2`` classes, so only the mass outside the pair is "wrong".
 * L2, pairwise logit adjustment (Eq. 8): ``CE(f + log Delta[y], y)`` with
   ``log Delta[y, i] = log(P_yi / P_iy)``; for a class i the client lacks ``Delta[y, i] =
   delta_missing`` ([D] 1e-2, "a small value" as in FedLC). P is clamped to ``prob_floor`` and
@@ -128,16 +133,43 @@ def flattening_kl(logits: torch.Tensor, y: torch.Tensor, detach_target: bool = T
     return (p * (logp - logq)).sum(1)
 
 
+def pair_flattening_kl(logits: torch.Tensor, y: torch.Tensor, partner: torch.Tensor, detach_target: bool = True,
+                       eps: float = 1e-8) -> torch.Tensor:
+    """Per-sample ``KL(p || q)`` for mixed inputs of labels ``(y, partner)``: ``q`` keeps ``p`` on both
+    labels and spreads the rest evenly over the other classes (``C - 2``, or ``C - 1`` when the two
+    labels are one class, where it is :func:`flattening_kl`)."""
+    num_classes = logits.shape[1]
+    logp = logits.log_softmax(1)
+    p = logp.exp()
+    src = p.detach() if detach_target else p
+    classes = torch.arange(num_classes, device=y.device)
+    kept = (y.unsqueeze(1) == classes) | (partner.unsqueeze(1) == classes)
+    rest_mass = (1.0 - torch.where(kept, src, torch.zeros_like(src)).sum(1, keepdim=True)).clamp(min=0)
+    rest_classes = num_classes - kept.sum(1, keepdim=True)
+    logq = torch.where(kept, (src + eps).log(), (rest_mass / rest_classes + eps).log())
+    return (p * (logp - logq)).sum(1)
+
+
+FlattenMixed = Literal["per_label", "pair"]
+
+
 class Flattening(LossTerm):
-    """L1: mean flattening KL over the batch (mixup: both labels, weighted by lam)."""
+    """L1: mean flattening KL over the batch; on a mixed batch, ``flatten_mixed`` says how the pair
+    of labels enters (module docstring): ``per_label`` (each label, weighted by lam) or ``pair``."""
 
     name = "flatten"
     vectorizable = True
 
-    def __init__(self, detach_target: bool = True):
+    def __init__(self, detach_target: bool = True, flatten_mixed: FlattenMixed = "per_label"):
+        if flatten_mixed not in ("per_label", "pair"):
+            raise ValueError(f"flatten_mixed must be 'per_label' or 'pair', got {flatten_mixed!r}")
         self.detach_target = detach_target
+        self.flatten_mixed = flatten_mixed
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
+        partner = batch.extras.get("mix_y")
+        if self.flatten_mixed == "pair" and partner is not None:
+            return pair_flattening_kl(out.logits, batch.y, partner, self.detach_target).mean()
         return mixed(lambda y: flattening_kl(out.logits, y, self.detach_target).mean(), batch)
 
 
@@ -178,6 +210,7 @@ class FedACD(FedAvg):
         mixup: bool = True                                # Table 5 ablation: false
         mixup_alpha: float = Field(1.0, gt=0)             # Beta(alpha, alpha) [D]
         detach_target: bool = True                        # q built from the detached p [D]
+        flatten_mixed: FlattenMixed = "per_label"         # Eq. 7 on a mixed pair of labels [D]
         weighting: Literal["score", "uniform"] = "score"  # uniform = FedACD_base (Table 8)
         # P of the score: the last epoch's estimate on the training (mixed) inputs [D], or a clean pass
         score_from: Literal["training", "clean"] = "training"
@@ -217,7 +250,7 @@ class FedACD(FedAvg):
     def acd_terms(self, P: torch.Tensor, present: torch.Tensor) -> list[LossTerm]:
         p = self.params
         log_delta = log_adjustment(P, present, p.delta_missing, p.prob_floor, p.log_delta_clip)
-        return [Flattening(p.detach_target), MarginAdjustedCE(log_delta, p.margin_weight)]
+        return [Flattening(p.detach_target, p.flatten_mixed), MarginAdjustedCE(log_delta, p.margin_weight)]
 
     def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
         """E epochs, one ``client.train`` call each so that each uses the P estimated in the one

@@ -21,6 +21,10 @@ from fedhet.models.hetero import (
     fca_googlenet,
     fca_resnet18,
     fca_shufflenetv2,
+    fca_tiny_a,
+    fca_tiny_b,
+    fca_tiny_c,
+    fca_tiny_d,
 )
 from fedhet.models.resnet import resnet
 
@@ -51,6 +55,11 @@ _MODELS: dict[str, _Entry] = {
     "fca_cnn_b": _Entry(fca_cnn_b, "classifier", ("relu_features",)),
     "fca_cnn_c": _Entry(fca_cnn_c, "classifier", ("relu_features",)),
     "fca_cnn_d": _Entry(fca_cnn_d, "classifier", ("relu_features",)),
+    # cheaper than cnn2 per sample each: a federation that runs 100 rounds on one CPU core
+    "fca_tiny_a": _Entry(fca_tiny_a, "classifier", ("relu_features",)),
+    "fca_tiny_b": _Entry(fca_tiny_b, "classifier", ("relu_features",)),
+    "fca_tiny_c": _Entry(fca_tiny_c, "classifier", ("relu_features",)),
+    "fca_tiny_d": _Entry(fca_tiny_d, "classifier", ("relu_features",)),
 }
 MODEL_NAMES: tuple[str, ...] = tuple(_MODELS)
 
