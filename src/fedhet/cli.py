@@ -84,13 +84,23 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from fedhet.experiment.sweep import job_status, load_sweep, run_sweep, select_jobs, write_report
+    from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_sweep, select_jobs, write_report
 
     sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
     jobs = select_jobs(sweep, args.only)
     if args.list:
         for job in jobs:
             print(f"{job_status(job):12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}")
+        return 0
+    if args.adopt:
+        for source in args.adopt:
+            adopt_runs(sweep, source, log=lambda m: print(m, file=sys.stderr))
+        left = [j.name for j in sweep.jobs if job_status(j) != "completed"]
+        print(f"{sweep.name}: {len(sweep.jobs) - len(left)} of {len(sweep.jobs)} runs completed in {sweep.out}"
+              + (f"; not yet: {', '.join(left)}" if left else ""), file=sys.stderr)
+        return 0
+    if args.table:
+        print(write_report(sweep))
         return 0
     try:
         run_sweep(sweep, retry_failed=args.retry_failed, only=args.only, log=lambda m: print(m, file=sys.stderr, flush=True))
@@ -204,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "these runs")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
+    sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
+                    help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "
+                         "e.g. what a GPU machine sent back) into its folder, config/summary/metrics/partition "
+                         "only; start nothing (repeatable)")
+    sw.add_argument("--table", action="store_true",
+                    help="write and print the table and the verdicts of the runs completed so far; start nothing")
     sw.set_defaults(func=_cmd_sweep)
 
     fe = sub.add_parser("features", help="feature-space quality of a run's global model: k-means NMI, "

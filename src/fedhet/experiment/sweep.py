@@ -9,6 +9,7 @@ A sweep file (YAML) names the runs::
     set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
     grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
     paired: b0.1_fedavg                 # optional: per-seed differences against this tag's runs
+    verdicts: [...]                     # optional: claims decided from the completed runs (fedhet.experiment.verdict)
     runs:
       - config: configs/papers/fedacd/fmnist_b0.1_fedavg.yaml
         tag: b0.1_fedavg                # default: the config's file name without .yaml
@@ -37,7 +38,12 @@ the sweep, and the exit status counts only the chosen runs. Two sweep processes 
 ``--only`` over one folder share it safely (the locks above).
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
-table of every group) and ``sweep.png``.
+table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
+``fedhet sweep FILE --table`` writes and prints them from the runs there are, starting none.
+Run folders may be committed with their small files only (config, summary, metrics): a sweep
+started in a fresh clone skips them as completed. ``--adopt FOLDER_OR_ARCHIVE`` copies a sweep's
+completed runs made elsewhere (a lent GPU's archive, another machine's ``--out``) into its own
+folder, only :data:`KEPT_FILES` of each.
 """
 
 from __future__ import annotations
@@ -45,9 +51,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +73,11 @@ from fedhet.experiment.config import (
     parse_yaml,
     read_yaml,
 )
+from fedhet.experiment.verdict import Verdict, parse_verdicts, run_value, verdict_table
+
+# What a completed run folder needs to count as completed and to be compared: the files a
+# repository keeps of it (no checkpoint, no plot).
+KEPT_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "partition.json")
 
 
 @dataclass
@@ -91,6 +105,7 @@ class Sweep:
     notes: list[str] = field(default_factory=list)
     paired: str | None = None     # tag of the baseline for per-seed paired differences in the report
     extra_set: list[str] = field(default_factory=list)   # the command line's --set, applied to every run
+    verdicts: list[Verdict] = field(default_factory=list)  # claims fixed before the runs, decided from them
 
 
 def _as_list(value: Any, what: str, where: str) -> list:
@@ -124,10 +139,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     raw = read_yaml(path, "sweep file")
     if not isinstance(raw, dict) or not raw.get("runs"):
         raise ConfigError(f"{path}: a sweep file is a mapping with a non-empty 'runs' list (see fedhet sweep --help)")
-    unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric", "paired"}
+    unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric", "paired", "verdicts"}
     if unknown:
         raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; "
-                          "known: name, out, lanes, seeds, set, grid, runs, metric, paired")
+                          "known: name, out, lanes, seeds, set, grid, runs, metric, paired, verdicts")
     name = str(raw.get("name") or path.stem)
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
     try:
@@ -175,8 +190,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     if paired is not None and str(paired) not in {j.tag for j in jobs}:
         raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
                           f"{', '.join(sorted({j.tag for j in jobs}))})")
+    verdicts = parse_verdicts(raw.get("verdicts"), str(path), {j.tag for j in jobs})
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
-                 paired=str(paired) if paired is not None else None, extra_set=list(extra_set or []))
+                 paired=str(paired) if paired is not None else None, extra_set=list(extra_set or []),
+                 verdicts=verdicts)
 
 
 def _failure_marker(job: Job) -> Path:
@@ -488,6 +505,9 @@ def write_report(sweep: Sweep) -> str:
         lines.append(compare(done, sweep.metric, sweep.out / "sweep.png", paired=paired))
     else:
         lines.append("No completed runs yet.")
+    if sweep.verdicts:
+        lines += ["", "Verdicts (rules fixed in the sweep file before its runs; differences in points):", "",
+                  verdict_table(sweep.verdicts, _completed_value(sweep, status), sweep.metric)]
     if missing:
         lines += ["", "Not completed:", ""] + [f"- `{name}`: {status}" for name, status in missing]
     text = "\n".join(lines) + "\n"
@@ -495,3 +515,50 @@ def write_report(sweep: Sweep) -> str:
     partial.write_text(text)
     os.replace(partial, sweep.out / "sweep.md")
     return text
+
+
+def _completed_value(sweep: Sweep, status: dict[str, str]):
+    """``value_of(verdict, tag, seed)`` for :func:`verdict_table`: the completed run's number, else None."""
+    jobs = {(j.tag, j.seed): j for j in sweep.jobs}
+
+    def value_of(verdict: Verdict, tag: str, seed: int) -> float | None:
+        job = jobs.get((tag, seed))
+        if job is None or status[job.name] != "completed":
+            return None
+        summary = json.loads((job.run_dir / "summary.json").read_text())
+        metric = verdict.metric or sweep.metric or summary["headline_metric"]
+        return run_value(job.run_dir, summary, metric, verdict.value)
+
+    return value_of
+
+
+def adopt_runs(sweep: Sweep, source: str | Path, log=print) -> list[str]:
+    """Copy the sweep's runs that are completed in ``source`` (a folder of run directories, or a
+    ``.tar.gz`` of one) and not in the sweep's own folder, :data:`KEPT_FILES` only. A run counts
+    when its summary says completed and its recorded config is what the sweep file asks for, the
+    test a sweep applies to its own runs. Returns the adopted run names."""
+    source = Path(source)
+    if not source.exists():
+        raise ConfigError(f"--adopt {source}: no such folder or archive")
+    adopted = []
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = source
+        if source.is_file():
+            try:
+                with tarfile.open(source) as tar:
+                    tar.extractall(scratch, filter="data")
+            except (tarfile.TarError, OSError) as e:
+                raise ConfigError(f"--adopt {source}: not a readable .tar.gz of run folders ({e})") from e
+            inner = [p for p in Path(scratch).iterdir() if p.is_dir()]
+            folder = inner[0] if len(inner) == 1 else Path(scratch)
+        for job in sweep.jobs:
+            there = Job(job.tag, job.seed, job.config, job.overrides, folder / job.name, job.run_tag)
+            if job_status(job) == "completed" or not there.run_dir.is_dir() or job_status(there) != "completed":
+                continue
+            job.run_dir.mkdir(parents=True, exist_ok=True)
+            for name in KEPT_FILES:
+                if (there.run_dir / name).is_file():
+                    shutil.copy2(there.run_dir / name, job.run_dir / name)
+            adopted.append(job.name)
+            log(f"adopted {job.name} from {source}")
+    return adopted

@@ -1,0 +1,139 @@
+"""A sweep's verdicts: claims written into the sweep file before its first run, decided from whatever
+runs are complete (wherever they were made: committed run folders count as much as fresh ones).
+
+A sweep file's ``verdicts`` list::
+
+    verdicts:
+      - claim: FedClassAvg > Local on Dir(0.5)      # what is being tested, in words
+        rule: every_seed                            # or best_at_seed
+        better: dir0.5_fedclassavg                  # the tag (group) claimed better
+        than: dir0.5_local                          # one tag, or a list of tags
+        seeds: [0, 1, 2]                            # the seeds the claim needs
+        metric: personal_acc                        # default: the sweep's metric, else the runs' headline
+        value: final                                # final (default), best, or lowest:METRIC
+        margin: 0.0                                 # best_at_seed: a difference within it is a tie
+
+Rules, compared seed by seed (a seed fixes the partition and the client sampling, so one seed of two
+methods is a pair):
+
+* ``every_seed``: "reproduced" when ``better`` is above each ``than`` at every seed, "not reproduced"
+  when below at every seed, else "inconclusive".
+* ``best_at_seed``: "reproduced" when ``better`` is above each ``than`` by more than ``margin`` at
+  every seed, "not reproduced" when some ``than`` is above it by more than ``margin``, else "tie".
+
+A claim whose runs are not all complete is "pending", with the runs it still needs. ``value:
+lowest:personal_loss`` is the metric at the evaluated round with the lowest ``personal_loss`` (the
+first such round), read from the run's ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.rundir import read_metrics
+
+RULES = ("every_seed", "best_at_seed")
+KEYS = {"claim", "rule", "better", "than", "seeds", "metric", "value", "margin"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    claim: str
+    rule: str
+    better: str
+    than: tuple[str, ...]
+    seeds: tuple[int, ...]
+    metric: str | None = None
+    value: str = "final"
+    margin: float = 0.0
+
+
+def parse_verdicts(raw: Any, where: str, tags: set[str]) -> list[Verdict]:
+    """The sweep file's ``verdicts`` list, checked: known keys and rules, tags the sweep has."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: 'verdicts' must be a list of claims (see fedhet.experiment.verdict)")
+    out = []
+    for i, entry in enumerate(raw):
+        at = f"{where}: verdicts[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{at} must be a mapping with claim, rule, better, than and seeds")
+        unknown = set(entry) - KEYS
+        if unknown:
+            raise ConfigError(f"{at}: unknown keys {sorted(unknown)}; known: {', '.join(sorted(KEYS))}")
+        missing = [k for k in ("claim", "rule", "better", "than", "seeds") if k not in entry]
+        if missing:
+            raise ConfigError(f"{at} needs {', '.join(missing)}")
+        if entry["rule"] not in RULES:
+            raise ConfigError(f"{at}: rule {entry['rule']!r} is not one of {', '.join(RULES)}")
+        than = entry["than"] if isinstance(entry["than"], list) else [entry["than"]]
+        for tag in [entry["better"], *than]:
+            if str(tag) not in tags:
+                raise ConfigError(f"{at}: {tag!r} is not a tag of this sweep (tags: {', '.join(sorted(tags))})")
+        seeds = entry["seeds"]
+        if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
+                                                                for s in seeds):
+            raise ConfigError(f"{at}: seeds must be a non-empty list of whole numbers, got {seeds!r}")
+        value = str(entry.get("value", "final"))
+        if value not in ("final", "best") and not (value.startswith("lowest:") and len(value) > len("lowest:")):
+            raise ConfigError(f"{at}: value {value!r} is not final, best or lowest:METRIC")
+        margin = entry.get("margin", 0.0)
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
+            raise ConfigError(f"{at}: margin must be a number of at least 0, got {margin!r}")
+        out.append(Verdict(str(entry["claim"]), entry["rule"], str(entry["better"]), tuple(map(str, than)),
+                           tuple(seeds), entry.get("metric"), value, float(margin)))
+    return out
+
+
+def run_value(run_dir: Path, summary: dict, metric: str, value: str) -> float | None:
+    """One run's number for a claim: its summary's final or best of ``metric``, or ``metric`` at the
+    evaluated round where another metric is lowest."""
+    if value in ("final", "best"):
+        entry = (summary.get("metrics") or {}).get(metric)
+        return None if not entry else entry[value]
+    by = value.split(":", 1)[1]
+    rows = [r for r in read_metrics(run_dir) if r.get(by) is not None and r.get(metric) is not None]
+    if not rows:
+        return None
+    return min(rows, key=lambda r: (r[by], r["round"]))[metric]
+
+
+def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tuple[str, str]:
+    """``(outcome, detail)`` of one claim; ``value_of(tag, seed)`` is None for a run not complete."""
+    found = {(t, s): value_of(t, s) for t in (verdict.better, *verdict.than) for s in verdict.seeds}
+    needed = [key for key, v in found.items() if v is None]
+    if needed:
+        return "pending", "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
+    known = {key: float(v) for key, v in found.items() if v is not None}
+    diffs = {(t, s): known[verdict.better, s] - known[t, s] for t in verdict.than for s in verdict.seeds}
+    detail = ", ".join(f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items())
+    if verdict.rule == "every_seed":
+        if all(d > 0 for d in diffs.values()):
+            return "reproduced", detail
+        if all(d < 0 for d in diffs.values()):
+            return "not reproduced", detail
+        return "inconclusive", detail
+    if all(d > verdict.margin for d in diffs.values()):
+        return "reproduced", detail
+    if any(d < -verdict.margin for d in diffs.values()):
+        return "not reproduced", detail
+    return "tie", detail
+
+
+def verdict_table(verdicts: list[Verdict], value_of: Callable[[Verdict, str, int], float | None],
+                  default_metric: str | None = None) -> str:
+    """Markdown: each claim, its rule and the outcome, with the per-seed differences (points);
+    ``default_metric`` names the metric of claims that name none (else the runs' headline)."""
+    lines = ["| claim | rule | metric | outcome | better minus each other, per seed (points) |",
+             "|---|---|---|---|---|"]
+    for v in verdicts:
+        outcome, detail = decide(v, lambda tag, seed, v=v: value_of(v, tag, seed))
+        rule = v.rule + (f" (margin {100 * v.margin:g} points)" if v.rule == "best_at_seed" else "")
+        lines.append(f"| {v.claim} | {rule}, seeds {list(v.seeds)} | {v.metric or default_metric or 'headline'} ({v.value}) "
+                     f"| **{outcome}** | {detail} |")
+    return "\n".join(lines)

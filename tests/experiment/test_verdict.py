@@ -1,0 +1,119 @@
+"""A sweep's verdicts (rules written into the sweep file), decided from completed runs wherever they
+were made, and run folders kept with their small files only (as the repository keeps them)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+
+import pytest
+from test_sweep import write_sweep
+
+from fedhet.cli import main as cli_main
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.sweep import KEPT_FILES, adopt_runs, job_status, load_sweep, run_sweep
+from fedhet.experiment.verdict import Verdict, decide, parse_verdicts, run_value
+
+TAGS = {"a", "b", "c"}
+
+
+def values(table):
+    return lambda tag, seed: table.get((tag, seed))
+
+
+def test_every_seed_needs_every_pair_and_one_direction():
+    v = Verdict("a > b", "every_seed", "a", ("b",), (0, 1))
+    assert decide(v, values({("a", 0): 0.8, ("b", 0): 0.7, ("a", 1): 0.6, ("b", 1): 0.5}))[0] == "reproduced"
+    assert decide(v, values({("a", 0): 0.6, ("b", 0): 0.7, ("a", 1): 0.4, ("b", 1): 0.5}))[0] == "not reproduced"
+    outcome, detail = decide(v, values({("a", 0): 0.8, ("b", 0): 0.7, ("a", 1): 0.4, ("b", 1): 0.5}))
+    assert outcome == "inconclusive" and detail == "b s0: +10.00, b s1: -10.00"
+    # an exact tie at one seed is neither direction
+    assert decide(v, values({("a", 0): 0.8, ("b", 0): 0.7, ("a", 1): 0.5, ("b", 1): 0.5}))[0] == "inconclusive"
+    outcome, detail = decide(v, values({("a", 0): 0.8, ("b", 0): 0.7, ("a", 1): 0.6}))
+    assert outcome == "pending" and detail == "needs b_s1"
+
+
+def test_best_at_seed_reads_differences_within_the_margin_as_a_tie():
+    v = Verdict("a best", "best_at_seed", "a", ("b", "c"), (0,), margin=0.01)
+    assert decide(v, values({("a", 0): 0.80, ("b", 0): 0.78, ("c", 0): 0.70}))[0] == "reproduced"
+    assert decide(v, values({("a", 0): 0.80, ("b", 0): 0.795, ("c", 0): 0.70}))[0] == "tie"
+    assert decide(v, values({("a", 0): 0.80, ("b", 0): 0.815, ("c", 0): 0.70}))[0] == "not reproduced"
+
+
+def test_a_verdict_is_checked_when_the_sweep_file_is_read():
+    good = {"claim": "x", "rule": "every_seed", "better": "a", "than": "b", "seeds": [0]}
+    (v,) = parse_verdicts([good], "f", TAGS)
+    assert v.than == ("b",) and v.value == "final" and v.margin == 0.0
+    for bad, message in [({**good, "better": "z"}, "'z' is not a tag"), ({**good, "rule": "most"}, "rule 'most'"),
+                         ({**good, "seeds": []}, "seeds must be"), ({**good, "seeds": [True]}, "seeds must be"),
+                         ({**good, "value": "lowest:"}, "value 'lowest:'"), ({**good, "margin": -1}, "margin"),
+                         ({**good, "typo": 1}, "unknown keys"), ({"claim": "x"}, "needs rule, better, than, seeds")]:
+        with pytest.raises(ConfigError, match=message):
+            parse_verdicts([bad], "f", TAGS)
+    with pytest.raises(ConfigError, match="must be a list"):
+        parse_verdicts({"claim": "x"}, "f", TAGS)
+
+
+def test_value_at_the_round_where_another_metric_is_lowest(tmp_path):
+    rows = [{"round": 1, "personal_loss": 0.9, "personal_acc": 0.5}, {"round": 2, "personal_loss": 0.4, "personal_acc": 0.7},
+            {"round": 3, "personal_loss": 0.4, "personal_acc": 0.9}, {"round": 4, "personal_acc": 0.95}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = {"metrics": {"personal_acc": {"final": 0.92, "best": 0.95}}}
+    assert run_value(tmp_path, summary, "personal_acc", "lowest:personal_loss") == 0.7    # the first lowest round
+    assert run_value(tmp_path, summary, "personal_acc", "final") == 0.92
+    assert run_value(tmp_path, summary, "personal_acc", "best") == 0.95
+    assert run_value(tmp_path, summary, "global_acc", "final") is None
+
+
+def test_runs_kept_as_small_files_elsewhere_are_adopted_skipped_and_decide_the_verdict(tmp_path, small_config,
+                                                                                        capsys):
+    """The repository's way: a sweep runs on one machine, its folders travel with their small files only
+    (an archive, as a GPU call returns them), and another checkout adopts them: nothing is run again there,
+    and the table decides the sweep file's verdict from them."""
+    verdict = {"claim": "fedprox > fedavg", "rule": "every_seed", "better": "fedprox", "than": "fedavg", "seeds": [0]}
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], set=["train.rounds=2"],
+                       verdicts=[verdict])
+    elsewhere = load_sweep(path, out=tmp_path / "elsewhere")
+    run_sweep(elsewhere, log=lambda m: None, poll_seconds=0.2)
+    assert all((j.run_dir / "checkpoint.pt").is_file() for j in elsewhere.jobs)
+    archive = tmp_path / "sweep0.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(elsewhere.out, arcname="sweep0")
+
+    assert cli_main(["sweep", str(path), "--adopt", str(archive)]) == 0
+    sweep = load_sweep(path)
+    for job in sweep.jobs:
+        assert sorted(p.name for p in job.run_dir.iterdir()) == sorted(KEPT_FILES)
+        assert job_status(job) == "completed"
+    messages = []
+    assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
+    assert "2 completed left alone, 0 to run" in messages[0]
+    assert adopt_runs(sweep, archive, log=lambda m: None) == []          # already there: left alone
+
+    capsys.readouterr()
+    assert cli_main(["sweep", str(path), "--table"]) == 0
+    table = capsys.readouterr().out
+    summaries = {j.tag: json.loads((j.run_dir / "summary.json").read_text()) for j in sweep.jobs}
+    metric = summaries["fedavg"]["headline_metric"]
+    finals = {tag: s["metrics"][metric]["final"] for tag, s in summaries.items()}
+    expected = ("reproduced" if finals["fedprox"] > finals["fedavg"] else
+                "not reproduced" if finals["fedprox"] < finals["fedavg"] else "inconclusive")
+    assert f"| fedprox > fedavg | every_seed, seeds [0] | headline (final) | **{expected}** |" in table
+    assert f"fedavg s0: {100 * (finals['fedprox'] - finals['fedavg']):+.2f}" in table
+
+
+def test_a_run_of_another_config_is_not_adopted(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=2"])
+    other = load_sweep(path, out=tmp_path / "elsewhere", extra_set=["train.lr=0.01"])
+    run_sweep(other, log=lambda m: None, poll_seconds=0.2)
+    sweep = load_sweep(path)
+    assert adopt_runs(sweep, other.out, log=lambda m: None) == []
+    assert not sweep.jobs[0].run_dir.exists()
+    with pytest.raises(ConfigError, match="not a readable .tar.gz"):
+        bad = tmp_path / "bad.tar.gz"
+        bad.write_text("not an archive")
+        adopt_runs(sweep, bad)
+    shutil.rmtree(other.out)
+    with pytest.raises(ConfigError, match="no such folder or archive"):
+        adopt_runs(sweep, other.out)
