@@ -27,12 +27,19 @@ from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import git_commit, machine_info
 
 METHODS = ["fedavg", "fedprox", "fednova", "fedlc", "fedrod", "fedntd", "fednh", "feddecorr", "creff",
-           "fedacd_base", "fedacd_nomixup", "fedacd_clean", "fedacd_delta1e-4", "fedacd_delta1", "fedacd"]
+           "fedacd_base", "fedacd_nomixup", "fedacd_clean", "fedacd_delta1e-4", "fedacd_delta1", "fedacd",
+           "fedacd_perlabel_trainingV", "fedacd_perlabel_cleanV", "fedacd_pair_cleanV", "fedacd_base_pair",
+           "fedacd_pair_trainingV"]
 LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fednova": "FedNova", "fedlc": "FedLC", "fedrod": "FedROD",
           "fedntd": "FedNTD", "fednh": "FedNH", "feddecorr": "FedDecorr", "creff": "CReFF",
           "fedacd_base": "FedACD_base", "fedacd_nomixup": "FedACD without mixup",
           "fedacd_clean": "FedACD, P from a clean pass", "fedacd_delta1e-4": "FedACD, delta_missing 1e-4",
-          "fedacd_delta1": "FedACD, delta_missing 1", "fedacd": "FedACD"}
+          "fedacd_delta1": "FedACD, delta_missing 1", "fedacd": "FedACD",
+          "fedacd_perlabel_trainingV": "FedACD, per-label flattening, V from training",
+          "fedacd_perlabel_cleanV": "FedACD, per-label flattening, V from a clean pass",
+          "fedacd_pair_cleanV": "FedACD, pair flattening, V from a clean pass",
+          "fedacd_base_pair": "FedACD_base (pair flattening)",
+          "fedacd_pair_trainingV": "FedACD, pair flattening, V from training (the default)"}
 # CIFAR-10 Table 1 (%) and Table 3 (risk) of the FedACD paper (Zhou et al.), by beta
 PAPER_T1 = {"0.1": dict(fedavg=68.35, fedrod=71.12, fedlc=69.40, fedntd=70.41, fednh=68.11, fedacd=73.13),
             "0.05": dict(fedavg=60.47, fedrod=62.46, fedlc=52.71, fedntd=60.48, fednh=60.54, fedacd=63.57)}

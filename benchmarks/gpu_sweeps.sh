@@ -8,7 +8,8 @@
 # unfinished run's checkpoint under 8 MB (an unfinished small run resumes elsewhere with `fedhet sweep
 # ... --out FOLDER --set run.device=cpu` on the unpacked folder; larger checkpoints, e.g. 20 clients'
 # kept momentum, stay behind;
-# finished runs need none). With PYTEST_SECONDS set, $PYTEST_FILES (default
+# finished runs need none; `fedhet sweep SWEEP_FILE --adopt sweepN.tar.gz` copies the completed ones' small
+# files into the sweep's own folder, to commit). With PYTEST_SECONDS set, $PYTEST_FILES (default
 # tests/engine/test_engine_vectorized.py) run meanwhile with their device side on CUDA
 # (FEDHET_TEST_DEVICE=cuda), on 4 CPUs and 4 workers of their own.
 # The device call's own timeout must cover SECONDS + about 90 s (setup, SIGTERM grace, tar), or

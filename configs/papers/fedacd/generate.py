@@ -3,7 +3,7 @@
     python configs/papers/fedacd/generate.py          # writes next to this file
     python configs/papers/fedacd/generate.py --check  # exit 1 if a file differs from what it would write
 
-Protocol of every config (FedACD paper (Zhou et al.) Sec. 5.1): K=20 clients,
+Protocol of every config (FedACD paper (Zhou et al.) Sec. 4.1): K=20 clients,
 40% participation (8 per round), Dirichlet(beta) label skew, T=200 rounds, E=5 local epochs,
 batch 64, SGD lr 0.01, momentum 0.9 (fresh each round), weight decay 1e-5 (1e-3 on
 Tiny-ImageNet). CIFAR: the simple CNN of FedNH (``simple_cnn`` = Conv2Cifar); Tiny-ImageNet:
