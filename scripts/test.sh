@@ -16,7 +16,7 @@ pytest_rc() { if [ "$1" = 5 ]; then echo "test.sh: pytest collected no tests ($2
 # failure stops here with the tool's own message. mypy (types of the bottom layers, ~1 min) runs
 # beside the tests; its verdict counts at the end.
 echo "test.sh: ruff" >&2
-.venv/bin/ruff check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks examples
 echo "test.sh: import contracts" >&2
 .venv/bin/lint-imports --no-cache
 echo "test.sh: mypy (in the background)" >&2

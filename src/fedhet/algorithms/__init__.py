@@ -31,6 +31,7 @@ from fedhet.algorithms.local_only import LocalOnly
 from fedhet.algorithms.moon import Moon
 from fedhet.algorithms.perfedavg import PerFedAvg
 from fedhet.algorithms.scaffold import Scaffold
+from fedhet.core.plugins import describe, is_import_path, load_object
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
@@ -80,12 +81,31 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
     return combined
 
 
+def _user_method(spec: str) -> type[Algorithm]:
+    """The method class an import path (``mylab.methods:FedFoo``) names, checked."""
+    try:
+        obj = load_object(spec)
+    except ValueError as e:
+        raise KeyError(f"{spec!r}: {e}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
+        raise KeyError(f"{spec!r} is {describe(obj)}, not a method: a method is a subclass of fedhet.extend.FedAvg "
+                       "(or fedhet.extend.Algorithm), see docs/extending.md")
+    if "name" not in vars(obj):
+        raise KeyError(f"{spec!r}: the class has no name of its own (it inherits {obj.name!r}, so its runs would be "
+                       f"reported as that method); give it one, e.g. name = {obj.__name__.lower()!r}")
+    return obj
+
+
 def algorithm_class(name: str) -> type[Algorithm]:
+    """The method a config names: a built-in name, an import path ``MODULE:CLASS`` of the user's own
+    method, or several of either joined by ``+`` (composed, see :func:`compose`)."""
     parts = [p.strip() for p in name.split("+")]
-    unknown = [p for p in parts if p not in ALGORITHMS]
+    unknown = [p for p in parts if p not in ALGORITHMS and not is_import_path(p)]
     if unknown:
         raise KeyError(f"unknown algorithm {unknown[0]!r}; available: {', '.join(sorted(ALGORITHMS))} "
-                       f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold)")
-    if len(parts) == 1:
-        return ALGORITHMS[parts[0]]
-    return compose([ALGORITHMS[p] for p in parts])
+                       f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold; a method of your own: "
+                       f"MODULE:CLASS, e.g. mylab.methods:FedFoo)")
+    classes = [_user_method(p) if is_import_path(p) else ALGORITHMS[p] for p in parts]
+    if len(classes) == 1:
+        return classes[0]
+    return compose(classes)

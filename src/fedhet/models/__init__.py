@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from fedhet.core.plugins import describe, is_import_path, load_object
 from fedhet.models.base import SplitModel, count_params, param_groups
 from fedhet.models.cnn import alexnet_cifar, alexnet_fedrema, cnn2, simple_cnn
 from fedhet.models.hetero import (
@@ -103,6 +104,8 @@ def build_model(
     ``projection_dim`` (any model) appends MOON's projection head to the body, so the
     features are the ``projection_dim``-d projection (see ``SplitModel.add_projection``).
     """
+    if is_import_path(name):
+        return _user_model(name, in_channels, num_classes, image_size, split, norm, projection_dim, **kwargs)
     entry = _entry(name)
     for arg, value in (
         ("in_channels", in_channels),
@@ -125,6 +128,36 @@ def build_model(
         )
     chosen = entry.default_split if split is None else split
     model = entry.build(in_channels, num_classes, image_size, chosen, **kwargs)
+    if projection_dim is not None:
+        model.add_projection(projection_dim)
+    return model
+
+
+def _user_model(
+    spec: str,
+    in_channels: int,
+    num_classes: int,
+    image_size: int,
+    split: str | None,
+    norm: str,
+    projection_dim: int | None,
+    **options: object,
+) -> SplitModel:
+    """A model of the user's own: ``spec`` (``MODULE:FUNCTION``) names a builder called as
+    ``builder(in_channels, num_classes, image_size, **options)``, plus ``split=`` when the config
+    sets ``model.split``; it must return a :class:`SplitModel` (body -> features -> head)."""
+    builder = load_object(spec)
+    if not callable(builder):
+        raise ValueError(f"it names {describe(builder)}, not a model builder: name a function "
+                         "(in_channels, num_classes, image_size, **options) -> SplitModel")
+    if norm != "bn":
+        raise ValueError("model.norm applies to fedhet's built-in models only; give your builder an option of its own "
+                         "(model.options) for its normalization")
+    model = builder(in_channels, num_classes, image_size, **({"split": split} if split is not None else {}), **options)
+    if not isinstance(model, SplitModel):
+        raise ValueError(f"the builder returned {describe(model)}, not a fedhet SplitModel: build it as "
+                         "SplitModel(stages, split, input_shape) so that fedhet knows its body and its head "
+                         "(docs/extending.md)")
     if projection_dim is not None:
         model.add_projection(projection_dim)
     return model

@@ -1,0 +1,56 @@
+"""Objects named by an import path, ``MODULE:NAME``, so a config can name the user's own code.
+
+``algorithm.name: mylab.methods:FedFoo`` or ``model.arch: mylab.nets:tiny_cnn`` names a method
+class or a model builder in any module Python can import here: a package installed in the
+environment (``pip install -e .``), or a folder on ``PYTHONPATH``. Every process that builds the
+run (the simulator, the parallel engine's workers, each Flower node) imports it the same way, so
+the module must be importable on each machine that runs clients.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a config value names an object by ``MODULE:NAME`` rather than a built-in name."""
+    return ":" in name
+
+
+def load_object(spec: str) -> object:
+    """The object ``spec`` (``package.module:Name``, ``Name`` may be dotted) names; ``ValueError``
+    with what is wrong and how to fix it when it cannot be imported (the caller names the key and
+    the value before it)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr or ":" in attr:
+        raise ValueError("not an import path: write MODULE:NAME, e.g. mylab.methods:FedFoo")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise ValueError(
+                f"no module {module_name!r} can be imported here (working directory {os.getcwd()}); "
+                f"install the package that holds it (pip install -e PATH) or put its folder on PYTHONPATH"
+            ) from None
+        raise ValueError(f"importing {module_name!r} failed, a module it imports is missing: {e}") from None
+    except Exception as e:       # the user's module raised while importing: say where
+        raise ValueError(f"importing {module_name!r} raised {type(e).__name__}: {e}") from None
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            names = sorted(n for n in vars(module) if not n.startswith("_"))
+            raise ValueError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
+                             f"{attr!r}; it defines: {', '.join(names) or 'nothing public'}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def describe(obj: object) -> str:
+    """A short phrase for an object of the wrong kind in an error message."""
+    if isinstance(obj, type):
+        return f"the class {obj.__module__}.{obj.__qualname__}"
+    if inspect.isroutine(obj):
+        return f"the function {getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', obj)}"
+    return f"a {type(obj).__name__} ({obj!r:.60})"

@@ -1,0 +1,45 @@
+"""What a method, a model or a loss term of your own may import from fedhet: the stable names.
+
+A method is a subclass of :class:`FedAvg` (or :class:`Algorithm`) that overrides hooks; a model is
+a builder returning a :class:`SplitModel`; a loss term is a :class:`LossTerm`. A config names
+them by import path (``algorithm.name: mylab.methods:FedFoo``, ``model.arch: mylab.nets:tiny``),
+and every engine runs them as it runs the built-in ones (docs/extending.md). Names not listed here
+are internal and may change.
+"""
+
+from __future__ import annotations
+
+from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import (
+    Arrays,
+    Batch,
+    ClientRuntime,
+    Forward,
+    LocalResult,
+    Message,
+    Replies,
+    RoundContext,
+    State,
+)
+from fedhet.models.base import SplitModel
+from fedhet.training.objective import CrossEntropy, LossTerm
+
+__all__ = [
+    "Algorithm",
+    "Arrays",
+    "Batch",
+    "ClientRuntime",
+    "CrossEntropy",
+    "FedAvg",
+    "Forward",
+    "LocalResult",
+    "LossTerm",
+    "Message",
+    "Replies",
+    "RoundContext",
+    "SplitModel",
+    "State",
+    "weighted_average",
+]

@@ -1,0 +1,125 @@
+"""Methods and models of the user's own, named by import path (MODULE:NAME): the example files in
+examples/extending run on every engine like built-in ones, and every way of naming them wrongly is
+a clear error that names the key, the value and the fix."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import build_loop
+
+import fedhet
+import fedhet.extend
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.build import make_algorithm
+from fedhet.experiment.config import load_config
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "extending"
+
+
+@pytest.fixture
+def examples_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    yield
+    for name in ("feddamp", "nets", "broken_plugin"):
+        sys.modules.pop(name, None)
+
+
+def cfg_of(small_config, **sections):
+    raw = copy.deepcopy(small_config)
+    for key, value in sections.items():
+        raw[key] = {**raw.get(key, {}), **value}
+    return load_config(raw=raw)
+
+
+def one_round_state(cfg):
+    loop = build_loop(cfg)
+    start = {k: v.clone() for k, v in loop.server_state["model"].items()}
+    loop.run_round(0)
+    return start, loop.server_state["model"]
+
+
+def test_a_method_named_by_import_path_runs_its_own_server_rule(small_config, examples_on_path):
+    """FedDamp with no logit penalty trains as FedAvg does; its server moves server_lr of the way
+    from the old model to FedAvg's average (hand rule: old + lr * (avg - old))."""
+    plain = cfg_of(small_config, train={"rounds": 1})
+    damp = cfg_of(small_config, train={"rounds": 1},
+                  algorithm={"name": "feddamp:FedDamp", "params": {"server_lr": 0.25, "logit_penalty": 0.0}})
+    start, averaged = one_round_state(plain)
+    start_damp, damped = one_round_state(damp)
+    for k, v in start.items():
+        assert torch.equal(v, start_damp[k])
+        if v.is_floating_point():
+            torch.testing.assert_close(damped[k], v + 0.25 * (averaged[k] - v), rtol=1e-6, atol=1e-7)
+
+
+def test_a_plugin_loss_term_reaches_training(small_config, examples_on_path):
+    from feddamp import LogitPenalty
+
+    from fedhet.extend import Forward
+    logits = torch.tensor([[1.0, -2.0], [3.0, 0.0]])
+    assert float(LogitPenalty(0.5)(Forward(torch.zeros(2, 1), logits), None, {})) == pytest.approx(0.5 * 14 / 4)
+    _, without = one_round_state(cfg_of(small_config, algorithm={"name": "feddamp:FedDamp",
+                                                                 "params": {"logit_penalty": 0.0}}))
+    _, with_term = one_round_state(cfg_of(small_config, algorithm={"name": "feddamp:FedDamp",
+                                                                   "params": {"logit_penalty": 1.0}}))
+    assert any(not torch.equal(without[k], with_term[k]) for k in without)
+
+
+def test_a_plugin_method_and_model_run_end_to_end_and_vmapped(small_config, examples_on_path, tmp_path):
+    """fedhet.run with both plugins; the vectorized engine vmaps the plugin's term (no fallback) and
+    ends where the reference engine does; a plugin composes with a built-in method by '+'."""
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "fedprox+feddamp:FedDamp", "params": {"mu": 0.01}}
+    raw["model"] = {"arch": "nets:small_mlp", "options": {"hidden": 32}}
+    raw["train"]["rounds"] = 2
+    ref = fedhet.run(raw, {"run.engine": "reference"}, out=tmp_path / "ref", progress=False)
+    vec = fedhet.run(raw, {"run.engine": "vectorized"}, out=tmp_path / "vec", progress=False)
+    assert ref.summary["status"] == vec.summary["status"] == "completed"
+    assert ref.summary["algorithm"] == "fedprox+feddamp"
+    engine = vec.summary["engine"]
+    assert engine["fallback_requests"] == 0 and engine["vectorized_requests"] > 0, engine
+    for (_, a), (_, b) in zip(ref.metric("train_loss"), vec.metric("train_loss")):
+        assert a == pytest.approx(b, rel=1e-4)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("no_such_module:FedX", "no module 'no_such_module' can be imported here.*pip install -e PATH.*PYTHONPATH"),
+    ("feddamp:FedNope", "module 'feddamp' .* has no 'FedNope'; it defines: .*FedDamp"),
+    ("feddamp:LogitPenalty", "is the class feddamp.LogitPenalty, not a method: a method is a subclass of "
+                             "fedhet.extend.FedAvg"),
+    ("feddamp:", "not an import path: write MODULE:NAME"),
+    ("feddamp", "unknown algorithm 'feddamp'.*MODULE:CLASS"),
+])
+def test_a_method_that_cannot_be_used_is_a_clear_error(small_config, examples_on_path, name, message):
+    with pytest.raises(ConfigError, match="algorithm.name: .*" + message):
+        make_algorithm(cfg_of(small_config, algorithm={"name": name}))
+
+
+def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examples_on_path, tmp_path, monkeypatch):
+    (tmp_path / "broken_plugin.py").write_text(
+        "from fedhet.extend import FedAvg\n\nclass Nameless(FedAvg):\n    pass\n\n"
+        "def not_split(in_channels, num_classes, image_size):\n    import torch\n    return torch.nn.Linear(2, 2)\n"
+        "\nraise_on_import = False\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="no name of its own .*inherits 'fedavg'.*name = 'nameless'"):
+        make_algorithm(cfg_of(small_config, algorithm={"name": "broken_plugin:Nameless"}))
+    for arch, message in [("broken_plugin:not_split", "the builder returned a Linear \\(Linear\\(in_features=2.*not a fedhet SplitModel"),
+                          ("broken_plugin:raise_on_import", "it names a bool .*not a model builder"),
+                          ("nets:small_mlp", None)]:
+        cfg = cfg_of(small_config, model={"arch": arch, "norm": "gn"} if message is None else {"arch": arch})
+        with pytest.raises(ConfigError, match=f"model {arch}: " + (message or "model.norm applies to fedhet's "
+                                                                    "built-in models only")):
+            build_loop(cfg)
+
+
+def test_the_public_names_stay():
+    """docs/extending.md promises these names; removing one breaks user code, so it fails here first."""
+    assert set(fedhet.extend.__all__) >= {
+        "Algorithm", "FedAvg", "SplitModel", "LossTerm", "CrossEntropy", "Forward", "Batch", "Arrays", "Message",
+        "ClientRuntime", "LocalResult", "State", "Replies", "RoundContext", "weighted_average"}
+    assert all(hasattr(fedhet.extend, name) for name in fedhet.extend.__all__)
