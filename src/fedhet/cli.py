@@ -154,9 +154,10 @@ def _cmd_list(args) -> int:
     width = max(map(len, ALGORITHMS))
     for name in sorted(ALGORITHMS):
         print(f"  {name:<{width}}  {_one_line(ALGORITHMS[name])}")
-    print("datasets:  ", ", ".join(DATASET_NAMES))
+    print("  your own method: MODULE:CLASS (docs/extending.md)")
+    print("datasets:  ", ", ".join(DATASET_NAMES) + "; your own: npz:PATH, folder:PATH")
     print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural")
-    print("models:    ", ", ".join(MODEL_NAMES))
+    print("models:    ", ", ".join(MODEL_NAMES) + "; your own: MODULE:BUILDER")
     return 0
 
 

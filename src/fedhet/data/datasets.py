@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from fedhet.core.errors import DataError
+from fedhet.data.user_data import is_user_dataset, load_user_dataset
 
 __all__ = ["DATASET_NAMES", "ImageData", "data_search_dirs", "dataset_info", "load_dataset"]
 
@@ -208,7 +209,8 @@ def _how_to_get(name: str) -> str:
 
 def _check_name(name: object) -> _Info:
     if name not in _INFO:
-        raise DataError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}")
+        raise DataError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}; data of your own: "
+                        "npz:PATH (arrays) or folder:PATH (a folder of images per class)")
     return _INFO[name]  # type: ignore[index]
 
 
@@ -247,7 +249,8 @@ def load_dataset(
     """Load the train (``train=True``) or test split of dataset ``name``.
 
     Args:
-        name: one of :data:`DATASET_NAMES`.
+        name: one of :data:`DATASET_NAMES`, or the user's own data as ``npz:PATH`` or
+            ``folder:PATH`` (:mod:`fedhet.data.user_data`).
         root: optional directory searched first (as ``root/name`` and ``root`` itself).
         train: train split if true, else the test split (Tiny-ImageNet: its ``val`` split).
         download: if the files are missing, fetch them from the official source (fashion_mnist,
@@ -258,6 +261,8 @@ def load_dataset(
         DataError: unknown name; files missing (the message lists the expected files, the
             directories searched and how to obtain them); malformed or corrupt files.
     """
+    if is_user_dataset(name):
+        return load_user_dataset(name, train)
     _check_name(name)
     split = "train" if train else "test"
     dirs = data_search_dirs(name, root)

@@ -129,6 +129,9 @@ def _concat(a: ImageData, b: ImageData) -> ImageData:
 def build_federation(cfg: DataSpec, seed: int) -> Federation:
     train = load_dataset(cfg.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
     test = load_dataset(cfg.dataset, cfg.root, train=False, download=cfg.download, verify=cfg.verify)
+    if tuple(test.x.shape[1:]) != tuple(train.x.shape[1:]):
+        raise DataError(f"data.dataset {cfg.dataset}: the test images are {tuple(test.x.shape[1:])} (channels, height, "
+                        f"width), the training images {tuple(train.x.shape[1:])}; give both splits one shape")
     pool, global_test = (train, test) if cfg.pool == "train" else (_concat(train, test), None)
     labels = pool.y.numpy()
     k = cfg.num_clients

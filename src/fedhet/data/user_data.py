@@ -1,0 +1,176 @@
+"""Datasets of the user's own, with no loader to write: ``data.dataset`` names a file or a folder.
+
+* ``npz:PATH`` - a NumPy ``.npz`` with ``x_train``, ``y_train``, ``x_test`` and ``y_test``. Images are
+  ``uint8`` (or floats in [0, 1]) of shape ``(N, H, W)``, ``(N, H, W, C)`` or ``(N, C, H, W)`` with
+  ``C`` 1 or 3 and ``H == W``; labels are whole numbers ``0..C-1``. Optional: ``num_classes`` (a
+  scalar; default: the largest label + 1) and ``clients_train`` (one client id per training image:
+  data already split by user, used with ``data.partition: {kind: natural}``).
+* ``folder:PATH`` - ``PATH/train/<class>/*`` and ``PATH/test/<class>/*`` image files (png, jpg,
+  bmp); classes are the folder names in sorted order, images must all have one square size, and
+  are read as grayscale when every training image is grayscale, else as RGB.
+
+Relative paths are taken from the working directory. Normalisation uses the training split's own
+per-channel mean and std.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedhet.core.errors import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+PREFIXES = ("npz:", "folder:")
+
+
+def is_user_dataset(name: str) -> bool:
+    return name.startswith(PREFIXES)
+
+
+def load_user_dataset(name: str, train: bool):
+    """The train or test split of ``npz:PATH`` or ``folder:PATH`` as an ``ImageData``."""
+    kind, _, path = name.partition(":")
+    if not path:
+        raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
+                        f"{'.npz' if kind == 'npz' else ''}")
+    split = "train" if train else "test"
+    if kind == "npz":
+        x, y, num_classes, clients = _read_npz(Path(path), split)
+    else:
+        x, y, num_classes, clients = _read_folder(Path(path), split)
+    return _image_data(name, x, y, num_classes, clients)
+
+
+def _image_data(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, clients: np.ndarray | None):
+    from fedhet.data.datasets import ImageData
+
+    scaled = x.astype(np.float64) / 255.0
+    mean = tuple(float(m) for m in scaled.mean(axis=(0, 2, 3)))
+    std = tuple(max(float(s), 1e-6) for s in scaled.std(axis=(0, 2, 3)))
+    return ImageData(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64)), num_classes,
+                     mean, std, writers=clients, name=name)
+
+
+# --------------------------------------------------------------------------------------- npz
+
+
+def _read_npz(path: Path, split: str) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    where = f"data.dataset npz:{path}"
+    if not path.is_file():
+        raise DataError(f"{where}: no such file (working directory {Path.cwd()}); write the arrays with "
+                        "numpy.savez(PATH, x_train=..., y_train=..., x_test=..., y_test=...)")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            arrays = {k: f[k] for k in f.files}
+    except (OSError, ValueError) as e:
+        raise DataError(f"{where}: not a readable .npz file ({e})") from None
+    missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
+    if missing:
+        raise DataError(f"{where}: missing arrays {missing} (it has {sorted(arrays)}); it needs x_train, y_train, "
+                        "x_test and y_test")
+    x = _images(arrays[f"x_{split}"], f"{where}: x_{split}")
+    y = _labels(arrays[f"y_{split}"], len(x), f"{where}: y_{split}")
+    top = int(max(arrays["y_train"].max(initial=0), arrays["y_test"].max(initial=0))) + 1
+    num_classes = top
+    if "num_classes" in arrays:
+        num_classes = int(arrays["num_classes"])
+        if num_classes < top:
+            raise DataError(f"{where}: num_classes is {num_classes} but a label is {top - 1}; labels must be "
+                            f"0..num_classes-1")
+    clients = None
+    if split == "train" and "clients_train" in arrays:
+        ids = arrays["clients_train"]
+        if ids.shape != (len(x),) or not np.issubdtype(ids.dtype, np.integer):
+            raise DataError(f"{where}: clients_train must hold one whole-number client id per training image "
+                            f"({len(x)}), got {ids.dtype} {ids.shape}")
+        clients = np.unique(ids, return_inverse=True)[1].astype(np.int64)
+    return x, y, num_classes, clients
+
+
+def _images(x: np.ndarray, where: str) -> np.ndarray:
+    if x.ndim == 3:
+        x = x[:, None]
+    elif x.ndim == 4 and x.shape[3] in (1, 3) and x.shape[1] == x.shape[2] and x.shape[1] not in (1, 3):
+        x = x.transpose(0, 3, 1, 2)
+    if x.ndim != 4 or x.shape[1] not in (1, 3) or x.shape[2] != x.shape[3] or len(x) == 0:
+        raise DataError(f"{where}: images must be (N, H, W), (N, H, W, C) or (N, C, H, W) with C 1 or 3, square "
+                        f"and at least one; got shape {x.shape}")
+    if np.issubdtype(x.dtype, np.floating):
+        if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+            raise DataError(f"{where}: float images must lie in [0, 1] (got {x.min()}..{x.max()}); or give uint8 "
+                            "pixels 0..255")
+        return np.round(x * 255).astype(np.uint8)
+    if x.dtype != np.uint8:
+        raise DataError(f"{where}: images must be uint8 pixels 0..255 or floats in [0, 1], got {x.dtype}")
+    return x
+
+
+def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
+    if y.shape != (n,) or not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_)):
+        raise DataError(f"{where}: labels must be one whole number per image ({n}), got {y.dtype} {y.shape}")
+    if len(y) and y.min() < 0:
+        raise DataError(f"{where}: labels must be 0..num_classes-1, found {int(y.min())}")
+    return y.astype(np.int64)
+
+
+# ------------------------------------------------------------------------------------ folder
+
+
+def _read_folder(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, int, None]:
+    where = f"data.dataset folder:{root}"
+    if not (root / "train").is_dir() or not (root / "test").is_dir():
+        raise DataError(f"{where}: needs {root / 'train'} and {root / 'test'}, each with one folder of images per "
+                        f"class (working directory {Path.cwd()})")
+    classes = sorted({p.name for s in ("train", "test") for p in (root / s).iterdir() if p.is_dir()})
+    if not classes:
+        raise DataError(f"{where}: no class folders under train/ and test/")
+    paths, labels = [], []
+    for label, cls in enumerate(classes):
+        folder = root / split / cls
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+        paths += files
+        labels += [label] * len(files)
+    if not paths:
+        raise DataError(f"{where}: no images ({', '.join(IMAGE_SUFFIXES)}) under {root / split}")
+    grayscale = _all_grayscale(sorted((root / "train").rglob("*")))
+    return _decode(paths, grayscale, where), np.asarray(labels, dtype=np.int64), len(classes), None
+
+
+def _pil():
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise DataError("Pillow is needed to read a folder of images: pip install pillow") from exc
+    return Image
+
+
+def _all_grayscale(paths: list[Path]) -> bool:
+    image = _pil()
+    modes = set()
+    for p in paths:
+        if p.suffix.lower() in IMAGE_SUFFIXES:
+            with image.open(p) as im:
+                modes.add(im.mode)
+    return bool(modes) and modes <= {"1", "L", "I", "I;16"}
+
+
+def _decode(paths: list[Path], grayscale: bool, where: str) -> np.ndarray:
+    image = _pil()
+    out = []
+    size = None
+    for p in paths:
+        try:
+            with image.open(p) as im:
+                pixels = np.asarray(im.convert("L" if grayscale else "RGB"))
+        except (OSError, ValueError, SyntaxError) as e:
+            raise DataError(f"{where}: cannot read image {p} ({e})") from None
+        size = size or pixels.shape[:2]
+        if pixels.shape[:2] != size or size[0] != size[1]:
+            raise DataError(f"{where}: {p} is {pixels.shape[1]}x{pixels.shape[0]}, but the images must all be one "
+                            f"square size ({size[1]}x{size[0]} first); resize them first")
+        out.append(pixels)
+    x = np.stack(out)
+    return x[:, None] if grayscale else x.transpose(0, 3, 1, 2)

@@ -1,0 +1,149 @@
+"""Data of the user's own without a loader: arrays in an .npz file and a folder of images per class,
+with every partition, and data already split by user as the natural partition."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import fedhet
+from fedhet.core.errors import DataError
+from fedhet.data.datasets import load_dataset
+from fedhet.data.federated import build_federation
+from fedhet.experiment.config import load_config
+
+
+def arrays(n_train=120, n_test=40, classes=4, layout="nhw", seed=0, side=12):
+    rng = np.random.default_rng(seed)
+    shape = {"nhw": (side, side), "nhwc": (side, side, 3), "nchw": (3, side, side)}[layout]
+    x_train = rng.integers(0, 256, (n_train, *shape), dtype=np.uint8)
+    x_test = rng.integers(0, 256, (n_test, *shape), dtype=np.uint8)
+    return {"x_train": x_train, "y_train": np.arange(n_train) % classes, "x_test": x_test,
+            "y_test": np.arange(n_test) % classes}
+
+
+def write_npz(tmp_path, name="mine.npz", **arrs):
+    path = tmp_path / name
+    np.savez(path, **arrs)
+    return f"npz:{path}"
+
+
+@pytest.mark.parametrize("layout", ["nhw", "nhwc", "nchw"])
+def test_npz_arrays_load_in_any_channel_layout(tmp_path, layout):
+    arrs = arrays(layout=layout)
+    name = write_npz(tmp_path, **arrs)
+    train, test = load_dataset(name, train=True), load_dataset(name, train=False)
+    channels = 1 if layout == "nhw" else 3
+    assert tuple(train.x.shape) == (120, channels, 12, 12) and tuple(test.x.shape) == (40, channels, 12, 12)
+    assert train.num_classes == test.num_classes == 4
+    expected = arrs["x_train"][:, None] if layout == "nhw" else (
+        arrs["x_train"].transpose(0, 3, 1, 2) if layout == "nhwc" else arrs["x_train"])
+    assert torch.equal(train.x, torch.from_numpy(expected))
+    assert train.y.tolist() == arrs["y_train"].tolist()
+    # normalised with the training split's own moments, per channel
+    torch.testing.assert_close(torch.tensor(train.mean, dtype=torch.float64),
+                               torch.from_numpy(expected / 255.0).mean(dim=(0, 2, 3)))
+
+
+def test_float_images_in_unit_range_and_an_explicit_class_count(tmp_path):
+    arrs = arrays()
+    arrs["x_train"] = arrs["x_train"] / 255.0
+    name = write_npz(tmp_path, **arrs, num_classes=np.array(7))
+    data = load_dataset(name)
+    assert data.x.dtype == torch.uint8 and data.num_classes == 7
+    assert torch.equal(data.x, torch.from_numpy(arrays()["x_train"][:, None]))
+
+
+def test_clients_train_is_the_natural_partition(small_config, tmp_path):
+    arrs = arrays()
+    users = np.repeat([30, 10, 20], 40)                 # three users' images, ids as the data has them
+    name = write_npz(tmp_path, **arrs, clients_train=users)
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": name, "num_clients": 3, "partition": {"kind": "natural"},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    got = sorted(tuple(idx.tolist()) for idx in fed.train_idx)
+    assert got == sorted(tuple(np.flatnonzero(users == u).tolist()) for u in (10, 20, 30))
+
+
+def test_a_run_on_npz_data_with_a_dirichlet_partition(small_config, tmp_path):
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": write_npz(tmp_path, **arrays(n_train=300, n_test=100, layout="nhwc", side=16)), "num_clients": 4,
+                   "partition": {"kind": "dirichlet", "alpha": 1.0, "min_size": 10},
+                   "local_test": {"source": "holdout", "fraction": 0.2}}
+    raw["model"] = {"arch": "cnn2"}
+    raw["train"]["rounds"] = 1
+    res = fedhet.run(raw, out=tmp_path / "run", progress=False)
+    assert res.summary["status"] == "completed"
+    assert res.metric("acc") or res.metric("global_acc")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda a: a.pop("y_test"), r"missing arrays \['y_test'\]"),
+    (lambda a: a.update(x_train=np.zeros((5, 12, 10), np.uint8)), "must be .* square"),
+    (lambda a: a.update(x_train=np.full((120, 12, 12), 2.0)), r"float images must lie in \[0, 1\]"),
+    (lambda a: a.update(x_train=np.zeros((120, 12, 12), np.int32)), "must be uint8 pixels"),
+    (lambda a: a.update(y_train=-np.ones(120, np.int64)), "labels must be 0..num_classes-1, found -1"),
+    (lambda a: a.update(y_train=np.zeros(7, np.int64)), r"one whole number per image \(120\)"),
+    (lambda a: a.update(num_classes=np.array(2)), "num_classes is 2 but a label is 3"),
+    (lambda a: a.update(clients_train=np.zeros(3, np.int64)), r"one whole-number client id per training image \(120\)"),
+])
+def test_bad_arrays_are_clear_errors(tmp_path, change, message):
+    arrs = arrays()
+    change(arrs)
+    name = write_npz(tmp_path, **arrs)
+    with pytest.raises(DataError, match=f"data.dataset npz:{tmp_path}/mine.npz: .*{message}"):
+        load_dataset(name)
+
+
+def test_missing_files_and_paths_say_what_to_write(tmp_path):
+    with pytest.raises(DataError, match="no such file .*numpy.savez"):
+        load_dataset(f"npz:{tmp_path}/none.npz")
+    (tmp_path / "bad.npz").write_text("not numpy")
+    with pytest.raises(DataError, match="not a readable .npz file"):
+        load_dataset(f"npz:{tmp_path}/bad.npz")
+    with pytest.raises(DataError, match="names no path; write npz:PATH"):
+        load_dataset("npz:")
+    with pytest.raises(DataError, match="data of your own: npz:PATH .* or folder:PATH"):
+        load_dataset("my_images")
+
+
+def write_folder(root, classes=("cat", "dog"), per_class=(3, 2), mode="L", size=(10, 10)):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, count in zip(("train", "test"), per_class):
+        for cls in classes:
+            (root / split / cls).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                shape = size[::-1] if mode == "L" else (*size[::-1], 3)
+                Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8), mode).save(root / split / cls / f"{i}.png")
+
+
+@pytest.mark.parametrize(("mode", "channels"), [("L", 1), ("RGB", 3)])
+def test_a_folder_of_images_per_class(tmp_path, mode, channels):
+    from PIL import Image
+
+    write_folder(tmp_path, mode=mode)
+    train = load_dataset(f"folder:{tmp_path}")
+    test = load_dataset(f"folder:{tmp_path}", train=False)
+    assert tuple(train.x.shape) == (6, channels, 10, 10) and tuple(test.x.shape) == (4, channels, 10, 10)
+    assert train.y.tolist() == [0, 0, 0, 1, 1, 1] and train.num_classes == 2       # cat, dog: sorted names
+    with Image.open(tmp_path / "train" / "dog" / "1.png") as im:
+        pixels = np.array(im)
+    expected = pixels[None] if mode == "L" else pixels.transpose(2, 0, 1)
+    assert torch.equal(train.x[4], torch.from_numpy(expected))
+
+
+def test_a_folder_with_mixed_sizes_or_no_test_split_is_a_clear_error(tmp_path):
+    from PIL import Image
+
+    write_folder(tmp_path)
+    Image.fromarray(np.zeros((8, 8), np.uint8), "L").save(tmp_path / "train" / "cat" / "odd.png")
+    with pytest.raises(DataError, match="odd.png is 8x8, but the images must all be one square size"):
+        load_dataset(f"folder:{tmp_path}")
+    with pytest.raises(DataError, match="needs .*train and .*test, each with one folder of images per class"):
+        load_dataset(f"folder:{tmp_path / 'train'}")
