@@ -2,7 +2,8 @@
 
 A method is a subclass of :class:`FedAvg` (or :class:`Algorithm`) that overrides hooks; a model is
 a builder returning a :class:`SplitModel`; a loss term is a :class:`LossTerm`. A config names
-them by import path (``algorithm.name: mylab.methods:FedFoo``, ``model.arch: mylab.nets:tiny``),
+them by import path (``algorithm.name: mylab.methods:FedFoo``, ``model.arch: mylab.nets:tiny``;
+a dataset function and a partition function likewise, ``data.dataset``, ``data.partition.kind``),
 and every engine runs them as it runs the built-in ones (docs/extending.md). Names not listed here
 are internal and may change.
 """
@@ -23,6 +24,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
+from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
 from fedhet.training.objective import CrossEntropy, LossTerm
 
@@ -41,5 +43,6 @@ __all__ = [
     "RoundContext",
     "SplitModel",
     "State",
+    "save_arrays",
     "weighted_average",
 ]

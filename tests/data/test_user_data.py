@@ -147,3 +147,88 @@ def test_a_folder_with_mixed_sizes_or_no_test_split_is_a_clear_error(tmp_path):
         load_dataset(f"folder:{tmp_path}")
     with pytest.raises(DataError, match="needs .*train and .*test, each with one folder of images per class"):
         load_dataset(f"folder:{tmp_path / 'train'}")
+
+
+PLUGIN = '''
+import numpy as np
+
+def data(split):
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    n = 60 if split == "train" else 20
+    x = rng.integers(0, 256, (n, 16, 16), dtype=np.uint8)
+    y = np.arange(n) % 3
+    return (x, y, np.arange(n) // 20) if split == "train" else (x, y)
+
+def halves(labels, num_clients, rng, shift=0):
+    order = np.argsort(labels, kind="stable")
+    return [np.sort(part) for part in np.array_split(np.roll(order, shift), num_clients)]
+
+def too_few(labels, num_clients, rng):
+    return [np.arange(len(labels))]
+
+def out_of_range(labels, num_clients, rng):
+    return [np.array([0, len(labels)])] * num_clients
+
+def not_a_tuple(split):
+    return {"x": 1}
+'''
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    (tmp_path / "userdata.py").write_text(PLUGIN)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "userdata"
+    import sys
+    sys.modules.pop("userdata", None)
+
+
+def test_a_dataset_function_and_a_partition_function_of_ones_own(small_config, user_module):
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": "userdata:data", "num_clients": 3,
+                   "partition": {"kind": "userdata:halves", "shift": 5},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert fed.num_classes == 3 and fed.in_channels == 1 and fed.image_size == 16
+    labels = fed.pool.y.numpy()
+    order = np.roll(np.argsort(labels, kind="stable"), 5)
+    assert [idx.tolist() for idx in fed.train_idx] == [sorted(p.tolist()) for p in np.array_split(order, 3)]
+    # the third returned array is the natural partition's client ids
+    raw["data"]["partition"] = {"kind": "natural"}
+    natural = build_federation(load_config(raw=raw).data, seed=0)
+    assert sorted(idx.tolist() for idx in natural.train_idx) == [list(range(0, 20)), list(range(20, 40)),
+                                                                 list(range(40, 60))]
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("userdata:too_few", "returned 1 entries; it must return a list of 3 index arrays"),
+    ("userdata:out_of_range", "client 0 holds index 60, outside the 60 samples of the pool"),
+    ("userdata:halves_typo", "module 'userdata' .* has no 'halves_typo'; it defines: .*halves"),
+    ("userdata:PLUGIN_MISSING", "has no 'PLUGIN_MISSING'"),
+    ("no_such_parts:fn", "no module 'no_such_parts' can be imported here"),
+])
+def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config, user_module, kind, message):
+    from fedhet.core.errors import PartitionError
+
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": "userdata:data", "num_clients": 3, "partition": {"kind": kind},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    with pytest.raises(PartitionError, match=f"data.partition.kind '{kind}'.*{message}"):
+        build_federation(load_config(raw=raw).data, seed=0)
+
+
+def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_module):
+    with pytest.raises(DataError, match=r"userdata:not_a_tuple\('train'\) returned a dict .*must return \(x, y\)"):
+        load_dataset("userdata:not_a_tuple")
+
+
+def test_arrays_in_memory_are_saved_once_and_named(tmp_path):
+    from fedhet.extend import save_arrays
+
+    arrs = arrays()
+    name = save_arrays(tmp_path / "mem.npz", **arrs, clients_train=np.arange(120) % 4)
+    assert name == f"npz:{tmp_path / 'mem.npz'}"
+    data = load_dataset(name)
+    assert torch.equal(data.x, torch.from_numpy(arrs["x_train"][:, None])) and data.writers is not None
+    with pytest.raises(DataError, match="labels must be 0..num_classes-1"):
+        save_arrays(tmp_path / "bad.npz", arrs["x_train"], -arrs["y_train"] - 1, arrs["x_test"], arrs["y_test"])

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedhet.core.errors import PartitionError
+from fedhet.core.plugins import describe, is_import_path, load_object
 
 __all__ = [
     "PARTITIONS",
@@ -517,11 +518,15 @@ def partition(
     one sorted int64 index array per client; the same (kind, labels, num_clients, seed,
     params) always gives the same arrays.
     """
-    if kind not in PARTITIONS:
+    if is_import_path(kind):
+        fn = _user_partitioner(kind)
+    elif kind not in PARTITIONS:
         raise PartitionError(
-            f"unknown partition kind {kind!r}; valid kinds: {', '.join(sorted(PARTITIONS))}"
+            f"unknown partition kind {kind!r}; valid kinds: {', '.join(sorted(PARTITIONS))}; one of your own: "
+            "MODULE:FUNCTION (a function (labels, num_clients, rng, **params) -> one index array per client)"
         )
-    fn = PARTITIONS[kind]
+    else:
+        fn = PARTITIONS[kind]
     accepted = list(inspect.signature(fn).parameters.values())[3:]  # after labels, n, rng
     names = [p.name for p in accepted]
     listing = ", ".join(names) or "none"
@@ -538,7 +543,41 @@ def partition(
         )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise PartitionError(f"partition {kind!r}: seed must be an integer >= 0, got {seed!r}")
-    return fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
+    parts = fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
+    if is_import_path(kind):
+        parts = _checked_parts(kind, parts, len(labels), num_clients)
+    return parts
+
+
+def _user_partitioner(kind: str) -> Callable[..., list[np.ndarray]]:
+    try:
+        fn = load_object(kind)
+    except ValueError as e:
+        raise PartitionError(f"data.partition.kind {kind!r}: {e}") from None
+    if not callable(fn) or isinstance(fn, type):
+        raise PartitionError(f"data.partition.kind {kind!r} is {describe(fn)}, not a partition function "
+                             "(labels, num_clients, rng, **params) -> one index array per client")
+    return fn
+
+
+def _checked_parts(kind: str, parts: object, n: int, num_clients: int) -> list[np.ndarray]:
+    """A partition function's result as sorted int64 arrays, or a PartitionError saying what is wrong."""
+    where = f"data.partition.kind {kind!r}"
+    if not isinstance(parts, (list, tuple)) or len(parts) != num_clients:
+        got = f"{len(parts)} entries" if isinstance(parts, (list, tuple)) else describe(parts)
+        raise PartitionError(f"{where} returned {got}; it must return a list of {num_clients} index arrays, one "
+                             "per client")
+    out = []
+    for cid, idx in enumerate(parts):
+        arr = np.asarray(idx)
+        if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+            raise PartitionError(f"{where}: client {cid}'s entry is {arr.dtype} {arr.shape}, not a 1-d array of "
+                                 "sample indices")
+        if arr.size and (arr.min() < 0 or arr.max() >= n):
+            raise PartitionError(f"{where}: client {cid} holds index {int(arr.min() if arr.min() < 0 else arr.max())}, "
+                                 f"outside the {n} samples of the pool")
+        out.append(np.sort(arr.astype(np.int64)))
+    return out
 
 
 def class_counts(parts: list[np.ndarray], labels: np.ndarray, num_classes: int) -> np.ndarray:

@@ -9,8 +9,13 @@
   bmp); classes are the folder names in sorted order, images must all have one square size, and
   are read as grayscale when every training image is grayscale, else as RGB.
 
+* ``MODULE:FUNCTION`` - a function of the user's own, called with ``"train"`` or ``"test"``, that
+  returns ``(x, y)`` or ``(x, y, client_ids)`` arrays as an ``.npz`` holds them (client ids: train only).
+
 Relative paths are taken from the working directory. Normalisation uses the training split's own
-per-channel mean and std.
+per-channel mean and std. :func:`save_arrays` writes arrays held in memory to an ``.npz`` and
+returns its ``npz:PATH`` name, so that every process of a run (engine workers, Flower nodes) can
+read them.
 """
 
 from __future__ import annotations
@@ -21,27 +26,81 @@ import numpy as np
 import torch
 
 from fedhet.core.errors import DataError
+from fedhet.core.plugins import describe, is_import_path, load_object
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 PREFIXES = ("npz:", "folder:")
 
 
 def is_user_dataset(name: str) -> bool:
-    return name.startswith(PREFIXES)
+    return name.startswith(PREFIXES) or is_import_path(name)
 
 
 def load_user_dataset(name: str, train: bool):
-    """The train or test split of ``npz:PATH`` or ``folder:PATH`` as an ``ImageData``."""
+    """The train or test split of ``npz:PATH``, ``folder:PATH`` or ``MODULE:FUNCTION`` as an ``ImageData``."""
+    split = "train" if train else "test"
+    if not name.startswith(PREFIXES):
+        x, y, num_classes, clients = _read_function(name, split)
+        return _image_data(name, x, y, num_classes, clients)
     kind, _, path = name.partition(":")
     if not path:
         raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
                         f"{'.npz' if kind == 'npz' else ''}")
-    split = "train" if train else "test"
     if kind == "npz":
         x, y, num_classes, clients = _read_npz(Path(path), split)
     else:
         x, y, num_classes, clients = _read_folder(Path(path), split)
     return _image_data(name, x, y, num_classes, clients)
+
+
+def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
+                clients_train: np.ndarray | None = None, num_classes: int | None = None) -> str:
+    """Write arrays held in memory as a dataset file; returns ``"npz:PATH"`` for ``data.dataset``."""
+    extra: dict[str, np.ndarray] = {}
+    if clients_train is not None:
+        extra["clients_train"] = np.asarray(clients_train)
+    if num_classes is not None:
+        extra["num_classes"] = np.asarray(num_classes)
+    path = Path(path)
+    np.savez(path, x_train=np.asarray(x_train), y_train=np.asarray(y_train), x_test=np.asarray(x_test),
+             y_test=np.asarray(y_test), **extra)
+    name = f"npz:{path}"
+    load_user_dataset(name, train=True)       # checked now, where the arrays were made
+    return name
+
+
+# ---------------------------------------------------------------------------------- function
+
+
+def _read_function(spec: str, split: str) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    where = f"data.dataset {spec}"
+    try:
+        fn = load_object(spec)
+    except ValueError as e:
+        raise DataError(f"{where}: {e}") from None
+    if not callable(fn) or isinstance(fn, type):
+        raise DataError(f"{where} is {describe(fn)}, not a function (split) -> (x, y) or (x, y, client_ids)")
+
+    def call(which: str) -> tuple:
+        out = fn(which)
+        if not isinstance(out, tuple) or len(out) not in (2, 3):
+            raise DataError(f"{where}({which!r}) returned {describe(out)}; it must return (x, y) or "
+                            "(x, y, client_ids)")
+        return out
+
+    out = call(split)
+    x = _images(np.asarray(out[0]), f"{where}: x of {split}")
+    y = _labels(np.asarray(out[1]), len(x), f"{where}: y of {split}")
+    other = np.asarray(call("test" if split == "train" else "train")[1])
+    num_classes = int(max(y.max(initial=0), other.max(initial=0))) + 1
+    clients = None
+    if split == "train" and len(out) == 3:
+        ids = np.asarray(out[2])
+        if ids.shape != (len(x),) or not np.issubdtype(ids.dtype, np.integer):
+            raise DataError(f"{where}: client ids must be one whole number per training image ({len(x)}), got "
+                            f"{ids.dtype} {ids.shape}")
+        clients = np.unique(ids, return_inverse=True)[1].astype(np.int64)
+    return x, y, num_classes, clients
 
 
 def _image_data(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, clients: np.ndarray | None):
