@@ -17,6 +17,7 @@ import copy
 import json
 import re
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,6 +201,18 @@ def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
     assert summary["communication"] == ref.summary["communication"]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "partition.json"):
         assert (tmp_path / "flower" / name).is_file(), name
+
+
+def test_a_method_of_the_users_own_runs_on_flower_as_in_the_simulator(small_config, tmp_path, monkeypatch):
+    """examples/extending's FedDamp, named by import path: the ServerApp and the ClientApps build it
+    from the dumped config as the simulator does, and end with the same state and rows."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "extending"))
+    cfg = tiny(small_config, "feddamp:FedDamp", server_lr=0.5, logit_penalty=0.01)
+    ref = reference_run(cfg, tmp_path / "sim")
+    flower_run(cfg, tmp_path / "flower")
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
+    assert_rows_match_simulator(read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower"))
+    assert json.loads((tmp_path / "flower" / "summary.json").read_text())["algorithm"] == "feddamp"
 
 
 def test_fedcme_partner_dropped_continues_without_swap(small_config, tmp_path):
