@@ -212,6 +212,66 @@ def test_compare_refuses_a_metric_no_run_recorded(two_runs, capsys):
     assert "--metric global_accc: no run compared recorded it" in err and "global_acc" in err
 
 
+def test_compare_refuses_to_pool_runs_that_differ_in_more_than_the_seed(small_config, two_runs, tmp_path, capsys):
+    a, b = two_runs
+    assert main(["compare", str(a), str(b)]) == 0          # seeds 3 and 4 of one experiment
+    capsys.readouterr()
+    _run(cfg_of(small_config, seed=5), tmp_path / "c", lr=0.01)
+    assert main(["compare", str(a), str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "differ in more than the seed" in err and "train.lr: 0.05 in" in err and "0.01 in" in err
+    # a run recorded before a key existed reads it as its default: still one experiment
+    recorded = yaml.safe_load((b / "config.yaml").read_text())
+    del recorded["eval"]["local_risk"]
+    (b / "config.yaml").write_text(yaml.safe_dump(recorded))
+    assert main(["compare", str(a), str(b)]) == 0
+    capsys.readouterr()
+    (b / "config.yaml").unlink()
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "has no readable config.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", ["", '{"name": "tiny", "met', "[1, 2]"], ids=["empty", "cut", "not-a-summary"])
+def test_compare_names_a_damaged_summary_and_how_to_go_on(two_runs, capsys, content):
+    a, b = two_runs
+    (b / "summary.json").write_text(content)
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"{b / 'summary.json'} is" in err and ("damaged" in err or "not a fedhet run summary" in err)
+    assert "Traceback" not in err
+
+
+def test_compare_says_which_runs_it_cannot_plot(two_runs, capsys):
+    a, b = two_runs
+    (b / "metrics.jsonl").unlink()
+    assert main(["compare", str(a), str(b)]) == 0
+    assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
+
+
+# --- files that are not UTF-8 YAML ------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["run", "sweep"])
+def test_a_file_that_is_not_utf8_text_is_named_with_its_line(tmp_path, capsys, command):
+    latin = tmp_path / "latin.yaml"
+    latin.write_bytes("name: x\n# caf\u00e9 au lait\nseed: 0\n".encode("latin-1"))
+    assert main([command, str(latin)]) == 2
+    err = capsys.readouterr().err
+    assert "is not UTF-8 text: byte 0xe9 on line 2" in err and "save the file as UTF-8" in err
+    (tmp_path / "folder.yaml").mkdir()
+    assert main([command, str(tmp_path / "folder.yaml")]) == 2
+    assert "is a folder, not a file" in capsys.readouterr().err
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"name: x\x00\x01")
+    assert main([command, str(binary)]) == 2
+    assert "holds NUL bytes: it is a binary file" in capsys.readouterr().err
+
+
+def test_an_accented_comment_in_utf8_is_fine(small_config, tmp_path):
+    path = tmp_path / "utf8.yaml"
+    path.write_text("# caf\u00e9 au lait\n" + yaml.safe_dump(small_config), encoding="utf-8")
+    assert load_config(path).name == "tiny"
+
+
 # --- a newcomer's path ---------------------------------------------------------------------------
 def test_partition_heatmap_goes_to_the_output_folder(small_config, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)

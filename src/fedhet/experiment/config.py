@@ -328,10 +328,22 @@ def apply_override(raw: dict, assignment: str) -> None:
 
 def read_yaml(path: Path, what: str) -> Any:
     """The parsed YAML of ``path``, or a ConfigError saying it is missing or malformed."""
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder, not a file: name the .yaml file inside it")
     if not path.is_file():
         raise ConfigError(f"{what} {path} does not exist")
+    content = path.read_bytes()
     try:
-        return parse_yaml(path.read_text())
+        text = content.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = content[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{what} {path} is not UTF-8 text: byte 0x{content[e.start]:02x} on line {line} cannot be "
+                          "read; save the file as UTF-8 (an accented comment saved as Latin-1 does this), or name "
+                          "the YAML file if this is another kind of file") from None
+    if "\x00" in text:
+        raise ConfigError(f"{what} {path} holds NUL bytes: it is a binary file, not YAML text")
+    try:
+        return parse_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {e}") from None
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from fedhet.core.errors import CheckpointError
-from fedhet.experiment.config import parse_yaml
+from fedhet.experiment.config import ExperimentConfig, flatten_config, parse_yaml
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import CONFIG, read_metrics
 from fedhet.experiment.summary import selected_value
@@ -18,7 +18,55 @@ def load_summary(run_dir: Path) -> dict:
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no summary.json (not a fedhet run directory, or the run never started)")
-    return json.loads(path.read_text())
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is damaged ({e}), so {run_dir} cannot be compared: leave it out, or run "
+                              f"`fedhet run --resume {run_dir}` to write its summary again") from None
+    if not isinstance(summary, dict) or "name" not in summary or "metrics" not in summary:
+        raise CheckpointError(f"{path} is not a fedhet run summary (no name or metrics): leave {run_dir} out")
+    return summary
+
+
+# Keys two runs may differ in and still be seeds of one experiment: the seed itself, how the run
+# was carried out (engine, device, threads, ...), its name and the paper's note.
+_SEED_FREE = ("seed", "name")
+
+
+def _experiment_keys(run_dir: Path) -> dict | None:
+    """A run's recorded config, flattened, without the keys seeds of one experiment may differ in;
+    None when the folder has no readable config.yaml."""
+    path = Path(run_dir) / CONFIG
+    try:
+        recorded = parse_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    flat = flatten_config(recorded)
+    return {k: v for k, v in flat.items() if k not in _SEED_FREE and not k.startswith(("run.", "paper"))}
+
+
+def _check_same_experiment(name: str, runs: list[tuple[Path, dict]]) -> None:
+    """Runs pooled as seeds of ``name`` must differ in nothing but the seed and how they were run."""
+    configs = [(d, _experiment_keys(d)) for d, _ in runs]
+    missing = [str(d) for d, c in configs if c is None]
+    if missing:
+        raise CheckpointError(f"runs named {name!r}: {', '.join(missing)} has no readable config.yaml, so it cannot "
+                              "be told whether it is the same experiment as the others; compare it alone")
+    # a key one run's config lacks (recorded before the key existed) reads as its default
+    defaults = flatten_config(ExperimentConfig().model_dump(mode="json"))
+    first_dir, first = configs[0]
+    for d, other in configs[1:]:
+        assert first is not None and other is not None
+        keys = sorted(set(first) | set(other))
+        a = {k: first.get(k, defaults.get(k, "<absent>")) for k in keys}
+        b = {k: other.get(k, defaults.get(k, "<absent>")) for k in keys}
+        diffs = [f"{k}: {a[k]!r} in {first_dir}, {b[k]!r} in {d}" for k in keys if a[k] != b[k]]
+        if diffs:
+            raise CheckpointError(f"runs named {name!r} differ in more than the seed, so they are not seeds of one "
+                                  f"experiment ({'; '.join(diffs[:3])}{'; ...' if len(diffs) > 3 else ''}); give "
+                                  "each config its own name, or compare them separately")
 
 
 def load_paper(run_dir: Path) -> dict | None:
@@ -62,6 +110,8 @@ def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]]
             listing = ", ".join(f"{d} ({s['algorithm']})" for d, s in runs)
             raise CheckpointError(f"runs named {name!r} ran different algorithms ({listing}), so they are not seeds "
                                   "of one experiment: give each config its own name, or compare them separately")
+        if len(runs) > 1:
+            _check_same_experiment(name, runs)
         by_seed: dict[int, Path] = {}
         for d, s in runs:
             seed = int(s["seed"])
@@ -102,6 +152,7 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     curves: dict[str, list[list[tuple[int, float]]]] = {}
     measured_rules: set[str] = set()
     paper_notes: list[str] = []
+    unplotted: list[str] = []
     for name, runs in groups.items():
         m = metric_of[name]
         stats = [s["metrics"].get(m, {}) for _, s in runs]
@@ -119,6 +170,7 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
             row += " " + _paper_cells(papers[name], m, runs) + " |"
         lines.append(row)
         curves[name] = [[(r["round"], r[m]) for r in read_metrics(d) if r.get(m) is not None] for d, _ in runs]
+        unplotted.extend(str(d) for (d, _), curve in zip(runs, curves[name]) if not curve)
         paper = papers[name]
         if paper:
             where = ", ".join(x for x in (paper.get("source"), paper.get("cell")) if x)
@@ -135,6 +187,9 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
                   + "; ".join(f"{name}: {', '.join(f'{t} / {e}' for t, e in ps)}" for name, ps in precisions.items()))
     if left_out:
         notes += "\n\nLeft out (not completed): " + "; ".join(left_out)
+    if unplotted:
+        notes += ("\n\nIn the table from their summaries, but not in the plot (no readable metrics.jsonl rows): "
+                  + "; ".join(unplotted))
     if paper_notes:
         notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
                   "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))
