@@ -33,3 +33,30 @@ def test_run_refuses_what_is_not_a_config(tmp_path):
         fedhet.run(42, out=tmp_path / "x")
     with pytest.raises(ConfigError, match="train.nonsense"):
         fedhet.run({}, {"train.nonsense": 1}, out=tmp_path / "y")
+
+
+def test_numpy_values_are_plain_values(small_config, tmp_path):
+    """Overrides and dict configs built with NumPy (a notebook's grid) are the numbers they hold."""
+    import numpy as np
+
+    raw = {**small_config, "train": {**small_config["train"], "lr": np.float64(0.1)}}
+    res = fedhet.run(raw, {"train.rounds": np.int64(1), "eval.personalized": np.bool_(False),
+                           "train.weight_decay": np.float32(0.5)}, out=tmp_path / "n")
+    recorded = yaml.safe_load((tmp_path / "n" / "config.yaml").read_text())
+    assert recorded["train"]["rounds"] == 1 and recorded["train"]["lr"] == 0.1
+    assert recorded["eval"]["personalized"] is False and recorded["train"]["weight_decay"] == 0.5
+    assert len(res.rows) == 1
+
+
+def test_overrides_of_the_wrong_shape_say_what_to_give(small_config, tmp_path):
+    with pytest.raises(ConfigError, match=r"overrides\['train.rounds'\]: a object .* cannot be written to a config"):
+        fedhet.run(small_config, {"train.rounds": object()}, out=tmp_path / "a")
+    with pytest.raises(ConfigError, match="not str \\(one string: wrap it in a list\\)"):
+        fedhet.run(small_config, "train.rounds=1", out=tmp_path / "b")
+    with pytest.raises(ConfigError, match="overrides must be a dict .* not int"):
+        fedhet.run(small_config, 5, out=tmp_path / "c")
+    with pytest.raises(ConfigError, match="key 1 is not a string"):
+        fedhet.run(small_config, {1: 2}, out=tmp_path / "d")
+    with pytest.raises(ConfigError, match="'train' holds 5, not a section of settings"):
+        fedhet.run({**small_config, "train": 5}, {"train.rounds": 1}, out=tmp_path / "e")
+    assert not any((tmp_path / n).exists() for n in "abcde")

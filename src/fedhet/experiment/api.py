@@ -12,7 +12,6 @@ summary.json, checkpoints and plots; ``metrics.jsonl`` stays the source of truth
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,23 @@ class Results:
         return [(r["round"], r[name]) for r in self.rows if r.get(name) is not None]
 
 
+def _plain(value: Any, where: str) -> Any:
+    """``value`` as the plain Python a config holds (what YAML writes): NumPy scalars and arrays
+    become numbers and lists, paths strings, tuples lists; anything else is a ConfigError."""
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):      # numpy scalars (np.float64 is a float too) and arrays
+        return _plain(value.tolist(), where)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise ConfigError(f"{where}: a {type(value).__name__} ({value!r:.60}) cannot be written to a config; give a "
+                      "number, a string, a list or a mapping of those")
+
+
 def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] | list[str] | None
                ) -> ExperimentConfig:
     assignments: list[str]
@@ -45,15 +61,24 @@ def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str
         # Values go through the same parser as `--set key=value` (YAML scalars, lists, mappings).
         import yaml
 
+        for k in overrides:
+            if not isinstance(k, str):
+                raise ConfigError(f"overrides: key {k!r} is not a string; name settings as 'section.key', e.g. "
+                                  "{'train.rounds': 5}")
+        plain = {k: _plain(v, f"overrides[{k!r}]") for k, v in overrides.items()}
         assignments = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
-                       for k, v in overrides.items()]
-    else:
+                       for k, v in plain.items()]
+    elif isinstance(overrides, (list, tuple)) and all(isinstance(a, str) for a in overrides):
         assignments = list(overrides)
+    else:
+        one = " (one string: wrap it in a list)" if isinstance(overrides, str) else ""
+        raise ConfigError(f"fedhet.run: overrides must be a dict {{'train.rounds': 5}} or a list of 'key=value' "
+                          f"strings, not {type(overrides).__name__}{one}")
     if isinstance(config, ExperimentConfig):
         raw = config.model_dump(mode="json")
         return load_config(overrides=assignments, raw=raw) if assignments else config
     if isinstance(config, dict):
-        return load_config(overrides=assignments, raw=copy.deepcopy(config))
+        return load_config(overrides=assignments, raw=_plain(config, "config"))
     if isinstance(config, (str, Path)):
         return load_config(config, assignments)
     raise ConfigError(f"fedhet.run: config must be a YAML path, a dict or an ExperimentConfig, "

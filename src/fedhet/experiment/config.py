@@ -321,7 +321,7 @@ def apply_override(raw: dict, assignment: str) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {part!r} is not a section")
+            raise ConfigError(f"--set {key}: {part!r} holds {child!r}, not a section of settings (a mapping)")
         node = child
     node[parts[-1]] = parse_value(value, key.strip())
 
