@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from fedhet.cli import main
-from fedhet.core.errors import ConfigError, PartitionError
+from fedhet.core.errors import CheckpointError, ConfigError, PartitionError
 from fedhet.data.federated import build_federation
 from fedhet.experiment import config as config_module
 from fedhet.experiment.build import build_models, make_algorithm
@@ -246,6 +246,53 @@ def test_compare_says_which_runs_it_cannot_plot(two_runs, capsys):
     (b / "metrics.jsonl").unlink()
     assert main(["compare", str(a), str(b)]) == 0
     assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
+
+
+# --- integrity of a run folder ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["../../escape", "/abs/x", "a/b", ".hidden", " "])
+def test_a_run_name_that_is_a_path_is_refused(small_config, name):
+    with pytest.raises(ConfigError, match="is not a plain name: a run's name names its folder"):
+        load_config(raw=cfg_of(small_config, name=name))
+
+
+def _stopped_run(small_config, out, rounds=3):
+    raw = cfg_of(small_config)
+    raw["train"].update(rounds=rounds)
+    raw["run"].update(checkpoint_every=1)
+    Experiment.create(load_config(raw=raw), out).run(progress=False)
+    summary = json.loads((out / "summary.json").read_text())
+    (out / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
+    return out
+
+
+def test_a_damaged_checkpoint_is_refused_not_resumed(small_config, tmp_path):
+    run = _stopped_run(small_config, tmp_path / "r")
+    content = bytearray((run / "checkpoint.pt").read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    (run / "checkpoint.pt").write_bytes(bytes(content))
+    with pytest.raises(CheckpointError, match="is damaged: its content no longer matches the sha256"):
+        Experiment.resume(run)
+
+
+def test_a_checkpoint_replaced_while_killed_between_the_digest_and_the_file_still_resumes(small_config, tmp_path):
+    """The digest file names the new and the old digest while the checkpoint is replaced: a kill in
+    between leaves the old checkpoint, which must still load."""
+    run = _stopped_run(small_config, tmp_path / "r")
+    old = (run / "checkpoint.sha256").read_text().split()
+    (run / "checkpoint.sha256").write_text("0" * 64 + "\n" + old[0] + "\n")
+    assert Experiment.resume(run).start_round == 3
+
+
+def test_a_run_whose_metrics_went_missing_is_refused(small_config, tmp_path):
+    run = _stopped_run(small_config, tmp_path / "r")
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(rows[0] + "\n" + rows[2] + "\n")
+    with pytest.raises(CheckpointError, match="lacks round\\(s\\) 2, which the checkpoint of round 3 has done"):
+        Experiment.resume(run)
+    (run / "metrics.jsonl").unlink()
+    with pytest.raises(CheckpointError, match="lacks round\\(s\\) 1-3"):
+        Experiment.resume(run)
 
 
 # --- files that are not UTF-8 YAML ------------------------------------------------------------------

@@ -92,6 +92,9 @@ def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(small_config, tmp
     exp = run(small_config, tmp_path / "r")
     (exp.run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
     before = (exp.run_dir / "metrics.jsonl").read_text()
+    with pytest.raises(CheckpointError, match="is damaged: its content no longer matches the sha256"):
+        Experiment.resume(exp.run_dir)
+    (exp.run_dir / "checkpoint.sha256").unlink()          # a run from before the digest: torch says it
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         Experiment.resume(exp.run_dir)
     assert (exp.run_dir / "metrics.jsonl").read_text() == before
@@ -143,14 +146,14 @@ def test_resume_refuses_a_run_whose_precision_would_resolve_otherwise(small_conf
     """run.precision: auto resolves by device (bf16 where the hardware runs it natively): a run
     moved to another device must not go on in another precision. The checkpoint records the
     precision it trained in."""
-    from fedhet.experiment.rundir import CHECKPOINT, RunDir
+    from fedhet.experiment.rundir import RunDir
 
     exp = run(small_config, tmp_path / "r")
     rundir = RunDir(exp.run_dir)
     snap = rundir.load_checkpoint()
     assert snap["precision"] == "fp32"
     snap["precision"] = "bf16"                       # as if it had trained on a bf16 device
-    rundir.save(CHECKPOINT, snap)
+    rundir.save_checkpoint(snap)
     with pytest.raises(CheckpointError, match="trained in bf16 and would go on in fp32"):
         Experiment.resume(exp.run_dir, run_settings=["train.rounds=4"])
     assert load_config(exp.run_dir / "config.yaml").train.rounds == 3          # nothing touched

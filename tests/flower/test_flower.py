@@ -459,16 +459,16 @@ def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, c
     else:
         from fedhet.experiment.rundir import RunDir
 
-        real_save = RunDir.save
+        real_save = RunDir.save_checkpoint
 
-        def save(self, name, obj):
+        def save(self, obj):
             if obj.get("round") == 4:
                 raise ServerCrash
-            real_save(self, name, obj)
+            real_save(self, obj)
 
         def run():
             with monkeypatch.context() as m:
-                m.setattr(RunDir, "save", save)
+                m.setattr(RunDir, "save_checkpoint", save)
                 flower_run(cfg, tmp_path / "flower", node_state_dir=str(nodes))
     with pytest.raises(ServerCrash):
         run()

@@ -271,6 +271,16 @@ class ExperimentConfig(Strict):
     run: RunConfig = Field(default_factory=RunConfig)
     paper: PaperResult | None = None
 
+    @pydantic.field_validator("name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        # the name becomes a folder name under run.out_dir: a path would put the run somewhere else
+        if not name.strip() or "/" in name or "\\" in name or "\x00" in name or name.startswith("."):
+            raise ValueError(f"{name!r} is not a plain name: a run's name names its folder under run.out_dir, so it "
+                             "may not be empty, hold / or \\, or start with a dot; give a name such as "
+                             "'fedavg_fmnist', and choose where the run goes with --out or run.out_dir")
+        return name
+
     @pydantic.model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
         if self.train.clients_per_round > self.data.num_clients:

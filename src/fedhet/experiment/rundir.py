@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -21,6 +22,7 @@ import torch
 from fedhet.core.errors import CheckpointError, ConfigError, OutputError
 
 CHECKPOINT = "checkpoint.pt"
+CHECKSUM = "checkpoint.sha256"        # the checkpoint's digest, written with it (RunDir.save_checkpoint)
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
@@ -132,16 +134,50 @@ class RunDir:
                     f.write(json.dumps(row) + "\n")
 
     # --- checkpoints --------------------------------------------------------------------
-    def save(self, name: str, obj: Any) -> None:
-        self._atomic(name, lambda tmp: torch.save(obj, tmp))
+    def save_checkpoint(self, obj: Any) -> None:
+        """``checkpoint.pt`` with its sha256 in ``checkpoint.sha256``, so that a file damaged later
+        (a bad disk, a partial copy) is refused instead of resumed from. The digest file lists the
+        new digest beside the old one while the checkpoint is being replaced: a process killed in
+        between leaves a pair that still checks."""
+        tmp = self.path / (CHECKPOINT + ".tmp")
+        try:
+            torch.save(obj, tmp)
+            new = _sha256(tmp)
+            old = self._recorded_digests()[:1]
+            self.write_text(CHECKSUM, "\n".join([new, *old]) + "\n")
+            os.replace(tmp, self.path / CHECKPOINT)
+            self.write_text(CHECKSUM, new + "\n")
+        except (OSError, RuntimeError) as e:
+            tmp.unlink(missing_ok=True)
+            raise self._cannot_write(CHECKPOINT, e) from None
+
+    def _recorded_digests(self) -> list[str]:
+        try:
+            return (self.path / CHECKSUM).read_text().split()
+        except OSError:
+            return []
 
     def load_checkpoint(self) -> dict | None:
         ckpt = self.path / CHECKPOINT
         if not ckpt.exists():
             return None
+        recorded = self._recorded_digests()
+        if recorded and _sha256(ckpt) not in recorded:      # runs from before the digest have none
+            raise CheckpointError(f"checkpoint {ckpt} is damaged: its content no longer matches the sha256 recorded "
+                                  f"when it was written ({self.path / CHECKSUM}). The recorded metrics in "
+                                  f"{self.path / METRICS} are intact; restore the checkpoint from a copy, or delete "
+                                  "it to restart the run from round 1.")
         try:
             return torch.load(ckpt, weights_only=False, map_location="cpu")
         except Exception as e:  # a truncated or foreign file: say so, keep the metrics
             raise CheckpointError(f"cannot read checkpoint {ckpt}: {e}. The recorded metrics in "
                                   f"{self.path / METRICS} are intact; delete the checkpoint to restart the run "
                                   f"from round 1.") from None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

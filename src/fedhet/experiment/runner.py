@@ -218,6 +218,14 @@ class Experiment:
                 except (KeyError, TypeError, ValueError) as e:
                     raise CheckpointError(f"checkpoint {rundir.path / CHECKPOINT} does not hold a fedhet run's state "
                                           f"({type(e).__name__}: {e}); delete it to restart the run from round 1") from None
+            recorded_rounds = {row.get("round") for row in rundir.read_metrics()}
+            lost = [r for r in range(1, exp.start_round + 1) if r not in recorded_rounds]
+            if lost:
+                span = f"{lost[0]}" if len(lost) == 1 else f"{lost[0]}-{lost[-1]}" if lost == list(
+                    range(lost[0], lost[-1] + 1)) else ", ".join(map(str, lost))
+                raise CheckpointError(f"{rundir.path / METRICS} lacks round(s) {span}, which the checkpoint of round "
+                                      f"{exp.start_round} has done: resumed, the run would end 'completed' without "
+                                      f"them. Restore {METRICS} from a copy, or start the run anew in another folder")
             rundir.truncate_metrics(exp.start_round)
             if run_settings:
                 rundir.write_text(CONFIG, dump_config(recorded))
@@ -231,7 +239,7 @@ class Experiment:
 
     def checkpoint(self, done_rounds: int, **extra: Any) -> None:
         """``extra``: what else a resume needs (the Flower runner's node commits)."""
-        self.rundir.save(CHECKPOINT, {"round": done_rounds, "sim": self.loop.snapshot(),
+        self.rundir.save_checkpoint({"round": done_rounds, "sim": self.loop.snapshot(),
                                       "config": self.cfg.model_dump(mode="json"), "precision": self.built.precision,
                                       **extra})
 
