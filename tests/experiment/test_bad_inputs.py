@@ -248,6 +248,19 @@ def test_compare_says_which_runs_it_cannot_plot(two_runs, capsys):
     assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("name", "params", "message"), [
+    ("fedprox", {"mu": True}, "algorithm.params: mu expects a number, got true"),
+    ("fedcme", {"exchange": False}, "algorithm.params: exchange expects one of .*got false"),
+    ("moon", {"tau": True}, "algorithm.params: tau expects a number, got true"),
+])
+def test_a_boolean_is_not_a_method_parameters_number(small_config, name, params, message):
+    with pytest.raises(ConfigError, match=message):
+        make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": name, "params": params})))
+    # a parameter that is a switch still takes one
+    assert make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedacd",
+                                                                          "params": {"mixup": False}}))).params.mixup is False
+
+
 # --- integrity of a run folder ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["../../escape", "/abs/x", "a/b", ".hidden", " "])

@@ -40,7 +40,8 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:
-        bad = "; ".join(f"algorithm.params.{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        bad = "; ".join(f"{'.'.join(['algorithm.params', *map(str, x['loc'])])}: {x['msg'].removeprefix('Value error, ')}"
+                        for x in e.errors())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
                           f"{', '.join(cls.Params.model_fields) or 'none'})") from None
     if cls.requires_sgd and cfg.train.optimizer != "sgd":
