@@ -133,6 +133,11 @@ def test_auto_rule():
                          threads=1).engine == "reference"               # run.threads: 1 is a one-core budget
     assert choose_engine("auto", "auto", "cpu", clients_per_round=10, round_samples=big, cpus=8, threads=4).workers == 4
     assert choose_engine("auto", 4, "cpu", clients_per_round=10, cpus=2).workers == 4
+    assert "4 workers share 2 usable CPU(s)" in choose_engine("auto", 4, "cpu", clients_per_round=10, cpus=2).reason
+    # no more workers than clients a round: the others would only wait
+    many = choose_engine("parallel", 64, "cpu", clients_per_round=20, cpus=2)
+    assert many.workers == 20 and "64 workers asked for, 20 clients a round: 20 started" in many.reason
+    assert choose_engine("auto", 8, "cpu", clients_per_round=1, cpus=2).engine == "reference"
     assert choose_engine("parallel", "auto", "cpu", clients_per_round=10, round_samples=small, cpus=2).workers == 2
     with pytest.raises(ConfigError, match="run.workers"):
         choose_engine("reference", 2)

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from fedhet.cli import main
-from fedhet.core.errors import CheckpointError, ConfigError, PartitionError
+from fedhet.core.errors import CheckpointError, ConfigError, DataError, PartitionError
 from fedhet.data.federated import build_federation
 from fedhet.experiment import config as config_module
 from fedhet.experiment.build import build_models, make_algorithm
@@ -259,6 +259,22 @@ def test_a_boolean_is_not_a_method_parameters_number(small_config, name, params,
     # a parameter that is a switch still takes one
     assert make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedacd",
                                                                           "params": {"mixup": False}}))).params.mixup is False
+
+
+def test_fedcme_with_one_client_a_round_has_no_partner_and_is_refused(small_config):
+    raw = cfg_of(small_config, algorithm={"name": "fedcme"})
+    raw["train"].update(clients_per_round=1, local_epochs=2)
+    with pytest.raises(ConfigError, match="clients_per_round is 1, so no client has a partner"):
+        make_algorithm(load_config(raw=raw))
+    raw["algorithm"]["params"] = {"exchange": "none"}           # FedCME-OL needs none
+    assert make_algorithm(load_config(raw=raw)).params.exchange == "none"
+
+
+def test_a_data_root_that_does_not_exist_is_named(small_config, tmp_path):
+    raw = cfg_of(small_config)
+    raw["data"]["root"] = str(tmp_path / "no_such_folder")
+    with pytest.raises(DataError, match="data.root .*no_such_folder is not a folder"):
+        build_federation(load_config(raw=raw).data, seed=0)
 
 
 # --- integrity of a run folder ---------------------------------------------------------------------

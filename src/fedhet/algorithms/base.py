@@ -79,6 +79,10 @@ class Algorithm:
         once with client 0's view of the shared pools (data.public included), before any training,
         so that a bad setting stops the run before anything is computed."""
 
+    def check_round_size(self, clients_per_round: int) -> None:
+        """Raise a ConfigError when the method's mechanism cannot act with this many clients a round
+        (FedCME's classifier exchange needs a partner). Default: any number."""
+
     def check_schedule(self, rounds: int, local_epochs: int) -> None:
         """Raise a ConfigError when the run's rounds or local epochs leave a part of this method
         with nothing to do (so that the run would be another method under this one's name).

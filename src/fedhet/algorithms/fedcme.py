@@ -321,6 +321,16 @@ class FedCME(FedAvg):
                 "the exchange would swap untrained parts; set train.local_epochs to 2 or more (the paper: 6), "
                 "or algorithm.params.exchange: none (FedCME-OL)")
 
+    def check_round_size(self, clients_per_round: int) -> None:
+        super().check_round_size(clients_per_round)
+        if self.params.exchange != "none" and clients_per_round < 2:
+            raise ConfigError(
+                f"algorithm {self.name}: train.clients_per_round is {clients_per_round}, so no client has a partner "
+                f"to exchange its {self.params.exchange} with and the run would be FedCME-OL (alignment only) under "
+                "FedCME's name; "
+                "sample 2 or more clients a round (the paper: 10 of 50), or set algorithm.params.exchange: none "
+                "(FedCME-OL)")
+
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)

@@ -17,6 +17,7 @@ another dataset of the same image shape (``dataset``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -127,6 +128,9 @@ def _concat(a: ImageData, b: ImageData) -> ImageData:
 
 
 def build_federation(cfg: DataSpec, seed: int) -> Federation:
+    if cfg.root is not None and not Path(cfg.root).expanduser().is_dir():
+        raise DataError(f"data.root {cfg.root} is not a folder (working directory {Path.cwd()}): fix the path, or "
+                        "drop data.root to search $FEDHET_DATA, ~/.cache/fedhet/data and the system's dataset folders")
     train = load_dataset(cfg.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
     test = load_dataset(cfg.dataset, cfg.root, train=False, download=cfg.download, verify=cfg.verify)
     if tuple(test.x.shape[1:]) != tuple(train.x.shape[1:]):

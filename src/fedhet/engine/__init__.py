@@ -54,6 +54,20 @@ def _is_cuda(device: str | None) -> bool:
     return str(device or "cpu").startswith("cuda")
 
 
+def _explicit_workers(workers: int, cpus: int, clients_per_round: int, how: str) -> EngineChoice:
+    """``run.workers: N``: no more workers than clients a round (the others would only start and
+    wait; results do not depend on the count), and a reason that says so and when they share cores."""
+    n = min(workers, clients_per_round)
+    reason = how
+    if n < workers:
+        reason += f"; {workers} workers asked for, {clients_per_round} clients a round: {n} started"
+    if n > cpus:
+        reason += f"; {n} workers share {cpus} usable CPU(s), which slows every worker"
+    if n == 1 and how.startswith("auto"):
+        return EngineChoice("reference", 1, reason + "; one worker is the reference engine")
+    return EngineChoice("parallel", n, reason)
+
+
 def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str | None = "cpu", *,
                   clients_per_round: int = 1, round_samples: float | None = None,
                   cpus: int | None = None, threads: int | None = None) -> EngineChoice:
@@ -89,7 +103,7 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
             n = max(1, min(cpus, clients_per_round))
             return EngineChoice("parallel", n, f"requested; workers = min(usable CPUs {cpus}, clients per "
                                                f"round {clients_per_round})")
-        return EngineChoice("parallel", workers, "requested")
+        return _explicit_workers(workers, cpus, clients_per_round, "requested")
     # auto
     if cuda:
         if vectorized_available():
@@ -98,7 +112,7 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
     if workers != "auto":
         if workers == 1:
             return EngineChoice("reference", 1, "auto: workers 1")
-        return EngineChoice("parallel", workers, "auto: workers requested")
+        return _explicit_workers(workers, cpus, clients_per_round, "auto: workers requested")
     n = min(cpus, clients_per_round)
     if not fork_available():
         return EngineChoice("reference", 1, "auto: this platform cannot fork worker processes")

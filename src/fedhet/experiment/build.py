@@ -55,6 +55,7 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
                           f"(or auto), or train.momentum: 0")
     algorithm = cls(params)
     algorithm.check_schedule(cfg.train.rounds, cfg.train.local_epochs)
+    algorithm.check_round_size(cfg.train.clients_per_round)
     return algorithm
 
 
