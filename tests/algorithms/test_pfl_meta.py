@@ -444,8 +444,8 @@ def test_perfedavg_weights_overflowing_in_the_only_step_are_a_numerical_error(sm
 
     from fedhet.core.errors import NumericalError
 
-    cfg = config(small_config, "perfedavg", {"perfedavg_alpha": 0.01, "perfedavg_beta": float("inf")},
-                 batch_size=100_000)
+    cfg = config(small_config, "perfedavg", {"perfedavg_alpha": 0.01, "perfedavg_beta": 1.0}, batch_size=100_000)
     loop = build_loop(cfg)
+    loop.algorithm.params.perfedavg_beta = float("inf")     # set after building: the config refuses inf
     with pytest.raises(NumericalError, match=r"parameter '.*' became non-finite"):
         loop.run_round(0)

@@ -277,6 +277,32 @@ def test_a_data_root_that_does_not_exist_is_named(small_config, tmp_path):
         build_federation(load_config(raw=raw).data, seed=0)
 
 
+@pytest.mark.parametrize(("section", "key", "value"), [("train", "weight_decay", float("inf")),
+                                                       ("train", "lr", float("nan"))])
+def test_a_non_finite_setting_is_named_not_blamed_on_the_learning_rate_later(small_config, section, key, value):
+    with pytest.raises(ConfigError, match=f"{key}: expects a finite number, got {value}"):
+        load_config(raw=cfg_of(small_config, **{section: {key: value}}))
+    with pytest.raises(ConfigError, match="algorithm.params: mu expects a finite number, got inf"):
+        make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedprox",
+                                                                       "params": {"mu": float("inf")}})))
+
+
+def test_a_numerical_stop_under_the_parallel_engine_is_one_message(small_config, tmp_path):
+    """The workers inherit the command line's SIGTERM handler; terminated after another worker's
+    error, they used to print a KeyboardInterrupt traceback each before the one-line error."""
+    import subprocess
+    import sys
+
+    raw = cfg_of(small_config, run={**small_config["run"], "engine": "parallel", "workers": 2})
+    raw["train"].update(lr=1e30, rounds=1, clients_per_round=3)
+    path = tmp_path / "diverges.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    done = subprocess.run([sys.executable, "-m", "fedhet.cli", "run", str(path), "--out", str(tmp_path / "r"),
+                           "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "non-finite" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
 # --- integrity of a run folder ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["../../escape", "/abs/x", "a/b", ".hidden", " "])

@@ -21,6 +21,7 @@ Server and client state are dicts of tensors and plain Python values, so checkpo
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, Literal, get_args, get_origin
 
 import pydantic
@@ -68,6 +69,8 @@ class Algorithm:
                     value = data.get(name)
                     if isinstance(value, bool) and not _accepts_bool(field.annotation):
                         raise ValueError(f"{name} expects {_type_name(field.annotation)}, got {str(value).lower()}")
+                    if isinstance(value, float) and not math.isfinite(value):
+                        raise ValueError(f"{name} expects a finite number, got {value}")
             return data
 
     def __init__(self, params: pydantic.BaseModel | None = None):

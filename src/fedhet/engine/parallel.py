@@ -156,6 +156,9 @@ def _worker_main(host: ClientHost, conn, inherited) -> None:
     for c in inherited:          # other workers' pipe ends: closing them lets EOF mean "parent gone"
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
+    # The parent's SIGTERM handler (fedhet.cli: stop like Ctrl-C) is inherited by the fork; a worker
+    # the parent terminates (after another worker's error) just ends, without printing a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(1)
     table: list = []
     table_ids: dict[int, int] = {}

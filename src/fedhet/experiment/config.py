@@ -6,6 +6,7 @@ A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -58,6 +59,9 @@ class Strict(BaseModel):
                 value = data.get(name)
                 if isinstance(value, bool) and field.annotation in (int, float, int | None, float | None):
                     raise ValueError(f"{name}: expects a number, got {str(value).lower()}")
+                if isinstance(value, float) and not math.isfinite(value):
+                    # an infinite weight decay or learning rate would surface later as a non-finite loss
+                    raise ValueError(f"{name}: expects a finite number, got {value}")
         return data
 
 
