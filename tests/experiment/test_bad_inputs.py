@@ -303,6 +303,18 @@ def test_a_numerical_stop_under_the_parallel_engine_is_one_message(small_config,
     assert "non-finite" in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
 
 
+def test_a_split_that_a_small_pool_fraction_made_impossible_names_pool_fraction(small_config):
+    raw = cfg_of(small_config)
+    raw["data"]["pool_fraction"] = 0.05
+    with pytest.raises(PartitionError, match="data.pool_fraction 0.05 keeps \\d+ images for 6 clients .*raise it"):
+        build_federation(load_config(raw=raw).data, seed=0)
+    raw["data"]["pool_fraction"] = 1.0
+    raw["data"]["partition"]["min_size"] = 10**6
+    with pytest.raises(PartitionError) as caught:             # the pool is whole: nothing to say about it
+        build_federation(load_config(raw=raw).data, seed=0)
+    assert "pool_fraction" not in str(caught.value)
+
+
 # --- integrity of a run folder ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["../../escape", "/abs/x", "a/b", ".hidden", " "])

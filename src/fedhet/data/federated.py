@@ -161,8 +161,11 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             left_out = np.setdiff1d(available, kept)
             held = stratified_draw(labels, left_out, public_spec.size, numpy_rng(seed, "public"), "unsampled")
             public = pool.x[torch.as_tensor(held)]
-        parts = partitioners.partition(cfg.partition.kind, labels[kept], k,
-                                       seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
+        try:
+            parts = partitioners.partition(cfg.partition.kind, labels[kept], k,
+                                           seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
+        except PartitionError as e:
+            raise PartitionError(f"{e}{_pool_hint(cfg, len(kept), k)}") from None
         parts = [kept[p] for p in parts]
 
     rng = numpy_rng(seed, "local_test")
@@ -180,7 +183,8 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         for cid, part in enumerate(parts):
             if len(part) == 0:
                 raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
-                                     "partition (for dirichlet, a min_size of at least 1)")
+                                     f"partition (for dirichlet, a min_size of at least 1)"
+                                     f"{_pool_hint(cfg, len(labels), k)}")
             size = max(1, round(cfg.local_test.fraction * len(part)))
             try:
                 test_idx.append(partitioners.sample_like(labels[part], test_labels, size, train.num_classes, rng))
@@ -189,14 +193,17 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                     f"data.local_test (source test_set, fraction {cfg.local_test.fraction}): client {cid}'s local "
                     f"test split of {size} images with its label proportions cannot be drawn from the global "
                     f"test set ({str(e).removeprefix('sample_like: ')}); lower data.local_test.fraction, or use "
-                    "data.local_test.source: holdout") from None
+                    f"data.local_test.source: holdout{_pool_hint(cfg, len(labels), k)}") from None
             train_idx.append(part)
     for cid, (tr, te) in enumerate(zip(train_idx, test_idx)):
+        hint = _pool_hint(cfg, len(np.unique(np.concatenate(parts))) if parts else 0, k)
         if len(tr) == 0:
-            raise PartitionError(f"client {cid} received no training samples; use fewer clients or another partition")
+            raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
+                                 f"partition{hint}")
         if len(te) == 0:
             raise PartitionError(f"client {cid} has an empty local test split (fraction {cfg.local_test.fraction} "
-                                 f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data")
+                                 f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data"
+                                 f"{hint}")
 
     c = train.x.shape[1]
     mean, std = train.mean, train.std
@@ -217,6 +224,14 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         std=torch.tensor(std, dtype=torch.float32).view(1, c, 1, 1),
         public=public,
     )
+
+
+def _pool_hint(cfg: DataSpec, pool_size: int, clients: int) -> str:
+    """The cause to name when a split cannot be made from a pool that data.pool_fraction cut down."""
+    if cfg.pool_fraction >= 1:
+        return ""
+    return (f"; data.pool_fraction {cfg.pool_fraction} keeps {pool_size} images for {clients} clients "
+            f"(about {pool_size // max(clients, 1)} each): raise it, or use fewer clients")
 
 
 def stratified_draw(labels: np.ndarray, among: np.ndarray, size: int, rng: np.random.Generator, source: str) -> np.ndarray:
