@@ -196,6 +196,13 @@ def test_pair_flattening_keeps_both_labels_of_a_mixed_pair_hand_computed():
                                flattening_kl(q.log(), torch.tensor([0])))
 
 
+def test_pair_flattening_of_two_classes_has_nothing_to_flatten_and_no_nan():
+    logits = torch.tensor([[0.3, -0.2]], requires_grad=True)
+    value = pair_flattening_kl(logits, torch.tensor([0]), torch.tensor([1]), detach_target=False)
+    (grad,) = torch.autograd.grad(value.sum(), logits)
+    assert float(value) == pytest.approx(0.0, abs=1e-6) and torch.isfinite(grad).all()
+
+
 def test_flatten_mixed_pair_applies_to_mixed_batches_only_and_ignores_lam():
     logits = torch.tensor([[2.0, 0.0, -1.0, 0.5], [0.5, 0.2, 0.1, -0.3]], dtype=torch.float64)
     out = Forward(torch.zeros(2, 1), logits)

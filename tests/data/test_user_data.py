@@ -163,6 +163,12 @@ def halves(labels, num_clients, rng, shift=0):
     order = np.argsort(labels, kind="stable")
     return [np.sort(part) for part in np.array_split(np.roll(order, shift), num_clients)]
 
+def any_params(labels, num_clients, rng, **params):
+    return [np.sort(p) for p in np.array_split(np.arange(len(labels)), num_clients)]
+
+def two_args(labels, num_clients):
+    return []
+
 def too_few(labels, num_clients, rng):
     return [np.arange(len(labels))]
 
@@ -206,6 +212,7 @@ def test_a_dataset_function_and_a_partition_function_of_ones_own(small_config, u
     ("userdata:halves_typo", "module 'userdata' .* has no 'halves_typo'; it defines: .*halves"),
     ("userdata:PLUGIN_MISSING", "has no 'PLUGIN_MISSING'"),
     ("no_such_parts:fn", "no module 'no_such_parts' can be imported here"),
+    ("userdata:two_args", "takes \\(labels, num_clients, rng, \\*\\*params\\); this one's signature is \\(labels, num_clients\\)"),
 ])
 def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config, user_module, kind, message):
     from fedhet.core.errors import PartitionError
@@ -215,6 +222,15 @@ def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config,
                    "local_test": {"source": "test_set", "fraction": 0.2}}
     with pytest.raises(PartitionError, match=f"data.partition.kind '{kind}'.*{message}"):
         build_federation(load_config(raw=raw).data, seed=0)
+
+
+def test_a_partition_function_with_a_params_catch_all_takes_any_parameter(small_config, user_module):
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": "userdata:data", "num_clients": 3, "partition": {"kind": "userdata:any_params",
+                                                                               "regions": 4},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert [len(i) for i in fed.train_idx] == [20, 20, 20]
 
 
 def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_module):
@@ -232,3 +248,6 @@ def test_arrays_in_memory_are_saved_once_and_named(tmp_path):
     assert torch.equal(data.x, torch.from_numpy(arrs["x_train"][:, None])) and data.writers is not None
     with pytest.raises(DataError, match="labels must be 0..num_classes-1"):
         save_arrays(tmp_path / "bad.npz", arrs["x_train"], -arrs["y_train"] - 1, arrs["x_test"], arrs["y_test"])
+    with pytest.raises(DataError, match="y_test: labels must be 0..num_classes-1"):      # the test split too
+        save_arrays(tmp_path / "bad2.npz", arrs["x_train"], arrs["y_train"], arrs["x_test"], -arrs["y_test"] - 1)
+    assert save_arrays(tmp_path / "plain", **arrs) == f"npz:{tmp_path / 'plain.npz'}"   # numpy's own suffix

@@ -275,6 +275,11 @@ def test_a_data_root_that_does_not_exist_is_named(small_config, tmp_path):
     raw["data"]["root"] = str(tmp_path / "no_such_folder")
     with pytest.raises(DataError, match="data.root .*no_such_folder is not a folder"):
         build_federation(load_config(raw=raw).data, seed=0)
+    raw["data"]["download"] = True          # a folder to download into: made by the download, not refused
+    try:                                    # (found elsewhere, downloaded, or not to be had here)
+        build_federation(load_config(raw=raw).data, seed=0)
+    except DataError as e:
+        assert "is not a folder" not in str(e)
 
 
 @pytest.mark.parametrize(("section", "key", "value"), [("train", "weight_decay", float("inf")),

@@ -71,8 +71,9 @@ def test_a_plugin_loss_term_reaches_training(small_config, examples_on_path):
 
 
 def test_a_plugin_method_and_model_run_end_to_end_and_vmapped(small_config, examples_on_path, tmp_path):
-    """fedhet.run with both plugins; the vectorized engine vmaps the plugin's term (no fallback) and
-    ends where the reference engine does; a plugin composes with a built-in method by '+'."""
+    """fedhet.run with both plugins on every engine: the vectorized engine vmaps the plugin's term (no
+    fallback) and the parallel engine's workers run it, both ending where the reference engine does;
+    a plugin composes with a built-in method by '+'."""
     raw = copy.deepcopy(small_config)
     raw["algorithm"] = {"name": "fedprox+feddamp:FedDamp", "params": {"mu": 0.01}}
     raw["model"] = {"arch": "nets:small_mlp", "options": {"hidden": 32}}
@@ -85,6 +86,10 @@ def test_a_plugin_method_and_model_run_end_to_end_and_vmapped(small_config, exam
     assert engine["fallback_requests"] == 0 and engine["vectorized_requests"] > 0, engine
     for (_, a), (_, b) in zip(ref.metric("train_loss"), vec.metric("train_loss")):
         assert a == pytest.approx(b, rel=1e-4)
+    # forked workers import the plugins as the parent did, and end where the reference engine does
+    par = fedhet.run(raw, {"run.engine": "parallel", "run.workers": 2}, out=tmp_path / "par", progress=False)
+    assert par.summary["engine"]["engine"] == "parallel" and par.summary["status"] == "completed"
+    assert par.metric("train_loss") == ref.metric("train_loss")
 
 
 @pytest.mark.parametrize(("name", "message"), [

@@ -15,7 +15,7 @@ from fedhet.core.errors import ConfigError
 from fedhet.experiment.sweep import KEPT_FILES, adopt_runs, job_status, load_sweep, run_sweep
 from fedhet.experiment.verdict import Verdict, decide, parse_verdicts, run_value
 
-TAGS = {"a", "b", "c"}
+RUNS = {(tag, seed) for tag in ("a", "b", "c") for seed in (0, 1)}
 
 
 def values(table):
@@ -43,16 +43,18 @@ def test_best_at_seed_reads_differences_within_the_margin_as_a_tie():
 
 def test_a_verdict_is_checked_when_the_sweep_file_is_read():
     good = {"claim": "x", "rule": "every_seed", "better": "a", "than": "b", "seeds": [0]}
-    (v,) = parse_verdicts([good], "f", TAGS)
+    (v,) = parse_verdicts([good], "f", RUNS)
     assert v.than == ("b",) and v.value == "final" and v.margin == 0.0
     for bad, message in [({**good, "better": "z"}, "'z' is not a tag"), ({**good, "rule": "most"}, "rule 'most'"),
                          ({**good, "seeds": []}, "seeds must be"), ({**good, "seeds": [True]}, "seeds must be"),
                          ({**good, "value": "lowest:"}, "value 'lowest:'"), ({**good, "margin": -1}, "margin"),
-                         ({**good, "typo": 1}, "unknown keys"), ({"claim": "x"}, "needs rule, better, than, seeds")]:
+                         ({**good, "typo": 1}, "unknown keys"), ({"claim": "x"}, "needs rule, better, than, seeds"),
+                         ({**good, "than": []}, "'than' names no tag"),
+                         ({**good, "seeds": [0, 2]}, "the sweep runs no a_s2, b_s2")]:
         with pytest.raises(ConfigError, match=message):
-            parse_verdicts([bad], "f", TAGS)
+            parse_verdicts([bad], "f", RUNS)
     with pytest.raises(ConfigError, match="must be a list"):
-        parse_verdicts({"claim": "x"}, "f", TAGS)
+        parse_verdicts({"claim": "x"}, "f", RUNS)
 
 
 def test_value_at_the_round_where_another_metric_is_lowest(tmp_path):
@@ -72,8 +74,9 @@ def test_runs_kept_as_small_files_elsewhere_are_adopted_skipped_and_decide_the_v
     (an archive, as a GPU call returns them), and another checkout adopts them: nothing is run again there,
     and the table decides the sweep file's verdict from them."""
     verdict = {"claim": "fedprox > fedavg", "rule": "every_seed", "better": "fedprox", "than": "fedavg", "seeds": [0]}
+    misspelt = {**verdict, "claim": "a metric no run has", "metric": "global_accc"}
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], set=["train.rounds=2"],
-                       verdicts=[verdict])
+                       verdicts=[verdict, misspelt])
     elsewhere = load_sweep(path, out=tmp_path / "elsewhere")
     run_sweep(elsewhere, log=lambda m: None, poll_seconds=0.2)
     assert all((j.run_dir / "checkpoint.pt").is_file() for j in elsewhere.jobs)
@@ -101,6 +104,8 @@ def test_runs_kept_as_small_files_elsewhere_are_adopted_skipped_and_decide_the_v
                 "not reproduced" if finals["fedprox"] < finals["fedavg"] else "inconclusive")
     assert f"| fedprox > fedavg | every_seed, seeds [0] | headline (final) | **{expected}** |" in table
     assert f"fedavg s0: {100 * (finals['fedprox'] - finals['fedavg']):+.2f}" in table
+    assert "| a metric no run has | every_seed, seeds [0] | global_accc (final) | **cannot be decided** | " \
+           "fedprox_s0 recorded no global_accc (final); it has: " in table, table
 
 
 def test_a_run_of_another_config_is_not_adopted(tmp_path, small_config):

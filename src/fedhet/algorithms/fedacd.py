@@ -150,7 +150,7 @@ def pair_flattening_kl(logits: torch.Tensor, y: torch.Tensor, partner: torch.Ten
     classes = torch.arange(num_classes, device=y.device)
     kept = (y.unsqueeze(1) == classes) | (partner.unsqueeze(1) == classes)
     rest_mass = (1.0 - torch.where(kept, src, torch.zeros_like(src)).sum(1, keepdim=True)).clamp(min=0)
-    rest_classes = num_classes - kept.sum(1, keepdim=True)
+    rest_classes = (num_classes - kept.sum(1, keepdim=True)).clamp(min=1)     # 2 classes: no rest, no NaN
     logq = torch.where(kept, (src + eps).log(), (rest_mass / rest_classes + eps).log())
     return (p * (logp - logq)).sum(1)
 

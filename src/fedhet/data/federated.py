@@ -128,9 +128,11 @@ def _concat(a: ImageData, b: ImageData) -> ImageData:
 
 
 def build_federation(cfg: DataSpec, seed: int) -> Federation:
-    if cfg.root is not None and not Path(cfg.root).expanduser().is_dir():
-        raise DataError(f"data.root {cfg.root} is not a folder (working directory {Path.cwd()}): fix the path, or "
-                        "drop data.root to search $FEDHET_DATA, ~/.cache/fedhet/data and the system's dataset folders")
+    root = Path(cfg.root).expanduser() if cfg.root is not None else None
+    if root is not None and (root.is_file() or (not root.exists() and not cfg.download)):
+        raise DataError(f"data.root {cfg.root} is not a folder (working directory {Path.cwd()}): fix the path, "
+                        "drop data.root to search $FEDHET_DATA, ~/.cache/fedhet/data and the system's dataset folders, "
+                        "or set data.download: true to download into it")
     train = load_dataset(cfg.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
     test = load_dataset(cfg.dataset, cfg.root, train=False, download=cfg.download, verify=cfg.verify)
     if tuple(test.x.shape[1:]) != tuple(train.x.shape[1:]):
@@ -297,7 +299,9 @@ def pool_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -
 def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator) -> list[np.ndarray]:
     """One client per writer (FEMNIST); ``k`` writers chosen at random when there are more."""
     if pool.writers is None:
-        raise PartitionError(f"partition 'natural' needs a dataset with natural clients (femnist), not {pool.name}")
+        raise PartitionError(f"partition 'natural' needs data with natural clients (femnist's writers, or the client "
+                             f"ids of data of your own: clients_train), and {pool.name} has none in this pool "
+                             "(data.pool: train+test has none: use data.pool: train)")
     writers = np.unique(pool.writers)
     if k > len(writers):
         raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers")

@@ -527,10 +527,20 @@ def partition(
         )
     else:
         fn = PARTITIONS[kind]
-    accepted = list(inspect.signature(fn).parameters.values())[3:]  # after labels, n, rng
+    try:
+        signature = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        signature = []
+    if len([p for p in signature if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]) < 3:
+        where = f"data.partition.kind {kind!r}" if is_import_path(kind) else f"partition {kind!r}"
+        raise PartitionError(f"{where}: a partition function takes (labels, num_clients, rng, **params); "
+                             f"this one's signature is ({', '.join(p.name for p in signature)})")
+    # after labels, n, rng: the named parameters (a **params of a user's function takes any others)
+    accepted = [p for p in signature[3:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    takes_any = any(p.kind == p.VAR_KEYWORD for p in signature)
     names = [p.name for p in accepted]
-    listing = ", ".join(names) or "none"
-    unknown = sorted(set(params) - set(names))
+    listing = ", ".join(names) + (", and any other" if takes_any else "") if names or takes_any else "none"
+    unknown = [] if takes_any else sorted(set(params) - set(names))
     if unknown:
         raise PartitionError(
             f"partition {kind!r}: unknown parameter(s) {', '.join(unknown)}; accepted: {listing}"
@@ -543,10 +553,14 @@ def partition(
         )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise PartitionError(f"partition {kind!r}: seed must be an integer >= 0, got {seed!r}")
-    parts = fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
-    if is_import_path(kind):
-        parts = _checked_parts(kind, parts, len(labels), num_clients)
-    return parts
+    if not is_import_path(kind):
+        return fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
+    try:
+        parts = fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
+    except TypeError as e:
+        raise PartitionError(f"data.partition.kind {kind!r} could not be called as (labels, num_clients, rng, "
+                             f"**params): {e}") from None
+    return _checked_parts(kind, parts, len(labels), num_clients)
 
 
 def _user_partitioner(kind: str) -> Callable[..., list[np.ndarray]]:

@@ -62,10 +62,15 @@ def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_te
     if num_classes is not None:
         extra["num_classes"] = np.asarray(num_classes)
     path = Path(path)
+    if path.suffix != ".npz":              # numpy.savez adds it anyway: name the file it writes
+        path = path.with_name(path.name + ".npz")
     np.savez(path, x_train=np.asarray(x_train), y_train=np.asarray(y_train), x_test=np.asarray(x_test),
              y_test=np.asarray(y_test), **extra)
     name = f"npz:{path}"
-    load_user_dataset(name, train=True)       # checked now, where the arrays were made
+    train, test = load_user_dataset(name, train=True), load_user_dataset(name, train=False)   # checked here
+    if tuple(train.x.shape[1:]) != tuple(test.x.shape[1:]):
+        raise DataError(f"save_arrays: the test images are {tuple(test.x.shape[1:])} (channels, height, width), the "
+                        f"training images {tuple(train.x.shape[1:])}; give both splits one shape")
     return name
 
 

@@ -143,7 +143,7 @@ class RunDir:
         try:
             torch.save(obj, tmp)
             new = _sha256(tmp)
-            old = self._recorded_digests()[:1]
+            old = self._recorded_digests()       # all of them: one matches the file on disk, even after a kill
             self.write_text(CHECKSUM, "\n".join([new, *old]) + "\n")
             os.replace(tmp, self.path / CHECKPOINT)
             self.write_text(CHECKSUM, new + "\n")

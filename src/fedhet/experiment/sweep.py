@@ -73,7 +73,7 @@ from fedhet.experiment.config import (
     parse_yaml,
     read_yaml,
 )
-from fedhet.experiment.verdict import Verdict, parse_verdicts, run_value, verdict_table
+from fedhet.experiment.verdict import MissingValue, Verdict, parse_verdicts, run_value, verdict_table
 
 # What a completed run folder needs to count as completed and to be compared: the files a
 # repository keeps of it (no checkpoint, no plot).
@@ -190,7 +190,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     if paired is not None and str(paired) not in {j.tag for j in jobs}:
         raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
                           f"{', '.join(sorted({j.tag for j in jobs}))})")
-    verdicts = parse_verdicts(raw.get("verdicts"), str(path), {j.tag for j in jobs})
+    verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
                  paired=str(paired) if paired is not None else None, extra_set=list(extra_set or []),
                  verdicts=verdicts)
@@ -527,7 +527,11 @@ def _completed_value(sweep: Sweep, status: dict[str, str]):
             return None
         summary = json.loads((job.run_dir / "summary.json").read_text())
         metric = verdict.metric or sweep.metric or summary["headline_metric"]
-        return run_value(job.run_dir, summary, metric, verdict.value)
+        value = run_value(job.run_dir, summary, metric, verdict.value)
+        if value is None:
+            recorded = sorted(m for m, v in (summary.get("metrics") or {}).items() if v)
+            raise MissingValue(f"{job.name} recorded no {metric} ({verdict.value}); it has: {', '.join(recorded)}")
+        return value
 
     return value_of
 

@@ -21,7 +21,8 @@ methods is a pair):
 * ``best_at_seed``: "reproduced" when ``better`` is above each ``than`` by more than ``margin`` at
   every seed, "not reproduced" when some ``than`` is above it by more than ``margin``, else "tie".
 
-A claim whose runs are not all complete is "pending", with the runs it still needs. ``value:
+A claim whose runs are not all complete is "pending", with the runs it still needs; one whose
+complete runs lack its metric "cannot be decided", with the metrics they have. ``value:
 lowest:personal_loss`` is the metric at the evaluated round with the lowest ``personal_loss`` (the
 first such round), read from the run's ``metrics.jsonl``.
 """
@@ -52,8 +53,13 @@ class Verdict:
     margin: float = 0.0
 
 
-def parse_verdicts(raw: Any, where: str, tags: set[str]) -> list[Verdict]:
-    """The sweep file's ``verdicts`` list, checked: known keys and rules, tags the sweep has."""
+class MissingValue(Exception):
+    """A completed run that lacks the number a claim asks for (a metric it never recorded)."""
+
+
+def parse_verdicts(raw: Any, where: str, runs: set[tuple[str, int]]) -> list[Verdict]:
+    """The sweep file's ``verdicts`` list, checked: known keys and rules, runs (tag, seed) the sweep has."""
+    tags = {tag for tag, _ in runs}
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -72,6 +78,8 @@ def parse_verdicts(raw: Any, where: str, tags: set[str]) -> list[Verdict]:
         if entry["rule"] not in RULES:
             raise ConfigError(f"{at}: rule {entry['rule']!r} is not one of {', '.join(RULES)}")
         than = entry["than"] if isinstance(entry["than"], list) else [entry["than"]]
+        if not than:
+            raise ConfigError(f"{at}: 'than' names no tag to compare with")
         for tag in [entry["better"], *than]:
             if str(tag) not in tags:
                 raise ConfigError(f"{at}: {tag!r} is not a tag of this sweep (tags: {', '.join(sorted(tags))})")
@@ -79,6 +87,10 @@ def parse_verdicts(raw: Any, where: str, tags: set[str]) -> list[Verdict]:
         if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and not isinstance(s, bool)
                                                                 for s in seeds):
             raise ConfigError(f"{at}: seeds must be a non-empty list of whole numbers, got {seeds!r}")
+        absent = [f"{t}_s{sd}" for t in [entry["better"], *than] for sd in seeds if (str(t), sd) not in runs]
+        if absent:
+            raise ConfigError(f"{at}: the sweep runs no {', '.join(absent)}; list those seeds in its runs, or claim "
+                              "fewer seeds")
         value = str(entry.get("value", "final"))
         if value not in ("final", "best") and not (value.startswith("lowest:") and len(value) > len("lowest:")):
             raise ConfigError(f"{at}: value {value!r} is not final, best or lowest:METRIC")
@@ -132,7 +144,10 @@ def verdict_table(verdicts: list[Verdict], value_of: Callable[[Verdict, str, int
     lines = ["| claim | rule | metric | outcome | better minus each other, per seed (points) |",
              "|---|---|---|---|---|"]
     for v in verdicts:
-        outcome, detail = decide(v, lambda tag, seed, v=v: value_of(v, tag, seed))
+        try:
+            outcome, detail = decide(v, lambda tag, seed, v=v: value_of(v, tag, seed))
+        except MissingValue as e:
+            outcome, detail = "cannot be decided", str(e)
         rule = v.rule + (f" (margin {100 * v.margin:g} points)" if v.rule == "best_at_seed" else "")
         lines.append(f"| {v.claim} | {rule}, seeds {list(v.seeds)} | {v.metric or default_metric or 'headline'} ({v.value}) "
                      f"| **{outcome}** | {detail} |")

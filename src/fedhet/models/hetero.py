@@ -569,7 +569,7 @@ def fca_tiny_b(in_channels: int, num_classes: int, image_size: int, split: str,
 
 def fca_tiny_c(in_channels: int, num_classes: int, image_size: int, split: str,
                relu_features: bool = False) -> SplitModel:
-    """Tiny CNN C, with BatchNorm (two 3x3 convs, about 75k parameters; 1.0M multiply-adds).
+    """Tiny CNN C, with BatchNorm (two 3x3 convs, about 75k parameters; 1.1M multiply-adds).
 
     conv1(in->16, no bias)+BatchNorm+ReLU+pool2 -> conv2(16->32, no bias)+BatchNorm+ReLU+pool2
     (3x3 same convs) -> pool (adaptive average to 2x2, flatten: 128) -> fcin = Linear(128, 512)
@@ -588,7 +588,7 @@ def fca_tiny_c(in_channels: int, num_classes: int, image_size: int, split: str,
 
 def fca_tiny_d(in_channels: int, num_classes: int, image_size: int, split: str,
                relu_features: bool = False) -> SplitModel:
-    """Tiny CNN D, a 5x5 then two 3x3 convs (about 50k parameters; 1.5M multiply-adds).
+    """Tiny CNN D, a 5x5 then two 3x3 convs (about 50k parameters; 1.9M multiply-adds).
 
     conv1(in->16, 5x5)+ReLU+pool2 -> conv2(16->32, 3x3)+ReLU+pool2 -> conv3(32->48, 3x3)+ReLU
     (same convs) -> pool (global average: 48) -> fcin = Linear(48, 512) -> classifier.
