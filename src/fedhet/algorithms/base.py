@@ -21,8 +21,7 @@ Server and client state are dicts of tensors and plain Python values, so checkpo
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, ClassVar
 
 import pydantic
 
@@ -35,6 +34,7 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
 )
+from fedhet.core.settings import refuse_quiet_values
 
 
 class Algorithm:
@@ -62,16 +62,8 @@ class Algorithm:
 
         @pydantic.model_validator(mode="before")
         @classmethod
-        def _no_booleans_for_numbers(cls, data: Any) -> Any:
-            # pydantic reads true as 1.0 for a float field: `mu: true` would run FedProx with mu 1, silently
-            if isinstance(data, dict):
-                for name, field in cls.model_fields.items():
-                    value = data.get(name)
-                    if isinstance(value, bool) and not _accepts_bool(field.annotation):
-                        raise ValueError(f"{name} expects {_type_name(field.annotation)}, got {str(value).lower()}")
-                    if isinstance(value, float) and not math.isfinite(value):
-                        raise ValueError(f"{name} expects a finite number, got {value}")
-            return data
+        def _no_quiet_values(cls, data: Any) -> Any:
+            return refuse_quiet_values(cls.model_fields, data)      # `mu: true`, `mu: .inf`
 
     def __init__(self, params: pydantic.BaseModel | None = None):
         self.params = params if params is not None else self.Params()
@@ -128,18 +120,3 @@ class Algorithm:
         """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs)."""
         return {}
 
-
-def _accepts_bool(annotation: Any) -> bool:
-    """Whether a parameter's type admits True/False as such (bool, Any, or a union or Literal with them)."""
-    if annotation is bool or annotation is Any:
-        return True
-    if get_origin(annotation) is Literal:
-        return any(isinstance(a, bool) for a in get_args(annotation))
-    return any(_accepts_bool(a) for a in get_args(annotation))
-
-
-def _type_name(annotation: Any) -> str:
-    if get_origin(annotation) is Literal:
-        return "one of " + ", ".join(repr(a) for a in get_args(annotation))
-    names = {int: "a whole number", float: "a number", str: "a string"}
-    return names.get(annotation, f"a {getattr(annotation, '__name__', annotation)}")

@@ -6,7 +6,6 @@ A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -16,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhet.core.errors import ConfigError
+from fedhet.core.settings import refuse_quiet_values
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -52,17 +52,8 @@ class Strict(BaseModel):
 
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _no_booleans_for_numbers(cls, data: Any) -> Any:
-        # pydantic reads true as 1 for an int field: `rounds: true` would run one round, silently.
-        if isinstance(data, dict):
-            for name, field in cls.model_fields.items():
-                value = data.get(name)
-                if isinstance(value, bool) and field.annotation in (int, float, int | None, float | None):
-                    raise ValueError(f"{name}: expects a number, got {str(value).lower()}")
-                if isinstance(value, float) and not math.isfinite(value):
-                    # an infinite weight decay or learning rate would surface later as a non-finite loss
-                    raise ValueError(f"{name}: expects a finite number, got {value}")
-        return data
+    def _no_quiet_values(cls, data: Any) -> Any:
+        return refuse_quiet_values(cls.model_fields, data)       # `rounds: true`, `weight_decay: .inf`
 
 
 class PartitionConfig(BaseModel):
