@@ -361,6 +361,15 @@ def assert_terms(terms, anchor):
         assert torch.equal(v, anchor[k]), k
 
 
+def test_the_configured_temperatures_and_rho_reach_the_loss_terms():
+    """Every hyper-parameter of Eq. 4 reaches the term it configures (not the term's default)."""
+    anchor = {"head.w": torch.zeros(3, 2), "head.b": torch.zeros(3)}
+    terms = FedClassAvg(FedClassAvg.Params(temperature=5.0, base_temperature=0.5, rho=2.0)).terms(anchor)
+    (supcon,) = [t for t in terms if isinstance(t, SupervisedContrastive)]
+    (prox,) = [t for t in terms if isinstance(t, HeadProximal)]
+    assert (supcon.temperature, supcon.base_temperature, prox.rho) == (5.0, 0.5, 2.0)
+
+
 def test_first_participation_pretrains_then_trains_from_the_global_classifier():
     """Pre-training: one epoch (its own stream, after the round's epochs) from the initial model,
     proximal to its own classifier, on two views; then the round's training from the pre-trained
@@ -390,8 +399,9 @@ def test_a_returning_client_resumes_its_own_model_and_a_state_without_one_starts
     msg = Message("train", {"head": glob})
     client = RecordingClient(small_weights(0.0))
     FedClassAvg().client_update(msg, {"model": small_weights(7.0)}, client)
-    ((weights, _, _),) = client.calls                                       # no second pre-training
+    ((weights, terms, _),) = client.calls                                   # no second pre-training
     assert torch.equal(weights["body.w"], torch.full((2, 2), 7.0)) and torch.equal(weights["head.w"], glob["head.w"])
+    assert_terms(terms, glob)           # proximal to the received global classifier, not its own last one
     client = RecordingClient(small_weights(0.0))
     FedClassAvg().client_update(msg, {}, client)                            # a state without a model
     (weights, _, _), _ = client.calls
