@@ -198,14 +198,13 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                     f"data.local_test.source: holdout{_pool_hint(cfg, len(labels), k)}") from None
             train_idx.append(part)
     for cid, (tr, te) in enumerate(zip(train_idx, test_idx)):
-        hint = _pool_hint(cfg, len(np.unique(np.concatenate(parts))) if parts else 0, k)
         if len(tr) == 0:
             raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
-                                 f"partition{hint}")
+                                 f"partition{_pool_hint(cfg, len(np.unique(np.concatenate(parts))), k)}")
         if len(te) == 0:
             raise PartitionError(f"client {cid} has an empty local test split (fraction {cfg.local_test.fraction} "
                                  f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data"
-                                 f"{hint}")
+                                 f"{_pool_hint(cfg, len(np.unique(np.concatenate(parts))), k)}")
 
     c = train.x.shape[1]
     mean, std = train.mean, train.std
