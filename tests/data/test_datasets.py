@@ -27,6 +27,9 @@ from fedhet.data.datasets import (
     dataset_info,
     load_dataset,
 )
+from fedhet.data.datasets import catalogue as ds_catalogue
+from fedhet.data.datasets import checksums as ds_checksums
+from fedhet.data.datasets import download as ds_download
 
 REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
@@ -37,8 +40,8 @@ def isolated_env(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("FEDHET_DATA", raising=False)
     monkeypatch.delenv("FEDHET_SKIP_CHECKSUM", raising=False)
-    monkeypatch.setattr(ds, "_SYSTEM_DIRS", {})
-    monkeypatch.setattr(ds, "_MD5_MEMO", {})
+    monkeypatch.setattr(ds_catalogue, "_SYSTEM_DIRS", {})
+    monkeypatch.setattr(ds_checksums, "_MD5_MEMO", {})
 
 
 # --------------------------------------------------------------------------- format writers
@@ -129,7 +132,7 @@ def test_unknown_name_lists_valid_names(call):
 
 
 def test_search_dir_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(ds, "_SYSTEM_DIRS", {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")})
+    monkeypatch.setattr(ds_catalogue, "_SYSTEM_DIRS", {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")})
     monkeypatch.setenv("FEDHET_DATA", str(tmp_path / "env"))
     home = tmp_path / "home"
     assert data_search_dirs("fashion_mnist", tmp_path / "r") == [
@@ -252,7 +255,7 @@ def content_md5(path: Path) -> str:
 def test_checksum_mismatch_and_skip(tmp_path, monkeypatch):
     write_mnist(tmp_path, gz=True)
     labels = tmp_path / "train-labels-idx1-ubyte.gz"
-    monkeypatch.setitem(ds._CHECKSUMS, "mnist", {"train-labels-idx1-ubyte": "0" * 32})
+    monkeypatch.setitem(ds_checksums._CHECKSUMS, "mnist", {"train-labels-idx1-ubyte": "0" * 32})
     with pytest.raises(DataError) as err:
         load_dataset("mnist", tmp_path)
     msg = str(err.value)
@@ -268,7 +271,7 @@ def test_checksum_is_of_decompressed_content(tmp_path, monkeypatch):
     write_mnist(tmp_path / "raw")
     write_mnist(tmp_path / "gz", gz=True)
     expected = content_md5(tmp_path / "raw" / "train-images-idx3-ubyte")
-    monkeypatch.setitem(ds._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": expected})
+    monkeypatch.setitem(ds_checksums._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": expected})
     assert len(load_dataset("mnist", tmp_path / "raw")) == 7
     assert len(load_dataset("mnist", tmp_path / "gz")) == 7
 
@@ -276,16 +279,16 @@ def test_checksum_is_of_decompressed_content(tmp_path, monkeypatch):
 def test_verification_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
     write_mnist(tmp_path)
     images = tmp_path / "train-images-idx3-ubyte"
-    monkeypatch.setitem(ds._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": content_md5(images)})
+    monkeypatch.setitem(ds_checksums._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": content_md5(images)})
     load_dataset("mnist", tmp_path)
-    assert str(images.resolve()) in json.loads(ds._md5_cache_file().read_text())
+    assert str(images.resolve()) in json.loads(ds_checksums._md5_cache_file().read_text())
 
     def no_hashing(*args, **kwargs):
         raise AssertionError("file was re-hashed")
 
-    monkeypatch.setattr(ds.hashlib, "md5", no_hashing)
+    monkeypatch.setattr(ds_checksums.hashlib, "md5", no_hashing)
     load_dataset("mnist", tmp_path)  # in-process memo
-    ds._MD5_MEMO.clear()
+    ds_checksums._MD5_MEMO.clear()
     load_dataset("mnist", tmp_path)  # cache file
     os.utime(images, ns=(1, 1))  # a changed file must be hashed again
     with pytest.raises(AssertionError, match="re-hashed"):
@@ -297,10 +300,10 @@ def test_unwritable_cache_falls_back_to_memo(tmp_path, monkeypatch):
     images = tmp_path / "train-images-idx3-ubyte"
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    monkeypatch.setattr(ds, "_md5_cache_file", lambda: blocker / "verified-md5.json")
-    monkeypatch.setitem(ds._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": content_md5(images)})
+    monkeypatch.setattr(ds_checksums, "_md5_cache_file", lambda: blocker / "verified-md5.json")
+    monkeypatch.setitem(ds_checksums._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": content_md5(images)})
     load_dataset("mnist", tmp_path)
-    monkeypatch.setattr(ds.hashlib, "md5", None)  # any hashing attempt would now fail
+    monkeypatch.setattr(ds_checksums.hashlib, "md5", None)  # any hashing attempt would now fail
     load_dataset("mnist", tmp_path)
 
 
@@ -308,7 +311,7 @@ def test_unwritable_cache_falls_back_to_memo(tmp_path, monkeypatch):
 
 
 def test_missing_files_message(tmp_path, monkeypatch):
-    monkeypatch.setattr(ds, "_SYSTEM_DIRS", {"fashion_mnist": tmp_path / "system"})
+    monkeypatch.setattr(ds_catalogue, "_SYSTEM_DIRS", {"fashion_mnist": tmp_path / "system"})
     monkeypatch.setenv("FEDHET_DATA", str(tmp_path / "env"))
     with pytest.raises(DataError) as err:
         load_dataset("fashion_mnist", tmp_path / "r", train=False)
@@ -339,7 +342,7 @@ def test_download_without_network_is_clean_error(tmp_path, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("Temporary failure in name resolution")
 
-    monkeypatch.setattr(ds.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(ds_download.urllib.request, "urlopen", offline)
     with pytest.raises(DataError) as err:
         load_dataset("cifar10", tmp_path, download=True)
     msg = str(err.value)
@@ -361,7 +364,7 @@ def test_download_saves_verified_files(tmp_path, monkeypatch):
         body = payloads[url.rsplit("/", 1)[1]]
         return io.BytesIO(body if url.startswith("https://good") else body[:5])  # first mirror: corrupt
 
-    monkeypatch.setattr(ds.urllib.request, "urlopen", fake_urlopen)
+    monkeypatch.setattr(ds_download.urllib.request, "urlopen", fake_urlopen)
     data = load_dataset("mnist", tmp_path / "data", download=True)
     assert len(data) == 3 and np.array_equal(data.x[:, 0].numpy(), mnist_arrays(3)[0])
     assert sorted(p.name for p in (tmp_path / "data" / "mnist").iterdir()) == sorted(payloads)
@@ -586,7 +589,7 @@ def test_image_data_validates_shapes():
 
 @pytest.mark.skipif(not REAL_FMNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
 def test_real_fashion_mnist(monkeypatch):
-    monkeypatch.setattr(ds, "_SYSTEM_DIRS", {"fashion_mnist": REAL_FMNIST})
+    monkeypatch.setattr(ds_catalogue, "_SYSTEM_DIRS", {"fashion_mnist": REAL_FMNIST})
     train = load_dataset("fashion_mnist", verify=True)
     test = load_dataset("fashion_mnist", train=False, verify=True)
     assert train.x.shape == (60000, 1, 28, 28) and test.x.shape == (10000, 1, 28, 28)
