@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING
 
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.callbacks import Callback
+from fedhet.experiment.callbacks import Callback, RunView
 from fedhet.experiment.config import dump_config, flatten_config
-
-if TYPE_CHECKING:
-    from fedhet.experiment.runner import Experiment
 
 ACCURACY_KEYS = ("global_acc", "global_val_acc", "global_labeldist_acc", "personal_acc", "personal_acc_pooled")
 MLFLOW_RUN_ID = "mlflow_run_id"
@@ -57,7 +53,7 @@ def _missing(tool: str, package: str) -> ConfigError:
 
 
 class TensorBoardLogger(Callback):
-    def __init__(self, exp: Experiment):
+    def __init__(self, exp: RunView):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -68,21 +64,21 @@ class TensorBoardLogger(Callback):
         if exp.start_round == 0:
             self.writer.add_text("config", "```yaml\n" + dump_config(exp.cfg) + "```", 0)
 
-    def on_row_written(self, exp: Experiment, row: dict) -> None:
+    def on_row_written(self, exp: RunView, row: dict) -> None:
         step = row["round"]
         for name, value in row_scalars(row).items():
             tag = f"accuracy/{name}" if name in ACCURACY_KEYS else name
             self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
-    def on_finished(self, exp: Experiment, summary: dict) -> None:
+    def on_finished(self, exp: RunView, summary: dict) -> None:
         self.writer.add_text("summary", "```json\n" + json.dumps(summary, indent=2, default=str) + "\n```",
                              summary.get("rounds_completed", 0))
         self.writer.close()
 
 
 class MlflowLogger(Callback):
-    def __init__(self, exp: Experiment):
+    def __init__(self, exp: RunView):
         try:
             from mlflow.tracking import MlflowClient
         except ImportError:
@@ -113,7 +109,7 @@ class MlflowLogger(Callback):
             for i in range(0, len(params), 100):
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
 
-    def on_row_written(self, exp: Experiment, row: dict) -> None:
+    def on_row_written(self, exp: RunView, row: dict) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -121,7 +117,7 @@ class MlflowLogger(Callback):
         for i in range(0, len(metrics), 500):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + 500])
 
-    def on_finished(self, exp: Experiment, summary: dict) -> None:
+    def on_finished(self, exp: RunView, summary: dict) -> None:
         self.client.log_dict(self.run_id, summary, "summary.json")
         for name in ("config.yaml", "accuracy.png", "partition.json"):
             path = exp.run_dir / name
@@ -134,5 +130,5 @@ class MlflowLogger(Callback):
 LOGGERS: dict[str, type[Callback]] = {"tensorboard": TensorBoardLogger, "mlflow": MlflowLogger}
 
 
-def make_loggers(exp: Experiment) -> list[Callback]:
+def make_loggers(exp: RunView) -> list[Callback]:
     return [LOGGERS[name](exp) for name in exp.cfg.run.loggers]

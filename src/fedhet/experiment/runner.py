@@ -3,9 +3,10 @@
 :class:`Experiment` owns one :class:`fedhet.engine.loop.RoundLoop` and one
 :class:`fedhet.experiment.rundir.RunDir`. Each round it runs the loop, evaluates when due, and
 builds one metrics row; :class:`Callback` objects see the row before it is written (to add to
-it), after it is written (progress, logs), at checkpoints and at the end (to add to the
-summary). The Flower runner (:mod:`fedhet.flower.engine`) is this loop with another transport,
-another evaluator and its own callbacks.
+it) and after (progress, logs), and the summary before it is written (to add to it) and after
+(loggers upload it and close). Callbacks see the run as a :class:`RunView`; this module imports
+them, never the other way. The Flower runner (:mod:`fedhet.flower.engine`) is this loop with
+another transport, another evaluator and its own callbacks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build, configure_process
-from fedhet.experiment.callbacks import Callback
+from fedhet.experiment.callbacks import Callback, RunView
 from fedhet.experiment.config import RESUMABLE_CHANGES, ExperimentConfig, config_changes, dump_config, load_config
 from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
@@ -46,18 +47,18 @@ from fedhet.experiment.summary import (
 from fedhet.metrics.evaluate import evaluate_loop, evaluation_clients
 from fedhet.training.precision import bf16_native, strict_fp32
 
-__all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "read_metrics"]
+__all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "RunView", "read_metrics"]
 
 
 class ProgressBar(Callback):
-    def __init__(self, exp: Experiment, show: bool):
+    def __init__(self, exp: RunView, show: bool):
         from tqdm import tqdm
 
         cfg = exp.cfg
         self.bar = tqdm(total=cfg.train.rounds, initial=exp.start_round, disable=not show, desc=cfg.name,
                         unit="round", dynamic_ncols=True)
 
-    def on_row_written(self, exp: Experiment, row: dict) -> None:
+    def on_row_written(self, exp: RunView, row: dict) -> None:
         self.bar.update(1)
         if exp.metric in row:
             self.bar.set_postfix({exp.metric: f"{row[exp.metric]:.4f}"})

@@ -54,7 +54,7 @@ from fedhet.engine.host import Job, JobResult, Tally
 from fedhet.experiment.build import build
 from fedhet.experiment.config import ExperimentConfig
 from fedhet.experiment.rundir import CHECKPOINT
-from fedhet.experiment.runner import Callback, Experiment
+from fedhet.experiment.runner import Callback, Experiment, RunView
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import evaluate_loop, personal_metrics
 
@@ -464,18 +464,18 @@ class FlowerCallback(Callback):
         self.transport = transport
         self.flower = flower
 
-    def on_row(self, exp: Experiment, row: dict) -> None:
+    def on_row(self, exp: RunView, row: dict) -> None:
         # The loop counts client state it holds; on Flower it is on the nodes, which report it.
         row["client_state_floats"] = self.transport.client_state_floats()
         row["flower"] = self.transport.round_info
 
-    def on_row_written(self, exp: Experiment, row: dict) -> None:
+    def on_row_written(self, exp: RunView, row: dict) -> None:
         phases = ", ".join(f"{'/'.join(p['kinds'])} {p['answered']}/{p['sent']} in {p['seconds']:.1f} s"
                            for p in row["flower"].get("phases", []))
         shown = {k: round(row[k], 4) for k in ("global_acc", "personal_acc") if row.get(k) is not None}
         log.info("fedhet: round %d/%d: %s; %s", row["round"], exp.cfg.train.rounds, phases, shown or "not evaluated")
 
-    def on_summary(self, exp: Experiment, summary: dict) -> None:
+    def on_summary(self, exp: RunView, summary: dict) -> None:
         t = self.transport
         summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.node_of)}
 
