@@ -25,8 +25,9 @@ def weighted_average(models: Sequence[Arrays], weights: Sequence[float], keys: S
     out = {}
     # One stacked copy per tensor, scaled in place: the same products and the same sum(0) as
     # ``(stacked * coef).sum(0)`` (bit-identical), with one (clients x tensor) buffer instead of
-    # two. The loop over names costs microseconds; the stack and the sum are the work
-    # (docs/performance.md). A sequential ``out += w_k * m_k`` would round differently.
+    # two. The stack and the sum are the work, not the Python loop over names (aggregation's
+    # seconds per round: the "aggregate s" column of benchmarks/engine_speed.py). A sequential
+    # ``out += w_k * m_k`` would round differently.
     for name in names:
         stacked = torch.stack([m[name] for m in models])
         if stacked.is_floating_point():

@@ -1,14 +1,18 @@
-"""The shared vocabulary of every layer: messages, round contexts, client data and results.
+"""The types every layer shares: messages, round contexts, client data, training settings and results.
 
-This module is the bottom of fedhet's import graph (docs/architecture.md): it imports nothing
-from fedhet except the split helpers' neighbours in :mod:`fedhet.core`, so loss terms, local
-training, algorithms, data, engines and the experiment layer all speak these types.
+It imports nothing from fedhet (only torch and numpy), so it sits at the bottom of the import
+graph (the ``fedhet.core`` layer of docs/architecture.md) and loss terms, local training,
+algorithms, data, engines and the experiment layer all use the same types.
 
+* :data:`Arrays` / :data:`State` - named tensors (weights, a message's group), and the server's
+  or a client's state;
 * :class:`Message` / :data:`Phase` / :data:`Replies` / :data:`RoundGenerator` - what a round's
-  server generator and the clients exchange (engines only carry them);
+  server generator and the clients exchange (engines only carry them); :func:`to_device` moves
+  a message or a state, every tensor inside it, to a device;
 * :class:`RoundContext` - what the server knows when a round starts;
 * :class:`ClientRuntime` - what a client function may use (provided by an engine);
-* :class:`ClientData`, :class:`Batch`, :class:`Forward` - a client's data and one step's tensors;
+* :class:`ClientData`, :class:`Batch`, :class:`Forward` - a client's data and one step's tensors
+  (:func:`normalize_uint8`: the one uint8-to-input normalisation);
 * :class:`TrainSettings`, :class:`LocalResult` - what local training is asked and returns.
 
 Server and client state are dicts of tensors and plain Python values, so checkpoints are

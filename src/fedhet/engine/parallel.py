@@ -47,8 +47,9 @@ from fedhet.engine.host import ClientHost, Job, JobResult
 from fedhet.engine.loop import Transport
 
 # --- exact, fast tensor transport -------------------------------------------------------
-# Python's default tensor pickling goes through torch.save (about 10x slower for a 2 MB model);
-# a plain CPU tensor is sent as its raw bytes instead (protocol 5 buffers), which is exact.
+# Python's default tensor pickling serialises each storage through torch.save, far slower than
+# copying its bytes; a plain CPU tensor is sent as its raw bytes instead (protocol 5 buffers),
+# which is exact.
 
 
 def _rebuild_tensor(buf, dtype: torch.dtype, shape: tuple[int, ...], requires_grad: bool) -> torch.Tensor:

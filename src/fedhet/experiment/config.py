@@ -223,7 +223,9 @@ class RunConfig(Strict):
     cuda_graphs: bool = True
     # Where those graphs replay, later groups of the same shape (architecture, settings, terms, number
     # of clients) train in the buffers of the first and replay its graphs instead of capturing their
-    # own (fedhet.engine.vectorized): FedCME's Table II run 0.79x the time on an H200 (docs/performance.md).
+    # own (fedhet.engine.vectorized), which spares each later group its eager warm-up and captures;
+    # benchmarks/device_runs.py's fedcme_keep_graphs run measures it off and on
+    # (benchmarks/results/gpu_h200_2026-11-27_session4/README.md).
     keep_graphs: bool = True
     # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
     # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the

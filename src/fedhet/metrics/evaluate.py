@@ -44,9 +44,11 @@ from fedhet.core.seeding import numpy_rng
 from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
 
-# Rows per forward pass and intra-op thread. A cnn2 forward over 2048 rows spills its activations
-# out of the caches: 64 rows per thread (with channels_last) evaluate about 1.8x faster than
-# 2048-row passes (docs/performance.md). ``batch_size`` (eval.batch_size) stays the upper bound.
+# Rows per forward pass and intra-op thread on the CPU. A forward over thousands of rows spills
+# its activations out of the CPU caches; passes of a few dozen rows per thread (with channels_last)
+# keep them there, so evaluation takes many small passes rather than one large one.
+# ``batch_size`` (eval.batch_size) stays the upper bound. benchmarks/engine_speed.py reports
+# evaluation's seconds per round (its "evaluate s" column).
 ROWS_PER_THREAD = 64
 
 
@@ -63,7 +65,7 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
     samples or clients are the callers' (in double).
 
     On the CPU, images and convolution weights go in channels_last: oneDNN's convolutions and
-    max-pooling run about 1.1x faster in that layout (logits differ from the default layout's by
+    max-pooling run faster in that layout (logits differ from the default layout's by
     float rounding, ~1e-7; evaluation is never fed back into training), and a pass takes
     ``ROWS_PER_THREAD`` rows per thread. On another ``device`` (``model`` must live there) the
     weights and each pass's uint8 images are copied there and normalised there, ``batch_size``
