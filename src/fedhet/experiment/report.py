@@ -1,17 +1,20 @@
-"""Tables over run directories: ``fedhet compare`` and the table printed after ``fedhet run``."""
+"""Tables over run directories: ``fedhet compare`` and the table printed after ``fedhet run``; mean ± std
+over seeds; and what the per-paper table scripts (``benchmarks/*_table.py``) share: reading a folder
+of runs, the lines closing a result file, writing it."""
 
 from __future__ import annotations
 
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedhet.core.errors import CheckpointError
 from fedhet.experiment.config import ExperimentConfig, flatten_config, parse_yaml
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import CONFIG, read_metrics
-from fedhet.experiment.summary import selected_value
+from fedhet.experiment.summary import git_commit, machine_info, selected_value
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -78,13 +81,26 @@ def load_paper(run_dir: Path) -> dict | None:
     return recorded.get("paper") if isinstance(recorded, dict) else None
 
 
-def _mean_std(values: list[float]) -> str:
+def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
+    """Mean and sample standard deviation of ``values`` (a metric over seeds); the std is None for
+    a single value."""
     if not values:
+        raise ValueError("mean_std of no values")
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def format_value(value: float | None, scale: float = 100, spec: str = ".2f") -> str:
+    """``value`` times ``scale`` (100: a fraction as a percentage) in ``spec``; - when missing."""
+    return "-" if value is None else format(scale * value, spec)
+
+
+def format_mean_std(values: Sequence[float | None], scale: float = 100, spec: str = ".2f") -> str:
+    """``mean ± std`` (sample std) of ``values`` times ``scale``, each in ``spec``: a metric over
+    seeds, as a percentage by default. One value: itself; no value, or any missing: -."""
+    if not values or any(v is None for v in values):
         return "-"
-    pct = [v * 100 for v in values]
-    if len(pct) == 1:
-        return f"{pct[0]:.2f}"
-    return f"{statistics.mean(pct):.2f} ± {statistics.stdev(pct):.2f}"
+    mean, std = mean_std([scale * v for v in values if v is not None])
+    return format(mean, spec) if std is None else f"{format(mean, spec)} ± {format(std, spec)}"
 
 
 def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]], list[str]]:
@@ -163,9 +179,9 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         spr = [s["seconds_per_round_median"] for _, s in runs if s.get("seconds_per_round_median")]
         spr_text = f"{statistics.median(spr):.2f}" if spr else "-"
         row = (f"| {name} | {runs[0][1]['algorithm']} | {m} | {len(runs)} | {'/'.join(map(str, rounds))} | "
-               f"{_mean_std(finals)} | {_mean_std(bests)} | {spr_text} |")
+               f"{format_mean_std(finals)} | {format_mean_std(bests)} | {spr_text} |")
         if with_selected:
-            row += f" {_mean_std(selected[name])} |"
+            row += f" {format_mean_std(selected[name])} |"
         if with_paper:
             row += " " + _paper_cells(papers[name], m, runs) + " |"
         lines.append(row)
@@ -248,7 +264,8 @@ def _paired_table(values: dict[str, dict[int, float]], base: str, title: str) ->
         if not diffs:
             lines.append(f"| {name} | none shared | - | - | - |")
             continue
-        spread = f"{statistics.mean(diffs):+.2f}" + (f" ± {statistics.stdev(diffs):.2f}" if len(diffs) > 1 else "")
+        mean, std = mean_std(diffs)
+        spread = f"{mean:+.2f}" + (f" ± {std:.2f}" if std is not None else "")
         per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(seeds, diffs))
         lines.append(f"| {name} | {len(diffs)} | {per_seed} | {spread} | {sum(d > 0 for d in diffs)}/{len(diffs)} |")
     return "\n".join(lines)
@@ -262,3 +279,58 @@ def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None, pa
     if paired:
         table += "\n\n" + paired_differences(run_dirs, paired, metric, grouped)
     return table
+
+
+# The per-paper table scripts (benchmarks/*_table.py): a folder of run directories in, a result
+# file (Markdown, JSON, plot) out; each script keeps only its paper's layout, columns and numbers.
+
+def read_run_folder(folder: Path) -> tuple[list[tuple[Path, dict]], list[tuple[str, int, str]]]:
+    """The run directories directly under ``folder``, by name: the completed ones with their
+    summaries, and the others as (name, rounds recorded, why): the summary's error or status, or
+    "no summary.json" (rounds counted in its metrics.jsonl)."""
+    completed: list[tuple[Path, dict]] = []
+    unfinished: list[tuple[str, int, str]] = []
+    for d in sorted(p for p in Path(folder).iterdir() if p.is_dir()):
+        if not (d / "summary.json").is_file():
+            rounds = len(read_metrics(d)) if (d / "metrics.jsonl").is_file() else 0
+            unfinished.append((d.name, rounds, "no summary.json"))
+            continue
+        summary = load_summary(d)
+        if summary["status"] != "completed":
+            unfinished.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
+            continue
+        completed.append((d, summary))
+    return completed, unfinished
+
+
+def unfinished_lines(unfinished: list[tuple[str, int, str]]) -> list[str]:
+    """Markdown lines naming the runs a table left out (``read_run_folder``'s second list); none
+    when there are none."""
+    if not unfinished:
+        return []
+    return ["", "Runs that did not finish (left out of the table above):", "",
+            *(f"- `{name}`: {rounds} rounds recorded; {why}" for name, rounds, why in unfinished)]
+
+
+def provenance_lines(first_run: Path, others_differ_in: str, machine: dict | None = None) -> list[str]:
+    """Markdown lines closing a result file: the machine the table is made on (``machine``, default
+    this one's ``machine_info``), the commit of the runs (the first run's summary) and of the table,
+    and the first run's config, the others differing in ``others_differ_in``."""
+    m = machine or machine_info()
+    runs_commit = load_summary(first_run)["machine"]["commit"]
+    return ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit {runs_commit}, "
+            f"table at commit {git_commit()}.", "",
+            f"Config of the first run (the others differ in {others_differ_in}):", "", "```yaml",
+            (Path(first_run) / CONFIG).read_text().strip(), "```", ""]
+
+
+def write_result_files(out: Path, stem: str, lines: list[str], payload: dict,
+                       curves: dict[str, list[list[tuple[int, float]]]], metric: str) -> str:
+    """``out/<stem>.md`` (the lines), ``<stem>.json`` (the payload) and ``<stem>.png`` (the curves
+    of ``metric``, as ``fedhet compare`` plots them); returns the Markdown text."""
+    text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(text + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
+    plot_compare(curves, metric, out / f"{stem}.png")
+    return text

@@ -1,0 +1,63 @@
+"""fedhet.experiment.report's shared pieces: mean ± std over seeds, and reading a folder of runs (what
+`fedhet compare` and the per-paper table scripts in benchmarks/ use)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedhet.experiment.report import (
+    format_mean_std,
+    format_value,
+    mean_std,
+    read_run_folder,
+    unfinished_lines,
+)
+
+
+def test_mean_std_over_seeds_by_hand():
+    # 0.80, 0.82, 0.84: mean 0.82; deviations -0.02, 0, +0.02, squares 0.0008 in all, / (3 - 1) = 0.0004, std 0.02
+    mean, std = mean_std([0.80, 0.82, 0.84])
+    assert mean == pytest.approx(0.82)
+    assert std == pytest.approx(0.02)
+    assert mean_std([0.7]) == (0.7, None)            # one seed: no std
+    with pytest.raises(ValueError):
+        mean_std([])
+
+
+def test_format_mean_std_as_percent_or_as_given():
+    assert format_mean_std([0.80, 0.82, 0.84]) == "82.00 ± 2.00"
+    # 0.3, 0.5 unscaled: mean 0.4; deviations -0.1, +0.1, squares 0.02, / 1, std sqrt(0.02) = 0.1414
+    assert format_mean_std([0.3, 0.5], 1, ".3f") == "0.400 ± 0.141"
+    assert format_mean_std([0.8125]) == "81.25"
+    assert format_mean_std([]) == "-"
+    assert format_mean_std([0.8, None]) == "-"        # a seed without the metric: no mean of the others
+    assert format_value(0.1234) == "12.34"
+    assert format_value(1.5, 1, ".3f") == "1.500"
+    assert format_value(None) == "-"
+
+
+def _summary(name: str, status: str, rounds: int, error: str | None = None) -> str:
+    return json.dumps({"name": name, "status": status, "rounds_completed": rounds, "error": error, "metrics": {}})
+
+
+def test_read_run_folder_splits_completed_from_unfinished(tmp_path):
+    (tmp_path / "b_s0").mkdir()
+    (tmp_path / "b_s0" / "summary.json").write_text(_summary("b", "completed", 3))
+    (tmp_path / "a_s0").mkdir()
+    (tmp_path / "a_s0" / "summary.json").write_text(_summary("a", "failed", 2, "diverged (NaN)"))
+    (tmp_path / "c_s0").mkdir()                                       # started, no summary yet: 2 rounds recorded
+    (tmp_path / "c_s0" / "metrics.jsonl").write_text('{"round": 1}\n{"round": 2}\n')
+    (tmp_path / "d_s0").mkdir()
+    (tmp_path / "d_s0" / "summary.json").write_text(_summary("d", "interrupted", 1))
+    (tmp_path / "sweep.md").write_text("not a run")                    # files beside the runs are no runs
+
+    completed, unfinished = read_run_folder(tmp_path)
+    assert [(d.name, s["name"]) for d, s in completed] == [("b_s0", "b")]
+    assert unfinished == [("a_s0", 2, "diverged (NaN)"), ("c_s0", 2, "no summary.json"), ("d_s0", 1, "interrupted")]
+    assert unfinished_lines(unfinished)[1:] == [
+        "Runs that did not finish (left out of the table above):", "",
+        "- `a_s0`: 2 rounds recorded; diverged (NaN)", "- `c_s0`: 2 rounds recorded; no summary.json",
+        "- `d_s0`: 1 rounds recorded; interrupted"]
+    assert unfinished_lines([]) == []
