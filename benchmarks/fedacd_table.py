@@ -18,13 +18,19 @@ largest weight ratio of a round (max V / min V).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
-from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.report import (
+    format_mean_std,
+    format_value,
+    provenance_lines,
+    read_run_folder,
+    unfinished_lines,
+    write_result_files,
+)
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import git_commit, machine_info, summarize_metrics
 
 METHODS = ["fedavg", "fedprox", "fednova", "fedlc", "fedrod", "fedntd", "fednh", "feddecorr", "creff",
            "fedacd_base", "fedacd_nomixup", "fedacd_clean", "fedacd_delta1e-4", "fedacd_delta1", "fedacd",
@@ -46,66 +52,19 @@ PAPER_T1 = {"0.1": dict(fedavg=68.35, fedrod=71.12, fedlc=69.40, fedntd=70.41, f
 PAPER_T3 = {"0.1": dict(fedavg=0.57, fedacd=0.31), "0.05": dict(fedavg=0.70, fedacd=0.39)}
 
 
-def final(rows: list[dict], metric: str, window: int = 2) -> float | None:
-    values = [r[metric] for r in rows if r.get(metric) is not None]
-    return statistics.mean(values[-window:]) if values else None
+def final(rows: list[dict], metric: str) -> float | None:
+    """Mean of ``metric`` over the last 2 evaluations (the table's final), None if never recorded."""
+    return summarize_metrics(rows, metric, window=2).get("final")
 
 
 def best(rows: list[dict], metric: str) -> float | None:
-    values = [r[metric] for r in rows if r.get(metric) is not None]
-    return max(values) if values else None
+    return summarize_metrics(rows, metric, window=2).get("best")
 
 
-def fmt(x: float | None, scale: float = 100, spec: str = ".2f") -> str:
-    return "-" if x is None else format(scale * x, spec)
-
-
-def mean_std(values: list[float | None], scale: float = 100, spec: str = ".2f") -> str:
-    """``mean ± std`` over seeds (one value: itself; any missing: -)."""
-    if not values or any(v is None for v in values):
-        return "-"
-    vals = [scale * v for v in values if v is not None]
-    if len(vals) == 1:
-        return format(vals[0], spec)
-    return f"{format(statistics.mean(vals), spec)} ± {format(statistics.stdev(vals), spec)}"
-
-
-def scan(folder: Path) -> tuple[list[tuple[Path, dict]], list[tuple[str, int, str]]]:
-    """The run folders of ``folder``: (completed ones with their summaries, the others as (name,
-    rounds recorded, why))."""
-    completed, unfinished = [], []
-    for d in sorted(p for p in folder.iterdir() if p.is_dir()):
-        s = d / "summary.json"
-        if not s.is_file():
-            unfinished.append((d.name, len(read_metrics(d)) if (d / "metrics.jsonl").is_file() else 0, "no summary.json"))
-            continue
-        summary = json.loads(s.read_text())
-        if summary["status"] != "completed":
-            unfinished.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
-            continue
-        completed.append((d, summary))
-    if not completed:
-        raise SystemExit(f"no completed runs in {folder}")
-    return completed, unfinished
-
-
-def write_result(out: Path, stem: str, lines: list[str], unfinished: list[tuple[str, int, str]], payload: dict,
-                 curves: dict) -> None:
-    """``out/<stem>.{md,json,png}``: the table (with the runs left out of it), its rows, the curves."""
-    if unfinished:
-        lines += ["", "Runs that did not finish (left out of the table above):", ""]
-        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in unfinished]
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (out / f"{stem}.json").write_text(json.dumps(payload, indent=2))
-    plot_compare(curves, "global_acc", out / f"{stem}.png")
-    print("\n".join(lines))
-
-
-def sweep_table(a: argparse.Namespace) -> int:
+def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
+                unfinished: list[tuple[str, int, str]]) -> int:
     """One beta's sweep: a row per tag over its seeds (completed runs only)."""
     beta, by_tag = a.sweep, {}
-    completed, unfinished = scan(a.folder)
     for d, summary in completed:
         by_tag.setdefault(d.name.rsplit("_s", 1)[0], []).append((summary, read_metrics(d)))
     rows, curves = [], {}
@@ -149,12 +108,12 @@ def sweep_table(a: argparse.Namespace) -> int:
              "local risk final | local KL final | V range | max weight ratio | s/round | paper C-10 T1 (%) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        per_seed = ", ".join(f"s{sd}: {fmt(v)}" for sd, v in zip(r["seeds"], r["global_final"]))
+        per_seed = ", ".join(f"s{sd}: {format_value(v)}" for sd, v in zip(r["seeds"], r["global_final"]))
         vr = "-" if r["score_range"] is None else f"{r['score_range'][0]:.3f}-{r['score_range'][1]:.3f}"
         wr = "-" if r["weight_ratio_max"] is None else f"{r['weight_ratio_max']:.3f}"
-        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {len(r['seeds'])} | {mean_std(r['global_final'])} | "
-                     f"{per_seed} | {mean_std(r['global_best'])} | {mean_std(r['labeldist_final'])} | "
-                     f"{mean_std(r['local_risk_final'], 1, '.3f')} | {mean_std(r['local_kl_final'], 1, '.2f')} | "
+        lines.append(f"| {LABELS.get(r['method'], r['method'])} | {len(r['seeds'])} | {format_mean_std(r['global_final'])} | "
+                     f"{per_seed} | {format_mean_std(r['global_best'])} | {format_mean_std(r['labeldist_final'])} | "
+                     f"{format_mean_std(r['local_risk_final'], 1, '.3f')} | {format_mean_std(r['local_kl_final'], 1, '.2f')} | "
                      f"{vr} | {wr} | {r['seconds_per_round']:.2f} | {r['paper_t1'] or '-'} |")
     spread = [(LABELS.get(r["method"], r["method"]), sp) for r in rows for sp in r["score_spread_by_seed"]]
     if spread:
@@ -177,8 +136,8 @@ def sweep_table(a: argparse.Namespace) -> int:
                   "elsewhere, and its s/round mixes the two):", ""]
         lines += [f"- {place}: {', '.join(sorted(names))}" for place, names in where.items()]
         lines += ["", f"Table at commit {git_commit()}."]
-    write_result(a.out, f"fedacd_fmnist_{a.name}", lines, unfinished,
-                 {"beta": beta, "rows": rows, "machine_of_runs": rm}, curves)
+    print(write_result_files(a.out, f"fedacd_fmnist_{a.name}", lines + unfinished_lines(unfinished),
+                             {"beta": beta, "rows": rows, "machine_of_runs": rm}, curves, "global_acc"))
     return 0
 
 
@@ -189,13 +148,15 @@ def main() -> int:
     p.add_argument("--sweep", metavar="BETA", help="the folder is one beta's fedhet sweep (tags <method>_s<seed>)")
     p.add_argument("--name", help="with --sweep: the result files' name, fedacd_fmnist_<name>.{md,json,png}")
     a = p.parse_args()
+    if a.sweep and not a.name:
+        p.error("--sweep needs --name")
+    completed, unfinished = read_run_folder(a.folder)
+    if not completed:
+        raise SystemExit(f"no completed runs in {a.folder}")
     if a.sweep:
-        if not a.name:
-            p.error("--sweep needs --name")
-        return sweep_table(a)
+        return sweep_table(a, completed, unfinished)
 
     runs: dict[tuple[str, str], tuple[Path, dict]] = {}
-    completed, unfinished = scan(a.folder)
     for d, summary in completed:
         beta, rest = d.name.split("_", 1)
         runs[(beta[1:], rest.rsplit("_s", 1)[0])] = (d, summary)
@@ -218,7 +179,7 @@ def main() -> int:
             curves[f"beta {beta} {LABELS[method]}"] = [[(r["round"], r["global_acc"]) for r in metrics
                                                         if r.get("global_acc") is not None]]
 
-    first, summary0 = next(iter(runs.values()))
+    first = next(iter(runs.values()))[0]
     lines = ["# FedACD reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "bash benchmarks/fedacd_fmnist.sh",
              f"python benchmarks/fedacd_table.py {a.folder}", "```", "",
@@ -231,17 +192,15 @@ def main() -> int:
              "local risk final | local KL final | s/round | paper C-10 T1 (%) | paper C-10 T3 risk |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['beta']} | {LABELS[r['method']]} | {r['rounds']} | {fmt(r['global_final'])} | "
-                     f"{fmt(r['global_best'])} | {fmt(r['labeldist_final'])} | {fmt(r['local_risk_final'], 1, '.3f')} | "
-                     f"{fmt(r['local_kl_final'], 1, '.2f')} | {r['seconds_per_round']:.1f} | "
+        lines.append(f"| {r['beta']} | {LABELS[r['method']]} | {r['rounds']} | {format_value(r['global_final'])} | "
+                     f"{format_value(r['global_best'])} | {format_value(r['labeldist_final'])} | "
+                     f"{format_value(r['local_risk_final'], 1, '.3f')} | {format_value(r['local_kl_final'], 1, '.2f')} | "
+                     f"{r['seconds_per_round']:.1f} | "
                      f"{r['paper_t1'] if r['paper_t1'] else '-'} | {r['paper_t3'] if r['paper_t3'] else '-'} |")
     m = machine_info()
-    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit "
-              f"{summary0['machine']['commit']}, table at commit {git_commit()}.", "",
-              "Config of the first run (the others differ in algorithm and beta only):", "", "```yaml",
-              (first / "config.yaml").read_text().strip(), "```", ""]
-    write_result(a.out, f"fedacd_fmnist_{a.folder.name.replace('fedacd_fmnist_', '')}", lines, unfinished,
-                 {"rows": rows, "machine": m}, curves)
+    lines += provenance_lines(first, "algorithm and beta only", m)
+    print(write_result_files(a.out, f"fedacd_fmnist_{a.folder.name.replace('fedacd_fmnist_', '')}",
+                             lines + unfinished_lines(unfinished), {"rows": rows, "machine": m}, curves, "global_acc"))
     return 0
 
 

@@ -18,24 +18,19 @@ where <tag> is the sweep's output folder name without its prefix.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 from fedhet.experiment.config import load_config
-from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.report import format_value, load_summary, provenance_lines, write_result_files
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import machine_info, summarize_metrics
 from fedhet.experiment.sweep import load_sweep
 
 PARTITIONS = {"dir0.5": "Dir(0.5)", "skewed": "Skewed (2 classes)"}
 METHODS = {"local": "Local", "local_noaug": "Local", "fedproto": "FedProto", "ktpfl": "KT-pFL", "ca": "FedClassAvg CA (Table 4)",
            "ca_pr": "FedClassAvg CA+PR (Table 4)", "ca_cl": "FedClassAvg CA+CL (Table 4)",
            "fedclassavg": "FedClassAvg (CA+PR+CL)"}
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.2f}"
 
 
 def main() -> int:
@@ -51,8 +46,7 @@ def main() -> int:
     rows, curves, missing = [], {}, []
     for job in sweep.jobs:
         part, method = job.tag.split("_", 1)
-        summary_path = job.run_dir / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        summary = load_summary(job.run_dir) if (job.run_dir / "summary.json").is_file() else None
         metrics = read_metrics(job.run_dir) if (job.run_dir / "metrics.jsonl").is_file() else []
         evaluated = [r for r in metrics if r.get("personal_acc") is not None]
         if not evaluated:
@@ -62,13 +56,12 @@ def main() -> int:
         cfg = load_config(job.run_dir / "config.yaml")
         paper, window = cfg.paper, cfg.eval.final_window
         augmented = cfg.algorithm.params.get("augment", "none") != "none"
-        accs = [r["personal_acc"] for r in evaluated]
-        best_i = max(range(len(accs)), key=lambda i: (accs[i], -i))
+        acc = summarize_metrics(evaluated, "personal_acc", window)
         losses = [(r["personal_loss"], r["round"], r["personal_acc"]) for r in evaluated if r.get("personal_loss") is not None]
         at_min_loss = min(losses) if losses else None
         rows.append({"partition": part, "method": method, "augmented": augmented, "seed": job.seed,
-                     "rounds": len(evaluated), "completed": completed, "final": statistics.mean(accs[-window:]),
-                     "window": window, "best": accs[best_i], "best_round": evaluated[best_i]["round"],
+                     "rounds": len(evaluated), "completed": completed, "final": acc["final"],
+                     "window": window, "best": acc["best"], "best_round": acc["best_round"],
                      "at_min_loss": at_min_loss[2] if at_min_loss else None,
                      "min_loss_round": at_min_loss[1] if at_min_loss else None,
                      "by_round": {r["round"]: r["personal_acc"] for r in evaluated},
@@ -96,30 +89,22 @@ def main() -> int:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {m: i for i, m in enumerate(METHODS)}
     for r in sorted(rows, key=lambda r: (list(PARTITIONS).index(r["partition"]), order[r["method"]], r["seed"])):
-        paper = "-" if r["paper"] is None else pct(r["paper"]) + (f" ± {pct(r['paper_std'])}" if r["paper_std"] else "")
+        paper = "-" if r["paper"] is None else (format_value(r["paper"])
+                                                + (f" ± {format_value(r['paper_std'])}" if r["paper_std"] else ""))
         diff = "-" if r["paper"] is None else f"{100 * (r['final'] - r['paper']):+.2f}"
         rounds = str(r["rounds"]) if r["completed"] else f"{r['rounds']} (stopped)"
-        at_loss = "-" if r["at_min_loss"] is None else f"{pct(r['at_min_loss'])} @{r['min_loss_round']}"
+        at_loss = "-" if r["at_min_loss"] is None else f"{format_value(r['at_min_loss'])} @{r['min_loss_round']}"
         method = METHODS[r["method"]] + (" (augmented)" if r["augmented"] else "")
-        lines.append(f"| {PARTITIONS[r['partition']]} | {method} | {r['seed']} | {rounds} | {pct(r['final'])} | "
-                     f"{pct(r['std_over_clients'])} | {pct(r['best'])} @{r['best_round']} | {at_loss} | "
-                     f"{pct(r['by_round'][common])} | {paper} | {diff} | {r['seconds_per_round']:.1f} |")
+        lines.append(f"| {PARTITIONS[r['partition']]} | {method} | {r['seed']} | {rounds} | {format_value(r['final'])} | "
+                     f"{format_value(r['std_over_clients'])} | {format_value(r['best'])} @{r['best_round']} | {at_loss} | "
+                     f"{format_value(r['by_round'][common])} | {paper} | {diff} | {r['seconds_per_round']:.1f} |")
     if missing:
         lines += ["", "Runs not in the table (nothing evaluated yet):", ""] + [f"- `{n}`: {s}" for n, s in missing]
-    first = sweep.jobs[0]
-    summary0 = json.loads((first.run_dir / "summary.json").read_text())
     m = machine_info()
-    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit "
-              f"{summary0['machine']['commit']}, table at commit {git_commit()}.", "",
-              "Config of the first run (the others differ in algorithm, partition and `data.public`):", "",
-              "```yaml", (first.run_dir / "config.yaml").read_text().strip(), "```", ""]
+    lines += provenance_lines(sweep.jobs[0].run_dir, "algorithm, partition and `data.public`", m)
     tag = sweep.out.name.replace("fedclassavg_fmnist_", "")
-    a.out.mkdir(parents=True, exist_ok=True)
-    stem = f"fedclassavg_fmnist_{tag}"           # (the tag has dots: no with_suffix)
-    (a.out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    (a.out / f"{stem}.json").write_text(json.dumps({"rows": rows, "missing": missing, "machine": m}, indent=2))
-    plot_compare(curves, "personal_acc", a.out / f"{stem}.png")
-    print("\n".join(lines))
+    print(write_result_files(a.out, f"fedclassavg_fmnist_{tag}", lines, {"rows": rows, "missing": missing, "machine": m},
+                             curves, "personal_acc"))
     return 0
 
 

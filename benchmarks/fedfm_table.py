@@ -17,9 +17,15 @@ import json
 import statistics
 from pathlib import Path
 
-from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.report import (
+    format_mean_std,
+    provenance_lines,
+    read_run_folder,
+    unfinished_lines,
+    write_result_files,
+)
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import machine_info
 
 METHODS = ["fedavg", "scaffold", "fedfm_l2", "fedfm", "fedfm_lam5", "fedfm_lite_a2_lam5"]
 LABELS = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedfm_l2": "FedFM-l2 (lambda 50)",
@@ -27,13 +33,6 @@ LABELS = {"fedavg": "FedAvg", "scaffold": "SCAFFOLD", "fedfm_l2": "FedFM-l2 (lam
           "fedfm_lite_a2_lam5": "FedFM-Lite (a=2, lambda 5)"}
 PAPER = {"niid1": {"fedavg": 66.69, "scaffold": 69.91, "fedfm_l2": 67.98, "fedfm": 72.89},
          "niid2": {"fedavg": 69.47, "scaffold": 71.48, "fedfm": 74.52}}
-
-
-def mean_std(xs: list[float]) -> str:
-    if not xs:
-        return "-"
-    m = 100 * statistics.mean(xs)
-    return f"{m:.2f} ± {100 * statistics.stdev(xs):.2f}" if len(xs) > 1 else f"{m:.2f}"
 
 
 def features_of(run: Path) -> dict | None:
@@ -52,30 +51,22 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     a = p.parse_args()
 
-    runs: dict[tuple[str, str], list[Path]] = {}
-    failed = []
-    for d in sorted(a.folder.iterdir()):
-        s = d / "summary.json"
-        if not (d.is_dir() and s.is_file()):
-            continue
-        summary = json.loads(s.read_text())
-        if summary["status"] != "completed":
-            failed.append((d.name, summary["rounds_completed"], summary.get("error") or summary["status"]))
-            continue
-        part, rest = d.name.split("_", 1)
-        method = rest.rsplit("_s", 1)[0]
-        runs.setdefault((part, method), []).append(d)
-    if not runs:
+    completed, failed = read_run_folder(a.folder)
+    if not completed:
         raise SystemExit(f"no completed runs in {a.folder}")
+    runs: dict[tuple[str, str], list[tuple[Path, dict]]] = {}
+    for d, summary in completed:
+        part, rest = d.name.split("_", 1)
+        runs.setdefault((part, rest.rsplit("_s", 1)[0]), []).append((d, summary))
 
     rows, curves = [], {}
     for part in ("niid1", "niid2"):
         base_floats = None
         for method in METHODS:
-            dirs = runs.get((part, method), [])
-            if not dirs:
+            if (part, method) not in runs:
                 continue
-            sums = [json.loads((d / "summary.json").read_text()) for d in dirs]
+            dirs = [d for d, _ in runs[(part, method)]]
+            sums = [s for _, s in runs[(part, method)]]
             comm = sums[0]["communication"]
             floats = comm["up"]["floats"] + comm["down"]["floats"]
             base_floats = base_floats or (floats if method == "fedavg" else None)
@@ -94,8 +85,6 @@ def main() -> int:
             rows.append(row)
             curves[f"{part} {LABELS[method]}"] = [[(r["round"], r["global_acc"]) for r in read_metrics(d)] for d in dirs]
 
-    first = json.loads(next(iter(runs.values()))[0].joinpath("summary.json").read_text())
-    cfg_text = next(iter(runs.values()))[0].joinpath("config.yaml").read_text()
     lines = ["# FedFM reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "bash benchmarks/fedfm_fmnist.sh",
              f"python benchmarks/fedfm_table.py {a.folder}{' --features' if a.features else ''}", "```", "",
@@ -106,23 +95,13 @@ def main() -> int:
     for r in rows:
         ratio = f"{r['floats_vs_fedavg']:.3f}" if r["floats_vs_fedavg"] else "-"
         feat = f" {r['nmi']:.3f} | {r['silhouette']:.3f} |" if a.features else ""
-        lines.append(f"| {r['partition']} | {LABELS[r['method']]} | {len(r['seeds'])} | {mean_std(r['selected'])} | "
-                     f"{mean_std(r['final'])} | {mean_std(r['best'])} | {r['floats']:.3g} ({ratio}) | "
+        lines.append(f"| {r['partition']} | {LABELS[r['method']]} | {len(r['seeds'])} | {format_mean_std(r['selected'])} | "
+                     f"{format_mean_std(r['final'])} | {format_mean_std(r['best'])} | {r['floats']:.3g} ({ratio}) | "
                      f"{r['seconds_per_round']:.1f} |{feat} {r['paper'] if r['paper'] else '-'} |")
-    if failed:
-        lines += ["", "Runs that did not finish (left out of the table above):", ""]
-        lines += [f"- `{name}`: {rounds} rounds recorded; {error}" for name, rounds, error in failed]
     m = machine_info()
-    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit "
-              f"{first['machine']['commit']}, table at commit {git_commit()}.", "",
-              "Config of the first run (the others differ in algorithm and seed only):", "", "```yaml",
-              cfg_text.strip(), "```", ""]
+    lines += unfinished_lines(failed) + provenance_lines(completed[0][0], "algorithm and seed only", m)
     tag = a.folder.name.replace("fedfm_fmnist_", "")
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / f"fedfm_fmnist_{tag}.md").write_text("\n".join(lines) + "\n")
-    (a.out / f"fedfm_fmnist_{tag}.json").write_text(json.dumps({"rows": rows, "machine": m}, indent=2))
-    plot_compare(curves, "global_acc", a.out / f"fedfm_fmnist_{tag}.png")
-    print("\n".join(lines))
+    print(write_result_files(a.out, f"fedfm_fmnist_{tag}", lines, {"rows": rows, "machine": m}, curves, "global_acc"))
     return 0
 
 
