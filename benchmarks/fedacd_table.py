@@ -1,6 +1,8 @@
-"""Table of the FedACD reduced reproduction (runs of ``benchmarks/fedacd_fmnist.sh``), or of one beta's
-sweep (``--sweep BETA``: folders ``<tag>_s<seed>`` of ``fedhet sweep``, several seeds a tag).
+"""Table of the FedACD reduced reproduction (runs of ``benchmarks/fedacd_fmnist.sweep.yaml``, folders
+``b<beta>_<method>_s<seed>``), or of one beta's sweep (``--sweep BETA``: folders ``<tag>_s<seed>`` of
+``fedhet sweep``, several seeds a tag).
 
+    .venv/bin/fedhet sweep benchmarks/fedacd_fmnist.sweep.yaml
     .venv/bin/python benchmarks/fedacd_table.py runs/fedacd_fmnist_p0.1_r20
     .venv/bin/python benchmarks/fedacd_table.py runs/fedacd_fmnist_full_r20_e1 --sweep 0.1 --name full_b0.1
 
@@ -181,7 +183,7 @@ def main() -> int:
 
     first = next(iter(runs.values()))[0]
     lines = ["# FedACD reduced reproduction, Fashion-MNIST", "",
-             "Command:", "", "```bash", "bash benchmarks/fedacd_fmnist.sh",
+             "Command:", "", "```bash", "fedhet sweep benchmarks/fedacd_fmnist.sweep.yaml",
              f"python benchmarks/fedacd_table.py {a.folder}", "```", "",
              "Global model on the balanced test set (Table 1's metric) and on the clients' label distributions "
              "(Table 2's), risk of the round's local models over every client's distribution (Table 3's, lower is "
