@@ -29,6 +29,7 @@ from fedhet.core.contract import (
     Arrays,
     ClientData,
     ClientRuntime,
+    LocalResult,
     Message,
     RoundContext,
     RoundGenerator,
@@ -120,3 +121,12 @@ class Algorithm:
         """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs)."""
         return {}
 
+
+def update_reply(result: LocalResult, client: ClientRuntime, arrays: dict[str, Arrays], /,
+                 **scalars: Any) -> Message:
+    """The ``"update"`` a client sends after its round's local training: ``arrays`` (its model,
+    or what the method uploads instead), with its training-set size (FedAvg's aggregation weight)
+    and the training's step count and mean loss. ``scalars`` are added after those (FedACD's
+    score) or replace them (FedCME's totals over its two training calls)."""
+    return Message("update", arrays, {"num_samples": client.num_samples, "steps": result.steps,
+                                      "loss": result.mean_loss, **scalars})

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.base import Algorithm, update_reply
 from fedhet.core.contract import (
     Arrays,
     ClientRuntime,
@@ -82,9 +82,8 @@ class FedAvg(Algorithm):
         weights = self.with_local_buffers(msg.arrays["model"], state, client)
         result = self.local_training(weights, msg, state, client)
         state = self.after_training(result, msg, state, client)
-        reply = Message("update", {"model": result.weights, **self.uploads(result, msg, state, client)},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss,
-                         **self.upload_scalars(result, msg, state, client)})
+        reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, state, client)},
+                             **self.upload_scalars(result, msg, state, client))
         return reply, state
 
     def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.base import Algorithm, update_reply
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -198,9 +198,7 @@ class FedClassAvg(Algorithm):
         uploads = {"head": select(result.weights, HEAD)}
         if self.params.average_body:
             uploads["body"] = select(result.weights, BODY)
-        reply = Message("update", uploads, {"num_samples": client.num_samples, "steps": result.steps,
-                                            "loss": result.mean_loss})
-        return reply, {"model": result.weights}
+        return update_reply(result, client, uploads), {"model": result.weights}
 
     # --- evaluation -----------------------------------------------------------------------
     def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:

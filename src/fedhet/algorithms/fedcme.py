@@ -91,6 +91,7 @@ from typing import Any, Literal
 import pydantic
 import torch
 
+from fedhet.algorithms.base import update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.prototypes import aggregate_prototypes
 from fedhet.core.contract import (
@@ -480,5 +481,4 @@ class FedCME(FedAvg):
         positions = eval_subset(client.num_samples, self.params.eval_fraction, client.generator("eval_subset"))
         arrays["evaluation"] = {"accuracy": evaluation_vector(client.model, result.weights, client.data,
                                                               client.num_classes, positions)}
-        reply = Message("update", arrays, {"num_samples": client.num_samples, "steps": steps, "loss": loss})
-        return reply, new_state
+        return update_reply(result, client, arrays, steps=steps, loss=loss), new_state

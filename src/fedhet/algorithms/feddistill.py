@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.base import Algorithm, update_reply
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -175,8 +175,7 @@ class FedDistill(Algorithm):
                             g["mean"] if g else None, g["defined"] if g else None, self.params.distill_loss)
         result = client.train(weights, [CrossEntropy(), term])
         means, counts = local_logits(result.statistics, client.num_classes, term.name)
-        reply = Message("update", {"logits": {"mean": means, "count": counts}},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        reply = update_reply(result, client, {"logits": {"mean": means, "count": counts}})
         return reply, {**(state or {}), "model": result.weights}
 
     # --- evaluation -----------------------------------------------------------------------

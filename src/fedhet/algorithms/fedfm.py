@@ -65,6 +65,7 @@ import pydantic
 import torch
 import torch.nn.functional as F
 
+from fedhet.algorithms.base import update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.prototypes import aggregate_prototypes, class_means
 from fedhet.core.contract import (
@@ -316,6 +317,4 @@ class FedFMLite(FedFM):
             arrays.update(self.uploads(result, msg, new_state, client))
         else:
             new_state = {**(new_state or {}), LOCAL: result.weights}
-        reply = Message("update", arrays, {"num_samples": client.num_samples, "steps": result.steps,
-                                           "loss": result.mean_loss})
-        return reply, new_state
+        return update_reply(result, client, arrays), new_state

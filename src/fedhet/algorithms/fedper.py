@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.base import update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -153,8 +154,8 @@ class FedPer(FedAvg):
         weights = self.with_local_buffers(start, state, client)
         result = self.local_training(weights, msg, state, client)
         state = self.after_training(result, msg, state, client)
-        reply = Message("update", {"model": select(result.weights, BODY), **self.uploads(result, msg, state, client)},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        reply = update_reply(result, client, {"model": select(result.weights, BODY),
+                                              **self.uploads(result, msg, state, client)})
         return reply, state
 
     def after_training(self, result: LocalResult, msg: Message, state: State | None,

@@ -56,6 +56,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
+from fedhet.algorithms.base import update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.prototypes import (
     GROUP,
@@ -162,8 +163,8 @@ class FedProto(FedAvg):
         state = {**(state or {}), "model": result.weights,
                  "linear_head": torch.tensor(head_is_one_linear(client.model))}
         means, counts = class_means(client.model, result.weights, client.data, client.num_classes)   # local prototypes
-        reply = Message("update", {GROUP: {"mean": means, "count": counts}, **self.uploads(result, msg, state, client)},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        reply = update_reply(result, client, {GROUP: {"mean": means, "count": counts},
+                                              **self.uploads(result, msg, state, client)})
         return reply, state
 
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:

@@ -101,7 +101,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.base import Algorithm, update_reply
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -332,8 +332,7 @@ class KTpFL(Algorithm):
             result = client.train(weights, epochs=epochs)
             probs = soft_predictions(client.model, result.weights, self.public_data(msg, client),
                                      self.params.temperature)
-            reply = Message("update", {"soft": {"probs": probs}},
-                            {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+            reply = update_reply(result, client, {"soft": {"probs": probs}})
             return reply, {**(state or {}), "model": result.weights}
         if msg.kind == "distill":
             p = self.params

@@ -68,6 +68,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
+from fedhet.algorithms.base import update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -198,8 +199,7 @@ class PerFedAvg(FedAvg):
         result = self.meta_train(weights, terms, client)
         client.account(result)
         new_state = self.after_training(result, msg, base, client)
-        reply = Message("update", {"model": result.weights, **self.uploads(result, msg, new_state, client)},
-                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, new_state, client)})
         return reply, new_state
 
     def meta_train(self, weights: Arrays, terms: list[LossTerm], client: ClientRuntime) -> LocalResult:
