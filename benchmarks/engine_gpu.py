@@ -55,10 +55,10 @@ from engine_speed import SETTINGS, raw_config, run_mode  # noqa: E402
 from fedhet.core.contract import normalize_uint8  # noqa: E402
 from fedhet.core.cpus import usable_cpus  # noqa: E402
 from fedhet.core.seeding import torch_generator  # noqa: E402
-from fedhet.engine.vectorized import tf32_allowed  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment  # noqa: E402
 from fedhet.experiment.summary import cpu_model, machine_info  # noqa: E402
+from fedhet.training.precision import tf32_allowed  # noqa: E402
 
 RESULTS = engine_speed.RESULTS
 

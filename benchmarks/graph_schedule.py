@@ -1,9 +1,10 @@
 """How many of a run's vectorized steps would replay a CUDA graph, counted on the CPU.
 
-The vectorized engine decides from the schedule alone which steps run eagerly, which are captured
-and which replay a graph (engine/vectorized.py). This script runs a config's first rounds on the
-CPU with that decision made as on CUDA, but with the captures and replays counted instead of run,
-and every step's arithmetic skipped: it prints, per round, the eager steps (full batches and
+The vectorized engine decides from a group's schedule alone which steps run eagerly, which are
+captured and which replay a graph (engine/vectorized/graphs.py). This script trains a config's
+first rounds with the vectorized engine on the CPU and, for each group, counts what a CUDA run
+with graphs would do with that group's schedule (``count_actions``, keeping one book of graphs
+per kept group as ``run.keep_graphs`` does): per round, the eager steps (full batches and
 remainder batches apart), the captures and the replays. It measures no time; it predicts what a
 change to the graph rules does to a GPU run before a GPU is lent.
 
@@ -17,55 +18,43 @@ import argparse
 import collections
 import tempfile
 
-import torch
-
-from fedhet.engine import vectorized
+from fedhet.engine.vectorized import GRAPH_MIN_REPEATS, Vectorized
+from fedhet.engine.vectorized.graphs import GraphBook, count_actions
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment
+
+NAMES = ["eager, full batch", "eager, remainder batch", "capture", "replay, full width", "replay, narrow"]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("config")
     p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--min-repeats", type=int, help="GRAPH_MIN_REPEATS instead of the engine's")
+    p.add_argument("--min-repeats", type=int, default=GRAPH_MIN_REPEATS, help="instead of the engine's")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     a = p.parse_args()
+    cfg = load_config(a.config, ["run.engine=vectorized", f"train.rounds={a.rounds}", "run.progress=false",
+                                 "run.device=cpu", *a.set])
     kinds: collections.Counter = collections.Counter()
+    books: dict[int, GraphBook] = {}     # per kept group (the same object while its signature is kept)
 
-    class CountedGraph:
-        """Stands in for a captured graph: counts its capture and replays, computes nothing."""
-        ok = True
+    def count(group, schedule):
+        book = books.setdefault(id(group), GraphBook()) if cfg.run.keep_graphs else GraphBook()
+        kinds.update(count_actions(book, schedule.steps, a.min_repeats, group.requests[0].settings.batch_size))
 
-        def __init__(self, g, width):
-            self.width, self.terms = width, len(g.templates)
-            kinds["capture"] += 1
-
-        def replay(self, pool_idx, pos, active=None, draws=None, idx=None):
-            kinds["replay, full width" if active is not None else "replay, narrow"] += 1
-            return torch.zeros(self.width), torch.zeros(self.width, self.terms)
-
-    def counted_step(engine, g, idx, pool_idx, pos, active=None, draws=None):
-        full_batch = pool_idx.shape[1] == g.requests[0].settings.batch_size
-        kinds["eager, full batch" if full_batch else "eager, remainder batch"] += 1
-        return torch.zeros(pool_idx.shape[0]), torch.zeros(pool_idx.shape[0], len(g.templates))
-
-    vectorized.Vectorized._graphs_on = lambda self: True
-    vectorized.Vectorized._capture = lambda self, g, width, size, idx, wide, draws: CountedGraph(g, width)
-    vectorized.Vectorized._step = counted_step
-    if a.min_repeats is not None:
-        vectorized.GRAPH_MIN_REPEATS = a.min_repeats
-    cfg = load_config(a.config, ["run.engine=vectorized", f"train.rounds={a.rounds}", "run.progress=false", *a.set])
     with tempfile.TemporaryDirectory() as tmp:
         loop = Experiment(cfg, tmp).loop
-        names = ["eager, full batch", "eager, remainder batch", "capture", "replay, full width", "replay, narrow"]
-        print("| round | " + " | ".join(names) + " |")
-        print("|---" * (len(names) + 1) + "|")
+        # The schedule CUDA would run: wide steps and kept groups on, as they are wherever graphs replay.
+        loop.transport = Vectorized("cpu", wide_steps=True, keep_graphs=cfg.run.keep_graphs,
+                                    graph_min_repeats=a.min_repeats, on_schedule=count)
+        loop.transport.attach(loop.host)
+        print("| round | " + " | ".join(NAMES) + " |")
+        print("|---" * (len(NAMES) + 1) + "|")
         for rnd in range(a.rounds):
             before = dict(kinds)
             loop.run_round(rnd)
-            print(f"| {rnd + 1} | " + " | ".join(str(kinds[k] - before.get(k, 0)) for k in names) + " |")
-        print("| all | " + " | ".join(str(kinds[k]) for k in names) + " |")
+            print(f"| {rnd + 1} | " + " | ".join(str(kinds[k] - before.get(k, 0)) for k in NAMES) + " |")
+        print("| all | " + " | ".join(str(kinds[k]) for k in NAMES) + " |")
     return 0
 
 

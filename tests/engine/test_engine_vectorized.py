@@ -477,7 +477,7 @@ def test_every_vmapped_group_trains_inside_strict_fp32(small_config, monkeypatch
         seen.append(inside[0])
         return real_train(self, reqs)
 
-    monkeypatch.setattr(vectorized, "strict_fp32", spy)
+    monkeypatch.setattr(vectorized.transport, "strict_fp32", spy)    # where the engine calls it
     monkeypatch.setattr(Vectorized, "_train_group", train_group)
     vec = build(make_config(small_config), "vectorized")
     vec.run_round(0)

@@ -40,6 +40,20 @@ def epoch_batches(n: int, batch_size: int, drop_last: bool, generator: torch.Gen
     return [order[i:i + batch_size] for i in range(0, stop, batch_size)]
 
 
+def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches :func:`epoch_batches` yields for ``n`` samples."""
+    return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def non_finite_loss(value: float, where: str, epoch: int, step: int, parts: dict[str, float]) -> NumericalError:
+    """The error for a loss that became NaN or infinite, naming where and the loss terms' values."""
+    return NumericalError(
+        f"non-finite loss ({value}) {where} at local epoch {epoch}, step {step}; "
+        f"loss parts: {parts}. Lower the learning rate or "
+        f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
+    )
+
+
 def train_local(
     model: torch.nn.Module,
     weights: Arrays,
@@ -74,7 +88,7 @@ def train_local(
     param_names = {name for name, _ in model.named_parameters()}
     trainable = trainable or (lambda name: True)
     use_bf16 = settings.precision == "bf16"
-    # bf16 convolutions run about 1.6x faster in channels_last (oneDNN, measured at batch 32);
+    # bf16 convolutions are faster in channels_last with oneDNN (benchmarks/results/ has the figure);
     # fp32 keeps the default layout, so its results stay bit-identical to earlier versions.
     channels_last = use_bf16
     work = {}
@@ -100,8 +114,7 @@ def train_local(
     part_sums: dict[str, float] = {}
     # The working weights are bound into the model once for the whole run - what functional_call
     # does around every single call - so each step calls the model directly: the same tensors and
-    # ops (bit-identical), without the per-step swap (an earlier profile: 2% of a step at
-    # batch 32, 8.5% at batch 10; not re-measured alone here, see benchmarks/results/engine_speed_vs).
+    # ops (bit-identical), without the per-step swap, which costs most at small batches.
     # A term that runs the model with other weights (MOON's, FedNTD's teachers) nests its own
     # functional_call, which restores these afterwards.
     with _reparametrize_module(model, work, strict=False):
@@ -121,11 +134,8 @@ def train_local(
                     accumulate_statistics(terms, out, batch, totals)
                 value = float(loss.detach())
                 if not math.isfinite(value):
-                    raise NumericalError(
-                        f"non-finite loss ({value}) {where} at local epoch {start_epoch + e}, step {steps}; "
-                        f"loss parts: { {k: float(v) for k, v in parts.items()} }. Lower the learning rate or "
-                        f"check the method's hyper-parameters; the run directory keeps every round recorded so far."
-                    )
+                    raise non_finite_loss(value, where, start_epoch + e, steps,
+                                          {k: float(v) for k, v in parts.items()})
                 grads = torch.autograd.grad(loss, [leaves[k] for k in names], allow_unused=True) if names else ()
                 if settings.clip_grad_norm is not None:
                     clip_grad_norm([gr for gr in grads if gr is not None], settings.clip_grad_norm)
@@ -147,7 +157,7 @@ def train_local(
 def all_finite(t: torch.Tensor) -> bool:
     """``torch.isfinite(t).all()`` without its boolean copy of ``t``: aminmax propagates NaN, and
     an infinity is the minimum or the maximum, so both are finite exactly when every element is.
-    One reduction pass, ~5-6x faster on cnn2 and ResNet-18 (benchmarks/results/finite_check.md)."""
+    One reduction pass instead of an elementwise copy and a reduction (benchmarks/results/finite_check.md)."""
     if t.is_complex():
         t = torch.view_as_real(t)
     if not t.is_floating_point() or t.numel() == 0:        # integers are finite; aminmax refuses empty

@@ -1,0 +1,260 @@
+"""The transport: delivers a phase's jobs (each client in its own thread, :mod:`.baton`), serves
+their train requests by group (:mod:`.grouping`) or on the reference path, and runs each group's
+schedule (:mod:`.schedule`) step by step, eagerly (:mod:`.step`) or by replaying CUDA graphs
+(:mod:`.graphs`), then unstacks the results (:mod:`.results`).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import torch
+
+from fedhet.engine.host import Job, JobResult
+from fedhet.engine.loop import Transport
+from fedhet.engine.vectorized.baton import ClientTask, TrainRequest, VecClient
+from fedhet.engine.vectorized.graphs import (
+    CAPTURE,
+    GRAPH_MIN_REPEATS,
+    REPLAY,
+    GraphedStep,
+    graphable,
+    narrow_kinds,
+    step_kind,
+)
+from fedhet.engine.vectorized.grouping import Group, KeptGroups, build_group, group_key
+from fedhet.engine.vectorized.kernels import adam_table
+from fedhet.engine.vectorized.results import unstack
+from fedhet.engine.vectorized.schedule import ClientBatch, Schedule, plan
+from fedhet.engine.vectorized.step import Pool, vmapped_step
+from fedhet.training.augment import Augmentation
+from fedhet.training.local import epoch_batches, train_local
+from fedhet.training.precision import strict_fp32
+
+
+def available() -> bool:
+    """True where the vectorized engine is the better choice: a CUDA device is present."""
+    return torch.cuda.is_available()
+
+
+class Vectorized(Transport):
+    """A transport that trains the clients of a phase together with ``vmap``.
+
+    ``device``: default CUDA when available, else CPU. ``fallback_on_error=False`` makes a failing
+    vmapped group raise instead of retrying on the reference path (the tests use it, so a
+    vectorization bug cannot hide). ``cuda_graphs``: replay recurring steps as CUDA graphs (CUDA
+    only). ``graph_min_repeats``: how often a narrow step kind must recur to be captured (the tests
+    lower it so that their short schedules capture graphs too). ``wide_steps`` and ``keep_graphs``:
+    on wherever graphs replay when None; the tests force them on, so the CPU checks their
+    arithmetic too. ``on_schedule(group, schedule)``: called before each group trains
+    (benchmarks/graph_schedule.py counts what a CUDA run would replay).
+    """
+
+    name = "vectorized"
+
+    def __init__(self, device: str | torch.device | None = None, fallback_on_error: bool = True,
+                 cuda_graphs: bool = True, graph_min_repeats: int | None = None, wide_steps: bool | None = None,
+                 keep_graphs: bool | None = None, on_schedule: Callable[[Group, Schedule], None] | None = None):
+        self.device = torch.device(device) if device is not None else torch.device("cuda" if available() else "cpu")
+        self.fallback_on_error = fallback_on_error
+        self.counters = {"vectorized_requests": 0, "fallback_requests": 0, "groups": 0, "vmapped_steps": 0,
+                         "graph_steps": 0, "idle_rows": 0}
+        self.cuda_graphs = cuda_graphs
+        self.graph_min_repeats = GRAPH_MIN_REPEATS if graph_min_repeats is None else graph_min_repeats
+        self.wide_steps = wide_steps
+        # Why requests ran on the reference path (on the engine's device all the same): reason -> count.
+        self.fallback_reasons: dict[str, int] = {}
+        # Why recurring steps ran eagerly on CUDA instead of replaying a graph: reason -> failed captures.
+        self.eager_reasons: dict[str, int] = {}
+        self._pool_cache: dict[int, Pool] = {}
+        self._warned: set = set()
+        self.keep_graphs = keep_graphs
+        self._kept = KeptGroups()
+        self.on_schedule = on_schedule
+
+    def info(self) -> dict:
+        return {**super().info(), "device": str(self.device), "keep_graphs": self._keep_on(), **self.counters,
+                "fallback_reasons": dict(self.fallback_reasons), "eager_reasons": dict(self.eager_reasons)}
+
+    def close(self) -> None:
+        """Free the device copy of the data pool and the kept groups (the runner calls this at the end of a run)."""
+        self._pool_cache.clear()
+        self._kept.clear()
+
+    # --- phases -------------------------------------------------------------------------
+    def deliver(self, rnd: int, jobs: list[Job]) -> dict[int, JobResult]:
+        host = self.host
+        tasks: dict[int, ClientTask] = {}
+        for job in jobs:
+            def fn(task, job=job):
+                return host.run(rnd, job, VecClient(host, job.cid, rnd, replace(job.tally), task))
+
+            tasks[job.cid] = ClientTask(fn)
+        order = list(tasks.values())
+        try:
+            for task in order:
+                task.resume()
+                if task.error is not None:
+                    raise task.error
+            while True:
+                waiting = [t for t in order if not t.done]
+                if not waiting:
+                    break
+                requests = [t.request for t in waiting]
+                assert all(r is not None for r in requests)     # a task not done is blocked in train()
+                self._serve(requests)  # type: ignore[arg-type]
+                for task in waiting:
+                    task.resume()
+                    if task.error is not None:
+                        raise task.error
+        finally:
+            for task in order:   # on failure, end the clients still blocked in train()
+                task.abandon()
+        return {cid: task.output for cid, task in tasks.items()}
+
+    # --- serving train requests ---------------------------------------------------------
+    def _serve(self, requests: list[TrainRequest]) -> None:
+        groups: dict[tuple, list[TrainRequest]] = {}
+        for req in requests:
+            key = group_key(req)
+            if isinstance(key, str):
+                self._train_reference(req, key)
+            else:
+                groups.setdefault(key, []).append(req)
+        with strict_fp32(self.device):     # outside the fallback's try: a failure here is not a vmap failure
+            self._train_groups(groups)
+
+    def _train_groups(self, groups: dict[tuple, list[TrainRequest]]) -> None:
+        for key, reqs in groups.items():
+            try:
+                self._train_group(reqs)
+                self.counters["vectorized_requests"] += len(reqs)
+                self.counters["groups"] += 1
+            except Exception as e:  # a term that cannot be vmapped after all: reference path
+                self._kept.forget(reqs)
+                if not self.fallback_on_error:
+                    raise
+                if key not in self._warned:
+                    self._warned.add(key)
+                    warnings.warn(f"vectorized training failed ({type(e).__name__}: {e}); "
+                                  f"these clients train on the reference path", RuntimeWarning, stacklevel=2)
+                for req in reqs:
+                    req.result = req.error = None
+                    self._train_reference(req, "vmap error")
+
+    def _train_reference(self, req: TrainRequest, reason: str) -> None:
+        c = req.client
+        try:
+            req.result = train_local(
+                c.model, req.weights, c.data, req.terms, req.settings, lambda e: c.generator("batches", e),
+                start_epoch=req.start_epoch, trainable=req.trainable, optimizer_state=req.optimizer_state,
+                augment=req.augment, statistics=req.statistics, where=c.where())
+        except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
+            req.error = e
+        self.counters["fallback_requests"] += 1
+        self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
+
+    # --- the vectorized training loop ---------------------------------------------------
+    def _pool(self, data) -> Pool:
+        """The shared data pool on the device (copied once per engine)."""
+        key = id(data.x)
+        if key not in self._pool_cache:
+            dev = self.device
+            self._pool_cache[key] = (data.x.to(dev), data.y.to(dev), data.mean.to(dev), data.std.to(dev))
+        return self._pool_cache[key]
+
+    def _graphs_on(self) -> bool:
+        return self.cuda_graphs and self.device.type == "cuda"
+
+    def _wide_on(self) -> bool:
+        return self._graphs_on() if self.wide_steps is None else self.wide_steps
+
+    def _keep_on(self) -> bool:
+        return self._graphs_on() if self.keep_graphs is None else self.keep_graphs
+
+    def _train_group(self, reqs: list[TrainRequest]) -> None:
+        fresh = build_group(reqs, self.device)
+        g = self._kept.group_for(fresh) if self._keep_on() else fresh
+        C = len(reqs)
+        s = reqs[0].settings
+
+        def batches(req: TrainRequest) -> Iterator[ClientBatch]:
+            """(positions, the augmentation's draws or None) per batch, drawn in train_local's order."""
+            n = len(req.client.data.train_idx)
+            aug = req.augment
+            assert aug is None or isinstance(aug, Augmentation)      # group_key let no other into a group
+            for e in range(s.epochs):
+                gen = req.client.generator("batches", req.start_epoch + e)
+                for positions in epoch_batches(n, s.batch_size, s.drop_last, gen):
+                    yield positions, (aug.draw(len(positions), gen) if aug is not None else None)
+
+        schedule = plan([batches(r) for r in reqs], [r.client.data.train_idx.cpu() for r in reqs],
+                        self._wide_on(), self.graph_min_repeats)
+        if self.on_schedule is not None:
+            self.on_schedule(g, schedule)
+        dev = self.device
+        all_pos = schedule.positions.to(dev)
+        all_pool = schedule.pool_rows.to(dev)
+        all_members = schedule.partial_members.to(dev)
+        all_active = schedule.active.to(dev) if schedule.active is not None else None
+        all_draws = {name: t.to(dev) for name, t in schedule.draws.items()}
+        g.model.train()
+        pool = self._pool(reqs[0].client.data)
+
+        def step(idx, pool_idx, pos, active=None, draws=None):
+            return vmapped_step(g, pool, dev, idx, pool_idx, pos, active, draws)
+
+        row = member_row = wide_row = 0
+        book = g.graphs
+        book.kind_counts.update(narrow_kinds(schedule.steps))
+        adam = adam_table(g, schedule.iterations, dev)
+        for st, meta in zip(schedule.steps, schedule.draw_rows):
+            m = len(st.members)
+            width = st.width
+            draws = None if meta is None else {
+                name: all_draws[name][off:off + width * math.prod(shape)].view(width, *shape)
+                for name, (off, shape) in meta.items()}
+            idx = active = None
+            if st.wide:
+                assert all_active is not None
+                active = all_active[wide_row]
+                wide_row += 1
+                self.counters["idle_rows"] += C - m
+            elif m < C:
+                idx = all_members[member_row:member_row + m]
+                member_row += m
+            rows = slice(row, row + width * st.size)
+            row += width * st.size
+            pool_idx, pos = all_pool[rows].view(width, st.size), all_pos[rows].view(width, st.size)
+            # A narrow step's graph serves every step with as many members at its batch size: the
+            # members' rows (idx) are one of its inputs.
+            kind = step_kind(m, st.size, st.wide)
+            action = book.action(kind, self._graphs_on() and graphable(kind, book, self.graph_min_repeats))
+            if action == CAPTURE:
+                book.graphs[kind] = self._capture(step, book, width, st.size, idx, st.wide, draws)
+                action = book.action(kind, True)
+            if adam is not None:
+                assert g.adam_now is not None
+                g.adam_now.copy_(adam[st.iteration])    # this step's bias corrections (every member's step it + 1)
+            if action == REPLAY:
+                losses, parts = book.graphs[kind].replay(pool_idx, pos, active, draws, idx)
+                self.counters["graph_steps"] += 1
+            else:
+                losses, parts = step(idx, pool_idx, pos, active, draws)
+                book.eager_once.add(kind)
+            g.records.append((st.row_clients, st.size, losses, parts))
+            self.counters["vmapped_steps"] += 1
+        unstack(g, dev)
+
+    def _capture(self, step, book, width: int, size: int, idx: torch.Tensor | None,
+                 wide: bool = False, draws: dict[str, torch.Tensor] | None = None) -> GraphedStep:
+        """A CUDA graph of one recurring step of the group, or one marked failed (counted by
+        reason: those steps then run eagerly, which is slower but the same arithmetic)."""
+        graphed = GraphedStep(step, book, self.device, width, size, idx, wide, draws)
+        if not graphed.ok:
+            reason = f"cuda graph capture failed ({graphed.error})"
+            self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
+        return graphed
