@@ -31,6 +31,7 @@ from fedhet.core.contract import (
     ClientRuntime,
     LocalResult,
     Message,
+    Replies,
     RoundContext,
     RoundGenerator,
     State,
@@ -90,6 +91,18 @@ class Algorithm:
         raise NotImplementedError
 
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
+        """One phase, FedAvg's: every sampled client gets its ``train_message``, and ``aggregate``
+        makes the new state from the replies. Methods with more phases (FedCME's exchange, FedFM's
+        anchors) or none of these two hooks (Local-only) override it."""
+        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
+        return self.aggregate(dict(state), replies, ctx)
+
+    def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
+        """What client ``cid`` receives to train this round."""
+        raise NotImplementedError
+
+    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
+        """The new server state from the replies of the clients that answered."""
         raise NotImplementedError
 
     # --- client side -------------------------------------------------------------------

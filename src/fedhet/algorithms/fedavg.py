@@ -36,7 +36,6 @@ from fedhet.core.contract import (
     Message,
     Replies,
     RoundContext,
-    RoundGenerator,
     State,
 )
 from fedhet.training.objective import CrossEntropy, LossTerm
@@ -58,10 +57,6 @@ class FedAvg(Algorithm):
                              f"got {sorted(init_models)}")
         (weights,) = init_models.values()
         return {"model": weights}
-
-    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
-        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
-        return self.aggregate(dict(state), replies, ctx)
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
         return Message("train", {"model": state["model"]})

@@ -52,7 +52,6 @@ from fedhet.core.contract import (
     Message,
     Replies,
     RoundContext,
-    RoundGenerator,
     State,
 )
 from fedhet.core.split import BODY, HEAD, select
@@ -149,10 +148,6 @@ class FedClassAvg(Algorithm):
                                  f"architecture; got {sorted(init_models)}")
             state["body"] = {k: v.clone() for k, v in select(init_models[first], BODY).items()}
         return state
-
-    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
-        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
-        return self.aggregate(dict(state), replies, ctx)
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
         arrays = {"head": state["head"]}

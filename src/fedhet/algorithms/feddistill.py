@@ -59,7 +59,6 @@ from fedhet.core.contract import (
     Message,
     Replies,
     RoundContext,
-    RoundGenerator,
     State,
 )
 from fedhet.training.objective import CrossEntropy, LossTerm
@@ -149,10 +148,6 @@ class FedDistill(Algorithm):
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         return {"logits": None, "defined": None}
-
-    def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
-        replies = yield {cid: self.train_message(state, cid, ctx) for cid in ctx.clients}
-        return self.aggregate(dict(state), replies, ctx)
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
         if state.get("logits") is None:
