@@ -100,6 +100,7 @@ from fedhet.core.contract import (
     ClientData,
     ClientRuntime,
     Forward,
+    LocalResult,
     Message,
     Replies,
     RoundContext,
@@ -421,60 +422,79 @@ class FedCME(FedAvg):
         return terms
 
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        if msg.kind == "train":
+            return self.train_before_exchange(msg, state, client)
+        if msg.kind in ("exchange", "continue"):
+            return self.train_after_exchange(msg, state, client)
+        raise ValueError(f"fedcme client got an unknown message kind {msg.kind!r}")
+
+    def train_before_exchange(self, msg: Message, state: State | None,
+                              client: ClientRuntime) -> tuple[Message, State | None]:
+        """Phase A (Algorithm 2 lines 3-16): floor(E/2) epochs from the global model, then the part
+        handed over to the counterpart. FedCME-OL's single phase trains all E epochs and uploads."""
         E = client.settings.epochs
         two_phase = self.params.exchange != "none"
-        if msg.kind == "train":
-            # Phase A (or the single phase of FedCME-OL): start from the global model.
-            base = {k: v for k, v in (state or {}).items() if k != MID} or None
-            train_msg, hook_state = msg, base
-            weights = self.with_local_buffers(msg.arrays["model"], base, client)
-            epochs, start = (E // 2, 0) if two_phase else (E, 0)
-            before = {"steps": 0, "loss": 0.0}
-            acc = None
-        elif msg.kind in ("exchange", "continue"):
-            mid = (state or {}).get(MID)
-            if mid is None:
-                raise RuntimeError(f"fedcme client {client.cid} got a {msg.kind!r} message without a phase-A state")
-            base = {k: v for k, v in state.items() if k != MID} or None
-            train_msg, hook_state = Message("train", mid["arrays"], mid["scalars"]), state
-            part = msg.arrays.get("exchange", {})
-            unknown = sorted(set(part) - set(mid["weights"]))
-            if unknown:
-                raise ValueError(f"fedcme exchange carries tensors the model does not have: {unknown[:3]}")
-            # Algorithm 2 lines 4-5, 24: continue with (theta_k, phi_j).
-            weights = {**mid["weights"], **part}
-            epochs, start = E - E // 2, E // 2
-            before = {"steps": mid["steps"], "loss": mid["loss"]}
-            acc = mid.get("acc")                     # phase A's feature totals: phase B continues them
-        else:
-            raise ValueError(f"fedcme client got an unknown message kind {msg.kind!r}")
+        # Phase A (or the single phase of FedCME-OL): start from the global model.
+        base = {k: v for k, v in (state or {}).items() if k != MID} or None
+        weights = self.with_local_buffers(msg.arrays["model"], base, client)
+        result, stats = self.train_phase(weights, msg, base, client, E // 2 if two_phase else E, 0)
+        if not two_phase:
+            return self.final_update(result, stats, msg, base, client)
+        # End of phase A: keep the mid-round model and the accumulators; hand over our part.
+        share = msg.scalars.get("share", msg.scalars.get("partner") is not None)
+        new_state = {**(base or {}), MID: {"weights": result.weights, "arrays": msg.arrays,
+                                           "scalars": dict(msg.scalars), "acc": stats or None,
+                                           "steps": result.steps, "loss": result.mean_loss}}
+        reply = Message("mid", {"exchange": self.exchange_part(result.weights)} if share else {},
+                        {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
+        return reply, new_state
 
-        terms = [*self.data_terms(train_msg, hook_state, client), *self.local_terms(train_msg, hook_state, client)]
-        options = self.train_options(train_msg, hook_state, client)
+    def train_after_exchange(self, msg: Message, state: State | None,
+                             client: ClientRuntime) -> tuple[Message, State | None]:
+        """Phase B (Algorithm 2 lines 4-5 and 22-24): the counterpart's part in place of the
+        client's own, the remaining E - floor(E/2) epochs, then the upload. A ``"continue"``
+        message (no counterpart) carries no part."""
+        E = client.settings.epochs
+        mid = (state or {}).get(MID)
+        if mid is None:
+            raise RuntimeError(f"fedcme client {client.cid} got a {msg.kind!r} message without a phase-A state")
+        base = {k: v for k, v in state.items() if k != MID} or None
+        train_msg = Message("train", mid["arrays"], mid["scalars"])
+        part = msg.arrays.get("exchange", {})
+        unknown = sorted(set(part) - set(mid["weights"]))
+        if unknown:
+            raise ValueError(f"fedcme exchange carries tensors the model does not have: {unknown[:3]}")
+        # Algorithm 2 lines 4-5, 24: continue with (theta_k, phi_j).
+        weights = {**mid["weights"], **part}
+        # acc: phase A's feature totals: phase B continues them
+        result, stats = self.train_phase(weights, train_msg, state, client, E - E // 2, E // 2, mid.get("acc"))
+        return self.final_update(result, stats, train_msg, base, client, mid["steps"], mid["loss"])
+
+    def train_phase(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime,
+                    epochs: int, start_epoch: int,
+                    acc: dict[str, torch.Tensor] | None = None) -> tuple[LocalResult, dict[str, torch.Tensor]]:
+        """``epochs`` epochs from ``start_epoch`` on the terms the hooks build from the round's train
+        message, and the alignment term's feature totals (added to ``acc``, phase A's)."""
+        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
+        options = self.train_options(msg, state, client)
         if acc:
             options["statistics"] = acc
-        result = client.train(weights, terms, epochs=epochs, start_epoch=start, **options)
+        result = client.train(weights, terms, epochs=epochs, start_epoch=start_epoch, **options)
         align = next((t for t in terms if isinstance(t, FeatureAlignment)), None)
         stats = ({k: v for k, v in result.statistics.items() if k.startswith(f"{align.name}.")}
                  if align is not None else {})
-        steps = before["steps"] + result.steps
-        loss = (before["loss"] * before["steps"] + result.mean_loss * result.steps) / max(steps, 1)
+        return result, stats
 
-        if msg.kind == "train" and two_phase:
-            # End of phase A: keep the mid-round model and the accumulators; hand over our part.
-            acc = stats or None
-            share = msg.scalars.get("share", msg.scalars.get("partner") is not None)
-            new_state = {**(base or {}), MID: {"weights": result.weights, "arrays": msg.arrays,
-                                               "scalars": dict(msg.scalars), "acc": acc,
-                                               "steps": result.steps, "loss": result.mean_loss}}
-            reply = Message("mid", {"exchange": self.exchange_part(result.weights)} if share else {},
-                            {"num_samples": client.num_samples, "steps": result.steps, "loss": result.mean_loss})
-            return reply, new_state
-
+    def final_update(self, result: LocalResult, stats: dict[str, torch.Tensor], msg: Message, state: State | None,
+                     client: ClientRuntime, earlier_steps: int = 0,
+                     earlier_loss: float = 0.0) -> tuple[Message, State | None]:
+        """The upload after the last phase; its steps and mean loss cover phase A's too."""
+        steps = earlier_steps + result.steps
+        loss = (earlier_loss * earlier_steps + result.mean_loss * result.steps) / max(steps, 1)
         # End of local training: zeta_k (Algorithm 2 line 18) and eps_k (lines 19-20).
-        new_state = self.after_training(result, train_msg, base, client)
-        arrays = {"model": result.weights, **self.uploads(result, train_msg, new_state, client)}
-        features = local_features(stats, align.name) if align is not None else None
+        new_state = self.after_training(result, msg, state, client)
+        arrays = {"model": result.weights, **self.uploads(result, msg, new_state, client)}
+        features = local_features(stats)
         if features is not None:
             means, counts = features
             arrays["features"] = {"mean": means, "count": counts}
