@@ -13,10 +13,11 @@ phase; the generator gets the replies of the clients that answered.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhet.core.contract import Arrays, Phase, Replies, RoundContext, State, to_device
+from fedhet.core.contract import Arrays, Message, Phase, Replies, RoundContext, State, to_device
 from fedhet.core.seeding import numpy_rng
 from fedhet.engine.host import ClientHost, Job, JobResult, Tally
 from fedhet.engine.ledger import CommLedger
@@ -97,10 +98,6 @@ class RoundLoop:
             {a: {k: v.clone() for k, v in w.items()} for a, w in host.init_models.items()})
         self.client_states: dict[int, State] = {}
         self.ledger = CommLedger()
-        # The "model" each client uploaded in the last round that ran with keep_local_models set
-        # (FedACD Table 3's risk of local models); not checkpointed, only read right after that round.
-        self.keep_local_models = False
-        self.local_models: dict[int, Arrays] = {}
 
     def sample_clients(self, rnd: int) -> list[int]:
         rng = numpy_rng(self.seed, "sample", rnd)
@@ -115,10 +112,12 @@ class RoundLoop:
             rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating,
             num_rounds=num_rounds)
 
-    def run_round(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None) -> RoundStats:
+    def run_round(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None,
+                  on_reply: Callable[[int, Message], None] | None = None) -> RoundStats:
+        """One round. ``on_reply(cid, reply)`` sees each reply of its phases as the loop applies it
+        (the runner keeps the local models that ``eval.local_risk`` tests)."""
         ctx = self.round_context(rnd, evaluating, num_rounds)
         stats = RoundStats(rnd, ctx.clients)
-        self.local_models = {}
         gen = self.algorithm.round(self.server_state, ctx)
         replies: Replies | None = None
         t_train = 0.0
@@ -128,7 +127,7 @@ class RoundLoop:
                 phase = gen.send(replies)      # type: ignore[arg-type]  # the first send must be None
                 stats.phases += 1
                 t1 = time.perf_counter()
-                replies = self.deliver_phase(phase, rnd, stats)
+                replies = self.deliver_phase(phase, rnd, stats, on_reply)
                 t_train += time.perf_counter() - t1
         except StopIteration as stop:
             new_state = stop.value
@@ -139,7 +138,8 @@ class RoundLoop:
         stats.aggregate_seconds = time.perf_counter() - t0 - t_train
         return stats
 
-    def deliver_phase(self, phase: Phase, rnd: int, stats: RoundStats) -> Replies:
+    def deliver_phase(self, phase: Phase, rnd: int, stats: RoundStats,
+                      on_reply: Callable[[int, Message], None] | None = None) -> Replies:
         keep = not self.transport.keeps_client_state
         jobs = [Job(cid, msg, self.client_states.get(cid) if keep else None, stats.tally(cid))
                 for cid, msg in phase.items()]
@@ -159,8 +159,8 @@ class RoundLoop:
             stats.apply(job.cid, job.tally, result.tally)
             self.ledger.record(rnd, "up", result.reply)
             replies[job.cid] = result.reply
-            if self.keep_local_models and "model" in result.reply.arrays:
-                self.local_models[job.cid] = result.reply.arrays["model"]
+            if on_reply is not None:
+                on_reply(job.cid, result.reply)
         return replies
 
     # --- evaluation support -------------------------------------------------------------

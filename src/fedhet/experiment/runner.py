@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fedhet.core.contract import Arrays, Message
 from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
@@ -113,6 +114,9 @@ class Experiment:
         self.start_round = 0                        # rounds already done (set by resume)
         self.restored: dict | None = None           # the checkpoint a resume continues from
         self.summary: dict = {}
+        # The "model" each client uploaded in the round just run, kept when eval.local_risk
+        # evaluates it (FedACD Table 3's risk of local models); not checkpointed.
+        self.local_models: dict[int, Arrays] = {}
 
     @property
     def run_dir(self) -> Path:
@@ -278,8 +282,9 @@ class Experiment:
             t0 = time.perf_counter()
             done = rnd + 1
             evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
-            self.loop.keep_local_models = evaluating and cfg.eval.local_risk
-            stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds)
+            self.local_models = {}
+            keep = self.keep_local_model if evaluating and cfg.eval.local_risk else None
+            stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds, keep)
             row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                    "train_loss": stats.mean_train_loss(),
                    "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),
@@ -301,9 +306,13 @@ class Experiment:
             if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
                 self.checkpointer(self, done)
 
+    def keep_local_model(self, cid: int, reply: Message) -> None:
+        if "model" in reply.arrays:
+            self.local_models[cid] = reply.arrays["model"]
+
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
-        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized, self.cfg.eval.local_risk,
+        out = evaluate_loop(self.loop, self.cfg.eval.batch_size, self.cfg.eval.personalized, self.local_models,
                             self.eval_clients(rnd), self.eval_precision)
         every = self.cfg.eval.features_every
         weights = self.algorithm.global_model(self.loop.server_state) if every and (rnd + 1) % every == 0 else None

@@ -494,7 +494,7 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
     def evaluate_round(exp: Experiment, rnd: int) -> dict:
         batch = cfg.eval.batch_size
         # global test set, on the server; the uploaded local models too with eval.local_risk
-        out = evaluate_loop(loop, batch, personalized=False, local_risk=cfg.eval.local_risk,
+        out = evaluate_loop(loop, batch, personalized=False, local_models=exp.local_models,
                             precision=exp.eval_precision)
         if cfg.eval.personalized:
             out.update(transport.evaluate_clients(rnd, batch, lambda cid: exp.algorithm.client_view(

@@ -242,14 +242,16 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
             "local_risk_by_client": risk, "local_kl_by_client": kl}
 
 
-def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True, local_risk: bool = False,
-                  clients: list[int] | None = None, precision: str = "fp32") -> dict:
+def evaluate_loop(loop: RoundLoop, batch_size: int = 2048, personalized: bool = True,
+                  local_models: dict[int, Arrays] | None = None, clients: list[int] | None = None,
+                  precision: str = "fp32") -> dict:
     """:func:`evaluate` of a round loop's current state (and :func:`local_model_risk` of the local
-    models it kept from the round just run, when asked), on the device its clients run on."""
+    models given: those the round's clients uploaded, which the runner keeps under eval.local_risk),
+    on the device its clients run on."""
     host = loop.host
     out = evaluate(loop.algorithm, loop.server_state, loop.client_model, host.client_models, host.client_arch,
                    host.federation, batch_size, personalized, clients, precision, host.device)
-    if local_risk:
-        out.update(local_model_risk(host.client_models, host.client_arch, loop.local_models, host.federation,
+    if local_models:
+        out.update(local_model_risk(host.client_models, host.client_arch, local_models, host.federation,
                                     batch_size, precision, host.device, host.client_data))
     return out
