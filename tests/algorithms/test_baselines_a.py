@@ -21,6 +21,7 @@ from fedhet.core.contract import (
     RoundContext,
     TrainSettings,
 )
+from fedhet.core.errors import ConfigError
 from fedhet.core.seeding import torch_generator
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
@@ -436,7 +437,7 @@ def test_feddyn_server_rule_chains_in_a_composition():
     assert state["control"]["w"].item() == pytest.approx(2.0)
     # two parts that each set the aggregation weights cannot be combined silently
     for name in ("feddyn+fedacd", "fedacd+feddyn"):
-        with pytest.raises(KeyError, match="each define the aggregation weights"):
+        with pytest.raises(ConfigError, match="each define the aggregation weights"):
             algorithm_class(name)
 
 

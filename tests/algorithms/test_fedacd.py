@@ -24,6 +24,7 @@ from fedhet.algorithms.fedacd import (
     template_kl,
 )
 from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.errors import ConfigError
 from fedhet.metrics.evaluate import local_model_risk
 from fedhet.training.augment import Mixup, label_weights, mixed
 
@@ -390,7 +391,7 @@ def test_fedacd_refuses_a_partner_that_replaces_the_data_term_and_composes_with_
     from fedhet.algorithms import algorithm_class
 
     for name in ("fedacd+fedrs", "fedlc+fedacd", "fedacd+fednh"):
-        with pytest.raises(KeyError, match="builds its own data term"):
+        with pytest.raises(ConfigError, match="builds its own data term"):
             algorithm_class(name)
     # SCAFFOLD's control variate and FedACD's score weights both apply, in either order
     for name in ("fedacd+scaffold", "scaffold+fedacd"):

@@ -7,6 +7,7 @@ import torch
 from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import LocalResult, Message, RoundContext
+from fedhet.core.errors import ConfigError
 from fedhet.engine.ledger import CommLedger
 from fedhet.metrics.evaluate import labeldist_accuracy
 
@@ -155,14 +156,14 @@ def test_composed_methods_chain_their_terms_and_merge_params():
     assert [t.name for t in algo.local_terms(None, None, None)] == ["b", "a"]
     with pytest.raises(Exception):
         AB.Params(gamma=1)
-    with pytest.raises(KeyError, match="unknown algorithm 'nope'"):
+    with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         algorithm_class("fedavg+nope")
 
 
 def test_composition_refuses_clashing_parameter_names():
     from fedhet.algorithms import algorithm_class
 
-    with pytest.raises(KeyError, match="both fedprox and moon have a parameter 'mu'"):
+    with pytest.raises(ConfigError, match="both fedprox and moon have a parameter 'mu'"):
         algorithm_class("fedprox+moon")
     assert algorithm_class("fedprox+scaffold").name == "fedprox+scaffold"
 

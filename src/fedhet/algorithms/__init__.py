@@ -31,6 +31,7 @@ from fedhet.algorithms.local_only import LocalOnly
 from fedhet.algorithms.moon import Moon
 from fedhet.algorithms.perfedavg import PerFedAvg
 from fedhet.algorithms.scaffold import Scaffold
+from fedhet.core.errors import ConfigError
 from fedhet.core.plugins import describe, is_import_path, load_object
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
@@ -56,28 +57,30 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
     """
     for cls in classes:
         if not issubclass(cls, FedAvg):
-            raise KeyError(f"{cls.name!r} cannot be combined with other methods: only FedAvg-family methods compose")
+            raise ConfigError(f"{cls.name!r} cannot be combined with other methods: only FedAvg-family methods "
+                              "compose")
     name = "+".join(cls.name for cls in classes)
     owner: dict[str, str] = {}
     for cls in classes:
         for field in set(cls.Params.model_fields) - set(FedAvg.Params.model_fields):
             if field in owner:
-                raise KeyError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter {field!r}")
+                raise ConfigError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter "
+                                  f"{field!r}")
             owner[field] = cls.name
     params = type(f"Params[{name}]", tuple(cls.Params for cls in classes), {})
     try:
         combined = type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
     except TypeError as e:
-        raise KeyError(f"cannot combine {name}: {e}") from None
+        raise ConfigError(f"cannot combine {name}: {e}") from None
     weighers = [c.name for c in classes if c.aggregation_weights is not FedAvg.aggregation_weights]
     if len(weighers) > 1:
-        raise KeyError(f"cannot combine {name}: {weighers[0]} and {weighers[1]} each define the aggregation "
-                       f"weights (only one would apply)")
+        raise ConfigError(f"cannot combine {name}: {weighers[0]} and {weighers[1]} each define the aggregation "
+                          f"weights (only one would apply)")
     owner_of_term = [c.name for c in classes if getattr(c, "builds_own_data_term", False)]
     replacers = [c.name for c in classes if c.data_terms is not FedAvg.data_terms]
     if owner_of_term and replacers:
-        raise KeyError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would silently "
-                       f"drop {replacers[0]}'s replacement of the cross-entropy")
+        raise ConfigError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would "
+                          f"silently drop {replacers[0]}'s replacement of the cross-entropy")
     return combined
 
 
@@ -86,13 +89,13 @@ def _user_method(spec: str) -> type[Algorithm]:
     try:
         obj = load_object(spec)
     except ValueError as e:
-        raise KeyError(f"{spec!r}: {e}") from None
+        raise ConfigError(f"{spec!r}: {e}") from None
     if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
-        raise KeyError(f"{spec!r} is {describe(obj)}, not a method: a method is a subclass of fedhet.extend.FedAvg "
-                       "(or fedhet.extend.Algorithm), see docs/extending.md")
+        raise ConfigError(f"{spec!r} is {describe(obj)}, not a method: a method is a subclass of "
+                          "fedhet.extend.FedAvg (or fedhet.extend.Algorithm), see docs/extending.md")
     if "name" not in vars(obj):
-        raise KeyError(f"{spec!r}: the class has no name of its own (it inherits {obj.name!r}, so its runs would be "
-                       f"reported as that method); give it one, e.g. name = {obj.__name__.lower()!r}")
+        raise ConfigError(f"{spec!r}: the class has no name of its own (it inherits {obj.name!r}, so its runs "
+                          f"would be reported as that method); give it one, e.g. name = {obj.__name__.lower()!r}")
     return obj
 
 
@@ -102,9 +105,9 @@ def algorithm_class(name: str) -> type[Algorithm]:
     parts = [p.strip() for p in name.split("+")]
     unknown = [p for p in parts if p not in ALGORITHMS and not is_import_path(p)]
     if unknown:
-        raise KeyError(f"unknown algorithm {unknown[0]!r}; available: {', '.join(sorted(ALGORITHMS))} "
-                       f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold; a method of your own: "
-                       f"MODULE:CLASS, e.g. mylab.methods:FedFoo)")
+        raise ConfigError(f"unknown algorithm {unknown[0]!r}; available: {', '.join(sorted(ALGORITHMS))} "
+                          f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold; a method of your own: "
+                          f"MODULE:CLASS, e.g. mylab.methods:FedFoo)")
     classes = [_user_method(p) if is_import_path(p) else ALGORITHMS[p] for p in parts]
     if len(classes) == 1:
         return classes[0]

@@ -35,8 +35,8 @@ def configure_process(cfg: ExperimentConfig) -> None:
 def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         cls = algorithm_class(cfg.algorithm.name)
-    except KeyError as e:
-        raise ConfigError(f"algorithm.name: {e.args[0]}") from None
+    except ConfigError as e:
+        raise ConfigError(f"algorithm.name: {e}") from None
     try:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:
