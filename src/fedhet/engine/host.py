@@ -111,9 +111,8 @@ class SimClient:
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
               optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
-              statistics: dict[str, torch.Tensor] | None = None,
-              settings: TrainSettings | None = None, evaluation_only: bool = False) -> LocalResult:
-        s = settings or self.settings
+              statistics: dict[str, torch.Tensor] | None = None, evaluation_only: bool = False) -> LocalResult:
+        s = self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
         # An evaluation-only fine-tune (FedBABU) starts from a fresh optimizer and leaves the kept
