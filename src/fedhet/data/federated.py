@@ -85,6 +85,7 @@ class Federation:
     std: torch.Tensor
     public: torch.Tensor | None = None   # uint8 unlabelled public images (data.public), or None
     _train_counts: np.ndarray | None = field(default=None, init=False, repr=False)
+    _client_sizes: dict[int, int] | None = field(default=None, init=False, repr=False)
     _moments_on: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, init=False, repr=False)
 
     @property
@@ -99,6 +100,13 @@ class Federation:
         src = self.pool if self.local_test_source == "holdout" else self.test
         idx = self.test_idx[cid]
         return src.x[idx], src.y[idx]
+
+    def client_sizes(self) -> dict[int, int]:
+        """``{client: training-set size}``, a new dict each call (the round loop hands one to every
+        round's context); the sizes are counted once, the splits never change."""
+        if self._client_sizes is None:
+            self._client_sizes = {c: len(t) for c, t in enumerate(self.train_idx)}
+        return dict(self._client_sizes)
 
     def train_counts(self) -> np.ndarray:
         """(clients, classes) training label counts (computed once; the splits never change)."""
@@ -173,13 +181,18 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
     rng = numpy_rng(seed, "local_test")
     train_idx, test_idx = [], []
     if cfg.local_test.source == "holdout":
+        # Membership through pool-sized masks, not np.isin per client: linear in the clients' sizes,
+        # so 10,000 clients cost a few passes over their indices, not 10,000 sorts of the pool.
+        in_train = np.zeros(len(labels), dtype=bool)
         for part in parts:
             tr, te = partitioners.holdout_split(np.unique(part), cfg.local_test.fraction, rng)
-            keep = np.isin(part, tr)  # duplicates drawn with replacement stay with their image's side
-            train_idx.append(part[keep])
+            in_train[tr] = True
+            train_idx.append(part[in_train[part]])  # duplicates drawn with replacement stay with their image's side
+            in_train[tr] = False
             test_idx.append(te)
-        used = np.unique(np.concatenate(train_idx))
-        test_idx = [te[~np.isin(te, used)] for te in test_idx]
+        trained = np.zeros(len(labels), dtype=bool)
+        trained[np.concatenate(train_idx)] = True
+        test_idx = [te[~trained[te]] for te in test_idx]      # never an image some client trains on
     else:
         test_labels = global_test.y.numpy()
         for cid, part in enumerate(parts):
