@@ -108,7 +108,7 @@ class RoundLoop:
         return RoundContext(
             round=rnd, clients=self.sample_clients(rnd), num_clients=self.federation.num_clients,
             num_classes=self.federation.num_classes,
-            client_sizes={c: len(t) for c, t in enumerate(self.federation.train_idx)},
+            client_sizes=self.federation.client_sizes(),
             rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating,
             num_rounds=num_rounds)
 
