@@ -48,6 +48,8 @@ folder, only :data:`KEPT_FILES` of each.
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import json
 import os
@@ -63,11 +65,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.constructor import SafeConstructor
+from yaml.resolver import Resolver
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import (
     RESUMABLE_CHANGES,
+    ExperimentConfig,
+    UniqueKeyLoader,
     config_changes,
     load_config,
     parse_yaml,
@@ -248,9 +254,65 @@ def _write_lock(job: Job, text: str) -> None:
     os.replace(tmp, _lock_path(job))
 
 
+# A sweep's status reads every run's recorded config and, per job, its config file with the job's
+# overrides: a thousand runs were a thousand-odd YAML parses by PyYAML's pure-Python parser (10 ms
+# each) on every status, listing and table. The helpers below give the same configs, parsed once per
+# text and through libyaml where PyYAML has it.
+
+
+if yaml.__with_libyaml__:
+    from yaml.cyaml import CParser
+
+    class _LibyamlUniqueKeyLoader(CParser, UniqueKeyLoader):
+        """:class:`~fedhet.experiment.config.UniqueKeyLoader` (its duplicate-key check, its float
+        resolver, SafeLoader's constructors) on libyaml's parser, as ``yaml.CSafeLoader`` is built."""
+
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_yaml(text: str) -> Any:
+    """``parse_yaml(text)``, each text parsed once per process (callers must not change what it
+    returns). libyaml, where PyYAML has it, parses ten times faster into the same objects; a text
+    libyaml does not take goes to ``parse_yaml`` itself, which raises its own error."""
+    if yaml.__with_libyaml__:
+        try:
+            return yaml.load(text, Loader=_LibyamlUniqueKeyLoader)  # noqa: S506 - SafeLoader's constructors
+        except yaml.YAMLError:
+            pass
+    return parse_yaml(text)
+
+
+def _current_config(job: Job) -> ExperimentConfig:
+    """``load_config(job.config, job.overrides)``, what the sweep file asks of the job now: loaded
+    once per text of the config file and overrides (callers must not change it); raises what
+    load_config raises."""
+    try:
+        text = job.config.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is None or "\x00" in text:
+        return load_config(job.config, job.overrides)          # raises load_config's own error
+    return _loaded_config(job.config, text, tuple(job.overrides))
+
+
+@functools.lru_cache(maxsize=4096)
+def _loaded_config(path: Path, text: str, overrides: tuple[str, ...]) -> ExperimentConfig:
+    try:
+        raw = _parsed_yaml(text)
+    except yaml.YAMLError:
+        raw = None
+    if not isinstance(raw, dict):              # not YAML, empty, not a mapping
+        return load_config(path, list(overrides))     # raises load_config's own error
+    return load_config(path, list(overrides), raw=copy.deepcopy(raw))
+
+
 def _requested_rounds(job: Job) -> int | None:
     try:
-        return load_config(job.config, job.overrides).train.rounds
+        return _current_config(job).train.rounds
     except (ConfigError, OSError):
         return None
 
@@ -262,12 +324,12 @@ def config_mismatch(job: Job) -> list[str]:
     if not recorded.is_file():
         return []
     try:
-        current = load_config(job.config, job.overrides)
+        current = _current_config(job)
     except (ConfigError, OSError) as e:
         # a run exists, but what the sweep file asks for now cannot be read: not the same run
         return [f"the sweep file's config cannot be loaded ({str(e).splitlines()[0]})"]
     try:
-        return config_changes(parse_yaml(recorded.read_text()) or {}, current)
+        return config_changes(_parsed_yaml(recorded.read_text()) or {}, current)
     except (OSError, yaml.YAMLError):
         return []          # the run itself reports a recorded config it cannot load
 
