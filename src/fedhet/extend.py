@@ -26,6 +26,7 @@ from fedhet.core.contract import (
 )
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
+from fedhet.training.dropout import StreamDropout
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "RoundContext",
     "SplitModel",
     "State",
+    "StreamDropout",
     "save_arrays",
     "weighted_average",
 ]

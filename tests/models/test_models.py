@@ -16,7 +16,7 @@ from fedhet.models import (
     param_groups,
 )
 
-SMALL_MODELS = ("cnn2", "simple_cnn", "alexnet_cifar", "alexnet_fedrema")
+SMALL_MODELS = ("cnn2", "simple_cnn", "alexnet_cifar", "alexnet_fedrema", "pfl_cnn")
 RESNETS = ("resnet18", "resnet34", "resnet50")
 # FedClassAvg's heterogeneous models, tested in test_models_hetero.py
 FCA_MODELS = tuple(f"fca_{n}" for n in ("resnet18", "shufflenetv2", "googlenet", "alexnet", "cnn_a", "cnn_b", "cnn_c", "cnn_d",

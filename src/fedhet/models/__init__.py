@@ -12,7 +12,7 @@ from functools import partial
 
 from fedhet.core.plugins import describe, is_import_path, load_object
 from fedhet.models.base import SplitModel, count_params, param_groups
-from fedhet.models.cnn import alexnet_cifar, alexnet_fedrema, cnn2, simple_cnn
+from fedhet.models.cnn import alexnet_cifar, alexnet_fedrema, cnn2, pfl_cnn, simple_cnn
 from fedhet.models.hetero import (
     fca_alexnet,
     fca_cnn_a,
@@ -42,6 +42,7 @@ _RESNET_OPTIONS = ("stem", "gn_groups")
 _MODELS: dict[str, _Entry] = {
     "cnn2": _Entry(cnn2, "fc2"),
     "simple_cnn": _Entry(simple_cnn, "fc3"),
+    "pfl_cnn": _Entry(pfl_cnn, "fc2"),
     "alexnet_cifar": _Entry(alexnet_cifar, "fc3"),
     "alexnet_fedrema": _Entry(alexnet_fedrema, "fc1"),
     "resnet18": _Entry(partial(resnet, 18), "fc", _RESNET_OPTIONS, has_norm=True),

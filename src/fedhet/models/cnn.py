@@ -10,6 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from fedhet.models.base import SplitModel
+from fedhet.training.dropout import StreamDropout
 
 
 def _require_min_size(name: str, image_size: int, min_size: int) -> None:
@@ -137,3 +138,28 @@ def alexnet_fedrema(
         ("fc3", nn.Linear(512, num_classes)),
     ]
     return SplitModel(stages, split, (in_channels, image_size, image_size))
+
+
+def pfl_cnn(in_channels: int, num_classes: int, image_size: int, split: str) -> SplitModel:
+    """The small CNN of the cross-device CIFAR-10 benchmark of pfl-research (Granqvist et al.,
+    "pfl-research: simulation framework for accelerating research in Private Federated Learning",
+    NeurIPS 2024, Sec. 4.1; their ``simple_cnn``).
+
+    conv1(in->32, 3x3)+ReLU -> conv2(32->64, 3x3)+ReLU+pool2 -> dropout 0.25 -> flatten (64*14*14
+    at 32x32) -> fc1(->128)+ReLU -> dropout 0.5 -> fc2(128->C); Glorot-uniform weights, as theirs.
+    Default split "fc2": the head is the second dropout and fc2 on the 128-d features. The dropout
+    masks come from each client's stream (:class:`fedhet.training.dropout.StreamDropout`).
+    """
+    _require_min_size("pfl_cnn", image_size, 6)
+    side = (image_size - 4) // 2
+    stages = [
+        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 32, 3), nn.ReLU())),
+        ("conv2", nn.Sequential(nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), StreamDropout(0.25), nn.Flatten())),
+        ("fc1", nn.Sequential(nn.Linear(64 * side * side, 128), nn.ReLU())),
+        ("fc2", nn.Sequential(StreamDropout(0.5), nn.Linear(128, num_classes))),
+    ]
+    model = SplitModel(stages, split, (in_channels, image_size, image_size))
+    for m in model.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(m.weight)
+    return model

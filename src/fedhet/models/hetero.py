@@ -37,9 +37,9 @@ nearest-prototype evaluation needs a one-Linear head on the features). FedClassA
 default: its SupCon loss works on the unactivated 512-d output.
 
 Dropout (GoogLeNet: 0.2 after the pool; AlexNet: 0.5 before its first Linear) is an option,
-``dropout``, off by default: a dropout mask draws from torch's global random generator, which
-fedhet's engines do not key per client, so it would make results depend on the order in which
-clients run (and ``vmap`` refuses it). Pass ``dropout=0.2`` / ``0.5`` for the published layers.
+``dropout``, off by default. Pass ``dropout=0.2`` / ``0.5`` for the published layers; their
+masks come from each client's own stream (``fedhet.training.dropout``), so such runs are
+reproducible for a seed and vectorize.
 
 ``norm`` ("bn" default, as published, or "gn" with ``gn_groups``, which must divide every
 channel count) applies to the ResNet, ShuffleNetV2 and GoogLeNet, which use BatchNorm; GoogLeNet
@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from fedhet.models.base import SplitModel
 from fedhet.models.resnet import BasicBlock
+from fedhet.training.dropout import StreamDropout
 
 FEATURE_DIM = 512
 NORMS = ("bn", "gn")
@@ -116,10 +117,11 @@ def _norm_factory(norm: str, gn_groups: int, eps: float = 1e-5) -> NormFactory:
 
 
 def _dropout(p: float) -> nn.Module:
-    """``nn.Dropout(p)``, or ``nn.Identity`` for p == 0 (no random draws, vmap-safe)."""
+    """Dropout with masks from the client's stream (``StreamDropout``, an ``nn.Dropout``), or
+    ``nn.Identity`` for p == 0."""
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
         raise ValueError(f"dropout must be a probability in [0, 1), got {p!r}")
-    return nn.Dropout(float(p)) if p > 0 else nn.Identity()
+    return StreamDropout(float(p)) if p > 0 else nn.Identity()
 
 
 def _global_pool() -> nn.Sequential:

@@ -51,6 +51,10 @@ class Augmentation:
     def signature(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
+    def rows(self, n: int) -> int:
+        """How many inputs ``apply`` makes of a batch of ``n`` (what the model's forward pass sees)."""
+        return n
+
     def to(self, device: torch.device | str) -> Augmentation:
         """This augmentation with its tensor constants on ``device`` (itself when it has none or
         they are there already), so that ``apply`` copies nothing from the host."""
@@ -151,6 +155,9 @@ class SupConViews(Augmentation):
     def to(self, device: torch.device | str) -> SupConViews:
         mean, std = self.mean.to(device), self.std.to(device)
         return self if mean is self.mean and std is self.std else replace(self, mean=mean, std=std)
+
+    def rows(self, n: int) -> int:
+        return n * self.views
 
     def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Per view, in this order: the crop boxes, the flips, the colour draws."""

@@ -23,6 +23,7 @@ from fedhet.core.contract import (
     TrainSettings,
 )
 from fedhet.core.errors import NumericalError
+from fedhet.training.dropout import draw_masks, masks_applied
 from fedhet.training.objective import LossTerm, accumulate_statistics, total_loss
 from fedhet.training.optim import clip_grad_norm, make_optimizer
 
@@ -124,12 +125,16 @@ def train_local(
                 batch = data.batch(positions)
                 if augment is not None:
                     batch = augment(batch, generator)
+                # dropout masks from the same stream, after the augmentation's draws (training/dropout.py)
+                masks = {k: m.to(batch.x.device) for k, m in
+                         draw_masks(model, tuple(batch.x.shape[1:]), len(batch.x), generator).items()}
                 x = batch.x.contiguous(memory_format=torch.channels_last) if channels_last and batch.x.dim() == 4 \
                     else batch.x
-                with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
-                    features, logits = model(x, with_features=True)
-                out = Forward(features.float(), logits.float())
-                loss, parts = total_loss(terms, out, batch, work)
+                with masks_applied(masks):
+                    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                        features, logits = model(x, with_features=True)
+                    out = Forward(features.float(), logits.float())
+                    loss, parts = total_loss(terms, out, batch, work)
                 with torch.no_grad():
                     accumulate_statistics(terms, out, batch, totals)
                 value = float(loss.detach())

@@ -20,6 +20,7 @@ import torch
 from fedhet.core.contract import Batch, Forward, normalize_uint8
 from fedhet.engine.vectorized.grouping import Group
 from fedhet.engine.vectorized.kernels import adam_step, only, rows, sgd_step
+from fedhet.training.dropout import masks_applied, split_draws
 from fedhet.training.local import forward
 from fedhet.training.objective import accumulate_statistics
 from fedhet.training.optim import Adam
@@ -61,8 +62,13 @@ def vmapped_step(g: Group, pool: Pool, device: torch.device, idx: torch.Tensor |
 
     def client_loss(w, x, y, index, consts, draws):
         batch = Batch(x, y, index)
+        draws, masks = split_draws(draws)
         if augment is not None:
             batch = augment.apply(batch, draws)
+        with masks_applied(masks):
+            return client_objective(w, batch, consts)
+
+    def client_objective(w, batch, consts):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
             out = forward(model, w, batch.x)
         out = Forward(out.features.float(), out.logits.float())

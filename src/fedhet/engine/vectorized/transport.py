@@ -31,6 +31,7 @@ from fedhet.engine.vectorized.results import unstack
 from fedhet.engine.vectorized.schedule import ClientBatch, Schedule, plan
 from fedhet.engine.vectorized.step import Pool, vmapped_step
 from fedhet.training.augment import Augmentation
+from fedhet.training.dropout import draw_masks
 from fedhet.training.local import epoch_batches, train_local
 from fedhet.training.precision import strict_fp32
 
@@ -182,14 +183,19 @@ class Vectorized(Transport):
         s = reqs[0].settings
 
         def batches(req: TrainRequest) -> Iterator[ClientBatch]:
-            """(positions, the augmentation's draws or None) per batch, drawn in train_local's order."""
+            """(positions, the augmentation's draws and dropout masks, or None) per batch, drawn in
+            train_local's order."""
             n = len(req.client.data.train_idx)
             aug = req.augment
             assert aug is None or isinstance(aug, Augmentation)      # group_key let no other into a group
+            sample_shape = tuple(req.client.data.x.shape[1:])
             for e in range(s.epochs):
                 gen = req.client.generator("batches", req.start_epoch + e)
                 for positions in epoch_batches(n, s.batch_size, s.drop_last, gen):
-                    yield positions, (aug.draw(len(positions), gen) if aug is not None else None)
+                    draws = aug.draw(len(positions), gen) if aug is not None else {}
+                    rows = aug.rows(len(positions)) if aug is not None else len(positions)
+                    draws.update(draw_masks(g.model, sample_shape, rows, gen))
+                    yield positions, (draws or None)
 
         schedule = plan([batches(r) for r in reqs], [r.client.data.train_idx.cpu() for r in reqs],
                         self._wide_on(), self.graph_min_repeats)

@@ -1,0 +1,122 @@
+"""Dropout whose masks come from each client's own random stream.
+
+``torch.nn.Dropout`` draws its masks from torch's global generator: a run with dropout is not
+reproducible for a seed (the draws depend on what else used the generator, and in which order the
+clients ran), and ``vmap`` refuses the random op, so the vectorized engine could not batch such a
+model. :class:`StreamDropout` (a ``nn.Dropout``) takes its masks from a context instead: local
+training draws every mask of a batch from the client's per-epoch stream right after the batch's
+positions and its augmentation's draws (:func:`draw_masks`), and applies them with
+:func:`masks_applied` around the forward pass and the loss. The vectorized engine draws the same
+masks from the same streams on the host, with its schedule, and applies them per client under
+``vmap``; both engines compute ``x * keep / (1 - p)``, so they agree to float tolerance and a run
+is reproducible for a seed.
+
+Outside fedhet's local training (no masks in the context, e.g. a method's own forward pass in
+training mode) a ``StreamDropout`` is torch's dropout. Within it, a loss term that runs the model
+again in training mode (a teacher with other weights) gets the batch's masks again.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+# Draw names of the masks among a batch's draws (beside the augmentation's own).
+MASK_PREFIX = "dropout."
+
+_MASKS: contextvars.ContextVar[dict[str, torch.Tensor] | None] = contextvars.ContextVar("fedhet_dropout_masks",
+                                                                                       default=None)
+
+
+class StreamDropout(nn.Dropout):
+    """``nn.Dropout(p)`` whose mask, in fedhet's local training, is the one :func:`draw_masks` drew
+    for it from the client's stream (module docstring)."""
+
+    # Its qualified name in the model it belongs to (set by :func:`dropout_layers`).
+    mask_key: str = ""
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__(p)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        masks = _MASKS.get()
+        if not self.training or self.p == 0 or masks is None:
+            return super().forward(x)
+        keep = masks.get(MASK_PREFIX + self.mask_key)
+        if keep is None:
+            raise RuntimeError(f"no dropout mask was drawn for layer {self.mask_key!r}: its model differs from "
+                               f"the one the masks were drawn for")
+        return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+
+
+# model -> {input shape: [(name, p, shape of one sample's mask)]}
+_LAYERS: weakref.WeakKeyDictionary[nn.Module, dict[tuple[int, ...], list[tuple[str, float, tuple[int, ...]]]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def dropout_layers(model: nn.Module, sample_shape: tuple[int, ...]) -> list[tuple[str, float, tuple[int, ...]]]:
+    """``(name, p, mask shape of one sample)`` of each active :class:`StreamDropout` of ``model`` for
+    inputs of ``sample_shape``, in module order; found once per model and shape by a forward pass
+    on one zero sample in evaluation mode."""
+    per_shape = _LAYERS.setdefault(model, {})
+    if sample_shape in per_shape:
+        return per_shape[sample_shape]
+    named = [(name, m) for name, m in model.named_modules() if isinstance(m, StreamDropout) and m.p > 0]
+    shapes: dict[str, tuple[int, ...]] = {}
+    if named:
+        for name, m in named:
+            m.mask_key = name
+
+        def record(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+            assert isinstance(module, StreamDropout)
+            shapes[module.mask_key] = tuple(args[0].shape[1:])
+
+        hooks = [m.register_forward_pre_hook(record) for _, m in named]
+        was_training = model.training
+        param = next(model.parameters(), None)
+        try:
+            model.eval()
+            with torch.no_grad():
+                model(torch.zeros((1, *sample_shape), device=param.device if param is not None else None))
+        finally:
+            model.train(was_training)
+            for h in hooks:
+                h.remove()
+    layers = [(name, float(m.p), shapes[name]) for name, m in named if name in shapes]
+    per_shape[sample_shape] = layers
+    return layers
+
+
+def draw_masks(model: nn.Module, sample_shape: tuple[int, ...], rows: int,
+               generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """The keep masks (bool, ``(rows, *mask shape)``) of every dropout layer of ``model`` for one
+    batch of ``rows`` inputs of ``sample_shape``, drawn from ``generator`` in module order; empty for
+    a model without :class:`StreamDropout` (nothing is drawn: such runs' streams are unchanged)."""
+    masks = {}
+    for name, p, shape in dropout_layers(model, sample_shape):
+        masks[MASK_PREFIX + name] = torch.rand((rows, *shape), generator=generator) >= p
+    return masks
+
+
+@contextmanager
+def masks_applied(masks: dict[str, torch.Tensor] | None) -> Iterator[None]:
+    """Within the block, the model's :class:`StreamDropout` layers use ``masks`` (none: a no-op)."""
+    if not masks:
+        yield
+        return
+    token = _MASKS.set(masks)
+    try:
+        yield
+    finally:
+        _MASKS.reset(token)
+
+
+def split_draws(draws: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A batch's draws as (the augmentation's, the dropout masks)."""
+    masks = {k: v for k, v in draws.items() if k.startswith(MASK_PREFIX)}
+    return {k: v for k, v in draws.items() if k not in masks}, masks
