@@ -84,3 +84,25 @@ def test_client_sizes_are_the_training_split_sizes_in_a_new_dict_each_call(synth
     assert sizes == {c: len(t) for c, t in enumerate(fed.train_idx)}
     sizes[0] = -1                       # a caller's change does not reach the next caller
     assert fed.client_sizes()[0] == len(fed.train_idx[0])
+
+
+def test_like_sampler_draws_what_sample_like_draws_client_after_client():
+    from fedhet.core.errors import PartitionError
+    from fedhet.data.partition import LikeSampler, sample_like
+
+    pool = np.random.default_rng(1).integers(0, 10, 3000)
+    exclude = np.arange(0, 3000, 7)
+    clients = [np.random.default_rng(s).integers(0, 10, 1 + s * 13) % (s % 9 + 2) for s in range(40)]
+    for excluded in (None, exclude):
+        a, b = np.random.default_rng(5), np.random.default_rng(5)
+        sampler = LikeSampler(pool, 10, exclude=excluded)
+        for i, labels in enumerate(clients):
+            size = (7 * i) % 60
+            expected = sample_like(labels, pool, size, 10, a, exclude=excluded)
+            got = sampler(labels, size, b)
+            assert got.dtype == expected.dtype == np.int64 and np.array_equal(got, expected)
+    for call in (lambda: sample_like(np.array([0]), pool, 400, 10, np.random.default_rng(0)),
+                 lambda: LikeSampler(pool, 10)(np.array([0]), 400, np.random.default_rng(0)),
+                 lambda: LikeSampler(pool, 5)(np.array([0]), 4, np.random.default_rng(0))):
+        with pytest.raises(PartitionError, match="^sample_like: "):
+            call()

@@ -195,6 +195,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         test_idx = [te[~trained[te]] for te in test_idx]      # never an image some client trains on
     else:
         test_labels = global_test.y.numpy()
+        like: partitioners.LikeSampler | None = None      # sample_like, the test set split by class once
         for cid, part in enumerate(parts):
             if len(part) == 0:
                 raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
@@ -202,7 +203,9 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                                      f"{_pool_hint(cfg, len(labels), k)}")
             size = max(1, round(cfg.local_test.fraction * len(part)))
             try:
-                test_idx.append(partitioners.sample_like(labels[part], test_labels, size, train.num_classes, rng))
+                if like is None:
+                    like = partitioners.LikeSampler(test_labels, train.num_classes)
+                test_idx.append(like(labels[part], size, rng))
             except PartitionError as e:
                 raise PartitionError(
                     f"data.local_test (source test_set, fraction {cfg.local_test.fraction}): client {cid}'s local "
