@@ -37,12 +37,14 @@ loaded machine a second intra-op thread that gets descheduled stalls every forwa
 
 Writes ``benchmarks/results/federation_scale.{md,json}`` (``--out``) with the machine, the commit,
 the command and the date. ``--compare REV`` measures the library of commit ``REV`` (``git archive``
-of its ``src/`` into a temporary folder) and the working tree's, one after the other in one call,
-each in its own process, and writes both side by side.
+of its ``src/`` into a temporary folder) and the working tree's (or commit ``--after REV2``'s) in
+one call, each step in its own process, the sides taking turns step by step, and writes both side
+by side.
 
     .venv/bin/python benchmarks/federation_scale.py                      # 10,000 clients, and 1,000
     .venv/bin/python benchmarks/federation_scale.py --clients 2000 --steps federation sampling
     .venv/bin/python benchmarks/federation_scale.py --compare HEAD~3     # before / after
+    .venv/bin/python benchmarks/federation_scale.py --compare 51213a8 --after 91efeb6
 """
 
 from __future__ import annotations
@@ -442,7 +444,31 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
-def run_side(label: str, src: Path, a: argparse.Namespace, argv: list[str]) -> dict:
+def strip_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
+    """``argv`` without the options ``names`` and their values."""
+    out: list[str] = []
+    skipping = False
+    for item in argv:
+        if item.startswith("--"):
+            skipping = item.split("=", 1)[0] in names and "=" not in item
+            if item.split("=", 1)[0] in names:
+                continue
+        elif skipping:
+            continue
+        out.append(item)
+    return out
+
+
+def archived_src(rev: str, folder: Path) -> tuple[Path, str]:
+    """``src/`` of commit ``rev`` extracted into ``folder`` (``git archive``); (its path, a label)."""
+    short = git("rev-parse", "--short", rev)
+    folder.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", short, "src"], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder / "src", f"commit {short}"
+
+
+def run_side(label: str, src: Path, argv: list[str]) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
     env = {**os.environ, "PYTHONPATH": str(src) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -497,32 +523,39 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the bookkeeping is "
                     "one thread's, and threads a loaded machine deschedules stall every pass)")
     ap.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
-    ap.add_argument("--compare", metavar="REV", help="also measure the library of commit REV, side by side")
+    ap.add_argument("--compare", metavar="REV", help="also measure the library of commit REV ('before'), side by side")
+    ap.add_argument("--after", metavar="REV", help="with --compare: measure commit REV as 'after' instead of the "
+                    "working tree")
     ap.add_argument("--out", type=Path, default=RESULTS / "federation_scale")
     ap.add_argument("--side-json", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side_json:
         a.side_json.write_text(json.dumps(measure_side(a)))
         return 0
-    argv = [x for x in sys.argv[1:]]
-    if a.compare:
-        i = argv.index("--compare")
-        del argv[i:i + 2]
+    argv = strip_options(sys.argv[1:], ("--compare", "--after", "--steps"))
     command = "python benchmarks/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
-    sides: dict[str, dict] = {}
     head = git("rev-parse", "--short", "HEAD")
     dirty = bool(git("status", "--porcelain", "--", "src"))
-    here = f"working tree at {head}" + (" (uncommitted changes under src/)" if dirty else "")
-    with tempfile.TemporaryDirectory(prefix="fedhet-scale-base-") as base:
+    with tempfile.TemporaryDirectory(prefix="fedhet-scale-") as tmp:
+        libraries: dict[str, tuple[Path, str]] = {}
         if a.compare:
-            rev = git("rev-parse", "--short", a.compare)
-            archive = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, capture_output=True, check=True).stdout
-            subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
-            sides["before"] = {**run_side(f"before ({rev})", Path(base) / "src", a, argv), "library": f"commit {rev}"}
-        label = "after" if a.compare else "this commit"
-        sides[label] = {**run_side(label, ROOT / "src", a, argv), "library": here}
+            libraries["before"] = archived_src(a.compare, Path(tmp) / "before")
+        if a.after:
+            libraries["after"] = archived_src(a.after, Path(tmp) / "after")
+        else:
+            libraries["after" if a.compare else "this commit"] = (
+                ROOT / "src", f"working tree at {head}" + (" (uncommitted changes under src/)" if dirty else ""))
+        # The sides take turns step by step, in the order ABBA..., so that the machine's load moving
+        # during the call weighs on both alike.
+        sides: dict[str, dict] = {label: {"rows": [], "library": what} for label, (_, what) in libraries.items()}
+        for i, step in enumerate(a.steps):
+            order = list(libraries) if i % 2 == 0 else list(reversed(libraries))
+            for label in order:
+                side = run_side(f"{label}, {step}", libraries[label][0], [*argv, "--steps", step])
+                sides[label]["rows"] += side.pop("rows")
+                sides[label].update(side)
     from fedhet.experiment.summary import machine_info
 
     result = {"command": command, "commit": head, "date": time.strftime("%Y-%m-%d %H:%M"),
