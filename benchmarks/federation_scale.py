@@ -38,13 +38,13 @@ loaded machine a second intra-op thread that gets descheduled stalls every forwa
 Writes ``benchmarks/results/federation_scale.{md,json}`` (``--out``) with the machine, the commit,
 the command and the date. ``--compare REV`` measures the library of commit ``REV`` (``git archive``
 of its ``src/`` into a temporary folder) and the working tree's (or commit ``--after REV2``'s) in
-one call, each step in its own process, the sides taking turns step by step, and writes both side
-by side.
+one call, each step in its own process, the sides taking turns step by step (ABBA...; with
+``--passes 2`` each step twice, in both orders), and writes both side by side.
 
     .venv/bin/python benchmarks/federation_scale.py                      # 10,000 clients, and 1,000
     .venv/bin/python benchmarks/federation_scale.py --clients 2000 --steps federation sampling
     .venv/bin/python benchmarks/federation_scale.py --compare HEAD~3     # before / after
-    .venv/bin/python benchmarks/federation_scale.py --compare 51213a8 --after 91efeb6
+    .venv/bin/python benchmarks/federation_scale.py --compare 51213a8 --after 91efeb6 --passes 2
 """
 
 from __future__ import annotations
@@ -444,6 +444,21 @@ def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def merge_passes(rows: list[dict]) -> list[dict]:
+    """One row per step: the median of every run of every pass (the last pass's note)."""
+    merged: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["step"], row["what"], row["clients"])
+        if key in merged:
+            merged[key]["runs"] = merged[key]["runs"] + row["runs"]
+            merged[key]["note"] = row["note"]
+        else:
+            merged[key] = dict(row)
+    for row in merged.values():
+        row["seconds"] = statistics.median(row["runs"])
+    return list(merged.values())
+
+
 def strip_options(argv: list[str], names: tuple[str, ...]) -> list[str]:
     """``argv`` without the options ``names`` and their values."""
     out: list[str] = []
@@ -491,8 +506,9 @@ def markdown(result: dict) -> str:
              f"{result['load_after']}.  ",
              f"Data: {sides[labels[-1]]['data']}.  ",
              "Sides: " + "; ".join(f"**{k}** = {v['library']}" for k, v in sides.items()) + ".", "",
-             "Median seconds of the repeats (`runs` in the JSON). The machine is shared: figures move by tens of "
-             "percent from run to run; compare the columns of one file.", ""]
+             f"Median seconds of every repeat of {result['settings']['passes']} pass(es) (`runs` in the JSON), the "
+             "sides taking turns step by step. The machine is shared: figures move by tens of percent from run to "
+             "run; compare the columns of one file.", ""]
     head = "| step | what | clients | " + " | ".join(f"{k} (s)" for k in labels)
     head += " | " + f"{labels[0]} / {labels[-1]}" + " | note |" if len(labels) > 1 else " | note |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
@@ -526,13 +542,15 @@ def main() -> int:
     ap.add_argument("--compare", metavar="REV", help="also measure the library of commit REV ('before'), side by side")
     ap.add_argument("--after", metavar="REV", help="with --compare: measure commit REV as 'after' instead of the "
                     "working tree")
+    ap.add_argument("--passes", type=int, default=1, help="go through the steps this many times, the sides' "
+                    "order turned round each pass; a step's figure is the median of all its runs")
     ap.add_argument("--out", type=Path, default=RESULTS / "federation_scale")
     ap.add_argument("--side-json", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.side_json:
         a.side_json.write_text(json.dumps(measure_side(a)))
         return 0
-    argv = strip_options(sys.argv[1:], ("--compare", "--after", "--steps"))
+    argv = strip_options(sys.argv[1:], ("--compare", "--after", "--steps", "--passes"))
     command = "python benchmarks/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
     load_before = [round(x, 2) for x in os.getloadavg()]
     t0 = time.perf_counter()
@@ -550,12 +568,15 @@ def main() -> int:
         # The sides take turns step by step, in the order ABBA..., so that the machine's load moving
         # during the call weighs on both alike.
         sides: dict[str, dict] = {label: {"rows": [], "library": what} for label, (_, what) in libraries.items()}
-        for i, step in enumerate(a.steps):
-            order = list(libraries) if i % 2 == 0 else list(reversed(libraries))
-            for label in order:
-                side = run_side(f"{label}, {step}", libraries[label][0], [*argv, "--steps", step])
-                sides[label]["rows"] += side.pop("rows")
-                sides[label].update(side)
+        for p in range(a.passes):
+            for i, step in enumerate(a.steps):
+                order = list(libraries) if (i + p) % 2 == 0 else list(reversed(libraries))
+                for label in order:
+                    side = run_side(f"{label}, {step}, pass {p + 1}", libraries[label][0], [*argv, "--steps", step])
+                    sides[label]["rows"] += side.pop("rows")
+                    sides[label].update(side)
+        for side in sides.values():
+            side["rows"] = merge_passes(side["rows"])
     from fedhet.experiment.summary import machine_info
 
     result = {"command": command, "commit": head, "date": time.strftime("%Y-%m-%d %H:%M"),
