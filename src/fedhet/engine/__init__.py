@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
+from fedhet.engine.client_store import ClientStates
 from fedhet.engine.host import ClientHost
 from fedhet.engine.loop import InProcess, RoundLoop, Transport
 from fedhet.engine.parallel import Forked, fork_available
@@ -148,14 +149,17 @@ def make_transport(choice: EngineChoice, device: str | None = "cpu", cuda_graphs
 
 def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto", workers: int | str = "auto",
               device: str | None = "cpu", threads: int | None = None,
-              cuda_graphs: bool = True, keep_graphs: bool = True) -> tuple[RoundLoop, EngineChoice]:
-    """The round loop for ``host`` with the transport :func:`choose_engine` picks, and that choice."""
+              cuda_graphs: bool = True, keep_graphs: bool = True,
+              client_states: ClientStates | None = None) -> tuple[RoundLoop, EngineChoice]:
+    """The round loop for ``host`` with the transport :func:`choose_engine` picks, and that choice;
+    ``client_states``: where the clients' persistent states live (default: in memory)."""
     choice = choose_engine(engine, workers, device, clients_per_round=clients_per_round,
                            round_samples=round_sample_estimate(host.federation, host.settings, clients_per_round),
                            threads=threads)
-    return RoundLoop(host, clients_per_round, make_transport(choice, device, cuda_graphs, keep_graphs)), choice
+    transport = make_transport(choice, device, cuda_graphs, keep_graphs)
+    return RoundLoop(host, clients_per_round, transport, client_states), choice
 
 
-__all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "ClientHost", "EngineChoice", "Forked", "InProcess",
+__all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "ClientHost", "ClientStates", "EngineChoice", "Forked", "InProcess",
            "RoundLoop", "Transport", "choose_engine", "make_loop", "make_transport", "round_sample_estimate",
            "vectorized_available"]

@@ -54,6 +54,8 @@ def tensor_floats(obj) -> int:
 
     if isinstance(obj, torch.Tensor):
         return obj.numel()
+    if hasattr(obj, "tensor_floats"):      # ClientStates: counted without loading the states spilled to disk
+        return int(obj.tensor_floats())
     if isinstance(obj, dict):
         return sum(tensor_floats(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):

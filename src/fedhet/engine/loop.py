@@ -19,6 +19,7 @@ from typing import Any
 
 from fedhet.core.contract import Arrays, Message, Phase, Replies, RoundContext, State, to_device
 from fedhet.core.seeding import numpy_rng
+from fedhet.engine.client_store import ClientStates
 from fedhet.engine.host import ClientHost, Job, JobResult, Tally
 from fedhet.engine.ledger import CommLedger
 
@@ -86,7 +87,10 @@ class InProcess(Transport):
 class RoundLoop:
     """Rounds of one algorithm over one federation, carried by ``transport`` (default in-process)."""
 
-    def __init__(self, host: ClientHost, clients_per_round: int, transport: Transport | None = None):
+    def __init__(self, host: ClientHost, clients_per_round: int, transport: Transport | None = None,
+                 client_states: ClientStates | None = None):
+        """``client_states``: the store of the clients' persistent states (engine/client_store.py);
+        default: all in memory."""
         self.host = host
         self.algorithm = host.algorithm
         self.federation = host.federation
@@ -96,7 +100,7 @@ class RoundLoop:
         self.transport.attach(host)
         self.server_state: State = self.algorithm.init_server_state(
             {a: {k: v.clone() for k, v in w.items()} for a, w in host.init_models.items()})
-        self.client_states: dict[int, State] = {}
+        self.client_states: ClientStates = client_states if client_states is not None else ClientStates()
         self.ledger = CommLedger()
 
     def sample_clients(self, rnd: int) -> list[int]:
@@ -174,12 +178,12 @@ class RoundLoop:
     # --- checkpointing ------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         # client states may live on the device (run.client_state: device); a checkpoint holds them on the CPU
-        return {"server_state": self.server_state, "client_states": to_device(self.client_states, "cpu"),
+        return {"server_state": self.server_state, "client_states": self.client_states.snapshot(),
                 "ledger": self.ledger.state_dict()}
 
     def restore(self, snap: dict[str, Any]) -> None:
         self.server_state = snap["server_state"]
-        self.client_states = snap["client_states"]
+        self.client_states.restore(snap["client_states"])
         self.ledger.load_state_dict(snap["ledger"])
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ as the simulator does, and nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pydantic
 import torch
@@ -18,8 +19,8 @@ from fedhet.core.contract import TrainSettings
 from fedhet.core.errors import ConfigError
 from fedhet.core.seeding import derive_seed
 from fedhet.data.federated import Federation, build_federation
-from fedhet.engine import ClientHost
-from fedhet.experiment.config import ExperimentConfig
+from fedhet.engine import ClientHost, ClientStates
+from fedhet.experiment.config import ExperimentConfig, RunConfig
 from fedhet.models import build_model
 from fedhet.training.precision import auto_precision
 
@@ -151,3 +152,10 @@ def build(cfg: ExperimentConfig) -> Built:
                       device=device, state_on_device=cfg.run.client_state == "device")
     return Built(cfg, algorithm, federation, models, client_arch, precision, host,
                  headline_metric(algorithm, federation), device)
+
+
+def client_state_store(run: RunConfig, run_dir: Path) -> ClientStates:
+    """The store of the clients' persistent states that ``run.client_state_store`` asks for, spilling
+    to ``run_dir/client_states``."""
+    budget = None if run.client_state_memory_mb is None else run.client_state_memory_mb << 20
+    return ClientStates(run_dir / "client_states", run.client_state_store, budget)

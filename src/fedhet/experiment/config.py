@@ -232,6 +232,12 @@ class RunConfig(Strict):
     # device for each job and back, so large federations fit) or "device" (stays on run.device: no
     # transfers, device memory grows with the clients seen). Checkpoints hold it on the CPU either way.
     client_state: Literal["cpu", "device"] = "cpu"
+    # The clients' persistent states in bounded memory (fedhet.engine.client_store): "auto" keeps the
+    # most recently written ones in memory up to client_state_memory_mb and writes the others to
+    # RUN_DIR/client_states (one torch.save file each); "memory" never writes them, "disk" writes
+    # every one. Default budget: a quarter of the machine's RAM.
+    client_state_store: Literal["auto", "memory", "disk"] = "auto"
+    client_state_memory_mb: int | None = Field(None, ge=0)
     progress: bool = True
     # Experiment tracking beside metrics.jsonl (fedhet.experiment.loggers; pip install -e .[tracking])
     loggers: list[Literal["tensorboard", "mlflow"]] = Field(default_factory=list)
@@ -380,7 +386,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # carried out, not what it computes (engines and devices are equivalent to float rounding, so a
 # run stopped on a lent GPU may go on on a CPU; threads change speed only).
 RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
-                     "run.keep_graphs", "run.client_state", "run.checkpoint_every", "run.out_dir", "run.loggers",
+                     "run.keep_graphs", "run.client_state", "run.client_state_store", "run.client_state_memory_mb",
+                     "run.checkpoint_every", "run.out_dir", "run.loggers",
                      "run.mlflow_tracking_uri")
 
 

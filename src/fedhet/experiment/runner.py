@@ -24,7 +24,7 @@ from fedhet.core.contract import Arrays, Message
 from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.ledger import tensor_floats
-from fedhet.experiment.build import Built, build, configure_process
+from fedhet.experiment.build import Built, build, client_state_store, configure_process
 from fedhet.experiment.callbacks import Callback, RunView
 from fedhet.experiment.config import RESUMABLE_CHANGES, ExperimentConfig, config_changes, dump_config, load_config
 from fedhet.experiment.loggers import make_loggers
@@ -103,7 +103,8 @@ class Experiment:
                 loop, self.engine_choice = make_loop(self.built.host, cfg.train.clients_per_round,
                                                      engine=cfg.run.engine, workers=cfg.run.workers,
                                                      device=self.built.device, threads=cfg.run.threads,
-                                                     cuda_graphs=cfg.run.cuda_graphs, keep_graphs=cfg.run.keep_graphs)
+                                                     cuda_graphs=cfg.run.cuda_graphs, keep_graphs=cfg.run.keep_graphs,
+                                                     client_states=client_state_store(cfg.run, Path(run_dir)))
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         self.loop = loop

@@ -1,0 +1,129 @@
+"""The clients' state store (engine/client_store.py): in memory up to a budget, spilled to disk
+beyond it, snapshots that name files instead of copying them, and runs that resume exactly."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from helpers import assert_identical, run_killed_in_round
+
+from fedhet.engine.client_store import ClientStates, Spilled, state_size
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
+
+
+def state(value: float, n: int = 256) -> dict:
+    """A client state of ``n`` float32 entries (n * 4 bytes) beside a plain value."""
+    return {"control": {"w": torch.full((n,), value)}, "round": int(value)}
+
+
+def raw(store: ClientStates, cid: int):
+    return dict.__getitem__(store, cid)
+
+
+def test_state_size_counts_every_tensor():
+    assert state_size(state(1.0)) == (1024, 256)
+    assert state_size({"a": [torch.zeros(2, 3), (torch.zeros(4, dtype=torch.float64),)], "b": 7}) == (24 + 32, 10)
+
+
+def test_memory_mode_is_a_plain_dict_of_states(tmp_path):
+    store = ClientStates()
+    store[3] = s = state(1.0)
+    assert store[3] is s and store.get(4) is None and list(store) == [3] and store.spilled() == 0
+    assert not (tmp_path / "client_states").exists()
+
+
+def test_auto_mode_spills_the_least_recently_written_beyond_the_budget(tmp_path):
+    store = ClientStates(tmp_path / "s", "auto", memory_budget=2 * 1024)      # two states fit
+    for cid in range(3):
+        store[cid] = state(float(cid))
+    assert isinstance(raw(store, 0), Spilled) and not isinstance(raw(store, 2), Spilled)
+    assert store.memory_bytes() == 2 * 1024 and store.spilled() == 1
+    assert_identical(store[0], state(0.0))                  # read back from its file
+    assert store.counters == {"spilled": 1, "loaded": 1}
+    store[1] = state(10.0)                                  # rewritten: now the most recent
+    store[3] = state(3.0)                                   # evicts client 2, not client 1
+    assert isinstance(raw(store, 2), Spilled) and not isinstance(raw(store, 1), Spilled)
+    assert store.tensor_floats() == 4 * 256 and store.counters["loaded"] == 1    # counted without loading
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == [raw(store, 0).file, raw(store, 2).file]
+    assert store.pop(0)["round"] == 0 and 0 not in store
+    assert [p.name for p in (tmp_path / "s").iterdir()] == [raw(store, 2).file]   # its file went with it
+
+
+def test_disk_mode_spills_every_state(tmp_path):
+    store = ClientStates(tmp_path / "s", "disk")
+    store[5] = state(5.0)
+    assert isinstance(raw(store, 5), Spilled) and store.memory_bytes() == 0
+    assert_identical(store[5], state(5.0))
+    assert_identical(dict(store.items()), {5: state(5.0)})
+    assert_identical(copy.deepcopy(store), {5: state(5.0)})       # a copy is a plain dict of the states
+
+
+def test_a_snapshot_names_files_that_stay_valid_until_the_next_one(tmp_path):
+    store = ClientStates(tmp_path / "s", "disk")
+    store[1], store[2] = state(1.0), state(2.0)
+    snap = store.snapshot()
+    assert snap["memory"] == {} and set(snap["spilled"]) == {1, 2}
+    assert len(json.dumps(snap)) < 400                      # names, not the states' content
+    store[1] = state(100.0)                                 # a new file; the snapshot's stays
+    store[7] = state(7.0)
+    assert len(list((tmp_path / "s").iterdir())) == 4
+    store.restore(copy.deepcopy(snap))
+    assert sorted(store) == [1, 2]
+    assert_identical(store[1], state(1.0)) and assert_identical(store[2], state(2.0))
+    assert len(list((tmp_path / "s").iterdir())) == 2       # files written after the snapshot are gone
+    store.snapshot()
+    store[2] = state(20.0)
+    store.snapshot()                                        # the old file of client 2 is no longer named
+    assert len(list((tmp_path / "s").iterdir())) == 2
+
+
+def test_restore_refuses_a_snapshot_whose_files_are_gone(tmp_path):
+    store = ClientStates(tmp_path / "s", "disk")
+    store[1] = state(1.0)
+    snap = store.snapshot()
+    for p in (tmp_path / "s").iterdir():
+        p.unlink()
+    with pytest.raises(FileNotFoundError, match="client 1's state file"):
+        ClientStates(tmp_path / "s", "disk").restore(snap)
+
+
+def test_a_plain_dict_of_states_restores_into_any_mode(tmp_path):
+    store = ClientStates(tmp_path / "s", "auto", memory_budget=1024)
+    store.restore({1: state(1.0), 2: state(2.0)})
+    assert store.spilled() == 1
+    assert_identical(dict(store.items()), {1: state(1.0), 2: state(2.0)})
+
+
+def scaffold(small_config, store: str, rounds: int = 4) -> dict:
+    cfg = copy.deepcopy(small_config)
+    cfg["algorithm"] = {"name": "scaffold"}
+    cfg["train"]["rounds"] = rounds
+    cfg["run"]["client_state_store"] = store
+    return cfg
+
+
+@pytest.mark.parametrize("store", ["disk", "auto"])
+def test_a_spilling_run_equals_an_in_memory_one_and_resumes_exactly(small_config, tmp_path, monkeypatch, store):
+    memory = Experiment.create(load_config(raw=scaffold(small_config, "memory")), tmp_path / "memory")
+    memory.run(progress=False)
+    cfg = scaffold(small_config, store)
+    if store == "auto":
+        cfg["run"]["client_state_memory_mb"] = 0      # a zero budget: every state spills, like disk
+    exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "spilled")
+    run_killed_in_round(exp, monkeypatch, 3)          # checkpoint after round 2
+    assert exp.loop.client_states.spilled() == len(exp.loop.client_states) > 0
+    resumed = Experiment.resume(exp.run_dir)
+    resumed.run(progress=False)
+    stable = [{k: v for k, v in r.items() if k not in ("seconds", "time")} for r in read_metrics(memory.run_dir)]
+    assert [{k: v for k, v in r.items() if k not in ("seconds", "time")} for r in read_metrics(resumed.run_dir)] \
+        == stable
+    assert_identical(resumed.loop.server_state, memory.loop.server_state)
+    assert_identical(dict(resumed.loop.client_states.items()), dict(memory.loop.client_states.items()))
+    # the checkpoint names the files; it holds none of the states
+    ckpt = torch.load(resumed.run_dir / "checkpoint.pt", weights_only=False)
+    held = ckpt["sim"]["client_states"]
+    assert held["memory"] == {} and set(held["spilled"]) == set(resumed.loop.client_states)
