@@ -10,7 +10,8 @@ import yaml
 
 from fedhet.core.errors import ConfigError
 from fedhet.experiment import sweep as sweep_module
-from fedhet.experiment.config import dump_config, load_config, parse_yaml
+from fedhet.experiment.config import _parse_yaml_pure as parse_yaml  # the reference: PyYAML's own parser
+from fedhet.experiment.config import dump_config, load_config
 from fedhet.experiment.sweep import Job, _current_config, _parsed_yaml, config_mismatch, job_status
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -65,15 +65,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.constructor import SafeConstructor
-from yaml.resolver import Resolver
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import (
     RESUMABLE_CHANGES,
     ExperimentConfig,
-    UniqueKeyLoader,
     config_changes,
     load_config,
     parse_yaml,
@@ -255,34 +252,14 @@ def _write_lock(job: Job, text: str) -> None:
 
 
 # A sweep's status reads every run's recorded config and, per job, its config file with the job's
-# overrides: a thousand runs were a thousand-odd YAML parses by PyYAML's pure-Python parser (10 ms
-# each) on every status, listing and table. The helpers below give the same configs, parsed once per
-# text and through libyaml where PyYAML has it.
-
-
-if yaml.__with_libyaml__:
-    from yaml.cyaml import CParser
-
-    class _LibyamlUniqueKeyLoader(CParser, UniqueKeyLoader):
-        """:class:`~fedhet.experiment.config.UniqueKeyLoader` (its duplicate-key check, its float
-        resolver, SafeLoader's constructors) on libyaml's parser, as ``yaml.CSafeLoader`` is built."""
-
-        def __init__(self, stream: str) -> None:
-            CParser.__init__(self, stream)
-            SafeConstructor.__init__(self)
-            Resolver.__init__(self)
+# overrides, on every status, listing and table: each text is parsed once per process below
+# (parse_yaml itself goes through libyaml where it can).
 
 
 @functools.lru_cache(maxsize=4096)
 def _parsed_yaml(text: str) -> Any:
     """``parse_yaml(text)``, each text parsed once per process (callers must not change what it
-    returns). libyaml, where PyYAML has it, parses ten times faster into the same objects; a text
-    libyaml does not take goes to ``parse_yaml`` itself, which raises its own error."""
-    if yaml.__with_libyaml__:
-        try:
-            return yaml.load(text, Loader=_LibyamlUniqueKeyLoader)  # noqa: S506 - SafeLoader's constructors
-        except yaml.YAMLError:
-            pass
+    returns); raises parse_yaml's own error."""
     return parse_yaml(text)
 
 
