@@ -28,6 +28,7 @@ from fedhet.core.errors import DataError, PartitionError
 from fedhet.core.seeding import numpy_rng
 from fedhet.data import partition as partitioners
 from fedhet.data.datasets import ImageData, load_dataset
+from fedhet.data.local_test import LikeSampler
 
 
 class PartitionSpec(Protocol):
@@ -195,7 +196,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         test_idx = [te[~trained[te]] for te in test_idx]      # never an image some client trains on
     else:
         test_labels = global_test.y.numpy()
-        like: partitioners.LikeSampler | None = None      # sample_like, the test set split by class once
+        like: LikeSampler | None = None      # sample_like, the test set split by class once
         for cid, part in enumerate(parts):
             if len(part) == 0:
                 raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
@@ -204,7 +205,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             size = max(1, round(cfg.local_test.fraction * len(part)))
             try:
                 if like is None:
-                    like = partitioners.LikeSampler(test_labels, train.num_classes)
+                    like = LikeSampler(test_labels, train.num_classes)
                 test_idx.append(like(labels[part], size, rng))
             except PartitionError as e:
                 raise PartitionError(

@@ -11,7 +11,8 @@ Most partitions are disjoint across clients. Two are not, by design of the metho
 ``classes_per_client`` samples with replacement (FedClassAvg), and ``grouped_dominant`` reuses
 samples once a label's pool wraps around (FedPAC/FedReMa). :func:`holdout_split` keeps each
 client's own train and test apart; for those two partitions draw local test sets from a
-separate pool with :func:`sample_like` if no image may appear in any client's training data.
+separate pool with :func:`fedhet.data.local_test.sample_like` if no image may appear in any
+client's training data.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ __all__ = [
     "partition",
     "class_counts",
     "holdout_split",
-    "sample_like",
-    "LikeSampler",
     "iid",
     "dirichlet",
     "classes_per_client",
@@ -641,77 +640,12 @@ def holdout_split(
     return train, distinct[test_pos]
 
 
-def sample_like(
-    train_labels_of_client: np.ndarray,
-    pool_labels: np.ndarray,
-    size: int,
-    num_classes: int,
-    rng: np.random.Generator,
-    *,
-    exclude: np.ndarray | None = None,
-) -> np.ndarray:
-    """Draw ``size`` pool indices without replacement, matching a client's label distribution.
+def __getattr__(name: str) -> Any:
+    # sample_like and LikeSampler (a client's local test set drawn from the test set) live in
+    # fedhet.data.local_test, which imports this module's checks, and are importable from here too:
+    # fetched when asked for, as importing them above would make the two modules import each other.
+    if name in ("sample_like", "LikeSampler"):
+        from fedhet.data import local_test
 
-    Class quotas are size * (client's class share), rounded by largest remainder (ties go to
-    the lower class id) so they sum to ``size``. Indices in ``exclude`` (e.g. test samples
-    already handed to other clients) are never drawn. Returns sorted int64 indices into
-    ``pool_labels``. Unlike FedClassAvg's ``get_local_test_indices`` (with replacement,
-    re-drawn per evaluation) this yields a fixed, duplicate-free local test set. Many clients
-    drawing from one pool: :class:`LikeSampler` (the same draws).
-    """
-    train = _check_labels(train_labels_of_client, "train_labels_of_client")
-    pool = _check_labels(pool_labels, "pool_labels")
-    size = _check_int("sample_like", "size", size, 0)
-    num_classes = _check_int("sample_like", "num_classes", num_classes, 1)
-    return LikeSampler(pool, num_classes, exclude=exclude)(train, size, rng)
-
-
-class LikeSampler:
-    """:func:`sample_like` for many clients drawing from one pool: ``sampler(train_labels_of_client,
-    size, rng)`` is ``sample_like(train_labels_of_client, pool_labels, size, num_classes, rng,
-    exclude=exclude)``, the same indices from the same ``rng``, but the pool is checked once and
-    each class's candidates are found once, not once per client (10,000 clients' local test sets
-    from a 10,000-image test set: 10 scans of the pool instead of about 15,000). ``exclude`` is read
-    at the first draw."""
-
-    def __init__(self, pool_labels: np.ndarray, num_classes: int, *, exclude: np.ndarray | None = None) -> None:
-        self.pool = _check_labels(pool_labels, "pool_labels")
-        self.num_classes = _check_int("sample_like", "num_classes", num_classes, 1)
-        self._pool_top = int(self.pool.max())
-        self._exclude = exclude
-        self._allowed: np.ndarray | None = None
-        self._candidates: dict[int, np.ndarray] = {}
-
-    def _candidates_of(self, c: int) -> np.ndarray:
-        """Pool indices of class ``c`` not excluded, ascending (found once; never changed)."""
-        if c not in self._candidates:
-            assert self._allowed is not None
-            self._candidates[c] = np.flatnonzero((self.pool == c) & self._allowed)
-        return self._candidates[c]
-
-    def __call__(self, train_labels_of_client: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-        train = _check_labels(train_labels_of_client, "train_labels_of_client")
-        size = _check_int("sample_like", "size", size, 0)
-        num_classes = self.num_classes
-        top = max(int(train.max()), self._pool_top)
-        if top >= num_classes:
-            raise PartitionError(f"sample_like: label {top} does not fit num_classes={num_classes}")
-        ideal = size * np.bincount(train, minlength=num_classes) / train.size
-        quota = np.floor(ideal).astype(np.int64)
-        short = size - int(quota.sum())
-        quota[np.argsort(-(ideal - quota), kind="stable")[:short]] += 1
-        if self._allowed is None:
-            allowed = np.ones(self.pool.size, dtype=bool)
-            if self._exclude is not None:
-                allowed[np.asarray(self._exclude, dtype=np.int64)] = False
-            self._allowed = allowed
-        picked = []
-        for c in np.flatnonzero(quota):
-            candidates = self._candidates_of(int(c))
-            if candidates.size < quota[c]:
-                raise PartitionError(
-                    f"sample_like: need {quota[c]} samples of class {c} but the pool has only "
-                    f"{candidates.size} available; lower size or use a larger pool"
-                )
-            picked.append(rng.choice(candidates, size=int(quota[c]), replace=False))
-        return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
+        return getattr(local_test, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
