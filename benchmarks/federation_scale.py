@@ -325,7 +325,8 @@ def bench_eval(rec: Recorder, feds: dict, fmnist: tuple, rounds: int, cohort: in
                                 "fedavg", cohort)
         for which in ("sampled", 100):
             chosen = evaluation_clients(which, n, loop.sample_clients(0), 0)
-            local.client_states = {c: {"model": {k: v + 0.0 for k, v in weights.items()}} for c in chosen}
+            local.client_states.clear()
+            local.client_states.update({c: {"model": {k: v + 0.0 for k, v in weights.items()}} for c in chosen})
             for label, lp in (("fedavg, test_set", loop), ("local (own weights), test_set", local),
                               ("fedavg, holdout (validation pass)", holdout)):
                 evaluate_loop(lp, clients=chosen)          # warm-up

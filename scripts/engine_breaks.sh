@@ -10,9 +10,10 @@ BACKUP=$(mktemp -d)
 cp -r "$D/." "$BACKUP"
 trap 'cp -r "$BACKUP/." "$D"; rm -rf "$BACKUP"' EXIT
 status=0
-brk() {  # module of the engine, name, text to replace (exactly once), replacement, pytest -k expression
+brk() {  # module of the engine, name, text to replace (exactly once), replacement, pytest -k expression[, test file]
   local F="$D/$1.py"
   shift
+  local tests="${5:-tests/engine/test_engine_vectorized.py}"
   .venv/bin/python - "$2" "$3" "$F" <<'PY' || { echo "engine_breaks: '$1' no longer applies: update this script" >&2; exit 2; }
 import sys
 old, new, path = sys.argv[1:]
@@ -21,7 +22,7 @@ if src.count(old) != 1:
     sys.exit(1)
 open(path, "w").write(src.replace(old, new))
 PY
-  failed=$(.venv/bin/python -m pytest -q -p no:cacheprovider tests/engine/test_engine_vectorized.py -k "$4" 2>&1 \
+  failed=$(.venv/bin/python -m pytest -q -p no:cacheprovider "$tests" -k "$4" 2>&1 \
            | grep -c '^FAILED')
   cp -r "$BACKUP/." "$D"
   if [ "$failed" -gt 0 ]; then echo "caught  $1: $failed test(s) failed [-k '$4']"
@@ -50,7 +51,11 @@ brk step "a wide step's BatchNorm statistics not restored" \
     "    kept = {n: g.weights[n].clone() for n in g.buffers} if active is not None else {}" "    kept = {}" \
     "wide_steps_equal and fedavg"
 brk transport "augmentation drawn from another stream" \
-    "yield positions, (aug.draw(len(positions), gen) if aug is not None else None)" \
-    "yield positions, (aug.draw(len(positions), torch.Generator().manual_seed(0)) if aug is not None else None)" \
+    "draws = aug.draw(len(positions), gen) if aug is not None else {}" \
+    "draws = aug.draw(len(positions), torch.Generator().manual_seed(0)) if aug is not None else {}" \
     "mixup or supcon"
+brk transport "dropout masks drawn from another stream" \
+    "draws.update(draw_masks(g.model, sample_shape, rows, gen))" \
+    "draws.update(draw_masks(g.model, sample_shape, rows, torch.Generator().manual_seed(0)))" \
+    "dropout" tests/training/test_dropout.py
 exit $status

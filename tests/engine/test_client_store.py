@@ -60,6 +60,18 @@ def test_disk_mode_spills_every_state(tmp_path):
     assert_identical(store[5], state(5.0))
     assert_identical(dict(store.items()), {5: state(5.0)})
     assert_identical(copy.deepcopy(store), {5: state(5.0)})       # a copy is a plain dict of the states
+    assert_identical(dict(store), {5: state(5.0)}) and assert_identical({**store}, {5: state(5.0)})
+    assert store.popitem()[0] == 5 and len(store) == 0 and not list((tmp_path / "s").iterdir())
+
+
+def test_a_state_that_would_not_load_back_is_refused_when_spilled(tmp_path):
+    import numpy as np
+
+    from fedhet.core.errors import ConfigError
+
+    store = ClientStates(tmp_path / "s", "disk")
+    with pytest.raises(ConfigError, match=r"client 4's state\['stats'\]\['n'\] is a numpy.int64"):
+        store[4] = {"stats": {"n": np.int64(3)}, "w": torch.zeros(2)}
 
 
 def test_a_snapshot_names_files_that_stay_valid_until_the_next_one(tmp_path):
@@ -68,6 +80,7 @@ def test_a_snapshot_names_files_that_stay_valid_until_the_next_one(tmp_path):
     snap = store.snapshot()
     assert snap["memory"] == {} and set(snap["spilled"]) == {1, 2}
     assert len(json.dumps(snap)) < 400                      # names, not the states' content
+    store.commit()                                          # the checkpoint is on disk
     store[1] = state(100.0)                                 # a new file; the snapshot's stays
     store[7] = state(7.0)
     assert len(list((tmp_path / "s").iterdir())) == 4
@@ -76,9 +89,26 @@ def test_a_snapshot_names_files_that_stay_valid_until_the_next_one(tmp_path):
     assert_identical(store[1], state(1.0)) and assert_identical(store[2], state(2.0))
     assert len(list((tmp_path / "s").iterdir())) == 2       # files written after the snapshot are gone
     store.snapshot()
+    store.commit()
     store[2] = state(20.0)
-    store.snapshot()                                        # the old file of client 2 is no longer named
+    store.snapshot()
+    # not committed yet (a kill while the checkpoint is written): the previous checkpoint's file stays
+    assert len(list((tmp_path / "s").iterdir())) == 3
+    store.commit()                                          # now only the new one is named
     assert len(list((tmp_path / "s").iterdir())) == 2
+    assert_identical(store[2], state(20.0))
+
+
+def test_a_run_killed_while_its_checkpoint_is_saved_resumes_from_the_previous_one(tmp_path):
+    store = ClientStates(tmp_path / "s", "disk")
+    store[1] = state(1.0)
+    saved = store.snapshot()
+    store.commit()
+    store[1] = state(2.0)
+    store.snapshot()                       # the process dies before the checkpoint is on disk
+    fresh = ClientStates(tmp_path / "s", "disk")
+    fresh.restore(copy.deepcopy(saved))
+    assert_identical(fresh[1], state(1.0))
 
 
 def test_restore_refuses_a_snapshot_whose_files_are_gone(tmp_path):
@@ -87,7 +117,9 @@ def test_restore_refuses_a_snapshot_whose_files_are_gone(tmp_path):
     snap = store.snapshot()
     for p in (tmp_path / "s").iterdir():
         p.unlink()
-    with pytest.raises(FileNotFoundError, match="client 1's state file"):
+    from fedhet.core.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="client 1's state file"):
         ClientStates(tmp_path / "s", "disk").restore(snap)
 
 
@@ -96,6 +128,27 @@ def test_a_plain_dict_of_states_restores_into_any_mode(tmp_path):
     store.restore({1: state(1.0), 2: state(2.0)})
     assert store.spilled() == 1
     assert_identical(dict(store.items()), {1: state(1.0), 2: state(2.0)})
+
+
+def test_a_spilled_snapshot_restores_into_a_memory_store_and_back(tmp_path):
+    """run.client_state_store may change on resume: memory loads the spilled states, and a store
+    that spills again later writes new files after every existing one, never over one."""
+    disk = ClientStates(tmp_path / "s", "disk")
+    disk[1], disk[2] = state(1.0), state(2.0)
+    snap = disk.snapshot()
+    disk.commit()
+    memory = ClientStates(tmp_path / "s", "memory")
+    memory.restore(copy.deepcopy(snap))
+    assert memory.spilled() == 0
+    assert_identical(dict(memory.items()), {1: state(1.0), 2: state(2.0)})
+    plain = memory.snapshot()                               # a plain dict of the states
+    memory.commit()                                         # the files are no longer needed
+    assert not list((tmp_path / "s").iterdir())
+    again = ClientStates(tmp_path / "s", "disk")
+    again.restore(plain)
+    again[3] = state(3.0)
+    assert_identical(dict(again.items()), {1: state(1.0), 2: state(2.0), 3: state(3.0)})
+    assert len({raw(again, c).file for c in again}) == 3
 
 
 def scaffold(small_config, store: str, rounds: int = 4) -> dict:
@@ -112,10 +165,14 @@ def test_a_spilling_run_equals_an_in_memory_one_and_resumes_exactly(small_config
     memory.run(progress=False)
     cfg = scaffold(small_config, store)
     if store == "auto":
-        cfg["run"]["client_state_memory_mb"] = 0      # a zero budget: every state spills, like disk
+        cfg["run"]["client_state_memory_mb"] = 5      # two SCAFFOLD states of cnn2 (2.2 MB each) fit, the others spill
     exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "spilled")
     run_killed_in_round(exp, monkeypatch, 3)          # checkpoint after round 2
-    assert exp.loop.client_states.spilled() == len(exp.loop.client_states) > 0
+    held = exp.loop.client_states
+    if store == "disk":
+        assert held.spilled() == len(held) > 0
+    else:
+        assert 0 < held.spilled() < len(held)
     resumed = Experiment.resume(exp.run_dir)
     resumed.run(progress=False)
     stable = [{k: v for k, v in r.items() if k not in ("seconds", "time")} for r in read_metrics(memory.run_dir)]
@@ -125,5 +182,6 @@ def test_a_spilling_run_equals_an_in_memory_one_and_resumes_exactly(small_config
     assert_identical(dict(resumed.loop.client_states.items()), dict(memory.loop.client_states.items()))
     # the checkpoint names the files; it holds none of the states
     ckpt = torch.load(resumed.run_dir / "checkpoint.pt", weights_only=False)
-    held = ckpt["sim"]["client_states"]
-    assert held["memory"] == {} and set(held["spilled"]) == set(resumed.loop.client_states)
+    saved = ckpt["sim"]["client_states"]
+    assert set(saved["spilled"]) | set(saved["memory"]) == set(resumed.loop.client_states)
+    assert (saved["memory"] == {}) == (store == "disk")

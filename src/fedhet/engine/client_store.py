@@ -14,18 +14,22 @@ lists, tensors and plain values that methods keep, without running code on load 
 dependency beyond torch. One file per state means a write touches that client alone; states are
 tens of kB to tens of MB, for which a file system is a good key-value store.
 
+A state must load with ``weights_only=True``: tensors, Python numbers, strings, None, and dicts,
+lists and tuples of them (a numpy value is refused when it is spilled, with the key that holds it).
+
 Checkpoints: a file is never rewritten. A state written again gets a new file (a version number
-in its name), so the files a checkpoint names stay valid until the next checkpoint:
+in its name), so the files a checkpoint names stay valid until the next checkpoint is on disk:
 :meth:`ClientStates.snapshot` returns the states in memory plus the names of the spilled files
-(not their content: a checkpoint does not copy the store), and marks those files as the ones to
-keep; files that neither the current states nor the last snapshot name are deleted.
-:meth:`ClientStates.restore` brings back a snapshot's states and deletes files written after it.
+(not their content: a checkpoint does not copy the store); once the checkpoint is saved,
+:meth:`ClientStates.commit` deletes the files that neither the current states nor that checkpoint
+name (a run killed while saving keeps the previous checkpoint's files). :meth:`ClientStates.restore`
+brings back a snapshot's states and deletes files written after it. The budget is per process.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,18 +38,19 @@ from typing import Any, Literal
 import torch
 
 from fedhet.core.contract import State, to_device
+from fedhet.core.errors import CheckpointError, ConfigError
 
 StoreMode = Literal["auto", "memory", "disk"]
 
 
 @dataclass(frozen=True)
 class Spilled:
-    """Where a state spilled to disk lives, its size and the device it is read back onto."""
+    """Where a state spilled to disk lives, and its size. It is read back onto the CPU (the client
+    host moves a state to its device for each job)."""
 
     file: str
     nbytes: int
     floats: int
-    device: str
 
 
 def state_size(obj: Any) -> tuple[int, int]:
@@ -60,11 +65,22 @@ def state_size(obj: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _device_of(obj: Any) -> str:
-    if isinstance(obj, torch.Tensor):
-        return str(obj.device)
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    return next((d for d in (_device_of(v) for v in values) if d != "cpu"), "cpu")
+def _refuse_unloadable(obj: Any, where: str) -> None:
+    """Raise ConfigError at the first value of ``obj`` that ``torch.load(weights_only=True)`` refuses."""
+    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
+        return
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _refuse_unloadable(v, f"{where}[{k!r}]")
+        return
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        for i, v in enumerate(obj):
+            _refuse_unloadable(v, f"{where}[{i}]")
+        return
+    raise ConfigError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}: a client state written to "
+                      f"disk may hold tensors, Python numbers, strings, None and dicts, lists and tuples of them. "
+                      f"Store it as one of those (e.g. a tensor, or float(x) for a numpy scalar), or keep the states "
+                      f"in memory with run.client_state_store: memory")
 
 
 def physical_memory() -> int:
@@ -75,16 +91,30 @@ def physical_memory() -> int:
         return 0
 
 
+def cgroup_memory_limit() -> int:
+    """This process's container memory limit in bytes (cgroup v2 or v1), 0 where there is none."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = open(path).read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 1 << 60:       # v1 writes a huge number for "no limit"
+            return int(text)
+    return 0
+
+
 def default_budget() -> int:
-    """A quarter of the machine's RAM: the rest is for the data, the models and the engine."""
-    return physical_memory() // 4 or 4 << 30
+    """A quarter of the memory this process may use (the machine's RAM, or its container's limit
+    where lower): the rest is for the data, the models and the engine."""
+    available = [m for m in (physical_memory(), cgroup_memory_limit()) if m > 0]
+    return min(available) // 4 if available else 4 << 30
 
 
 class ClientStates(dict):
     """client id -> state, spilled to ``folder`` beyond ``memory_budget`` bytes (module docstring).
 
-    A dict, so code that reads states (``[cid]``, ``get``, ``items``, ``values``) sees them as
-    before; a spilled state is loaded for each read.
+    A dict, so code that reads states (``[cid]``, ``get``, ``items``, ``values``, ``dict(store)``)
+    sees them as before; a spilled state is loaded for each read.
     """
 
     def __init__(self, folder: str | os.PathLike | None = None, mode: StoreMode = "memory",
@@ -100,7 +130,8 @@ class ClientStates(dict):
         self._in_memory: OrderedDict[int, int] = OrderedDict()     # cid -> bytes, least recently written first
         self._memory_bytes = 0
         self._version = 0
-        self._kept: set[str] = set()         # files the last snapshot names
+        self._kept: set[str] = set()         # files the last saved checkpoint or the pending snapshot names
+        self._pending: set[str] = set()      # files the snapshot being saved names
         self.counters = {"spilled": 0, "loaded": 0}
 
     # --- the dict interface -----------------------------------------------------------
@@ -110,6 +141,36 @@ class ClientStates(dict):
 
     def get(self, cid: int, default: Any = None) -> Any:       # type: ignore[override]
         return self[cid] if cid in self else default
+
+    def __iter__(self) -> Any:
+        # A dict subclass with its own __iter__ makes dict(store) and {**store} read it through
+        # keys() and __getitem__ (loading spilled states) instead of copying the placeholders.
+        return iter(list(dict.keys(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return dict(self.items()) == (dict(other.items()) if isinstance(other, ClientStates) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __ior__(self, other: Any) -> ClientStates:      # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def __or__(self, other: Any) -> dict[int, State]:    # type: ignore[override]
+        return dict(self.items()) | dict(other)
+
+    def popitem(self) -> tuple[int, State]:
+        if not self:
+            raise KeyError("popitem(): the client state store is empty")
+        cid = list(dict.keys(self))[-1]
+        return cid, self.pop(cid)
+
+    def clear(self) -> None:
+        for cid in list(dict.keys(self)):
+            del self[cid]
 
     def values(self) -> list[State]:          # type: ignore[override]
         return [self[cid] for cid in list(self.keys())]
@@ -130,6 +191,8 @@ class ClientStates(dict):
         return dict(self.items())
 
     def __setitem__(self, cid: int, state: State) -> None:
+        if isinstance(state, Spilled):
+            raise TypeError("a Spilled placeholder is not a client state")
         self._forget(cid)
         nbytes, _ = state_size(state)
         super().__setitem__(cid, state)
@@ -190,7 +253,10 @@ class ClientStates(dict):
         return self.folder / name
 
     def _spill(self, cid: int, state: State) -> Spilled:
+        _refuse_unloadable(state, f"client {cid}'s state")
         nbytes, floats = state_size(state)
+        if self._version == 0:          # a store restored in a new process: after every file there
+            self._version = self._highest_version()
         self._version += 1
         name = f"{cid}-{self._version}.pt"
         tmp = self._path(name + ".tmp")
@@ -198,24 +264,36 @@ class ClientStates(dict):
         torch.save(to_device(state, "cpu"), tmp)
         os.replace(tmp, self._path(name))
         self.counters["spilled"] += 1
-        return Spilled(name, nbytes, floats, _device_of(state))
+        return Spilled(name, nbytes, floats)
+
+    def _highest_version(self) -> int:
+        if self.folder is None or not self.folder.exists():
+            return 0
+        versions = [int(m.group(1)) for p in self.folder.iterdir() if (m := re.fullmatch(r"\d+-(\d+)\.pt", p.name))]
+        return max(versions, default=0)
 
     def _load(self, entry: Spilled) -> State:
         self.counters["loaded"] += 1
-        return torch.load(self._path(entry.file), map_location=entry.device, weights_only=True)
+        return torch.load(self._path(entry.file), map_location="cpu", weights_only=True)
 
     # --- checkpoints -------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint holds: in ``memory`` mode the states themselves (on the CPU), as it
         always has; otherwise the states in memory and the spilled files' names."""
         if self.mode == "memory":
+            self._pending = set()           # the checkpoint holds every state itself
             return to_device(dict(super().items()), "cpu")
         memory = {cid: to_device(v, "cpu") for cid, v in super().items() if not isinstance(v, Spilled)}
         spilled = {cid: v for cid, v in super().items() if isinstance(v, Spilled)}
-        self._kept = {v.file for v in spilled.values()}
-        self._collect()
+        self._pending = {v.file for v in spilled.values()}
+        self._kept |= self._pending         # until commit(): the previous checkpoint's files stay too
         return {"store": "client_states", "version": self._version, "memory": memory,
-                "spilled": {cid: (v.file, v.nbytes, v.floats, v.device) for cid, v in spilled.items()}}
+                "spilled": {cid: (v.file, v.nbytes, v.floats) for cid, v in spilled.items()}}
+
+    def commit(self) -> None:
+        """The last :meth:`snapshot` is saved: the files only earlier checkpoints named may go."""
+        self._kept = set(self._pending)
+        self._collect()
 
     def restore(self, snap: dict[Any, Any]) -> None:
         """The states of ``snap`` (a :meth:`snapshot`, or a plain dict of states from a checkpoint
@@ -225,13 +303,21 @@ class ClientStates(dict):
             for cid, state in snap.items():
                 self[cid] = state
             return
-        for cid, (name, nbytes, floats, device) in snap["spilled"].items():
-            if not self._path(name).exists():
-                raise FileNotFoundError(f"the checkpoint names client {cid}'s state file {self._path(name)}, "
-                                        f"which is gone: the run's client_states folder was changed or removed")
-            dict.__setitem__(self, cid, Spilled(name, nbytes, floats, device))
-        self._kept = {name for name, *_ in snap["spilled"].values()}
-        self._version = max(self._version, snap["version"])
+        spilled = {cid: Spilled(name, nbytes, floats) for cid, (name, nbytes, floats, *_) in snap["spilled"].items()}
+        for cid, entry in spilled.items():
+            if self.folder is None or not self._path(entry.file).exists():
+                raise CheckpointError(f"the checkpoint names client {cid}'s state file {entry.file} in "
+                                      f"{self.folder}, which is gone: the run's client_states folder was "
+                                      f"changed or removed, so the run cannot resume from this checkpoint")
+        self._kept = {e.file for e in spilled.values()}
+        self._pending = set(self._kept)
+        self._version = max(self._version, snap["version"], self._highest_version())
+        if self.mode == "memory":       # a run resumed with run.client_state_store: memory
+            for cid, entry in spilled.items():
+                self[cid] = self._load(entry)
+        else:
+            for cid, entry in spilled.items():
+                dict.__setitem__(self, cid, entry)
         for cid, state in snap["memory"].items():
             self[cid] = state
         self._collect()
@@ -242,15 +328,10 @@ class ClientStates(dict):
         self._memory_bytes = 0
 
     def _collect(self) -> None:
-        """Delete the files that neither the current states nor the last snapshot name."""
-        if self.folder is None or self.mode == "memory" or not self.folder.exists():
+        """Delete the files that neither the current states nor a checkpoint still on disk name."""
+        if self.folder is None or not self.folder.exists():
             return
         live = {v.file for v in super().values() if isinstance(v, Spilled)} | self._kept
         for path in self.folder.glob("*.pt*"):
             if path.name not in live:
                 path.unlink(missing_ok=True)
-
-    def close(self, remove: bool = False) -> None:
-        """``remove``: delete the folder (a finished run keeps no spilled states)."""
-        if remove and self.folder is not None and self.folder.exists() and self.mode != "memory":
-            shutil.rmtree(self.folder, ignore_errors=True)

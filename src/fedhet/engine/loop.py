@@ -157,7 +157,8 @@ class RoundLoop:
                 continue
             if keep:
                 if result.state is None:
-                    self.client_states.pop(job.cid, None)
+                    if job.cid in self.client_states:      # del, not pop: a spilled state is not read
+                        del self.client_states[job.cid]
                 else:
                     self.client_states[job.cid] = result.state
             stats.apply(job.cid, job.tally, result.tally)
@@ -177,9 +178,14 @@ class RoundLoop:
 
     # --- checkpointing ------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
-        # client states may live on the device (run.client_state: device); a checkpoint holds them on the CPU
+        # client states may live on the device (run.client_state: device); a checkpoint holds them on
+        # the CPU, or names their files where the store spilled them (engine/client_store.py)
         return {"server_state": self.server_state, "client_states": self.client_states.snapshot(),
                 "ledger": self.ledger.state_dict()}
+
+    def snapshot_saved(self) -> None:
+        """The last :meth:`snapshot` is on disk: what only earlier checkpoints needed may go."""
+        self.client_states.commit()
 
     def restore(self, snap: dict[str, Any]) -> None:
         self.server_state = snap["server_state"]

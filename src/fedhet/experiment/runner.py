@@ -248,6 +248,7 @@ class Experiment:
         self.rundir.save_checkpoint({"round": done_rounds, "sim": self.loop.snapshot(),
                                       "config": self.cfg.model_dump(mode="json"), "precision": self.built.precision,
                                       **extra})
+        self.loop.snapshot_saved()
 
     # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:

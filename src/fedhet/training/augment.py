@@ -52,7 +52,9 @@ class Augmentation:
         raise NotImplementedError
 
     def rows(self, n: int) -> int:
-        """How many inputs ``apply`` makes of a batch of ``n`` (what the model's forward pass sees)."""
+        """How many inputs ``apply`` makes of a batch of ``n`` (what the model's forward pass sees): the
+        vectorized engine draws the batch's dropout masks for that many rows before applying it, so an
+        augmentation that changes the number of rows must override this. ``apply`` keeps the images' shape."""
         return n
 
     def to(self, device: torch.device | str) -> Augmentation:

@@ -11,9 +11,10 @@ masks from the same streams on the host, with its schedule, and applies them per
 ``vmap``; both engines compute ``x * keep / (1 - p)``, so they agree to float tolerance and a run
 is reproducible for a seed.
 
-Outside fedhet's local training (no masks in the context, e.g. a method's own forward pass in
-training mode) a ``StreamDropout`` is torch's dropout. Within it, a loss term that runs the model
-again in training mode (a teacher with other weights) gets the batch's masks again.
+Outside ``train_local`` and the vectorized engine (no masks in the context: a method's own training
+loop or forward pass in training mode, such as Per-FedAvg's meta-steps or FedRoD's generic head) a
+``StreamDropout`` is torch's dropout, from the global generator. Within them, a loss term that runs
+the model again in training mode (a teacher with other weights) gets the batch's masks again.
 """
 
 from __future__ import annotations
@@ -48,9 +49,11 @@ class StreamDropout(nn.Dropout):
         if not self.training or self.p == 0 or masks is None:
             return super().forward(x)
         keep = masks.get(MASK_PREFIX + self.mask_key)
-        if keep is None:
-            raise RuntimeError(f"no dropout mask was drawn for layer {self.mask_key!r}: its model differs from "
-                               f"the one the masks were drawn for")
+        if keep is None or keep.shape != x.shape:
+            raise RuntimeError(
+                f"dropout layer {self.mask_key!r} got {'no mask' if keep is None else f'a mask of shape {tuple(keep.shape)}'} "
+                f"for an input of shape {tuple(x.shape)}: the masks were drawn for another model or batch (an "
+                f"augmentation that changes the number of rows must say so in Augmentation.rows)")
         return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
 
 
