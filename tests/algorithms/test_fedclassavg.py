@@ -142,6 +142,22 @@ def test_only_the_classifier_travels_and_bodies_never_mix(small_config):
         assert not torch.equal(a[k], b[k]) and not torch.equal(a[k], init[k]), k
 
 
+def test_in_a_one_architecture_federation_only_the_classifier_travels_too(small_config):
+    """Sec. 4.1: clients upload their classifiers alone, also where the bodies could be averaged (a
+    federation of one architecture): the server state holds a head, and each body stays the client's."""
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "fca_cnn_a"}
+    raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
+    loop = build_loop(config(raw, "fedclassavg", {}, rounds=2, clients_per_round=6))
+    for rnd in range(2):
+        loop.run_round(rnd)
+    head_floats = 10 * 512 + 10
+    assert loop.ledger.totals()["up"]["floats"] == head_floats * 6 * 2
+    assert all(k.startswith("head.") for k in loop.server_state["head"])
+    a, b = loop.client_states[0]["model"], loop.client_states[1]["model"]
+    assert not torch.equal(a["body.fcin.weight"], b["body.fcin.weight"])
+
+
 def test_the_server_averages_classifiers_by_size_and_clients_start_from_it(small_config):
     loop = build_loop(mixed_config(small_config, pretrain=False))
     algo = loop.algorithm
@@ -434,6 +450,9 @@ def test_average_body_sends_loads_and_averages_the_feature_extractor():
 
 def test_evaluation_uses_the_clients_own_model_or_none():
     algo, w = FedClassAvg(), small_weights(2.0)
+    # not the new global classifier on the client's body (the authors' code tests the client's model)
+    server = {"head": {k: torch.full_like(v, 9.0) for k, v in w.items() if k.startswith("head.")}}
+    assert algo.client_model(0, server, {"model": w}) is w
     assert algo.client_model(0, {}, {"model": w}) is w
     assert algo.client_model(0, {}, None) is None
     assert algo.client_model(0, {}, {}) is None
