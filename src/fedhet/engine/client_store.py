@@ -95,7 +95,7 @@ def cgroup_memory_limit() -> int:
     """This process's container memory limit in bytes (cgroup v2 or v1), 0 where there is none."""
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
-            text = open(path).read().strip()
+            text = Path(path).read_text().strip()
         except OSError:
             continue
         if text.isdigit() and int(text) < 1 << 60:       # v1 writes a huge number for "no limit"
