@@ -132,13 +132,39 @@ def ceiling(precision: str, device: str, tmp: Path, data: list[str]) -> float:
     return max(rates)
 
 
+def profile(mode: str, rounds: int, device: str) -> int:
+    """Where one mode's time goes: cProfile of a run of ``rounds`` rounds without evaluation."""
+    import cProfile
+    import pstats
+
+    engine, precision = mode.split(":")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        data, data_note = data_overrides(tmp)
+        cfg = load_config(CONFIG, [*data, f"train.rounds={rounds}", f"run.engine={engine}",
+                                   f"run.precision={precision}", f"run.device={device}", "run.progress=false",
+                                   f"run.checkpoint_every={rounds}", f"eval.every={rounds + 1}"])
+        exp = Experiment.create(cfg, tmp / "profile")
+        print(f"profile of {mode} on {device}, {rounds} rounds, {data_note}", flush=True)
+        prof = cProfile.Profile()
+        prof.enable()
+        exp.run(progress=False)
+        prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rounds", type=int, help=f"rounds per mode (default: {FULL_ROUNDS} on CUDA, 20 on the CPU)")
     p.add_argument("--modes", help="comma-separated engine:precision (default: every engine with fp32 and bf16)")
     p.add_argument("--out", default=None, help="result files' stem (default: cross_device_<device>)")
+    p.add_argument("--profile", metavar="MODE", help="instead: cProfile --rounds rounds of one engine:precision "
+                                                     "(evaluation off) and print the 15 costliest calls")
     a = p.parse_args()
+    if a.profile:
+        return profile(a.profile, a.rounds or 3, a.device)
     rounds = a.rounds or (FULL_ROUNDS if a.device == "cuda" else 20)
     modes = a.modes.split(",") if a.modes else (GPU_MODES if a.device == "cuda" else CPU_MODES)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

@@ -66,8 +66,10 @@ def dropout_layers(model: nn.Module, sample_shape: tuple[int, ...]) -> list[tupl
     """``(name, p, mask shape of one sample)`` of each active :class:`StreamDropout` of ``model`` for
     inputs of ``sample_shape``, in module order; found once per model and shape by a forward pass
     on one zero sample in evaluation mode."""
-    per_shape = _LAYERS.setdefault(model, {})
-    if sample_shape in per_shape:
+    per_shape = _LAYERS.get(model)
+    if per_shape is None:
+        per_shape = _LAYERS[model] = {}
+    elif sample_shape in per_shape:          # every batch after the first: one lookup, nothing built
         return per_shape[sample_shape]
     named = [(name, m) for name, m in model.named_modules() if isinstance(m, StreamDropout) and m.p > 0]
     shapes: dict[str, tuple[int, ...]] = {}
