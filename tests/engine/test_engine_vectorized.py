@@ -571,18 +571,19 @@ def test_same_interface_and_checkpoint_round_trip(small_config):
 
 
 class InterruptingFedAvg(FedAvg):
-    """Test-only: the engine's thread gets SIGINT while one client runs (not blocked in train),
-    and that client goes on only once the engine is abandoning the phase."""
+    """Test-only: SIGINT arrives while one client runs (not blocked in train), and that client goes
+    on only once the engine is abandoning the phase. The signal is raised in the client's thread, as
+    a terminal's Ctrl-C may be: the engine thread's wait is then not interrupted, and the engine must
+    find the pending interrupt itself."""
 
     name = "interrupting"
 
     def client_update(self, msg, state, client):
         if client.cid == self.victim:
             import signal
-            import threading
 
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-            self.abandoning.wait(timeout=30)
+            signal.raise_signal(signal.SIGINT)
+            self.abandoning.wait(timeout=10)
         return super().client_update(msg, state, client)
 
 

@@ -39,6 +39,11 @@ class TrainRequest:
     error: BaseException | None = None
 
 
+# How often the engine thread, waiting for a client to give the baton back, looks for a pending
+# interrupt: the longest a Ctrl-C can wait before it is raised.
+BATON_POLL_S = 0.05
+
+
 class PhaseAbandoned(Exception):
     """Raised inside a blocked client thread when its phase is abandoned (another client failed,
     or the run was interrupted)."""
@@ -93,7 +98,18 @@ class ClientTask:
             self.started = True
             self._thread.start()
         self._hand_baton()
-        self._back.get()
+        self._wait_for_baton_back()
+
+    def _wait_for_baton_back(self) -> None:
+        # Polls rather than blocking for good: a Ctrl-C or SIGTERM that arrives while the engine
+        # thread is still on its way into the wait (waiting for the GIL, not yet blocked) interrupts
+        # nothing, and a plain get() would only raise it once the client gives the baton back.
+        while True:
+            try:
+                self._back.get(timeout=BATON_POLL_S)
+                return
+            except queue.Empty:
+                pass
 
     def wait(self, request: TrainRequest) -> LocalResult:
         """Client side: post ``request``, give the baton back, return its result when resumed."""
@@ -122,7 +138,7 @@ class ClientTask:
                     self._abort = True
                 self._hand_baton()
             try:
-                self._back.get(timeout=0.05)
+                self._back.get(timeout=BATON_POLL_S)
             except queue.Empty:
                 pass
         self._thread.join()
