@@ -9,11 +9,13 @@ invocation; ``-m "not deploy"`` leaves them out.
 from __future__ import annotations
 
 import copy
+import os
 import ssl
 import subprocess
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +210,59 @@ def test_supernode_killed_mid_round(small_config, tmp_path):
     assert r2["personal_acc_by_client"][2] is None and r2["personal_acc_by_client"][0] is not None
     print(f"\nkilled node: {res.seconds}; round 1 dropped: {r1['flower']['dropped']}; "
           f"round 2 dropped: {r2['flower']['dropped']}")
+
+
+def test_loopback_runs_the_users_own_method_model_and_data_as_the_simulator_does(small_config, tmp_path,
+                                                                                  monkeypatch):
+    """docs/extending.md's files on a real deployment: the method FedDamp, the model small_mlp and a
+    dataset written from arrays by save_arrays, all from examples/extending, which the SuperNodes'
+    ClientApps import from PYTHONPATH as the ServerApp does. 4 users' clients on 2 SuperNodes, 2
+    rounds: the simulator's server state and metrics."""
+    examples = Path(__file__).resolve().parents[2] / "examples" / "extending"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(examples), os.environ.get("PYTHONPATH")])))
+    monkeypatch.syspath_prepend(str(examples))
+    from toy_arrays import toy_arrays
+
+    from fedhet.extend import save_arrays
+
+    *splits, users = toy_arrays(users=4, per_user=40)
+    dataset = save_arrays(tmp_path / "toy.npz", *splits, clients_train=users)
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "feddamp:FedDamp", "params": {"server_lr": 0.5, "logit_penalty": 0.01}}
+    raw["model"] = {"arch": "nets:small_mlp", "options": {"hidden": 16}}
+    raw["data"].update(dataset=dataset, pool="train", num_clients=4, partition={"kind": "natural"})
+    raw["train"].update(rounds=2, clients_per_round=4)
+    raw["eval"]["every"] = 2
+    raw["run"]["threads"] = 1
+    cfg = load_config(raw=raw)
+    res = run_loopback(cfg, tmp_path / "flower", nodes=2, workdir=tmp_path / "work", timeout=600, **SETTINGS)
+    assert res.status == "finished:completed" and res.summary["algorithm"] == "feddamp"
+
+    ref = Experiment.create(cfg, tmp_path / "sim")
+    ref.run(progress=False)
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
+    sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in rows] == [1, 2]
+    for s, f in zip(sim_rows, rows, strict=True):
+        assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"], f["round"]
+    assert rows[-1]["global_acc"] == pytest.approx(sim_rows[-1]["global_acc"], abs=1e-9)
+
+
+def test_a_failed_run_says_the_error_its_apps_logged(tmp_path):
+    """A ServerApp that fails before it writes a summary (here: the user's method cannot be imported
+    where it runs) is reported with its exception's line, not only 'see the logs'."""
+    from fedhet.flower.deploy import logged_error
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "supernode-0.log").write_text("INFO: waiting\nValueError: a node's own failure\n")
+    assert logged_error(logs) == f"ValueError: a node's own failure (in {logs / 'supernode-0.log'})"
+    (logs / "run.log").write_text(
+        "Traceback (most recent call last):\n  File \"app.py\", line 3, in main\n"
+        "fedhet.core.errors.ConfigError: algorithm.name: 'feddamp:FedDamp': no module 'feddamp' can be imported\n"
+        "\x1b[91mERROR \x1b[0m:     Exit Code: 201\n")
+    assert logged_error(logs) == ("fedhet.core.errors.ConfigError: algorithm.name: 'feddamp:FedDamp': no module "
+                                  f"'feddamp' can be imported (in {logs / 'run.log'})")
+    (logs / "run.log").write_text("nothing went wrong here\n")
+    (logs / "supernode-0.log").unlink()
+    assert logged_error(logs) is None

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -556,10 +557,26 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     if status != "finished:completed":
-        cause = (summary or {}).get("error") or f"see {work / 'logs'}"
+        cause = (summary or {}).get("error") or logged_error(work / "logs") or f"see {work / 'logs'}"
         hint = f"; {resume_hint(run_dir)}" if (run_dir / CHECKPOINT).exists() else ""
         raise DeploymentError(f"Flower run ended {status}: {cause}{hint}")
     return LoopbackResult(run_dir, status, summary, seconds, work)
+
+
+TRACEBACK_END = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception|Interrupt): .*")
+
+
+def logged_error(logs: Path) -> str | None:
+    """The last exception a failed run's apps logged (the ServerApp's first, then the nodes'), with
+    the log it is in: a run that failed before it could write its summary, e.g. a ServerApp that
+    cannot import the user's method, says why without a look into the logs."""
+    for log in [logs / "run.log", *sorted(logs.glob("supernode-*.log"))]:
+        if not log.is_file():
+            continue
+        found = [line.strip() for line in log.read_text(errors="replace").splitlines() if TRACEBACK_END.match(line.strip())]
+        if found:
+            return f"{found[-1]} (in {log})"
+    return None
 
 
 def resume_hint(run_dir: Path) -> str:
