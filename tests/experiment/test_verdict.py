@@ -41,6 +41,23 @@ def test_best_at_seed_reads_differences_within_the_margin_as_a_tie():
     assert decide(v, values({("a", 0): 0.80, ("b", 0): 0.815, ("c", 0): 0.70}))[0] == "not reproduced"
 
 
+def test_complete_pairs_of_a_pending_claim_decide_what_no_later_seed_can_change():
+    """every_seed: one pair at or below rules "reproduced" out, but the claim stays pending (the rest
+    decide between "not reproduced" and "inconclusive"); best_at_seed: one loss beyond the margin is
+    "not reproduced" whatever the other seeds give. Pairs above decide nothing early."""
+    v = Verdict("a > b", "every_seed", "a", ("b",), (0, 1, 2))
+    outcome, detail = decide(v, values({("a", 0): 0.6, ("b", 0): 0.7, ("a", 1): 0.8, ("b", 1): 0.7, ("a", 2): 0.5}))
+    assert outcome == "pending" and detail == "needs b_s2; reproduced is already ruled out by b s0: -10.00"
+    outcome, detail = decide(v, values({("a", 0): 0.8, ("b", 0): 0.7, ("a", 2): 0.5}))
+    assert outcome == "pending" and detail == "needs a_s1, b_s1, b_s2"
+    best = Verdict("a best", "best_at_seed", "a", ("b", "c"), (0, 1), margin=0.01)
+    outcome, detail = decide(best, values({("a", 0): 0.80, ("b", 0): 0.815, ("c", 0): 0.70}))
+    assert outcome == "not reproduced"
+    assert detail == "b s0: -1.50, c s0: +10.00 (decided before a_s1, b_s1, c_s1 ran)"
+    outcome, detail = decide(best, values({("a", 0): 0.80, ("b", 0): 0.805, ("c", 0): 0.70}))
+    assert outcome == "pending" and detail == "needs a_s1, b_s1, c_s1"
+
+
 def test_a_verdict_is_checked_when_the_sweep_file_is_read():
     good = {"claim": "x", "rule": "every_seed", "better": "a", "than": "b", "seeds": [0]}
     (v,) = parse_verdicts([good], "f", RUNS)

@@ -21,7 +21,9 @@ methods is a pair):
 * ``best_at_seed``: "reproduced" when ``better`` is above each ``than`` by more than ``margin`` at
   every seed, "not reproduced" when some ``than`` is above it by more than ``margin``, else "tie".
 
-A claim whose runs are not all complete is "pending", with the runs it still needs; one whose
+A claim whose runs are not all complete is "pending", with the runs it still needs and, where the
+complete pairs already rule "reproduced" out, the pairs that do. ``best_at_seed`` is decided "not
+reproduced" as soon as one complete pair says so, since no other seed can change that. One whose
 complete runs lack its metric "cannot be decided", with the metrics they have. ``value:
 lowest:personal_loss`` is the metric at the evaluated round with the lowest ``personal_loss`` (the
 first such round), read from the run's ``metrics.jsonl``.
@@ -119,11 +121,19 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
     """``(outcome, detail)`` of one claim; ``value_of(tag, seed)`` is None for a run not complete."""
     found = {(t, s): value_of(t, s) for t in (verdict.better, *verdict.than) for s in verdict.seeds}
     needed = [key for key, v in found.items() if v is None]
-    if needed:
-        return "pending", "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
     known = {key: float(v) for key, v in found.items() if v is not None}
-    diffs = {(t, s): known[verdict.better, s] - known[t, s] for t in verdict.than for s in verdict.seeds}
+    diffs = {(t, s): known[verdict.better, s] - known[t, s] for t in verdict.than for s in verdict.seeds
+             if (verdict.better, s) in known and (t, s) in known}
     detail = ", ".join(f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items())
+    if needed:
+        missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
+        against = [f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items()
+                   if d < -verdict.margin or (verdict.rule == "every_seed" and d <= 0)]
+        if verdict.rule == "best_at_seed" and against:    # no later seed can undo a loss beyond the margin
+            return "not reproduced", f"{detail} (decided before {missing.removeprefix('needs ')} ran)"
+        if against:                                       # every_seed: not all above any more
+            return "pending", f"{missing}; reproduced is already ruled out by {', '.join(against)}"
+        return "pending", missing
     if verdict.rule == "every_seed":
         if all(d > 0 for d in diffs.values()):
             return "reproduced", detail
