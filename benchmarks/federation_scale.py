@@ -11,7 +11,8 @@ Times, each as the median of ``--repeats`` runs (fewer when they take over 15 s 
   is timed once and left out of the builds. A Dirichlet partition that leaves some client with
   no sample (60,000 samples over 10,000 clients, about 6 each) is refused after
   ``max_tries`` draws; the row gives the time to that refusal, and the partitioner alone is timed
-  with ``min_size: 0`` (one draw).
+  with ``min_size: 0`` (one draw). ``dirichlet_per_client`` (each client's class mix drawn, at equal
+  sizes) is the Dirichlet form that serves such federations, timed beside it.
 * **sampling**: the round loop's own sampler (``RoundLoop.sample_clients``) and round context
   (``RoundLoop.round_context``: the sample, every client's size, the server's stream) for
   ``--rounds`` rounds of ``--cohort`` clients; the loop is built without training.
@@ -73,6 +74,8 @@ PARTITIONS = {
     "iid": {"kind": "iid"},
     "dirichlet a0.5": {"kind": "dirichlet", "alpha": 0.5, "min_size": 1},
     "dirichlet a0.1": {"kind": "dirichlet", "alpha": 0.1, "min_size": 1},
+    "dirichlet_per_client a0.5": {"kind": "dirichlet_per_client", "alpha": 0.5},
+    "dirichlet_per_client a0.1": {"kind": "dirichlet_per_client", "alpha": 0.1},
     "shards 2/client": {"kind": "shards", "shards_per_client": 2},
 }
 

@@ -88,7 +88,7 @@ def test_client_sizes_are_the_training_split_sizes_in_a_new_dict_each_call(synth
 
 def test_like_sampler_draws_what_sample_like_draws_client_after_client():
     from fedhet.core.errors import PartitionError
-    from fedhet.data.partition import LikeSampler, sample_like
+    from fedhet.data.local_test import LikeSampler, sample_like
 
     pool = np.random.default_rng(1).integers(0, 10, 3000)
     exclude = np.arange(0, 3000, 7)

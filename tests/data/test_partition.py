@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from fedhet.core.errors import PartitionError
+from fedhet.data.local_test import sample_like
 from fedhet.data.partition import (
     PARTITIONS,
     class_counts,
     holdout_split,
     partition,
-    sample_like,
 )
 
 
@@ -28,6 +28,7 @@ FMNIST = balanced(10, 6000)  # FMNIST-shaped training labels
 CASES = {
     "iid": (10, {}),
     "dirichlet": (10, {"alpha": 0.5}),
+    "dirichlet_per_client": (10, {"alpha": 0.5}),
     "classes_per_client": (20, {"k": 2}),
     "shards": (10, {"shards_per_client": 2}),
     "niid2": (10, {}),
@@ -36,7 +37,7 @@ CASES = {
     "quantity_skew": (10, {}),
 }
 
-DISJOINT = ["iid", "dirichlet", "shards", "niid2", "niid3", "quantity_skew"]
+DISJOINT = ["iid", "dirichlet", "dirichlet_per_client", "shards", "niid2", "niid3", "quantity_skew"]
 
 
 def assert_disjoint(parts: list[np.ndarray]) -> np.ndarray:
@@ -301,6 +302,45 @@ def test_grouped_dominant_remainders_and_groups():
         partition("grouped_dominant", labels, 2, 0)
     with pytest.raises(PartitionError, match="class ids"):
         partition("grouped_dominant", labels, 2, 0, groups=[[0, 9]])
+
+
+# --- dirichlet_per_client -----------------------------------------------------------------
+
+
+def test_dirichlet_per_client_follows_alpha_at_equal_sizes():
+    """A huge alpha gives every client the pool's class mix (600 of each class here, up to
+    multinomial noise: std 23); a tiny one gives each client (nearly) one class."""
+    parts = partition("dirichlet_per_client", FMNIST, 10, 0, alpha=1e6)
+    counts = class_counts(parts, FMNIST, 10)
+    assert (counts.sum(axis=1) == 6000).all() and np.abs(counts - 600).max() < 150, counts
+    skewed = np.repeat([0, 1], [8000, 2000])           # the mix is the pool's (Dir(alpha * p)), not uniform
+    counts = class_counts(partition("dirichlet_per_client", skewed, 10, 0, alpha=1e6, samples_per_client=100),
+                          skewed, 2)
+    assert np.abs(counts[:, 1] - 20).max() <= 15, counts
+    parts = partition("dirichlet_per_client", FMNIST, 100, 0, alpha=1e-3, samples_per_client=30)
+    counts = class_counts(parts, FMNIST, 10)
+    assert (counts.sum(axis=1) == 30).all()
+    assert (counts.max(axis=1) >= 27).mean() >= 0.9, counts.max(axis=1)
+
+
+def test_dirichlet_per_client_takes_what_is_left_when_its_classes_run_out():
+    """Two classes of 3 samples, two clients of 3, one class each at a vanishing alpha: the first
+    client takes a whole class; whichever class the second one draws, only the other is left."""
+    labels = np.array([0, 1, 0, 1, 1, 0])
+    for seed in range(8):
+        a, b = partition("dirichlet_per_client", labels, 2, seed, alpha=1e-9)
+        assert {tuple(labels[a]), tuple(labels[b])} == {(0, 0, 0), (1, 1, 1)}, seed
+
+
+def test_dirichlet_per_client_serves_ten_thousand_small_clients():
+    """Where `dirichlet` finds no partition without empty clients (10,000 clients of a 60,000 pool),
+    every client gets its 6 samples, disjoint."""
+    parts = partition("dirichlet_per_client", FMNIST, 10_000, 0, alpha=0.1)
+    assert {p.size for p in parts} == {6}
+    assert_disjoint(parts)
+    with pytest.raises(PartitionError, match="dirichlet_per_client: 10001 clients x 6 samples need 60006, only "
+                                             "60000 available"):
+        partition("dirichlet_per_client", FMNIST, 10_001, 0, alpha=0.1, samples_per_client=6)
 
 
 # --- quantity_skew ------------------------------------------------------------------------

@@ -35,6 +35,7 @@ __all__ = [
     "holdout_split",
     "iid",
     "dirichlet",
+    "dirichlet_per_client",
     "classes_per_client",
     "shards",
     "niid2",
@@ -202,8 +203,57 @@ def dirichlet(
     raise PartitionError(
         f"dirichlet: no partition with every client >= min_size {min_size} samples in "
         f"{max_tries} tries ({achieved}); use a larger alpha, fewer clients, a smaller "
-        "min_size or a larger max_tries"
+        "min_size or a larger max_tries; for many small clients, kind dirichlet_per_client"
     )
+
+
+def dirichlet_per_client(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    alpha: float,
+    samples_per_client: int | None = None,
+) -> list[np.ndarray]:
+    """Per-client Dirichlet label skew at equal sizes (Hsu, Qi and Brown 2019, "Measuring the Effects
+    of Non-Identical Data Distribution for Federated Visual Classification", Sec. 3): each client's
+    class proportions q ~ Dir(alpha * p), p the pool's class frequencies, and its
+    ``samples_per_client`` samples (default: the pool's size // num_clients) drawn by class from q,
+    without replacement. Clients are filled in id order; a class that runs out leaves the later
+    clients' q, renormalised over the classes left. Where ``dirichlet`` (which splits each class
+    among all clients) leaves clients empty, e.g. 10,000 clients of 6 samples, this one does not:
+    it is the cross-device form. Disjoint; covers the pool when the sizes add up to it.
+    """
+    labels, n = _check_common("dirichlet_per_client", labels, num_clients)
+    alpha = _check_positive("dirichlet_per_client", "alpha", alpha)
+    total = labels.size
+    size = total // n if samples_per_client is None else _check_int(
+        "dirichlet_per_client", "samples_per_client", samples_per_client, 1)
+    if size < 1 or size * n > total:
+        raise PartitionError(f"dirichlet_per_client: {n} clients x {max(size, 1)} samples need {n * max(size, 1)}, "
+                             f"only {total} available; lower samples_per_client or num_clients")
+    pools = [rng.permutation(g) for g in _by_class(labels)]
+    left = np.array([g.size for g in pools], dtype=np.int64)
+    taken = np.zeros_like(left)
+    prior = left / total
+    classes = np.flatnonzero(prior)
+    parts: list[list[np.ndarray]] = []
+    for _ in range(n):
+        q = np.zeros(prior.size)
+        q[classes] = rng.dirichlet(alpha * prior[classes])
+        if not np.isfinite(q).all() or q.sum() <= 0:   # underflow at tiny alpha: Dir's limit, one class
+            q = np.zeros(prior.size)
+            q[rng.choice(prior.size, p=prior)] = 1.0
+        counts = np.zeros(prior.size, dtype=np.int64)
+        while (need := size - int(counts.sum())) > 0:
+            room = left - counts
+            weight = q * (room > 0)
+            if weight.sum() <= 0:                      # q's classes ran out: the rest as the pool now is
+                weight = room.astype(np.float64)
+            counts += np.minimum(rng.multinomial(need, weight / weight.sum()), room)
+        parts.append([pools[c][taken[c]:taken[c] + counts[c]] for c in np.flatnonzero(counts)])
+        taken += counts
+        left -= counts
+    return _finish(parts)
 
 
 def classes_per_client(
@@ -496,6 +546,7 @@ def quantity_skew(
 PARTITIONS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": iid,
     "dirichlet": dirichlet,
+    "dirichlet_per_client": dirichlet_per_client,
     "classes_per_client": classes_per_client,
     "shards": shards,
     "niid2": niid2,
@@ -639,13 +690,3 @@ def holdout_split(
     train = np.repeat(distinct[train_pos], copies[train_pos])
     return train, distinct[test_pos]
 
-
-def __getattr__(name: str) -> Any:
-    # sample_like and LikeSampler (a client's local test set drawn from the test set) live in
-    # fedhet.data.local_test, which imports this module's checks, and are importable from here too:
-    # fetched when asked for, as importing them above would make the two modules import each other.
-    if name in ("sample_like", "LikeSampler"):
-        from fedhet.data import local_test
-
-        return getattr(local_test, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
