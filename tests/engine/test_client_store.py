@@ -185,3 +185,11 @@ def test_a_spilling_run_equals_an_in_memory_one_and_resumes_exactly(small_config
     saved = ckpt["sim"]["client_states"]
     assert set(saved["spilled"]) | set(saved["memory"]) == set(resumed.loop.client_states)
     assert (saved["memory"] == {}) == (store == "disk")
+    # the summary says what the store held and did, and the time it took
+    said = resumed.summary["client_states"]
+    assert said["mode"] == store and said["states"] == len(resumed.loop.client_states)
+    assert said["spilled_now"] == resumed.loop.client_states.spilled() > 0 and said["spilled"] > 0
+    assert said["loaded"] > 0 and said["seconds"] > 0
+    assert memory.summary["client_states"] == {"mode": "memory", "states": len(memory.loop.client_states),
+                                               "spilled_now": 0, "spilled": 0, "loaded": 0,
+                                               "seconds": memory.summary["client_states"]["seconds"]}

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,11 +134,21 @@ class ClientStates(dict):
         self._kept: set[str] = set()         # files the last saved checkpoint or the pending snapshot names
         self._pending: set[str] = set()      # files the snapshot being saved names
         self.counters = {"spilled": 0, "loaded": 0}
+        self.seconds = 0.0                   # spent in reads and writes: bookkeeping, spilling, loading
+
+    def info(self) -> dict[str, Any]:
+        """What a run's summary says of its store (``client_states``)."""
+        return {"mode": self.mode, "states": len(self), "spilled_now": self.spilled(), **self.counters,
+                "seconds": round(self.seconds, 3)}
 
     # --- the dict interface -----------------------------------------------------------
     def __getitem__(self, cid: int) -> State:
+        start = time.perf_counter()
         value = super().__getitem__(cid)
-        return self._load(value) if isinstance(value, Spilled) else value
+        if isinstance(value, Spilled):
+            value = self._load(value)
+        self.seconds += time.perf_counter() - start
+        return value
 
     def get(self, cid: int, default: Any = None) -> Any:       # type: ignore[override]
         return self[cid] if cid in self else default
@@ -193,17 +204,18 @@ class ClientStates(dict):
     def __setitem__(self, cid: int, state: State) -> None:
         if isinstance(state, Spilled):
             raise TypeError("a Spilled placeholder is not a client state")
+        start = time.perf_counter()
         self._forget(cid)
-        nbytes, _ = state_size(state)
         super().__setitem__(cid, state)
-        if self.mode == "memory":
-            return
-        self._in_memory[cid] = nbytes
-        self._memory_bytes += nbytes
-        while self._in_memory and self._memory_bytes > self.memory_budget:
-            oldest, size = self._in_memory.popitem(last=False)
-            self._memory_bytes -= size
-            super().__setitem__(oldest, self._spill(oldest, super().__getitem__(oldest)))
+        if self.mode != "memory":
+            nbytes, _ = state_size(state)
+            self._in_memory[cid] = nbytes
+            self._memory_bytes += nbytes
+            while self._in_memory and self._memory_bytes > self.memory_budget:
+                oldest, size = self._in_memory.popitem(last=False)
+                self._memory_bytes -= size
+                super().__setitem__(oldest, self._spill(oldest, super().__getitem__(oldest)))
+        self.seconds += time.perf_counter() - start
 
     def __delitem__(self, cid: int) -> None:
         self._forget(cid)
@@ -280,6 +292,13 @@ class ClientStates(dict):
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint holds: in ``memory`` mode the states themselves (on the CPU), as it
         always has; otherwise the states in memory and the spilled files' names."""
+        start = time.perf_counter()
+        try:
+            return self._snapshot()
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def _snapshot(self) -> dict[str, Any]:
         if self.mode == "memory":
             self._pending = set()           # the checkpoint holds every state itself
             return to_device(dict(super().items()), "cpu")

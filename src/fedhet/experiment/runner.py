@@ -23,6 +23,7 @@ import torch
 from fedhet.core.contract import Arrays, Message
 from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
+from fedhet.engine.client_store import ClientStates
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build, client_state_store, configure_process
 from fedhet.experiment.callbacks import Callback, RunView
@@ -360,6 +361,8 @@ class Experiment:
             "device": self.built.device,
             "bf16_native": bf16_native(self.built.device),
             "engine": self.engine_info(),
+            "client_states": (states.info() if isinstance(states := self.loop.client_states, ClientStates)
+                              else None),
             "machine": machine_info(),
         }
         callbacks = callbacks if callbacks is not None else self.callbacks
