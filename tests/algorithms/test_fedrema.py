@@ -572,3 +572,96 @@ def test_combined_fedrema_round_passes_client_and_context_to_the_partner():
     with pytest.raises(StopIteration):
         gen.send(replies)
     assert algo.seen == [("train_message", c, ctx) for c in range(4)] + [("aggregate", ctx)]
+
+
+# --- what each step reads: the round's probe, the trained classifier, the configured M --------------
+def test_each_round_draws_its_probe_from_that_rounds_stream_not_from_the_state():
+    """h~ is drawn afresh every round (Sec. 4.1): the seed of a round comes from that round's server
+    stream, also when the state handed to it is the one the previous round returned (which carries
+    the previous seed)."""
+    algo, state = _server()
+    replies = _replies({c: 1.0 for c in range(4)}, {c: float(c) for c in range(4)}, SOFT, {c: 10 for c in range(4)})
+    seeds = []
+    for rnd in range(3):
+        ctx = RoundContext(round=rnd, clients=[0, 1, 2, 3], num_clients=4, num_classes=2,
+                           client_sizes={c: 10 for c in range(4)}, rng=np.random.default_rng(100 + rnd))
+        gen = algo.round(state, ctx)
+        seeds.append(next(gen)[0].scalars["probe_seed"])
+        with pytest.raises(StopIteration) as stop:
+            gen.send(replies)
+        state = stop.value.value
+    assert seeds == [int(np.random.default_rng(100 + r).integers(2**62)) for r in range(3)]
+    assert len(set(seeds)) == 3
+
+
+def test_probe_is_uniform_on_the_unit_interval():
+    """h~ ~ U[0,1)^d (Sec. 4.1), not the reference code's U[0,0.5): over 4096 entries the mean is
+    about 1/2 and the largest entry close to 1."""
+    probe = probe_feature(11, 4096).double()
+    assert 0 <= float(probe.min()) and float(probe.max()) < 1
+    assert float(probe.max()) > 0.99 and abs(float(probe.mean()) - 0.5) < 0.03
+
+
+def test_uploaded_soft_logits_are_the_trained_classifiers_at_the_configured_temperature(small_config):
+    """p_k = softmax(phi_k(h~) / M) of the classifier the client uploads (its locally trained one,
+    Sec. 4.1 and Eq. 5), with the configured M: recomputed from the uploaded model they agree, and
+    the received classifier or the default M would give other vectors."""
+    from helpers import build_loop, config, runtime
+
+    from fedhet.core.split import HEAD, select
+
+    loop = build_loop(config(small_config, "fedrema", {"temperature": 0.25}))
+    algo = loop.algorithm
+    ctx = loop.round_context(0)
+    cid = ctx.clients[0]
+    msg = algo.train_message({**loop.server_state, "probe_seed": 9}, cid, ctx)
+    client = runtime(loop, cid)
+    reply, _ = algo.client_update(msg, None, client)
+    probe = probe_feature(9, client.model.feature_dim)
+    got = reply.arrays["relevance"]["soft_logits"].double()
+    trained = soft_logits(client.model, select(reply.arrays["model"], HEAD), probe, 0.25)
+    assert torch.allclose(got, trained, atol=1e-6)
+    received = soft_logits(client.model, select(msg.arrays["model"], HEAD), probe, 0.25)
+    default_m = soft_logits(client.model, select(reply.arrays["model"], HEAD), probe, 0.5)
+    assert float((got - received).abs().max()) > 1e-4 and float((got - default_m).abs().max()) > 1e-4
+
+
+def test_after_ccp_a_client_with_no_dependency_on_the_uploads_keeps_its_own_upload():
+    """Eq. 10 with partial participation: a client whose dependency row has no weight on this
+    round's uploads gets its own uploaded classifier, not the personalized one of its last round."""
+    algo, state = _server(ccp=False)
+    state["G"] = {0: {0: 1, 1: 1}, 3: {5: 2}}                 # client 3 depends on a client not uploading
+    state["heads"] = {c: {"head.w": T([99.0 + c])} for c in range(4)}
+    replies = _replies({c: 1.0 for c in range(4)}, {0: 1.0, 1: 5.0, 2: 10.0, 3: 20.0}, SOFT, {c: 10 for c in range(4)})
+    new = algo.aggregate(dict(state), replies, _ctx([0, 1, 2, 3]))
+    assert float(new["heads"][0]["head.w"]) == pytest.approx(3.0)
+    assert float(new["heads"][2]["head.w"]) == 10.0 and float(new["heads"][3]["head.w"]) == 20.0
+
+
+def test_feature_alignment_uploads_the_trained_models_class_means_and_averages_them_uniformly(small_config):
+    """FedReMa+F: a client uploads the per-class mean features of its locally trained model (not of
+    the model it received), and the server's prototypes are the plain mean over the clients that
+    have the class (the official code), not a count-weighted one."""
+    from helpers import build_loop, config, runtime
+
+    from fedhet.algorithms.prototypes import GROUP, class_means
+
+    loop = build_loop(config(small_config, "fedrema", {"feature_alignment": True}))
+    algo = loop.algorithm
+    ctx = loop.round_context(0)
+    replies = {}
+    for cid in ctx.clients[:2]:
+        msg = algo.train_message({**loop.server_state, "probe_seed": 3}, cid, ctx)
+        client = runtime(loop, cid)
+        replies[cid], _ = algo.client_update(msg, None, client)
+        up = replies[cid].arrays[GROUP]
+        trained, counts = class_means(client.model, replies[cid].arrays["model"], client.data, client.num_classes)
+        received, _ = class_means(client.model, msg.arrays["model"], client.data, client.num_classes)
+        assert torch.equal(up["count"], counts)
+        assert torch.allclose(up["mean"], trained, atol=1e-5)
+        assert float((up["mean"] - received).abs().max()) > 1e-3
+    a, b = (replies[c].arrays[GROUP] for c in ctx.clients[:2])
+    both = (a["count"] > 0) & (b["count"] > 0) & (a["count"] != b["count"])
+    assert bool(both.any())                      # a class both clients have, in different numbers
+    state = algo.aggregate(dict(loop.server_state), replies, ctx)
+    assert torch.allclose(state["prototypes"][both], (a["mean"][both] + b["mean"][both]) / 2, atol=1e-6)
