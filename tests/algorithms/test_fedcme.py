@@ -868,4 +868,42 @@ def test_final_hooks_see_phase_bs_result_the_round_message_and_the_new_state():
     assert m1.kind == m2.kind == "train" and m1.arrays is msg.arrays and m2.arrays is msg.arrays
     assert s1 == {"own": 2} and s2 == {"own": 2, "probe": 1} == final
     assert torch.equal(reply.arrays["probe"]["steps"], T(1))
-    assert client.purposes == [("eval_subset",)]
+    assert getattr(client, "purposes", []) == [("eval_subset",)]
+
+
+# --- what each step reads: eps_g of the sampled clients, D_eval's size and its stream ------------
+def test_typicality_is_measured_against_the_mean_of_the_sampled_clients_vectors():
+    """eps_g is the mean of the sampled clients' vectors (Algorithm 1 line 15), not any one client's:
+    v = 0: [1,0,0], 1: [0,1,0], 2: [0,1,0], 3: [0,1,.2]; eps_g = [.25,.75,.05] gives cos .32, .947,
+    .947, .941 -> order 0, 3, 1, 2; pop 0: cosine 0 with all three, the first (3) -> (0,3), (1,2).
+    Against client 0's own vector every other client has cosine 0 and 0 comes last: (1,0), (2,3)."""
+    v = {0: T([1.0, 0, 0]), 1: T([0.0, 1, 0]), 2: T([0.0, 1, 0]), 3: T([0.0, 1, 0.2])}
+    assert make_matching(v, [0, 1, 2, 3]) == {0: 3, 3: 0, 1: 2, 2: 1}
+
+
+def test_evaluation_subset_is_the_configured_fraction_drawn_from_each_rounds_stream(small_config, tmp_path,
+                                                                                   monkeypatch):
+    """D_eval (Algorithm 2 line 19) is a random eval_fraction of the training split, drawn from the
+    client's "eval_subset" stream of the round: a new subset each round, of the configured size."""
+    import fedhet.algorithms.fedcme as fedcme_module
+
+    seen = []
+    real = fedcme_module.evaluation_vector
+
+    def recording(model, weights, data, num_classes, positions, *args, **kw):
+        seen.append(positions.clone())
+        return real(model, weights, data, num_classes, positions, *args, **kw)
+
+    monkeypatch.setattr(fedcme_module, "evaluation_vector", recording)
+    sim = make_sim(small_config, tmp_path, exchange="none", eval_fraction=0.5)
+    algo = sim.algorithm
+    cid = sim.round_context(0).clients[0]
+    expected = []
+    for rnd in (0, 1):
+        client = runtime(sim, cid, rnd)
+        algo.client_update(algo.train_message(sim.server_state, cid, sim.round_context(rnd)), None, client)
+        expected.append(eval_subset(client.num_samples, 0.5, runtime(sim, cid, rnd).generator("eval_subset")))
+    n = runtime(sim, cid).num_samples
+    assert [len(p) for p in seen] == [round(0.5 * n)] * 2
+    assert all(torch.equal(p, e) for p, e in zip(seen, expected))
+    assert not torch.equal(seen[0], seen[1])
