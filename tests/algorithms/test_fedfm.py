@@ -75,6 +75,15 @@ def test_classes_without_anchor_are_left_out():
         float(full(out_of(h[:2]), batch_of([0, 1]), {})), rel=1e-6)
 
 
+def test_configured_l2_matching_reaches_the_training_term():
+    """matching: l2 (the l2 variant of Sec. IV-C) is the kind of the term the client trains with,
+    beside the configured lambda and temperature."""
+    algo = FedFM(FedFM.Params(start_round=0, matching="l2", lam=2.0, temperature=0.3))
+    anchors = {"mean": torch.zeros(2, 3), "defined": torch.ones(2, dtype=torch.bool)}
+    (term,) = algo.local_terms(Message("train", {"anchors": anchors}), None, object())
+    assert isinstance(term, AnchorMatching) and (term.kind, term.lam, term.temperature) == ("l2", 2.0, 0.3)
+
+
 # --- anchors -------------------------------------------------------------------------------
 def test_weighted_anchor_aggregation_and_a_missing_class():
     prev = torch.tensor([[9.0, 9.0], [8.0, 8.0], [7.0, 7.0]])
@@ -201,6 +210,20 @@ def test_matching_term_trains_after_the_warm_up(small_config):
     diff = sum(float((trained.arrays["model"][k] - plain.weights[k]).abs().sum()) for k in plain.weights)
     assert diff > 1e-3, "FedFM after T_s trained like plain cross-entropy"
     assert trained.scalars["loss"] > plain.mean_loss + 1.0     # lam * L_FM is part of the objective
+
+
+def test_training_phase_matches_against_this_rounds_anchors_not_the_previous_ones():
+    """Alg. 1: the anchors a round trains against are A^(t), aggregated from this round's anchor
+    phase, not those the state carried in from the previous round."""
+    algo = FedFM(FedFM.Params(start_round=0))
+    state = algo.init_server_state({"m": {"w": torch.zeros(2)}})
+    state["anchors"], state["anchors_defined"] = torch.full((2, 2), 9.0), torch.ones(2, dtype=torch.bool)
+    gen = algo.round(state, ctx([0, 1], num_classes=2))
+    next(gen)
+    train = gen.send({0: anchor_reply([[1.0, 0.0], [0.0, 0.0]], [4, 0]),
+                      1: anchor_reply([[0.0, 0.0], [0.0, 3.0]], [0, 2])})
+    for msg in train.values():
+        assert torch.equal(msg.arrays["anchors"]["mean"], torch.tensor([[1.0, 0.0], [0.0, 3.0]]))
 
 
 def test_fedfm_round_sends_the_model_once_and_anchors_both_ways(small_config):
@@ -808,3 +831,4 @@ def test_matching_term_is_added_for_any_positive_lambda_only(lam, expected):
     if expected:
         assert isinstance(terms[0], AnchorMatching)
         assert (terms[0].lam, terms[0].temperature, terms[0].kind) == (0.5, 0.5, "cg")
+
