@@ -254,15 +254,10 @@ SWAPS = [
          'return aggregate_prototypes(uploads, "uniform", previous=(prev, prev_defined))',
          'return aggregate_prototypes(uploads, "counts", previous=(prev, prev_defined))', CME_TESTS),
     # FedFM (Ye et al., IEEE TSP 2023)
-    Swap("fedfm", "the local anchors' model: the received w^t", "Eq. 8, Alg. 1",
-         "the model received in the client's previous anchor phase", FM,
+    Swap("fedfm", "the local anchors' model: the received w^t with the client's own BatchNorm statistics "
+         "(bn_buffers: local)", "Eq. 8", "w^t as sent (the global statistics)", FM,
          'reply = Message("anchors", {"anchors": self.anchor_upload(weights, client)},',
-         'reply = Message("anchors", {"anchors": self.anchor_upload((state or {}).get(RECEIVED) or weights, client)},',
-         FM_TESTS),
-    Swap("fedfm", "the training's start: the w^t of the anchor phase", "Alg. 1, Eq. 10",
-         "the model of the client's previous anchor phase", FM,
-         'return reply, {**(base or {}), RECEIVED: msg.arrays["model"]}',
-         'return reply, {**(base or {}), RECEIVED: (state or {}).get(RECEIVED) or msg.arrays["model"]}', FM_TESTS),
+         'reply = Message("anchors", {"anchors": self.anchor_upload(msg.arrays["model"], client)},', FM_TESTS),
     Swap("fedfm", "the anchors trained against: this round's A^(t)", "Alg. 1, Eq. 10",
          "the previous round's anchors", FM,
          "state = self.update_anchors(dict(state), replies)                  # Eq. 9\n        phase = {}\n"
