@@ -77,7 +77,8 @@ def one(a: argparse.Namespace) -> dict:
         wall = time.perf_counter() - t0
         rows = read_metrics(exp.run_dir)
         store = exp.loop.client_states
-        one_state = next(iter(store.values()), None)
+        peak = peak_rss_mb()                 # the run's: before anything below loads a spilled state
+        one_state = store[next(iter(store))] if len(store) else None     # one state, not every one
         folder = exp.run_dir / "client_states"
         disk = sum(p.stat().st_size for p in folder.iterdir()) if folder.exists() else 0
         return {"method": a.method, "store": a.store, "budget_mb": a.budget_mb if a.store == "auto" else None,
@@ -88,7 +89,7 @@ def one(a: argparse.Namespace) -> dict:
                 "round_s": statistics.median(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
                 "store_s": store.seconds,
                 "store_share": store.seconds / sum(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
-                "wall_s": wall, "peak_rss_mb": peak_rss_mb()}
+                "wall_s": wall, "peak_rss_mb": peak}
 
 
 def main() -> int:
