@@ -248,6 +248,66 @@ def test_compare_says_which_runs_it_cannot_plot(two_runs, capsys):
     assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda s: s.update(seed="x"), "seed is 'x', not a whole number"),
+    (lambda s: s.pop("algorithm"), "it has no algorithm"),
+    (lambda s: s.update(metrics=5), "metrics is 5, not a mapping"),
+    (lambda s: s.pop("headline_metric"), "it has no headline_metric"),
+    (lambda s: s["metrics"].update(global_acc={"final": "x"}), "metrics.global_acc has no numeric final and best"),
+], ids=["seed", "algorithm", "metrics", "headline", "final"])
+def test_compare_names_a_summary_field_it_cannot_read(two_runs, capsys, edit, message):
+    a, b = two_runs
+    summary = json.loads((b / "summary.json").read_text())
+    edit(summary)
+    (b / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"{b / 'summary.json'} is damaged ({message})" in err and "Traceback" not in err
+
+
+def test_compare_names_a_run_directory_that_is_missing_or_a_file(two_runs, tmp_path, capsys):
+    a, _ = two_runs
+    assert main(["compare", str(a), str(tmp_path / "nothere")]) == 2
+    assert "nothere does not exist" in capsys.readouterr().err
+    assert main(["compare", str(a), str(a / "config.yaml")]) == 2
+    assert "config.yaml is a file, not a run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe garbage\n", b"5\n[1]\n", b'{"x": 1}\n'],
+                         ids=["not-utf8", "not-a-mapping", "no-round"])
+def test_compare_reads_a_damaged_metrics_file_as_far_as_it_is_intact(two_runs, capsys, content):
+    a, b = two_runs
+    intact = (b / "metrics.jsonl").read_bytes()
+    (b / "metrics.jsonl").write_bytes(content)
+    assert main(["compare", str(a), str(b)]) == 0
+    assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
+    (b / "metrics.jsonl").write_bytes(intact + content)          # damage after the rows: all of them plotted
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "metrics.jsonl" not in capsys.readouterr().out
+
+
+def test_compare_says_when_a_curve_stops_before_the_rounds_the_summary_counts(small_config, tmp_path, capsys):
+    Experiment.create(load_config(raw=cfg_of(small_config, train={"rounds": 2})), tmp_path / "a").run(progress=False)
+    rows = (tmp_path / "a" / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "a" / "metrics.jsonl").write_bytes(rows[0] + b'{"round": 2, "glob')
+    assert main(["compare", str(tmp_path / "a")]) == 0
+    assert f"{tmp_path / 'a'} (rows up to round 1 of 2)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("content", ["a: [\n", "- 1\n", "\udcff"], ids=["not-yaml", "a-list", "not-utf8"])
+def test_compare_names_a_damaged_recorded_config(two_runs, capsys, content):
+    a, b = two_runs
+    (b / "config.yaml").write_bytes(content.encode("utf-8", "surrogateescape"))
+    assert main(["compare", str(b)]) == 2                 # alone: its paper section cannot be read
+    err = capsys.readouterr().err
+    assert f"{b / 'config.yaml'} is damaged" in err and "Traceback" not in err
+    assert main(["compare", str(a), str(b)]) == 2         # pooled: whether it is the same experiment
+    assert "has no readable config.yaml" in capsys.readouterr().err
+    (b / "config.yaml").write_text("paper: 5\n")
+    assert main(["compare", str(b)]) == 2
+    assert "its paper section (5) is not a paper result" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("name", "params", "message"), [
     ("fedprox", {"mu": True}, "algorithm.params: mu: expects a number, got true"),
     ("fedcme", {"exchange": False}, "algorithm.params: exchange: expects one of .*got false"),
@@ -365,6 +425,19 @@ def test_a_run_whose_metrics_went_missing_is_refused(small_config, tmp_path):
     (run / "metrics.jsonl").unlink()
     with pytest.raises(CheckpointError, match="lacks round\\(s\\) 1-3"):
         Experiment.resume(run)
+
+
+def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(small_config, tmp_path):
+    run = _stopped_run(small_config, tmp_path / "r")
+    rows = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    for damage in (b"\xff\xfe\n", b"[1, 2]\n"):
+        damaged = rows[0] + damage + b"".join(rows[1:])
+        (run / "metrics.jsonl").write_bytes(damaged)
+        with pytest.raises(CheckpointError, match="lacks round\\(s\\) 2-3"):
+            Experiment.resume(run)
+        assert (run / "metrics.jsonl").read_bytes() == damaged          # nothing dropped by the refusal
+    (run / "metrics.jsonl").write_bytes(b"".join(rows) + b"\xff{\"round\": 4")   # damage after the rows
+    assert Experiment.resume(run).start_round == 3
 
 
 # --- files that are not UTF-8 YAML ------------------------------------------------------------------

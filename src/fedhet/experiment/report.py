@@ -10,6 +10,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+import yaml
+
 from fedhet.core.errors import CheckpointError
 from fedhet.experiment.config import ExperimentConfig, flatten_config, parse_yaml
 from fedhet.experiment.plots import plot_compare
@@ -18,7 +20,16 @@ from fedhet.experiment.summary import git_commit, machine_info, selected_value
 
 
 def load_summary(run_dir: Path) -> dict:
-    path = Path(run_dir) / "summary.json"
+    """The summary.json of ``run_dir``, or a CheckpointError naming what is wrong: the folder is
+    missing or a file, it has no summary, or the summary is not JSON with a name and metrics
+    (``fedhet compare`` checks the other fields it reads: :func:`_summary_problems`)."""
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise CheckpointError(f"{run_dir} does not exist: name a run directory (one holding summary.json)")
+    if not run_dir.is_dir():
+        raise CheckpointError(f"{run_dir} is a file, not a run directory: name the folder that holds its "
+                              "summary.json")
+    path = run_dir / "summary.json"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} has no summary.json (not a fedhet run directory, or the run never started)")
     try:
@@ -31,6 +42,24 @@ def load_summary(run_dir: Path) -> dict:
     return summary
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _summary_problems(summary: dict) -> list[str]:
+    """What is wrong with the fields of a summary that compare reads (empty when nothing is)."""
+    expected = {"name": (str, "a string"), "algorithm": (str, "a string"), "seed": (int, "a whole number"),
+                "headline_metric": (str, "a string"), "rounds_completed": (int, "a whole number"),
+                "metrics": (dict, "a mapping")}
+    problems = [f"{key} is {summary[key]!r}, not {what}" if key in summary else f"it has no {key}"
+                for key, (kind, what) in expected.items()
+                if key not in summary or not isinstance(summary[key], kind) or isinstance(summary[key], bool)]
+    for metric, stats in summary.get("metrics", {}).items() if isinstance(summary.get("metrics"), dict) else ():
+        if stats and not (isinstance(stats, dict) and _is_number(stats.get("final")) and _is_number(stats.get("best"))):
+            problems.append(f"metrics.{metric} has no numeric final and best")
+    return problems
+
+
 # Keys two runs may differ in and still be seeds of one experiment: the seed itself, how the run
 # was carried out (engine, device, threads, ...), its name and the paper's note.
 _SEED_FREE = ("seed", "name")
@@ -39,12 +68,8 @@ _SEED_FREE = ("seed", "name")
 def _experiment_keys(run_dir: Path) -> dict | None:
     """A run's recorded config, flattened, without the keys seeds of one experiment may differ in;
     None when the folder has no readable config.yaml."""
-    path = Path(run_dir) / CONFIG
-    try:
-        recorded = parse_yaml(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(recorded, dict):
+    recorded = _recorded_config(run_dir)
+    if recorded is None:
         return None
     flat = flatten_config(recorded)
     return {k: v for k, v in flat.items() if k not in _SEED_FREE and not k.startswith(("run.", "paper"))}
@@ -72,13 +97,32 @@ def _check_same_experiment(name: str, runs: list[tuple[Path, dict]]) -> None:
                                   "each config its own name, or compare them separately")
 
 
+def _recorded_config(run_dir: Path) -> dict | None:
+    """A run's config.yaml as a mapping; None when it is missing, unreadable or not a mapping."""
+    try:
+        recorded = parse_yaml((Path(run_dir) / CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
 def load_paper(run_dir: Path) -> dict | None:
-    """The ``paper`` section of a run's recorded config (what the paper reports), or None."""
+    """The ``paper`` section of a run's recorded config (what the paper reports), or None when the
+    config has none (or the folder has no config.yaml). A config.yaml that cannot be read, or whose
+    paper section is not one, is a CheckpointError: its paper column would silently go missing."""
     path = Path(run_dir) / CONFIG
     if not path.is_file():
         return None
-    recorded = parse_yaml(path.read_text()) or {}
-    return recorded.get("paper") if isinstance(recorded, dict) else None
+    recorded = _recorded_config(run_dir)
+    if recorded is None:
+        raise CheckpointError(f"{path} is damaged (not readable as a fedhet config), so the paper's number for "
+                              f"{run_dir} cannot be read: restore the file, or leave {run_dir} out")
+    paper = recorded.get("paper")
+    if paper is not None and not (isinstance(paper, dict) and _is_number(paper.get("value"))
+                                  and (paper.get("std") is None or _is_number(paper["std"]))):
+        raise CheckpointError(f"{path}: its paper section ({paper!r:.80}) is not a paper result (a mapping with a "
+                              f"numeric value): restore the file, or leave {run_dir} out")
+    return paper
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float | None]:
@@ -116,6 +160,11 @@ def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]]
             raise CheckpointError(f"{d} is given twice (also as {seen[real]}): one run would count as two seeds")
         seen[real] = d
         s = load_summary(d)
+        problems = _summary_problems(s)
+        if problems:
+            raise CheckpointError(f"{d / 'summary.json'} is damaged ({'; '.join(problems)}), so {d} cannot be "
+                                  f"compared: leave it out, or run `fedhet run --resume {d}` to write its summary "
+                                  "again")
         if s.get("status") == "failed":
             left_out.append(f"{d} (failed: {s.get('error') or 'no reason recorded'})")
             continue
@@ -169,6 +218,7 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     measured_rules: set[str] = set()
     paper_notes: list[str] = []
     unplotted: list[str] = []
+    cut: list[str] = []                # metrics.jsonl damaged after some rows: a shorter curve than the table's
     for name, runs in groups.items():
         m = metric_of[name]
         stats = [s["metrics"].get(m, {}) for _, s in runs]
@@ -185,8 +235,11 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         if with_paper:
             row += " " + _paper_cells(papers[name], m, runs) + " |"
         lines.append(row)
-        curves[name] = [[(r["round"], r[m]) for r in read_metrics(d) if r.get(m) is not None] for d, _ in runs]
+        rows_of = [read_metrics(d) for d, _ in runs]
+        curves[name] = [[(r["round"], r[m]) for r in rows if r.get(m) is not None] for rows in rows_of]
         unplotted.extend(str(d) for (d, _), curve in zip(runs, curves[name]) if not curve)
+        cut.extend(f"{d} (rows up to round {rows[-1]['round']} of {s['rounds_completed']})"
+                   for (d, s), rows in zip(runs, rows_of) if rows and rows[-1]["round"] < s["rounds_completed"])
         paper = papers[name]
         if paper:
             where = ", ".join(x for x in (paper.get("source"), paper.get("cell")) if x)
@@ -206,6 +259,9 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     if unplotted:
         notes += ("\n\nIn the table from their summaries, but not in the plot (no readable metrics.jsonl rows): "
                   + "; ".join(unplotted))
+    if cut:
+        notes += ("\n\nIn the table from their summaries, but plotted only as far as their metrics.jsonl is readable: "
+                  + "; ".join(cut))
     if paper_notes:
         notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
                   "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))

@@ -31,16 +31,24 @@ LOCK = ".lock"          # held (flock) by the process writing the run; the kerne
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The rows of ``run_dir``'s metrics.jsonl up to the first line that is not a round's record:
+    a line cut off by a kill, bytes that are not UTF-8 or not JSON, or JSON that is not a mapping
+    with a whole-number ``round`` (a damaged file). Every row before it is intact and returned; a
+    resume then refuses a file that lacks rounds its checkpoint has done."""
     path = Path(run_dir) / METRICS
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break  # a line cut off by a kill: everything before it is intact
+    rows: list[dict] = []
+    if not path.is_file():
+        return rows
+    for raw in path.read_bytes().splitlines():
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            break
+        if not isinstance(row, dict) or type(row.get("round")) is not int:
+            break
+        rows.append(row)
     return rows
 
 
