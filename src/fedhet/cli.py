@@ -26,7 +26,7 @@ def _cmd_run(args) -> int:
     from fedhet.experiment.report import compare
     from fedhet.experiment.runner import Experiment
 
-    if args.resume:
+    if args.resume is not None:
         if args.config:
             raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG")
         # --set only for how the run is carried out (run.device, run.engine...): Experiment.resume checks

@@ -440,6 +440,45 @@ def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(small_config, t
     assert Experiment.resume(run).start_round == 3
 
 
+def test_a_damaged_digest_file_is_not_blamed_on_the_checkpoint(small_config, tmp_path):
+    run = _stopped_run(small_config, tmp_path / "r")
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    (run / "checkpoint.sha256").write_text("junk\n")
+    with pytest.raises(CheckpointError, match=r"checkpoint.sha256 is damaged: it holds no sha256 digest.*the "
+                                              r"checkpoint itself may be intact"):
+        Experiment.resume(run)
+    assert (run / "checkpoint.pt").read_bytes() == before["checkpoint.pt"]
+    assert (run / "metrics.jsonl").read_bytes() == before["metrics.jsonl"]
+    (run / "checkpoint.sha256").unlink()                      # the fix the message names
+    assert Experiment.resume(run).start_round == 3
+
+
+@pytest.mark.parametrize("command", [["run", "CFG", "--out"], ["run", "--resume"], ["flower", "run", "CFG", "--out"],
+                                     ["flower", "run", "--resume"]], ids=["run-out", "run-resume", "flower-out",
+                                                                          "flower-resume"])
+def test_a_run_directory_that_is_empty_a_file_or_missing_is_named(small_config, tmp_path, monkeypatch, capsys,
+                                                                  command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))
+    args = [("c.yaml" if a == "CFG" else a) for a in command]
+    option = command[-1]
+    assert main([*args, ""]) == 2                   # an empty --out was the current folder
+    assert f"{option} is empty" in capsys.readouterr().err
+    assert main([*args, "c.yaml"]) == 2
+    assert f"{option} c.yaml is a file, not a run directory" in capsys.readouterr().err
+    if option == "--resume":
+        assert main([*args, "nothere"]) == 2
+        assert "--resume nothere does not exist" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]        # nothing started, nothing written
+
+
+def test_python_out_that_is_empty_is_refused(small_config):
+    import fedhet
+
+    with pytest.raises(ConfigError, match="--out is empty"):
+        fedhet.run(small_config, out="", progress=False)
+
+
 # --- files that are not UTF-8 YAML ------------------------------------------------------------------
 
 @pytest.mark.parametrize("command", ["run", "sweep"])

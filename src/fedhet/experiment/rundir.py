@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,26 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
             break
         rows.append(row)
     return rows
+
+
+def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:
+    """``path`` as a run directory to create (``--out``) or, with ``resume``, to continue
+    (``--resume``); a ConfigError when it is empty (an empty string would be the current folder)
+    or a file, and for a resume a CheckpointError when it does not exist."""
+    option = "--resume" if resume else "--out"
+    if not str(path).strip():
+        raise ConfigError(f"{option} is empty: name the run directory" + (
+            " to continue (the folder holding its config.yaml)" if resume else
+            ", e.g. --out runs/try (out='runs/try' from Python), or leave it out for run.out_dir/<name>-s<seed>-<time>"))
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{option} {p} is a file, not a run directory: " + (
+            "name the folder of the run (the one holding config.yaml)" if resume else
+            "name a folder (a new path, or an existing folder that holds no run)"))
+    if resume and not p.exists():
+        raise CheckpointError(f"--resume {p} does not exist: name the folder of the run to continue (the one "
+                              "holding its config.yaml)")
+    return p
 
 
 class RunDir:
@@ -170,6 +191,10 @@ class RunDir:
         if not ckpt.exists():
             return None
         recorded = self._recorded_digests()
+        if recorded and not any(re.fullmatch(r"[0-9a-f]{64}", d) for d in recorded):
+            raise CheckpointError(f"{self.path / CHECKSUM} is damaged: it holds no sha256 digest, so checkpoint {ckpt} "
+                                  "cannot be checked against it (the checkpoint itself may be intact). Nothing was "
+                                  f"changed; to resume from the checkpoint unchecked, delete {self.path / CHECKSUM}.")
         if recorded and _sha256(ckpt) not in recorded:      # runs from before the digest have none
             raise CheckpointError(f"checkpoint {ckpt} is damaged: its content no longer matches the sha256 recorded "
                                   f"when it was written ({self.path / CHECKSUM}). The recorded metrics in "

@@ -36,6 +36,7 @@ from fedhet.experiment.rundir import (
     PARTITION,
     SUMMARY,
     RunDir,
+    checked_run_dir,
     read_metrics,
 )
 from fedhet.experiment.summary import (
@@ -134,6 +135,8 @@ class Experiment:
             while run_dir.exists():         # two runs started within one second
                 n += 1
                 run_dir = base.with_name(f"{base.name}-{n}")
+        else:
+            run_dir = checked_run_dir(run_dir)
         rundir = RunDir(run_dir)
         if rundir.holds_run():
             raise ConfigError(already_holds_a_run(run_dir))
@@ -171,7 +174,7 @@ class Experiment:
         passes the ``config`` its run config holds (checked against config.yaml and the
         checkpoint like a changed file) and its loop, callbacks... as ``kwargs``; the checkpoint
         read is kept as ``restored``."""
-        rundir = RunDir(run_dir)
+        rundir = RunDir(checked_run_dir(run_dir, resume=True))
         if not (rundir.path / CONFIG).is_file():
             raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)

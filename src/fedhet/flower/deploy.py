@@ -594,13 +594,15 @@ def resume_hint(run_dir: Path) -> str:
 def cli(args) -> int:
     """``fedhet flower run`` and ``fedhet flower app`` (parsers in fedhet/cli.py)."""
     from fedhet.experiment.config import dump_config, load_config
+    from fedhet.experiment.rundir import checked_run_dir
 
-    if getattr(args, "resume", None):
+    if getattr(args, "resume", None) is not None:
         if args.config or args.set:
             raise FedhetError("--resume continues a run with the config in its directory: give no CONFIG or --set")
         if args.out:
             raise FedhetError("--resume RUN_DIR writes to RUN_DIR: give no --out")
         from fedhet.experiment.rundir import CONFIG
+        checked_run_dir(args.resume, resume=True)
         if not (Path(args.resume) / CONFIG).is_file():
             raise FedhetError(f"{args.resume} is not a fedhet run directory (no {CONFIG})")
         cfg = load_config(Path(args.resume) / CONFIG)
@@ -608,6 +610,8 @@ def cli(args) -> int:
         raise FedhetError("fedhet flower: give a CONFIG file, or --resume RUN_DIR")
     else:
         cfg = load_config(args.config, args.set)
+    if args.flower_command == "run" and args.out is not None:
+        checked_run_dir(args.out)
     settings = {"min_clients": args.min_clients, "phase_timeout": args.phase_timeout,
                 "node_timeout": args.node_timeout}
     if args.min_clients is not None and args.min_clients > cfg.train.clients_per_round:
