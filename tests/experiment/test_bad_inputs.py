@@ -3,6 +3,7 @@ each case here once crashed with a raw traceback, ran silently as something else
 
 import copy
 import json
+import re
 
 import pytest
 import torch
@@ -64,6 +65,42 @@ def test_an_empty_architecture_list_is_a_config_error(small_config):
 def test_a_set_value_that_is_not_yaml_is_a_config_error():
     with pytest.raises(ConfigError, match=r"--set train.rounds=\[1: the value is not valid YAML"):
         load_config(overrides=["train.rounds=[1"])
+
+
+def test_a_mapping_set_on_a_section_would_drop_its_keys_and_is_refused(small_config, tmp_path):
+    import fedhet
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(small_config))
+    # it replaced the file's whole train section: lr, batch_size... went back to their defaults
+    with pytest.raises(ConfigError, match=r"--set train=\{rounds: 1\} would replace the whole train section, putting "
+                                          r"batch_size, clients_per_round, local_epochs, lr \(set in the config\)"):
+        load_config(path, ["train={rounds: 1}"])
+    with pytest.raises(ConfigError, match="whole data.local_test section, putting fraction .* back to its default"):
+        fedhet.run(str(path), {"data.local_test": {"source": "holdout"}}, out=tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    # a value that keeps every key the file set, a section the file lacks, and one value's mapping are fine
+    assert load_config(path, ["train={rounds: 1, clients_per_round: 3, local_epochs: 1, batch_size: 32, lr: 0.05}"]
+                       ).train.rounds == 1
+    assert load_config(path, ["data.normalize={mean: [0.5], std: [0.5]}"]).data.normalize is not None
+    assert load_config(path, ["data.partition={kind: iid}"]).data.partition.options() == {}
+
+
+@pytest.mark.parametrize("key", ["", "train.", ".rounds", "train..rounds"])
+def test_a_set_key_with_an_empty_name_is_refused(key):
+    with pytest.raises(ConfigError, match=f"the key '{re.escape(key)}' has an empty name"):
+        load_config(overrides=[f"{key}=1"])
+
+
+def test_python_overrides_name_a_key_holding_an_assignment_and_a_section_given_a_number(small_config, tmp_path):
+    import fedhet
+
+    with pytest.raises(ConfigError, match="key 'train.lr=0.1' holds '='"):
+        fedhet.run(small_config, {"train.lr=0.1": 1}, out=tmp_path / "a")
+    with pytest.raises(ConfigError, match=r"algorithm.params: expects a mapping of settings, got 3; .* "
+                                          r"algorithm.params.<setting> in --set"):
+        fedhet.run(small_config, {"algorithm.params": 3}, out=tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 # --- what used to pass silently ----------------------------------------------------------------

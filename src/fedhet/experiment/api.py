@@ -65,6 +65,9 @@ def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str
             if not isinstance(k, str):
                 raise ConfigError(f"overrides: key {k!r} is not a string; name settings as 'section.key', e.g. "
                                   "{'train.rounds': 5}")
+            if "=" in k:
+                raise ConfigError(f"overrides: key {k!r} holds '=': in a dict the key names the setting and the "
+                                  "dict's value is its value, e.g. {'train.lr': 0.1}")
         plain = {k: _plain(v, f"overrides[{k!r}]") for k, v in overrides.items()}
         assignments = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                        for k, v in plain.items()]

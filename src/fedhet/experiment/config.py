@@ -347,6 +347,9 @@ def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; see configs/README.md for every key)"
+        elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = (f"expects a mapping of settings, got {e['input']!r:.60}; a setting inside it is written "
+                   f"{key}.<setting> in --set, or `{key.split('.')[-1]}: {{<setting>: value}}` in YAML")
         lines.append(f"  {key}: {msg}")
     return "\n".join(lines)
 
@@ -362,18 +365,46 @@ def parse_value(text: str, key: str = "") -> Any:
                           f"--set '{key}=\"{text}\"'") from None
 
 
+def _is_section(parts: list[str]) -> bool:
+    """Whether the key ``parts`` names a section of the schema (train, data.local_test, ...): a
+    mapping of settings each with its own default, not one value (such as algorithm.params)."""
+    model: Any = ExperimentConfig
+    for part in parts:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return False
+        kinds = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ())) if isinstance(a, type)]
+        model = next((k for k in kinds if issubclass(k, Strict)), None)
+    return model is not None
+
+
 def apply_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set expects key=value, got {assignment!r}")
     key, value = assignment.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"--set {assignment!r}: the key {key!r} has an empty name; give section.key, e.g. "
+                          "--set train.rounds=5")
     node = raw
-    parts = key.strip().split(".")
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(f"--set {key}: {part!r} holds {child!r}, not a section of settings (a mapping)")
         node = child
-    node[parts[-1]] = parse_value(value, key.strip())
+    new = parse_value(value, key)
+    old = node.get(parts[-1])
+    if isinstance(new, dict) and isinstance(old, dict) and _is_section(parts):
+        dropped = sorted(str(k) for k in set(old) - set(new))
+        if dropped:
+            # the section would be replaced whole: the keys the config set and the value leaves out
+            # would go back to their defaults without a word
+            example = next(iter(new), "rounds")
+            raise ConfigError(f"--set {key}={value.strip()} would replace the whole {key} section, putting "
+                              f"{', '.join(dropped)} (set in the config) back to {'its default' if len(dropped) == 1 else 'their defaults'}; set the keys one by "
+                              f"one instead, e.g. --set {key}.{example}=... (from Python: {{'{key}.{example}': ...}})")
+    node[parts[-1]] = new
 
 
 def read_yaml(path: Path, what: str) -> Any:
