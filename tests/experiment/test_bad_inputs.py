@@ -410,8 +410,14 @@ def test_a_split_that_a_small_pool_fraction_made_impossible_names_pool_fraction(
     raw["data"]["pool_fraction"] = 0.05
     with pytest.raises(PartitionError, match="data.pool_fraction 0.05 keeps \\d+ images for 6 clients .*raise it"):
         build_federation(load_config(raw=raw).data, seed=0)
+    raw["data"]["partition"] = {"kind": "grouped_dominant", "samples_per_client": 50, "s": 0.2}
+    raw["data"]["num_clients"] = 4
+    with pytest.raises(PartitionError) as caught:             # too few clients for the groups at any pool size
+        build_federation(load_config(raw=raw).data, seed=0)
+    assert "label groups but only 4 clients" in str(caught.value) and "pool_fraction" not in str(caught.value)
+    raw["data"]["num_clients"] = 6
     raw["data"]["pool_fraction"] = 1.0
-    raw["data"]["partition"]["min_size"] = 10**6
+    raw["data"]["partition"] = {"kind": "dirichlet", "alpha": 0.5, "min_size": 10**6}
     with pytest.raises(PartitionError) as caught:             # the pool is whole: nothing to say about it
         build_federation(load_config(raw=raw).data, seed=0)
     assert "pool_fraction" not in str(caught.value)

@@ -176,7 +176,16 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             parts = partitioners.partition(cfg.partition.kind, labels[kept], k,
                                            seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
         except PartitionError as e:
-            raise PartitionError(f"{e}{_pool_hint(cfg, len(kept), k)}") from None
+            # name data.pool_fraction only where it is the cause: the whole pool would partition
+            hint = ""
+            if cfg.pool_fraction < 1:
+                try:
+                    partitioners.partition(cfg.partition.kind, labels[available], k,
+                                           seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
+                    hint = _pool_hint(cfg, len(kept), k)
+                except PartitionError:
+                    pass
+            raise PartitionError(f"{e}{hint}") from None
         parts = [kept[p] for p in parts]
 
     rng = numpy_rng(seed, "local_test")
