@@ -178,6 +178,16 @@ def test_grouped_dominant_with_more_groups_than_clients_is_refused(small_config)
         build_federation(cfg.data, cfg.seed)
 
 
+def test_a_batch_larger_than_every_client_with_drop_last_is_refused(small_config, tmp_path):
+    raw = cfg_of(small_config, train={"batch_size": 10**5, "drop_last": True, "rounds": 1})
+    with pytest.raises(ConfigError, match=r"train.batch_size \(100000\) exceeds every client's training data .* "
+                                          "set train.drop_last: false"):
+        Experiment.create(load_config(raw=raw), tmp_path / "r")
+    assert not (tmp_path / "r" / "metrics.jsonl").exists()
+    raw["train"]["drop_last"] = False                       # one short batch each: it trains
+    assert Experiment.create(load_config(raw=raw), tmp_path / "s").run(progress=False)["status"] == "completed"
+
+
 # --- messages that misled ------------------------------------------------------------------------
 def test_an_empty_client_is_named_as_such_with_test_set_local_splits(small_config):
     raw = cfg_of(small_config, data={"num_clients": 400, "partition": {"kind": "dirichlet", "alpha": 0.05,

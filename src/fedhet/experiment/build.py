@@ -139,6 +139,14 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
     (``Algorithm.check_data`` on client 0's view: the shared pools, data.public included)."""
     algorithm = make_algorithm(cfg)
     federation = build_federation(cfg.data, cfg.seed)
+    if cfg.train.drop_last:
+        sizes = federation.train_counts().sum(axis=1)
+        if sizes.max() < cfg.train.batch_size:
+            # every batch would be dropped: the run would end 'completed' without one training step
+            raise ConfigError(f"train.batch_size ({cfg.train.batch_size}) exceeds every client's training data "
+                              f"(the largest client holds {int(sizes.max())} samples) and train.drop_last is on, so "
+                              "no client would take a single step: lower train.batch_size, or set train.drop_last: "
+                              "false")
     algorithm.check_data(federation.client_data(0))
     return algorithm, federation
 
