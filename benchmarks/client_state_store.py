@@ -149,7 +149,7 @@ def main() -> int:
                      f"{100 * r['store_share']:.1f}% | {r['peak_rss_mb']:.0f} |")
     lines += ["", "store = the seconds spent in the client state store's reads, writes and snapshots (bookkeeping, "
               "spilling, loading), measured inside the run; store / rounds = their share of the rounds' time in the "
-              "same run, a ratio that the machine's other load affects far less than the round times themselves."]
+              "same run."]
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{a.out}.md").write_text("\n".join(lines) + "\n")
     (RESULTS / f"{a.out}.json").write_text(json.dumps({"command": command, "commit": commit, "machine": machine,
