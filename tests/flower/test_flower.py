@@ -517,8 +517,10 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
 
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(dump_config(tiny(small_config, "fedavg")))
+    (tmp_path / "empty").mkdir()
     cases = [(["flower", "run"], "give a CONFIG file, or --resume RUN_DIR"),
-             (["flower", "run", "--resume", str(tmp_path / "none")], "is not a fedhet run directory"),
+             (["flower", "run", "--resume", str(tmp_path / "none")], "none does not exist"),
+             (["flower", "run", "--resume", str(tmp_path / "empty")], "is not a fedhet run directory"),
              (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG or --set")]
     for argv, message in cases:
         assert cli_main(argv) == 2
