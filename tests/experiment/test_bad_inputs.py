@@ -252,6 +252,18 @@ def test_compare_leaves_failed_runs_out_and_says_so(two_runs, capsys):
     assert "| tiny | fedavg | global_acc | 1 |" in out and f"Left out (not completed): {b} (failed: boom)" in out
 
 
+def test_compare_says_which_pooled_runs_did_not_finish(two_runs, capsys):
+    """An interrupted run counts as a seed with the rounds it has; the notes say so, with how far it got."""
+    a, b = two_runs
+    summary = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**summary, "status": "interrupted", "rounds_planned": 100}))
+    assert main(["compare", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "| tiny | fedavg | global_acc | 2 |" in out
+    assert f"Not finished, counted with the rounds they have (their final is not the planned run's): {b} " \
+           "(interrupted, 1 of 100 rounds)" in out and str(a) + " (" not in out
+
+
 def test_compare_refuses_a_metric_no_run_recorded(two_runs, capsys):
     a, b = two_runs
     assert main(["compare", str(a), str(b), "--metric", "global_accc"]) == 2

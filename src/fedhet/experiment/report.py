@@ -256,6 +256,12 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
                   + "; ".join(f"{name}: {', '.join(f'{t} / {e}' for t, e in ps)}" for name, ps in precisions.items()))
     if left_out:
         notes += "\n\nLeft out (not completed): " + "; ".join(left_out)
+    # an interrupted (or still running) run is pooled with the rounds it has, and said so
+    unfinished = [f"{d} ({s.get('status')}, {s.get('rounds_completed')} of {s.get('rounds_planned')} rounds)"
+                  for runs in groups.values() for d, s in runs if s.get("status") != "completed"]
+    if unfinished:
+        notes += ("\n\nNot finished, counted with the rounds they have (their final is not the planned run's): "
+                  + "; ".join(unfinished))
     if unplotted:
         notes += ("\n\nIn the table from their summaries, but not in the plot (no readable metrics.jsonl rows): "
                   + "; ".join(unplotted))
