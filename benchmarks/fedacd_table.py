@@ -181,7 +181,6 @@ def main() -> int:
             curves[f"beta {beta} {LABELS[method]}"] = [[(r["round"], r["global_acc"]) for r in metrics
                                                         if r.get("global_acc") is not None]]
 
-    first = next(iter(runs.values()))[0]
     lines = ["# FedACD reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "fedhet sweep benchmarks/fedacd_fmnist.sweep.yaml",
              f"python benchmarks/fedacd_table.py {a.folder}", "```", "",
@@ -200,7 +199,7 @@ def main() -> int:
                      f"{r['seconds_per_round']:.1f} | "
                      f"{r['paper_t1'] if r['paper_t1'] else '-'} | {r['paper_t3'] if r['paper_t3'] else '-'} |")
     m = machine_info()
-    lines += provenance_lines(first, "algorithm and beta only", m)
+    lines += provenance_lines([d for d, _ in runs.values()], "algorithm and beta only", m)
     print(write_result_files(a.out, f"fedacd_fmnist_{a.folder.name.replace('fedacd_fmnist_', '')}",
                              lines + unfinished_lines(unfinished), {"rows": rows, "machine": m}, curves, "global_acc"))
     return 0

@@ -102,7 +102,7 @@ def main() -> int:
         lines += ["", "Runs not in the table (nothing evaluated yet):", ""] + [f"- `{n}`: {s}" for n, s in missing]
     m = machine_info()
     done = [job.run_dir for job in sweep.jobs if (job.run_dir / "summary.json").is_file()]
-    lines += provenance_lines(sweep.jobs[0].run_dir, "algorithm, partition and `data.public`", m, runs=done)
+    lines += provenance_lines(done, "algorithm, partition and `data.public`", m)
     tag = sweep.out.name.replace("fedclassavg_fmnist_", "")
     print(write_result_files(a.out, f"fedclassavg_fmnist_{tag}", lines, {"rows": rows, "missing": missing, "machine": m},
                              curves, "personal_acc"))

@@ -99,7 +99,7 @@ def main() -> int:
                      f"{format_mean_std(r['final'])} | {format_mean_std(r['best'])} | {r['floats']:.3g} ({ratio}) | "
                      f"{r['seconds_per_round']:.1f} |{feat} {r['paper'] if r['paper'] else '-'} |")
     m = machine_info()
-    lines += unfinished_lines(failed) + provenance_lines(completed[0][0], "algorithm and seed only", m)
+    lines += unfinished_lines(failed) + provenance_lines([d for d, _ in completed], "algorithm and seed only", m)
     tag = a.folder.name.replace("fedfm_fmnist_", "")
     print(write_result_files(a.out, f"fedfm_fmnist_{tag}", lines, {"rows": rows, "machine": m}, curves, "global_acc"))
     return 0

@@ -11,6 +11,7 @@ from fedhet.experiment.report import (
     format_mean_std,
     format_value,
     mean_std,
+    provenance_lines,
     read_run_folder,
     unfinished_lines,
 )
@@ -61,3 +62,20 @@ def test_read_run_folder_splits_completed_from_unfinished(tmp_path):
         "- `a_s0`: 2 rounds recorded; diverged (NaN)", "- `c_s0`: 2 rounds recorded; no summary.json",
         "- `d_s0`: 1 rounds recorded; interrupted"]
     assert unfinished_lines([]) == []
+
+
+def test_provenance_names_the_commit_and_cpu_of_every_run(tmp_path):
+    """A table made of runs from two machines and two commits says so, with how many runs each; the
+    config shown is the first run's."""
+    made = [("aaa", "Intel Xeon"), ("bbb", "AMD EPYC"), ("bbb", "AMD EPYC")]
+    runs = []
+    for i, (commit, cpu) in enumerate(made):
+        run = tmp_path / f"r{i}"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"name": f"r{i}", "metrics": {},
+                                                      "machine": {"commit": commit, "cpu_model": cpu}}))
+        (run / "config.yaml").write_text(f"name: r{i}\n")
+        runs.append(run)
+    lines = provenance_lines(runs, "the seed", {"processor": "x86_64", "cpus": 2, "torch": "2"})
+    assert "runs at aaa on Intel Xeon (1 run); bbb on AMD EPYC (2 runs); table at commit" in lines[1]
+    assert lines[lines.index("```yaml") + 1] == "name: r0"

@@ -374,23 +374,20 @@ def unfinished_lines(unfinished: list[tuple[str, int, str]]) -> list[str]:
             *(f"- `{name}`: {rounds} rounds recorded; {why}" for name, rounds, why in unfinished)]
 
 
-def provenance_lines(first_run: Path, others_differ_in: str, machine: dict | None = None,
-                     runs: Sequence[Path] = ()) -> list[str]:
+def provenance_lines(runs: Sequence[Path], others_differ_in: str, machine: dict | None = None) -> list[str]:
     """Markdown lines closing a result file: the machine the table is made on (``machine``, default
-    this one's ``machine_info``), the commits and CPUs the runs were made at (from the summaries of
-    ``runs``, else the first run's) and the table's commit, and the first run's config, the others
-    differing in ``others_differ_in``."""
+    this one's ``machine_info``), the commits and CPUs the ``runs`` were made at (their summaries)
+    and the table's commit, and the first run's config, the others differing in ``others_differ_in``."""
     m = machine or machine_info()
     made: dict[tuple[str, str], int] = defaultdict(int)
-    for run in runs or [first_run]:
+    for run in runs:
         recorded = load_summary(run).get("machine") or {}
         made[str(recorded.get("commit")), str(recorded.get("cpu_model") or recorded.get("processor"))] += 1
-    where = "; ".join(f"{commit} on {cpu} ({n} run{'s' if n > 1 else ''})" if runs else f"{commit}"
-                      for (commit, cpu), n in made.items())
-    return ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at commit{'s' if runs else ''} "
-            f"{where}, table at commit {git_commit()}.", "",
+    where = "; ".join(f"{commit} on {cpu} ({n} run{'s' if n > 1 else ''})" for (commit, cpu), n in made.items())
+    return ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at {where}; table at commit "
+            f"{git_commit()}.", "",
             f"Config of the first run (the others differ in {others_differ_in}):", "", "```yaml",
-            (Path(first_run) / CONFIG).read_text().strip(), "```", ""]
+            (Path(runs[0]) / CONFIG).read_text().strip(), "```", ""]
 
 
 def write_result_files(out: Path, stem: str, lines: list[str], payload: dict,
