@@ -172,16 +172,15 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             left_out = np.setdiff1d(available, kept)
             held = stratified_draw(labels, left_out, public_spec.size, numpy_rng(seed, "public"), "unsampled")
             public = pool.x[torch.as_tensor(held)]
+        partition_seed = int(numpy_rng(seed, "partition").integers(2**31))
         try:
-            parts = partitioners.partition(cfg.partition.kind, labels[kept], k,
-                                           seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
+            parts = partitioners.partition(cfg.partition.kind, labels[kept], k, seed=partition_seed, **options)
         except PartitionError as e:
             # name data.pool_fraction only where it is the cause: the whole pool would partition
             hint = ""
             if cfg.pool_fraction < 1:
                 try:
-                    partitioners.partition(cfg.partition.kind, labels[available], k,
-                                           seed=int(numpy_rng(seed, "partition").integers(2**31)), **options)
+                    partitioners.partition(cfg.partition.kind, labels[available], k, seed=partition_seed, **options)
                     hint = _pool_hint(cfg, len(kept), k)
                 except PartitionError:
                     pass

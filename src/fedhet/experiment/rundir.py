@@ -56,7 +56,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
 def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:
     """``path`` as a run directory to create (``--out``) or, with ``resume``, to continue
     (``--resume``); a ConfigError when it is empty (an empty string would be the current folder)
-    or a file, and for a resume a CheckpointError when it does not exist."""
+    or a file, and for a resume a CheckpointError when it does not exist or holds no run."""
     option = "--resume" if resume else "--out"
     if not str(path).strip():
         raise ConfigError(f"{option} is empty: name the run directory" + (
@@ -70,6 +70,8 @@ def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:
     if resume and not p.exists():
         raise CheckpointError(f"--resume {p} does not exist: name the folder of the run to continue (the one "
                               "holding its config.yaml)")
+    if resume and not (p / CONFIG).is_file():
+        raise CheckpointError(f"{p} is not a fedhet run directory (no {CONFIG})")
     return p
 
 

@@ -175,8 +175,6 @@ class Experiment:
         checkpoint like a changed file) and its loop, callbacks... as ``kwargs``; the checkpoint
         read is kept as ``restored``."""
         rundir = RunDir(checked_run_dir(run_dir, resume=True))
-        if not (rundir.path / CONFIG).is_file():
-            raise CheckpointError(f"{run_dir} is not a fedhet run directory (no config.yaml)")
         # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
         allowed = (*RESUMABLE_CHANGES, "train.rounds")
         fixed = [k for k in (item.partition("=")[0].strip() for item in run_settings or []) if k not in allowed]

@@ -573,7 +573,8 @@ def logged_error(logs: Path) -> str | None:
     for log in [logs / "run.log", *sorted(logs.glob("supernode-*.log"))]:
         if not log.is_file():
             continue
-        found = [line.strip() for line in log.read_text(errors="replace").splitlines() if TRACEBACK_END.match(line.strip())]
+        lines = (line.strip() for line in log.read_text(errors="replace").splitlines())
+        found = [line for line in lines if TRACEBACK_END.match(line)]
         if found:
             return f"{found[-1]} (in {log})"
     return None
@@ -602,10 +603,7 @@ def cli(args) -> int:
         if args.out:
             raise FedhetError("--resume RUN_DIR writes to RUN_DIR: give no --out")
         from fedhet.experiment.rundir import CONFIG
-        checked_run_dir(args.resume, resume=True)
-        if not (Path(args.resume) / CONFIG).is_file():
-            raise FedhetError(f"{args.resume} is not a fedhet run directory (no {CONFIG})")
-        cfg = load_config(Path(args.resume) / CONFIG)
+        cfg = load_config(checked_run_dir(args.resume, resume=True) / CONFIG)
     elif not args.config:
         raise FedhetError("fedhet flower: give a CONFIG file, or --resume RUN_DIR")
     else:
