@@ -77,7 +77,8 @@ def one(a: argparse.Namespace) -> dict:
         wall = time.perf_counter() - t0
         rows = read_metrics(exp.run_dir)
         store = exp.loop.client_states
-        peak = peak_rss_mb()                 # the run's: before anything below loads a spilled state
+        # the run's figures, before anything below loads a spilled state
+        peak, store_s, counters = peak_rss_mb(), store.seconds, dict(store.counters)
         one_state = store[next(iter(store))] if len(store) else None     # one state, not every one
         folder = exp.run_dir / "client_states"
         disk = sum(p.stat().st_size for p in folder.iterdir()) if folder.exists() else 0
@@ -87,8 +88,8 @@ def one(a: argparse.Namespace) -> dict:
                 "state_mb": state_size(one_state)[0] / 2**20 if one_state is not None else 0.0,
                 "states_mb": store.tensor_floats() * 4 / 2**20, "disk_mb": disk / 2**20,
                 "round_s": statistics.median(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
-                "store_s": store.seconds,
-                "store_share": store.seconds / sum(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
+                "store_s": store_s, "store_counters": counters,
+                "store_share": store_s / sum(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
                 "wall_s": wall, "peak_rss_mb": peak}
 
 
