@@ -4,6 +4,7 @@ each case here once crashed with a raw traceback, ran silently as something else
 import copy
 import json
 import re
+import warnings
 
 import pytest
 import torch
@@ -186,6 +187,23 @@ def test_a_batch_larger_than_every_client_with_drop_last_is_refused(small_config
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
     raw["train"]["drop_last"] = False                       # one short batch each: it trains
     assert Experiment.create(load_config(raw=raw), tmp_path / "s").run(progress=False)["status"] == "completed"
+
+
+def test_clients_smaller_than_a_batch_with_drop_last_are_named_in_a_warning(small_config, tmp_path):
+    raw = cfg_of(small_config, train={"drop_last": True, "rounds": 1})
+    cfg = load_config(raw=raw)
+    sizes = build_federation(cfg.data, cfg.seed).train_counts().sum(axis=1)
+    # a batch size between the smallest and the largest client: some clients train, some cannot
+    raw["train"]["batch_size"] = int(sorted(sizes)[len(sizes) // 2]) + 1
+    short = [c for c, n in enumerate(sizes) if n < raw["train"]["batch_size"]]
+    assert 0 < len(short) < len(sizes)
+    with pytest.warns(UserWarning, match=rf"{len(short)} of {len(sizes)} clients hold fewer training samples than "
+                                         rf"train.batch_size .* \(clients {short[0]}, "):
+        Experiment.create(load_config(raw=raw), tmp_path / "r")
+    raw["train"]["drop_last"] = False                       # every client trains: nothing to say
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Experiment.create(load_config(raw=raw), tmp_path / "s")
 
 
 # --- messages that misled ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ as the simulator does, and nothing else.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,6 +148,13 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
                               f"(the largest client holds {int(sizes.max())} samples) and train.drop_last is on, so "
                               "no client would take a single step: lower train.batch_size, or set train.drop_last: "
                               "false")
+        short = [int(c) for c in (sizes < cfg.train.batch_size).nonzero()[0]]
+        if short:
+            named = ", ".join(map(str, short[:10])) + (", ..." if len(short) > 10 else "")
+            warnings.warn(f"{len(short)} of {len(sizes)} clients hold fewer training samples than train.batch_size "
+                          f"({cfg.train.batch_size}) and train.drop_last is on: they take no local step and send "
+                          f"back the model they received (clients {named}). Lower train.batch_size, or set "
+                          "train.drop_last: false, to train them", stacklevel=2)
     algorithm.check_data(federation.client_data(0))
     return algorithm, federation
 
