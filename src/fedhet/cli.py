@@ -31,7 +31,8 @@ def _cmd_run(args) -> int:
             raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG")
         # --set only for how the run is carried out (run.device, run.engine...): Experiment.resume checks
         exp = Experiment.resume(args.resume, threads=args.threads, run_settings=args.set)
-        print(f"resuming {exp.run_dir} after round {exp.start_round}", file=sys.stderr)
+        print(f"resuming {exp.run_dir} after round {exp.start_round}" if exp.start_round else
+              f"{exp.run_dir} has no checkpoint: the run starts again from round 1", file=sys.stderr)
     else:
         if not args.config:
             raise FedhetError("fedhet run needs a CONFIG file (see configs/) or --resume RUN_DIR")

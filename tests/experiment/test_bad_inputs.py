@@ -490,6 +490,21 @@ def test_a_damaged_checkpoint_is_refused_not_resumed(small_config, tmp_path):
         Experiment.resume(run)
 
 
+def test_a_checkpoint_gone_missing_is_refused_and_the_metrics_kept(small_config, tmp_path, capsys):
+    run = _stopped_run(small_config, tmp_path / "r")
+    metrics = (run / "metrics.jsonl").read_bytes()
+    (run / "checkpoint.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"checkpoint.pt is missing, although .*checkpoint.sha256 records that "
+                                              r"one was written.*delete .*checkpoint.sha256 to restart"):
+        Experiment.resume(run)
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+    (run / "checkpoint.sha256").unlink()                      # the fix the message names: from round 1
+    assert Experiment.resume(run).start_round == 0
+    assert main(["run", "--resume", str(run)]) == 0
+    assert "has no checkpoint: the run starts again from round 1" in capsys.readouterr().err
+    assert [json.loads(r)["round"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
 def test_a_checkpoint_replaced_while_killed_between_the_digest_and_the_file_still_resumes(small_config, tmp_path):
     """The digest file names the new and the old digest while the checkpoint is replaced: a kill in
     between leaves the old checkpoint, which must still load."""

@@ -189,8 +189,15 @@ class RunDir:
             return []
 
     def load_checkpoint(self) -> dict | None:
+        """The checkpoint's content; None where the run never wrote one (it then starts from round 1)."""
         ckpt = self.path / CHECKPOINT
         if not ckpt.exists():
+            if any(re.fullmatch(r"[0-9a-f]{64}", d) for d in self._recorded_digests()):
+                # a digest without its file: the checkpoint was written and is gone since
+                raise CheckpointError(f"checkpoint {ckpt} is missing, although {self.path / CHECKSUM} records that "
+                                      f"one was written. Restarted, the run would replace its recorded rounds in "
+                                      f"{self.path / METRICS}; restore the checkpoint from a copy, or delete "
+                                      f"{self.path / CHECKSUM} to restart the run from round 1.")
             return None
         recorded = self._recorded_digests()
         if recorded and not any(re.fullmatch(r"[0-9a-f]{64}", d) for d in recorded):
