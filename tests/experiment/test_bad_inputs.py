@@ -499,7 +499,9 @@ def test_a_checkpoint_gone_missing_is_refused_and_the_metrics_kept(small_config,
         Experiment.resume(run)
     assert (run / "metrics.jsonl").read_bytes() == metrics
     (run / "checkpoint.sha256").unlink()                      # the fix the message names: from round 1
-    assert Experiment.resume(run).start_round == 0
+    exp = Experiment.resume(run)
+    assert exp.start_round == 0
+    exp.rundir.unlock()
     assert main(["run", "--resume", str(run)]) == 0
     assert "has no checkpoint: the run starts again from round 1" in capsys.readouterr().err
     assert [json.loads(r)["round"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
