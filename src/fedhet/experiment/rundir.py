@@ -191,16 +191,17 @@ class RunDir:
     def load_checkpoint(self) -> dict | None:
         """The checkpoint's content; None where the run never wrote one (it then starts from round 1)."""
         ckpt = self.path / CHECKPOINT
+        recorded = self._recorded_digests()
+        has_digest = any(re.fullmatch(r"[0-9a-f]{64}", d) for d in recorded)
         if not ckpt.exists():
-            if any(re.fullmatch(r"[0-9a-f]{64}", d) for d in self._recorded_digests()):
+            if has_digest:
                 # a digest without its file: the checkpoint was written and is gone since
                 raise CheckpointError(f"checkpoint {ckpt} is missing, although {self.path / CHECKSUM} records that "
                                       f"one was written. Restarted, the run would replace its recorded rounds in "
                                       f"{self.path / METRICS}; restore the checkpoint from a copy, or delete "
                                       f"{self.path / CHECKSUM} to restart the run from round 1.")
             return None
-        recorded = self._recorded_digests()
-        if recorded and not any(re.fullmatch(r"[0-9a-f]{64}", d) for d in recorded):
+        if recorded and not has_digest:
             raise CheckpointError(f"{self.path / CHECKSUM} is damaged: it holds no sha256 digest, so checkpoint {ckpt} "
                                   "cannot be checked against it (the checkpoint itself may be intact). Nothing was "
                                   f"changed; to resume from the checkpoint unchecked, delete {self.path / CHECKSUM}.")
