@@ -1,7 +1,7 @@
 """FedClassAvg against its authors' code, step by step: one client, its first round.
 
     python benchmarks/fedclassavg_vs_authors.py --authors-src PATH/src [--config RUN/config.yaml]
-        [--clients 0 2] [--out benchmarks/results]
+        [--clients 0 2] [--out benchmarks/results] [--break-fedhet ce_on_both_views --out /tmp/broken]
 
 PATH is a checkout of the authors' repository (hukla/FedClassAvg, Jang et al., "FedClassAvg: Local
 Representation Learning for Personalized Federated Learning on Heterogeneous Neural Networks",
@@ -24,7 +24,9 @@ proximal term has something to pull towards. Reported: the largest absolute diff
 the two results over every weight and BatchNorm statistic, beside how far the round moved them,
 the mean losses of the two epochs on each side, and the procedure's own noise floor: the largest
 difference between the authors' procedure and itself started from initial weights changed by
-+-1e-7 of their value (about one float32 rounding, random signs, 4 draws). Writes fedclassavg_vs_authors.{md,json}.
++-1e-7 of their value (about one float32 rounding, random signs, 4 draws). ``--break-fedhet
+ce_on_both_views`` changes fedhet's side on purpose (its cross-entropy on both views instead of the
+first), to see the check fail. Writes fedclassavg_vs_authors.{md,json}.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from fedhet.algorithms.fedclassavg import FedClassAvg
+from fedhet.algorithms.fedclassavg import FedClassAvg, FirstViewCrossEntropy
 from fedhet.core.contract import Batch, Message
 from fedhet.core.split import HEAD, select
 from fedhet.data.federated import build_federation
@@ -148,7 +151,13 @@ def main() -> int:
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     p.add_argument("--clients", type=int, nargs="+", default=[0, 2])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    p.add_argument("--break-fedhet", choices=["ce_on_both_views"],
+                   help="change fedhet's update on purpose, to see the check fail (give another --out)")
     a = p.parse_args()
+    if a.break_fedhet:
+        if a.out == Path("benchmarks/results"):
+            p.error("--break-fedhet writes a result of a broken fedhet: give another --out")
+        FirstViewCrossEntropy.__call__ = lambda self, out, batch, weights: F.cross_entropy(out.logits, batch.y)
     if not (a.authors_src / "heteropfl_utils.py").is_file():
         p.error(f"{a.authors_src} has no heteropfl_utils.py: pass the src/ folder of a hukla/FedClassAvg checkout")
     torch.set_num_threads(1)
@@ -172,7 +181,7 @@ def main() -> int:
     out: dict = {"command": " ".join(["python", "benchmarks/fedclassavg_vs_authors.py", *sys.argv[1:]]),
                  "commit": git_commit(), "machine": machine_info(), "authors_commit": authors_commit,
                  "config": str(a.config), "lr": cfg.train.lr, "betas": list(cfg.train.betas),
-                 "rho": algorithm.params.rho, "clients": []}
+                 "rho": algorithm.params.rho, "broken_on_purpose": a.break_fedhet, "clients": []}
     for cid in a.clients:
         arch = client_arch[cid]
         other = archs[(archs.index(arch) + 1) % len(archs)]
@@ -217,6 +226,8 @@ def main() -> int:
     (a.out / "fedclassavg_vs_authors.json").write_text(json.dumps(out, indent=2) + "\n")
     lines = ["# FedClassAvg's client update against the authors' code", "", "Command:", "", "```bash",
              out["command"], "```", "",
+             *([f"**fedhet broken on purpose** (`--break-fedhet {a.break_fedhet}`): this file shows the check "
+                "failing.", ""] if a.break_fedhet else []),
              f"The authors' `heteropfl_utils.train_cl` (hukla/FedClassAvg at {authors_commit}) run on the batches of "
              "two views fedhet drew, from the same initial weights and global classifier: the client's pre-training "
              "epoch with its own classifier, then the global classifier loaded and the round's epoch "
