@@ -152,7 +152,10 @@ def test_a_folder_with_mixed_sizes_or_no_test_split_is_a_clear_error(tmp_path):
 PLUGIN = '''
 import numpy as np
 
+CALLS = []
+
 def data(split):
+    CALLS.append(split)
     rng = np.random.default_rng(0 if split == "train" else 1)
     n = 60 if split == "train" else 20
     x = rng.integers(0, 256, (n, 16, 16), dtype=np.uint8)
@@ -231,6 +234,22 @@ def test_a_partition_function_with_a_params_catch_all_takes_any_parameter(small_
                    "local_test": {"source": "test_set", "fraction": 0.2}}
     fed = build_federation(load_config(raw=raw).data, seed=0)
     assert [len(i) for i in fed.train_idx] == [20, 20, 20]
+
+
+def test_a_run_calls_the_dataset_function_once_per_split(small_config, user_module):
+    import importlib
+
+    calls = importlib.import_module(user_module).CALLS
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": "userdata:data", "num_clients": 3, "partition": {"kind": "natural"},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert sorted(calls) == ["test", "train"]
+    assert fed.num_classes == 3
+    # one split alone still needs the other's labels for the class count
+    calls.clear()
+    assert load_dataset("userdata:data", train=False).num_classes == 3
+    assert sorted(calls) == ["test", "train"]
 
 
 def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_module):

@@ -27,7 +27,7 @@ from fedhet.core.contract import ClientData, normalize_uint8
 from fedhet.core.errors import DataError, PartitionError
 from fedhet.core.seeding import numpy_rng
 from fedhet.data import partition as partitioners
-from fedhet.data.datasets import ImageData, load_dataset
+from fedhet.data.datasets import ImageData, load_dataset, load_splits
 from fedhet.data.local_test import LikeSampler
 
 
@@ -142,8 +142,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         raise DataError(f"data.root {cfg.root} is not a folder (working directory {Path.cwd()}): fix the path, "
                         "drop data.root to search $FEDHET_DATA, ~/.cache/fedhet/data and the system's dataset folders, "
                         "or set data.download: true to download into it")
-    train = load_dataset(cfg.dataset, cfg.root, train=True, download=cfg.download, verify=cfg.verify)
-    test = load_dataset(cfg.dataset, cfg.root, train=False, download=cfg.download, verify=cfg.verify)
+    train, test = load_splits(cfg.dataset, cfg.root, download=cfg.download, verify=cfg.verify)
     if tuple(test.x.shape[1:]) != tuple(train.x.shape[1:]):
         raise DataError(f"data.dataset {cfg.dataset}: the test images are {tuple(test.x.shape[1:])} (channels, height, "
                         f"width), the training images {tuple(train.x.shape[1:])}; give both splits one shape")

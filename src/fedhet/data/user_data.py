@@ -11,6 +11,8 @@
 
 * ``MODULE:FUNCTION`` - a function of the user's own, called with ``"train"`` or ``"test"``, that
   returns ``(x, y)`` or ``(x, y, client_ids)`` arrays as an ``.npz`` holds them (client ids: train only).
+  :func:`load_user_splits` calls it once per split; one split alone calls it for both (the class
+  count is the largest label of both splits plus one).
 
 Relative paths are taken from the working directory. Normalisation uses the training split's own
 per-channel mean and std. :func:`save_arrays` writes arrays held in memory to an ``.npz`` and
@@ -40,8 +42,10 @@ def load_user_dataset(name: str, train: bool):
     """The train or test split of ``npz:PATH``, ``folder:PATH`` or ``MODULE:FUNCTION`` as an ``ImageData``."""
     split = "train" if train else "test"
     if not name.startswith(PREFIXES):
-        x, y, num_classes, clients = _read_function(name, split)
-        return _image_data(name, x, y, num_classes, clients)
+        other = "test" if train else "train"
+        arrays = _read_function(name, (split, other))
+        x, y, clients = arrays[split]
+        return _image_data(name, x, y, _class_count(arrays), clients)
     kind, _, path = name.partition(":")
     if not path:
         raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
@@ -51,6 +55,17 @@ def load_user_dataset(name: str, train: bool):
     else:
         x, y, num_classes, clients = _read_folder(Path(path), split)
     return _image_data(name, x, y, num_classes, clients)
+
+
+def load_user_splits(name: str):
+    """Both splits of a user dataset, ``(train, test)``. A ``MODULE:FUNCTION`` is called once per
+    split here (loading the splits one at a time calls it twice for each: the class count needs both)."""
+    if name.startswith(PREFIXES):
+        return load_user_dataset(name, train=True), load_user_dataset(name, train=False)
+    arrays = _read_function(name, ("train", "test"))
+    num_classes = _class_count(arrays)
+    (x, y, clients), (x_test, y_test, _) = arrays["train"], arrays["test"]
+    return _image_data(name, x, y, num_classes, clients), _image_data(name, x_test, y_test, num_classes, None)
 
 
 def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
@@ -67,7 +82,7 @@ def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_te
     np.savez(path, x_train=np.asarray(x_train), y_train=np.asarray(y_train), x_test=np.asarray(x_test),
              y_test=np.asarray(y_test), **extra)
     name = f"npz:{path}"
-    train, test = load_user_dataset(name, train=True), load_user_dataset(name, train=False)   # checked here
+    train, test = load_user_splits(name)   # checked here
     if tuple(train.x.shape[1:]) != tuple(test.x.shape[1:]):
         raise DataError(f"save_arrays: the test images are {tuple(test.x.shape[1:])} (channels, height, width), the "
                         f"training images {tuple(train.x.shape[1:])}; give both splits one shape")
@@ -77,7 +92,8 @@ def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_te
 # ---------------------------------------------------------------------------------- function
 
 
-def _read_function(spec: str, split: str) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+def _read_function(spec: str, splits: tuple[str, ...]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]:
+    """``split -> (x, y, client ids or None)`` of the user's function, called once for each of ``splits``."""
     where = f"data.dataset {spec}"
     try:
         fn = load_object(spec)
@@ -85,27 +101,28 @@ def _read_function(spec: str, split: str) -> tuple[np.ndarray, np.ndarray, int, 
         raise DataError(f"{where}: {e}") from None
     if not callable(fn) or isinstance(fn, type):
         raise DataError(f"{where} is {describe(fn)}, not a function (split) -> (x, y) or (x, y, client_ids)")
-
-    def call(which: str) -> tuple:
-        out = fn(which)
+    arrays = {}
+    for split in splits:
+        out = fn(split)
         if not isinstance(out, tuple) or len(out) not in (2, 3):
-            raise DataError(f"{where}({which!r}) returned {describe(out)}; it must return (x, y) or "
+            raise DataError(f"{where}({split!r}) returned {describe(out)}; it must return (x, y) or "
                             "(x, y, client_ids)")
-        return out
+        x = _images(np.asarray(out[0]), f"{where}: x of {split}")
+        y = _labels(np.asarray(out[1]), len(x), f"{where}: y of {split}")
+        clients = None
+        if split == "train" and len(out) == 3:
+            ids = np.asarray(out[2])
+            if ids.shape != (len(x),) or not np.issubdtype(ids.dtype, np.integer):
+                raise DataError(f"{where}: client ids must be one whole number per training image ({len(x)}), got "
+                                f"{ids.dtype} {ids.shape}")
+            clients = np.unique(ids, return_inverse=True)[1].astype(np.int64)
+        arrays[split] = (x, y, clients)
+    return arrays
 
-    out = call(split)
-    x = _images(np.asarray(out[0]), f"{where}: x of {split}")
-    y = _labels(np.asarray(out[1]), len(x), f"{where}: y of {split}")
-    other = np.asarray(call("test" if split == "train" else "train")[1])
-    num_classes = int(max(y.max(initial=0), other.max(initial=0))) + 1
-    clients = None
-    if split == "train" and len(out) == 3:
-        ids = np.asarray(out[2])
-        if ids.shape != (len(x),) or not np.issubdtype(ids.dtype, np.integer):
-            raise DataError(f"{where}: client ids must be one whole number per training image ({len(x)}), got "
-                            f"{ids.dtype} {ids.shape}")
-        clients = np.unique(ids, return_inverse=True)[1].astype(np.int64)
-    return x, y, num_classes, clients
+
+def _class_count(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> int:
+    """Classes of a function's dataset: its largest label over both splits, plus one."""
+    return int(max(y.max(initial=0) for _, y, _ in arrays.values())) + 1
 
 
 def _image_data(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, clients: np.ndarray | None):

@@ -73,9 +73,9 @@ from fedhet.data.datasets.image_folders import (
     _load_cinic,
     _load_tiny,
 )
-from fedhet.data.user_data import is_user_dataset, load_user_dataset
+from fedhet.data.user_data import is_user_dataset, load_user_dataset, load_user_splits
 
-__all__ = ["DATASET_NAMES", "ImageData", "data_search_dirs", "dataset_info", "load_dataset"]
+__all__ = ["DATASET_NAMES", "ImageData", "data_search_dirs", "dataset_info", "load_dataset", "load_splits"]
 
 # name -> (finder(name, dir, split) -> location or None, loader(name, location, split, verify),
 #          expected(name, split) -> the files a "not found" message lists)
@@ -130,6 +130,20 @@ def load_dataset(
         if found is not None:
             return loader(name, found, split, verify)
     raise _missing_error(name, split, dirs, download)
+
+
+def load_splits(
+    name: str,
+    root: str | os.PathLike | None = None,
+    download: bool = False,
+    verify: bool = True,
+) -> tuple[ImageData, ImageData]:
+    """``(train, test)`` of dataset ``name``, as two :func:`load_dataset` calls give them; a user's
+    ``MODULE:FUNCTION`` dataset is called once per split."""
+    if is_user_dataset(name):
+        return load_user_splits(name)
+    return (load_dataset(name, root, train=True, download=download, verify=verify),
+            load_dataset(name, root, train=False, download=download, verify=verify))
 
 
 def _missing_error(name: str, split: str, dirs: list[Path], download: bool) -> DataError:
