@@ -26,6 +26,7 @@ from fedhet.core.contract import (
 )
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
+from fedhet.training.augment import mixed
 from fedhet.training.dropout import StreamDropout
 from fedhet.training.objective import CrossEntropy, LossTerm
 
@@ -45,6 +46,7 @@ __all__ = [
     "SplitModel",
     "State",
     "StreamDropout",
+    "mixed",
     "save_arrays",
     "weighted_average",
 ]

@@ -853,6 +853,18 @@ def test_mixup_trains_vectorized_and_equals_reference(small_config, wide, flatte
     assert_engines_agree(ref, vec, TIGHT)
 
 
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedlc"])
+def test_mixup_of_a_table5_baseline_trains_vectorized_and_equals_reference(small_config, algorithm):
+    """FedAvg and FedLC with Input Mixup (the FedACD paper's Table 5 baselines): their cross-entropy
+    weighs both labels of each mixed pair under vmap as on the reference path (on the smooth CNN, as
+    FedACD's mixup case: cnn2's kink flips would take the engines apart by more than rounding)."""
+    cfg = make_config(small_config, algorithm, {"mixup": True}, UNEQUAL, 0.5, 0.05, 2, clients_per_round=6)
+    ref, vec = run_both(cfg, bn=True)
+    counters = vec.transport.counters
+    assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
+    assert_engines_agree(ref, vec, TIGHT)
+
+
 # Augmented views on CUDA against the CPU reference: the views' pixels round differently there
 # (grid_sample and the colour arithmetic are other kernels), and two rounds of Adam carry that into
 # the weights. Measured on the 1-channel case, one fc1 entry of 25,600 each time: 1.3e-6 on an H100,

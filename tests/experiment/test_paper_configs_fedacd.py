@@ -22,7 +22,9 @@ FILES = sorted(CONFIGS.glob("*.yaml"))
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert len(FILES) == 4 * 3 * 12 - 3          # no FedNH on Tiny-ImageNet (ResNet-18 head has a bias)
+    # 16 methods (4 of them Table 5's baselines with mixup) x 3 betas x 4 datasets, no FedNH on
+    # Tiny-ImageNet (the ResNet-18 head has a bias)
+    assert len(FILES) == 4 * 3 * 16 - 3 * 2
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
@@ -37,6 +39,19 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
     assert cfg.train.local_epochs == 5 and cfg.train.batch_size == 64 and cfg.train.rounds == 200
     assert cfg.eval.local_risk
     assert algorithm.name == cfg.algorithm.name
+    assert algorithm.params.mixup == (path.stem.endswith("_mixup") or "_fedacd" in path.stem
+                                      and not path.stem.endswith("_nomixup"))
+    if path.stem.startswith("cifar") and path.stem.endswith("_mixup"):
+        assert "Table 5 (with Input Mixup)" in head and "%" in head
+
+
+def test_table5_numbers_with_mixup_are_the_papers():
+    # Zhou et al. Table 5, "w/ Input Mixup" rows, CIFAR-10 beta 0.1 and CIFAR-100 beta 0.05
+    expected = {"cifar10_b0.1_fedavg_mixup": "66.13", "cifar10_b0.1_fedrod_mixup": "71.70",
+                "cifar10_b0.1_fedlc_mixup": "69.82", "cifar10_b0.1_fednh_mixup": "66.87",
+                "cifar100_b0.05_fedavg_mixup": "37.17", "tiny_b0.3_fedlc_mixup": "47.33"}
+    for stem, number in expected.items():
+        assert f"Table 5 (with Input Mixup) {number}%" in (CONFIGS / f"{stem}.yaml").read_text().splitlines()[0], stem
 
 
 def test_cifar10_table1_numbers_are_the_papers():

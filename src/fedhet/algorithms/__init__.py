@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pydantic
+
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.creff import CReFF
 from fedhet.algorithms.fedacd import FedACD, FedACDBase
@@ -67,7 +71,19 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
                 raise ConfigError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter "
                                   f"{field!r}")
             owner[field] = cls.name
-    params = type(f"Params[{name}]", tuple(cls.Params for cls in classes), {})
+    # A FedAvg parameter whose default a component changes (FedACD's mixup) keeps that component's
+    # default in the combination, whichever side it is on; two components changing it differently clash.
+    changed: dict[str, tuple[str, Any]] = {}
+    for cls in classes:
+        for field, info in cls.Params.model_fields.items():
+            if field not in FedAvg.Params.model_fields or info.default == FedAvg.Params.model_fields[field].default:
+                continue
+            if field in changed and changed[field][1].default != info.default:
+                raise ConfigError(f"cannot combine {name}: {changed[field][0]} and {cls.name} give the parameter "
+                                  f"{field!r} different defaults; set it in algorithm.params")
+            changed[field] = (cls.name, info)
+    params = pydantic.create_model(f"Params[{name}]", __base__=tuple(cls.Params for cls in classes),
+                                   **{field: (info.annotation, info) for field, (_, info) in changed.items()})
     try:
         combined = type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
     except TypeError as e:

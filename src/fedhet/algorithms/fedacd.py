@@ -69,7 +69,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.training.augment import Mixup, label_weights, mixed
+from fedhet.training.augment import label_weights, mixed
 from fedhet.training.local import concatenate_results
 from fedhet.training.objective import LossTerm
 
@@ -165,6 +165,7 @@ class Flattening(LossTerm):
 
     name = "flatten"
     vectorizable = True
+    takes_mixup = True
 
     def __init__(self, detach_target: bool = True, flatten_mixed: FlattenMixed = "pair"):
         if flatten_mixed not in ("per_label", "pair"):
@@ -185,6 +186,7 @@ class MarginAdjustedCE(LossTerm):
 
     name = "adjusted_ce"
     vectorizable = True
+    takes_mixup = True
 
     def __init__(self, log_delta: torch.Tensor, weight: float = 1.0):
         self.log_delta = log_delta
@@ -213,8 +215,7 @@ class FedACD(FedAvg):
         delta_missing: float = Field(1e-2, gt=0)          # Delta[y, k] for a class k the client lacks [D]
         prob_floor: float = Field(1e-6, gt=0, lt=1)       # P clamped before the ratio [D]
         log_delta_clip: float = Field(10.0, gt=0)         # |log Delta| bound [D]
-        mixup: bool = True                                # Table 5 ablation: false
-        mixup_alpha: float = Field(1.0, gt=0)             # Beta(alpha, alpha) [D]
+        mixup: bool = True                                # Table 5 ablation: false; Beta(mixup_alpha, mixup_alpha) [D]
         detach_target: bool = True                        # q built from the detached p [D]
         flatten_mixed: FlattenMixed = "pair"              # Eq. 7 on a mixed pair of labels [D]
         weighting: Literal["score", "uniform"] = "score"  # uniform = FedACD_base (Table 8)
@@ -247,12 +248,6 @@ class FedACD(FedAvg):
                 "fedacd_weight_ratio": max(scores) / min(scores)}
 
     # --- client ---------------------------------------------------------------------------
-    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
-        options = super().train_options(msg, state, client)
-        if self.params.mixup:
-            options["augment"] = Mixup(self.params.mixup_alpha)
-        return options
-
     def acd_terms(self, P: torch.Tensor, present: torch.Tensor) -> list[LossTerm]:
         p = self.params
         log_delta = log_adjustment(P, present, p.delta_missing, p.prob_floor, p.log_delta_clip)

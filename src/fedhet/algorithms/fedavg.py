@@ -15,6 +15,13 @@ Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+sca
 messages only and passes other kinds through, so a component's extra phase (FedFM's anchors)
 reaches its owner untouched.
 
+Input Mixup (``mixup``, Zhang et al. 2018; off by default, on for FedACD): every local batch is
+blended with a shuffled copy of itself, ``lam x_a + (1 - lam) x_b`` with ``lam ~ Beta(mixup_alpha,
+mixup_alpha)`` per batch, and the loss weighs both labels by ``lam``. The FedACD paper's Table 5 runs
+FedAvg, FedROD, FedLC and FedNH with it. It reaches local training through ``train_options``; a
+method that trains without them, or with a loss term that reads only the first label, is refused
+rather than run without mixup.
+
 BatchNorm statistics (policy ``bn_buffers``):
   * ``average`` (default) - running mean/var are averaged like weights, so the global model
     carries population statistics and evaluates correctly on the global test set;
@@ -27,6 +34,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
+from pydantic import Field
+
 from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.base import Algorithm, update_reply
 from fedhet.core.contract import (
@@ -38,6 +47,8 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
+from fedhet.core.errors import ConfigError
+from fedhet.training.augment import Mixup
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 
@@ -46,9 +57,20 @@ class FedAvg(Algorithm):
     # True for a method whose local training builds its data term itself (FedACD, per epoch), so
     # that ``compose`` refuses a partner that replaces ``data_terms`` instead of ignoring it.
     builds_own_data_term: ClassVar[bool] = False
+    # False for a method whose local training does not go through ``train_options`` (Per-FedAvg's
+    # own meta-steps): ``mixup`` would not reach it, so it is refused when the method is made.
+    mixup_reaches_training: ClassVar[bool] = True
 
     class Params(Algorithm.Params):
         bn_buffers: Literal["average", "local"] = "average"
+        mixup: bool = False                               # Input Mixup on every local batch
+        mixup_alpha: float = Field(1.0, gt=0)             # lam ~ Beta(alpha, alpha)
+
+    def __init__(self, params: Any = None):
+        super().__init__(params)
+        if self.params.mixup and not self.mixup_reaches_training:
+            raise ConfigError(f"algorithm.params.mixup: {self.name} trains with its own steps, which take no "
+                              "augmentation; turn mixup off for it")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -76,6 +98,9 @@ class FedAvg(Algorithm):
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         weights = self.with_local_buffers(msg.arrays["model"], state, client)
         result = self.local_training(weights, msg, state, client)
+        if self.params.mixup and not client.trained_with_mixup and result.steps:
+            raise ValueError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
+                             "to client.train, so it would run without mixup; turn mixup off for this method")
         state = self.after_training(result, msg, state, client)
         reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, state, client)},
                              **self.upload_scalars(result, msg, state, client))
@@ -96,7 +121,8 @@ class FedAvg(Algorithm):
         return []
 
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
-        return {}
+        """Keyword arguments of ``client.train``: here the mixup augmentation when ``mixup`` is on."""
+        return {"augment": Mixup(self.params.mixup_alpha)} if self.params.mixup else {}
 
     def after_training(self, result: LocalResult, msg: Message, state: State | None,
                        client: ClientRuntime) -> State | None:

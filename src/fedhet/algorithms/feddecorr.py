@@ -68,6 +68,7 @@ class Decorrelation(LossTerm):
 
     name = "decorr"
     vectorizable = True
+    takes_mixup = True         # reads the features, no labels
 
     def __init__(self, beta: float, eps: float = 1e-8):
         self.beta = float(beta)

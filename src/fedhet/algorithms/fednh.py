@@ -41,6 +41,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.split import is_head, linear_classifier
+from fedhet.training.augment import mixed
 from fedhet.training.objective import LossTerm
 
 
@@ -68,10 +69,12 @@ def smoothed_prototypes(previous: torch.Tensor, uploads: list[tuple[torch.Tensor
 
 
 class CosineCrossEntropy(LossTerm):
-    """``CE(s * normalize(h) @ normalize(W)^T, y)`` with the classifier weight ``W`` taken from the weights."""
+    """``CE(s * normalize(h) @ normalize(W)^T, y)`` with the classifier weight ``W`` taken from the weights
+    (under mixup, both labels' CE weighted by lam)."""
 
     name = "cosine_ce"
     vectorizable = True
+    takes_mixup = True
 
     def __init__(self, weight_name: str, scale: float):
         self.weight_name = weight_name
@@ -79,7 +82,8 @@ class CosineCrossEntropy(LossTerm):
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         w = F.normalize(weights[self.weight_name].to(out.features.dtype), dim=1)
-        return F.cross_entropy(self.scale * F.normalize(out.features, dim=1) @ w.T, batch.y)
+        logits = self.scale * F.normalize(out.features, dim=1) @ w.T
+        return mixed(lambda y: F.cross_entropy(logits, y), batch)
 
 
 class FedNH(FedAvg):

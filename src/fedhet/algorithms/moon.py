@@ -53,6 +53,7 @@ class ModelContrastive(LossTerm):
 
     name = "moon"
     vectorizable = True
+    takes_mixup = True         # contrasts features of the batch's images; reads no labels
 
     def __init__(self, model: torch.nn.Module, global_weights: Arrays, prev_weights: Arrays, mu: float, tau: float):
         self.model = model

@@ -49,8 +49,9 @@ from fedhet.core.contract import (
 )
 from fedhet.core.seeding import torch_generator
 from fedhet.data.federated import Federation
+from fedhet.training.augment import Mixup
 from fedhet.training.local import train_local
-from fedhet.training.objective import CrossEntropy, LossTerm
+from fedhet.training.objective import CrossEntropy, LossTerm, check_terms_take_mixup
 
 # Client-state key of the optimizer state the host keeps across rounds (train.optimizer_state: keep).
 OPTIMIZER_STATE = "optimizer_state"
@@ -104,6 +105,7 @@ class SimClient:
         self.tally = tally
         # The optimizer state carried across rounds when the run keeps it (None: not kept).
         self.kept_optimizer_state: Arrays | None = None
+        self.trained_with_mixup = False
 
     def where(self) -> str:
         return f"in round {self.round + 1}, client {self.cid}, algorithm {self.host.algorithm.name}"
@@ -112,6 +114,9 @@ class SimClient:
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
               optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
               statistics: dict[str, torch.Tensor] | None = None, evaluation_only: bool = False) -> LocalResult:
+        terms = terms if terms is not None else [CrossEntropy()]
+        check_terms_take_mixup(terms, augment, f"({self.where()})")
+        self.trained_with_mixup |= isinstance(augment, Mixup)
         s = self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
@@ -120,7 +125,7 @@ class SimClient:
         kept = None if evaluation_only else self.kept_optimizer_state
         if kept is not None and optimizer_state is None:
             optimizer_state = kept
-        result = self.fit(weights, terms if terms is not None else [CrossEntropy()], s, start_epoch=start_epoch,
+        result = self.fit(weights, terms, s, start_epoch=start_epoch,
                           trainable=trainable, optimizer_state=optimizer_state, augment=augment,
                           statistics=statistics)
         if kept is not None:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.core.contract import Arrays, Batch, Forward
+from fedhet.training.augment import Mixup, mixed
 
 
 class LossTerm:
@@ -22,6 +23,11 @@ class LossTerm:
     # attributes - no Python-side state, no data-dependent Python branching - so the vectorized
     # engine may rebuild it under ``vmap`` from stacked constants. Terms opt in.
     vectorizable: bool = False
+    # True when the term is right on a mixup batch (``training.augment.Mixup``): it reads the labels
+    # through ``mixed`` / ``label_weights``, which take both images' labels, or reads none. A term
+    # that reads ``batch.y`` as is would learn the first image's label only, so local training
+    # refuses mixup with a term that does not opt in (``check_terms_take_mixup``).
+    takes_mixup: bool = False
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         raise NotImplementedError
@@ -37,13 +43,28 @@ class LossTerm:
 
 
 class CrossEntropy(LossTerm):
-    """Mean cross-entropy of the logits, the data term of every method in fedhet."""
+    """Mean cross-entropy of the logits, the data term of every method in fedhet (under mixup,
+    ``lam CE(y) + (1 - lam) CE(y_partner)``)."""
 
     name = "ce"
     vectorizable = True
+    takes_mixup = True
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        return F.cross_entropy(out.logits, batch.y)
+        return mixed(lambda y: F.cross_entropy(out.logits, y), batch)
+
+
+def check_terms_take_mixup(terms: list[LossTerm], augment: object, where: str = "") -> None:
+    """Refuse mixup with a term that would read only the first image's label (``LossTerm.takes_mixup``)."""
+    if not isinstance(augment, Mixup):
+        return
+    refused = [f"{term.name} ({type(term).__name__})" for term in terms if not term.takes_mixup]
+    if refused:
+        raise ValueError(f"mixup{' ' + where if where else ''}: the loss terms {', '.join(refused)} do not say "
+                         "they take mixed batches (LossTerm.takes_mixup); one that reads the labels as they are "
+                         "would learn only the first image's label of each mixed pair. Turn algorithm.params.mixup "
+                         "off for this method, or read the labels through fedhet.training.augment.mixed (or none) "
+                         "and set takes_mixup = True")
 
 
 def total_loss(terms: list[LossTerm], out: Forward, batch: Batch, weights: Arrays) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.core.contract import Arrays, Batch, Forward
+from fedhet.training.augment import mixed
 from fedhet.training.objective import LossTerm
 
 
@@ -19,6 +20,7 @@ class Proximal(LossTerm):
 
     name = "prox"
     vectorizable = True
+    takes_mixup = True         # reads no labels
 
     def __init__(self, anchor: Arrays, mu: float, names: list[str] | None = None, name: str | None = None):
         keys = list(anchor) if names is None else [k for k in names if k in anchor]
@@ -42,6 +44,7 @@ class Linear(LossTerm):
 
     name = "linear"
     vectorizable = True
+    takes_mixup = True         # reads no labels
 
     def __init__(self, coefficients: Arrays, name: str | None = None):
         self.coefficients = {k: v.detach() for k, v in coefficients.items()}
@@ -56,13 +59,16 @@ class Linear(LossTerm):
 
 class OffsetCrossEntropy(LossTerm):
     """``CE(logits + offset, y)`` with a fixed per-class offset: logit adjustment by the client's
-    label counts (FedROD's balanced softmax adds ``log pi``; FedLC's calibration adds ``-tau n^(-1/4)``)."""
+    label counts (FedROD's balanced softmax adds ``log pi``; FedLC's calibration adds ``-tau n^(-1/4)``).
+    Under mixup, ``lam CE(y) + (1 - lam) CE(y_partner)`` with the same offset."""
 
     vectorizable = True
+    takes_mixup = True
 
     def __init__(self, offset: torch.Tensor, name: str = "offset_ce"):
         self.offset = offset
         self.name = name
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        return F.cross_entropy(out.logits + self.offset.to(out.logits.device, out.logits.dtype), batch.y)
+        logits = out.logits + self.offset.to(out.logits.device, out.logits.dtype)
+        return mixed(lambda y: F.cross_entropy(logits, y), batch)

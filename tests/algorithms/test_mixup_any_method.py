@@ -1,0 +1,152 @@
+"""Input Mixup for any method (``algorithm.params.mixup``): the FedACD paper (Zhou et al.) Table 5 runs
+FedAvg, FedROD, FedLC and FedNH "w/ Input Mixup". Hand-computed mixed losses of their data terms, the
+refusal of terms and methods mixup would not reach, and the plumbing into local training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import build_loop, config, runtime
+
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fednh import CosineCrossEntropy
+from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.build import make_algorithm
+from fedhet.training.augment import Mixup
+from fedhet.training.objective import CrossEntropy, LossTerm, check_terms_take_mixup
+from fedhet.training.terms import OffsetCrossEntropy, Proximal
+
+# one sample, two classes, logits (0, ln 3): p = (1/4, 3/4)
+LOGITS = torch.tensor([[0.0, math.log(3.0)]])
+
+
+def mixed_batch(lam: float) -> Batch:
+    # own label 0, partner label 1, (lam, 1 - lam) as Mixup records it
+    return Batch(torch.zeros(1, 1, 2, 2), torch.tensor([0]), torch.tensor([0]),
+                 {"mix_y": torch.tensor([1]), "mix_lam": torch.tensor([lam, 1 - lam], dtype=torch.float64)})
+
+
+def plain_batch() -> Batch:
+    return Batch(torch.zeros(1, 1, 2, 2), torch.tensor([0]), torch.tensor([0]), {})
+
+
+def forward(logits: torch.Tensor, features: torch.Tensor | None = None) -> Forward:
+    return Forward(features if features is not None else torch.zeros(len(logits), 2), logits)
+
+
+def test_cross_entropy_of_a_mixed_batch_weighs_both_labels_hand_computed():
+    # CE(y=0) = -ln(1/4) = ln 4, CE(y=1) = -ln(3/4) = ln(4/3); lam = 0.25
+    expected = 0.25 * math.log(4.0) + 0.75 * math.log(4.0 / 3.0)
+    value = CrossEntropy()(forward(LOGITS), mixed_batch(0.25), {})
+    assert float(value) == pytest.approx(expected, rel=1e-6)
+    # an unmixed batch: plain CE of its own label
+    assert float(CrossEntropy()(forward(LOGITS), plain_batch(), {})) == pytest.approx(math.log(4.0), rel=1e-6)
+
+
+def test_offset_cross_entropy_mixes_with_the_offset_applied_to_both_labels_hand_computed():
+    # offset (ln 3, 0) makes the logits (ln 3, ln 3): p = (1/2, 1/2), so CE is ln 2 for either label
+    term = OffsetCrossEntropy(torch.tensor([math.log(3.0), 0.0]))
+    assert float(term(forward(LOGITS), mixed_batch(0.3), {})) == pytest.approx(math.log(2.0), rel=1e-6)
+    # offset (0, ln 3): logits (0, 2 ln 3), p = (1/10, 9/10)
+    term = OffsetCrossEntropy(torch.tensor([0.0, math.log(3.0)]))
+    expected = 0.6 * math.log(10.0) + 0.4 * math.log(10.0 / 9.0)
+    assert float(term(forward(LOGITS), mixed_batch(0.6), {})) == pytest.approx(expected, rel=1e-6)
+
+
+def test_fednh_cosine_cross_entropy_mixes_both_labels_hand_computed():
+    # feature (1, 0), prototypes e1 and e2, scale 2: cosine logits (2, 0)
+    term = CosineCrossEntropy("w", 2.0)
+    weights = {"w": torch.eye(2)}
+    out = forward(torch.zeros(1, 2), torch.tensor([[3.0, 0.0]]))
+    ce0 = math.log(1 + math.exp(-2.0))          # -ln softmax_0 of (2, 0)
+    ce1 = math.log(1 + math.exp(2.0))           # -ln softmax_1
+    assert float(term(out, mixed_batch(0.75), weights)) == pytest.approx(0.75 * ce0 + 0.25 * ce1, rel=1e-6)
+
+
+class FirstLabelOnly(LossTerm):
+    """A term written before mixup: reads batch.y as it is."""
+
+    name = "first_label_only"
+
+    def __call__(self, out, batch, weights):
+        return F.cross_entropy(out.logits, batch.y)
+
+
+def test_a_term_that_reads_only_the_first_label_is_refused_under_mixup_and_named():
+    terms = [CrossEntropy(), Proximal({"w": torch.zeros(1)}, 0.1), FirstLabelOnly()]
+    with pytest.raises(ValueError, match=r"mixup \(somewhere\): the loss terms first_label_only \(FirstLabelOnly\) "
+                                         r"do not say they take mixed batches"):
+        check_terms_take_mixup(terms, Mixup(1.0), "(somewhere)")
+    check_terms_take_mixup(terms, None)                       # no mixup: any term
+    check_terms_take_mixup(terms[:2], Mixup(1.0))             # both opt in
+
+
+def test_fedavg_with_mixup_trains_on_mixed_batches_the_way_train_local_does(small_config):
+    """The reply of a FedAvg client with mixup is local training with the Mixup augmentation on
+    cross-entropy, nothing else: the same weights as that call made by hand, and not the unmixed ones."""
+    cfg = config(small_config, "fedavg", {"mixup": True, "mixup_alpha": 0.4})
+    loop = build_loop(cfg)
+    weights = loop.server_state["model"]
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": weights}), None, runtime(loop, 0))
+    by_hand = runtime(loop, 0).train(weights, [CrossEntropy()], augment=Mixup(0.4))
+    unmixed = runtime(loop, 0).train(weights, [CrossEntropy()])
+    for name, tensor in by_hand.weights.items():
+        assert torch.equal(reply.arrays["model"][name], tensor), name
+    assert any(not torch.equal(reply.arrays["model"][k], v) for k, v in unmixed.weights.items())
+
+
+@pytest.mark.parametrize("method", ["fedrod", "fedlc", "fedprox", "feddecorr"])
+def test_table5_baselines_and_label_free_regularisers_take_mixup(small_config, method):
+    cfg = config(small_config, method, {"mixup": True})
+    loop = build_loop(cfg)
+    client = runtime(loop, 0)
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, client)
+    assert client.trained_with_mixup and reply.kind == "update"
+
+
+def test_a_method_whose_term_reads_only_the_first_label_stops_at_its_first_client(small_config):
+    cfg = config(small_config, "fedntd", {"mixup": True})
+    loop = build_loop(cfg)
+    with pytest.raises(ValueError, match=r"mixup \(in round 1, client 0, algorithm fedntd\): the loss terms ntd"):
+        loop.algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
+
+
+def test_per_fedavg_with_mixup_is_refused_when_made(small_config):
+    with pytest.raises(ConfigError, match="algorithm.params.mixup: perfedavg trains with its own steps"):
+        make_algorithm(config(small_config, "perfedavg", {"mixup": True}))
+
+
+def test_methods_without_the_parameter_name_it_as_unknown(small_config):
+    with pytest.raises(ConfigError, match="algorithm.params.mixup"):
+        make_algorithm(config(small_config, "local", {"mixup": True}))
+
+
+class SkipsTrainOptions(FedAvg):
+    """A method of one's own whose local training forgets train_options."""
+
+    name = "skips_train_options"
+
+    def local_training(self, weights, msg, state, client):
+        return client.train(weights, [CrossEntropy()])
+
+
+def test_a_method_of_ones_own_that_drops_train_options_is_refused_not_run_without_mixup(small_config):
+    cfg = config(small_config, "fedavg")
+    loop = build_loop(cfg)
+    algorithm = SkipsTrainOptions(SkipsTrainOptions.Params(mixup=True))
+    with pytest.raises(ValueError, match="skips_train_options's local training does not pass its train_options"):
+        algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
+
+
+@pytest.mark.parametrize(("name", "default"), [("fedprox+fedacd", True), ("fedacd+fedprox", True),
+                                               ("fedprox+scaffold", False)])
+def test_a_combination_keeps_the_mixup_default_of_the_component_that_changes_it(name, default):
+    from fedhet.algorithms import algorithm_class
+
+    params = algorithm_class(name).Params()
+    assert params.mixup is default
+    assert type(params)(mixup=not default).mixup is (not default)      # still settable
