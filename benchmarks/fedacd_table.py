@@ -34,11 +34,11 @@ from fedhet.experiment.report import (
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import git_commit, machine_info, summarize_metrics
 
-METHODS = ["fedavg", "fedprox", "fednova", "fedlc", "fedrod", "fedntd", "fednh", "feddecorr", "creff",
+METHODS = ["fedavg", "fedavg_mixup", "fedprox", "fednova", "fedlc", "fedrod", "fedntd", "fednh", "feddecorr", "creff",
            "fedacd_base", "fedacd_nomixup", "fedacd_clean", "fedacd_delta1e-4", "fedacd_delta1", "fedacd",
            "fedacd_perlabel_trainingV", "fedacd_perlabel_cleanV", "fedacd_pair_cleanV", "fedacd_base_pair",
            "fedacd_pair_trainingV"]
-LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "fednova": "FedNova", "fedlc": "FedLC", "fedrod": "FedROD",
+LABELS = {"fedavg": "FedAvg", "fedavg_mixup": "FedAvg with Input Mixup", "fedprox": "FedProx", "fednova": "FedNova", "fedlc": "FedLC", "fedrod": "FedROD",
           "fedntd": "FedNTD", "fednh": "FedNH", "feddecorr": "FedDecorr", "creff": "CReFF",
           "fedacd_base": "FedACD_base", "fedacd_nomixup": "FedACD without mixup",
           "fedacd_clean": "FedACD, P from a clean pass", "fedacd_delta1e-4": "FedACD, delta_missing 1e-4",
@@ -92,7 +92,8 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
                      "score_range": [min(scores), max(scores)] if scores else None,
                      "weight_ratio_max": max(ratios) if ratios else None,
                      "score_spread_by_seed": per_seed_spread,
-                     "seconds_per_round": statistics.median(sm["seconds_per_round_median"] for sm, _ in runs),
+                     # per seed: the seeds of one tag may have run on different machines ("Runs on" below)
+                     "seconds_per_round": [sm["seconds_per_round_median"] for sm, _ in runs],
                      "paper_t1": PAPER_T1.get(beta, {}).get(method)})
         curves[LABELS.get(method, method)] = [[(r["round"], r["global_acc"]) for r in ms if r.get("global_acc") is not None]
                                               for _, ms in runs]
@@ -104,7 +105,8 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
              "metric; final = mean of the last 2 evaluations), on the clients' label distributions (Table 2's), "
              "the risk of the round's local models over every client's distribution (Table 3's, lower is better) "
              "and their mean KL(P || Q) on their own data (Table 9's); each seed's final; the aggregation scores "
-             "V = sigmoid(1/KL) over all rounds and seeds and the largest max V / min V of a round. Paper: "
+             "V = sigmoid(1/KL) over all rounds and seeds and the largest max V / min V of a round; s/round: median seconds a round, per seed (where each ran: "
+             "below). Paper: "
              "CIFAR-10 Table 1 at the same beta (no Fashion-MNIST numbers exist).", "",
              "| method | seeds | global acc final (%) | per seed (%) | best (%) | labeldist acc final (%) | "
              "local risk final | local KL final | V range | max weight ratio | s/round | paper C-10 T1 (%) |",
@@ -116,7 +118,7 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
         lines.append(f"| {LABELS.get(r['method'], r['method'])} | {len(r['seeds'])} | {format_mean_std(r['global_final'])} | "
                      f"{per_seed} | {format_mean_std(r['global_best'])} | {format_mean_std(r['labeldist_final'])} | "
                      f"{format_mean_std(r['local_risk_final'], 1, '.3f')} | {format_mean_std(r['local_kl_final'], 1, '.2f')} | "
-                     f"{vr} | {wr} | {r['seconds_per_round']:.2f} | {r['paper_t1'] or '-'} |")
+                     f"{vr} | {wr} | {' / '.join(f'{x:.2f}' for x in r['seconds_per_round'])} | {r['paper_t1'] or '-'} |")
     spread = [(LABELS.get(r["method"], r["method"]), sp) for r in rows for sp in r["score_spread_by_seed"]]
     if spread:
         lines += ["", "The scores per seed (over all rounds of the run):", "",
