@@ -42,12 +42,18 @@ def test_best_at_seed_reads_differences_within_the_margin_as_a_tie():
 
 
 def test_complete_pairs_of_a_pending_claim_decide_what_no_later_seed_can_change():
-    """every_seed: one pair at or below rules "reproduced" out, but the claim stays pending (the rest
-    decide between "not reproduced" and "inconclusive"); best_at_seed: one loss beyond the margin is
-    "not reproduced" whatever the other seeds give. Pairs above decide nothing early."""
+    """every_seed: one pair at or below rules "reproduced" out, and the claim stays pending while the
+    rest may still decide between "not reproduced" and "inconclusive"; a pair at or below and one at or
+    above make it "inconclusive" whatever the missing seeds give. best_at_seed: one loss beyond the
+    margin is "not reproduced" whatever the other seeds give. Pairs above alone decide nothing early."""
     v = Verdict("a > b", "every_seed", "a", ("b",), (0, 1, 2))
+    outcome, detail = decide(v, values({("a", 0): 0.6, ("b", 0): 0.7, ("a", 2): 0.5}))
+    assert outcome == "pending" and detail == "needs a_s1, b_s1, b_s2; reproduced is already ruled out by b s0: -10.00"
     outcome, detail = decide(v, values({("a", 0): 0.6, ("b", 0): 0.7, ("a", 1): 0.8, ("b", 1): 0.7, ("a", 2): 0.5}))
-    assert outcome == "pending" and detail == "needs b_s2; reproduced is already ruled out by b s0: -10.00"
+    assert outcome == "inconclusive" and detail == "b s0: -10.00, b s1: +10.00 (decided before b_s2 ran)"
+    # an exact tie rules out both directions on its own
+    outcome, detail = decide(v, values({("a", 0): 0.7, ("b", 0): 0.7}))
+    assert outcome == "inconclusive" and detail == "b s0: +0.00 (decided before a_s1, a_s2, b_s1, b_s2 ran)"
     outcome, detail = decide(v, values({("a", 0): 0.8, ("b", 0): 0.7, ("a", 2): 0.5}))
     assert outcome == "pending" and detail == "needs a_s1, b_s1, b_s2"
     best = Verdict("a best", "best_at_seed", "a", ("b", "c"), (0, 1), margin=0.01)

@@ -22,8 +22,10 @@ methods is a pair):
   every seed, "not reproduced" when some ``than`` is above it by more than ``margin``, else "tie".
 
 A claim whose runs are not all complete is "pending", with the runs it still needs and, where the
-complete pairs already rule "reproduced" out, the pairs that do. ``best_at_seed`` is decided "not
-reproduced" as soon as one complete pair says so, since no other seed can change that. One whose
+complete pairs already rule "reproduced" out, the pairs that do. What no later seed can change is
+decided at once: ``every_seed`` is "inconclusive" as soon as one complete pair is at or below and
+one at or above (neither direction can hold at every seed any more), and ``best_at_seed`` is "not
+reproduced" as soon as one complete pair says so. One whose
 complete runs lack its metric "cannot be decided", with the metrics they have. ``value:
 lowest:personal_loss`` is the metric at the evaluated round with the lowest ``personal_loss`` (the
 first such round), read from the run's ``metrics.jsonl``.
@@ -129,8 +131,11 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
         missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
         against = [f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items()
                    if d < -verdict.margin or (verdict.rule == "every_seed" and d <= 0)]
+        decided = f"{detail} (decided before {missing.removeprefix('needs ')} ran)"
         if verdict.rule == "best_at_seed" and against:    # no later seed can undo a loss beyond the margin
-            return "not reproduced", f"{detail} (decided before {missing.removeprefix('needs ')} ran)"
+            return "not reproduced", decided
+        if verdict.rule == "every_seed" and against and any(d >= 0 for d in diffs.values()):
+            return "inconclusive", decided                # neither "every seed above" nor "below" can hold
         if against:                                       # every_seed: not all above any more
             return "pending", f"{missing}; reproduced is already ruled out by {', '.join(against)}"
         return "pending", missing
