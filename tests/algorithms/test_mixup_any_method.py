@@ -4,6 +4,7 @@ refusal of terms and methods mixup would not reach, and the plumbing into local 
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from helpers import build_loop, config, runtime
 
+from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fednh import CosineCrossEntropy
 from fedhet.core.contract import Batch, Forward, Message
@@ -108,16 +110,52 @@ def test_table5_baselines_and_label_free_regularisers_take_mixup(small_config, m
     assert client.trained_with_mixup and reply.kind == "update"
 
 
+class WithAFirstLabelTerm(FedAvg):
+    """A method of one's own adding a term that reads the labels as they are."""
+
+    name = "with_a_first_label_term"
+
+    def local_terms(self, msg, state, client):
+        return [*super().local_terms(msg, state, client), FirstLabelOnly()]
+
+
 def test_a_method_whose_term_reads_only_the_first_label_stops_at_its_first_client(small_config):
-    cfg = config(small_config, "fedntd", {"mixup": True})
-    loop = build_loop(cfg)
-    with pytest.raises(ValueError, match=r"mixup \(in round 1, client 0, algorithm fedntd\): the loss terms ntd"):
-        loop.algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
+    loop = build_loop(config(small_config, "fedavg"))
+    algorithm = WithAFirstLabelTerm(WithAFirstLabelTerm.Params(mixup=True))
+    with pytest.raises(ValueError, match=r"mixup \(in round 1, client 0, algorithm fedavg\): the loss terms "
+                                         r"first_label_only \(FirstLabelOnly\) do not say"):
+        algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
 
 
 def test_per_fedavg_with_mixup_is_refused_when_made(small_config):
-    with pytest.raises(ConfigError, match="algorithm.params.mixup: perfedavg trains with its own steps"):
+    with pytest.raises(ConfigError, match="algorithm.params.mixup: perfedavg cannot train with mixup"):
         make_algorithm(config(small_config, "perfedavg", {"mixup": True}))
+
+
+# What each registered method does with mixup on over two rounds (the second is where the methods that
+# receive prototypes or anchors first build their terms): refused when made, or trained on mixed batches.
+REFUSED_WHEN_MADE = {"perfedavg", "fedntd", "fedrs", "fedcme", "fedfm", "fedfm_lite", "fedpac", "fedproto",
+                     "fedclassavg", "feddistill", "ktpfl", "local"}     # the last four have no such parameter
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_method_either_refuses_mixup_when_made_or_trains_every_client_on_mixed_batches(small_config, name,
+                                                                                              monkeypatch):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}                        # FedNH's bias-free head; every method runs on it
+    cfg = config(raw, name, {"mixup": True}, rounds=2, local_epochs=2, clients_per_round=2)
+    if name in REFUSED_WHEN_MADE:
+        with pytest.raises(ConfigError, match="algorithm.params.mixup"):
+            make_algorithm(cfg)
+        return
+    mixed_batches = []
+    real_apply = Mixup.apply
+    monkeypatch.setattr(Mixup, "apply", lambda self, b, d: mixed_batches.append(len(b.y)) or real_apply(self, b, d))
+    loop = build_loop(cfg)
+    for rnd in range(2):
+        result = loop.run_round(rnd)
+        assert sum(mixed_batches) >= result.samples > 0, (rnd, sum(mixed_batches), result.samples)
+        mixed_batches.clear()
 
 
 def test_methods_without_the_parameter_name_it_as_unknown(small_config):

@@ -57,9 +57,11 @@ class FedAvg(Algorithm):
     # True for a method whose local training builds its data term itself (FedACD, per epoch), so
     # that ``compose`` refuses a partner that replaces ``data_terms`` instead of ignoring it.
     builds_own_data_term: ClassVar[bool] = False
-    # False for a method whose local training does not go through ``train_options`` (Per-FedAvg's
-    # own meta-steps): ``mixup`` would not reach it, so it is refused when the method is made.
-    mixup_reaches_training: ClassVar[bool] = True
+    # False for a method that cannot train with ``mixup``: a loss term of its own reads the labels as
+    # they are (FedProto's prototype alignment, FedFM's anchor matching, ...), or its training takes no
+    # augmentation (Per-FedAvg's meta-steps). It is refused when the method is made, not rounds later
+    # when such a term first appears.
+    takes_mixup: ClassVar[bool] = True
 
     class Params(Algorithm.Params):
         bn_buffers: Literal["average", "local"] = "average"
@@ -68,9 +70,10 @@ class FedAvg(Algorithm):
 
     def __init__(self, params: Any = None):
         super().__init__(params)
-        if self.params.mixup and not self.mixup_reaches_training:
-            raise ConfigError(f"algorithm.params.mixup: {self.name} trains with its own steps, which take no "
-                              "augmentation; turn mixup off for it")
+        if self.params.mixup and not self.takes_mixup:
+            raise ConfigError(f"algorithm.params.mixup: {self.name} cannot train with mixup (a loss term of its own "
+                              "reads the labels as they are, or its local steps take no augmentation); turn mixup "
+                              "off for it")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

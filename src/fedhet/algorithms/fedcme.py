@@ -307,6 +307,7 @@ class FedCME(FedAvg):
     the ablation table and every decision."""
 
     name = "fedcme"
+    takes_mixup = False          # the feature alignment pulls each feature to its label's global feature
 
     class Params(FedAvg.Params):
         mu: float = pydantic.Field(0.01, ge=0)          # feature-alignment weight (paper: 0.1 or 0.01)

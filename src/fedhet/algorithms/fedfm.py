@@ -158,6 +158,7 @@ class FedFM(FedAvg):
     """FedFM (CG or l2 matching); see the module docstring for the round and every decision."""
 
     name = "fedfm"
+    takes_mixup = False          # anchor matching pulls each feature to its label's anchor
 
     class Params(FedAvg.Params):
         lam: float = pydantic.Field(50.0, ge=0)                 # lambda, weight of L_FM

@@ -58,6 +58,7 @@ class NotTrueDistillation(LossTerm):
 
 class FedNTD(FedAvg):
     name = "fedntd"
+    takes_mixup = False          # the not-true distillation drops the label's logit as it is
 
     class Params(FedAvg.Params):
         ntd_tau: float = Field(1.0, gt=0)

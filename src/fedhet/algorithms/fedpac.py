@@ -223,6 +223,7 @@ class FedPAC(FedPer):
     """FedPAC; see the module docstring."""
 
     name = "fedpac"
+    takes_mixup = False          # prototype alignment pulls each feature to its label's prototype
     head_on_client = False
 
     class Params(FedPer.Params):

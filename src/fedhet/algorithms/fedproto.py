@@ -121,6 +121,7 @@ class FedProto(FedAvg):
     """FedProto; see the module docstring."""
 
     name = "fedproto"
+    takes_mixup = False          # prototype alignment, and its own augmentation takes the slot
     personalized = True
     has_global_model = False
 

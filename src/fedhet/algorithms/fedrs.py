@@ -64,6 +64,7 @@ class RestrictedCrossEntropy(LossTerm):
 
 class FedRS(FedAvg):
     name = "fedrs"
+    takes_mixup = False          # the restricted softmax's cross-entropy reads the label as it is
 
     class Params(FedAvg.Params):
         alpha: float = Field(0.5, ge=0, le=1)

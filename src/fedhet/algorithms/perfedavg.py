@@ -163,7 +163,7 @@ class PerFedAvg(FedAvg):
 
     name = "perfedavg"
     personalized = True
-    mixup_reaches_training = False       # meta_train's own steps take no augmentation
+    takes_mixup = False                  # meta_train's own steps take no augmentation
 
     class Params(FedAvg.Params):
         perfedavg_variant: Literal["fo", "hf"] = "fo"
