@@ -143,7 +143,7 @@ def test_every_method_either_refuses_mixup_when_made_or_trains_every_client_on_m
                                                                                               monkeypatch):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}                        # FedNH's bias-free head; every method runs on it
-    cfg = config(raw, name, {"mixup": True}, rounds=2, local_epochs=2, clients_per_round=2)
+    cfg = config(raw, name, {"mixup": True}, rounds=2, clients_per_round=2)
     if name in REFUSED_WHEN_MADE:
         with pytest.raises(ConfigError, match="algorithm.params.mixup"):
             make_algorithm(cfg)
