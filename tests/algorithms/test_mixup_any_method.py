@@ -158,6 +158,13 @@ def test_every_method_either_refuses_mixup_when_made_or_trains_every_client_on_m
         mixed_batches.clear()
 
 
+def test_fedrema_with_feature_alignment_refuses_mixup_when_made(small_config):
+    # its prototype term first appears in round 2: refused before round 1 instead
+    with pytest.raises(ConfigError, match="mixup: the \\+F variant's feature alignment"):
+        make_algorithm(config(small_config, "fedrema", {"mixup": True, "feature_alignment": True}))
+    assert make_algorithm(config(small_config, "fedrema", {"mixup": True})).params.mixup
+
+
 def test_methods_without_the_parameter_name_it_as_unknown(small_config):
     with pytest.raises(ConfigError, match="algorithm.params.mixup"):
         make_algorithm(config(small_config, "local", {"mixup": True}))

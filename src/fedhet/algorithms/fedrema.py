@@ -173,6 +173,9 @@ class FedReMa(FedAvg):
         def _alternating_needs_alignment(self):
             if self.alternating and not self.feature_alignment:
                 raise ValueError("alternating: true is the +A&F variant and needs feature_alignment: true")
+            if self.mixup and self.feature_alignment:
+                raise ValueError("mixup: the +F variant's feature alignment pulls each feature to its label's "
+                                 "prototype, which a mixed image does not have; turn mixup or feature_alignment off")
             return self
 
     # --- server ---------------------------------------------------------------------------
