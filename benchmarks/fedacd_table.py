@@ -105,9 +105,9 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
              "metric; final = mean of the last 2 evaluations), on the clients' label distributions (Table 2's), "
              "the risk of the round's local models over every client's distribution (Table 3's, lower is better) "
              "and their mean KL(P || Q) on their own data (Table 9's); each seed's final; the aggregation scores "
-             "V = sigmoid(1/KL) over all rounds and seeds and the largest max V / min V of a round; s/round: median seconds a round, per seed (where each ran: "
-             "below). Paper: "
-             "CIFAR-10 Table 1 at the same beta (no Fashion-MNIST numbers exist).", "",
+             "V = sigmoid(1/KL) over all rounds and seeds and the largest max V / min V of a round; s/round: the "
+             "median seconds of a round, per seed (where each ran: below). Paper: CIFAR-10 Table 1 at the same "
+             "beta (no Fashion-MNIST numbers exist).", "",
              "| method | seeds | global acc final (%) | per seed (%) | best (%) | labeldist acc final (%) | "
              "local risk final | local KL final | V range | max weight ratio | s/round | paper C-10 T1 (%) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]

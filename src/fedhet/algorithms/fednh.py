@@ -41,7 +41,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.split import is_head, linear_classifier
-from fedhet.training.augment import mixed
+from fedhet.training.augment import mixed_cross_entropy
 from fedhet.training.objective import LossTerm
 
 
@@ -82,8 +82,7 @@ class CosineCrossEntropy(LossTerm):
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         w = F.normalize(weights[self.weight_name].to(out.features.dtype), dim=1)
-        logits = self.scale * F.normalize(out.features, dim=1) @ w.T
-        return mixed(lambda y: F.cross_entropy(logits, y), batch)
+        return mixed_cross_entropy(self.scale * F.normalize(out.features, dim=1) @ w.T, batch)
 
 
 class FedNH(FedAvg):

@@ -157,6 +157,11 @@ class FedReMa(FedAvg):
 
     name = "fedrema"
     personalized = True
+
+    @property
+    def takes_mixup(self) -> bool:  # type: ignore[override]
+        # the +F variant's feature alignment pulls each feature to its label's prototype
+        return not self.params.feature_alignment
     has_global_model = False
     keeps_optimizer_state = True
 
@@ -173,9 +178,6 @@ class FedReMa(FedAvg):
         def _alternating_needs_alignment(self):
             if self.alternating and not self.feature_alignment:
                 raise ValueError("alternating: true is the +A&F variant and needs feature_alignment: true")
-            if self.mixup and self.feature_alignment:
-                raise ValueError("mixup: the +F variant's feature alignment pulls each feature to its label's "
-                                 "prototype, which a mixed image does not have; turn mixup or feature_alignment off")
             return self
 
     # --- server ---------------------------------------------------------------------------

@@ -154,8 +154,7 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
             warnings.warn(f"{len(short)} of {len(sizes)} clients hold fewer training samples than train.batch_size "
                           f"({cfg.train.batch_size}) and train.drop_last is on: they take no local step and end each "
                           f"round with the model they started it with (clients {named}). Lower train.batch_size, "
-                          "or set "
-                          "train.drop_last: false, to train them", stacklevel=2)
+                          "or set train.drop_last: false, to train them", stacklevel=2)
     algorithm.check_data(federation.client_data(0))
     return algorithm, federation
 

@@ -105,6 +105,11 @@ def mixed(loss_of_labels: Callable[[torch.Tensor], torch.Tensor], batch: Batch) 
     return lam[0].to(own.dtype) * own + lam[1].to(other.dtype) * other
 
 
+def mixed_cross_entropy(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Mean ``CE(logits, y)``; on a mixed batch ``lam CE(y) + (1 - lam) CE(y_partner)``."""
+    return mixed(lambda y: F.cross_entropy(logits, y), batch)
+
+
 def label_weights(batch: Batch, num_classes: int) -> torch.Tensor:
     """(B, C) weight of each sample on each class: one-hot labels, or ``lam onehot(y) + (1 - lam)
     onehot(y_partner)`` on a mixed batch (how much of each class a mixed sample is)."""

@@ -9,10 +9,9 @@ is FedProx, and a method's own term is appended the same way (``fedprox+fm``).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from fedhet.core.contract import Arrays, Batch, Forward
-from fedhet.training.augment import Mixup, mixed
+from fedhet.training.augment import Mixup, mixed_cross_entropy
 
 
 class LossTerm:
@@ -51,7 +50,7 @@ class CrossEntropy(LossTerm):
     takes_mixup = True
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        return mixed(lambda y: F.cross_entropy(out.logits, y), batch)
+        return mixed_cross_entropy(out.logits, batch)
 
 
 def check_terms_take_mixup(terms: list[LossTerm], augment: object, where: str = "") -> None:

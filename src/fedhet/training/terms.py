@@ -4,10 +4,9 @@ linear corrections and per-class logit offsets. Terms of a single method live in
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from fedhet.core.contract import Arrays, Batch, Forward
-from fedhet.training.augment import mixed
+from fedhet.training.augment import mixed_cross_entropy
 from fedhet.training.objective import LossTerm
 
 
@@ -70,5 +69,4 @@ class OffsetCrossEntropy(LossTerm):
         self.name = name
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        logits = out.logits + self.offset.to(out.logits.device, out.logits.dtype)
-        return mixed(lambda y: F.cross_entropy(logits, y), batch)
+        return mixed_cross_entropy(out.logits + self.offset.to(out.logits.device, out.logits.dtype), batch)
