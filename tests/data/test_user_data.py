@@ -252,6 +252,21 @@ def test_a_run_calls_the_dataset_function_once_per_split(small_config, user_modu
     assert sorted(calls) == ["test", "train"]
 
 
+def test_a_run_reads_an_npz_file_once(tmp_path, small_config, monkeypatch):
+    from fedhet.data import user_data
+
+    reads = []
+    real_load = np.load
+    monkeypatch.setattr(user_data.np, "load", lambda *a, **k: reads.append(a[0]) or real_load(*a, **k))
+    name = write_npz(tmp_path, **arrays())
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": name, "num_clients": 3, "partition": {"kind": "iid"},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert len(reads) == 1
+    assert fed.num_classes == 4 and sum(len(i) for i in fed.train_idx) == 120
+
+
 def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_module):
     with pytest.raises(DataError, match=r"userdata:not_a_tuple\('train'\) returned a dict .*must return \(x, y\)"):
         load_dataset("userdata:not_a_tuple")

@@ -51,7 +51,7 @@ def load_user_dataset(name: str, train: bool):
         raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
                         f"{'.npz' if kind == 'npz' else ''}")
     if kind == "npz":
-        x, y, num_classes, clients = _read_npz(Path(path), split)
+        x, y, num_classes, clients = _npz_split(Path(path), _read_npz(Path(path)), split)
     else:
         x, y, num_classes, clients = _read_folder(Path(path), split)
     return _image_data(name, x, y, num_classes, clients)
@@ -59,7 +59,13 @@ def load_user_dataset(name: str, train: bool):
 
 def load_user_splits(name: str):
     """Both splits of a user dataset, ``(train, test)``. A ``MODULE:FUNCTION`` is called once per
-    split here (loading the splits one at a time calls it twice for each: the class count needs both)."""
+    split here (loading the splits one at a time calls it twice for each: the class count needs both),
+    and an ``.npz`` is read once."""
+    if name.startswith("npz:") and name.partition(":")[2]:
+        path = Path(name.partition(":")[2])
+        stored = _read_npz(path)
+        (x, y, num_classes, clients), (x_test, y_test, _, _) = (_npz_split(path, stored, s) for s in ("train", "test"))
+        return _image_data(name, x, y, num_classes, clients), _image_data(name, x_test, y_test, num_classes, None)
     if name.startswith(PREFIXES):
         return load_user_dataset(name, train=True), load_user_dataset(name, train=False)
     arrays = _read_function(name, ("train", "test"))
@@ -138,7 +144,8 @@ def _image_data(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, clien
 # --------------------------------------------------------------------------------------- npz
 
 
-def _read_npz(path: Path, split: str) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """Every array of the file, checked for the four it needs."""
     where = f"data.dataset npz:{path}"
     if not path.is_file():
         raise DataError(f"{where}: no such file (working directory {Path.cwd()}); write the arrays with "
@@ -152,6 +159,12 @@ def _read_npz(path: Path, split: str) -> tuple[np.ndarray, np.ndarray, int, np.n
     if missing:
         raise DataError(f"{where}: missing arrays {missing} (it has {sorted(arrays)}); it needs x_train, y_train, "
                         "x_test and y_test")
+    return arrays
+
+
+def _npz_split(path: Path, arrays: dict[str, np.ndarray], split: str
+               ) -> tuple[np.ndarray, np.ndarray, int, np.ndarray | None]:
+    where = f"data.dataset npz:{path}"
     x = _images(arrays[f"x_{split}"], f"{where}: x_{split}")
     y = _labels(arrays[f"y_{split}"], len(x), f"{where}: y_{split}")
     top = int(max(arrays["y_train"].max(initial=0), arrays["y_test"].max(initial=0))) + 1
