@@ -7,7 +7,7 @@ first layer with one input channel becomes a depthwise convolution, which PyTorc
 per-client cross-entropy, gradients, update), captured as a CUDA graph as the vectorized engine
 runs it, with the convolutions computed:
 
-* ``native``: as the engine does today (cuDNN's heuristic choice, PyTorch's depthwise kernel);
+* ``native``: as the engine does by default (cuDNN's heuristic choice, PyTorch's depthwise kernel);
 * ``benchmark``: the same with ``torch.backends.cudnn.benchmark`` (cuDNN times its algorithms);
 * ``matmul_conv1`` / ``matmul``: the first / every convolution as im2col (``F.unfold``) and one
   batched matrix product per client (:func:`matmul_conv2d` below).

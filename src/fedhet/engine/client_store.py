@@ -5,8 +5,9 @@ parameters, kept optimizer moments) in bounded memory.
 keeps the most recently written states in memory up to a byte budget and writes the others to
 disk, one file per state, leaving a placeholder (:class:`Spilled`) in their place. Reading a
 spilled state loads its file (the state stays on disk; it is normally replaced after the round
-that read it). ``mode``: ``memory`` never spills (a plain dict; today's behaviour), ``disk`` spills
-every state as soon as it is written, ``auto`` spills only beyond ``memory_budget`` bytes.
+that read it). ``mode``: ``memory`` never spills (a plain dict; this class's default, while a run's
+``run.client_state_store`` defaults to ``auto``), ``disk`` spills every state as soon as it is
+written, ``auto`` spills only beyond ``memory_budget`` bytes.
 
 Format: each state is one file written by ``torch.save`` and read back with
 ``torch.load(weights_only=True)``: torch's own zip serialization, which holds the nested dicts,
