@@ -157,11 +157,6 @@ class FedReMa(FedAvg):
 
     name = "fedrema"
     personalized = True
-
-    @property
-    def takes_mixup(self) -> bool:  # type: ignore[override]
-        # the +F variant's feature alignment pulls each feature to its label's prototype
-        return not self.params.feature_alignment
     has_global_model = False
     keeps_optimizer_state = True
 
@@ -179,6 +174,11 @@ class FedReMa(FedAvg):
             if self.alternating and not self.feature_alignment:
                 raise ValueError("alternating: true is the +A&F variant and needs feature_alignment: true")
             return self
+
+    @property
+    def takes_mixup(self) -> bool:  # type: ignore[override]
+        # the +F variant's feature alignment pulls each feature to its label's prototype
+        return not self.params.feature_alignment
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

@@ -41,37 +41,39 @@ def is_user_dataset(name: str) -> bool:
 def load_user_dataset(name: str, train: bool):
     """The train or test split of ``npz:PATH``, ``folder:PATH`` or ``MODULE:FUNCTION`` as an ``ImageData``."""
     split = "train" if train else "test"
-    if not name.startswith(PREFIXES):
-        other = "test" if train else "train"
-        arrays = _read_function(name, (split, other))
-        x, y, clients = arrays[split]
-        return _image_data(name, x, y, _class_count(arrays), clients)
-    kind, _, path = name.partition(":")
-    if not path:
-        raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
-                        f"{'.npz' if kind == 'npz' else ''}")
-    if kind == "npz":
-        x, y, num_classes, clients = _npz_split(Path(path), _read_npz(Path(path)), split)
-    else:
-        x, y, num_classes, clients = _read_folder(Path(path), split)
-    return _image_data(name, x, y, num_classes, clients)
+    if name.startswith(PREFIXES):
+        return _load_stored(name, (split,))[0]
+    other = "test" if train else "train"
+    arrays = _read_function(name, (split, other))
+    x, y, clients = arrays[split]
+    return _image_data(name, x, y, _class_count(arrays), clients)
 
 
 def load_user_splits(name: str):
     """Both splits of a user dataset, ``(train, test)``. A ``MODULE:FUNCTION`` is called once per
     split here (loading the splits one at a time calls it twice for each: the class count needs both),
     and an ``.npz`` is read once."""
-    if name.startswith("npz:") and name.partition(":")[2]:
-        path = Path(name.partition(":")[2])
-        stored = _read_npz(path)
-        (x, y, num_classes, clients), (x_test, y_test, _, _) = (_npz_split(path, stored, s) for s in ("train", "test"))
-        return _image_data(name, x, y, num_classes, clients), _image_data(name, x_test, y_test, num_classes, None)
     if name.startswith(PREFIXES):
-        return load_user_dataset(name, train=True), load_user_dataset(name, train=False)
+        train, test = _load_stored(name, ("train", "test"))
+        return train, test
     arrays = _read_function(name, ("train", "test"))
     num_classes = _class_count(arrays)
     (x, y, clients), (x_test, y_test, _) = arrays["train"], arrays["test"]
     return _image_data(name, x, y, num_classes, clients), _image_data(name, x_test, y_test, num_classes, None)
+
+
+def _load_stored(name: str, splits: tuple[str, ...]) -> list:
+    """The ``splits`` of ``npz:PATH`` or ``folder:PATH``; an ``.npz`` is read once for all of them."""
+    kind, _, path = name.partition(":")
+    if not path:
+        raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
+                        f"{'.npz' if kind == 'npz' else ''}")
+    if kind == "npz":
+        stored = _read_npz(Path(path))
+        parts = [_npz_split(Path(path), stored, split) for split in splits]
+    else:
+        parts = [_read_folder(Path(path), split) for split in splits]
+    return [_image_data(name, x, y, num_classes, clients) for x, y, num_classes, clients in parts]
 
 
 def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
