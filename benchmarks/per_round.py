@@ -1,12 +1,15 @@
 """Per-round figures of finished (or stopped) runs, as quoted in the result files.
 
     python benchmarks/per_round.py RUN_DIR [RUN_DIR ...] [--metric personal_acc] [--at 10 50 100]
-                                   [--window 26 30] [--range 10 100] [--loss-at 1 2]
+                                   [--window 26 30] [--range 10 100] [--loss-at 1 2] [--by-client]
 
-For each run: the metric (%) at the rounds of --at, its best round, its mean over the rounds of
---window (inclusive), its min and max over --range, and train_loss at --loss-at. With two runs,
-also how far apart they are over the rounds both evaluated (max and mean |difference|, pp): the
-check that two engines or devices trained the same seed alike.
+For each run: the metric at the rounds of --at (accuracies in %, other metrics as recorded), its
+best round (the lowest for a loss, KL or risk), its mean over the evaluated rounds of --window
+(inclusive), its min and max over --range, and train_loss at --loss-at. With two runs, also how
+far apart they are over the rounds both evaluated (max and mean |difference|): the check that two
+engines or devices trained the same seed alike; with --by-client, at how many of the client
+evaluations of those rounds (``<metric>_by_client``; within --range if given) the first run is
+below the second.
 """
 
 from __future__ import annotations
@@ -21,6 +24,24 @@ def by_round(run_dir: Path, key: str) -> dict[int, float]:
     return {row["round"]: row[key] for row in read_metrics(run_dir) if key in row}
 
 
+def lower_is_better(metric: str) -> bool:
+    return any(word in metric for word in ("loss", "kl", "risk"))
+
+
+def client_comparison(runs: list[Path], metric: str, rounds: list[int]) -> str:
+    """How often the first run's per-client value is below the second's, over ``rounds``."""
+    first, second = (by_round(run, f"{metric}_by_client") for run in runs)
+    below = above = 0
+    for r in rounds:
+        for cid, value in first.get(r, {}).items():
+            other = second.get(r, {}).get(cid)
+            if value is None or other is None:
+                continue
+            below += value < other
+            above += value > other
+    return f"{metric} by client, rounds {rounds}: first run below at {below}, above at {above} client evaluations"
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("run_dirs", nargs="+", type=Path)
@@ -29,19 +50,22 @@ def main() -> int:
     p.add_argument("--window", nargs=2, type=int, metavar=("FIRST", "LAST"))
     p.add_argument("--range", nargs=2, type=int, metavar=("FIRST", "LAST"))
     p.add_argument("--loss-at", nargs="*", type=int, default=[])
+    p.add_argument("--by-client", action="store_true")
     args = p.parse_args()
+    scale, unit = (100, " pp") if "acc" in args.metric else (1, "")
+    pick = min if lower_is_better(args.metric) else max
     curves = []
     for run in args.run_dirs:
-        acc = {r: 100 * v for r, v in by_round(run, args.metric).items()}
+        acc = {r: scale * v for r, v in by_round(run, args.metric).items()}
         if not acc:
             p.error(f"{run}: no {args.metric} in its metrics.jsonl")
         curves.append(acc)
-        best = max(acc, key=acc.__getitem__)
+        best = pick(acc, key=acc.__getitem__)
         print(f"{run}: {len(acc)} evaluated rounds; best {acc[best]:.2f} (round {best})")
         if args.at:
             print("  at " + ", ".join(f"{r}: {acc[r]:.2f}" for r in args.at if r in acc))
         if args.window:
-            window = [acc[r] for r in range(args.window[0], args.window[1] + 1)]
+            window = [acc[r] for r in range(args.window[0], args.window[1] + 1) if r in acc]
             print(f"  mean over rounds {args.window[0]}-{args.window[1]}: {sum(window) / len(window):.2f}")
         if args.range:
             span = [acc[r] for r in range(args.range[0], args.range[1] + 1) if r in acc]
@@ -52,8 +76,11 @@ def main() -> int:
     if len(curves) == 2:
         shared = sorted(set(curves[0]) & set(curves[1]))
         diffs = [abs(curves[0][r] - curves[1][r]) for r in shared]
-        print(f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f} pp, "
-              f"mean {sum(diffs) / len(diffs):.2f} pp")
+        print(f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f}{unit}, "
+              f"mean {sum(diffs) / len(diffs):.2f}{unit}")
+        if args.by_client:
+            span = [r for r in shared if not args.range or args.range[0] <= r <= args.range[1]]
+            print(client_comparison(args.run_dirs, args.metric, span))
     return 0
 
 
