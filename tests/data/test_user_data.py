@@ -267,6 +267,21 @@ def test_a_run_reads_an_npz_file_once(tmp_path, small_config, monkeypatch):
     assert fed.num_classes == 4 and sum(len(i) for i in fed.train_idx) == 120
 
 
+def test_a_run_scans_a_folder_for_its_colour_mode_once(tmp_path, small_config, monkeypatch):
+    from fedhet.data import user_data
+
+    scans = []
+    real_scan = user_data._all_grayscale
+    monkeypatch.setattr(user_data, "_all_grayscale", lambda paths: scans.append(len(paths)) or real_scan(paths))
+    write_folder(tmp_path, per_class=(6, 2))
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": f"folder:{tmp_path}", "num_clients": 3, "partition": {"kind": "iid"},
+                   "local_test": {"source": "test_set", "fraction": 0.5}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert len(scans) == 1
+    assert fed.num_classes == 2 and sum(len(i) for i in fed.train_idx) == 12
+
+
 def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_module):
     with pytest.raises(DataError, match=r"userdata:not_a_tuple\('train'\) returned a dict .*must return \(x, y\)"):
         load_dataset("userdata:not_a_tuple")

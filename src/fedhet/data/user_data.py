@@ -63,7 +63,8 @@ def load_user_splits(name: str):
 
 
 def _load_stored(name: str, splits: tuple[str, ...]) -> list:
-    """The ``splits`` of ``npz:PATH`` or ``folder:PATH``; an ``.npz`` is read once for all of them."""
+    """The ``splits`` of ``npz:PATH`` or ``folder:PATH``; an ``.npz`` is read, and a folder's colour mode
+    found, once for all of them."""
     kind, _, path = name.partition(":")
     if not path:
         raise DataError(f"data.dataset: {name!r} names no path; write {kind}:PATH, e.g. {kind}:data/mine"
@@ -72,7 +73,7 @@ def _load_stored(name: str, splits: tuple[str, ...]) -> list:
         stored = _read_npz(Path(path))
         parts = [_npz_split(Path(path), stored, split) for split in splits]
     else:
-        parts = [_read_folder(Path(path), split) for split in splits]
+        parts = _read_folder(Path(path), splits)
     return [_image_data(name, x, y, num_classes, clients) for x, y, num_classes, clients in parts]
 
 
@@ -215,7 +216,7 @@ def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
 # ------------------------------------------------------------------------------------ folder
 
 
-def _read_folder(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, int, None]:
+def _read_folder(root: Path, splits: tuple[str, ...]) -> list[tuple[np.ndarray, np.ndarray, int, None]]:
     where = f"data.dataset folder:{root}"
     if not (root / "train").is_dir() or not (root / "test").is_dir():
         raise DataError(f"{where}: needs {root / 'train'} and {root / 'test'}, each with one folder of images per "
@@ -223,16 +224,20 @@ def _read_folder(root: Path, split: str) -> tuple[np.ndarray, np.ndarray, int, N
     classes = sorted({p.name for s in ("train", "test") for p in (root / s).iterdir() if p.is_dir()})
     if not classes:
         raise DataError(f"{where}: no class folders under train/ and test/")
-    paths, labels = [], []
-    for label, cls in enumerate(classes):
-        folder = root / split / cls
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
-        paths += files
-        labels += [label] * len(files)
-    if not paths:
-        raise DataError(f"{where}: no images ({', '.join(IMAGE_SUFFIXES)}) under {root / split}")
+    # Both splits decode to the train split's colour mode, so a model sees one channel count.
     grayscale = _all_grayscale(sorted((root / "train").rglob("*")))
-    return _decode(paths, grayscale, where), np.asarray(labels, dtype=np.int64), len(classes), None
+    parts = []
+    for split in splits:
+        paths, labels = [], []
+        for label, cls in enumerate(classes):
+            folder = root / split / cls
+            files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES) if folder.is_dir() else []
+            paths += files
+            labels += [label] * len(files)
+        if not paths:
+            raise DataError(f"{where}: no images ({', '.join(IMAGE_SUFFIXES)}) under {root / split}")
+        parts.append((_decode(paths, grayscale, where), np.asarray(labels, dtype=np.int64), len(classes), None))
+    return parts
 
 
 def _pil():
