@@ -42,7 +42,7 @@ def client_comparison(runs: list[Path], metric: str, rounds: list[int]) -> str:
     return f"{metric} by client, rounds {rounds}: first run below at {below}, above at {above} client evaluations"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("run_dirs", nargs="+", type=Path)
     p.add_argument("--metric", default="personal_acc")
@@ -51,7 +51,7 @@ def main() -> int:
     p.add_argument("--range", nargs=2, type=int, metavar=("FIRST", "LAST"))
     p.add_argument("--loss-at", nargs="*", type=int, default=[])
     p.add_argument("--by-client", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     scale, unit = (100, " pp") if "acc" in args.metric else (1, "")
     pick = min if lower_is_better(args.metric) else max
     curves = []
@@ -66,15 +66,21 @@ def main() -> int:
             print("  at " + ", ".join(f"{r}: {acc[r]:.2f}" for r in args.at if r in acc))
         if args.window:
             window = [acc[r] for r in range(args.window[0], args.window[1] + 1) if r in acc]
+            if not window:
+                p.error(f"{run}: no evaluated round in --window {args.window[0]} {args.window[1]}")
             print(f"  mean over rounds {args.window[0]}-{args.window[1]}: {sum(window) / len(window):.2f}")
         if args.range:
             span = [acc[r] for r in range(args.range[0], args.range[1] + 1) if r in acc]
+            if not span:
+                p.error(f"{run}: no evaluated round in --range {args.range[0]} {args.range[1]}")
             print(f"  rounds {args.range[0]}-{args.range[1]}: min {min(span):.2f}, max {max(span):.2f}")
         if args.loss_at:
             loss = by_round(run, "train_loss")
             print("  train_loss at " + ", ".join(f"{r}: {loss[r]:.4f}" for r in args.loss_at if r in loss))
     if len(curves) == 2:
         shared = sorted(set(curves[0]) & set(curves[1]))
+        if not shared:
+            p.error("the two runs evaluated no round in common")
         diffs = [abs(curves[0][r] - curves[1][r]) for r in shared]
         print(f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f}{unit}, "
               f"mean {sum(diffs) / len(diffs):.2f}{unit}")

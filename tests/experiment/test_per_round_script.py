@@ -1,0 +1,73 @@
+"""benchmarks/per_round.py, the script behind the per-round and per-client figures quoted in
+benchmarks/results/: hand-made metrics.jsonl files and the figures they must give."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "per_round.py"
+
+
+@pytest.fixture(scope="module")
+def per_round():
+    spec = importlib.util.spec_from_file_location("per_round", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_run(folder: Path, rows: list[dict]) -> Path:
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    # evaluated every 5 rounds; round 12 is a training-only row
+    first = write_run(tmp_path / "a", [
+        {"round": 5, "local_kl": 2.0, "personal_acc": 0.50, "local_kl_by_client": {"0": 1.0, "1": 3.0}},
+        {"round": 10, "local_kl": 1.0, "personal_acc": 0.70, "local_kl_by_client": {"0": 0.5, "1": 1.5}},
+        {"round": 12, "train_loss": 0.3},
+        {"round": 15, "local_kl": 1.5, "personal_acc": 0.60, "local_kl_by_client": {"0": 2.0, "1": 1.0}}])
+    second = write_run(tmp_path / "b", [
+        {"round": 5, "local_kl": 2.5, "personal_acc": 0.40, "local_kl_by_client": {"0": 2.0, "1": 3.0}},
+        {"round": 10, "local_kl": 0.5, "personal_acc": 0.75, "local_kl_by_client": {"0": 1.0, "1": 1.0}},
+        {"round": 15, "local_kl": 1.0, "personal_acc": 0.65, "local_kl_by_client": {"0": 2.0, "1": 0.5}}])
+    return first, second
+
+
+def test_a_kl_is_best_lowest_and_printed_as_recorded(per_round, two_runs, capsys):
+    per_round.main([str(two_runs[0]), "--metric", "local_kl", "--at", "5", "15", "--window", "6", "15"])
+    out = capsys.readouterr().out
+    assert "3 evaluated rounds; best 1.00 (round 10)" in out
+    assert "at 5: 2.00, 15: 1.50" in out
+    assert "mean over rounds 6-15: 1.25" in out           # rounds 10 and 15 only; 12 has no local_kl
+
+
+def test_accuracy_is_best_highest_in_percent(per_round, two_runs, capsys):
+    per_round.main([str(two_runs[0]), "--range", "5", "15", "--loss-at", "12"])
+    out = capsys.readouterr().out
+    assert "best 70.00 (round 10)" in out
+    assert "rounds 5-15: min 50.00, max 70.00" in out
+    assert "train_loss at 12: 0.3000" in out
+
+
+def test_two_runs_differences_and_client_by_client(per_round, two_runs, capsys):
+    per_round.main([*map(str, two_runs), "--metric", "local_kl", "--range", "10", "15", "--by-client"])
+    out = capsys.readouterr().out
+    # |2.0-2.5|, |1.0-0.5|, |1.5-1.0|: max 0.5, mean 0.5
+    assert "|difference| over 3 shared rounds: max 0.50, mean 0.50" in out
+    # round 10: client 0 0.5 < 1.0 (below), client 1 1.5 > 1.0 (above); round 15: client 0 2.0 = 2.0
+    # (neither), client 1 1.0 > 0.5 (above)
+    assert "rounds [10, 15]: first run below at 1, above at 2 client evaluations" in out
+
+
+def test_a_window_without_evaluated_rounds_is_a_clear_error(per_round, two_runs, capsys):
+    with pytest.raises(SystemExit):
+        per_round.main([str(two_runs[0]), "--metric", "local_kl", "--window", "11", "14"])
+    assert "no evaluated round in --window 11 14" in capsys.readouterr().err
