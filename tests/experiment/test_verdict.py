@@ -45,7 +45,8 @@ def test_complete_pairs_of_a_pending_claim_decide_what_no_later_seed_can_change(
     """every_seed: one pair at or below rules "reproduced" out, and the claim stays pending while the
     rest may still decide between "not reproduced" and "inconclusive"; a pair at or below and one at or
     above make it "inconclusive" whatever the missing seeds give. best_at_seed: one loss beyond the
-    margin is "not reproduced" whatever the other seeds give. Pairs above alone decide nothing early."""
+    margin is "not reproduced" whatever the other seeds give, and one within the margin rules "reproduced"
+    out. Pairs above (by the margin) alone decide nothing early."""
     v = Verdict("a > b", "every_seed", "a", ("b",), (0, 1, 2))
     outcome, detail = decide(v, values({("a", 0): 0.6, ("b", 0): 0.7, ("a", 2): 0.5}))
     assert outcome == "pending" and detail == "needs a_s1, b_s1, b_s2; reproduced is already ruled out by b s0: -10.00"
@@ -60,7 +61,11 @@ def test_complete_pairs_of_a_pending_claim_decide_what_no_later_seed_can_change(
     outcome, detail = decide(best, values({("a", 0): 0.80, ("b", 0): 0.815, ("c", 0): 0.70}))
     assert outcome == "not reproduced"
     assert detail == "b s0: -1.50, c s0: +10.00 (decided before a_s1, b_s1, c_s1 ran)"
+    # within the margin at one seed: "reproduced" is out, "tie" and "not reproduced" are still open
     outcome, detail = decide(best, values({("a", 0): 0.80, ("b", 0): 0.805, ("c", 0): 0.70}))
+    assert outcome == "pending" and detail == ("needs a_s1, b_s1, c_s1; reproduced is already ruled out by b s0: -0.50 "
+                                               "(within the 1-point margin), so the outcome is tie or not reproduced")
+    outcome, detail = decide(best, values({("a", 0): 0.80, ("b", 0): 0.785, ("c", 0): 0.70}))
     assert outcome == "pending" and detail == "needs a_s1, b_s1, c_s1"
 
 

@@ -22,7 +22,8 @@ methods is a pair):
   every seed, "not reproduced" when some ``than`` is above it by more than ``margin``, else "tie".
 
 A claim whose runs are not all complete is "pending", with the runs it still needs and, where the
-complete pairs already rule "reproduced" out, the pairs that do. What no later seed can change is
+complete pairs already rule "reproduced" out, the pairs that do (for ``best_at_seed``, a pair within
+the margin: the claim can then only end "tie" or "not reproduced"). What no later seed can change is
 decided at once: ``every_seed`` is "inconclusive" as soon as one complete pair is at or below and
 one at or above (neither direction can hold at every seed any more), and ``best_at_seed`` is "not
 reproduced" as soon as one complete pair says so. One whose
@@ -138,6 +139,10 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
             return "inconclusive", decided                # neither "every seed above" nor "below" can hold
         if against:                                       # every_seed: not all above any more
             return "pending", f"{missing}; reproduced is already ruled out by {', '.join(against)}"
+        ties = [f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items() if d <= verdict.margin]
+        if verdict.rule == "best_at_seed" and ties:       # not above by the margin: at best a tie now
+            return "pending", (f"{missing}; reproduced is already ruled out by {', '.join(ties)} (within the "
+                               f"{100 * verdict.margin:g}-point margin), so the outcome is tie or not reproduced")
         return "pending", missing
     if verdict.rule == "every_seed":
         if all(d > 0 for d in diffs.values()):
