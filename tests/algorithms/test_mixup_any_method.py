@@ -15,6 +15,7 @@ from helpers import build_loop, config, runtime
 from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fednh import CosineCrossEntropy
+from fedhet.algorithms.fedper import FedPer
 from fedhet.core.contract import Batch, Forward, Message
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.build import make_algorithm
@@ -165,11 +166,21 @@ class SkipsTrainOptions(FedAvg):
         return client.train(weights, [CrossEntropy()])
 
 
-def test_a_method_of_ones_own_that_drops_train_options_is_refused_not_run_without_mixup(small_config):
+class PersonalSkipsTrainOptions(FedPer):
+    """The same on FedPer, whose client_update (body up, head kept) is its own."""
+
+    name = "personal_skips_train_options"
+
+    def local_training(self, weights, msg, state, client):
+        return client.train(weights, [CrossEntropy()])
+
+
+@pytest.mark.parametrize("method", [SkipsTrainOptions, PersonalSkipsTrainOptions])
+def test_a_method_of_ones_own_that_drops_train_options_is_refused_not_run_without_mixup(small_config, method):
     cfg = config(small_config, "fedavg")
     loop = build_loop(cfg)
-    algorithm = SkipsTrainOptions(SkipsTrainOptions.Params(mixup=True))
-    with pytest.raises(ValueError, match="skips_train_options's local training does not pass its train_options"):
+    algorithm = method(method.Params(mixup=True))
+    with pytest.raises(ValueError, match=f"{method.name}'s local training does not pass its train_options"):
         algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
 
 

@@ -101,13 +101,19 @@ class FedAvg(Algorithm):
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         weights = self.with_local_buffers(msg.arrays["model"], state, client)
         result = self.local_training(weights, msg, state, client)
-        if self.params.mixup and not client.trained_with_mixup and result.steps:
-            raise ValueError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
-                             "to client.train, so it would run without mixup; turn mixup off for this method")
+        self.refuse_training_without_mixup(result, client)
         state = self.after_training(result, msg, state, client)
         reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, state, client)},
                              **self.upload_scalars(result, msg, state, client))
         return reply, state
+
+    def refuse_training_without_mixup(self, result: LocalResult, client: ClientRuntime) -> None:
+        """Raise when ``mixup`` is on but the local training just run never passed ``train_options``
+        to ``client.train`` (a method of one's own that builds its own call): it would have trained
+        without mixup. A ``client_update`` of one's own calls this after its local training."""
+        if self.params.mixup and not client.trained_with_mixup and result.steps:
+            raise ValueError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
+                             "to client.train, so it would run without mixup; turn mixup off for this method")
 
     def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
         """One round's local training: E epochs of SGD on all parameters (FedRep, FedPAC and

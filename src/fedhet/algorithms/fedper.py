@@ -153,6 +153,7 @@ class FedPer(FedAvg):
         msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
         weights = self.with_local_buffers(start, state, client)
         result = self.local_training(weights, msg, state, client)
+        self.refuse_training_without_mixup(result, client)
         state = self.after_training(result, msg, state, client)
         reply = update_reply(result, client, {"model": select(result.weights, BODY),
                                               **self.uploads(result, msg, state, client)})
