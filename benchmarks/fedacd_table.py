@@ -145,13 +145,13 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
     return 0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--sweep", metavar="BETA", help="the folder is one beta's fedhet sweep (tags <method>_s<seed>)")
     p.add_argument("--name", help="with --sweep: the result files' name, fedacd_fmnist_<name>.{md,json,png}")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if a.sweep and not a.name:
         p.error("--sweep needs --name")
     completed, unfinished = read_run_folder(a.folder)
