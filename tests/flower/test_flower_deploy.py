@@ -26,7 +26,8 @@ from helpers import assert_identical  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
 from fedhet.flower import FlowerMissingError  # noqa: E402
-from fedhet.flower.deploy import DeploymentError, make_node_key, run_loopback  # noqa: E402
+from fedhet.flower.credentials import make_node_key  # noqa: E402
+from fedhet.flower.deploy import DeploymentError, run_loopback  # noqa: E402
 from fedhet.flower.engine import load_server_state  # noqa: E402
 
 try:
