@@ -4,6 +4,8 @@ them, round contexts, and exact / tolerant comparison of nested states."""
 from __future__ import annotations
 
 import copy
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -358,3 +360,12 @@ def _float_pairs(a, b, where: str):
     elif isinstance(a, (list, tuple)):
         for i, (x, y) in enumerate(zip(a, b)):
             yield from _float_pairs(x, y, f"{where}[{i}]")
+
+
+def benchmark_script(name: str):
+    """The module of ``benchmarks/<name>.py`` (a script, not a package), for testing the figures it prints."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -3,22 +3,18 @@ figures: hand-made run folders and the figures they must give."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from helpers import benchmark_script
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fedacd_table.py"
 MACHINE = {"processor": "x86_64", "cpu_model": "Test CPU", "cpus": 2, "torch": "2.x"}
 
 
 @pytest.fixture(scope="module")
 def fedacd_table():
-    spec = importlib.util.spec_from_file_location("fedacd_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("fedacd_table")
 
 
 def write_run(folder: Path, seed: int, rows: list[dict], seconds: float = 10.0) -> None:

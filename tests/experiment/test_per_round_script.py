@@ -3,21 +3,16 @@ benchmarks/results/: hand-made metrics.jsonl files and the figures they must giv
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "per_round.py"
+from helpers import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def per_round():
-    spec = importlib.util.spec_from_file_location("per_round", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("per_round")
 
 
 def write_run(folder: Path, rows: list[dict]) -> Path:
