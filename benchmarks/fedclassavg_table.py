@@ -33,14 +33,14 @@ METHODS = {"local": "Local", "local_noaug": "Local", "fedproto": "FedProto", "kt
            "fedclassavg": "FedClassAvg (CA+PR+CL)"}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("sweep", type=Path)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     p.add_argument("--runs", type=Path, help="the sweep's output folder, if not the file's out (e.g. one a GPU call returned)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="the --set values the sweep ran with (they name its run folders), e.g. run.device=cuda")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     sweep = load_sweep(a.sweep, out=a.runs, extra_set=a.set)
 
     rows, curves, missing = [], {}, []
@@ -60,7 +60,7 @@ def main() -> int:
         losses = [(r["personal_loss"], r["round"], r["personal_acc"]) for r in evaluated if r.get("personal_loss") is not None]
         at_min_loss = min(losses) if losses else None
         rows.append({"partition": part, "method": method, "augmented": augmented, "seed": job.seed,
-                     "rounds": len(evaluated), "completed": completed, "final": acc["final"],
+                     "rounds": evaluated[-1]["round"], "completed": completed, "final": acc["final"],
                      "window": window, "best": acc["best"], "best_round": acc["best_round"],
                      "at_min_loss": at_min_loss[2] if at_min_loss else None,
                      "min_loss_round": at_min_loss[1] if at_min_loss else None,
@@ -72,7 +72,11 @@ def main() -> int:
         curves.setdefault(label, []).append([(r["round"], r["personal_acc"]) for r in evaluated])
     if not rows:
         raise SystemExit(f"no evaluated runs of {a.sweep} under {sweep.out}")
-    common = min(r["rounds"] for r in rows)      # every run has reached this round: like for like
+    # like for like: the last round that every run below evaluated (runs may stop early or evaluate every k rounds)
+    shared = set.intersection(*(set(r["by_round"]) for r in rows))
+    if not shared:
+        raise SystemExit("the runs evaluated no round in common, so no column compares them at one round")
+    common = max(shared)
 
     lines = ["# FedClassAvg reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", f"fedhet sweep {a.sweep}", f"python benchmarks/fedclassavg_table.py {a.sweep}",
@@ -80,7 +84,7 @@ def main() -> int:
              "personal_acc = mean over the 20 clients of each client's current model on its own local test set "
              f"(final: mean over the last {rows[0]['window']} evaluated rounds; best: max over rounds, at the round "
              "given; at min loss: at the round of the lowest personal_loss, the authors' rule; "
-             f"@{common}: at round {common}, which every run below reached); ± clients = std over clients at the "
+             f"@{common}: at round {common}, the last that every run below evaluated); ± clients = std over clients at the "
              "last round. A run stopped before its last round is marked with the rounds it ran. Paper: Table 2 / "
              "Table 4 (Fashion-MNIST), chosen by the authors' minimum mean local test loss over up to 1,000 rounds; "
              "its ± is the std over clients.", "",
