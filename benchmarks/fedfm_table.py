@@ -4,7 +4,8 @@
 
 Per partition and method (mean +- sample std over seeds; one seed: no std): the test accuracy
 at the best-validation round (the paper's rule, ``summary.json`` ``model_selection``), the
-final (mean of the last 5 rounds) and best test accuracy, the communication of the whole run
+final (the summary's: mean over the run's last ``eval.final_window`` evaluations) and best test
+accuracy, the communication of the whole run
 (floats up + down, relative to FedAvg's), and with ``--features`` the feature-space NMI and
 silhouette of the final global model (``fedhet features``, seed-0 runs; computed if missing).
 Writes ``benchmarks/results/fedfm_fmnist_<tag>.{md,json}`` and a curve plot.
@@ -44,12 +45,12 @@ def features_of(run: Path) -> dict | None:
     return features_report(run, plot=run.name.startswith("niid1_") and run.name.endswith("_s0"))
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--features", action="store_true", help="also the feature-space metrics (t-SNE for niid1 s0)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    a = p.parse_args()
+    a = p.parse_args(argv)
 
     completed, failed = read_run_folder(a.folder)
     if not completed:
@@ -83,7 +84,8 @@ def main() -> int:
                 f = features_of(seed0)
                 row.update(nmi=f["feature_nmi"], silhouette=f["feature_silhouette"])
             rows.append(row)
-            curves[f"{part} {LABELS[method]}"] = [[(r["round"], r["global_acc"]) for r in read_metrics(d)] for d in dirs]
+            curves[f"{part} {LABELS[method]}"] = [[(r["round"], r["global_acc"]) for r in read_metrics(d)
+                                                   if r.get("global_acc") is not None] for d in dirs]
 
     lines = ["# FedFM reduced reproduction, Fashion-MNIST", "",
              "Command:", "", "```bash", "bash benchmarks/fedfm_fmnist.sh",
