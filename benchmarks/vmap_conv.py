@@ -21,7 +21,7 @@ weights after one step from the native variant's.
 On the CPU it runs the same code eagerly (a dry run: no graphs, no timing worth quoting).
 
 Every variant runs with TF32 off (``strict_fp32``), as the engine trains in fp32. Measured on an
-H200 before that was so (benchmarks/results/gpu_h200_2026-11-27_session3/, cuDNN free to use TF32):
+H200 before that was so (benchmarks/results/gpu_h200_2026-11-27b/, cuDNN free to use TF32):
 the grouped convolutions were the fastest of the four (cnn2, 10 clients x 32: 1.15 ms a step;
 matmul 6.27 ms; cudnn.benchmark changed nothing); whole FedCME runs in the engine's strict fp32 were
 2.4x slower a round with matmul, so the vectorized engine keeps ``F.conv2d``."""

@@ -262,7 +262,7 @@ class RunConfig(Strict):
     # of clients) train in the buffers of the first and replay its graphs instead of capturing their
     # own (fedhet.engine.vectorized), which spares each later group its eager warm-up and captures;
     # benchmarks/device_runs.py's fedcme_keep_graphs run measures it off and on
-    # (benchmarks/results/gpu_h200_2026-11-27_session4/README.md).
+    # (benchmarks/results/gpu_h200_2026-11-27c/README.md).
     keep_graphs: bool = True
     # Where clients' persistent state (SCAFFOLD's controls, MOON's previous models, kept momentum,
     # personal models) lives between rounds on a device run: "cpu" (host memory; moved to the
