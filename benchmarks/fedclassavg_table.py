@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         losses = [(r["personal_loss"], r["round"], r["personal_acc"]) for r in evaluated if r.get("personal_loss") is not None]
         at_min_loss = min(losses) if losses else None
         rows.append({"partition": part, "method": method, "augmented": augmented, "seed": job.seed,
-                     "rounds": evaluated[-1]["round"], "completed": completed, "final": acc["final"],
+                     "rounds": metrics[-1]["round"], "completed": completed, "final": acc["final"],
                      "window": window, "best": acc["best"], "best_round": acc["best_round"],
                      "at_min_loss": at_min_loss[2] if at_min_loss else None,
                      "min_loss_round": at_min_loss[1] if at_min_loss else None,

@@ -103,20 +103,22 @@ def test_fedrod_personal_head_learns_on_top_of_the_detached_generic_logits():
 
 
 def test_fedrod_personal_head_steps_are_plain_sgd_over_the_shuffled_batches_in_order():
-    """Two SGD steps by hand: batch 1 = the first two positions of the epoch's permutation, then the
-    rest; the gradient of the batch-mean CE of ``W h + b + generic`` is ``(softmax - onehot)^T h / 2``."""
+    """Four SGD steps by hand, two epochs of two batches: batch 1 = the first two positions of the
+    epoch's own permutation, then the rest; the gradient of the batch-mean CE of ``W h + b + generic``
+    is ``(softmax - onehot)^T h / 2``."""
     h = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [-1.0, 0.5]], dtype=torch.float64)
     generic = torch.tensor([[0.5, 0.0], [0.0, 0.2], [0.1, 0.1], [0.0, 0.0]], dtype=torch.float64)
     y = torch.tensor([0, 1, 1, 0])
     head = {"w": torch.zeros(2, 2, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
-    order = torch.randperm(4, generator=torch.Generator().manual_seed(3))
     w, b = head["w"].clone(), head["b"].clone()
-    for batch in (order[:2], order[2:]):
-        p = torch.softmax(h[batch] @ w.T + b + generic[batch], dim=1)
-        delta = (p - F.one_hot(y[batch], 2).double()) / 2
-        w, b = w - 0.3 * delta.T @ h[batch], b - 0.3 * delta.sum(0)
-    new = train_personal_head(h, generic, y, head, "w", "b", epochs=1, batch_size=2, lr=0.3,
-                              generator_of_epoch=lambda e: torch.Generator().manual_seed(3))
+    for epoch in range(2):
+        order = torch.randperm(4, generator=torch.Generator().manual_seed(3 + epoch))
+        for batch in (order[:2], order[2:]):
+            p = torch.softmax(h[batch] @ w.T + b + generic[batch], dim=1)
+            delta = (p - F.one_hot(y[batch], 2).double()) / 2
+            w, b = w - 0.3 * delta.T @ h[batch], b - 0.3 * delta.sum(0)
+    new = train_personal_head(h, generic, y, head, "w", "b", epochs=2, batch_size=2, lr=0.3,
+                              generator_of_epoch=lambda e: torch.Generator().manual_seed(3 + e))
     torch.testing.assert_close(new["w"], w)
     torch.testing.assert_close(new["b"], b)
 

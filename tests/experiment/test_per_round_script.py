@@ -32,7 +32,7 @@ def two_runs(tmp_path):
     second = write_run(tmp_path / "b", [
         {"round": 5, "local_kl": 2.5, "personal_acc": 0.40, "local_kl_by_client": {"0": 2.0, "1": 3.0}},
         {"round": 10, "local_kl": 0.5, "personal_acc": 0.75, "local_kl_by_client": {"0": 1.0, "1": 1.0}},
-        {"round": 15, "local_kl": 1.0, "personal_acc": 0.65, "local_kl_by_client": {"0": 2.0, "1": 0.5}}])
+        {"round": 15, "local_kl": 1.3, "personal_acc": 0.65, "local_kl_by_client": {"0": 2.0, "1": 0.5}}])
     return first, second
 
 
@@ -55,14 +55,23 @@ def test_accuracy_is_best_highest_in_percent(per_round, two_runs, capsys):
 def test_two_runs_differences_and_client_by_client(per_round, two_runs, capsys):
     per_round.main([*map(str, two_runs), "--metric", "local_kl", "--range", "10", "15", "--by-client"])
     out = capsys.readouterr().out
-    # |2.0-2.5|, |1.0-0.5|, |1.5-1.0|: max 0.5, mean 0.5
-    assert "|difference| over 3 shared rounds: max 0.50, mean 0.50" in out
+    # |2.0-2.5|, |1.0-0.5|, |1.5-1.3|: max 0.5, mean 0.4
+    assert "|difference| over 3 shared rounds: max 0.50, mean 0.40" in out
     # round 10: client 0 0.5 < 1.0 (below), client 1 1.5 > 1.0 (above); round 15: client 0 2.0 = 2.0
     # (neither), client 1 1.0 > 0.5 (above)
     assert "rounds [10, 15]: first run below at 1, above at 2 client evaluations" in out
 
 
-def test_a_window_without_evaluated_rounds_is_a_clear_error(per_round, two_runs, capsys):
+@pytest.mark.parametrize(("span", "message"), [(["--window", "11", "14"], "no evaluated round in --window 11 14"),
+                                               (["--range", "16", "20"], "no evaluated round in --range 16 20")])
+def test_a_window_or_range_without_evaluated_rounds_is_a_clear_error(per_round, two_runs, capsys, span, message):
     with pytest.raises(SystemExit):
-        per_round.main([str(two_runs[0]), "--metric", "local_kl", "--window", "11", "14"])
-    assert "no evaluated round in --window 11 14" in capsys.readouterr().err
+        per_round.main([str(two_runs[0]), "--metric", "local_kl", *span])
+    assert message in capsys.readouterr().err
+
+
+def test_two_runs_without_a_round_in_common_are_a_clear_error(per_round, two_runs, tmp_path, capsys):
+    later = write_run(tmp_path / "later", [{"round": 20, "local_kl": 1.0}])
+    with pytest.raises(SystemExit):
+        per_round.main([str(two_runs[0]), str(later), "--metric", "local_kl"])
+    assert "the two runs evaluated no round in common" in capsys.readouterr().err

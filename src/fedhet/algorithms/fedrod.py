@@ -54,9 +54,11 @@ def train_personal_head(features: torch.Tensor, generic_logits: torch.Tensor, y:
     params = [w] + ([b] if b is not None else [])
     for e in range(epochs):
         batches = epoch_batches(len(y), batch_size, False, generator_of_epoch(e))
+        if not batches:
+            break
         # The positions go to the features' device in one copy an epoch, not one a batch: on a GPU each
         # indexing by CPU positions is its own small copy and wait.
-        on_device = torch.cat(batches).to(features.device).split([len(b) for b in batches])
+        on_device = torch.cat(batches).to(features.device).split([len(batch) for batch in batches])
         for positions in on_device:
             logits = F.linear(features[positions], w, b) + generic_logits[positions]
             grads = torch.autograd.grad(F.cross_entropy(logits, y[positions]), params)

@@ -32,7 +32,7 @@ from fedhet.core.plugins import describe, is_import_path, load_object
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 PREFIXES = ("npz:", "folder:")
-Split = tuple[np.ndarray, np.ndarray, int, np.ndarray | None]     # images, labels, class count, client of each
+StoredSplit = tuple[np.ndarray, np.ndarray, int, np.ndarray | None]    # images, labels, class count, client of each
 
 
 def is_user_dataset(name: str) -> bool:
@@ -166,7 +166,7 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _npz_split(path: Path, arrays: dict[str, np.ndarray], split: str) -> Split:
+def _npz_split(path: Path, arrays: dict[str, np.ndarray], split: str) -> StoredSplit:
     where = f"data.dataset npz:{path}"
     x = _images(arrays[f"x_{split}"], f"{where}: x_{split}")
     y = _labels(arrays[f"y_{split}"], len(x), f"{where}: y_{split}")
@@ -216,7 +216,7 @@ def _labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
 # ------------------------------------------------------------------------------------ folder
 
 
-def _read_folder(root: Path, splits: tuple[str, ...]) -> list[Split]:
+def _read_folder(root: Path, splits: tuple[str, ...]) -> list[StoredSplit]:
     where = f"data.dataset folder:{root}"
     if not (root / "train").is_dir() or not (root / "test").is_dir():
         raise DataError(f"{where}: needs {root / 'train'} and {root / 'test'}, each with one folder of images per "
@@ -226,7 +226,7 @@ def _read_folder(root: Path, splits: tuple[str, ...]) -> list[Split]:
         raise DataError(f"{where}: no class folders under train/ and test/")
     # Both splits decode to the train split's colour mode, so a model sees one channel count.
     grayscale = _all_grayscale(sorted((root / "train").rglob("*")))
-    parts: list[Split] = []
+    parts: list[StoredSplit] = []
     for split in splits:
         paths, labels = [], []
         for label, cls in enumerate(classes):

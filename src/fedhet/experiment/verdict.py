@@ -127,21 +127,24 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
     known = {key: float(v) for key, v in found.items() if v is not None}
     diffs = {(t, s): known[verdict.better, s] - known[t, s] for t in verdict.than for s in verdict.seeds
              if (verdict.better, s) in known and (t, s) in known}
-    detail = ", ".join(f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items())
+
+    def pairs(keep: Callable[[float], bool] = lambda d: True) -> str:
+        return ", ".join(f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items() if keep(d))
+
+    detail = pairs()
     if needed:
         missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
-        against = [f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items()
-                   if d < -verdict.margin or (verdict.rule == "every_seed" and d <= 0)]
+        against = pairs(lambda d: d < -verdict.margin or (verdict.rule == "every_seed" and d <= 0))
         decided = f"{detail} (decided before {missing.removeprefix('needs ')} ran)"
         if verdict.rule == "best_at_seed" and against:    # no later seed can undo a loss beyond the margin
             return "not reproduced", decided
         if verdict.rule == "every_seed" and against and any(d >= 0 for d in diffs.values()):
             return "inconclusive", decided                # neither "every seed above" nor "below" can hold
         if against:                                       # every_seed: not all above any more
-            return "pending", f"{missing}; reproduced is already ruled out by {', '.join(against)}"
-        ties = [f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items() if d <= verdict.margin]
+            return "pending", f"{missing}; reproduced is already ruled out by {against}"
+        ties = pairs(lambda d: d <= verdict.margin)
         if verdict.rule == "best_at_seed" and ties:       # not above by the margin: at best a tie now
-            return "pending", (f"{missing}; reproduced is already ruled out by {', '.join(ties)} (within the "
+            return "pending", (f"{missing}; reproduced is already ruled out by {ties} (within the "
                                f"{100 * verdict.margin:g}-point margin), so the outcome is tie or not reproduced")
         return "pending", missing
     if verdict.rule == "every_seed":

@@ -6,7 +6,9 @@
   run config, loads its own partition from local data and runs ``algorithm.client_update``,
   keeping client state in ``context.state``;
 * :mod:`fedhet.flower.deploy` - the one-machine loopback deployment behind
-  ``fedhet flower run`` and the app directory ``flwr run`` needs.
+  ``fedhet flower run`` and the app directory ``flwr run`` needs;
+* :mod:`fedhet.flower.credentials` - a TLS certificate authority and server certificate, and the
+  key pairs of SuperNode authentication.
 
 Flower is an optional dependency (``pip install -e .[flower]``); importing the apps without
 it raises a :class:`fedhet.core.errors.FedhetError` that says so.

@@ -12,10 +12,8 @@ from pathlib import Path
 
 def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = ("127.0.0.1", "localhost"),
                       days: int = 30) -> dict[str, Path]:
-    """A self-signed CA and a server certificate for ``hosts`` (IPs or DNS names), with the
-    ``cryptography`` package flwr depends on. Returns paths ``ca``, ``cert``, ``key``.
-
-    For a real deployment use certificates from your own CA; this is for loopback and tests."""
+    """A self-signed CA and a server certificate for ``hosts`` (IPs or DNS names). Returns paths
+    ``ca``, ``cert``, ``key``."""
     import ipaddress
 
     from cryptography import x509
@@ -57,6 +55,7 @@ def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = ("127.0.0.1"
 
 
 def public_key_path(private_key: Path) -> Path:
+    """Where :func:`make_node_key` writes the public key of ``private_key``: beside it, ``.pub`` added."""
     return private_key.parent / f"{private_key.name}.pub"
 
 
