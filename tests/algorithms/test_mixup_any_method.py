@@ -167,7 +167,7 @@ class SkipsTrainOptions(FedAvg):
 
 
 class PersonalSkipsTrainOptions(FedPer):
-    """The same on FedPer, whose client_update (body up, head kept) is its own."""
+    """The same on FedPer, which starts from its own head and sends back only the body."""
 
     name = "personal_skips_train_options"
 

@@ -4,11 +4,12 @@ Every other generic method in fedhet is a delta from this class, made by overrid
 
   server:  ``train_message`` (what each client receives), ``aggregate`` (the server rule),
            or ``round`` itself for extra phases;
-  client:  ``local_training`` (how the round's epochs run), ``data_terms`` (the supervised
-           term, cross-entropy by default), ``local_terms``
-           (regularisers added to it), ``train_options`` (frozen
-           parameters, kept optimizer state, augmentation), ``after_training`` (new client
-           state), ``uploads`` (extra tensors sent back), ``upload_scalars`` (extra numbers).
+  client:  ``start_weights`` (what training starts from), ``local_training`` (how the round's
+           epochs run), ``data_terms`` (the supervised term, cross-entropy by default),
+           ``local_terms`` (regularisers added to it), ``train_options`` (frozen parameters,
+           kept optimizer state, augmentation), ``after_training`` (new client state),
+           ``uploaded_model`` (what of the model is sent back), ``uploads`` (extra tensors sent
+           back), ``upload_scalars`` (extra numbers).
 
 Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+scaffold``: see
 :func:`fedhet.algorithms.compose`). A method that wraps ``client_update`` acts on ``"train"``
@@ -99,13 +100,27 @@ class FedAvg(Algorithm):
 
     # --- client ---------------------------------------------------------------------------
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
-        weights = self.with_local_buffers(msg.arrays["model"], state, client)
+        start = self.start_weights(msg, state, client)
+        if start is not msg.arrays["model"]:
+            # the hooks below (local terms of a combined method, uploads) see the model training starts from
+            msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
+        weights = self.with_local_buffers(start, state, client)
         result = self.local_training(weights, msg, state, client)
         self.refuse_training_without_mixup(result, client)
         state = self.after_training(result, msg, state, client)
-        reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, state, client)},
+        reply = update_reply(result, client, {"model": self.uploaded_model(result.weights),
+                                              **self.uploads(result, msg, state, client)},
                              **self.upload_scalars(result, msg, state, client))
         return reply, state
+
+    def start_weights(self, msg: Message, state: State | None, client: ClientRuntime) -> Arrays:
+        """The weights local training starts from: the received model (FedPer: the received body
+        with the client's own head)."""
+        return msg.arrays["model"]
+
+    def uploaded_model(self, weights: Arrays) -> Arrays:
+        """What of the trained model goes back as ``"model"``: all of it (FedPer: the body)."""
+        return weights
 
     def refuse_training_without_mixup(self, result: LocalResult, client: ClientRuntime) -> None:
         """Raise when ``mixup`` is on but the local training just run never passed ``train_options``

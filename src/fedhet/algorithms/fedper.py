@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -147,17 +146,8 @@ class FedPer(FedAvg):
             head = select(client.init_weights(), HEAD)
         return {**head, **select(msg.arrays["model"], BODY)}
 
-    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
-        start = self.start_weights(msg, state, client)
-        # Hooks (local terms of a combined method, uploads) see the model the client starts from.
-        msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
-        weights = self.with_local_buffers(start, state, client)
-        result = self.local_training(weights, msg, state, client)
-        self.refuse_training_without_mixup(result, client)
-        state = self.after_training(result, msg, state, client)
-        reply = update_reply(result, client, {"model": select(result.weights, BODY),
-                                              **self.uploads(result, msg, state, client)})
-        return reply, state
+    def uploaded_model(self, weights: Arrays) -> Arrays:
+        return select(weights, BODY)
 
     def after_training(self, result: LocalResult, msg: Message, state: State | None,
                        client: ClientRuntime) -> State | None:
