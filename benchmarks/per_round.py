@@ -20,17 +20,17 @@ from pathlib import Path
 from fedhet.experiment.rundir import read_metrics
 
 
-def by_round(run_dir: Path, key: str) -> dict[int, float]:
-    return {row["round"]: row[key] for row in read_metrics(run_dir) if key in row}
+def by_round(rows: list[dict], key: str) -> dict[int, float]:
+    return {row["round"]: row[key] for row in rows if key in row}
 
 
 def lower_is_better(metric: str) -> bool:
     return any(word in metric for word in ("loss", "kl", "risk"))
 
 
-def client_comparison(runs: list[Path], metric: str, rounds: list[int]) -> str:
+def client_comparison(rows_of_runs: list[list[dict]], metric: str, rounds: list[int]) -> str:
     """How often the first run's per-client value is below the second's, over ``rounds``."""
-    first, second = (by_round(run, f"{metric}_by_client") for run in runs)
+    first, second = (by_round(rows, f"{metric}_by_client") for rows in rows_of_runs)
     below = above = 0
     for r in rounds:
         for cid, value in first.get(r, {}).items():
@@ -54,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     scale, unit = (100, " pp") if "acc" in args.metric else (1, "")
     pick = min if lower_is_better(args.metric) else max
+    rows_of_runs = [read_metrics(run) for run in args.run_dirs]     # each file read once
     curves = []
-    for run in args.run_dirs:
-        acc = {r: scale * v for r, v in by_round(run, args.metric).items()}
+    for run, rows in zip(args.run_dirs, rows_of_runs):
+        acc = {r: scale * v for r, v in by_round(rows, args.metric).items()}
         if not acc:
             p.error(f"{run}: no {args.metric} in its metrics.jsonl")
         curves.append(acc)
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 p.error(f"{run}: no evaluated round in --range {args.range[0]} {args.range[1]}")
             print(f"  rounds {args.range[0]}-{args.range[1]}: min {min(span):.2f}, max {max(span):.2f}")
         if args.loss_at:
-            loss = by_round(run, "train_loss")
+            loss = by_round(rows, "train_loss")
             print("  train_loss at " + ", ".join(f"{r}: {loss[r]:.4f}" for r in args.loss_at if r in loss))
     if len(curves) == 2:
         shared = sorted(set(curves[0]) & set(curves[1]))
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
               f"mean {sum(diffs) / len(diffs):.2f}{unit}")
         if args.by_client:
             span = [r for r in shared if not args.range or args.range[0] <= r <= args.range[1]]
-            print(client_comparison(args.run_dirs, args.metric, span))
+            print(client_comparison(rows_of_runs, args.metric, span))
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 from pathlib import Path
 
 import numpy as np
@@ -369,3 +370,9 @@ def benchmark_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def write_metrics(folder: Path, rows: list[dict]) -> None:
+    """A run folder's metrics.jsonl holding ``rows``, one JSON object a line (as a run writes it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

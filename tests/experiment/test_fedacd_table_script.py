@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import benchmark_script
+from helpers import benchmark_script, write_metrics
 
 MACHINE = {"processor": "x86_64", "cpu_model": "Test CPU", "cpus": 2, "torch": "2.x"}
 
@@ -18,8 +18,7 @@ def fedacd_table():
 
 
 def write_run(folder: Path, seed: int, rows: list[dict], seconds: float = 10.0) -> None:
-    folder.mkdir(parents=True)
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_metrics(folder, rows)
     summary = {"name": folder.name, "status": "completed", "seed": seed, "rounds_completed": rows[-1]["round"],
                "metrics": {}, "seconds_per_round_median": seconds, "machine": MACHINE, "device": "cpu",
                "engine": {"engine": "reference"}}

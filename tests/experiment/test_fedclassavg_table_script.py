@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from helpers import benchmark_script
+from helpers import benchmark_script, write_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = ROOT / "benchmarks" / "fedclassavg_fmnist_tiny.sweep.yaml"
@@ -25,7 +25,7 @@ def write_run(runs: Path, name: str, accs: dict[int, float], losses: dict[int, f
         if rnd in accs:
             row.update(personal_acc=accs[rnd], personal_acc_std=0.05, personal_loss=losses[rnd])
         rows.append(row)
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_metrics(folder, rows)
     if completed:
         summary = {"name": name, "status": "completed", "metrics": {}, "rounds_completed": rounds,
                    "machine": {"processor": "x86_64", "cpus": 2, "torch": "2.x"}}

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import benchmark_script
+from helpers import benchmark_script, write_metrics
 
 
 def write_run(runs: Path, name: str, seed: int, selected: float, final: float, floats: tuple[int, int]) -> None:
@@ -16,7 +16,7 @@ def write_run(runs: Path, name: str, seed: int, selected: float, final: float, f
     (folder / "config.yaml").write_text(f"name: {name}\n")
     rows = [{"round": 1, "train_loss": 1.0}, {"round": 2, "global_acc": final - 0.1},
             {"round": 3, "train_loss": 0.5}, {"round": 4, "global_acc": final}]
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_metrics(folder, rows)
     summary = {"name": name, "status": "completed", "seed": seed, "seconds_per_round_median": 3.0,
                "communication": {"up": {"floats": floats[0]}, "down": {"floats": floats[1]}},
                "model_selection": {"value": selected, "round": 2},

@@ -3,11 +3,10 @@ benchmarks/results/: hand-made metrics.jsonl files and the figures they must giv
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from helpers import benchmark_script
+from helpers import benchmark_script, write_metrics
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +15,7 @@ def per_round():
 
 
 def write_run(folder: Path, rows: list[dict]) -> Path:
-    folder.mkdir()
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_metrics(folder, rows)
     return folder
 
 

@@ -8,6 +8,7 @@ import shutil
 import tarfile
 
 import pytest
+from helpers import write_metrics
 from test_sweep import write_sweep
 
 from fedhet.cli import main as cli_main
@@ -88,7 +89,7 @@ def test_a_verdict_is_checked_when_the_sweep_file_is_read():
 def test_value_at_the_round_where_another_metric_is_lowest(tmp_path):
     rows = [{"round": 1, "personal_loss": 0.9, "personal_acc": 0.5}, {"round": 2, "personal_loss": 0.4, "personal_acc": 0.7},
             {"round": 3, "personal_loss": 0.4, "personal_acc": 0.9}, {"round": 4, "personal_acc": 0.95}]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_metrics(tmp_path, rows)
     summary = {"metrics": {"personal_acc": {"final": 0.92, "best": 0.95}}}
     assert run_value(tmp_path, summary, "personal_acc", "lowest:personal_loss") == 0.7    # the first lowest round
     assert run_value(tmp_path, summary, "personal_acc", "final") == 0.92
