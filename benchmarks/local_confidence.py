@@ -150,13 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value of every run, e.g. data.pool_fraction=0.1 (repeatable)")
     ap.add_argument("--compare", nargs=2, metavar=("BASELINE", "METHOD"), default=None,
-                    help="the two methods the rule compares (default: the first two runs: a run folder's name, a config file's config name)")
+                    help="the two runs the rule compares (default: the first two; a run folder goes by its "
+                    "folder's name, a config file by its config's name)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the result files")
     ap.add_argument("--name", default="local_confidence", help="the result files' name")
     args = ap.parse_args(argv)
     if args.start_rounds < 0:
         ap.error("--start-rounds must be 0 or more")
     torch.set_num_threads(1)
+    machine = machine_info()          # the commit the measurement starts from
     # runs recorded on a GPU measure here on whatever this machine has (--set run.device=... to choose)
     configs = [load_run_config(r, ["run.device=auto", *args.overrides]) for r in args.runs]
     # a run folder is named by its folder (fedavg_s0), a config file by its config's name
@@ -190,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hypothesis ({method} keeps mass on absent classes): {rule}")
 
     command = " ".join(["python", "benchmarks/local_confidence.py", *(argv if argv is not None else sys.argv[1:])])
-    record = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine_info(),
+    record = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine,
               "start_rounds": args.start_rounds, "measured_round": args.start_rounds, "runs": list(args.runs),
               "overrides": args.overrides, "verdict": rule, "results": results}
     out = Path(args.out)
