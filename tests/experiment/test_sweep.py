@@ -57,6 +57,15 @@ def test_sweep_expands_runs_grid_and_seeds(tmp_path, small_config):
     assert all(job_status(j) == "new" for j in sweep.jobs)
 
 
+def test_the_table_of_a_sweep_not_yet_run_says_so_and_lists_its_runs(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})])
+    assert cli_main(["sweep", str(path), "--table"]) == 0
+    out = capsys.readouterr().out
+    assert "No completed runs yet." in out
+    assert "- `fedavg_s0`: new" in out and "- `fedprox_s0`: new" in out
+    assert (tmp_path / "out" / "sweep.md").read_text().strip() == out.strip()
+
+
 def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, small_config, capsys):
     path = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.rounds=3"]}), ("fedprox", {})],
                        set=["train.rounds=2"])

@@ -550,6 +550,7 @@ def write_report(sweep: Sweep) -> str:
     if missing:
         lines += ["", "Not completed:", ""] + [f"- `{name}`: {status}" for name, status in missing]
     text = "\n".join(lines) + "\n"
+    sweep.out.mkdir(parents=True, exist_ok=True)       # --table before any run has made the folder
     partial = sweep.out / f".sweep.md.{os.getpid()}"   # two sweeps over one folder (--only) never tear it
     partial.write_text(text)
     os.replace(partial, sweep.out / "sweep.md")
