@@ -13,16 +13,24 @@ their client lacks, and that mass is what raises their KL.
 
 Rule, fixed before the first run: the hypothesis holds if, averaged over the round's clients, FedLC's
 mass on absent classes exceeds FedAvg's by at least half of the difference of their off-true mass
-(``1 - P_yy``), and it does not if FedLC's absent mass is not above FedAvg's.
+(``1 - P_yy``), and it does not if FedLC's absent mass is not above FedAvg's. Otherwise (more absent
+mass, but not half of the extra off-true mass, or no extra off-true mass at all) it is inconclusive.
 
-What it does: the start is the FedAvg global model after ``--start-rounds`` rounds of the first run
-folder's config (the sweep's own partition, sampling and training); then one more round, round
-``--start-rounds``, of every named run's config from that start (each method's own loss, optimizer
-and round; the same sampled clients), keeping each client's uploaded ``model`` as the runner keeps
-it for ``eval.local_risk``. For each local model: ``P`` on its client's whole training split
-(``local_probability_matrix``), its KL against FedACD's template (``template_kl``) and the split of
-each present row's mass. A method whose reply has no ``model`` (FedROD uploads its body and heads
-apart) is refused with a message.
+What it does: the start is the global model after ``--start-rounds`` rounds of the first run's
+config (the sweep's own partition, sampling and training; a FedAvg run in the usual case); then one
+more round, the runs' round ``--start-rounds + 1`` (as ``metrics.jsonl`` counts), of every named run's
+config from that start (each method's own loss and optimizer; the same sampled clients), keeping each
+client's uploaded ``model`` as the runner keeps it for ``eval.local_risk``. For each local model: ``P``
+on its client's whole training split (``local_probability_matrix``), its KL against FedACD's template
+(``template_kl``, as ``eval.local_risk`` records it) and the split of each present row's mass. A method
+whose ``model`` upload is not the whole model (FedPer uploads its body) is refused with a message.
+
+Limits: each method's measured round starts from its own fresh server and client state with the start's
+weights, so the comparison is fair for methods whose round reads only the received model (FedAvg, FedLC,
+FedACD, FedProx, mixup); a method that builds state over rounds (FedNH's prototypes, SCAFFOLD's control
+variates, a client's kept optimizer state) is measured from that state's initial value, not its value in a
+run. One round from one start shows where the mass goes in that round, not the size of a gap at the end of
+a run.
 
     .venv/bin/python benchmarks/local_confidence.py benchmarks/runs/fedacd_fmnist_e5_r50/fedavg_s0 \
         benchmarks/runs/fedacd_fmnist_e5_r50/fedlc_s0 --start-rounds 2
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="override a config value of every run, e.g. data.pool_fraction=0.1 (repeatable)")
     ap.add_argument("--compare", nargs=2, metavar=("BASELINE", "METHOD"), default=None,
                     help="the two runs the rule compares (default: the first two; a run folder goes by its "
-                    "folder's name, a config file by its config's name)")
+                    "folder's name, a config file by its file name's stem)")
     ap.add_argument("--out", default="benchmarks/results", help="folder for the result files")
     ap.add_argument("--name", default="local_confidence", help="the result files' name")
     args = ap.parse_args(argv)
@@ -161,14 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()          # the commit the measurement starts from
     # runs recorded on a GPU measure here on whatever this machine has (--set run.device=... to choose)
     configs = [load_run_config(r, ["run.device=auto", *args.overrides]) for r in args.runs]
-    # a run folder is named by its folder (fedavg_s0), a config file by its config's name
-    names = [Path(r).name if Path(r).is_dir() else (c.name or c.algorithm.name) for r, c in zip(args.runs, configs)]
+    # a run folder is named by its folder (fedavg_s0), a config file by its file name's stem
+    names = [Path(r).name if Path(r).is_dir() else Path(r).stem for r in args.runs]
     if len(set(names)) != len(names):
         ap.error(f"two runs share a name ({names}); name distinct runs")
-    data = [c.data.model_dump() for c in configs]
-    if any(d != data[0] for d in data[1:]) or any(c.seed != configs[0].seed for c in configs):
-        ap.error("the runs' data sections or seeds differ, so their clients would not be the same; name runs "
-                 "of one partition and seed")
+    same_clients = [(c.data.model_dump(), c.seed, c.train.clients_per_round) for c in configs]
+    if any(s != same_clients[0] for s in same_clients[1:]):
+        ap.error("the runs' data sections, seeds or train.clients_per_round differ, so their clients would not be "
+                 "the same; name runs of one partition, seed and sample size")
+    baseline, method = args.compare or (names[:2] if len(names) > 1 else (names[0], names[0]))
+    for n in (baseline, method):
+        if n not in names:
+            ap.error(f"--compare names {n}, which is none of the runs ({names})")
 
     print(f"start: {args.start_rounds} round(s) of {names[0]}", flush=True)
     start = start_weights(configs[0], args.start_rounds)
@@ -183,17 +195,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{mean['other_present']:.4f}, absent {mean['absent']:.4f} ({len(rows)} clients, "
               f"{time.perf_counter() - t0:.0f} s)", flush=True)
 
-    baseline, method = args.compare or names[:2]
-    for n in (baseline, method):
-        if n not in results:
-            ap.error(f"--compare names {n}, which is none of the runs ({names})")
     rule = verdict({n: r["mean"] for n, r in results.items()}, baseline, method) if baseline != method else None
     if rule:
         print(f"hypothesis ({method} keeps mass on absent classes): {rule}")
 
     command = " ".join(["python", "benchmarks/local_confidence.py", *(argv if argv is not None else sys.argv[1:])])
     record = {"command": command, "date": time.strftime("%Y-%m-%d"), "machine": machine,
-              "start_rounds": args.start_rounds, "measured_round": args.start_rounds, "runs": list(args.runs),
+              "start_rounds": args.start_rounds, "measured_round": args.start_rounds + 1, "runs": list(args.runs),
               "overrides": args.overrides, "verdict": rule, "results": results}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# Where the local models' mass goes on their own data ({args.name})", "",
              f"`{command}`; machine: {record['machine']['cpu_model']}, commit {record['machine']['commit']}, "
              f"{record['date']}. Start: {args.start_rounds} round(s) of {names[0]}; measured: round "
-             f"{args.start_rounds} of each run from that start (the same clients).", "",
+             f"{args.start_rounds + 1} (as metrics.jsonl counts) of each run from that start, the same clients.", "",
              "| run | clients | local KL | P_yy (true) | other present classes | absent classes |",
              "|---|---|---|---|---|---|"]
     for name, r in results.items():

@@ -58,10 +58,12 @@ def test_sweep_expands_runs_grid_and_seeds(tmp_path, small_config):
 
 
 def test_the_table_of_a_sweep_not_yet_run_says_so_and_lists_its_runs(tmp_path, small_config, capsys):
-    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})])
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], verdicts=[
+        {"claim": "FedProx > FedAvg", "rule": "every_seed", "better": "fedprox", "than": "fedavg", "seeds": [0]}])
     assert cli_main(["sweep", str(path), "--table"]) == 0
     out = capsys.readouterr().out
     assert "No completed runs yet." in out
+    assert "| FedProx > FedAvg | every_seed, seeds [0] |" in out and "**pending**" in out
     assert "- `fedavg_s0`: new" in out and "- `fedprox_s0`: new" in out
     assert (tmp_path / "out" / "sweep.md").read_text().strip() == out.strip()
 
