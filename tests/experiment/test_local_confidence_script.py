@@ -1,6 +1,6 @@
 """benchmarks/local_confidence.py: the split of P's rows into true, other-present and absent mass,
 hand-computed; its rule's three outcomes; and a run on the synthetic data, whose clients and figures
-must agree across methods and with FedACD's own KL."""
+must agree across methods and with the local KL that ``eval.local_risk`` records."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def test_a_run_measures_every_method_on_the_same_clients(script, small_config, t
     fedavg, fedlc = (record["results"][a]["clients"] for a in ("fedavg", "fedlc"))
     assert [r["client"] for r in fedavg] == [r["client"] for r in fedlc]
     assert len(fedavg) == small_config["train"]["clients_per_round"]
+    assert record["measured_round"] == 2                  # after one start round, as metrics.jsonl counts
     for row in fedavg + fedlc:
         assert row["true"] + row["other_present"] + row["absent"] == pytest.approx(1.0, abs=1e-6)
     assert record["verdict"].split(":")[0] in ("holds", "inconclusive", "does not hold")
