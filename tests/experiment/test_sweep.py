@@ -68,6 +68,24 @@ def test_the_table_of_a_sweep_not_yet_run_says_so_and_lists_its_runs(tmp_path, s
     assert (tmp_path / "out" / "sweep.md").read_text().strip() == out.strip()
 
 
+def test_the_command_lines_run_threads_sets_each_runs_threads(tmp_path, small_config, monkeypatch, capsys):
+    # two sweeps side by side on one machine: each lane's share of the CPUs would oversubscribe it
+    monkeypatch.setattr("fedhet.experiment.sweep.usable_cpus", lambda: 4)
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], lanes=1, set=["train.rounds=1"])
+    assert cli_main(["sweep", str(path), "--set", "run.threads=1"]) == 0
+    assert "1 lane(s) of 1 thread(s)" in capsys.readouterr().err
+    recorded = yaml.safe_load((tmp_path / "out" / "fedavg_s0" / "config.yaml").read_text())
+    assert recorded["run"]["threads"] == 1
+    with pytest.raises(ConfigError, match="at least 1"):
+        run_sweep(load_sweep(path, extra_set=["run.threads=0"]), log=lambda m: None)
+
+
+def test_a_sweep_file_may_not_set_run_threads(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["run.threads=1"]})])
+    with pytest.raises(ConfigError, match="fedhet sweep FILE --set run.threads=N"):
+        load_sweep(path)
+
+
 def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, small_config, capsys):
     path = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.rounds=3"]}), ("fedprox", {})],
                        set=["train.rounds=2"])

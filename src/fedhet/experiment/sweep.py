@@ -5,6 +5,7 @@ A sweep file (YAML) names the runs::
     name: fedacd_fmnist                 # also the default output folder: runs/<name>
     out: runs/fedacd_fmnist_p0.1_r20    # optional
     lanes: 2                            # processes side by side; each run gets usable CPUs // lanes threads
+                                        # (or the command line's --set run.threads=N)
     seeds: [0]                          # default seeds of every run
     set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
     grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
@@ -156,6 +157,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         raise ConfigError(f"{path}: lanes must be a whole number of at least 1, got {raw.get('lanes')!r}")
     seeds = _as_list(raw.get("seeds", [0]), "seeds", str(path))
     common = [str(s) for s in _as_list(raw.get("set"), "set", str(path))]
+    _refuse_threads_in_file(common, str(path))
     grid = raw.get("grid") or {}
     if not isinstance(grid, dict):
         raise ConfigError(f"{path}: 'grid' must map config keys to lists of values")
@@ -175,6 +177,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         tag = str(entry.get("tag") or config.stem)
         run_seeds = _as_list(entry.get("seeds", seeds), "seeds", where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
+        _refuse_threads_in_file(own, where)
         first = tag_owner.setdefault(tag, (str(config), own, where))
         if first[:2] != (str(config), own):
             raise ConfigError(f"{where}: tag {tag!r} is also used by {first[2]} for another config or 'set'; "
@@ -383,6 +386,33 @@ def lane_threads(lanes: int) -> int:
     return max(1, usable_cpus() // lanes)
 
 
+def _threads_key(item: str) -> bool:
+    return item.partition("=")[0].strip() == "run.threads"
+
+
+def _refuse_threads_in_file(items: list[str], where: str) -> None:
+    # each run is started with the sweep's --threads, which a file's run.threads would silently lose to
+    if any(_threads_key(item) for item in items):
+        raise ConfigError(f"{where}: run.threads in a sweep file's 'set' would be overridden by the lanes' share "
+                          "(usable CPUs // lanes); leave it out, and give it on the command line instead: "
+                          "fedhet sweep FILE --set run.threads=N")
+
+
+def sweep_threads(sweep: Sweep) -> int:
+    """``run.threads`` of each run: the command line's ``--set run.threads=N`` where given (e.g. two
+    sweeps side by side on one machine), else :func:`lane_threads`."""
+    asked = [item.partition("=")[2].strip() for item in sweep.extra_set if _threads_key(item)]
+    if not asked:
+        return lane_threads(sweep.lanes)
+    try:
+        threads = int(asked[-1])
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ConfigError(f"--set run.threads={asked[-1]}: give a whole number of threads of at least 1")
+    return threads
+
+
 def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
     """Return once one of ``procs`` has exited or ``seconds`` have passed (at once when none runs),
     so a lane that frees up takes its next run without waiting out the whole poll."""
@@ -397,7 +427,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     ``only``: run just the jobs of these tags (the others are neither started nor touched)."""
     jobs = select_jobs(sweep, only)
     sweep.out.mkdir(parents=True, exist_ok=True)
-    threads = lane_threads(sweep.lanes)
+    threads = sweep_threads(sweep)
     initial = {j.name: job_status(j) for j in jobs}
     for j in jobs:
         if initial[j.name] == "stale":
