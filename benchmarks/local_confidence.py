@@ -52,9 +52,9 @@ import torch
 
 from fedhet.algorithms.fedacd import local_probability_matrix, template_kl
 from fedhet.engine import RoundLoop
-from fedhet.engine.loop import RoundStats
 from fedhet.experiment.build import build
 from fedhet.experiment.config import load_config
+from fedhet.experiment.rundir import CONFIG
 from fedhet.experiment.summary import machine_info
 
 
@@ -77,31 +77,37 @@ def load_run_config(path: str, overrides: list[str]):
     """The config of a run folder (its ``config.yaml``) or of a config file, with ``overrides``."""
     p = Path(path)
     if p.is_dir():
-        p = p / "config.yaml"
+        p = p / CONFIG
     if not p.is_file():
         raise SystemExit(f"{path}: no run folder with a config.yaml and no config file there; name a run folder "
                          "such as benchmarks/runs/fedacd_fmnist_e5_r50/fedavg_s0")
     return load_config(p, overrides)
 
 
-def start_weights(cfg, rounds: int) -> dict[str, dict[str, torch.Tensor]]:
-    """The server's models after ``rounds`` rounds of ``cfg`` (``{arch: weights}``; the init at 0)."""
+Models = dict[str, dict[str, torch.Tensor]]     # {architecture: weights}
+
+
+def copied(models: Models) -> Models:
+    return {a: {k: v.clone() for k, v in w.items()} for a, w in models.items()}
+
+
+def start_weights(cfg, rounds: int) -> Models:
+    """The server's models after ``rounds`` rounds of ``cfg`` (the init at 0)."""
     built = build(cfg)
+    if rounds == 0:
+        return copied(built.host.init_models)
     with RoundLoop(built.host, cfg.train.clients_per_round) as loop:
         for rnd in range(rounds):
             t0 = time.perf_counter()
             loop.run_round(rnd)
             print(f"  start: round {rnd} of {cfg.algorithm.name} in {time.perf_counter() - t0:.0f} s", flush=True)
-        arch = built.client_arch[0]
-        if rounds == 0:
-            return {a: {k: v.clone() for k, v in w.items()} for a, w in built.host.init_models.items()}
         model = built.algorithm.global_model(loop.server_state)
-        if model is None:
-            raise SystemExit(f"{cfg.algorithm.name} keeps no global model to start from; name a FedAvg run first")
-        return {arch: {k: v.clone() for k, v in model.items()}}
+    if model is None:
+        raise SystemExit(f"{cfg.algorithm.name} keeps no global model to start from; name a FedAvg run first")
+    return copied({built.client_arch[0]: model})
 
 
-def local_models(cfg, start: dict[str, dict[str, torch.Tensor]], rnd: int):
+def local_models(cfg, start: Models, rnd: int):
     """Round ``rnd`` of ``cfg``'s method from the server state built on ``start``: the built run and
     each sampled client's uploaded ``model``."""
     built = build(cfg)
@@ -109,19 +115,18 @@ def local_models(cfg, start: dict[str, dict[str, torch.Tensor]], rnd: int):
         raise SystemExit(f"{cfg.name}: its models ({sorted(built.models)}) are not the start's ({sorted(start)}); "
                          "compare runs of one architecture")
     kept: dict[int, dict[str, torch.Tensor]] = {}
+    whole = set(next(iter(start.values())))
 
     def keep(cid: int, reply) -> None:
-        whole = set(next(iter(start.values())))
         if "model" not in reply.arrays or set(reply.arrays["model"]) != whole:
             raise SystemExit(f"{cfg.algorithm.name} uploads no whole local model as 'model', so its local model's P "
                              "cannot be measured here; leave that run out")
         kept[cid] = reply.arrays["model"]
 
     with RoundLoop(built.host, cfg.train.clients_per_round) as loop:
-        loop.server_state = built.algorithm.init_server_state(
-            {a: {k: v.clone() for k, v in w.items()} for a, w in start.items()})
-        stats: RoundStats = loop.run_round(rnd, on_reply=keep)
-    return built, kept, stats
+        loop.server_state = built.algorithm.init_server_state(copied(start))
+        loop.run_round(rnd, on_reply=keep)
+    return built, kept
 
 
 def measure(built, kept: dict[int, dict[str, torch.Tensor]]) -> list[dict]:
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     for cfg, name in zip(configs, names):
         t0 = time.perf_counter()
-        built, kept, _ = local_models(cfg, start, args.start_rounds)
+        built, kept = local_models(cfg, start, args.start_rounds)
         rows = measure(built, kept)
         mean = {k: float(np.mean([r[k] for r in rows])) for k in ("local_kl", "true", "other_present", "absent")}
         results[name] = {"algorithm": cfg.algorithm.name, "clients": rows, "mean": mean}

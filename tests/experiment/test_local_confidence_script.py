@@ -66,7 +66,7 @@ def test_a_run_measures_every_method_on_the_same_clients(script, small_config, t
 def test_the_local_kl_is_what_eval_local_risk_records_for_the_uploaded_models(script, small_config, tmp_path):
     cfg = script.load_run_config(write_config(tmp_path / "fedavg.yaml", small_config, "fedavg"), [])
     start = script.start_weights(cfg, 0)
-    built, kept, _ = script.local_models(cfg, start, 0)
+    built, kept = script.local_models(cfg, start, 0)
     recorded = local_model_risk(built.models, built.client_arch, kept, built.federation)["local_kl_by_client"]
     rows = script.measure(built, kept)
     assert {r["client"]: r["local_kl"] for r in rows} == pytest.approx(recorded)

@@ -76,8 +76,9 @@ def test_the_command_lines_run_threads_sets_each_runs_threads(tmp_path, small_co
     assert "1 lane(s) of 1 thread(s)" in capsys.readouterr().err
     recorded = yaml.safe_load((tmp_path / "out" / "fedavg_s0" / "config.yaml").read_text())
     assert recorded["run"]["threads"] == 1
-    with pytest.raises(ConfigError, match="at least 1"):
-        run_sweep(load_sweep(path, extra_set=["run.threads=0"]), log=lambda m: None)
+    for wrong in ("0", "two", "true", "1.5"):
+        with pytest.raises(ConfigError, match="at least 1"):
+            run_sweep(load_sweep(path, extra_set=[f"run.threads={wrong}"]), log=lambda m: None)
 
 
 def test_a_sweep_file_may_not_set_run_threads(tmp_path, small_config):

@@ -378,6 +378,11 @@ def _is_section(parts: list[str]) -> bool:
     return model is not None
 
 
+def override_key(assignment: str) -> str:
+    """The key of a ``--set key=value`` item (``run.threads`` of ``run.threads=1``)."""
+    return assignment.partition("=")[0].strip()
+
+
 def apply_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set expects key=value, got {assignment!r}")

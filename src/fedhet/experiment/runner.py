@@ -27,7 +27,14 @@ from fedhet.engine.client_store import ClientStates
 from fedhet.engine.ledger import tensor_floats
 from fedhet.experiment.build import Built, build, client_state_store, configure_process
 from fedhet.experiment.callbacks import Callback, RunView
-from fedhet.experiment.config import RESUMABLE_CHANGES, ExperimentConfig, config_changes, dump_config, load_config
+from fedhet.experiment.config import (
+    RESUMABLE_CHANGES,
+    ExperimentConfig,
+    config_changes,
+    dump_config,
+    load_config,
+    override_key,
+)
 from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
     CHECKPOINT,
@@ -177,7 +184,7 @@ class Experiment:
         rundir = RunDir(checked_run_dir(run_dir, resume=True))
         # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
         allowed = (*RESUMABLE_CHANGES, "train.rounds")
-        fixed = [k for k in (item.partition("=")[0].strip() for item in run_settings or []) if k not in allowed]
+        fixed = [k for k in map(override_key, run_settings or []) if k not in allowed]
         if fixed:
             raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
                               f"{', '.join(fixed)} would change what it computes: start a new run for that")

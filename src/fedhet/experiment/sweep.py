@@ -74,6 +74,8 @@ from fedhet.experiment.config import (
     ExperimentConfig,
     config_changes,
     load_config,
+    override_key,
+    parse_value,
     parse_yaml,
     read_yaml,
 )
@@ -386,13 +388,9 @@ def lane_threads(lanes: int) -> int:
     return max(1, usable_cpus() // lanes)
 
 
-def _threads_key(item: str) -> bool:
-    return item.partition("=")[0].strip() == "run.threads"
-
-
 def _refuse_threads_in_file(items: list[str], where: str) -> None:
     # each run is started with the sweep's --threads, which a file's run.threads would silently lose to
-    if any(_threads_key(item) for item in items):
+    if any(override_key(item) == "run.threads" for item in items):
         raise ConfigError(f"{where}: run.threads in a sweep file's 'set' would be overridden by the lanes' share "
                           "(usable CPUs // lanes); leave it out, and give it on the command line instead: "
                           "fedhet sweep FILE --set run.threads=N")
@@ -401,14 +399,11 @@ def _refuse_threads_in_file(items: list[str], where: str) -> None:
 def sweep_threads(sweep: Sweep) -> int:
     """``run.threads`` of each run: the command line's ``--set run.threads=N`` where given (e.g. two
     sweeps side by side on one machine), else :func:`lane_threads`."""
-    asked = [item.partition("=")[2].strip() for item in sweep.extra_set if _threads_key(item)]
+    asked = [item.partition("=")[2].strip() for item in sweep.extra_set if override_key(item) == "run.threads"]
     if not asked:
         return lane_threads(sweep.lanes)
-    try:
-        threads = int(asked[-1])
-    except ValueError:
-        threads = 0
-    if threads < 1:
+    threads = parse_value(asked[-1], "run.threads")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
         raise ConfigError(f"--set run.threads={asked[-1]}: give a whole number of threads of at least 1")
     return threads
 
@@ -513,7 +508,7 @@ def resumable_sets(extra_set: list[str]) -> list[str]:
     """The command line's ``--set`` values that a resumed run takes (``RESUMABLE_CHANGES``: device,
     engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane).
     Other settings are part of what a run is: a run recorded with other values is stale and left alone."""
-    return [item for item in extra_set if item.partition("=")[0].strip() in set(RESUMABLE_CHANGES) - {"run.threads"}]
+    return [item for item in extra_set if override_key(item) in set(RESUMABLE_CHANGES) - {"run.threads"}]
 
 
 def _extend_rounds(job: Job) -> None:
