@@ -49,8 +49,10 @@ LABELS = {"fedavg": "FedAvg", "fedavg_mixup": "FedAvg with Input Mixup", "fedpro
           "fedacd_base_pair": "FedACD_base (pair flattening)",
           "fedacd_pair_trainingV": "FedACD, pair flattening, V from training (the default)"}
 # CIFAR-10 Table 1 (%) and Table 3 (risk) of the FedACD paper (Zhou et al.), by beta
-PAPER_T1 = {"0.1": dict(fedavg=68.35, fedrod=71.12, fedlc=69.40, fedntd=70.41, fednh=68.11, fedacd=73.13),
-            "0.05": dict(fedavg=60.47, fedrod=62.46, fedlc=52.71, fedntd=60.48, fednh=60.54, fedacd=63.57)}
+PAPER_T1 = {"0.1": dict(fedavg=68.35, fedprox=68.80, fednova=67.02, creff=69.40, fedrod=71.12, fedlc=69.40,
+                       fedntd=70.41, feddecorr=71.80, fednh=68.11, fedacd=73.13),
+            "0.05": dict(fedavg=60.47, fedprox=62.18, fednova=56.63, creff=61.71, fedrod=62.46, fedlc=52.71,
+                         fedntd=60.48, feddecorr=61.19, fednh=60.54, fedacd=63.57)}
 PAPER_T3 = {"0.1": dict(fedavg=0.57, fedacd=0.31), "0.05": dict(fedavg=0.70, fedacd=0.39)}
 
 
