@@ -78,7 +78,8 @@ def test_the_command_lines_run_threads_sets_each_runs_threads(tmp_path, small_co
     assert recorded["run"]["threads"] == 1
     for wrong in ("0", "two", "true", "1.5"):
         with pytest.raises(ConfigError, match="at least 1"):
-            run_sweep(load_sweep(path, extra_set=[f"run.threads={wrong}"]), log=lambda m: None)
+            run_sweep(load_sweep(path, out=tmp_path / "untouched", extra_set=[f"run.threads={wrong}"]), log=lambda m: None)
+        assert not (tmp_path / "untouched").exists()      # refused before the sweep makes its folder
 
 
 def test_a_sweep_file_may_not_set_run_threads(tmp_path, small_config):

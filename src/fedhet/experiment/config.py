@@ -378,16 +378,21 @@ def _is_section(parts: list[str]) -> bool:
     return model is not None
 
 
+def split_override(assignment: str) -> tuple[str, str]:
+    """A ``--set key=value`` item's key (stripped) and value text (``("run.threads", "1")``)."""
+    key, _, value = assignment.partition("=")
+    return key.strip(), value
+
+
 def override_key(assignment: str) -> str:
     """The key of a ``--set key=value`` item (``run.threads`` of ``run.threads=1``)."""
-    return assignment.partition("=")[0].strip()
+    return split_override(assignment)[0]
 
 
 def apply_override(raw: dict, assignment: str) -> None:
     if "=" not in assignment:
         raise ConfigError(f"--set expects key=value, got {assignment!r}")
-    key, value = assignment.split("=", 1)
-    key = key.strip()
+    key, value = split_override(assignment)
     parts = key.split(".")
     if not all(p.strip() for p in parts):
         raise ConfigError(f"--set {assignment!r}: the key {key!r} has an empty name; give section.key, e.g. "

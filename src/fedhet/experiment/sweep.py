@@ -78,6 +78,7 @@ from fedhet.experiment.config import (
     parse_value,
     parse_yaml,
     read_yaml,
+    split_override,
 )
 from fedhet.experiment.verdict import MissingValue, Verdict, parse_verdicts, run_value, verdict_table
 
@@ -399,7 +400,7 @@ def _refuse_threads_in_file(items: list[str], where: str) -> None:
 def sweep_threads(sweep: Sweep) -> int:
     """``run.threads`` of each run: the command line's ``--set run.threads=N`` where given (e.g. two
     sweeps side by side on one machine), else :func:`lane_threads`."""
-    asked = [item.partition("=")[2].strip() for item in sweep.extra_set if override_key(item) == "run.threads"]
+    asked = [value.strip() for key, value in map(split_override, sweep.extra_set) if key == "run.threads"]
     if not asked:
         return lane_threads(sweep.lanes)
     threads = parse_value(asked[-1], "run.threads")
@@ -421,8 +422,8 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``.
     ``only``: run just the jobs of these tags (the others are neither started nor touched)."""
     jobs = select_jobs(sweep, only)
+    threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
     sweep.out.mkdir(parents=True, exist_ok=True)
-    threads = sweep_threads(sweep)
     initial = {j.name: job_status(j) for j in jobs}
     for j in jobs:
         if initial[j.name] == "stale":
@@ -508,7 +509,8 @@ def resumable_sets(extra_set: list[str]) -> list[str]:
     """The command line's ``--set`` values that a resumed run takes (``RESUMABLE_CHANGES``: device,
     engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane).
     Other settings are part of what a run is: a run recorded with other values is stale and left alone."""
-    return [item for item in extra_set if override_key(item) in set(RESUMABLE_CHANGES) - {"run.threads"}]
+    taken = set(RESUMABLE_CHANGES) - {"run.threads"}
+    return [item for item in extra_set if override_key(item) in taken]
 
 
 def _extend_rounds(job: Job) -> None:
