@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -292,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fedhet: interrupted; recorded metrics are kept (resume with fedhet run --resume RUN_DIR)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of the output has gone (`fedhet sweep FILE --list | head`): stop quietly, as other
+        # command-line tools do. Output still buffered goes to /dev/null, so the flush at exit cannot fail too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -4,6 +4,8 @@ each case here once crashed with a raw traceback, ran silently as something else
 import copy
 import json
 import re
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -432,9 +434,6 @@ def test_a_non_finite_setting_is_named_not_blamed_on_the_learning_rate_later(sma
 def test_a_numerical_stop_under_the_parallel_engine_is_one_message(small_config, tmp_path):
     """The workers inherit the command line's SIGTERM handler; terminated after another worker's
     error, they used to print a KeyboardInterrupt traceback each before the one-line error."""
-    import subprocess
-    import sys
-
     raw = cfg_of(small_config, run={**small_config["run"], "engine": "parallel", "workers": 2})
     raw["train"].update(lr=1e30, rounds=1, clients_per_round=3)
     path = tmp_path / "diverges.yaml"
@@ -637,3 +636,13 @@ def test_normalize_replaces_the_dataset_statistics(small_config):
         build_federation(three.data, 0)
     with pytest.raises(ConfigError, match="data.normalize.std.0"):
         load_config(raw=cfg_of(small_config, data={"normalize": {"mean": [0.5], "std": [0.0]}}))
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    # `fedhet list | head -1`: the reader closes the pipe before fedhet writes; no traceback, exit 141 as a shell's.
+    proc = subprocess.Popen([sys.executable, "-m", "fedhet.cli", "list"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
