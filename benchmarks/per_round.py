@@ -7,7 +7,8 @@ For each run: the metric at the rounds of --at (accuracies in %, other metrics a
 best round (the lowest for a loss, KL or risk), its mean over the evaluated rounds of --window
 (inclusive), its min and max over --range, and train_loss at --loss-at. With two runs, also how
 far apart they are over the rounds both evaluated (max and mean |difference|): the check that two
-engines or devices trained the same seed alike; with --by-client, at how many of the client
+engines or devices trained the same seed alike; at how many of those rounds (within --range if given)
+the first run is ahead (higher, or lower for a loss, KL or risk); with --by-client, at how many of the client
 evaluations of those rounds (``<metric>_by_client``; within --range if given) the first run is
 below the second.
 """
@@ -85,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         diffs = [abs(curves[0][r] - curves[1][r]) for r in shared]
         print(f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f}{unit}, "
               f"mean {sum(diffs) / len(diffs):.2f}{unit}")
+        span = [r for r in shared if not args.range or args.range[0] <= r <= args.range[1]]
+        ahead = sum(pick(curves[0][r], curves[1][r]) == curves[0][r] != curves[1][r] for r in span)
+        where = f" in rounds {args.range[0]}-{args.range[1]}" if args.range else ""
+        print(f"first run ahead at {ahead} of {len(span)} shared rounds{where}")
         if args.by_client:
-            span = [r for r in shared if not args.range or args.range[0] <= r <= args.range[1]]
             print(client_comparison(rows_of_runs, args.metric, span))
     return 0
 

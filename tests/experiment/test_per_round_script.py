@@ -58,6 +58,17 @@ def test_two_runs_differences_and_client_by_client(per_round, two_runs, capsys):
     # round 10: client 0 0.5 < 1.0 (below), client 1 1.5 > 1.0 (above); round 15: client 0 2.0 = 2.0
     # (neither), client 1 1.0 > 0.5 (above)
     assert "rounds [10, 15]: first run below at 1, above at 2 client evaluations" in out
+    assert "first run ahead at 0 of 2 shared rounds in rounds 10-15" in out    # a KL: lower is ahead; 1.0 > 0.5, 1.5 > 1.3
+
+
+@pytest.mark.parametrize(("metric", "span", "ahead"), [
+    ("personal_acc", [], "first run ahead at 1 of 3 shared rounds\n"),                # 50 > 40 at round 5 only
+    ("personal_acc", ["--range", "10", "15"], "first run ahead at 0 of 2 shared rounds in rounds 10-15"),
+    ("local_kl", [], "first run ahead at 1 of 3 shared rounds\n"),                    # lower is ahead: round 10
+])
+def test_two_runs_count_the_rounds_the_first_is_ahead(per_round, two_runs, capsys, metric, span, ahead):
+    per_round.main([*map(str, two_runs), "--metric", metric, *span])
+    assert ahead in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("span", "message"), [(["--window", "11", "14"], "no evaluated round in --window 11 14"),
