@@ -14,19 +14,29 @@
 # (FEDHET_TEST_DEVICE=cuda), on 4 CPUs and 4 workers of their own.
 # The device call's own timeout must cover SECONDS + about 90 s (setup, SIGTERM grace, tar), or
 # nothing comes back. Exit status: the worst of the sweeps' and the tests' (124: stopped at SECONDS).
+# Each sweep starts from the runs its own folder (the file's `out`) holds in the copy of the working
+# tree, so the runs committed there are left alone and only the missing ones run.
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
 # .devdata/fashion_mnist/ (the four .gz files), both carried.
+# A dry run on a machine without CUDA, before device time is spent: GPU_SWEEPS_DEVICE=cpu (runs on the
+# CPU, run.engine as each config says).
 set -u
 usage='usage: gpu_sweeps.sh SECONDS "SWEEP_FILE [--only TAG ...] [--lanes N] [--from=ARCHIVE]" ["SWEEP_FILE ..." ...]'
 [ $# -ge 2 ] || { echo "$usage" >&2; exit 2; }
 deadline=$1
 shift
+device=${GPU_SWEEPS_DEVICE:-cuda}
+case $device in
+  cuda) device_sets=(--set run.device=cuda --set run.engine=vectorized) ;;
+  cpu) device_sets=(--set run.device=cpu) ;;
+  *) echo "gpu_sweeps.sh: GPU_SWEEPS_DEVICE must be cuda (the default) or cpu (a dry run), got '$device'" >&2; exit 2 ;;
+esac
 OUT=${OUT:-/tmp/gpu_sweeps_out}
 mkdir -p "$OUT"
 # A folder of this call's own: a machine kept warm between calls still holds the last call's.
 work=$(mktemp -d /tmp/gpu_sweeps.XXXXXX)
 export PYTHONUNBUFFERED=1 FEDHET_DATA=$PWD/.devdata PYTHONPATH=$PWD/src
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ "$device" = cuda ] && ls .whl/*.whl >/dev/null 2>&1; then   # the dry run uses what this python has
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
 fi
@@ -49,13 +59,29 @@ fi
 status=0
 pids=()
 n=0
-# --from=ARCHIVE (a sweepN.tar.gz an earlier call brought back, committed or carried) seeds the
-# sweep's folder: its unfinished runs go on from their checkpoints, its finished ones are kept.
-# Every archive is unpacked before any sweep starts, so a bad one stops the call with nothing running.
+# Each sweep's folder of this call starts as a copy of the sweep's own folder (its committed runs,
+# which the sweep then leaves alone); --from=ARCHIVE (a sweepN.tar.gz an earlier call brought back,
+# committed or carried) is unpacked over it: its unfinished runs go on from their checkpoints, its
+# finished ones are kept. Every folder is ready before any sweep starts, so a bad sweep file or
+# archive stops the call with nothing running.
 for spec in "$@"; do
+  file=
   for word in $spec; do
     case $word in
-      --from=*) mkdir -p "$work/sweep$n" && tar -xzf "${word#--from=}" -C "$work/sweep$n" --strip-components=1 \
+      --*) ;;
+      *) [ -z "$file" ] && file=$word ;;
+    esac
+  done
+  own=$(python3 -c 'import sys; from fedhet.experiment.sweep import load_sweep; print(load_sweep(sys.argv[1]).out)' \
+        "$file") || { echo "gpu_sweeps.sh: cannot read the sweep file '$file'" >&2; exit 2; }
+  mkdir -p "$work/sweep$n"
+  if [ -d "$own" ]; then
+    cp -a "$own/." "$work/sweep$n/" || { echo "gpu_sweeps.sh: cannot copy $own" >&2; exit 2; }
+    echo "sweep$n starts from $own ($(find "$work/sweep$n" -name summary.json | wc -l) run folders)"
+  fi
+  for word in $spec; do
+    case $word in
+      --from=*) tar -xzf "${word#--from=}" -C "$work/sweep$n" --strip-components=1 \
                   || { echo "gpu_sweeps.sh: cannot unpack ${word#--from=}" >&2; exit 2; } ;;
     esac
   done
@@ -71,7 +97,7 @@ for spec in "$@"; do
     esac
   done
   timeout -s TERM -k 30 "$deadline" taskset -c "$(cpu_list $(( n * share )) "$share")" python3 -m fedhet.cli sweep \
-    --lanes "${SWEEP_LANES:-2}" "${words[@]}" --out "$work/sweep$n" --set run.device=cuda --set run.engine=vectorized \
+    --lanes "${SWEEP_LANES:-2}" "${words[@]}" --out "$work/sweep$n" "${device_sets[@]}" \
     > "$OUT/sweep$n.log" 2>&1 &
   pids+=($!)
   echo "sweep$n on CPUs $(cpu_list $(( n * share )) "$share"): $spec"

@@ -1,0 +1,77 @@
+"""benchmarks/gpu_sweeps.sh, in its dry run on the CPU: a sweep on the device starts only the runs
+its committed folder lacks, and what it brings back adopts."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_sweeps.sh"
+
+pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="gpu_sweeps.sh pins sweeps with taskset")
+
+
+def tiny_sweep(tmp_path, small_config) -> Path:
+    paths = {}
+    for algo in ("fedavg", "fedprox"):
+        raw = copy.deepcopy(small_config)
+        raw["algorithm"] = {"name": algo}
+        raw["train"]["rounds"] = 2
+        paths[algo] = tmp_path / f"{algo}.yaml"
+        paths[algo].write_text(yaml.safe_dump(raw))
+    spec = {"name": "tiny", "out": str(tmp_path / "committed"), "lanes": 1, "seeds": [0],
+            "runs": [{"config": str(paths["fedavg"])}, {"config": str(paths["fedprox"])}]}
+    path = tmp_path / "tiny.sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def dry_run(spec: str, out: Path, seconds: int = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GPU_SWEEPS_DEVICE": "cpu", "OUT": str(out), "SWEEP_LANES": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run(["bash", str(SCRIPT), str(seconds), spec], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=seconds + 120)
+
+
+def test_a_device_sweep_leaves_the_committed_runs_alone_and_brings_back_the_missing_ones(tmp_path, small_config):
+    path = tiny_sweep(tmp_path, small_config)
+    run_sweep(load_sweep(path), only=["fedavg"], log=lambda m: None, poll_seconds=0.2)   # "committed"
+    committed = load_sweep(path).jobs[0].run_dir / "metrics.jsonl"
+    before = committed.read_bytes()
+
+    done = dry_run(f"{path} --lanes 1", tmp_path / "device_out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (tmp_path / "device_out" / "sweep0.log").read_text()
+    assert "2 runs, 1 completed left alone, 1 to run" in log, log
+    assert "start  fedprox_s0" in log and "start  fedavg_s0" not in log, log
+
+    archive = tmp_path / "device_out" / "sweep0.tar.gz"
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        summary = json.load(tar.extractfile("sweep0/fedprox_s0/summary.json"))   # type: ignore[arg-type]
+    assert summary["status"] == "completed" and summary["device"] == "cpu"
+    assert "sweep0/fedavg_s0/metrics.jsonl" in names        # the committed run travels back unchanged
+
+    sweep = load_sweep(path)
+    assert adopt_runs(sweep, archive, log=lambda m: None) == ["fedprox_s0"]
+    assert {j.name: job_status(j) for j in sweep.jobs} == {"fedavg_s0": "completed", "fedprox_s0": "completed"}
+    assert committed.read_bytes() == before
+
+
+def test_a_sweep_file_the_device_cannot_read_stops_the_call_before_anything_runs(tmp_path):
+    done = dry_run(f"{tmp_path / 'missing.sweep.yaml'} --lanes 1", tmp_path / "device_out", seconds=30)
+    assert done.returncode == 2
+    assert "cannot read the sweep file" in done.stderr
+    assert not (tmp_path / "device_out" / "sweep0.log").exists()
