@@ -12,9 +12,11 @@ global model evaluated on the 10,000 test images every 10 rounds. Real CIFAR-10 
 own format to a temporary folder (speed does not depend on the pixels), and the output says so.
 
 Per mode (engine:precision) the run goes through the real runner (``Experiment``) for ``--rounds``
-rounds. "wall" is the whole run, start-up and evaluations included; with fewer than 1,500 rounds,
-"whole run" is projected (and marked so): start-up, plus 1,500 times the measured rounds' mean time
-without evaluation, plus 150 times their mean evaluation time. Samples/s is the training
+rounds, or until ``--limit`` seconds of it have passed (the round then running is finished and the
+run stops there, so a device call of bounded length always brings back a figure). "wall" is the
+whole run, start-up and evaluations included; with fewer than 1,500 rounds, "whole run" is projected
+(and marked so): start-up, plus 1,500 times the measured rounds' mean time without evaluation, plus
+150 times their mean evaluation time. Samples/s is the training
 sample-steps over the seconds the engine took to train them (the runner's per-round "train"
 time), over every round but the first (warm-up). The ceiling is ``train_local`` on the same model
 over the samples of round 1's cohort in batches of 50 x 10 = 500 (the same FLOPs without per-client
@@ -39,6 +41,7 @@ from fedhet.core.contract import ClientData, TrainSettings
 from fedhet.core.errors import DataError
 from fedhet.core.seeding import torch_generator
 from fedhet.data.datasets import load_dataset
+from fedhet.experiment.callbacks import Callback
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.experiment.summary import machine_info
@@ -76,15 +79,33 @@ def data_overrides(tmp: Path) -> tuple[list[str], str]:
         return [f"data.root={tmp / 'data'}", "data.verify=false"], "CIFAR-shaped random images (CIFAR-10 not found)"
 
 
-def run_mode(mode: str, rounds: int, device: str, tmp: Path, data: list[str]) -> dict:
+class StopAfter(Callback):
+    """Stops a run once ``seconds`` have passed since it was made, after the round then running is
+    recorded (the runner treats it as an interruption: the rows so far are kept)."""
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else time.perf_counter() + seconds
+
+    def on_row_written(self, exp, row: dict) -> None:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise KeyboardInterrupt
+
+
+def run_mode(mode: str, rounds: int, device: str, tmp: Path, data: list[str], limit: float | None = None) -> dict:
     engine, precision = mode.split(":")
     cfg = load_config(CONFIG, [*data, f"train.rounds={rounds}", f"run.engine={engine}", f"run.precision={precision}",
                                f"run.device={device}", "run.progress=false", f"run.checkpoint_every={rounds}"])
     t0 = time.perf_counter()
-    exp = Experiment.create(cfg, tmp / mode.replace(":", "-"))
-    exp.run(progress=False)
+    exp = Experiment.create(cfg, tmp / mode.replace(":", "-"), callbacks=[StopAfter(limit)])
+    try:
+        exp.run(progress=False)
+    except KeyboardInterrupt:
+        pass
     wall = time.perf_counter() - t0
     rows = read_metrics(exp.run_dir)
+    if len(rows) < 2:
+        raise SystemExit(f"{mode}: only {len(rows)} round(s) within --limit {limit} s; give it more time")
+    rounds = len(rows)
     measured = rows[1:] or rows
     train_s = sum(r["seconds"]["train"] for r in measured)
     samples = sum(r["samples"] for r in measured)
@@ -97,6 +118,7 @@ def run_mode(mode: str, rounds: int, device: str, tmp: Path, data: list[str]) ->
     projection = startup + FULL_ROUNDS * per_round + evaluations * (statistics.mean(evaluated) if evaluated else 0.0)
     return {"mode": mode, "rounds": rounds, "wall_s": wall, "startup_s": startup,
             "whole_run_s": wall if rounds == FULL_ROUNDS else projection, "projected": rounds != FULL_ROUNDS,
+            "evaluations_measured": len(evaluated),
             "samples_per_s": samples / train_s,
             "seconds_per_round": {k: statistics.median(r["seconds"][k] for r in measured)
                                   for k in ("train", "aggregate", "evaluate", "total")},
@@ -160,6 +182,9 @@ def main() -> int:
     p.add_argument("--rounds", type=int, help=f"rounds per mode (default: {FULL_ROUNDS} on CUDA, 20 on the CPU)")
     p.add_argument("--modes", help="comma-separated engine:precision (default: every engine with fp32 and bf16)")
     p.add_argument("--out", default=None, help="result files' stem (default: cross_device_<device>)")
+    p.add_argument("--limit", type=float, metavar="SECONDS",
+                   help="stop each mode's run after the round running at SECONDS and project the whole run from "
+                        "the rounds done (default: no limit)")
     p.add_argument("--profile", metavar="MODE", help="instead: cProfile --rounds rounds of one engine:precision "
                                                      "(evaluation off) and print the 15 costliest calls")
     a = p.parse_args()
@@ -170,7 +195,8 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     command = "python benchmarks/cross_device.py " + " ".join(
-        x for x in [f"--device {a.device}", f"--rounds {rounds}", f"--modes {','.join(modes)}"])
+        x for x in [f"--device {a.device}", f"--rounds {rounds}", f"--modes {','.join(modes)}",
+                    f"--limit {a.limit:g}" if a.limit else ""] if x)
     results, ceilings = [], {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -180,7 +206,7 @@ def main() -> int:
             ceilings[precision] = ceiling(precision, a.device, tmp, data)
             print(f"ceiling {precision}: {ceilings[precision]:,.0f} samples/s", flush=True)
         for mode in modes:
-            r = run_mode(mode, rounds, a.device, tmp, data)
+            r = run_mode(mode, rounds, a.device, tmp, data, a.limit)
             r["ceiling_ratio"] = r["samples_per_s"] / ceilings[mode.split(":")[1]]
             results.append(r)
             print(f"{mode:18s} wall {r['wall_s']:8.1f} s  whole run {r['whole_run_s']:8.1f} s"
@@ -192,6 +218,7 @@ def main() -> int:
     stem = a.out or f"cross_device_{a.device}"
     lines = [f"# Cross-device benchmark ({a.device})", "",
              f"Setting: `{CONFIG.relative_to(ROOT)}`; data: {data_note}; {rounds} rounds per mode"
+             f"{f', each stopped after about {a.limit:g} s (rounds done: the table)' if a.limit else ''}"
              f"{' (whole run projected to 1,500 rounds: start-up + rounds + evaluations)' if rounds != FULL_ROUNDS else ''}.",
              f"Machine: {machine['cpu_model']} ({machine['cpus']} CPUs), {machine['gpu']}; commit {commit}; "
              f"`{command}`; {time.strftime('%Y-%m-%d')}.", "",
@@ -199,8 +226,9 @@ def main() -> int:
              "per round (s, median) | fallbacks |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         s = r["seconds_per_round"]
+        projected = " (projected, no evaluation measured)" if not r["evaluations_measured"] else " (projected)"
         lines.append(f"| {r['mode']} | {r['rounds']} | {r['wall_s']:.1f} | {r['whole_run_s']:.0f}"
-                     f"{' (projected)' if r['projected'] else ''} | {r['samples_per_s']:,.0f} | "
+                     f"{projected if r['projected'] else ''} | {r['samples_per_s']:,.0f} | "
                      f"{r['ceiling_ratio']:.2f} | {s['train']:.3f} / {s['aggregate']:.3f} / {s['evaluate']:.3f} | "
                      f"{r['engine'].get('fallback_reasons') or '-'} |")
     lines += ["", "Ceilings (train_local, batches of 500, best of 3): "

@@ -17,6 +17,9 @@
 #      defaults, BENCH_ARGS="--settings fedcme_a0.5 --rounds 1 --no-families" leaves the families out): samples/s of every engine mode against the same machine's CPU
 #      engines and the device's own ceiling, one method of each family against the same ceiling,
 #      evaluation's share of a round, and agreement with the CPU reference on real Fashion-MNIST;
+#   3b. benchmarks/cross_device.py ($CROSS_SECONDS, default 0: skipped; $CROSS_ARGS, default "--rounds
+#      1500 --modes vectorized:fp32 --limit 150"): the cross-device benchmark's run, each mode stopped
+#      after --limit seconds and the whole run projected from its rounds, into $OUT/cross_device_<device>.*;
 #   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 0: skipped): a
 #      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
 #      Table II setting), vectorized, into $OUT/profile_<config name>/;
@@ -40,7 +43,7 @@
 #
 # A dry run on a machine without CUDA, before device time is spent: steps 2, 3 and 5 run as in the
 # default call but on the CPU (--device cpu; the engine benchmark also --quick: E=1, a small ceiling)
-# under short limits, so a broken step shows here; the sweeps of step 6 are not covered:
+# under short limits, so a broken step shows here; the sweeps of step 6 run on the CPU if given:
 #   source .venv/bin/activate; GPU_CHECK_DEVICE=cpu OUT=/tmp/dry bash benchmarks/gpu_check.sh
 set -u
 OUT=${OUT:-/tmp/gpu_check_out}
@@ -57,7 +60,7 @@ elif [ "$CHECK_DEVICE" != cuda ]; then
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/src
 [ -d .devdata ] && export FEDHET_DATA=$PWD/.devdata   # else the usual places (fedhet.data.datasets)
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ "$CHECK_DEVICE" = cuda ] && ls .whl/*.whl >/dev/null 2>&1; then   # the dry run uses what this python has
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PWD/src:/tmp/site || exit 1
 fi
@@ -91,6 +94,8 @@ cat "$OUT/machine.txt"
 [ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE="$CHECK_DEVICE" python3 -m pytest -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1} $BENCH_DEVICE_ARGS
+[ "${CROSS_SECONDS:-0}" = 0 ] || step cross_device "$CROSS_SECONDS" python3 benchmarks/cross_device.py --device "$CHECK_DEVICE" \
+  --out "$OUT/cross_device_$CHECK_DEVICE" ${CROSS_ARGS:---rounds 1500 --modes vectorized:fp32 --limit 150}
 if [ "${PROFILE_SECONDS:-0}" != 0 ]; then
   for config in ${PROFILE_CONFIGS:-configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml}; do
     name=profile_$(basename "$config" .yaml)
@@ -117,11 +122,9 @@ elif [ -n "${DEVICE_RUNS:-}" ] && [ "${RUNS_SECONDS:-170}" != 0 ]; then
     --rounds "${DEVICE_ROUNDS:-20}" --limit "${RUN_LIMIT:-100}" --device "$CHECK_DEVICE" ${DEVICE_ONLY:+--only "$DEVICE_ONLY"}
 fi
 
-if [ -n "${GPU_SWEEP:-}" ] && [ "$CHECK_DEVICE" = cpu ]; then
-  echo "=== gpu_sweeps: not part of the dry run (GPU_SWEEP ignored)"
-elif [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
+if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as benchmarks/gpu_sweeps.sh writes them
   IFS=';' read -ra sweeps <<< "$GPU_SWEEP"
-  SWEEP_LANES="${GPU_SWEEP_LANES:-6}" PYTEST_SECONDS="${SWEEP_PYTEST_SECONDS:-}" \
+  GPU_SWEEPS_DEVICE=$CHECK_DEVICE SWEEP_LANES="${GPU_SWEEP_LANES:-6}" PYTEST_SECONDS="${SWEEP_PYTEST_SECONDS:-}" \
     bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "${sweeps[@]}" > "$OUT/gpu_sweeps.log" 2>&1
   echo "=== gpu_sweeps: exit $?"; tail -n 30 "$OUT/gpu_sweeps.log"
 fi
