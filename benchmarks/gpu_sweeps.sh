@@ -105,7 +105,7 @@ for spec in "$@"; do
 done
 if [ -n "${PYTEST_SECONDS:-}" ]; then
   # shellcheck disable=SC2086  # PYTEST_FILES is a list of paths
-  FEDHET_TEST_DEVICE=cuda timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(cpu_list $(( n * share )) 4)" \
+  FEDHET_TEST_DEVICE=$device timeout -s TERM -k 20 "$PYTEST_SECONDS" taskset -c "$(cpu_list $(( n * share )) 4)" \
     python3 -m pytest -p no:cacheprovider -n 4 ${PYTEST_FILES:-tests/engine/test_engine_vectorized.py} \
     > "$OUT/pytest_cuda_sweeps.log" 2>&1
   rc=$?; [ $rc -gt $status ] && status=$rc
