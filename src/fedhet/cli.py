@@ -105,13 +105,15 @@ def _cmd_sweep(args) -> int:
         print(write_report(sweep))
         return 0
     try:
-        run_sweep(sweep, retry_failed=args.retry_failed, only=args.only, log=lambda m: print(m, file=sys.stderr, flush=True))
+        run_sweep(sweep, retry_failed=args.retry_failed, only=args.only, no_start_after=args.no_start_after,
+                  log=lambda m: print(m, file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         write_report(sweep)
         print("fedhet: sweep interrupted; run the same `fedhet sweep` command again to resume it", file=sys.stderr)
         return 130
     except FedhetError:
-        write_report(sweep)           # the table of what finished, then the error
+        if sweep.out.is_dir():        # the table of what finished, then the error (none before the folder)
+            write_report(sweep)
         raise
     report = write_report(sweep)
     print(report)
@@ -216,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "table still shows every completed run of the sweep; the exit status counts only "
                          "these runs")
     sw.add_argument("--retry-failed", action="store_true", help="run the failed runs again")
+    sw.add_argument("--no-start-after", type=float, metavar="SECONDS",
+                    help="start no run once SECONDS have passed since the sweep started: the runs going on then "
+                         "finish, the rest wait for the next sweep (e.g. 0 on a short device call: only the first "
+                         "lanes' runs, such as the one an earlier call left, run)")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "

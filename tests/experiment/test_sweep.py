@@ -176,6 +176,24 @@ def test_only_takes_a_run_entrys_tag_or_one_of_its_grid_groups(tmp_path, small_c
         assert [line.split()[1].rsplit("/", 1)[1] for line in capsys.readouterr().out.splitlines()] == expected
 
 
+def test_no_start_after_lets_the_lanes_first_runs_finish_and_starts_no_other(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1]}), ("fedprox", {})], lanes=1,
+                       set=["train.rounds=1"])
+    assert cli_main(["sweep", str(path), "--no-start-after", "-1"]) == 2
+    assert "--no-start-after must be 0 or more seconds, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+    messages = []
+    outcome = run_sweep(load_sweep(path), no_start_after=0, log=messages.append, poll_seconds=0.2)
+    assert outcome == {"fedavg_s0": "completed"}
+    assert any("(--no-start-after): 2 run(s) not started: fedavg_s1, fedprox_s0" in m for m in messages), messages
+    assert {j.name: job_status(j) for j in load_sweep(path).jobs} == {
+        "fedavg_s0": "completed", "fedavg_s1": "new", "fedprox_s0": "new"}
+    # a limit the sweep does not reach changes nothing: the next sweep runs the rest
+    assert run_sweep(load_sweep(path), no_start_after=3600, log=messages.append, poll_seconds=0.2) == {
+        "fedavg_s1": "completed", "fedprox_s0": "completed"}
+
+
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
     # the third run has an invalid override: reported as failed, the other two complete
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),

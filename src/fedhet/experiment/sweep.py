@@ -36,7 +36,10 @@ is gone is ignored).
 ``--only TAG`` (repeatable) starts, resumes or retries just the runs of that tag (a run entry's tag,
 or one grid group); the others are left as they are, the table still covers every completed run of
 the sweep, and the exit status counts only the chosen runs. Two sweep processes with different
-``--only`` over one folder share it safely (the locks above).
+``--only`` over one folder share it safely (the locks above). ``--no-start-after SECONDS`` starts no
+run once SECONDS have passed since the sweep started (the lanes' first runs always start): the runs
+going on then finish and the rest wait for the next sweep, so a short compute window ends with its
+runs instead of a run it cannot finish.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -418,9 +421,16 @@ def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
 
 
 def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
-              poll_seconds: float = 2.0, report_every: float = 60.0, log=print) -> dict[str, str]:
+              no_start_after: float | None = None, poll_seconds: float = 2.0, report_every: float = 60.0,
+              log=print) -> dict[str, str]:
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``.
-    ``only``: run just the jobs of these tags (the others are neither started nor touched)."""
+    ``only``: run just the jobs of these tags (the others are neither started nor touched).
+    ``no_start_after``: start no run once this many seconds have passed since the sweep started; the
+    runs going on then finish, the others are left for the next sweep (a compute window's last runs
+    that could not finish inside it)."""
+    if no_start_after is not None and no_start_after < 0:
+        raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
+    t_start = time.monotonic()
     jobs = select_jobs(sweep, only)
     threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
     sweep.out.mkdir(parents=True, exist_ok=True)
@@ -443,7 +453,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     outcome: dict[str, str] = {}
     last_report = time.monotonic()
     try:
+        first_fill = True           # the lanes' first runs always start; the limit counts for those after them
         while todo or running:
+            if not first_fill and todo and no_start_after is not None and time.monotonic() - t_start > no_start_after:
+                log(f"{time.strftime('%H:%M:%S')} {no_start_after:g} s have passed (--no-start-after): "
+                    f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
+                todo = []
             while todo and len(running) < sweep.lanes:
                 job = todo.pop(0)
                 if not _take_lock(job):
@@ -468,6 +483,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
+            first_fill = False
             _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
             for name, (job, proc, t0) in list(running.items()):
                 rc = proc.poll()
