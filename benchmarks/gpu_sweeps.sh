@@ -12,10 +12,10 @@
 # files into the sweep's own folder, to commit). With PYTEST_SECONDS set, $PYTEST_FILES (default
 # tests/engine/test_engine_vectorized.py) run meanwhile with their device side on CUDA
 # (FEDHET_TEST_DEVICE=cuda), on 4 CPUs and 4 workers of their own.
-# The device call's own timeout must cover SECONDS + about 90 s (setup, SIGTERM grace, tar), or
-# nothing comes back. Exit status: the worst of the sweeps' and the tests' (124: stopped at SECONDS).
+# The device call's own timeout must cover SECONDS plus setup and the archive (12 s for SECONDS=520
+# on an H200: 532 s), plus up to 30 s more if a run ignores SIGTERM; else nothing comes back. Exit status: the worst of the sweeps' and the tests' (124: stopped at SECONDS).
 # Each sweep starts from the runs its own folder (the file's `out`) holds in the copy of the working
-# tree, so the runs committed there are left alone and only the missing ones run.
+# tree: the runs committed there are left alone and only the missing ones run (below).
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
 # .devdata/fashion_mnist/ (the four .gz files), both carried.
 # A dry run on a machine without CUDA, before device time is spent: GPU_SWEEPS_DEVICE=cpu (runs on the
@@ -59,32 +59,32 @@ fi
 status=0
 pids=()
 n=0
-# Each sweep's folder of this call starts as a copy of the sweep's own folder (its committed runs,
-# which the sweep then leaves alone); --from=ARCHIVE (a sweepN.tar.gz an earlier call brought back,
-# committed or carried) is unpacked over it: its unfinished runs go on from their checkpoints, its
-# finished ones are kept. Every folder is ready before any sweep starts, so a bad sweep file or
-# archive stops the call with nothing running.
+# Each sweep's folder of this call is made of --from=ARCHIVE (a sweepN.tar.gz an earlier call brought
+# back, committed or carried: its unfinished runs go on from their checkpoints), then the sweep's own
+# folder copied over it, so a run committed as completed stays completed whatever the archive holds.
+# Every folder is ready before any sweep starts, so a bad sweep file or archive stops the call with
+# nothing running.
 for spec in "$@"; do
   file=
   for word in $spec; do
     case $word in
-      --*) ;;
-      *) [ -z "$file" ] && file=$word ;;
+      *.yaml|*.yml) file=$word ;;
     esac
   done
+  [ -n "$file" ] || { echo "gpu_sweeps.sh: no sweep file (*.yaml) in '$spec'" >&2; exit 2; }
   own=$(python3 -c 'import sys; from fedhet.experiment.sweep import load_sweep; print(load_sweep(sys.argv[1]).out)' \
         "$file") || { echo "gpu_sweeps.sh: cannot read the sweep file '$file'" >&2; exit 2; }
   mkdir -p "$work/sweep$n"
-  if [ -d "$own" ]; then
-    cp -a "$own/." "$work/sweep$n/" || { echo "gpu_sweeps.sh: cannot copy $own" >&2; exit 2; }
-    echo "sweep$n starts from $own ($(find "$work/sweep$n" -name summary.json | wc -l) run folders)"
-  fi
   for word in $spec; do
     case $word in
       --from=*) tar -xzf "${word#--from=}" -C "$work/sweep$n" --strip-components=1 \
                   || { echo "gpu_sweeps.sh: cannot unpack ${word#--from=}" >&2; exit 2; } ;;
     esac
   done
+  if [ -d "$own" ]; then
+    cp -a "$own/." "$work/sweep$n/" || { echo "gpu_sweeps.sh: cannot copy $own" >&2; exit 2; }
+    echo "sweep$n starts from $own: $(find "$own" -name summary.json | wc -l) run folders"
+  fi
   n=$(( n + 1 ))
 done
 n=0

@@ -39,8 +39,11 @@ def tiny_sweep(tmp_path, small_config) -> Path:
 
 
 def dry_run(spec: str, out: Path, seconds: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GPU_SWEEPS_DEVICE": "cpu", "OUT": str(out), "SWEEP_LANES": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # the settings of a gpu_check.sh or gpu_sweeps.sh call this test may run under are not this call's
+    outer = ("PYTEST_SECONDS", "PYTEST_FILES", "FEDHET_TEST_DEVICE", "SWEEP_LANES", "GPU_SWEEPS_DEVICE")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    env.update({"GPU_SWEEPS_DEVICE": "cpu", "OUT": str(out), "SWEEP_LANES": "1",
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
     return subprocess.run(["bash", str(SCRIPT), str(seconds), spec], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=seconds + 120)
 
@@ -51,7 +54,7 @@ def test_a_device_sweep_leaves_the_committed_runs_alone_and_brings_back_the_miss
     committed = load_sweep(path).jobs[0].run_dir / "metrics.jsonl"
     before = committed.read_bytes()
 
-    done = dry_run(f"{path} --lanes 1", tmp_path / "device_out")
+    done = dry_run(f"--lanes 1 {path}", tmp_path / "device_out")          # options before the file too
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "device_out" / "sweep0.log").read_text()
     assert "2 runs, 1 completed left alone, 1 to run" in log, log
@@ -68,6 +71,23 @@ def test_a_device_sweep_leaves_the_committed_runs_alone_and_brings_back_the_miss
     assert adopt_runs(sweep, archive, log=lambda m: None) == ["fedprox_s0"]
     assert {j.name: job_status(j) for j in sweep.jobs} == {"fedavg_s0": "completed", "fedprox_s0": "completed"}
     assert committed.read_bytes() == before
+
+
+def test_an_archive_brought_back_does_not_undo_a_committed_run(tmp_path, small_config):
+    """--from=ARCHIVE holding an unfinished copy of a run committed since: the committed one counts."""
+    path = tiny_sweep(tmp_path, small_config)
+    run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)        # both committed
+    unfinished = tmp_path / "archive" / "sweep0"
+    shutil.copytree(tmp_path / "committed", unfinished)
+    summary = unfinished / "fedavg_s0" / "summary.json"
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "interrupted"}))
+    with tarfile.open(tmp_path / "sweep0.tar.gz", "w:gz") as tar:
+        tar.add(unfinished, arcname="sweep0")
+
+    done = dry_run(f"{path} --lanes 1 --from={tmp_path / 'sweep0.tar.gz'}", tmp_path / "device_out")
+    assert done.returncode == 0, done.stdout + done.stderr
+    log = (tmp_path / "device_out" / "sweep0.log").read_text()
+    assert "2 runs, 2 completed left alone, 0 to run" in log, log
 
 
 def test_a_sweep_file_the_device_cannot_read_stops_the_call_before_anything_runs(tmp_path):
