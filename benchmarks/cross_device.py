@@ -85,26 +85,32 @@ class StopAfter(Callback):
 
     def __init__(self, seconds: float | None):
         self.deadline = None if seconds is None else time.perf_counter() + seconds
+        self.stopped = False
 
     def on_row_written(self, exp, row: dict) -> None:
         if self.deadline is not None and time.perf_counter() > self.deadline:
+            self.stopped = True
             raise KeyboardInterrupt
 
 
-def run_mode(mode: str, rounds: int, device: str, tmp: Path, data: list[str], limit: float | None = None) -> dict:
+def run_mode(mode: str, rounds: int, device: str, tmp: Path, data: list[str],
+             limit: float | None = None) -> dict | None:
+    """One mode's figures, or None when ``limit`` stopped it before a second round (nothing to time)."""
     engine, precision = mode.split(":")
     cfg = load_config(CONFIG, [*data, f"train.rounds={rounds}", f"run.engine={engine}", f"run.precision={precision}",
                                f"run.device={device}", "run.progress=false", f"run.checkpoint_every={rounds}"])
     t0 = time.perf_counter()
-    exp = Experiment.create(cfg, tmp / mode.replace(":", "-"), callbacks=[StopAfter(limit)])
+    stop = StopAfter(limit)
+    exp = Experiment.create(cfg, tmp / mode.replace(":", "-"), callbacks=[stop])
     try:
         exp.run(progress=False)
     except KeyboardInterrupt:
-        pass
+        if not stop.stopped:          # a real Ctrl-C
+            raise
     wall = time.perf_counter() - t0
     rows = read_metrics(exp.run_dir)
-    if len(rows) < 2:
-        raise SystemExit(f"{mode}: only {len(rows)} round(s) within --limit {limit} s; give it more time")
+    if stop.stopped and len(rows) < 2:
+        return None
     rounds = len(rows)
     measured = rows[1:] or rows
     train_s = sum(r["seconds"]["train"] for r in measured)
@@ -196,7 +202,7 @@ def main() -> int:
                             text=True).stdout.strip()
     command = "python benchmarks/cross_device.py " + " ".join(
         x for x in [f"--device {a.device}", f"--rounds {rounds}", f"--modes {','.join(modes)}",
-                    f"--limit {a.limit:g}" if a.limit else ""] if x)
+                    f"--limit {a.limit:g}" if a.limit is not None else ""] if x)
     results, ceilings = [], {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -207,10 +213,14 @@ def main() -> int:
             print(f"ceiling {precision}: {ceilings[precision]:,.0f} samples/s", flush=True)
         for mode in modes:
             r = run_mode(mode, rounds, a.device, tmp, data, a.limit)
+            if r is None:
+                print(f"{mode:18s} not measured: --limit {a.limit:g} s stopped it before its second round", flush=True)
+                continue
             r["ceiling_ratio"] = r["samples_per_s"] / ceilings[mode.split(":")[1]]
             results.append(r)
             print(f"{mode:18s} wall {r['wall_s']:8.1f} s  whole run {r['whole_run_s']:8.1f} s"
-                  f"{' (projected)' if r['projected'] else ''}  {r['samples_per_s']:9,.0f} samples/s "
+                  f"{' (projected)' if r['projected'] else ''}"
+                  f"{'' if r['evaluations_measured'] else ' (no evaluation measured)'}  {r['samples_per_s']:9,.0f} samples/s "
                   f"({r['ceiling_ratio']:.2f}x ceiling)  fallbacks {r['engine'].get('fallback_reasons', {})}",
                   flush=True)
     machine = machine_info()
@@ -218,8 +228,8 @@ def main() -> int:
     stem = a.out or f"cross_device_{a.device}"
     lines = [f"# Cross-device benchmark ({a.device})", "",
              f"Setting: `{CONFIG.relative_to(ROOT)}`; data: {data_note}; {rounds} rounds per mode"
-             f"{f', each stopped after about {a.limit:g} s (rounds done: the table)' if a.limit else ''}"
-             f"{' (whole run projected to 1,500 rounds: start-up + rounds + evaluations)' if rounds != FULL_ROUNDS else ''}.",
+             f"{f', each stopped after about {a.limit:g} s (rounds done: the table)' if a.limit is not None else ''}"
+             f"{' (whole run projected to 1,500 rounds: start-up + rounds + evaluations)' if any(r['projected'] for r in results) else ''}.",
              f"Machine: {machine['cpu_model']} ({machine['cpus']} CPUs), {machine['gpu']}; commit {commit}; "
              f"`{command}`; {time.strftime('%Y-%m-%d')}.", "",
              "| mode | rounds | wall (s) | whole run (s) | train samples/s | x ceiling | train / aggregate / evaluate "
@@ -239,7 +249,7 @@ def main() -> int:
         {"command": command, "commit": commit, "machine": machine, "data": data_note, "rounds": rounds,
          "ceilings": ceilings, "results": results}, indent=1, default=str) + "\n")
     print("\n".join(lines))
-    return 0
+    return 0 if results else 1
 
 
 if __name__ == "__main__":
