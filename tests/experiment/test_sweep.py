@@ -179,8 +179,9 @@ def test_only_takes_a_run_entrys_tag_or_one_of_its_grid_groups(tmp_path, small_c
 def test_no_start_after_lets_the_lanes_first_runs_finish_and_starts_no_other(tmp_path, small_config, capsys):
     path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1]}), ("fedprox", {})], lanes=1,
                        set=["train.rounds=1"])
-    assert cli_main(["sweep", str(path), "--no-start-after", "-1"]) == 2
-    assert "--no-start-after must be 0 or more seconds, got -1" in capsys.readouterr().err
+    for bad in ("-1", "nan", "inf"):
+        assert cli_main(["sweep", str(path), "--no-start-after", bad]) == 2
+        assert f"--no-start-after must be 0 or more seconds, got {bad}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
     messages = []

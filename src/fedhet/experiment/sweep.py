@@ -56,6 +56,7 @@ import copy
 import functools
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -428,7 +429,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     ``no_start_after``: start no run once this many seconds have passed since the sweep started; the
     runs going on then finish, the others are left for the next sweep (a compute window's last runs
     that could not finish inside it)."""
-    if no_start_after is not None and no_start_after < 0:
+    if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
     t_start = time.monotonic()
     jobs = select_jobs(sweep, only)
