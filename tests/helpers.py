@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from torch import nn
 
 from fedhet.core.contract import RoundContext
@@ -376,3 +377,19 @@ def write_metrics(folder: Path, rows: list[dict]) -> None:
     """A run folder's metrics.jsonl holding ``rows``, one JSON object a line (as a run writes it)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def write_sweep(tmp_path, small_config, runs, **extra):
+    """Two tiny configs (fedavg, fedprox) and a sweep file over them."""
+    paths = {}
+    for algo in ("fedavg", "fedprox"):
+        raw = copy.deepcopy(small_config)
+        raw["algorithm"] = {"name": algo}
+        raw["train"]["rounds"] = 3
+        paths[algo] = tmp_path / f"{algo}.yaml"
+        paths[algo].write_text(yaml.safe_dump(raw))
+    spec = {"name": "tiny", "out": str(tmp_path / "out"), "lanes": 2, "seeds": [0],
+            "runs": [{"config": str(paths[a]) if a in paths else a, **opts} for a, opts in runs], **extra}
+    path = tmp_path / "tiny.sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path

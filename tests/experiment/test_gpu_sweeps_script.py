@@ -3,7 +3,6 @@ its committed folder lacks, and what it brings back adopts."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
@@ -13,7 +12,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import yaml
+from helpers import write_sweep
 
 from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_sweep
 
@@ -24,18 +23,8 @@ pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="gpu_swe
 
 
 def tiny_sweep(tmp_path, small_config) -> Path:
-    paths = {}
-    for algo in ("fedavg", "fedprox"):
-        raw = copy.deepcopy(small_config)
-        raw["algorithm"] = {"name": algo}
-        raw["train"]["rounds"] = 2
-        paths[algo] = tmp_path / f"{algo}.yaml"
-        paths[algo].write_text(yaml.safe_dump(raw))
-    spec = {"name": "tiny", "out": str(tmp_path / "committed"), "lanes": 1, "seeds": [0],
-            "runs": [{"config": str(paths["fedavg"])}, {"config": str(paths["fedprox"])}]}
-    path = tmp_path / "tiny.sweep.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    """Two one-lane runs of two rounds (fedavg_s0, fedprox_s0) into tmp_path/out."""
+    return write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], lanes=1, set=["train.rounds=2"])
 
 
 def dry_run(spec: str, out: Path, seconds: int = 240) -> subprocess.CompletedProcess:
@@ -78,7 +67,7 @@ def test_an_archive_brought_back_does_not_undo_a_committed_run(tmp_path, small_c
     path = tiny_sweep(tmp_path, small_config)
     run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)        # both committed
     unfinished = tmp_path / "archive" / "sweep0"
-    shutil.copytree(tmp_path / "committed", unfinished)
+    shutil.copytree(tmp_path / "out", unfinished)
     summary = unfinished / "fedavg_s0" / "summary.json"
     summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "interrupted"}))
     with tarfile.open(tmp_path / "sweep0.tar.gz", "w:gz") as tar:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import yaml
-from helpers import run_killed_in_round
+from helpers import run_killed_in_round, write_sweep
 
 from fedhet.cli import main as cli_main
 from fedhet.core.errors import ConfigError
@@ -23,22 +23,6 @@ from fedhet.experiment.sweep import (
     run_sweep,
     write_report,
 )
-
-
-def write_sweep(tmp_path, small_config, runs, **extra):
-    """Two tiny configs (fedavg, fedprox) and a sweep file over them."""
-    paths = {}
-    for algo in ("fedavg", "fedprox"):
-        raw = copy.deepcopy(small_config)
-        raw["algorithm"] = {"name": algo}
-        raw["train"]["rounds"] = 3
-        paths[algo] = tmp_path / f"{algo}.yaml"
-        paths[algo].write_text(yaml.safe_dump(raw))
-    spec = {"name": "tiny", "out": str(tmp_path / "out"), "lanes": 2, "seeds": [0],
-            "runs": [{"config": str(paths[a]) if a in paths else a, **opts} for a, opts in runs], **extra}
-    path = tmp_path / "tiny.sweep.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
 
 
 def rows_without_time(run_dir):
