@@ -60,6 +60,32 @@ def test_cifar10_table1_numbers_are_the_papers():
     assert "Table 8 (FedACD_base) 45.51%" in (CONFIGS / "cifar100_b0.1_fedacd_base.yaml").read_text()
 
 
+# Training and test images per class of each dataset (the test set is Tiny-ImageNet's validation set).
+PER_CLASS = {"cifar10": (5000, 1000), "cifar100": (500, 100), "fashion_mnist": (6000, 1000), "tiny_imagenet": (500, 50)}
+REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
+def test_a_clients_local_test_set_fits_in_the_test_set(path):
+    """Each client draws round(fraction x its training size) test images with its label proportions;
+    at beta <= 0.3 one client can hold nearly every training image of a class, so fraction x training
+    images per class must not exceed the test images per class (Fashion-MNIST at 0.2 failed to build
+    at beta 0.1 and 0.05 for every seed)."""
+    cfg = load_config(path)
+    train, test = PER_CLASS[cfg.data.dataset]
+    assert cfg.data.local_test.source == "test_set"
+    assert cfg.data.local_test.fraction * train <= test
+
+
+@pytest.mark.skipif(not REAL_FMNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
+@pytest.mark.parametrize("beta", ["0.05", "0.1", "0.3"])
+def test_fashion_mnist_configs_build_their_federation_on_the_real_data(beta):
+    cfg = load_config(CONFIGS / f"fmnist_b{beta}_fedavg.yaml", overrides=[f"data.root={REAL_FMNIST}"])
+    for seed in (0, 1, 2):
+        fed = build_federation(cfg.data, seed)
+        assert fed.num_clients == 20 and sum(len(t) for t in fed.train_idx) == 60_000
+
+
 @pytest.mark.parametrize("name", ["cifar10_b0.3_fedacd", "cifar100_b0.1_fednh"])
 def test_cifar_configs_build_partition_and_model(name, data_root):
     cfg = load_config(CONFIGS / f"{name}.yaml", overrides=[f"data.root={data_root}", "data.verify=false",
