@@ -21,6 +21,12 @@
 #      1500 --modes vectorized:fp32 --limit <CROSS_SECONDS - 80>", the 80 s for start-up, data and the
 #      ceiling, not yet timed on a GPU): the cross-device benchmark's run, each mode stopped after --limit
 #      seconds and the whole run projected from its rounds, into $OUT/cross_device_<device>.*;
+#   3c. benchmarks/repeatability.py ($REPEAT_SECONDS, default 0: skipped; about 150 s on an H200, estimated;
+#      $REPEAT_ARGS, default "--rounds 10"): FedAvg at FedACD's Fashion-MNIST setting run twice without and
+#      twice with run.deterministic, vectorized, in one process: whether a seed repeats bit for bit and what
+#      the deterministic kernels cost, into $OUT/repeatability_<device>.*. With FEDHET_TEST_DETERMINISTIC=1
+#      step 2's tests run every method with run.deterministic (an operation without a deterministic CUDA
+#      kernel fails its method's test with torch's error naming it);
 #   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 0: skipped): a
 #      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
 #      Table II setting), vectorized, into $OUT/profile_<config name>/;
@@ -97,6 +103,10 @@ cat "$OUT/machine.txt"
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1} $BENCH_DEVICE_ARGS
 [ "${CROSS_SECONDS:-0}" = 0 ] || step cross_device "$CROSS_SECONDS" python3 benchmarks/cross_device.py --device "$CHECK_DEVICE" \
   --out "$OUT/cross_device_$CHECK_DEVICE" ${CROSS_ARGS:---rounds 1500 --modes vectorized:fp32 --limit $(( ${CROSS_SECONDS:-0} - 80 ))}
+if [ "$CHECK_DEVICE" = cpu ]; then REPEAT_DEFAULT="--rounds 1 --set train.local_epochs=1 --set data.pool_fraction=0.05"
+else REPEAT_DEFAULT="--rounds 10"; fi
+[ "${REPEAT_SECONDS:-0}" = 0 ] || step repeatability "$REPEAT_SECONDS" python3 benchmarks/repeatability.py \
+  --device "$CHECK_DEVICE" --out "$OUT/repeatability_$CHECK_DEVICE" ${REPEAT_ARGS:-$REPEAT_DEFAULT}
 if [ "${PROFILE_SECONDS:-0}" != 0 ]; then
   for config in ${PROFILE_CONFIGS:-configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml}; do
     name=profile_$(basename "$config" .yaml)

@@ -28,6 +28,20 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture
+def determinism_restored():
+    """Torch's deterministic-algorithm settings and CUBLAS_WORKSPACE_CONFIG put back after a test that
+    runs with ``run.deterministic`` (process-wide, like the thread count), the variable unset during it."""
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark, os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None))
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    if before[3] is not None:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[3]
+
+
 @pytest.fixture(scope="session")
 def synth_root(tmp_path_factory) -> Path:
     """A small learnable dataset in the real Fashion-MNIST IDX format."""

@@ -19,6 +19,9 @@ on the reference and the vectorized engine, and the CUDA run must:
   together) must agree to 5e-2 and the headline accuracy to 5 points on the tiny synthetic test
   split. This catches a method computing on the wrong data or dropping a term, not rounding; the
   exact bound of the engines' float differences is tests/engine/test_engine_vectorized.py's.
+
+With ``FEDHET_TEST_DETERMINISTIC=1`` every run has ``run.deterministic: true``: a method using an
+operation that has no deterministic CUDA kernel then fails with torch's error naming the operation.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def method_config(small_config: dict, name: str, engine: str, device: str) -> di
     raw = copy.deepcopy(small_config)
     raw["algorithm"] = {"name": name, "params": {}}
     raw["train"].update(rounds=2)
-    raw["run"].update(engine=engine, device=device, checkpoint_every=100)
+    raw["run"].update(engine=engine, device=device, checkpoint_every=100,
+                      deterministic=os.environ.get("FEDHET_TEST_DETERMINISTIC") == "1")
     if name == "fedcme":         # its exchange needs two local epochs
         raw["train"].update(local_epochs=2)
     if name in ("fedfm", "fedfm_lite"):   # feature matching from the first round

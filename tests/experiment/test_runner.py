@@ -2,6 +2,7 @@
 
 import copy
 import json
+import os
 
 import numpy as np
 import pytest
@@ -41,6 +42,25 @@ def test_same_seed_same_metrics_and_weights(small_config, tmp_path):
     other = dict(small_config, seed=4)
     c = run(other, tmp_path / "c")
     assert stable(read_metrics(c.run_dir)) != stable(read_metrics(a.run_dir))
+
+
+def test_deterministic_asks_torch_for_deterministic_kernels_and_changes_no_cpu_number(small_config, tmp_path,
+                                                                                     determinism_restored):
+    """run.deterministic: torch's deterministic algorithms, cuDNN's deterministic convolutions without
+    autotuning and the cuBLAS workspace setting, for the process. On a CPU, bitwise at a fixed thread
+    count without it, the run's numbers and weights are those of the same run without it."""
+    torch.backends.cudnn.benchmark = True
+    plain = run(small_config, tmp_path / "plain")
+    assert not torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.benchmark
+    asked = copy.deepcopy(small_config)
+    asked["run"]["deterministic"] = True
+    det = run(asked, tmp_path / "det")
+    assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+    assert not torch.backends.cudnn.benchmark and os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert stable(read_metrics(det.run_dir)) == stable(read_metrics(plain.run_dir))
+    for k, v in plain.loop.server_state["model"].items():
+        assert torch.equal(v, det.loop.server_state["model"][k])
+    assert load_config(det.run_dir / "config.yaml").run.deterministic
 
 
 def test_fedavg_learns_and_records_everything(small_config, tmp_path):

@@ -23,15 +23,19 @@ from fedhet.data.federated import Federation, build_federation
 from fedhet.engine import ClientHost, ClientStates
 from fedhet.experiment.config import ExperimentConfig, RunConfig
 from fedhet.models import build_model
+from fedhet.training.determinism import use_deterministic_algorithms
 from fedhet.training.precision import auto_precision
 
 
 def configure_process(cfg: ExperimentConfig) -> None:
-    """Process-wide settings a run asks for: ``run.threads`` torch intra-op threads. Every process
-    that trains this run's clients applies it (the runner, each Flower node), so float sums are
-    the same everywhere."""
+    """Process-wide settings a run asks for: ``run.threads`` torch intra-op threads and
+    ``run.deterministic`` kernels. Every process that trains this run's clients applies them (the
+    runner, each Flower node), so float sums are the same everywhere. Neither is undone when the
+    run ends (a later run in the same process that asks for neither keeps them)."""
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    if cfg.run.deterministic:
+        use_deterministic_algorithms()
 
 
 def make_algorithm(cfg: ExperimentConfig) -> Algorithm:

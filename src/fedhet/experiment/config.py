@@ -255,6 +255,10 @@ class RunConfig(Strict):
     engine: Literal["auto", "reference", "parallel", "vectorized"] = "auto"
     workers: Literal["auto"] | pydantic.PositiveInt = "auto"
     threads: int | None = Field(None, ge=1)        # torch intra-op threads; default: torch's choice
+    # torch's deterministic kernels (fedhet.training.determinism), process-wide like threads: for a
+    # CUDA run that repeats bit for bit, at some speed (an operation without a deterministic kernel
+    # stops the run with torch's error naming it). A CPU run repeats bitwise at fixed threads without it.
+    deterministic: bool = False
     # The vectorized engine on CUDA replays the steps that recur in a group's schedule as CUDA
     # graphs (a failed capture is counted in the summary's engine.eager_reasons; those steps run eagerly).
     cuda_graphs: bool = True
@@ -463,7 +467,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 # Keys that may differ between a run's checkpoint and its config on resume: how the run is
 # carried out, not what it computes (engines and devices are equivalent to float rounding, so a
 # run stopped on a lent GPU may go on on a CPU; threads change speed only).
-RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
+RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.deterministic", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
                      "run.keep_graphs", "run.client_state", "run.client_state_store", "run.client_state_memory_mb",
                      "run.checkpoint_every", "run.out_dir", "run.loggers",
                      "run.mlflow_tracking_uri")
