@@ -67,14 +67,15 @@ REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
 def test_a_clients_local_test_set_fits_in_the_test_set(path):
-    """Each client draws round(fraction x its training size) test images with its label proportions;
-    at beta <= 0.3 one client can hold nearly every training image of a class, so fraction x training
-    images per class must not exceed the test images per class (Fashion-MNIST at 0.2 failed to build
-    at beta 0.1 and 0.05 for every seed)."""
+    """Each client draws round(fraction x its training size) test images with its label proportions,
+    a class's quota rounded by largest remainder: at most fraction x its training images of the class
+    + 1.5. At beta <= 0.3 one client can hold nearly every training image of a class, so that must not
+    exceed the test images per class (Fashion-MNIST at 0.2 failed to build at beta 0.1 and 0.05 at
+    every seed)."""
     cfg = load_config(path)
     train, test = PER_CLASS[cfg.data.dataset]
     assert cfg.data.local_test.source == "test_set"
-    assert cfg.data.local_test.fraction * train <= test
+    assert cfg.data.local_test.fraction * train + 1.5 <= test
 
 
 @pytest.mark.skipif(not REAL_FMNIST.is_dir(), reason="Debian's dataset-fashion-mnist is not installed")
