@@ -23,10 +23,11 @@
 #      seconds and the whole run projected from its rounds, into $OUT/cross_device_<device>.*;
 #   3c. benchmarks/repeatability.py ($REPEAT_SECONDS, default 0: skipped; about 150 s on an H200, estimated;
 #      $REPEAT_ARGS, default "--rounds 10"): FedAvg at FedACD's Fashion-MNIST setting run twice without and
-#      twice with run.deterministic, vectorized, in one process: whether a seed repeats bit for bit and what
-#      the deterministic kernels cost, into $OUT/repeatability_<device>.*. With FEDHET_TEST_DETERMINISTIC=1
-#      step 2's tests run every method with run.deterministic (an operation without a deterministic CUDA
-#      kernel fails its method's test with torch's error naming it);
+#      twice with run.deterministic, vectorized, each mode in a process of its own: whether a seed repeats
+#      bit for bit and what the deterministic kernels cost, into $OUT/repeatability_<device>.*. With
+#      FEDHET_TEST_DETERMINISTIC=1 set by the caller, step 2's tests run every method with run.deterministic
+#      (and CUBLAS_WORKSPACE_CONFIG=:4096:8 from the start, as torch reads it once per process): an operation
+#      without a deterministic CUDA kernel fails its method's test with torch's error naming it;
 #   4. benchmarks/profile_device.py ($PROFILE_SECONDS per config, default 0: skipped): a
 #      torch.profiler trace of one round of each of $PROFILE_CONFIGS (default: FedAvg at the FedCME
 #      Table II setting), vectorized, into $OUT/profile_<config name>/;
@@ -98,7 +99,8 @@ else { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.
 fi
 cat "$OUT/machine.txt"
 
-[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE="$CHECK_DEVICE" python3 -m pytest -p no:cacheprovider \
+[ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE="$CHECK_DEVICE" \
+  ${FEDHET_TEST_DETERMINISTIC:+CUBLAS_WORKSPACE_CONFIG=:4096:8} python3 -m pytest -p no:cacheprovider \
   -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1} $BENCH_DEVICE_ARGS
 [ "${CROSS_SECONDS:-0}" = 0 ] || step cross_device "$CROSS_SECONDS" python3 benchmarks/cross_device.py --device "$CHECK_DEVICE" \

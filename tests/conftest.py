@@ -32,14 +32,15 @@ def one_intra_op_thread():
 def determinism_restored():
     """Torch's deterministic-algorithm settings and CUBLAS_WORKSPACE_CONFIG put back after a test that
     runs with ``run.deterministic`` (process-wide, like the thread count), the variable unset during it."""
-    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-              torch.backends.cudnn.benchmark, os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None))
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+              os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None))
     yield
-    torch.use_deterministic_algorithms(before[0])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], before[2]
+    torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[2], before[3]
     os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
-    if before[3] is not None:
-        os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[3]
+    if before[4] is not None:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = before[4]
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,8 @@ on the reference and the vectorized engine, and the CUDA run must:
 
 With ``FEDHET_TEST_DETERMINISTIC=1`` every run has ``run.deterministic: true``: a method using an
 operation that has no deterministic CUDA kernel then fails with torch's error naming the operation.
+Set ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` too (gpu_check.sh does): torch reads it once per process, and
+a worker that ran another CUDA test first would refuse the deterministic runs.
 """
 
 from __future__ import annotations
