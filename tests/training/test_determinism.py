@@ -21,7 +21,6 @@ def test_it_asks_for_deterministic_kernels_and_the_cublas_setting(determinism_re
 
 def test_a_deterministic_cublas_setting_of_the_environment_is_kept(determinism_restored, monkeypatch):
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)     # set before CUDA started: fine
     use_deterministic_algorithms()
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and torch.are_deterministic_algorithms_enabled()
@@ -33,7 +32,6 @@ def test_cuda_used_before_the_cublas_setting_is_refused_with_what_to_do(determin
     after CUDA has run, it would not count and the run would fail at its first product."""
     if value is not None:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = value
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(ConfigError, match="new process.*CUBLAS_WORKSPACE_CONFIG=:4096:8"):
         use_deterministic_algorithms()

@@ -30,7 +30,7 @@ def use_deterministic_algorithms() -> None:
     without it, setting it now would not count, and the first matrix product would fail with a
     message asking for the variable: that case is refused here, with what to do."""
     if os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in CUBLAS_DETERMINISTIC:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             raise ConfigError(
                 "run.deterministic: CUDA was used in this process before CUBLAS_WORKSPACE_CONFIG was set, and "
                 "torch reads it only once per process; start the run in a new process (the fedhet CLI does "
