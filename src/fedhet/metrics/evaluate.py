@@ -43,47 +43,37 @@ from fedhet.core.contract import Arrays, ClientData, State, to_device
 from fedhet.core.seeding import numpy_rng
 from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
-
-# Rows per forward pass and intra-op thread on the CPU. A forward over thousands of rows spills
-# its activations out of the CPU caches; passes of a few dozen rows per thread (with channels_last)
-# keep them there, so evaluation takes many small passes rather than one large one.
-# ``batch_size`` (eval.batch_size) stays the upper bound. benchmarks/engine_speed.py reports
-# evaluation's seconds per round (its "evaluate s" column).
-ROWS_PER_THREAD = 64
-
-
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t
+from fedhet.training.inference import channels_last, pass_rows
 
 
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
 def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Tensor, normalize, batch_size: int,
             precision: str = "fp32", device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample correctness (bool) and cross-entropy (float32) of ``weights`` on (x, y), both on
-    the CPU, in large no-grad batches; ``precision`` "bf16" runs the forward under bf16 autocast
+    the CPU, in no-grad passes; ``precision`` "bf16" runs the forward under bf16 autocast
     (as training does, the loss on fp32 logits), "fp32" without (``eval.precision``). Sums over
     samples or clients are the callers' (in double).
 
     On the CPU, images and convolution weights go in channels_last: oneDNN's convolutions and
     max-pooling run faster in that layout (logits differ from the default layout's by
-    float rounding, ~1e-7; evaluation is never fed back into training), and a pass takes
-    ``ROWS_PER_THREAD`` rows per thread. On another ``device`` (``model`` must live there) the
-    weights and each pass's uint8 images are copied there and normalised there, ``batch_size``
-    rows a pass, and the results come back once at the end, not once per pass."""
+    float rounding, ~1e-7; evaluation is never fed back into training), and a pass takes a few
+    dozen rows per thread (:func:`fedhet.training.inference.pass_rows`). On another ``device``
+    (``model`` must live there) the weights and each pass's uint8 images are copied there and
+    normalised there, ``batch_size`` rows a pass, and the results come back once at the end,
+    not once per pass."""
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"evaluation precision must be 'fp32' or 'bf16', got {precision!r}")
     device = torch.device(device)
     model.eval()
+    rows = pass_rows(batch_size, device)
     if device.type == "cpu":
-        rows = max(1, min(batch_size, ROWS_PER_THREAD * torch.get_num_threads()))
-        weights = {k: _channels_last(v) for k, v in weights.items()}
+        weights = {k: channels_last(v) for k, v in weights.items()}
     else:
-        rows = max(1, batch_size)
         weights = to_device(weights, device)
     hits, losses = [], []
     for i in range(0, len(y), rows):
         xb = x_uint8[i:i + rows].to(device)
-        x = _channels_last(normalize(xb)) if device.type == "cpu" else normalize(xb)
+        x = channels_last(normalize(xb)) if device.type == "cpu" else normalize(xb)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
             logits = functional_call(model, weights, (x,), strict=False)
         logits = logits.float()
@@ -220,13 +210,15 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
                      device: str | torch.device = "cpu", client_data: Callable[[int], ClientData] | None = None) -> dict:
     """``local_risk`` and ``local_kl`` of the uploaded local models (module docstring); the risk's
     test-set passes in ``precision``, the KL's probability matrix in fp32 (FedACD's own statistic),
-    both on ``device`` (``models`` and ``client_data(cid)``, default the federation's, live there)."""
+    both on ``device`` (``models`` and ``client_data(cid)``, default the federation's, live there),
+    on the CPU both in channels_last, as :func:`predict`."""
     if not local_models or fed.test is None:
         return {}
     data_of = client_data or fed.client_data
     counts = fed.train_counts().astype(np.float64)
     pi_mean = (counts / counts.sum(1, keepdims=True)).mean(0)      # (1/M) sum_n pi^n
     total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
+    on_cpu = torch.device(device).type == "cpu"     # evaluation's layout there, as in predict
     risk, kl = {}, {}
     for cid in sorted(local_models):
         model = models[client_arch[cid]]
@@ -236,7 +228,7 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
         error = 1.0 - correct / np.maximum(total, 1)
         risk[cid] = float(error @ pi_mean)
         P, class_counts = local_probability_matrix(model, to_device(local_models[cid], device), data_of(cid),
-                                                   fed.num_classes)
+                                                   fed.num_classes, channels_last=on_cpu)
         kl[cid] = template_kl(P.cpu(), class_counts.cpu() > 0)
     return {"local_risk": float(np.mean(list(risk.values()))), "local_kl": float(np.mean(list(kl.values()))),
             "local_risk_by_client": risk, "local_kl_by_client": kl}
