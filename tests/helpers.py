@@ -21,6 +21,10 @@ from fedhet.experiment.build import build_models, make_algorithm, train_settings
 from fedhet.experiment.config import load_config
 from fedhet.models.base import SplitModel
 
+# Debian's dataset-fashion-mnist (``apt-get install dataset-fashion-mnist``): tests on the real
+# images skip where it is not installed.
+REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
 
 def config(small_config: dict, algorithm: str = "fedavg", params: dict | None = None, **train):
     """``small_config`` with another algorithm and train settings, validated."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import REAL_FMNIST
 
 from fedhet.core.errors import DataError
 from fedhet.data import datasets as ds
@@ -30,8 +31,6 @@ from fedhet.data.datasets import (
 from fedhet.data.datasets import catalogue as ds_catalogue
 from fedhet.data.datasets import checksums as ds_checksums
 from fedhet.data.datasets import download as ds_download
-
-REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import REAL_FMNIST
 
 import fedhet
 from fedhet.data.federated import build_federation
@@ -62,7 +63,6 @@ def test_cifar10_table1_numbers_are_the_papers():
 
 # Training and test images per class of each dataset (the test set is Tiny-ImageNet's validation set).
 PER_CLASS = {"cifar10": (5000, 1000), "cifar100": (500, 100), "fashion_mnist": (6000, 1000), "tiny_imagenet": (500, 50)}
-REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
