@@ -1,19 +1,20 @@
 """What the cut and the layout of a no-grad pass cost on the CPU: the per-class statistics pass and
-evaluation's test-set pass, each as it was against as it is, side by side in one process.
+evaluation's test-set pass, side by side in one process.
 
     .venv/bin/python benchmarks/no_grad_passes.py                    # simple_cnn and cnn2, 1 thread
-    .venv/bin/python benchmarks/no_grad_passes.py --threads 1 2 --rows 3000 --test-rows 10000 --repeats 5
+    .venv/bin/python benchmarks/no_grad_passes.py --threads 1 2 --rows 3000 3009 --test-rows 10000 --repeats 5
 
 * **Statistics pass** (``fedhet.algorithms.prototypes.class_statistics``; here FedACD's probability
   matrix, the per-class mean softmax, which FedACD takes at the start of every local round and
-  evaluation takes for every uploaded local model's ``local_kl``; FedProto, FedPAC, FedReMa and
-  FedNH take the same pass for their class means) over ``--rows`` training images, three ways:
-  one forward per 1,024 rows (as it was), a few dozen rows per thread
-  (``fedhet.training.inference.pass_rows``, as training's passes now run) and the same in
-  channels_last (as evaluation's now run). ``identical`` says whether the second's counts, means
-  and squared norms are bit-identical to the first's (they are where the convolutions compute
-  each row on its own); the channels_last pass's largest difference in the mean softmax is
-  reported beside it (it never feeds training).
+  evaluation takes for every uploaded local model's ``local_kl``; FedProto, FedPAC, FedReMa, FedNH
+  and FedFM take the same pass for their class means) over ``--rows`` training images, three ways:
+  one forward per 1,024 rows in the default layout (training's statistics, and evaluation's before),
+  a few dozen rows per thread (``fedhet.training.inference.pass_rows``) in the default layout, and
+  the same in channels_last (``for_evaluation=True``, evaluation's now). ``identical`` says whether
+  the second's counts, means and squared norms are bit-identical to the first's: with a last pass
+  of under 16 rows (3,009 rows at 64 a pass) the matrix multiplies take another path and they are
+  not, which is why training's statistics keep their large passes. The channels_last pass's
+  largest difference in the mean softmax is reported beside it.
 * **Evaluation pass** (``fedhet.metrics.evaluate.predict``) over ``--test-rows`` images, with
   ``contiguous(memory_format=channels_last)`` as it was (a no-op on one-channel images and on the
   first convolution's weights there) against ``fedhet.training.inference.channels_last``, which
@@ -44,14 +45,9 @@ from fedhet.experiment.summary import machine_info
 from fedhet.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-STATS = ("1024 rows a pass", "rows per thread", "rows per thread, channels_last")
+STATS = ("1024 rows a pass", "rows per thread", "rows per thread, channels_last")   # training, -, evaluation
 PREDICT = ("contiguous(channels_last)", "to(channels_last)")
 MEAN, STD = torch.full((1, 1, 1, 1), 0.286), torch.full((1, 1, 1, 1), 0.353)
-
-
-def one_pass_per_batch(batch_size: int, device: object = "cpu") -> int:
-    """The statistics pass's cut before ``pass_rows``: the caller's batch size whatever the device."""
-    return max(1, batch_size)
 
 
 def contiguous_channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -63,10 +59,10 @@ def statistics_pass(mode: str, model: torch.nn.Module, weights: dict, data: Clie
     def softmax(out):  # type: ignore[no-untyped-def]
         return out.logits.softmax(1)
 
-    if mode == STATS[0]:
-        with mock.patch.object(prototypes, "pass_rows", one_pass_per_batch):
-            return prototypes.class_statistics(model, weights, data, 10, of=softmax)
-    return prototypes.class_statistics(model, weights, data, 10, of=softmax, channels_last=mode == STATS[2])
+    if mode == STATS[1]:          # evaluation's cut, without its layout
+        with mock.patch.object(prototypes, "channels_last", lambda t: t):
+            return prototypes.class_statistics(model, weights, data, 10, of=softmax, for_evaluation=True)
+    return prototypes.class_statistics(model, weights, data, 10, of=softmax, for_evaluation=mode == STATS[2])
 
 
 def evaluation_pass(mode: str, model: torch.nn.Module, weights: dict, x: torch.Tensor,
@@ -89,41 +85,46 @@ def timed(modes: tuple[str, ...], run: Callable[[str], object], repeats: int) ->
     return seconds
 
 
-def measure(arch: str, rows: int, test_rows: int, threads: int, repeats: int) -> dict:
+def measure_statistics(model: torch.nn.Module, weights: dict, images: torch.Tensor, labels: torch.Tensor,
+                       rows: int, repeats: int) -> dict:
+    data = ClientData(images[:rows], labels[:rows], torch.arange(rows), MEAN, STD)
+    results = {mode: statistics_pass(mode, model, weights, data) for mode in STATS}      # warm-up and results
+    seconds = timed(STATS, lambda mode: statistics_pass(mode, model, weights, data), repeats)
+    large, cut, fast = (results[m] for m in STATS)
+    identical = (torch.equal(large.counts, cut.counts) and torch.equal(large.means, cut.means)
+                 and torch.equal(large.sq_norms, cut.sq_norms))
+    return {"rows": rows, "seconds": {m: statistics.median(s) for m, s in seconds.items()},
+            "spread": {m: [min(s), max(s)] for m, s in seconds.items()}, "cut_identical": identical,
+            "cut_max_diff": float((cut.means - large.means).abs().max()),
+            "channels_last_max_diff": float((fast.means - large.means).abs().max())}
+
+
+def measure(arch: str, rows: list[int], test_rows: int, threads: int, repeats: int) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = build_model(arch, 1, 10, 28)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (max(rows, test_rows), 1, 28, 28), dtype=torch.uint8, generator=g)
+    images = torch.randint(0, 256, (max(*rows, test_rows), 1, 28, 28), dtype=torch.uint8, generator=g)
     labels = torch.randint(0, 10, (len(images),), generator=g)
-    data = ClientData(images[:rows], labels[:rows], torch.arange(rows), MEAN, STD)
+    stats = [measure_statistics(model, weights, images, labels, n, repeats) for n in rows]
     x, y = images[:test_rows], labels[:test_rows]
-
-    stats = {mode: statistics_pass(mode, model, weights, data) for mode in STATS}          # warm-up and results
     preds = {mode: evaluation_pass(mode, model, weights, x, y) for mode in PREDICT}
-    stat_s = timed(STATS, lambda mode: statistics_pass(mode, model, weights, data), repeats)
-    pred_s = timed(PREDICT, lambda mode: evaluation_pass(mode, model, weights, x, y), repeats)
-    before, now, last = (stats[m] for m in STATS)
-    identical = (torch.equal(before.counts, now.counts) and torch.equal(before.means, now.means)
-                 and torch.equal(before.sq_norms, now.sq_norms))
+    seconds = timed(PREDICT, lambda mode: evaluation_pass(mode, model, weights, x, y), repeats)
     (hits_a, loss_a), (hits_b, loss_b) = (preds[m] for m in PREDICT)
-    return {"arch": arch, "rows": rows, "test_rows": test_rows, "threads": threads, "repeats": repeats,
-            "statistics_seconds": {m: statistics.median(s) for m, s in stat_s.items()},
-            "statistics_spread": {m: [min(s), max(s)] for m, s in stat_s.items()},
-            "statistics_identical": identical,
-            "statistics_channels_last_max_diff": float((last.means - before.means).abs().max()),
-            "evaluation_seconds": {m: statistics.median(s) for m, s in pred_s.items()},
-            "evaluation_spread": {m: [min(s), max(s)] for m, s in pred_s.items()},
-            "evaluation_flipped": int((hits_a != hits_b).sum()),
-            "evaluation_loss_max_diff": float((loss_a - loss_b).abs().max())}
+    return {"arch": arch, "threads": threads, "repeats": repeats, "statistics": stats,
+            "evaluation": {"rows": test_rows, "seconds": {m: statistics.median(s) for m, s in seconds.items()},
+                           "spread": {m: [min(s), max(s)] for m, s in seconds.items()},
+                           "flipped": int((hits_a != hits_b).sum()),
+                           "loss_max_diff": float((loss_a - loss_b).abs().max())}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", nargs="+", default=["simple_cnn", "cnn2"])
-    parser.add_argument("--rows", type=int, default=3000, help="a client's training images (Fashion-MNIST over "
-                        "20 clients: about 3,000)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[3000, 3009],
+                        help="a client's training images (Fashion-MNIST over 20 clients: about 3,000; 3,009 leaves "
+                             "a last pass of one row at 64 a pass)")
     parser.add_argument("--test-rows", type=int, default=10000, help="test images (Fashion-MNIST's test set: 10,000)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=5)
@@ -134,40 +135,47 @@ def main() -> None:
         for arch in args.archs:
             r = measure(arch, args.rows, args.test_rows, threads, args.repeats)
             out.append(r)
-            s, p = r["statistics_seconds"], r["evaluation_seconds"]
-            print(f"{arch}, {threads} thread(s): statistics " + ", ".join(f"{m} {s[m]:.3f} s" for m in STATS)
-                  + f" (identical {r['statistics_identical']}); evaluation "
-                  + ", ".join(f"{m} {p[m]:.3f} s" for m in PREDICT) + f" ({r['evaluation_flipped']} flipped)",
-                  flush=True)
+            for st in r["statistics"]:
+                s = st["seconds"]
+                print(f"{arch}, {threads} thread(s), statistics over {st['rows']} rows: "
+                      + ", ".join(f"{m} {s[m]:.3f} s" for m in STATS) + f" (cut identical {st['cut_identical']})",
+                      flush=True)
+            ev = r["evaluation"]
+            print(f"{arch}, {threads} thread(s), evaluation: " + ", ".join(f"{m} {ev['seconds'][m]:.3f} s" for m in PREDICT)
+                  + f" ({ev['flipped']} flipped)", flush=True)
     info = machine_info()
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "no_grad_passes.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out},
                                                             indent=1))
-    command = (f".venv/bin/python benchmarks/no_grad_passes.py --archs {' '.join(args.archs)} --rows {args.rows} "
-               f"--test-rows {args.test_rows} --threads {' '.join(map(str, args.threads))} --repeats {args.repeats}")
+    command = (f".venv/bin/python benchmarks/no_grad_passes.py --archs {' '.join(args.archs)} "
+               f"--rows {' '.join(map(str, args.rows))} --test-rows {args.test_rows} "
+               f"--threads {' '.join(map(str, args.threads))} --repeats {args.repeats}")
     lines = ["# No-grad passes on the CPU: how they are cut and laid out", "", "Command:", "", "```bash", command,
              "```", "", f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}; seconds are medians "
              f"of {args.repeats} passes on random 28x28 grayscale images and random weights, the modes in a rotating "
              "order; speed-ups are ratios of the medians.", ""]
     if args.note:
         lines += [args.note, ""]
-    lines += [f"Statistics pass (FedACD's probability matrix) over {args.rows} images:", "",
-              "| model | threads | 1,024 rows a pass (s) | rows per thread (s) | speed-up | + channels_last (s) "
-              "| speed-up | rows per thread bit-identical | channels_last max diff |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["Statistics pass (FedACD's probability matrix): training's (1,024 rows a pass, default layout), the "
+              "same cut into rows per thread, and evaluation's (rows per thread, channels_last); the differences "
+              "are the largest in the mean softmax against training's pass:", "",
+              "| model | threads | rows | 1,024 rows a pass (s) | rows per thread (s) | bit-identical | max diff "
+              "| + channels_last (s) | speed-up | max diff |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in out:
-        s = r["statistics_seconds"]
-        lines.append(f"| {r['arch']} | {r['threads']} | {s[STATS[0]]:.3f} | {s[STATS[1]]:.3f} | "
-                     f"{s[STATS[0]] / s[STATS[1]]:.2f}x | {s[STATS[2]]:.3f} | {s[STATS[0]] / s[STATS[2]]:.2f}x | "
-                     f"{'yes' if r['statistics_identical'] else 'no'} | {r['statistics_channels_last_max_diff']:.1e} |")
+        for st in r["statistics"]:
+            s = st["seconds"]
+            lines.append(f"| {r['arch']} | {r['threads']} | {st['rows']} | {s[STATS[0]]:.3f} | {s[STATS[1]]:.3f} | "
+                         f"{'yes' if st['cut_identical'] else 'no'} | {st['cut_max_diff']:.1e} | {s[STATS[2]]:.3f} | "
+                         f"{s[STATS[0]] / s[STATS[2]]:.2f}x | {st['channels_last_max_diff']:.1e} |")
     lines += ["", f"Evaluation pass (`predict`) over {args.test_rows} images:", "",
               "| model | threads | contiguous(channels_last) (s) | to(channels_last) (s) | speed-up "
               "| correctness flipped | loss max diff |", "|---|---|---|---|---|---|---|"]
     for r in out:
-        p = r["evaluation_seconds"]
+        ev = r["evaluation"]
+        p = ev["seconds"]
         lines.append(f"| {r['arch']} | {r['threads']} | {p[PREDICT[0]]:.3f} | {p[PREDICT[1]]:.3f} | "
-                     f"{p[PREDICT[0]] / p[PREDICT[1]]:.2f}x | {r['evaluation_flipped']} of {args.test_rows} | "
-                     f"{r['evaluation_loss_max_diff']:.1e} |")
+                     f"{p[PREDICT[0]] / p[PREDICT[1]]:.2f}x | {ev['flipped']} of {args.test_rows} | "
+                     f"{ev['loss_max_diff']:.1e} |")
     (RESULTS / "no_grad_passes.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {RESULTS / 'no_grad_passes.md'}")
 

@@ -397,3 +397,13 @@ def write_sweep(tmp_path, small_config, runs, **extra):
     path = tmp_path / "tiny.sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
+
+
+def conv_layouts(model: nn.Module) -> list[bool]:
+    """A list that records, per convolution call of ``model`` from now on, whether its input was
+    in channels_last (channel stride 1, which the default layout has only for one-pixel images)."""
+    seen: list[bool] = []
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            m.register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride(1) == 1))
+    return seen

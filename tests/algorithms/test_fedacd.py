@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import build_loop, config, ctx, runtime
+from helpers import build_loop, config, conv_layouts, ctx, runtime
 
 import fedhet
 from fedhet.algorithms.fedacd import (
@@ -368,7 +368,9 @@ def test_local_model_risk_of_a_model_that_always_answers_class_0(small_config):
     bias = torch.zeros(10)
     bias[0] = 2.0
     w["head.fc2.bias"] = bias          # logits = bias for every input: always class 0
+    layouts = conv_layouts(loop.host.models[arch])
     res = local_model_risk(loop.host.models, loop.host.client_arch, {3: w}, fed)
+    assert layouts and all(layouts)    # both passes (test set, the client's P) are evaluation's, in channels_last
     counts = fed.train_counts().astype(float)
     pi_mean = (counts / counts.sum(1, keepdims=True)).mean(0)
     # per-class error: 0 for class 0, 1 elsewhere (classes in the test set); R = sum_c pi_mean_c eps_c

@@ -69,7 +69,7 @@ def test_the_local_kl_is_what_eval_local_risk_records_for_the_uploaded_models(sc
     built, kept = script.local_models(cfg, start, 0)
     recorded = local_model_risk(built.models, built.client_arch, kept, built.federation)["local_kl_by_client"]
     rows = script.measure(built, kept)
-    assert {r["client"]: r["local_kl"] for r in rows} == pytest.approx(recorded)
+    assert {r["client"]: r["local_kl"] for r in rows} == recorded      # the same passes, bit for bit
     cid = rows[0]["client"]
     start_model = start[built.client_arch[cid]]
     assert any(not torch.equal(kept[cid][k], start_model[k]) for k in start_model)      # it trained

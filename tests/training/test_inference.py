@@ -1,11 +1,13 @@
-"""No-grad passes cut into chunks of a few dozen rows per thread on the CPU (fedhet.training.inference)."""
+"""Evaluation's no-grad passes on the CPU: chunks of rows per thread in channels_last (fedhet.training.inference)."""
 
 import pytest
 import torch
+from helpers import conv_layouts
 
 from fedhet.algorithms.fedacd import local_probability_matrix
 from fedhet.algorithms.prototypes import class_statistics
-from fedhet.core.contract import ClientData
+from fedhet.core.contract import ClientData, normalize_uint8
+from fedhet.metrics.evaluate import predict
 from fedhet.models import build_model
 from fedhet.training.inference import ROWS_PER_THREAD, channels_last, pass_rows
 
@@ -41,42 +43,56 @@ def test_channels_last_restrides_one_channel_images_and_weights():
     assert channels_last(torch.randn(3, 4)).stride() == (4, 1)              # not 4-d: as it is
 
 
-def test_class_statistics_takes_passes_of_rows_per_thread_and_counts_every_row_once(threads):
+class Flat(torch.nn.Module):
+    """A model whose features and logits are its flattened inputs; records each pass's rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def forward(self, x, with_features=False):
+        self.rows.append(len(x))
+        h = x.flatten(1)
+        return (h, h) if with_features else h
+
+
+def test_training_statistics_keep_large_passes_and_evaluations_take_rows_per_thread(threads):
     threads(1)
-    model = torch.nn.Sequential(torch.nn.Flatten())             # features are the normalised inputs
-    seen = []
-    model.register_forward_hook(lambda m, args, out: seen.append(len(args[0])))
-
-    class Split(torch.nn.Module):                                # class_statistics asks for (features, logits)
-        def __init__(self):
-            super().__init__()
-            self.body = model
-
-        def forward(self, x, with_features=False):
-            h = self.body(x)
-            return (h, h) if with_features else h
-
-    n, classes = 150, 3
+    n, classes = 1100, 3
     data = images(n, classes, side=2)
-    stats = class_statistics(Split(), {}, data, classes)
-    assert seen == [64, 64, 22]                                  # not one pass of 150 (batch_size 1024)
+    model = Flat()
+    stats = class_statistics(model, {}, data, classes)
+    # training's statistics: 1,024 rows a pass, as before (a last pass of under 16 rows would take
+    # another matrix-multiply path and change the last bits of what training is fed)
+    assert model.rows == [1024, 76]
+    model.rows.clear()
+    fast = class_statistics(model, {}, data, classes, for_evaluation=True)
+    assert model.rows == [64] * 17 + [12]
     x = data.batch(torch.arange(n)).x.flatten(1).double()
     for c in range(classes):
         rows = data.y == c
-        assert int(stats.counts[c]) == int(rows.sum())
+        assert int(stats.counts[c]) == int(rows.sum()) == int(fast.counts[c])
         torch.testing.assert_close(stats.means[c], x[rows].mean(0), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(fast.means[c], x[rows].mean(0), rtol=1e-12, atol=1e-12)
 
 
-def test_channels_last_statistics_match_the_default_layout_to_float_rounding(threads):
+def test_evaluation_passes_run_every_convolution_in_channels_last_and_training_passes_do_not(threads):
     threads(1)
-    model = build_model("simple_cnn", 1, 10, 28)
+    model = build_model("simple_cnn", 1, 10, 28)         # grayscale: one input channel
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     data = images(200, 10, seed=1)
+    layouts = conv_layouts(model)
     P, counts = local_probability_matrix(model, weights, data, 10)
-    P_cl, counts_cl = local_probability_matrix(model, weights, data, 10, channels_last=True)
-    assert torch.equal(counts, counts_cl)
+    assert layouts and not any(layouts)                   # FedACD's training statistic: default layout
+    layouts.clear()
+    P_eval, counts_eval = local_probability_matrix(model, weights, data, 10, for_evaluation=True)
+    assert layouts and all(layouts)
+    assert model.training                                 # the statistics pass restores the mode
+    layouts.clear()
+    predict(model, weights, data.x, data.y, lambda x: normalize_uint8(x, data.mean, data.std), 2048)
+    assert layouts and all(layouts)
+    assert torch.equal(counts, counts_eval)
     # oneDNN rounds the two layouts' convolutions differently (logits ~1e-7 apart); probabilities
     # averaged over ~20 rows of a class stay within float32 rounding of each other
-    torch.testing.assert_close(P_cl, P, rtol=0, atol=1e-5)
+    torch.testing.assert_close(P_eval, P, rtol=0, atol=1e-5)
     torch.testing.assert_close(P.sum(1), (counts > 0).double(), rtol=0, atol=1e-6)   # float32 softmaxes: rows sum to 1
-    assert model.training                                        # mode restored

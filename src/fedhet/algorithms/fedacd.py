@@ -86,11 +86,11 @@ def probability_matrix(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
 
 
 def local_probability_matrix(model: torch.nn.Module, weights: Arrays, data: ClientData,
-                             num_classes: int, channels_last: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                             num_classes: int, for_evaluation: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(P, counts)`` of ``weights`` on the client's whole training split: one no-grad pass in eval
-    mode (``channels_last``: evaluation's faster layout, :func:`class_statistics`)."""
+    mode (``for_evaluation``: evaluation's faster passes, :func:`class_statistics`)."""
     stats = class_statistics(model, weights, data, num_classes, of=lambda out: out.logits.softmax(1),
-                             channels_last=channels_last)
+                             for_evaluation=for_evaluation)
     return stats.means, stats.counts
 
 

@@ -31,8 +31,7 @@ from typing import Literal
 import torch
 
 from fedhet.core.contract import Arrays, Batch, ClientData, Forward, Message
-from fedhet.training.inference import channels_last as to_channels_last
-from fedhet.training.inference import pass_rows
+from fedhet.training.inference import channels_last, pass_rows
 from fedhet.training.local import forward
 from fedhet.training.objective import LossTerm
 
@@ -57,30 +56,30 @@ class ClassStatistics:
 def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int, *,
                      positions: torch.Tensor | None = None, batch_size: int = 1024,
                      of: Callable[[Forward], torch.Tensor] | None = None,
-                     channels_last: bool = False) -> ClassStatistics:
+                     for_evaluation: bool = False) -> ClassStatistics:
     """Per-class counts, mean features and mean squared feature norms of ``weights`` on the
     client's training split (or on ``positions`` of it), in eval mode and without gradients
     (as PFLlib ``collect_protos`` / ``statistics_extraction`` and FedPAC ``statistics_extraction``).
     ``of`` picks another per-sample vector than the features (FedACD's probability matrix is the
     per-class mean of the softmax). The model's train/eval mode is restored afterwards.
 
-    Passes take at most ``batch_size`` rows, on the CPU a few dozen per thread
-    (:func:`fedhet.training.inference.pass_rows`; the sums run in row order whatever the cut).
-    ``channels_last`` runs the images and weights in that layout: faster on the CPU, but rounded
-    differently, so only for statistics that never feed training (evaluation's)."""
+    Passes take ``batch_size`` rows. ``for_evaluation`` (statistics that never feed training)
+    takes evaluation's faster CPU passes instead: a few dozen rows per thread in channels_last
+    (:mod:`fedhet.training.inference`), rounded differently in the last bits."""
     n = len(data.train_idx)
     positions = torch.arange(n) if positions is None else positions
     sums = sq = None
     counts = torch.zeros(num_classes, dtype=torch.int64, device=data.y.device)
-    rows = pass_rows(batch_size, data.y.device)
-    if channels_last:
-        weights = {k: to_channels_last(v) for k, v in weights.items()}
+    fast = for_evaluation and data.y.device.type == "cpu"
+    rows = pass_rows(batch_size, data.y.device) if fast else batch_size
+    if fast:
+        weights = {k: channels_last(v) for k, v in weights.items()}
     was_training = model.training
     model.eval()
     try:
         for i in range(0, len(positions), rows):
             batch = data.batch(positions[i:i + rows])
-            out = forward(model, weights, to_channels_last(batch.x) if channels_last else batch.x)
+            out = forward(model, weights, channels_last(batch.x) if fast else batch.x)
             h = (out.features if of is None else of(out)).double()
             if sums is None:
                 sums = torch.zeros(num_classes, h.shape[1], dtype=torch.float64, device=h.device)

@@ -211,14 +211,13 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
     """``local_risk`` and ``local_kl`` of the uploaded local models (module docstring); the risk's
     test-set passes in ``precision``, the KL's probability matrix in fp32 (FedACD's own statistic),
     both on ``device`` (``models`` and ``client_data(cid)``, default the federation's, live there),
-    on the CPU both in channels_last, as :func:`predict`."""
+    on the CPU both in evaluation's passes (:func:`predict`)."""
     if not local_models or fed.test is None:
         return {}
     data_of = client_data or fed.client_data
     counts = fed.train_counts().astype(np.float64)
     pi_mean = (counts / counts.sum(1, keepdims=True)).mean(0)      # (1/M) sum_n pi^n
     total = torch.bincount(fed.test.y, minlength=fed.num_classes).numpy()
-    on_cpu = torch.device(device).type == "cpu"     # evaluation's layout there, as in predict
     risk, kl = {}, {}
     for cid in sorted(local_models):
         model = models[client_arch[cid]]
@@ -228,7 +227,7 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
         error = 1.0 - correct / np.maximum(total, 1)
         risk[cid] = float(error @ pi_mean)
         P, class_counts = local_probability_matrix(model, to_device(local_models[cid], device), data_of(cid),
-                                                   fed.num_classes, channels_last=on_cpu)
+                                                   fed.num_classes, for_evaluation=True)
         kl[cid] = template_kl(P.cpu(), class_counts.cpu() > 0)
     return {"local_risk": float(np.mean(list(risk.values()))), "local_kl": float(np.mean(list(kl.values()))),
             "local_risk_by_client": risk, "local_kl_by_client": kl}

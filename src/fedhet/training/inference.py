@@ -1,15 +1,15 @@
-"""How no-grad passes over many rows are cut up: evaluation's and the per-class statistics' passes.
+"""How evaluation's no-grad passes over many rows run on the CPU: cut into chunks, in channels_last.
 
 A CPU forward over a thousand rows spills its activations out of the CPU caches; passes of a few
-dozen rows per intra-op thread keep them there, so such a pass takes many small chunks rather than
-one large one (benchmarks/statistics_pass.py measures it). On other devices the caller's batch
-size stands: a GPU wants large passes.
+dozen rows per intra-op thread keep them there, and oneDNN's convolutions and max-pooling run
+faster in channels_last (benchmarks/no_grad_passes.py measures both). On other devices the
+caller's batch size stands: a GPU wants large passes.
 
-Cutting a pass into chunks changes no per-row result where the kernels compute each row on its own
-(fp32 convolutions in the default layout do on the CPUs this project runs on; the statistics
-benchmark checks it); sums over rows taken in row order stay in the same order.
-``channels_last`` is faster still on the CPU, but oneDNN's convolutions in that layout round
-differently (logits ~1e-7 apart), so only passes whose results never feed training use it.
+Both change the last bits of the results: channels_last rounds the convolutions differently, and
+a pass of under 16 rows (the last chunk of an uneven count) takes another matrix-multiply path
+than a large one. So only passes whose results never feed training use them (evaluation's, and
+the per-class statistics evaluation takes); the statistics that training uses (FedACD's probability
+matrix, the prototypes) keep their large passes in the default layout.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 # Rows per forward pass and intra-op thread on the CPU (benchmarks/engine_speed.py's "evaluate s"
-# and benchmarks/statistics_pass.py measure the choice).
+# and benchmarks/no_grad_passes.py measure the choice).
 ROWS_PER_THREAD = 64
 
 
