@@ -6,10 +6,10 @@ faster in channels_last (benchmarks/no_grad_passes.py measures both). On other d
 caller's batch size stands: a GPU wants large passes.
 
 Both change the last bits of the results: channels_last rounds the convolutions differently, and
-a pass of under 16 rows (the last chunk of an uneven count) takes another matrix-multiply path
-than a large one. So only passes whose results never feed training use them (evaluation's, and
-the per-class statistics evaluation takes); the statistics that training uses (FedACD's probability
-matrix, the prototypes) keep their large passes in the default layout.
+a pass of under 16 rows (the last chunk of an uneven count) took another matrix-multiply path than
+a large one on the Intel Xeon measured. So only passes whose results never feed training use them
+(evaluation's, and the per-class statistics evaluation takes); the statistics that training uses
+(FedACD's probability matrix, the prototypes) keep their large passes in the default layout.
 """
 
 from __future__ import annotations
