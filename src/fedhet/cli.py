@@ -105,8 +105,9 @@ def _cmd_sweep(args) -> int:
         print(write_report(sweep))
         return 0
     try:
-        run_sweep(sweep, retry_failed=args.retry_failed, only=args.only, no_start_after=args.no_start_after,
-                  log=lambda m: print(m, file=sys.stderr, flush=True))
+        outcome = run_sweep(sweep, retry_failed=args.retry_failed, only=args.only,
+                            no_start_after=args.no_start_after, finish_by=args.finish_by,
+                            log=lambda m: print(m, file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         write_report(sweep)
         print("fedhet: sweep interrupted; run the same `fedhet sweep` command again to resume it", file=sys.stderr)
@@ -118,6 +119,10 @@ def _cmd_sweep(args) -> int:
     report = write_report(sweep)
     print(report)
     print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
+    stopped = [name for name, status in outcome.items() if status == "stopped"]
+    if stopped:
+        print(f"fedhet: {len(stopped)} run(s) stopped by --finish-by: {', '.join(stopped)} (what they recorded "
+              f"stays in their folders; a sweep with more time resumes them)", file=sys.stderr)
     failed = [j.name for j in jobs if job_status(j) in ("failed", "stale")]
     if failed:
         print(f"fedhet: {len(failed)} run(s) failed or stale: {', '.join(failed)} (logs: {sweep.out}/<run>.log)",
@@ -222,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="start no run once SECONDS have passed since the sweep started: the runs going on then "
                          "finish, the rest wait for the next sweep (e.g. 0 on a short device call: only the first "
                          "lanes' runs, such as the one an earlier call left, run)")
+    sw.add_argument("--finish-by", type=float, metavar="SECONDS",
+                    help="the sweep's time in seconds from its start (e.g. a compute window's): a run whose pace "
+                         "over its first rounds would end it later is stopped then instead of hours later, and at "
+                         "the limit every run still going on is stopped; stopped runs keep their folders "
+                         "(interrupted) and a later sweep resumes them")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "

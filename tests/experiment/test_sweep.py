@@ -21,6 +21,7 @@ from fedhet.experiment.sweep import (
     load_sweep,
     resumable_sets,
     run_sweep,
+    seconds_left,
     write_report,
 )
 
@@ -177,6 +178,47 @@ def test_no_start_after_lets_the_lanes_first_runs_finish_and_starts_no_other(tmp
     # a limit the sweep does not reach changes nothing: the next sweep runs the rest
     assert run_sweep(load_sweep(path), no_start_after=3600, log=messages.append, poll_seconds=0.2) == {
         "fedavg_s1": "completed", "fedprox_s0": "completed"}
+
+
+def test_seconds_left_is_the_recorded_rounds_mean_time_times_the_rounds_left():
+    rows = [{"round": 1, "seconds": {"total": 2.0}}, {"round": 2, "seconds": {"total": 4.0}}]
+    assert seconds_left(rows, 10) == pytest.approx(30.0)
+    assert seconds_left(rows, 0) == 0 and seconds_left(rows, -3) == 0
+    assert seconds_left([], 10) is None and seconds_left([{"round": 1}], 10) is None
+
+
+def test_finish_by_stops_a_run_whose_pace_would_end_it_late_and_lets_one_that_fits_finish(
+        tmp_path, small_config, capsys):
+    # lane 1: 3,000 rounds, far more than 120 s at any pace; lane 2: 2 rounds
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"tag": "long", "set": ["train.rounds=3000"]}),
+                                                ("fedprox", {"set": ["train.rounds=2"]})], lanes=2)
+    for bad in ("0", "-5", "nan", "inf"):
+        assert cli_main(["sweep", str(path), "--finish-by", bad]) == 2
+        assert f"--finish-by must be a positive number of seconds, got {bad}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+    messages = []
+    outcome = run_sweep(load_sweep(path), finish_by=120, judge_every=0.2, report_every=0.5, log=messages.append,
+                        poll_seconds=0.1)
+    assert outcome == {"long_s0": "stopped", "fedprox_s0": "completed"}, messages
+    stop = next(m for m in messages if "stop   long_s0" in m)
+    assert "at its pace it would end at" in stop and "after the --finish-by limit" in stop, stop
+    # judged once it had 5 rounds of its own, well before the limit
+    recorded = len(read_metrics(tmp_path / "out" / "long_s0"))
+    assert 5 <= recorded < 3000
+    assert job_status(next(j for j in load_sweep(path).jobs if j.name == "long_s0")) == "interrupted"
+    assert any("long_s0 (round" in m and "of 3000, ends about" in m for m in messages), messages
+
+
+def test_finish_by_stops_what_runs_at_the_limit_and_starts_nothing_after_it(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1]})], lanes=1,
+                       set=["train.rounds=3000"])
+    assert cli_main(["sweep", str(path), "--finish-by", "1"]) == 0      # stopped runs are no failure
+    err = capsys.readouterr().err
+    assert "stop   fedavg_s0 at round" in err and "1 s have passed (--finish-by)" in err, err
+    assert "1 run(s) not started: fedavg_s1" in err
+    assert "1 run(s) stopped by --finish-by: fedavg_s0 (what they recorded stays in their folders" in err
+    assert {j.name: job_status(j) for j in load_sweep(path).jobs}["fedavg_s1"] == "new"
 
 
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):

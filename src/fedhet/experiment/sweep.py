@@ -39,7 +39,12 @@ the sweep, and the exit status counts only the chosen runs. Two sweep processes 
 ``--only`` over one folder share it safely (the locks above). ``--no-start-after SECONDS`` starts no
 run once SECONDS have passed since the sweep started (the lanes' first runs always start): the runs
 going on then finish and the rest wait for the next sweep, so a short compute window ends with its
-runs instead of a run it cannot finish.
+runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window itself: once a run has
+recorded :data:`JUDGE_AFTER_ROUNDS` rounds in this sweep, its pace (the mean seconds of those rounds,
+evaluations included) says when it would end, and a run that would end after the limit is stopped
+then, not hours later (its folder keeps what it recorded, and a sweep with time left resumes it);
+at the limit, runs still going on are stopped and no run starts. The progress lines say when each
+running run should end.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -84,7 +89,12 @@ from fedhet.experiment.config import (
     read_yaml,
     split_override,
 )
+from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.verdict import MissingValue, Verdict, parse_verdicts, run_value, verdict_table
+
+# ``--finish-by`` judges a run once it has recorded this many rounds in the sweep: enough for its pace
+# to include an evaluation round at the usual eval.every of 5 or less.
+JUDGE_AFTER_ROUNDS = 5
 
 # What a completed run folder needs to count as completed and to be compared: the files a
 # repository keeps of it (no checkpoint, no plot).
@@ -373,6 +383,22 @@ def _rounds_done(job: Job) -> int:
         return 0
 
 
+def _recorded_rows(job: Job) -> list[dict]:
+    try:
+        return read_metrics(job.run_dir)
+    except (OSError, ValueError):
+        return []
+
+
+def seconds_left(rows: list[dict], rounds_left: int) -> float | None:
+    """Seconds a run needs for ``rounds_left`` more rounds at the pace of ``rows`` (rounds it recorded:
+    the mean of their ``seconds.total``, evaluations included); None without rows."""
+    totals = [r["seconds"]["total"] for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
+    if not totals:
+        return None
+    return max(0, rounds_left) * sum(totals) / len(totals)
+
+
 def select_jobs(sweep: Sweep, only: list[str] | None) -> list[Job]:
     """The jobs named by ``only`` (the command line's ``--only``; all jobs without it): a run
     entry's tag (every grid point of it) or one group (tag plus grid suffix, as in the run folder
@@ -422,16 +448,23 @@ def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
 
 
 def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
-              no_start_after: float | None = None, poll_seconds: float = 2.0, report_every: float = 60.0,
-              log=print) -> dict[str, str]:
-    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``.
+              no_start_after: float | None = None, finish_by: float | None = None, poll_seconds: float = 2.0,
+              report_every: float = 60.0, judge_every: float = 15.0, log=print) -> dict[str, str]:
+    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``
+    (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted).
     ``only``: run just the jobs of these tags (the others are neither started nor touched).
     ``no_start_after``: start no run once this many seconds have passed since the sweep started; the
     runs going on then finish, the others are left for the next sweep (a compute window's last runs
-    that could not finish inside it)."""
+    that could not finish inside it).
+    ``finish_by``: the seconds the sweep has (module docstring): every ``judge_every`` seconds a run
+    with :data:`JUDGE_AFTER_ROUNDS` rounds recorded in this sweep whose pace would end it later is
+    stopped; at the limit every run still going on is stopped and no run starts."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
+    if finish_by is not None and not 0 < finish_by < math.inf:
+        raise ConfigError(f"--finish-by must be a positive number of seconds, got {finish_by:g}")
     t_start = time.monotonic()
+    deadline = None if finish_by is None else t_start + finish_by
     jobs = select_jobs(sweep, only)
     threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
     sweep.out.mkdir(parents=True, exist_ok=True)
@@ -451,8 +484,28 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
+    rows_before: dict[str, int] = {}            # rounds a run had recorded when this sweep started it
     outcome: dict[str, str] = {}
-    last_report = time.monotonic()
+    last_report = last_judged = time.monotonic()
+
+    def pace(name: str, job: Job) -> tuple[int, int | None, float | None]:
+        """(rounds recorded, rounds planned, seconds left at the pace of the rounds this sweep saw)."""
+        rows = _recorded_rows(job)
+        planned = _requested_rounds(job)
+        new_rows = rows[rows_before[name]:]
+        left = seconds_left(new_rows, planned - len(rows)) if planned is not None else None
+        return len(rows), planned, (left if len(new_rows) >= 2 else None)
+
+    def stop_run(name: str, why: str) -> None:
+        job, proc, t0 = running.pop(name)
+        _stop([proc], grace=0.0)           # SIGTERM: the run records its summary and keeps its checkpoint
+        _lock_path(job).unlink(missing_ok=True)
+        if job_status(job) == "completed":          # it ended just before the signal
+            outcome[name] = "completed"
+            log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
+            return
+        outcome[name] = "stopped"
+        log(f"{time.strftime('%H:%M:%S')} stop   {name} at round {_rounds_done(job)}: {why}")
     try:
         first_fill = True           # the lanes' first runs always start; the limit counts for those after them
         while todo or running:
@@ -460,6 +513,14 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 log(f"{time.strftime('%H:%M:%S')} {no_start_after:g} s have passed (--no-start-after): "
                     f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
                 todo = []
+            if deadline is not None and time.monotonic() >= deadline:
+                if todo:
+                    log(f"{time.strftime('%H:%M:%S')} {finish_by:g} s have passed (--finish-by): "
+                        f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
+                    todo = []
+                for name in list(running):
+                    stop_run(name, f"{finish_by:g} s have passed (--finish-by)")
+                break
             while todo and len(running) < sweep.lanes:
                 job = todo.pop(0)
                 if not _take_lock(job):
@@ -483,6 +544,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 logf.close()
                 _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
+                rows_before[job.name] = len(_recorded_rows(job))
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
             first_fill = False
             _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
@@ -504,11 +566,26 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 else:
                     log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
                 outcome[name] = status
+            if deadline is not None and running and time.monotonic() - last_judged >= judge_every:
+                last_judged = time.monotonic()
+                for name, (job, _, _) in list(running.items()):
+                    recorded, planned, left = pace(name, job)
+                    if left is None or recorded - rows_before[name] < JUDGE_AFTER_ROUNDS:
+                        continue
+                    if time.monotonic() + left > deadline:
+                        stop_run(name, f"at its pace it would end at {_clock(left)}, after the --finish-by limit "
+                                       f"({_clock(deadline - time.monotonic())}); {planned - recorded} of "
+                                       f"{planned} rounds left")
             if running and time.monotonic() - last_report >= report_every:
                 last_report = time.monotonic()
                 done = sum(job_status(j) == "completed" for j in jobs)
-                now = ", ".join(f"{n} (round {_rounds_done(j)})" for n, (j, _, _) in running.items())
-                log(f"{time.strftime('%H:%M:%S')} {done}/{len(jobs)} completed; running: {now}")
+                parts = []
+                for n, (j, _, _) in running.items():
+                    recorded, planned, left = pace(n, j)
+                    of = f" of {planned}" if planned is not None else ""
+                    ends = f", ends about {_clock(left)}" if left is not None else ""
+                    parts.append(f"{n} (round {recorded}{of}{ends})")
+                log(f"{time.strftime('%H:%M:%S')} {done}/{len(jobs)} completed; running: {', '.join(parts)}")
     except BaseException as e:
         # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
         # SIGTERM (`fedhet run` stops on it like after Ctrl-C: summary and checkpoints kept; a
@@ -520,6 +597,13 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
         log("sweep stopped: its running runs were stopped; run the same command again to resume them")
         raise
     return outcome
+
+
+def _clock(seconds_from_now: float) -> str:
+    """The wall-clock time ``seconds_from_now`` from now, HH:MM (with the date when not today)."""
+    then = time.localtime(time.time() + seconds_from_now)
+    same_day = time.strftime("%Y-%m-%d", then) == time.strftime("%Y-%m-%d")
+    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", then)
 
 
 def resumable_sets(extra_set: list[str]) -> list[str]:
