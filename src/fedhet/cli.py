@@ -121,7 +121,7 @@ def _cmd_sweep(args) -> int:
     print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
     stopped = [name for name, status in outcome.items() if status == "stopped"]
     if stopped:
-        print(f"fedhet: {len(stopped)} run(s) stopped by --finish-by: {', '.join(stopped)} (what they recorded "
+        print(f"fedhet: {len(stopped)} run(s) stopped by --finish-by: {', '.join(stopped)} (whatever they recorded "
               f"stays in their folders; a sweep with more time resumes them)", file=sys.stderr)
     failed = [j.name for j in jobs if job_status(j) in ("failed", "stale")]
     if failed:
@@ -228,10 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "finish, the rest wait for the next sweep (e.g. 0 on a short device call: only the first "
                          "lanes' runs, such as the one an earlier call left, run)")
     sw.add_argument("--finish-by", type=float, metavar="SECONDS",
-                    help="the sweep's time in seconds from its start (e.g. a compute window's): a run whose pace "
-                         "over its first rounds would end it later is stopped then instead of hours later, and at "
-                         "the limit every run still going on is stopped; stopped runs keep their folders "
-                         "(interrupted) and a later sweep resumes them")
+                    help="the sweep's time in seconds from its start (e.g. a compute window's): at the limit every "
+                         "run still going on is stopped (it records its summary and checkpoint; a later sweep "
+                         "resumes it) and none starts; a run whose pace over its first rounds needs more than 1.5 "
+                         "times the time left is stopped as soon as that shows. Stopped runs do not fail the "
+                         "sweep (exit status 0)")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "

@@ -20,6 +20,7 @@ from fedhet.experiment.sweep import (
     lane_threads,
     load_sweep,
     resumable_sets,
+    rows_since,
     run_sweep,
     seconds_left,
     write_report,
@@ -180,11 +181,31 @@ def test_no_start_after_lets_the_lanes_first_runs_finish_and_starts_no_other(tmp
         "fedavg_s1": "completed", "fedprox_s0": "completed"}
 
 
-def test_seconds_left_is_the_recorded_rounds_mean_time_times_the_rounds_left():
-    rows = [{"round": 1, "seconds": {"total": 2.0}}, {"round": 2, "seconds": {"total": 4.0}}]
-    assert seconds_left(rows, 10) == pytest.approx(30.0)
-    assert seconds_left(rows, 0) == 0 and seconds_left(rows, -3) == 0
-    assert seconds_left([], 10) is None and seconds_left([{"round": 1}], 10) is None
+def timed_row(rnd, total, evaluate=0.0):
+    return {"round": rnd, "seconds": {"train": total - evaluate, "evaluate": evaluate, "total": total}}
+
+
+def test_seconds_left_counts_the_rounds_and_the_evaluations_left_at_the_recorded_pace():
+    rows = [timed_row(1, 3.0), timed_row(2, 10.0, evaluate=8.0)]           # eval.every 2: round 2 evaluated
+    # rounds 3-6 at (3 + 2) / 2 = 2.5 s without evaluation, evaluations at rounds 4 and 6 at 8 s
+    assert seconds_left(rows, 2, 6, 2) == pytest.approx(4 * 2.5 + 2 * 8.0)
+    # the last round is evaluated whatever eval.every says: rounds 3-5, evaluations at 4 and 5
+    assert seconds_left(rows, 2, 5, 2) == pytest.approx(3 * 2.5 + 2 * 8.0)
+    # one slow evaluation counts once, not once for every evaluation left (median)
+    slow = rows + [timed_row(3, 2.0), timed_row(4, 102.0, evaluate=100.0), timed_row(5, 2.0), timed_row(6, 10.0, 8.0)]
+    assert seconds_left(slow, 6, 10, 2) == pytest.approx(4 * (3 + 5 * 2.0) / 6 + 2 * 8.0)
+    assert seconds_left(rows, 6, 6, 2) == 0
+    assert seconds_left([timed_row(1, 3.0)], 1, 6, 2) is None        # evaluations left, none seen yet
+    assert seconds_left([], 0, 6, 2) is None and seconds_left([{"round": 1}], 1, 6, 2) is None
+
+
+def test_rows_since_skips_what_a_resumed_run_records_again():
+    before = [timed_row(1, 1.0), timed_row(2, 1.0), timed_row(3, 1.0)]
+    # resumed from its round-1 checkpoint: round 1 kept, rounds 2-3 recorded again with their own times
+    assert rows_since(before, [before[0], timed_row(2, 1.5), timed_row(3, 1.5)]) == [timed_row(2, 1.5),
+                                                                                     timed_row(3, 1.5)]
+    assert rows_since(before, before + [timed_row(4, 2.0)]) == [timed_row(4, 2.0)]
+    assert rows_since([], before) == before and rows_since(before, before[:2]) == []
 
 
 def test_finish_by_stops_a_run_whose_pace_would_end_it_late_and_lets_one_that_fits_finish(
@@ -198,11 +219,11 @@ def test_finish_by_stops_a_run_whose_pace_would_end_it_late_and_lets_one_that_fi
     assert not (tmp_path / "out").exists()
 
     messages = []
-    outcome = run_sweep(load_sweep(path), finish_by=120, judge_every=0.2, report_every=0.5, log=messages.append,
+    outcome = run_sweep(load_sweep(path), finish_by=120, judge_every=0.2, report_every=0.05, log=messages.append,
                         poll_seconds=0.1)
     assert outcome == {"long_s0": "stopped", "fedprox_s0": "completed"}, messages
     stop = next(m for m in messages if "stop   long_s0" in m)
-    assert "at its pace it would end at" in stop and "after the --finish-by limit" in stop, stop
+    assert "at its pace it would end at" in stop and "far after the --finish-by limit" in stop, stop
     # judged once it had 5 rounds of its own, well before the limit
     recorded = len(read_metrics(tmp_path / "out" / "long_s0"))
     assert 5 <= recorded < 3000
@@ -217,7 +238,7 @@ def test_finish_by_stops_what_runs_at_the_limit_and_starts_nothing_after_it(tmp_
     err = capsys.readouterr().err
     assert "stop   fedavg_s0 at round" in err and "1 s have passed (--finish-by)" in err, err
     assert "1 run(s) not started: fedavg_s1" in err
-    assert "1 run(s) stopped by --finish-by: fedavg_s0 (what they recorded stays in their folders" in err
+    assert "1 run(s) stopped by --finish-by: fedavg_s0 (whatever they recorded stays in their folders" in err
     assert {j.name: job_status(j) for j in load_sweep(path).jobs}["fedavg_s1"] == "new"
 
 

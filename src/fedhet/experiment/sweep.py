@@ -39,12 +39,12 @@ the sweep, and the exit status counts only the chosen runs. Two sweep processes 
 ``--only`` over one folder share it safely (the locks above). ``--no-start-after SECONDS`` starts no
 run once SECONDS have passed since the sweep started (the lanes' first runs always start): the runs
 going on then finish and the rest wait for the next sweep, so a short compute window ends with its
-runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window itself: once a run has
-recorded :data:`JUDGE_AFTER_ROUNDS` rounds in this sweep, its pace (the mean seconds of those rounds,
-evaluations included) says when it would end, and a run that would end after the limit is stopped
-then, not hours later (its folder keeps what it recorded, and a sweep with time left resumes it);
-at the limit, runs still going on are stopped and no run starts. The progress lines say when each
-running run should end.
+runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window itself: at the limit,
+runs still going on are stopped (each records its summary and keeps its checkpoint, so a sweep with
+time resumes it) and no run starts; before it, a run whose pace (:func:`seconds_left`, from the
+rounds it recorded in this sweep) needs more than :data:`PACE_MARGIN` times the time left is stopped
+as soon as that shows, not hours later. The progress lines of every sweep say when each running run
+should end at its pace.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -65,6 +65,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -92,9 +93,13 @@ from fedhet.experiment.config import (
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.verdict import MissingValue, Verdict, parse_verdicts, run_value, verdict_table
 
-# ``--finish-by`` judges a run once it has recorded this many rounds in the sweep: enough for its pace
-# to include an evaluation round at the usual eval.every of 5 or less.
+# ``--finish-by`` judges a run once it has recorded this many rounds in the sweep (and an evaluated
+# one, when evaluations are left), and again every ``judge_every`` seconds after that; it stops the
+# run early only when its pace needs more than PACE_MARGIN times the time left. Projections from the
+# first rounds of the committed 200-round FedACD-sweep runs (benchmarks/runs/fedacd_fmnist_e5_r200)
+# came out 0.92-1.45 times what the runs took (slow early rounds, GPU warm-up, a slow evaluation).
 JUDGE_AFTER_ROUNDS = 5
+PACE_MARGIN = 1.5
 
 # What a completed run folder needs to count as completed and to be compared: the files a
 # repository keeps of it (no checkpoint, no plot).
@@ -390,13 +395,35 @@ def _recorded_rows(job: Job) -> list[dict]:
         return []
 
 
-def seconds_left(rows: list[dict], rounds_left: int) -> float | None:
-    """Seconds a run needs for ``rounds_left`` more rounds at the pace of ``rows`` (rounds it recorded:
-    the mean of their ``seconds.total``, evaluations included); None without rows."""
-    totals = [r["seconds"]["total"] for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
-    if not totals:
+def rows_since(before: list[dict], rows: list[dict]) -> list[dict]:
+    """The rows of ``rows`` recorded after ``before`` was read: those past the longest prefix the two
+    share (a resumed run first cuts its metrics back to its checkpoint, then records the rounds
+    again, each with its own seconds)."""
+    shared = 0
+    for old, new in zip(before, rows):
+        if old != new:
+            break
+        shared += 1
+    return rows[shared:]
+
+
+def seconds_left(rows: list[dict], recorded: int, planned: int, eval_every: int) -> float | None:
+    """Seconds a run that has recorded ``recorded`` of ``planned`` rounds needs for the rest, at the
+    pace of ``rows`` (rounds it recorded in this sweep): their mean seconds without evaluation for
+    every round left, plus their median evaluation for every evaluation left (rounds divisible by
+    ``eval_every`` and the last; a median, since one slow evaluation would otherwise count as many
+    times as there are evaluations left). Checkpoint writes are not in the rows' seconds, so it is a
+    little short. None without timed rows, or when evaluations are left and none of ``rows`` had one."""
+    timed = [r["seconds"] for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
+    if not timed:
         return None
-    return max(0, rounds_left) * sum(totals) / len(totals)
+    rounds_left = range(recorded + 1, planned + 1)
+    evaluations_left = sum(1 for r in rounds_left if r % eval_every == 0 or r == planned)
+    evaluations = [t["evaluate"] for t in timed if t.get("evaluate", 0) > 0]
+    if evaluations_left and not evaluations:
+        return None
+    training = sum(t["total"] - t.get("evaluate", 0) for t in timed) / len(timed)
+    return len(rounds_left) * training + evaluations_left * (statistics.median(evaluations) if evaluations else 0.0)
 
 
 def select_jobs(sweep: Sweep, only: list[str] | None) -> list[Job]:
@@ -457,8 +484,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     runs going on then finish, the others are left for the next sweep (a compute window's last runs
     that could not finish inside it).
     ``finish_by``: the seconds the sweep has (module docstring): every ``judge_every`` seconds a run
-    with :data:`JUDGE_AFTER_ROUNDS` rounds recorded in this sweep whose pace would end it later is
-    stopped; at the limit every run still going on is stopped and no run starts."""
+    with :data:`JUDGE_AFTER_ROUNDS` rounds recorded in this sweep whose pace needs more than
+    :data:`PACE_MARGIN` times the time left is stopped; at the limit every run still going on is
+    stopped and no run starts."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
     if finish_by is not None and not 0 < finish_by < math.inf:
@@ -484,28 +512,52 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
-    rows_before: dict[str, int] = {}            # rounds a run had recorded when this sweep started it
+    rows_before: dict[str, list[dict]] = {}     # what a run had recorded when this sweep started it
     outcome: dict[str, str] = {}
     last_report = last_judged = time.monotonic()
 
-    def pace(name: str, job: Job) -> tuple[int, int | None, float | None]:
-        """(rounds recorded, rounds planned, seconds left at the pace of the rounds this sweep saw)."""
+    def pace(name: str, job: Job) -> tuple[int, int | None, int, float | None]:
+        """(rounds recorded, rounds planned, rounds recorded in this sweep, seconds left at their pace)."""
         rows = _recorded_rows(job)
-        planned = _requested_rounds(job)
-        new_rows = rows[rows_before[name]:]
-        left = seconds_left(new_rows, planned - len(rows)) if planned is not None else None
-        return len(rows), planned, (left if len(new_rows) >= 2 else None)
+        new_rows = rows_since(rows_before[name], rows)
+        try:
+            cfg = _current_config(job)
+        except (ConfigError, OSError):
+            return len(rows), None, len(new_rows), None
+        left = seconds_left(new_rows, len(rows), cfg.train.rounds, cfg.eval.every) if len(new_rows) >= 2 else None
+        return len(rows), cfg.train.rounds, len(new_rows), left
 
-    def stop_run(name: str, why: str) -> None:
+    def finish(name: str) -> None:
+        """Record a run whose process has exited: completed, or failed with its log's tail."""
         job, proc, t0 = running.pop(name)
-        _stop([proc], grace=0.0)           # SIGTERM: the run records its summary and keeps its checkpoint
+        rc = proc.returncode
         _lock_path(job).unlink(missing_ok=True)
-        if job_status(job) == "completed":          # it ended just before the signal
-            outcome[name] = "completed"
+        status = job_status(job)
+        if status == "completed" and rc != 0:      # recorded completed; something after it failed
+            log(f"{time.strftime('%H:%M:%S')} note   {name} completed but exited with status {rc} "
+                f"(see {job.run_dir.parent / (name + '.log')})")
+        if status != "completed":
+            status = "failed"
+            tail = _log_tail(job.run_dir.parent / f"{name}.log")
+            _failure_marker(job).write_text(f"exit status {rc}\n{tail}\n")
+            log(f"{time.strftime('%H:%M:%S')} FAILED {name} (exit {rc}): {tail.splitlines()[-1] if tail else ''}")
+        else:
             log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
-            return
-        outcome[name] = "stopped"
-        log(f"{time.strftime('%H:%M:%S')} stop   {name} at round {_rounds_done(job)}: {why}")
+        outcome[name] = status
+
+    def stop_runs(names: list[str], why: dict[str, str]) -> None:
+        """SIGTERM the runs (they record their summary and keep their checkpoints); a run that exited
+        meanwhile is recorded as it ended."""
+        live = [n for n in names if running[n][1].poll() is None]
+        for n in names:
+            if n not in live:
+                finish(n)
+        _stop([running[n][1] for n in live], grace=0.0)
+        for n in live:
+            job, _, _ = running.pop(n)
+            _lock_path(job).unlink(missing_ok=True)
+            outcome[n] = "stopped"
+            log(f"{time.strftime('%H:%M:%S')} stop   {n} at round {_rounds_done(job)}: {why[n]}")
     try:
         first_fill = True           # the lanes' first runs always start; the limit counts for those after them
         while todo or running:
@@ -513,14 +565,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 log(f"{time.strftime('%H:%M:%S')} {no_start_after:g} s have passed (--no-start-after): "
                     f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
                 todo = []
-            if deadline is not None and time.monotonic() >= deadline:
-                if todo:
-                    log(f"{time.strftime('%H:%M:%S')} {finish_by:g} s have passed (--finish-by): "
-                        f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
-                    todo = []
-                for name in list(running):
-                    stop_run(name, f"{finish_by:g} s have passed (--finish-by)")
-                break
+            if deadline is not None and todo and time.monotonic() >= deadline:
+                log(f"{time.strftime('%H:%M:%S')} {finish_by:g} s have passed (--finish-by): "
+                    f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
+                todo = []
             while todo and len(running) < sweep.lanes:
                 job = todo.pop(0)
                 if not _take_lock(job):
@@ -544,44 +592,36 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 logf.close()
                 _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
-                rows_before[job.name] = len(_recorded_rows(job))
+                rows_before[job.name] = _recorded_rows(job)
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
             first_fill = False
             _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
-            for name, (job, proc, t0) in list(running.items()):
-                rc = proc.poll()
-                if rc is None:
-                    continue
-                del running[name]
-                _lock_path(job).unlink(missing_ok=True)
-                status = job_status(job)
-                if status == "completed" and rc != 0:      # recorded completed; something after it failed
-                    log(f"{time.strftime('%H:%M:%S')} note   {name} completed but exited with status {rc} "
-                        f"(see {job.run_dir.parent / (name + '.log')})")
-                if status != "completed":
-                    status = "failed"
-                    tail = _log_tail(job.run_dir.parent / f"{name}.log")
-                    _failure_marker(job).write_text(f"exit status {rc}\n{tail}\n")
-                    log(f"{time.strftime('%H:%M:%S')} FAILED {name} (exit {rc}): {tail.splitlines()[-1] if tail else ''}")
-                else:
-                    log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
-                outcome[name] = status
+            for name, (_, proc, _) in list(running.items()):
+                if proc.poll() is not None:
+                    finish(name)
+            if deadline is not None and running and time.monotonic() >= deadline:
+                names = list(running)
+                stop_runs(names, {n: f"{finish_by:g} s have passed (--finish-by)" for n in names})
+                continue
             if deadline is not None and running and time.monotonic() - last_judged >= judge_every:
                 last_judged = time.monotonic()
-                for name, (job, _, _) in list(running.items()):
-                    recorded, planned, left = pace(name, job)
-                    if left is None or recorded - rows_before[name] < JUDGE_AFTER_ROUNDS:
+                late = {}
+                for name, (job, _, _) in running.items():
+                    recorded, planned, seen, left = pace(name, job)
+                    if left is None or planned is None or seen < JUDGE_AFTER_ROUNDS:
                         continue
-                    if time.monotonic() + left > deadline:
-                        stop_run(name, f"at its pace it would end at {_clock(left)}, after the --finish-by limit "
-                                       f"({_clock(deadline - time.monotonic())}); {planned - recorded} of "
-                                       f"{planned} rounds left")
+                    if left > PACE_MARGIN * (deadline - time.monotonic()):
+                        late[name] = (f"at its pace it would end at {_clock(left)}, far after the --finish-by "
+                                      f"limit ({_clock(deadline - time.monotonic())}); {planned - recorded} of "
+                                      f"{planned} rounds left")
+                if late:
+                    stop_runs(list(late), late)
             if running and time.monotonic() - last_report >= report_every:
                 last_report = time.monotonic()
                 done = sum(job_status(j) == "completed" for j in jobs)
                 parts = []
                 for n, (j, _, _) in running.items():
-                    recorded, planned, left = pace(n, j)
+                    recorded, planned, _, left = pace(n, j)
                     of = f" of {planned}" if planned is not None else ""
                     ends = f", ends about {_clock(left)}" if left is not None else ""
                     parts.append(f"{n} (round {recorded}{of}{ends})")
