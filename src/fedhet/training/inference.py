@@ -7,9 +7,10 @@ caller's batch size stands: a GPU wants large passes.
 
 Both change the last bits of the results: channels_last rounds the convolutions differently, and
 a pass of under 16 rows (the last chunk of an uneven count) took another matrix-multiply path than
-a large one on the Intel Xeon measured. So only passes whose results never feed training use them
-(evaluation's, and the per-class statistics evaluation takes); the statistics that training uses
-(FedACD's probability matrix, the prototypes) keep their large passes in the default layout.
+a large one on the Intel Xeon measured, and on two threads the cut changed the bits anyway. So only
+passes whose results never feed training use them (evaluation's, and the per-class statistics
+evaluation takes); the statistics that training uses (FedACD's probability matrix, the prototypes)
+keep their large passes in the default layout.
 """
 
 from __future__ import annotations
