@@ -230,9 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--finish-by", type=float, metavar="SECONDS",
                     help="the sweep's time in seconds from its start (e.g. a compute window's): at the limit every "
                          "run still going on is stopped (it records its summary and checkpoint; a later sweep "
-                         "resumes it) and none starts; a run whose pace over its first rounds needs more than 1.5 "
-                         "times the time left is stopped as soon as that shows. Stopped runs do not fail the "
-                         "sweep (exit status 0)")
+                         "resumes it) and none starts. Stopped runs do not fail the sweep (exit status 0). The "
+                         "progress lines say when each running run should end at its pace")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "

@@ -41,10 +41,11 @@ run once SECONDS have passed since the sweep started (the lanes' first runs alwa
 going on then finish and the rest wait for the next sweep, so a short compute window ends with its
 runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window itself: at the limit,
 runs still going on are stopped (each records its summary and keeps its checkpoint, so a sweep with
-time resumes it) and no run starts; before it, a run whose pace (:func:`seconds_left`, from the
-rounds it recorded in this sweep) needs more than :data:`PACE_MARGIN` times the time left is stopped
-as soon as that shows, not hours later. The progress lines of every sweep say when each running run
-should end at its pace.
+time resumes it) and no run starts. The progress lines of every sweep say when each running run
+should end at its pace (:func:`seconds_left`, from the rounds it recorded in this sweep), so a run
+that cannot end in time shows it early. (They do not stop it early: the pace of the committed
+200-round runs changed by up to 2x within a run, when another run beside it ended or a slow
+evaluation came, so a projection is a guide, not a verdict.)
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -92,14 +93,6 @@ from fedhet.experiment.config import (
 )
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.verdict import MissingValue, Verdict, parse_verdicts, run_value, verdict_table
-
-# ``--finish-by`` judges a run once it has recorded this many rounds in the sweep (and an evaluated
-# one, when evaluations are left), and again every ``judge_every`` seconds after that; it stops the
-# run early only when its pace needs more than PACE_MARGIN times the time left. Projections from the
-# first rounds of the committed 200-round FedACD-sweep runs (benchmarks/runs/fedacd_fmnist_e5_r200)
-# came out 0.92-1.45 times what the runs took (slow early rounds, GPU warm-up, a slow evaluation).
-JUDGE_AFTER_ROUNDS = 5
-PACE_MARGIN = 1.5
 
 # What a completed run folder needs to count as completed and to be compared: the files a
 # repository keeps of it (no checkpoint, no plot).
@@ -476,17 +469,15 @@ def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
 
 def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
               no_start_after: float | None = None, finish_by: float | None = None, poll_seconds: float = 2.0,
-              report_every: float = 60.0, judge_every: float = 15.0, log=print) -> dict[str, str]:
+              report_every: float = 60.0, log=print) -> dict[str, str]:
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``
     (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted).
     ``only``: run just the jobs of these tags (the others are neither started nor touched).
     ``no_start_after``: start no run once this many seconds have passed since the sweep started; the
     runs going on then finish, the others are left for the next sweep (a compute window's last runs
     that could not finish inside it).
-    ``finish_by``: the seconds the sweep has (module docstring): every ``judge_every`` seconds a run
-    with :data:`JUDGE_AFTER_ROUNDS` rounds recorded in this sweep whose pace needs more than
-    :data:`PACE_MARGIN` times the time left is stopped; at the limit every run still going on is
-    stopped and no run starts."""
+    ``finish_by``: the seconds the sweep has: at the limit every run still going on is stopped and
+    no run starts."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
     if finish_by is not None and not 0 < finish_by < math.inf:
@@ -514,18 +505,18 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
     rows_before: dict[str, list[dict]] = {}     # what a run had recorded when this sweep started it
     outcome: dict[str, str] = {}
-    last_report = last_judged = time.monotonic()
+    last_report = time.monotonic()
 
-    def pace(name: str, job: Job) -> tuple[int, int | None, int, float | None]:
-        """(rounds recorded, rounds planned, rounds recorded in this sweep, seconds left at their pace)."""
+    def pace(name: str, job: Job) -> tuple[int, int | None, float | None]:
+        """(rounds recorded, rounds planned, seconds left at the pace of the rounds this sweep saw)."""
         rows = _recorded_rows(job)
         new_rows = rows_since(rows_before[name], rows)
         try:
             cfg = _current_config(job)
         except (ConfigError, OSError):
-            return len(rows), None, len(new_rows), None
+            return len(rows), None, None
         left = seconds_left(new_rows, len(rows), cfg.train.rounds, cfg.eval.every) if len(new_rows) >= 2 else None
-        return len(rows), cfg.train.rounds, len(new_rows), left
+        return len(rows), cfg.train.rounds, left
 
     def finish(name: str) -> None:
         """Record a run whose process has exited: completed, or failed with its log's tail."""
@@ -554,6 +545,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 finish(n)
         _stop([running[n][1] for n in live], grace=0.0)
         for n in live:
+            if _recorded_status(running[n][0]) == "completed":    # it had ended, only its process had not
+                finish(n)
+                continue
             job, _, _ = running.pop(n)
             _lock_path(job).unlink(missing_ok=True)
             outcome[n] = "stopped"
@@ -587,12 +581,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 _failure_marker(job).unlink(missing_ok=True)
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
+                rows_before[job.name] = _recorded_rows(job)      # before a resumed run cuts them back
                 proc = subprocess.Popen(_command(job, threads, resume, sweep.extra_set), stdout=logf,
                                         stderr=subprocess.STDOUT)
                 logf.close()
                 _write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
-                rows_before[job.name] = _recorded_rows(job)
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
             first_fill = False
             _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
@@ -603,25 +597,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 names = list(running)
                 stop_runs(names, {n: f"{finish_by:g} s have passed (--finish-by)" for n in names})
                 continue
-            if deadline is not None and running and time.monotonic() - last_judged >= judge_every:
-                last_judged = time.monotonic()
-                late = {}
-                for name, (job, _, _) in running.items():
-                    recorded, planned, seen, left = pace(name, job)
-                    if left is None or planned is None or seen < JUDGE_AFTER_ROUNDS:
-                        continue
-                    if left > PACE_MARGIN * (deadline - time.monotonic()):
-                        late[name] = (f"at its pace it would end at {_clock(left)}, far after the --finish-by "
-                                      f"limit ({_clock(deadline - time.monotonic())}); {planned - recorded} of "
-                                      f"{planned} rounds left")
-                if late:
-                    stop_runs(list(late), late)
             if running and time.monotonic() - last_report >= report_every:
                 last_report = time.monotonic()
                 done = sum(job_status(j) == "completed" for j in jobs)
                 parts = []
                 for n, (j, _, _) in running.items():
-                    recorded, planned, _, left = pace(n, j)
+                    recorded, planned, left = pace(n, j)
                     of = f" of {planned}" if planned is not None else ""
                     ends = f", ends about {_clock(left)}" if left is not None else ""
                     parts.append(f"{n} (round {recorded}{of}{ends})")
