@@ -43,9 +43,10 @@ runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window it
 runs still going on are stopped (each records its summary and keeps its checkpoint, so a sweep with
 time resumes it) and no run starts. The progress lines of every sweep say when each running run
 should end at its pace (:func:`seconds_left`, from the rounds it recorded in this sweep), so a run
-that cannot end in time shows it early. (They do not stop it early: the pace of the committed
-200-round runs changed by up to 2x within a run, when another run beside it ended or a slow
-evaluation came, so a projection is a guide, not a verdict.)
+that cannot end in time shows it early. (They do not stop it early: in the committed 200-round runs
+of benchmarks/runs/fedacd_fmnist_e5_r200, a projection from the rounds so far came out up to 2x the
+time the remaining rounds took, where another run beside it ended or a slow evaluation came early,
+so a projection is a guide, not a verdict.)
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
