@@ -74,7 +74,8 @@ def evaluation_pass(mode: str, model: torch.nn.Module, weights: dict, x: torch.T
     return evaluate.predict(model, weights, x, y, normalize, 2048)
 
 
-def timed(modes: tuple[str, ...], run: Callable[[str], object], repeats: int) -> dict[str, list[float]]:
+def timed(modes: tuple[str, ...], run: Callable[[str], object], repeats: int) -> dict[str, dict]:
+    """Each mode's median seconds and min-max over ``repeats``, the modes in a rotating order."""
     seconds: dict[str, list[float]] = {mode: [] for mode in modes}
     for repeat in range(repeats):
         k = repeat % len(modes)
@@ -82,19 +83,19 @@ def timed(modes: tuple[str, ...], run: Callable[[str], object], repeats: int) ->
             start = time.perf_counter()
             run(mode)
             seconds[mode].append(time.perf_counter() - start)
-    return seconds
+    return {"seconds": {m: statistics.median(s) for m, s in seconds.items()},
+            "spread": {m: [min(s), max(s)] for m, s in seconds.items()}}
 
 
 def measure_statistics(model: torch.nn.Module, weights: dict, images: torch.Tensor, labels: torch.Tensor,
                        rows: int, repeats: int) -> dict:
     data = ClientData(images[:rows], labels[:rows], torch.arange(rows), MEAN, STD)
     results = {mode: statistics_pass(mode, model, weights, data) for mode in STATS}      # warm-up and results
-    seconds = timed(STATS, lambda mode: statistics_pass(mode, model, weights, data), repeats)
+    times = timed(STATS, lambda mode: statistics_pass(mode, model, weights, data), repeats)
     large, cut, fast = (results[m] for m in STATS)
     identical = (torch.equal(large.counts, cut.counts) and torch.equal(large.means, cut.means)
                  and torch.equal(large.sq_norms, cut.sq_norms))
-    return {"rows": rows, "seconds": {m: statistics.median(s) for m, s in seconds.items()},
-            "spread": {m: [min(s), max(s)] for m, s in seconds.items()}, "cut_identical": identical,
+    return {"rows": rows, **times, "cut_identical": identical,
             "cut_max_diff": float((cut.means - large.means).abs().max()),
             "channels_last_max_diff": float((fast.means - large.means).abs().max())}
 
@@ -110,12 +111,10 @@ def measure(arch: str, rows: list[int], test_rows: int, threads: int, repeats: i
     stats = [measure_statistics(model, weights, images, labels, n, repeats) for n in rows]
     x, y = images[:test_rows], labels[:test_rows]
     preds = {mode: evaluation_pass(mode, model, weights, x, y) for mode in PREDICT}
-    seconds = timed(PREDICT, lambda mode: evaluation_pass(mode, model, weights, x, y), repeats)
+    times = timed(PREDICT, lambda mode: evaluation_pass(mode, model, weights, x, y), repeats)
     (hits_a, loss_a), (hits_b, loss_b) = (preds[m] for m in PREDICT)
     return {"arch": arch, "threads": threads, "repeats": repeats, "statistics": stats,
-            "evaluation": {"rows": test_rows, "seconds": {m: statistics.median(s) for m, s in seconds.items()},
-                           "spread": {m: [min(s), max(s)] for m, s in seconds.items()},
-                           "flipped": int((hits_a != hits_b).sum()),
+            "evaluation": {"rows": test_rows, **times, "flipped": int((hits_a != hits_b).sum()),
                            "loss_max_diff": float((loss_a - loss_b).abs().max())}}
 
 

@@ -226,6 +226,8 @@ def test_finish_by_stops_a_run_at_the_limit_lets_one_that_fits_finish_and_progre
     recorded = len(read_metrics(tmp_path / "out" / "long_s0"))
     assert 2 <= recorded < 3000
     assert job_status(next(j for j in load_sweep(path).jobs if j.name == "long_s0")) == "interrupted"
+    # the run itself got the signal: it recorded its stop (a run never signalled would still be running)
+    assert json.loads((tmp_path / "out" / "long_s0" / "summary.json").read_text())["status"] == "interrupted"
     # the progress lines said when it would end, at the pace of its rounds so far
     assert any("long_s0 (round" in m and "of 3000, ends about" in m for m in messages), messages
 

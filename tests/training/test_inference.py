@@ -1,6 +1,5 @@
 """Evaluation's no-grad passes on the CPU: chunks of rows per thread in channels_last (fedhet.training.inference)."""
 
-import pytest
 import torch
 from helpers import conv_layouts
 
@@ -12,14 +11,6 @@ from fedhet.models import build_model
 from fedhet.training.inference import ROWS_PER_THREAD, channels_last, pass_rows
 
 
-@pytest.fixture
-def threads():
-    """Set torch's intra-op threads for one test; restored afterwards."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
 def images(n, classes, seed=0, side=28):
     g = torch.Generator().manual_seed(seed)
     return ClientData(torch.randint(0, 256, (n, 1, side, side), dtype=torch.uint8, generator=g),
@@ -27,8 +18,8 @@ def images(n, classes, seed=0, side=28):
                       torch.full((1, 1, 1, 1), 0.3), torch.full((1, 1, 1, 1), 0.3))
 
 
-def test_pass_rows_caps_cpu_passes_per_thread_and_leaves_other_devices_the_batch_size(threads):
-    threads(2)
+def test_pass_rows_caps_cpu_passes_per_thread_and_leaves_other_devices_the_batch_size():
+    torch.set_num_threads(2)                               # conftest puts it back to 1
     assert pass_rows(2048, "cpu") == 2 * ROWS_PER_THREAD
     assert pass_rows(10, "cpu") == 10                      # the batch size stays the upper bound
     assert pass_rows(2048, torch.device("cuda")) == 2048   # a GPU wants large passes (no CUDA needed to ask)
@@ -56,14 +47,13 @@ class Flat(torch.nn.Module):
         return (h, h) if with_features else h
 
 
-def test_training_statistics_keep_large_passes_and_evaluations_take_rows_per_thread(threads):
-    threads(1)
+def test_training_statistics_keep_large_passes_and_evaluations_take_rows_per_thread():
     n, classes = 1100, 3
     data = images(n, classes, side=2)
     model = Flat()
     stats = class_statistics(model, {}, data, classes)
-    # training's statistics: 1,024 rows a pass, as before (a last pass of under 16 rows would take
-    # another matrix-multiply path and change the last bits of what training is fed)
+    # training's statistics: 1,024 rows a pass, as before (a cut into rows per thread changed the
+    # last bits of what training is fed: benchmarks/no_grad_passes.py)
     assert model.rows == [1024, 76]
     model.rows.clear()
     fast = class_statistics(model, {}, data, classes, for_evaluation=True)
@@ -76,8 +66,7 @@ def test_training_statistics_keep_large_passes_and_evaluations_take_rows_per_thr
         torch.testing.assert_close(fast.means[c], x[rows].mean(0), rtol=1e-12, atol=1e-12)
 
 
-def test_evaluation_passes_run_every_convolution_in_channels_last_and_training_passes_do_not(threads):
-    threads(1)
+def test_evaluation_passes_run_every_convolution_in_channels_last_and_training_passes_do_not():
     model = build_model("simple_cnn", 1, 10, 28)         # grayscale: one input channel
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     data = images(200, 10, seed=1)

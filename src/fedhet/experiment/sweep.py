@@ -43,10 +43,9 @@ runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window it
 runs still going on are stopped (each records its summary and keeps its checkpoint, so a sweep with
 time resumes it) and no run starts. The progress lines of every sweep say when each running run
 should end at its pace (:func:`seconds_left`, from the rounds it recorded in this sweep), so a run
-that cannot end in time shows it early. (They do not stop it early: in the committed 200-round runs
-of benchmarks/runs/fedacd_fmnist_e5_r200, a projection from the rounds so far came out up to 2x the
-time the remaining rounds took, where another run beside it ended or a slow evaluation came early,
-so a projection is a guide, not a verdict.)
+that cannot end in time shows it early. (They do not stop it early: a run's pace changes when a run
+beside it ends or a slow evaluation comes, as in the committed 200-round runs of
+benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -385,7 +384,7 @@ def _rounds_done(job: Job) -> int:
 def _recorded_rows(job: Job) -> list[dict]:
     try:
         return read_metrics(job.run_dir)
-    except (OSError, ValueError):
+    except OSError:             # the file went away while it was read: nothing to go by this time
         return []
 
 
@@ -537,22 +536,20 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
             log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
         outcome[name] = status
 
-    def stop_runs(names: list[str], why: dict[str, str]) -> None:
-        """SIGTERM the runs (they record their summary and keep their checkpoints); a run that exited
-        meanwhile is recorded as it ended."""
-        live = [n for n in names if running[n][1].poll() is None]
-        for n in names:
-            if n not in live:
-                finish(n)
-        _stop([running[n][1] for n in live], grace=0.0)
-        for n in live:
+    def stop_running(why: str) -> None:
+        """SIGTERM every running run at once (each records its summary and keeps its checkpoint); a
+        run that ended meanwhile is recorded as it ended."""
+        for n in [n for n, (_, proc, _) in running.items() if proc.poll() is not None]:
+            finish(n)
+        _stop([proc for _, proc, _ in running.values()], grace=0.0)
+        for n in list(running):
             if _recorded_status(running[n][0]) == "completed":    # it had ended, only its process had not
                 finish(n)
                 continue
             job, _, _ = running.pop(n)
             _lock_path(job).unlink(missing_ok=True)
             outcome[n] = "stopped"
-            log(f"{time.strftime('%H:%M:%S')} stop   {n} at round {_rounds_done(job)}: {why[n]}")
+            log(f"{time.strftime('%H:%M:%S')} stop   {n} at round {_rounds_done(job)}: {why}")
     try:
         first_fill = True           # the lanes' first runs always start; the limit counts for those after them
         while todo or running:
@@ -595,8 +592,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 if proc.poll() is not None:
                     finish(name)
             if deadline is not None and running and time.monotonic() >= deadline:
-                names = list(running)
-                stop_runs(names, {n: f"{finish_by:g} s have passed (--finish-by)" for n in names})
+                stop_running(f"{finish_by:g} s have passed (--finish-by)")
                 continue
             if running and time.monotonic() - last_report >= report_every:
                 last_report = time.monotonic()

@@ -6,8 +6,8 @@ faster in channels_last (benchmarks/no_grad_passes.py measures both). On other d
 caller's batch size stands: a GPU wants large passes.
 
 Both change the last bits of the results: channels_last rounds the convolutions differently, and
-a pass of under 16 rows (the last chunk of an uneven count) took another matrix-multiply path than
-a large one on the Intel Xeon measured, and on two threads the cut changed the bits anyway. So only
+on the Intel Xeon measured the cut did too, on one thread where it left a short last chunk (3,009
+rows at 64 a pass) and on two threads always. So only
 passes whose results never feed training use them (evaluation's, and the per-class statistics
 evaluation takes); the statistics that training uses (FedACD's probability matrix, the prototypes)
 keep their large passes in the default layout.
