@@ -162,6 +162,17 @@ class TrainSettings:
     # round), "keep" (each client's state carried to its next round by the client host), "auto"
     # (the method's own default, Algorithm.keeps_optimizer_state).
     optimizer_state: str = "auto"
+    # The layout convolutions train in (run.memory_format): "auto" is channels_last in bf16 and the
+    # default layout in fp32; "contiguous" and "channels_last" choose it in either precision.
+    memory_format: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ValueError(f"TrainSettings.memory_format: expected one of {', '.join(MEMORY_FORMATS)}, "
+                             f"got {self.memory_format!r}")
+
+
+MEMORY_FORMATS = ("auto", "contiguous", "channels_last")
 
 
 @dataclass

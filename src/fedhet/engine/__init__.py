@@ -156,6 +156,10 @@ def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto",
     choice = choose_engine(engine, workers, device, clients_per_round=clients_per_round,
                            round_samples=round_sample_estimate(host.federation, host.settings, clients_per_round),
                            threads=threads)
+    if choice.engine == "vectorized" and host.settings.memory_format == "channels_last":
+        raise ConfigError("run.memory_format: channels_last is how the reference and parallel engines train; "
+                          "the vectorized engine trains in the default layout. Set run.engine: reference "
+                          f"(or parallel on a CPU), or run.memory_format: auto ({choice.reason})")
     transport = make_transport(choice, device, cuda_graphs, keep_graphs)
     return RoundLoop(host, clients_per_round, transport, client_states), choice
 

@@ -113,7 +113,7 @@ def train_settings(cfg: ExperimentConfig, precision: str) -> TrainSettings:
     return TrainSettings(epochs=t.local_epochs, batch_size=t.batch_size, lr=t.lr, momentum=t.momentum,
                          weight_decay=t.weight_decay, drop_last=t.drop_last, clip_grad_norm=t.clip_grad_norm,
                          precision=precision, optimizer=t.optimizer, betas=t.betas,
-                         optimizer_state=t.optimizer_state)
+                         optimizer_state=t.optimizer_state, memory_format=cfg.run.memory_format)
 
 
 def headline_metric(algorithm: Algorithm, federation: Federation) -> str:

@@ -250,6 +250,11 @@ class RunConfig(Strict):
     # this machine lacks is an error when the run is built (experiment.build.resolve_device).
     device: str = "cpu"
     precision: Literal["fp32", "bf16", "auto"] = "fp32"
+    # The layout local training's convolutions run in: "auto" (channels_last in bf16, the default
+    # layout in fp32, whose rounding earlier fp32 results rest on), "contiguous" or "channels_last"
+    # (in fp32 on a CPU often faster for convolutional models, with other last bits:
+    # benchmarks/memory_format.py). The reference and parallel engines; vectorized refuses channels_last.
+    memory_format: Literal["auto", "contiguous", "channels_last"] = "auto"
     # Engine: auto | reference | parallel | vectorized, and worker processes for parallel
     # (auto = one per usable CPU); the auto rule is fedhet.engine.choose_engine (docs/performance.md).
     engine: Literal["auto", "reference", "parallel", "vectorized"] = "auto"
@@ -465,9 +470,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 
 # Keys that may differ between a run's checkpoint and its config on resume: how the run is
-# carried out, not what it computes (engines and devices are equivalent to float rounding, so a
+# carried out, not what it computes (engines, devices and layouts are equivalent to float rounding, so a
 # run stopped on a lent GPU may go on on a CPU; threads change speed only).
-RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.deterministic", "run.workers", "run.engine", "run.device", "run.cuda_graphs",
+RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.deterministic", "run.workers", "run.engine", "run.device",
+                     "run.memory_format", "run.cuda_graphs",
                      "run.keep_graphs", "run.client_state", "run.client_state_store", "run.client_state_memory_mb",
                      "run.checkpoint_every", "run.out_dir", "run.loggers",
                      "run.mlflow_tracking_uri")

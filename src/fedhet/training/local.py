@@ -24,6 +24,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.errors import NumericalError
 from fedhet.training.dropout import draw_masks, masks_applied
+from fedhet.training.inference import channels_last
 from fedhet.training.objective import LossTerm, accumulate_statistics, total_loss
 from fedhet.training.optim import clip_grad_norm, make_optimizer
 
@@ -89,16 +90,13 @@ def train_local(
     param_names = {name for name, _ in model.named_parameters()}
     trainable = trainable or (lambda name: True)
     use_bf16 = settings.precision == "bf16"
-    # bf16 convolutions are faster in channels_last with oneDNN (benchmarks/results/ has the figure);
-    # fp32 keeps the default layout, so its results stay bit-identical to earlier versions.
-    channels_last = use_bf16
+    in_channels_last = trains_in_channels_last(settings)
     work = {}
     leaves = {}
     for name, tensor in weights.items():
-        if channels_last and tensor.dim() == 4:
-            t = tensor.detach().clone(memory_format=torch.channels_last)
-        else:
-            t = tensor.detach().clone()
+        t = tensor.detach().clone()
+        if in_channels_last:
+            t = channels_last(t)
         if name in param_names and trainable(name):
             t.requires_grad_(True)
             leaves[name] = t
@@ -128,8 +126,7 @@ def train_local(
                 # dropout masks from the same stream, after the augmentation's draws (training/dropout.py)
                 masks = {k: m.to(batch.x.device) for k, m in
                          draw_masks(model, tuple(batch.x.shape[1:]), len(batch.x), generator).items()}
-                x = batch.x.contiguous(memory_format=torch.channels_last) if channels_last and batch.x.dim() == 4 \
-                    else batch.x
+                x = channels_last(batch.x) if in_channels_last else batch.x
                 with masks_applied(masks):
                     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
                         features, logits = model(x, with_features=True)
@@ -157,6 +154,17 @@ def train_local(
     check_finite(out_weights, where)
     return LocalResult(out_weights, new_state, steps, samples, loss_sum / max(steps, 1),
                        {k: v / max(steps, 1) for k, v in part_sums.items()}, totals)
+
+
+def trains_in_channels_last(settings: TrainSettings) -> bool:
+    """Whether local training runs its images and convolution weights in channels_last
+    (``run.memory_format``). oneDNN's convolutions and max-pooling are faster there on the CPU
+    (benchmarks/memory_format.py), but they round differently in the last bits, so "auto" keeps
+    fp32 in the default layout, whose rounding earlier fp32 results rest on, and takes
+    channels_last in bf16."""
+    if settings.memory_format == "auto":
+        return settings.precision == "bf16"
+    return settings.memory_format == "channels_last"
 
 
 def all_finite(t: torch.Tensor) -> bool:

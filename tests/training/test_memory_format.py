@@ -1,0 +1,90 @@
+"""run.memory_format: the layout local training's convolutions run in, and what it may change."""
+
+import copy
+
+import pytest
+import torch
+
+import fedhet
+from fedhet.core.contract import ClientData, TrainSettings
+from fedhet.core.errors import ConfigError
+from fedhet.data.federated import build_federation
+from fedhet.experiment.build import build_models
+from fedhet.experiment.config import load_config
+from fedhet.training.local import train_local
+from fedhet.training.objective import CrossEntropy
+
+
+@pytest.fixture
+def client(small_config):
+    cfg = load_config(raw=copy.deepcopy(small_config))
+    fed = build_federation(cfg.data, cfg.seed)
+    models, arch = build_models(cfg, fed)
+    model = models[arch[0]]
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return model, weights, ClientData(fed.pool.x, fed.pool.y, fed.train_idx[0], fed.mean, fed.std)
+
+
+def train(client, memory_format, precision="fp32", rows=None):
+    model, w0, data = client
+    if rows is not None:
+        data = ClientData(data.x, data.y, data.train_idx[:rows], data.mean, data.std)
+    settings = TrainSettings(epochs=1, batch_size=32, lr=0.05, momentum=0.9, precision=precision,
+                             memory_format=memory_format)
+    return train_local(model, w0, data, [CrossEntropy()], settings, lambda e: torch.Generator().manual_seed(7 + e))
+
+
+def conv_layouts_seen(client, memory_format, precision):
+    """For every convolution call of a short training run: whether its input and its weight were in
+    channels_last. A one-channel tensor's strides tell the layouts apart (channels_last puts stride 1
+    on the channel dimension), which is_contiguous(memory_format=...) does not: it holds for both."""
+    model = client[0]
+    seen = []
+
+    def record(module, args):
+        seen.append((args[0].stride(1) == 1, module.weight.stride(1) == 1))
+
+    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
+    try:
+        train(client, memory_format, precision, rows=40)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(seen) >= 2 * 2          # two convolutions, two batches
+    return set(seen)
+
+
+@pytest.mark.parametrize("memory_format, precision, channels_last", [
+    ("auto", "fp32", False), ("contiguous", "fp32", False), ("channels_last", "fp32", True),
+    ("auto", "bf16", True), ("contiguous", "bf16", False)])
+def test_convolutions_train_in_the_layout_asked_for(client, memory_format, precision, channels_last):
+    # the first convolution's one-channel input and weights included
+    assert conv_layouts_seen(client, memory_format, precision) == {(channels_last, channels_last)}
+
+
+def test_channels_last_trains_the_same_model_up_to_rounding(client):
+    default, last = train(client, "contiguous"), train(client, "channels_last")
+    assert all(t.is_contiguous() for t in last.weights.values())        # weights leave in the default layout
+    assert all(t.is_contiguous() for t in last.optimizer_state.values())
+    assert last.steps == default.steps and last.samples == default.samples
+    # The layouts sum the convolutions in different orders: rounding, and now and then a ReLU or
+    # max-pool decided the other way within rounding, which moves a few entries by a step's share of
+    # one sample's gradient (tests/engine/test_engine_vectorized.py derives that bound). The bulk
+    # agrees to rounding; a wrong layout (transposed channels, say) moves the model by order one.
+    for name, t in default.weights.items():
+        distance = (last.weights[name] - t).norm() / t.norm().clamp_min(1e-12)
+        assert distance < 1e-3, (name, float(distance))
+    assert last.mean_loss == pytest.approx(default.mean_loss, rel=1e-4)
+
+
+def test_an_unknown_layout_is_refused():
+    with pytest.raises(ValueError, match="memory_format: expected one of auto, contiguous, channels_last, got 'nhwc'"):
+        TrainSettings(epochs=1, batch_size=8, lr=0.1, memory_format="nhwc")
+
+
+def test_the_vectorized_engine_refuses_channels_last(small_config, tmp_path):
+    with pytest.raises(ConfigError, match="run.memory_format: channels_last is how the reference and parallel engines "
+                                          "train; the vectorized engine trains in the default layout"):
+        fedhet.run(small_config, {"run.engine": "vectorized", "run.memory_format": "channels_last"},
+                   out=tmp_path / "v")
+    assert not (tmp_path / "v" / "metrics.jsonl").exists()
