@@ -23,6 +23,8 @@ import argparse
 import statistics
 from pathlib import Path
 
+import yaml
+
 from fedhet.experiment.report import (
     format_mean_std,
     format_value,
@@ -54,6 +56,19 @@ PAPER_T1 = {"0.1": dict(fedavg=68.35, fedprox=68.80, fednova=67.02, creff=69.40,
             "0.05": dict(fedavg=60.47, fedprox=62.18, fednova=56.63, creff=61.71, fedrod=62.46, fedlc=52.71,
                          fedntd=60.48, feddecorr=61.19, fednh=60.54, fedacd=63.57)}
 PAPER_T3 = {"0.1": dict(fedavg=0.57, fedacd=0.31), "0.05": dict(fedavg=0.70, fedacd=0.39)}
+
+
+def training_layout(run_dir: Path, summary: dict) -> str:
+    """The layout the run's convolutions trained in: run.memory_format in its config.yaml ("auto",
+    the key's default and all there was before it existed, is channels_last only in bf16 outside the
+    vectorized engine)."""
+    config = run_dir / "config.yaml"
+    chosen = ((yaml.safe_load(config.read_text()) or {}).get("run") or {}).get("memory_format", "auto") \
+        if config.exists() else "auto"
+    if chosen == "auto":
+        vectorized = summary.get("engine", {}).get("engine") == "vectorized"
+        chosen = "channels_last" if summary.get("precision") == "bf16" and not vectorized else "contiguous"
+    return "channels_last" if chosen == "channels_last" else "default layout"
 
 
 def final(rows: list[dict], metric: str) -> float | None:
@@ -133,7 +148,8 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
     for d, sm in completed:
         m = sm["machine"]
         place = (f"{m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs, torch {m['torch']}, "
-                 f"device {sm.get('device', 'cpu')}, engine {sm['engine'].get('engine', '-')}")
+                 f"device {sm.get('device', 'cpu')}, engine {sm['engine'].get('engine', '-')}, "
+                 f"{training_layout(d, sm)}")
         where.setdefault(place, []).append(d.name)
     if len(where) == 1:
         lines += ["", f"Runs on: {next(iter(where))}; table at commit {git_commit()}."]

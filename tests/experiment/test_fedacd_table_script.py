@@ -37,6 +37,7 @@ def test_a_sweep_table_averages_the_last_two_evaluations_and_spreads_the_scores(
                                       {"round": 12, "train_loss": 0.3}, evaluation(15, 0.80, 0.5, 0.4)])
     write_run(runs / "fedavg_s1", 1, [evaluation(5, 0.40, 2.0, 0.7), evaluation(10, 0.60, 1.5, 0.5),
                                       evaluation(15, 0.60, 0.5, 0.3)])
+    (runs / "fedavg_s1" / "config.yaml").write_text("run: {memory_format: channels_last}\n")    # the other layout
     # FedACD, one seed, with its per-round scores V (min, max) and weight ratio max V / min V
     scores = [dict(fedacd_score_min=0.55, fedacd_score_max=0.66, fedacd_weight_ratio=1.2),
               dict(fedacd_score_min=0.52, fedacd_score_max=0.78, fedacd_weight_ratio=1.5),
@@ -60,4 +61,6 @@ def test_a_sweep_table_averages_the_last_two_evaluations_and_spreads_the_scores(
     text = (out / "fedacd_fmnist_t.md").read_text()
     assert "| FedAvg | 2 | 67.50 ± 10.61 | s0: 75.00, s1: 60.00 |" in text
     assert "| FedACD, pair flattening, V from training (the default) | 0 | 0.520-0.780 | 1.200 (1.500) |" in text
-    assert "Runs on: Test CPU, 2 CPUs, torch 2.x, device cpu, engine reference" in text
+    # where each ran, the layout included (runs without the key trained in the default layout)
+    assert "- Test CPU, 2 CPUs, torch 2.x, device cpu, engine reference, default layout: fedacd_pair_trainingV_s0, " \
+           "fedavg_s0\n- Test CPU, 2 CPUs, torch 2.x, device cpu, engine reference, channels_last: fedavg_s1" in text
