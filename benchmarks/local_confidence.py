@@ -135,7 +135,7 @@ def measure(built, kept: dict[int, dict[str, torch.Tensor]]) -> list[dict]:
     for cid in sorted(kept):
         model = built.models[built.client_arch[cid]]
         P, counts = local_probability_matrix(model, kept[cid], fed.client_data(cid), fed.num_classes,
-                                             for_evaluation=True)      # as eval.local_risk records it
+                                             fast_passes=True)      # as eval.local_risk records it
         present = counts > 0
         rows.append({"client": cid, "present_classes": int(present.sum()), "samples": int(counts.sum()),
                      "local_kl": template_kl(P, present), **mass_split(P, present)})

@@ -10,7 +10,7 @@ evaluation's test-set pass, side by side in one process.
   and FedFM take the same pass for their class means) over ``--rows`` training images, three ways:
   one forward per 1,024 rows in the default layout (training's statistics, and evaluation's before),
   a few dozen rows per thread (``fedhet.training.inference.pass_rows``) in the default layout, and
-  the same in channels_last (``for_evaluation=True``, evaluation's now). ``identical`` says whether
+  the same in channels_last (``fast_passes=True``, evaluation's now). ``identical`` says whether
   the second's counts, means and squared norms are bit-identical to the first's: with a last pass
   of under 16 rows (3,009 rows at 64 a pass) the matrix multiplies take another path and they are
   not, which is why training's statistics keep their large passes. The channels_last pass's
@@ -61,8 +61,8 @@ def statistics_pass(mode: str, model: torch.nn.Module, weights: dict, data: Clie
 
     if mode == STATS[1]:          # evaluation's cut, without its layout
         with mock.patch.object(prototypes, "channels_last", lambda t: t):
-            return prototypes.class_statistics(model, weights, data, 10, of=softmax, for_evaluation=True)
-    return prototypes.class_statistics(model, weights, data, 10, of=softmax, for_evaluation=mode == STATS[2])
+            return prototypes.class_statistics(model, weights, data, 10, of=softmax, fast_passes=True)
+    return prototypes.class_statistics(model, weights, data, 10, of=softmax, fast_passes=mode == STATS[2])
 
 
 def evaluation_pass(mode: str, model: torch.nn.Module, weights: dict, x: torch.Tensor,

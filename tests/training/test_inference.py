@@ -56,7 +56,7 @@ def test_training_statistics_keep_large_passes_and_evaluations_take_rows_per_thr
     # last bits of what training is fed: benchmarks/no_grad_passes.py)
     assert model.rows == [1024, 76]
     model.rows.clear()
-    fast = class_statistics(model, {}, data, classes, for_evaluation=True)
+    fast = class_statistics(model, {}, data, classes, fast_passes=True)
     assert model.rows == [64] * 17 + [12]
     x = data.batch(torch.arange(n)).x.flatten(1).double()
     for c in range(classes):
@@ -74,7 +74,7 @@ def test_evaluation_passes_run_every_convolution_in_channels_last_and_training_p
     P, counts = local_probability_matrix(model, weights, data, 10)
     assert layouts and not any(layouts)                   # FedACD's training statistic: default layout
     layouts.clear()
-    P_eval, counts_eval = local_probability_matrix(model, weights, data, 10, for_evaluation=True)
+    P_eval, counts_eval = local_probability_matrix(model, weights, data, 10, fast_passes=True)
     assert layouts and all(layouts)
     assert model.training                                 # the statistics pass restores the mode
     layouts.clear()

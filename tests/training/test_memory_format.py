@@ -88,3 +88,20 @@ def test_the_vectorized_engine_refuses_channels_last(small_config, tmp_path):
         fedhet.run(small_config, {"run.engine": "vectorized", "run.memory_format": "channels_last"},
                    out=tmp_path / "v")
     assert not (tmp_path / "v" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["fedacd", "fedproto"])
+def test_statistics_passes_that_feed_training_are_fast_exactly_when_training_is_in_channels_last(
+        small_config, tmp_path, monkeypatch, algorithm):
+    """FedACD's probability matrix and FedProto's prototypes: evaluation's faster passes (rows per
+    thread, channels_last: other last bits) in a channels_last run, training's own passes otherwise."""
+    from fedhet.algorithms import prototypes
+
+    fast_calls = []
+    real = prototypes.channels_last
+    monkeypatch.setattr(prototypes, "channels_last", lambda t: fast_calls.append(t.dim()) or real(t))
+    for memory_format, fast in (("auto", False), ("channels_last", True)):
+        fast_calls.clear()
+        fedhet.run(small_config, {"algorithm.name": algorithm, "train.rounds": 1, "run.engine": "reference",
+                                  "run.memory_format": memory_format}, out=tmp_path / memory_format / algorithm)
+        assert bool(fast_calls) is fast, (memory_format, len(fast_calls))

@@ -71,7 +71,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.training.augment import label_weights, mixed
-from fedhet.training.local import concatenate_results
+from fedhet.training.local import concatenate_results, trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
 # --- the probability matrix and the score ----------------------------------------------------
@@ -86,11 +86,11 @@ def probability_matrix(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
 
 
 def local_probability_matrix(model: torch.nn.Module, weights: Arrays, data: ClientData,
-                             num_classes: int, for_evaluation: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                             num_classes: int, fast_passes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(P, counts)`` of ``weights`` on the client's whole training split: one no-grad pass in eval
-    mode (``for_evaluation``: evaluation's faster passes, :func:`class_statistics`)."""
+    mode (``fast_passes``: evaluation's faster passes, :func:`class_statistics`)."""
     stats = class_statistics(model, weights, data, num_classes, of=lambda out: out.logits.softmax(1),
-                             for_evaluation=for_evaluation)
+                             fast_passes=fast_passes)
     return stats.means, stats.counts
 
 
@@ -266,7 +266,8 @@ class FedACD(FedAvg):
         if not present.any():          # no data: nothing to train, no P (scored 0 in upload_scalars)
             P = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=labels.device)
         else:
-            P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
+            P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,
+                                            trains_in_channels_last(client.settings))
         options = self.train_options(msg, state, client)
         optimizer_state = options.pop("optimizer_state", None)
         extra_terms = self.local_terms(msg, state, client)
@@ -280,7 +281,8 @@ class FedACD(FedAvg):
                 P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])
         final = concatenate_results(results)
         if self.params.score_from == "clean" and present.any():
-            P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)
+            P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,
+                                            trains_in_channels_last(client.settings))
         final.statistics["fedacd.P"] = P
         final.statistics["fedacd.present"] = present
         return final

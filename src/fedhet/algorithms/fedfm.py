@@ -81,6 +81,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError
+from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
 # Client-state key of the global model received in the anchor phase (FedFM) or of the client's
@@ -131,11 +132,11 @@ class AnchorMatching(LossTerm):
 
 # --- anchors ------------------------------------------------------------------------------
 def local_anchors(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int,
-                  batch_size: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+                  batch_size: int = 512, fast_passes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(means (C, d), counts (C,))``: the class-wise mean feature of ``weights`` over every
     training sample of the client (Eq. 8), in eval mode; zero rows for absent classes. These are
     the clients' prototypes of FedProto/FedPAC (:func:`fedhet.algorithms.prototypes.class_means`)."""
-    return class_means(model, weights, data, num_classes, batch_size=batch_size)
+    return class_means(model, weights, data, num_classes, batch_size=batch_size, fast_passes=fast_passes)
 
 
 def aggregate_anchors(prev: torch.Tensor | None, prev_defined: torch.Tensor | None,
@@ -236,7 +237,8 @@ class FedFM(FedAvg):
         """The local anchors (Eq. 8) and what aggregation needs besides: the class counts for the
         weighted rule, only which classes are present for the uniform one (Sec. IV-D.2: uniform
         averaging spares clients from uploading their category distribution)."""
-        means, counts = local_anchors(client.model, weights, client.data, client.num_classes)
+        means, counts = local_anchors(client.model, weights, client.data, client.num_classes,
+                                      fast_passes=trains_in_channels_last(client.settings))
         if self.params.anchor_weighting == "uniform":
             return {"mean": means, "present": counts > 0}
         return {"mean": means, "count": counts}

@@ -42,6 +42,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.split import is_head, linear_classifier
 from fedhet.training.augment import mixed_cross_entropy
+from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
 
@@ -125,6 +126,7 @@ class FedNH(FedAvg):
 
     def uploads(self, result: LocalResult, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
         stats = class_statistics(client.model, result.weights, client.data, client.num_classes,
-                                 of=lambda out: F.normalize(out.features, dim=1))
+                                 of=lambda out: F.normalize(out.features, dim=1),
+                                 fast_passes=trains_in_channels_last(client.settings))
         means = F.normalize(stats.means, dim=1).float()
         return {**super().uploads(result, msg, state, client), "prototypes": {"mean": means, "count": stats.counts}}

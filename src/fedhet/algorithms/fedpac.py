@@ -94,6 +94,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.split import HEAD, select
+from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
 __all__ = ["FedPAC", "feature_statistics", "head_objective", "simplex_qp", "classifier_weights",
@@ -289,11 +290,14 @@ class FedPAC(FedPer):
     def uploads(self, result: LocalResult, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
         up = super().uploads(result, msg, state, client)
         # Step 1: statistics of the model the client received (msg["model"] is its start model).
-        v, h = feature_statistics(class_statistics(client.model, msg.arrays["model"], client.data, client.num_classes))
+        fast = trains_in_channels_last(client.settings)
+        v, h = feature_statistics(class_statistics(client.model, msg.arrays["model"], client.data, client.num_classes,
+                                                   fast_passes=fast))
         up["statistics"] = {"variance": torch.tensor([v], dtype=torch.float64), "h": h}
         up["head"] = select(result.weights, HEAD)
         if self.params.pac_proto_weight > 0:
-            means, counts = class_means(client.model, result.weights, client.data, client.num_classes)   # local prototypes
+            means, counts = class_means(client.model, result.weights, client.data, client.num_classes,
+                                        fast_passes=fast)   # local prototypes
             up[GROUP] = {"mean": means, "count": counts}
         return up
 

@@ -77,6 +77,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.split import HEAD, select
 from fedhet.training.augment import BaselineAugmentation, baseline_augmentation
+from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
 UNDEFINED_LOGIT = -1e30
@@ -163,7 +164,8 @@ class FedProto(FedAvg):
         result = client.train(weights, terms, **self.train_options(msg, state, client))
         state = {**(state or {}), "model": result.weights,
                  "linear_head": torch.tensor(head_is_one_linear(client.model))}
-        means, counts = class_means(client.model, result.weights, client.data, client.num_classes)   # local prototypes
+        means, counts = class_means(client.model, result.weights, client.data, client.num_classes,   # local prototypes
+                                    fast_passes=trains_in_channels_last(client.settings))
         reply = update_reply(result, client, {GROUP: {"mean": means, "count": counts},
                                               **self.uploads(result, msg, state, client)})
         return reply, state

@@ -91,6 +91,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.split import BODY, HEAD, select, strip_prefix
+from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
 
@@ -279,7 +280,8 @@ class FedReMa(FedAvg):
         p = soft_logits(client.model, select(result.weights, HEAD), probe, self.params.temperature)
         up["relevance"] = {"soft_logits": p.float()}
         if self.params.feature_alignment:
-            means, counts = class_means(client.model, result.weights, client.data, client.num_classes)
+            means, counts = class_means(client.model, result.weights, client.data, client.num_classes,
+                                        fast_passes=trains_in_channels_last(client.settings))
             up[GROUP] = {"mean": means, "count": counts}
         return up
 

@@ -56,21 +56,22 @@ class ClassStatistics:
 def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int, *,
                      positions: torch.Tensor | None = None, batch_size: int = 1024,
                      of: Callable[[Forward], torch.Tensor] | None = None,
-                     for_evaluation: bool = False) -> ClassStatistics:
+                     fast_passes: bool = False) -> ClassStatistics:
     """Per-class counts, mean features and mean squared feature norms of ``weights`` on the
     client's training split (or on ``positions`` of it), in eval mode and without gradients
     (as PFLlib ``collect_protos`` / ``statistics_extraction`` and FedPAC ``statistics_extraction``).
     ``of`` picks another per-sample vector than the features (FedACD's probability matrix is the
     per-class mean of the softmax). The model's train/eval mode is restored afterwards.
 
-    Passes take ``batch_size`` rows. ``for_evaluation`` (statistics that never feed training)
-    takes evaluation's faster CPU passes instead: a few dozen rows per thread in channels_last
-    (:mod:`fedhet.training.inference`), rounded differently in the last bits."""
+    Passes take ``batch_size`` rows. ``fast_passes`` takes evaluation's faster CPU passes instead:
+    a few dozen rows per thread in channels_last (:mod:`fedhet.training.inference`), rounded
+    differently in the last bits: for statistics that never feed training, and for those of a
+    run that trains in channels_last (``run.memory_format``), whose last bits differ anyway."""
     n = len(data.train_idx)
     positions = torch.arange(n) if positions is None else positions
     sums = sq = None
     counts = torch.zeros(num_classes, dtype=torch.int64, device=data.y.device)
-    fast = for_evaluation and data.y.device.type == "cpu"
+    fast = fast_passes and data.y.device.type == "cpu"
     rows = pass_rows(batch_size, data.y.device) if fast else batch_size
     if fast:
         weights = {k: channels_last(v) for k, v in weights.items()}
@@ -98,10 +99,13 @@ def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, 
 
 
 def class_means(model: torch.nn.Module, weights: Arrays, data: ClientData, num_classes: int, *,
-                positions: torch.Tensor | None = None, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+                positions: torch.Tensor | None = None, batch_size: int = 1024,
+                fast_passes: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """A client's local prototypes: ``(means (C, d) float32, counts (C,) int64)``, zeros for absent
-    classes (FedProto's and FedPAC's local prototypes), computed in eval mode over its training split."""
-    stats = class_statistics(model, weights, data, num_classes, positions=positions, batch_size=batch_size)
+    classes (FedProto's and FedPAC's local prototypes), computed in eval mode over its training split
+    (``fast_passes``: :func:`class_statistics`)."""
+    stats = class_statistics(model, weights, data, num_classes, positions=positions, batch_size=batch_size,
+                             fast_passes=fast_passes)
     return stats.means.float(), stats.counts
 
 

@@ -227,7 +227,7 @@ def local_model_risk(models: dict[str, torch.nn.Module], client_arch: list[str],
         error = 1.0 - correct / np.maximum(total, 1)
         risk[cid] = float(error @ pi_mean)
         P, class_counts = local_probability_matrix(model, to_device(local_models[cid], device), data_of(cid),
-                                                   fed.num_classes, for_evaluation=True)
+                                                   fed.num_classes, fast_passes=True)
         kl[cid] = template_kl(P.cpu(), class_counts.cpu() > 0)
     return {"local_risk": float(np.mean(list(risk.values()))), "local_kl": float(np.mean(list(kl.values()))),
             "local_risk_by_client": risk, "local_kl_by_client": kl}

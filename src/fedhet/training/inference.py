@@ -10,8 +10,9 @@ on the Intel Xeon measured the cut did too, on one thread where it left a short 
 rows at 64 a pass) and on two threads always. So only
 passes whose results never feed training use them (evaluation's, and the per-class statistics
 evaluation takes); the statistics that training uses (FedACD's probability matrix, the prototypes)
-keep their large passes in the default layout. Local training takes :func:`channels_last` as
-well where ``run.memory_format`` asks for it (:func:`fedhet.training.local.trains_in_channels_last`).
+keep their large passes in the default layout, unless the run trains in channels_last
+(``run.memory_format``, :func:`fedhet.training.local.trains_in_channels_last`): local training then
+takes :func:`channels_last` too, and those statistics evaluation's passes.
 """
 
 from __future__ import annotations

@@ -161,7 +161,8 @@ def trains_in_channels_last(settings: TrainSettings) -> bool:
     (``run.memory_format``). oneDNN's convolutions and max-pooling are faster there on the CPU
     (benchmarks/memory_format.py), but they round differently in the last bits, so "auto" keeps
     fp32 in the default layout, whose rounding earlier fp32 results rest on, and takes
-    channels_last in bf16."""
+    channels_last in bf16. The no-grad statistics passes that feed training follow it
+    (``fast_passes`` of :func:`fedhet.algorithms.prototypes.class_statistics`)."""
     if settings.memory_format == "auto":
         return settings.precision == "bf16"
     return settings.memory_format == "channels_last"
