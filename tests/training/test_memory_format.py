@@ -1,32 +1,17 @@
 """run.memory_format: the layout local training's convolutions run in, and what it may change."""
 
-import copy
-
 import pytest
 import torch
 
 import fedhet
 from fedhet.core.contract import ClientData, TrainSettings
 from fedhet.core.errors import ConfigError
-from fedhet.data.federated import build_federation
-from fedhet.experiment.build import build_models
-from fedhet.experiment.config import load_config
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
 
 
-@pytest.fixture
-def client(small_config):
-    cfg = load_config(raw=copy.deepcopy(small_config))
-    fed = build_federation(cfg.data, cfg.seed)
-    models, arch = build_models(cfg, fed)
-    model = models[arch[0]]
-    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return model, weights, ClientData(fed.pool.x, fed.pool.y, fed.train_idx[0], fed.mean, fed.std)
-
-
 def train(client, memory_format, precision="fp32", rows=None):
-    model, w0, data = client
+    model, data, w0 = client
     if rows is not None:
         data = ClientData(data.x, data.y, data.train_idx[:rows], data.mean, data.std)
     settings = TrainSettings(epochs=1, batch_size=32, lr=0.05, momentum=0.9, precision=precision,
@@ -57,13 +42,13 @@ def conv_layouts_seen(client, memory_format, precision):
 @pytest.mark.parametrize("memory_format, precision, channels_last", [
     ("auto", "fp32", False), ("contiguous", "fp32", False), ("channels_last", "fp32", True),
     ("auto", "bf16", True), ("contiguous", "bf16", False)])
-def test_convolutions_train_in_the_layout_asked_for(client, memory_format, precision, channels_last):
+def test_convolutions_train_in_the_layout_asked_for(cnn_client, memory_format, precision, channels_last):
     # the first convolution's one-channel input and weights included
-    assert conv_layouts_seen(client, memory_format, precision) == {(channels_last, channels_last)}
+    assert conv_layouts_seen(cnn_client, memory_format, precision) == {(channels_last, channels_last)}
 
 
-def test_channels_last_trains_the_same_model_up_to_rounding(client):
-    default, last = train(client, "contiguous"), train(client, "channels_last")
+def test_channels_last_trains_the_same_model_up_to_rounding(cnn_client):
+    default, last = train(cnn_client, "contiguous"), train(cnn_client, "channels_last")
     assert all(t.is_contiguous() for t in last.weights.values())        # weights leave in the default layout
     assert all(t.is_contiguous() for t in last.optimizer_state.values())
     assert last.steps == default.steps and last.samples == default.samples
