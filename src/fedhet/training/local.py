@@ -158,7 +158,8 @@ def train_local(
 
 def trains_in_channels_last(settings: TrainSettings) -> bool:
     """Whether local training runs its images and convolution weights in channels_last
-    (``run.memory_format``). oneDNN's convolutions and max-pooling are faster there on the CPU
+    (``run.memory_format``; in the reference and parallel engines: the vectorized engine's vmapped
+    groups train in the default layout). oneDNN's convolutions and max-pooling are faster there on the CPU
     (benchmarks/memory_format.py), but they round differently in the last bits, so "auto" keeps
     fp32 in the default layout, whose rounding earlier fp32 results rest on, and takes
     channels_last in bf16. The no-grad statistics passes that feed training follow it
