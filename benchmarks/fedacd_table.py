@@ -23,8 +23,6 @@ import argparse
 import statistics
 from pathlib import Path
 
-import yaml
-
 from fedhet.experiment.report import (
     format_mean_std,
     format_value,
@@ -55,20 +53,9 @@ PAPER_T1 = {"0.1": dict(fedavg=68.35, fedprox=68.80, fednova=67.02, creff=69.40,
                        fedntd=70.41, feddecorr=71.80, fednh=68.11, fedacd=73.13),
             "0.05": dict(fedavg=60.47, fedprox=62.18, fednova=56.63, creff=61.71, fedrod=62.46, fedlc=52.71,
                          fedntd=60.48, feddecorr=61.19, fednh=60.54, fedacd=63.57)}
+# summary.json's memory_format (runs from before it trained in the default layout)
+LAYOUTS = {"contiguous": "default layout", "channels_last": "channels_last"}
 PAPER_T3 = {"0.1": dict(fedavg=0.57, fedacd=0.31), "0.05": dict(fedavg=0.70, fedacd=0.39)}
-
-
-def training_layout(run_dir: Path, summary: dict) -> str:
-    """The layout the run's convolutions trained in: run.memory_format in its config.yaml ("auto",
-    the key's default and all there was before it existed, is channels_last only in bf16 outside the
-    vectorized engine)."""
-    config = run_dir / "config.yaml"
-    chosen = ((yaml.safe_load(config.read_text()) or {}).get("run") or {}).get("memory_format", "auto") \
-        if config.exists() else "auto"
-    if chosen == "auto":
-        vectorized = summary.get("engine", {}).get("engine") == "vectorized"
-        chosen = "channels_last" if summary.get("precision") == "bf16" and not vectorized else "contiguous"
-    return "channels_last" if chosen == "channels_last" else "default layout"
 
 
 def final(rows: list[dict], metric: str) -> float | None:
@@ -149,7 +136,7 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
         m = sm["machine"]
         place = (f"{m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs, torch {m['torch']}, "
                  f"device {sm.get('device', 'cpu')}, engine {sm['engine'].get('engine', '-')}, "
-                 f"{training_layout(d, sm)}")
+                 f"{LAYOUTS[sm.get('memory_format', 'contiguous')]}")
         where.setdefault(place, []).append(d.name)
     if len(where) == 1:
         lines += ["", f"Runs on: {next(iter(where))}; table at commit {git_commit()}."]

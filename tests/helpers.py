@@ -399,11 +399,13 @@ def write_sweep(tmp_path, small_config, runs, **extra):
     return path
 
 
-def conv_layouts(model: nn.Module) -> list[bool]:
-    """A list that records, per convolution call of ``model`` from now on, whether its input was
-    in channels_last (channel stride 1, which the default layout has only for one-pixel images)."""
+def conv_layouts(model: nn.Module, of: str = "input") -> list[bool]:
+    """A list that records, per convolution call of ``model`` from now on, whether its ``of``
+    ("input" or "weight") was in channels_last (channel stride 1, which the default layout has only
+    for one-pixel images and 1x1 kernels)."""
     seen: list[bool] = []
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
-            m.register_forward_pre_hook(lambda mod, args: seen.append(args[0].stride(1) == 1))
+            m.register_forward_pre_hook(lambda mod, args: seen.append(
+                (args[0] if of == "input" else mod.weight).stride(1) == 1))
     return seen

@@ -17,9 +17,9 @@ def fedacd_table():
     return benchmark_script("fedacd_table")
 
 
-def write_run(folder: Path, seed: int, rows: list[dict], seconds: float = 10.0) -> None:
+def write_run(folder: Path, seed: int, rows: list[dict], seconds: float = 10.0, **recorded) -> None:
     write_metrics(folder, rows)
-    summary = {"name": folder.name, "status": "completed", "seed": seed, "rounds_completed": rows[-1]["round"],
+    summary = {**recorded, "name": folder.name, "status": "completed", "seed": seed, "rounds_completed": rows[-1]["round"],
                "metrics": {}, "seconds_per_round_median": seconds, "machine": MACHINE, "device": "cpu",
                "engine": {"engine": "reference"}}
     (folder / "summary.json").write_text(json.dumps(summary))
@@ -36,8 +36,7 @@ def test_a_sweep_table_averages_the_last_two_evaluations_and_spreads_the_scores(
     write_run(runs / "fedavg_s0", 0, [evaluation(5, 0.50, 3.0, 0.6), evaluation(10, 0.70, 1.0, 0.5),
                                       {"round": 12, "train_loss": 0.3}, evaluation(15, 0.80, 0.5, 0.4)])
     write_run(runs / "fedavg_s1", 1, [evaluation(5, 0.40, 2.0, 0.7), evaluation(10, 0.60, 1.5, 0.5),
-                                      evaluation(15, 0.60, 0.5, 0.3)])
-    (runs / "fedavg_s1" / "config.yaml").write_text("run: {memory_format: channels_last}\n")    # the other layout
+                                      evaluation(15, 0.60, 0.5, 0.3)], memory_format="channels_last")
     # FedACD, one seed, with its per-round scores V (min, max) and weight ratio max V / min V
     scores = [dict(fedacd_score_min=0.55, fedacd_score_max=0.66, fedacd_weight_ratio=1.2),
               dict(fedacd_score_min=0.52, fedacd_score_max=0.78, fedacd_weight_ratio=1.5),
@@ -61,6 +60,6 @@ def test_a_sweep_table_averages_the_last_two_evaluations_and_spreads_the_scores(
     text = (out / "fedacd_fmnist_t.md").read_text()
     assert "| FedAvg | 2 | 67.50 ± 10.61 | s0: 75.00, s1: 60.00 |" in text
     assert "| FedACD, pair flattening, V from training (the default) | 0 | 0.520-0.780 | 1.200 (1.500) |" in text
-    # where each ran, the layout included (runs without the key trained in the default layout)
+    # where each ran, the layout included (runs recorded before the key trained in the default layout)
     assert "- Test CPU, 2 CPUs, torch 2.x, device cpu, engine reference, default layout: fedacd_pair_trainingV_s0, " \
            "fedavg_s0\n- Test CPU, 2 CPUs, torch 2.x, device cpu, engine reference, channels_last: fedavg_s1" in text

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import conv_layouts
 
 import fedhet
 from fedhet.core.contract import ClientData, TrainSettings
@@ -19,32 +20,16 @@ def train(client, memory_format, precision="fp32", rows=None):
     return train_local(model, w0, data, [CrossEntropy()], settings, lambda e: torch.Generator().manual_seed(7 + e))
 
 
-def conv_layouts_seen(client, memory_format, precision):
-    """For every convolution call of a short training run: whether its input and its weight were in
-    channels_last. A one-channel tensor's strides tell the layouts apart (channels_last puts stride 1
-    on the channel dimension), which is_contiguous(memory_format=...) does not: it holds for both."""
-    model = client[0]
-    seen = []
-
-    def record(module, args):
-        seen.append((args[0].stride(1) == 1, module.weight.stride(1) == 1))
-
-    hooks = [m.register_forward_pre_hook(record) for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
-    try:
-        train(client, memory_format, precision, rows=40)
-    finally:
-        for h in hooks:
-            h.remove()
-    assert len(seen) >= 2 * 2          # two convolutions, two batches
-    return set(seen)
-
-
 @pytest.mark.parametrize("memory_format, precision, channels_last", [
     ("auto", "fp32", False), ("contiguous", "fp32", False), ("channels_last", "fp32", True),
     ("auto", "bf16", True), ("contiguous", "bf16", False)])
 def test_convolutions_train_in_the_layout_asked_for(cnn_client, memory_format, precision, channels_last):
-    # the first convolution's one-channel input and weights included
-    assert conv_layouts_seen(cnn_client, memory_format, precision) == {(channels_last, channels_last)}
+    # every convolution call's input and weights, the first convolution's one-channel ones included
+    # (is_contiguous(memory_format=...) holds for both layouts there; the strides tell them apart)
+    inputs, weights = conv_layouts(cnn_client[0]), conv_layouts(cnn_client[0], of="weight")
+    train(cnn_client, memory_format, precision, rows=40)
+    assert len(inputs) == len(weights) == 2 * 2                         # two convolutions, two batches
+    assert set(inputs) == set(weights) == {channels_last}
 
 
 def test_channels_last_trains_the_same_model_up_to_rounding(cnn_client):
@@ -87,6 +72,7 @@ def test_statistics_passes_that_feed_training_are_fast_exactly_when_training_is_
     monkeypatch.setattr(prototypes, "channels_last", lambda t: fast_calls.append(t.dim()) or real(t))
     for memory_format, fast in (("auto", False), ("channels_last", True)):
         fast_calls.clear()
-        fedhet.run(small_config, {"algorithm.name": algorithm, "train.rounds": 1, "run.engine": "reference",
-                                  "run.memory_format": memory_format}, out=tmp_path / memory_format / algorithm)
+        res = fedhet.run(small_config, {"algorithm.name": algorithm, "train.rounds": 1, "run.engine": "reference",
+                                        "run.memory_format": memory_format}, out=tmp_path / memory_format / algorithm)
         assert bool(fast_calls) is fast, (memory_format, len(fast_calls))
+        assert res.summary["memory_format"] == ("channels_last" if fast else "contiguous")   # the layout it ran in

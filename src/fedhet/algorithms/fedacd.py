@@ -267,7 +267,7 @@ class FedACD(FedAvg):
             P = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=labels.device)
         else:
             P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,
-                                            trains_in_channels_last(client.settings))
+                                            fast_passes=trains_in_channels_last(client.settings))
         options = self.train_options(msg, state, client)
         optimizer_state = options.pop("optimizer_state", None)
         extra_terms = self.local_terms(msg, state, client)
@@ -282,7 +282,7 @@ class FedACD(FedAvg):
         final = concatenate_results(results)
         if self.params.score_from == "clean" and present.any():
             P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,
-                                            trains_in_channels_last(client.settings))
+                                            fast_passes=trains_in_channels_last(client.settings))
         final.statistics["fedacd.P"] = P
         final.statistics["fedacd.present"] = present
         return final

@@ -55,6 +55,7 @@ from fedhet.experiment.summary import (
     summarize_metrics,
 )
 from fedhet.metrics.evaluate import evaluate_loop, evaluation_clients
+from fedhet.training.local import trains_in_channels_last
 from fedhet.training.precision import bf16_native, strict_fp32
 
 __all__ = ["CHECKPOINT", "METRICS", "Callback", "Experiment", "RunView", "read_metrics"]
@@ -347,6 +348,12 @@ class Experiment:
             info["reason"] = self.engine_choice.reason
         return info
 
+    def training_layout(self) -> str:
+        """The layout local training's convolutions ran in (``run.memory_format`` resolved): the
+        vectorized engine's vmapped groups train in the default layout whatever "auto" means."""
+        vectorized = self.loop.transport.info().get("engine") == "vectorized"
+        return "channels_last" if trains_in_channels_last(self.built.host.settings) and not vectorized else "contiguous"
+
     def write_summary(self, status: str, error: str | None, wall: float,
                       callbacks: list[Callback] | None = None) -> None:
         rows = self.read_metrics()
@@ -368,6 +375,7 @@ class Experiment:
             "eval_precision": self.eval_precision,
             "device": self.built.device,
             "bf16_native": bf16_native(self.built.device),
+            "memory_format": self.training_layout(),
             "engine": self.engine_info(),
             "client_states": (states.info() if isinstance(states := self.loop.client_states, ClientStates)
                               else None),
