@@ -199,6 +199,26 @@ def test_seconds_left_counts_the_rounds_and_the_evaluations_left_at_the_recorded
     assert seconds_left([], 0, 6, 2) is None and seconds_left([{"round": 1}], 1, 6, 2) is None
 
 
+def test_seconds_left_goes_by_the_recent_speed_and_the_mean_round_size():
+    def row(rnd, samples, train, evaluate=0.0):
+        return {**timed_row(rnd, train + evaluate, evaluate), "samples": samples}
+
+    # 12 rounds of 100 or 300 sample-steps (mean 200): rounds 1-2 at 100 sample-steps a second, the
+    # last 10 (RECENT_ROUNDS) at 50; round 12 evaluated in 5 s
+    sizes = [100, 300] * 6
+    rows = [row(i + 1, n, n / (100 if i < 2 else 50), 5.0 if i == 11 else 0.0) for i, n in enumerate(sizes)]
+    # rounds 13-20 left: 200 sample-steps each at 50 a second, and the last round's evaluation
+    assert seconds_left(rows, 12, 20, 100) == pytest.approx(8 * 200 / 50 + 5.0)
+    # one speed throughout, the last 10 rounds smaller (180 sample-steps on average) than the run's
+    # (200): small recent rounds are not taken for a faster machine
+    small_last = [row(i + 1, 300 if i < 6 else 100, (300 if i < 6 else 100) / 50) for i in range(12)]
+    small_last[-1] = row(12, 100, 2.0, 5.0)
+    assert seconds_left(small_last, 12, 20, 100) == pytest.approx(8 * 200 / 50 + 5.0)
+    # a row without its sample-steps: the last 10 rounds' mean seconds
+    rows[0] = timed_row(1, 1.0)
+    assert seconds_left(rows, 12, 20, 100) == pytest.approx(8 * sum(n / 50 for n in sizes[2:]) / 10 + 5.0)
+
+
 def test_rows_since_skips_what_a_resumed_run_records_again():
     before = [timed_row(1, 1.0), timed_row(2, 1.0), timed_row(3, 1.0)]
     # resumed from its round-1 checkpoint: round 1 kept, rounds 2-3 recorded again with their own times
@@ -230,6 +250,8 @@ def test_finish_by_stops_a_run_at_the_limit_lets_one_that_fits_finish_and_progre
     assert json.loads((tmp_path / "out" / "long_s0" / "summary.json").read_text())["status"] == "interrupted"
     # the progress lines said when it would end, at the pace of its rounds so far
     assert any("long_s0 (round" in m and "of 3000, ends about" in m for m in messages), messages
+    late = [m for m in messages if "long_s0 (round" in m and "ends about" in m]
+    assert all(", after the --finish-by limit at " in m for m in late), late
 
 
 def test_finish_by_stops_every_run_at_the_limit_and_starts_none_after_it(tmp_path, small_config, capsys):

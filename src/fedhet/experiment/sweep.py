@@ -42,8 +42,9 @@ going on then finish and the rest wait for the next sweep, so a short compute wi
 runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window itself: at the limit,
 runs still going on are stopped (each records its summary and keeps its checkpoint, so a sweep with
 time resumes it) and no run starts. The progress lines of every sweep say when each running run
-should end at its pace (:func:`seconds_left`, from the rounds it recorded in this sweep), so a run
-that cannot end in time shows it early. (They do not stop it early: a run's pace changes when a run
+should end at its pace (:func:`seconds_left`, from the rounds it recorded in this sweep, at their
+recent speed), and say when that is after the ``--finish-by`` limit, so a run that cannot end in time
+shows it early. (They do not stop it early: a run's pace changes when a run
 beside it ends or a slow evaluation comes, as in the committed 200-round runs of
 benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
@@ -400,23 +401,38 @@ def rows_since(before: list[dict], rows: list[dict]) -> list[dict]:
     return rows[shared:]
 
 
+RECENT_ROUNDS = 10     # the rounds whose training speed a run's "ends about" goes by (seconds_left)
+
+
 def seconds_left(rows: list[dict], recorded: int, planned: int, eval_every: int) -> float | None:
     """Seconds a run that has recorded ``recorded`` of ``planned`` rounds needs for the rest, at the
-    pace of ``rows`` (rounds it recorded in this sweep): their mean seconds without evaluation for
-    every round left, plus their median evaluation for every evaluation left (rounds divisible by
-    ``eval_every`` and the last; a median, since one slow evaluation would otherwise count as many
-    times as there are evaluations left). Checkpoint writes are not in the rows' seconds, so it is a
-    little short. None without timed rows, or when evaluations are left and none of ``rows`` had one."""
-    timed = [r["seconds"] for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
+    pace of ``rows`` (rounds it recorded in this sweep). Training, for every round left: the rows'
+    mean sample-steps a round at the speed (sample-steps a second) of the last RECENT_ROUNDS rows.
+    Rounds differ in size by the clients they draw, which the mean over all rows evens out, while a
+    shared machine's speed drifts within a run, which the recent rows follow (a 200-round FedACD_base
+    run on a 2-core CPU slowed from 2,754 to 2,350 sample-steps a second over its first 23 rounds,
+    benchmarks/results/cpu_window_intel_2026-11-30.md). Rows without their sample-steps: the mean
+    seconds of the last RECENT_ROUNDS rows without evaluation. Evaluation: the rows' median
+    evaluation for every evaluation left (rounds divisible by ``eval_every`` and the last; a median,
+    since one slow evaluation would otherwise count as many times as there are evaluations left).
+    Checkpoint writes are not in the rows' seconds, so it is a little short. None without timed
+    rows, or when evaluations are left and none of ``rows`` had one."""
+    timed = [r for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
     if not timed:
         return None
     rounds_left = range(recorded + 1, planned + 1)
     evaluations_left = sum(1 for r in rounds_left if r % eval_every == 0 or r == planned)
-    evaluations = [t["evaluate"] for t in timed if t.get("evaluate", 0) > 0]
+    evaluations = [r["seconds"]["evaluate"] for r in timed if r["seconds"].get("evaluate", 0) > 0]
     if evaluations_left and not evaluations:
         return None
-    training = sum(t["total"] - t.get("evaluate", 0) for t in timed) / len(timed)
-    return len(rounds_left) * training + evaluations_left * (statistics.median(evaluations) if evaluations else 0.0)
+    training = [r["seconds"]["total"] - r["seconds"].get("evaluate", 0) for r in timed]
+    samples = [r.get("samples") for r in timed]
+    recent = slice(-RECENT_ROUNDS, None)
+    if all(isinstance(n, (int, float)) and n > 0 for n in samples) and sum(training[recent]) > 0:
+        per_round = statistics.fmean(samples) * sum(training[recent]) / sum(samples[recent])
+    else:
+        per_round = statistics.fmean(training[recent])
+    return len(rounds_left) * per_round + evaluations_left * (statistics.median(evaluations) if evaluations else 0.0)
 
 
 def select_jobs(sweep: Sweep, only: list[str] | None) -> list[Job]:
@@ -602,6 +618,8 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                     recorded, planned, left = pace(n, j)
                     of = f" of {planned}" if planned is not None else ""
                     ends = f", ends about {_clock(left)}" if left is not None else ""
+                    if left is not None and deadline is not None and time.monotonic() + left > deadline:
+                        ends += f", after the --finish-by limit at {_clock(deadline - time.monotonic())}"
                     parts.append(f"{n} (round {recorded}{of}{ends})")
                 log(f"{time.strftime('%H:%M:%S')} {done}/{len(jobs)} completed; running: {', '.join(parts)}")
     except BaseException as e:
