@@ -197,6 +197,28 @@ def test_pair_flattening_keeps_both_labels_of_a_mixed_pair_hand_computed():
                                flattening_kl(q.log(), torch.tensor([0])))
 
 
+def test_pair_flattening_takes_each_samples_own_rest_hand_computed():
+    # a batch of two: each sample's rest mass and rest classes are its own, not the batch's
+    p = torch.tensor([[0.4, 0.3, 0.2, 0.1],       # labels (0, 1): the rest 0.3 over classes 2, 3
+                      [0.1, 0.2, 0.6, 0.1]], dtype=torch.float64)   # labels (2, 2): the rest 0.4 over 3 classes
+    value = pair_flattening_kl(p.log(), torch.tensor([0, 2]), torch.tensor([1, 2]), eps=0)
+    first = 0.2 * math.log(0.2 / 0.15) + 0.1 * math.log(0.1 / 0.15)
+    second = 2 * 0.1 * math.log(0.1 / (0.4 / 3)) + 0.2 * math.log(0.2 / (0.4 / 3))
+    torch.testing.assert_close(value, torch.tensor([first, second], dtype=torch.float64))
+    # three classes, two labels: the one class left takes the whole rest, so q = p and nothing to flatten
+    three = torch.tensor([[0.5, 0.3, 0.2]], dtype=torch.float64)
+    assert float(pair_flattening_kl(three.log(), torch.tensor([0]), torch.tensor([1]))) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_pair_flattening_stays_finite_when_probabilities_underflow():
+    # fp32 logits whose classes 2 and 3 have probability exactly 0: eps keeps every log finite
+    logits = torch.tensor([[0.0, 0.0, -200.0, -200.0]] * 2)
+    assert float(logits.softmax(1)[0, 2]) == 0.0
+    value = pair_flattening_kl(logits, torch.tensor([0, 0]), torch.tensor([1, 2]))
+    # (0, 1): all the mass on the pair, no rest to flatten; (0, 2): p_2 = 0 kept, the rest 0.5 over 1 and 3
+    torch.testing.assert_close(value, torch.tensor([0.0, 0.5 * math.log(2)]), atol=1e-6, rtol=0)
+
+
 def test_pair_flattening_of_two_classes_has_nothing_to_flatten_and_no_nan():
     logits = torch.tensor([[0.3, -0.2]], requires_grad=True)
     value = pair_flattening_kl(logits, torch.tensor([0]), torch.tensor([1]), detach_target=False)

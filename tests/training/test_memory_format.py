@@ -76,3 +76,21 @@ def test_statistics_passes_that_feed_training_are_fast_exactly_when_training_is_
                                         "run.memory_format": memory_format}, out=tmp_path / memory_format / algorithm)
         assert bool(fast_calls) is fast, (memory_format, len(fast_calls))
         assert res.summary["memory_format"] == ("channels_last" if fast else "contiguous")   # the layout it ran in
+
+
+def test_fedacds_clean_score_pass_is_fast_exactly_when_training_is_in_channels_last(small_config, tmp_path,
+                                                                                  monkeypatch):
+    """score_from: clean adds a P pass of the trained model: it takes the layout's passes like the
+    pass before training."""
+    from fedhet.algorithms import fedacd
+
+    asked = []
+    real = fedacd.local_probability_matrix
+    monkeypatch.setattr(fedacd, "local_probability_matrix",
+                        lambda *a, fast_passes=False, **k: asked.append(fast_passes) or real(*a, fast_passes=fast_passes, **k))
+    for memory_format, fast in (("auto", False), ("channels_last", True)):
+        asked.clear()
+        fedhet.run(small_config, {"algorithm.name": "fedacd", "algorithm.params.score_from": "clean",
+                                  "train.rounds": 1, "train.clients_per_round": 2, "run.engine": "reference",
+                                  "run.memory_format": memory_format}, out=tmp_path / memory_format)
+        assert asked == [fast] * 4, (memory_format, asked)      # 2 clients: before training and after
