@@ -219,6 +219,16 @@ def test_pair_flattening_stays_finite_when_probabilities_underflow():
     torch.testing.assert_close(value, torch.tensor([0.0, 0.5 * math.log(2)]), atol=1e-6, rtol=0)
 
 
+def test_pair_flattening_gradient_is_the_same_with_the_target_detached():
+    # q is the closest distribution to p that keeps p on both labels and spreads the rest evenly
+    # (an I-projection), so KL's derivative through q vanishes, as for Eq. 7 (test above)
+    logits = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    y, partner = torch.tensor([0, 1, 2, 3, 3]), torch.tensor([1, 1, 4, 5, 3])
+    grads = [torch.autograd.grad(pair_flattening_kl(logits, y, partner, detach_target=d, eps=0).sum(), logits)[0]
+             for d in (True, False)]
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=1e-12)
+
+
 def test_pair_flattening_of_two_classes_has_nothing_to_flatten_and_no_nan():
     logits = torch.tensor([[0.3, -0.2]], requires_grad=True)
     value = pair_flattening_kl(logits, torch.tensor([0]), torch.tensor([1]), detach_target=False)
