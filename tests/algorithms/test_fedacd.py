@@ -366,6 +366,40 @@ def test_score_from_clean_uses_a_clean_pass_of_the_trained_local_model(small_con
     assert replies["clean"].scalars["kl"] != pytest.approx(replies["training"].scalars["kl"], rel=1e-3)
 
 
+def test_a_users_fedacd_gets_its_train_options_arguments_and_its_optimizer_state_honoured(small_config):
+    """A method of the user's own built on FedACD: its train_options gets the round's message, state
+    and client, and an optimizer state it returns (momentum carried across rounds) starts the
+    first epoch's call, whose momentum the later epochs continue."""
+    from fedhet.algorithms.fedacd import FedACD
+    from fedhet.experiment.build import make_algorithm
+
+    seen = []
+
+    class CarriedMomentum(FedACD):
+        def train_options(self, msg, state, client):
+            seen.append((msg, state, client))
+            return {**super().train_options(msg, state, client), "optimizer_state": state["momentum"]}
+
+    cfg = config(small_config, "fedacd", {"mixup": False}, local_epochs=2, momentum=0.9)
+    weights = build_loop(cfg).server_state["model"]
+    buffers = {k: torch.full_like(v, 0.01) for k, v in weights.items() if v.is_floating_point()}
+    trained = {}
+    for name, algorithm in (("carried", CarriedMomentum(make_algorithm(cfg).params)), ("default", None)):
+        loop = build_loop(cfg, algorithm=algorithm)
+        client, msg, state = runtime(loop, 1), Message("train", {"model": weights}), {"momentum": buffers}
+        calls = []
+        real_train = client.train
+        client.train = lambda *a, **k: calls.append(k.get("optimizer_state")) or real_train(*a, **k)
+        reply, _ = loop.algorithm.client_update(msg, state, client)
+        trained[name] = reply.arrays["model"]
+        if name == "carried":
+            assert seen == [(msg, state, client)]
+            assert calls[0] is buffers and calls[1] is not buffers and calls[1] is not None
+        else:
+            assert calls[0] is None
+    assert any(not torch.equal(trained["carried"][k], trained["default"][k]) for k in buffers)
+
+
 def test_fedacd_epochs_split_equal_one_unsplit_run_when_P_is_fixed(small_config):
     """The per-epoch calls continue momentum and batch order: with the adjustment switched off
     (a floor above every entry and delta_missing = 1 make log Delta = 0) FedACD's two calls
