@@ -601,6 +601,47 @@ def test_fedavg_hands_every_hook_its_own_arguments_and_replies_an_update():
     assert sorted(sent) == [0, 2] and algo.seen["train_message"] == [2, 0]
 
 
+def test_hooks_get_the_weights_training_starts_from_in_the_rounds_own_message():
+    """A method whose training starts elsewhere than the received model (FedPer: its own head)
+    hands its hooks the round's message with that start as "model", its kind, other arrays and
+    scalars unchanged."""
+    model, data = TinyNet(), tiny_data()
+    client = Runtime(model, data, TrainSettings(epochs=1, batch_size=5, lr=0.1))
+
+    class OwnStart(HookRecorder):
+        def start_weights(self, msg, state, client):
+            return {k: v + 1.0 for k, v in msg.arrays["model"].items()}
+
+    algo = OwnStart()
+    msg = Message("train", {"model": weights_of(model), "extra": {"x": torch.ones(1)}}, {"lr_scale": 0.5})
+    algo.client_update(msg, None, client)
+    for hook in ("data_terms", "local_terms", "train_options"):
+        got = algo.seen[hook][0]
+        assert got.kind == "train" and got.scalars == {"lr_scale": 0.5} and got.arrays["extra"] is msg.arrays["extra"]
+        assert all(torch.equal(got.arrays["model"][k], v + 1.0) for k, v in msg.arrays["model"].items())
+
+
+def test_a_method_that_trains_without_its_train_options_is_refused_when_mixup_is_on():
+    """mixup is handed to client.train through train_options: a method of one's own that builds its
+    own call would train without it, and says so instead."""
+    import re
+
+    class OwnCall(FedAvg):
+        name = "own_call"
+
+        def local_training(self, weights, msg, state, client):
+            return client.train(weights, [CrossEntropy()])
+
+    model, data = TinyNet(), tiny_data()
+    client = Runtime(model, data, TrainSettings(epochs=1, batch_size=5, lr=0.1))
+    client.trained_with_mixup = False
+    message = ("algorithm.params.mixup: own_call's local training does not pass its train_options to client.train, "
+               "so it would run without mixup; turn mixup off for this method")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        OwnCall(FedAvg.Params(mixup=True)).client_update(Message("train", {"model": weights_of(model)}), None, client)
+    OwnCall().client_update(Message("train", {"model": weights_of(model)}), None, client)     # mixup off: trains
+
+
 def test_fedavg_keeps_no_buffers_entry_for_a_model_without_buffers():
     """bn_buffers: local on a model with no buffers leaves the client's state as it was."""
     model, data = TinyNet(), tiny_data()
