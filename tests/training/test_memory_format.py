@@ -94,3 +94,24 @@ def test_fedacds_clean_score_pass_is_fast_exactly_when_training_is_in_channels_l
                                   "train.rounds": 1, "train.clients_per_round": 2, "run.engine": "reference",
                                   "run.memory_format": memory_format}, out=tmp_path / memory_format)
         assert asked == [fast] * 4, (memory_format, asked)      # 2 clients: before training and after
+
+
+def test_class_means_takes_trainings_own_passes_unless_asked(small_config, monkeypatch):
+    """A caller of class_means (a method of one's own) gets training's passes by default, and
+    evaluation's faster ones only when it asks (fast_passes=True)."""
+    from helpers import build_loop, config, runtime
+
+    from fedhet.algorithms import prototypes
+
+    fast_calls = []
+    real = prototypes.channels_last
+    monkeypatch.setattr(prototypes, "channels_last", lambda t: fast_calls.append(t.dim()) or real(t))
+    loop = build_loop(config(small_config, "fedproto"))
+    client = runtime(loop, 0)
+    weights = next(iter(loop.host.init_models.values()))
+    plain = prototypes.class_means(client.model, weights, client.data, client.num_classes)
+    assert not fast_calls
+    fast = prototypes.class_means(client.model, weights, client.data, client.num_classes, fast_passes=True)
+    assert fast_calls
+    torch.testing.assert_close(fast[0], plain[0], rtol=1e-4, atol=1e-5)
+    assert torch.equal(fast[1], plain[1])
