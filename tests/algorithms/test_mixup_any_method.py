@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
@@ -81,9 +82,14 @@ class FirstLabelOnly(LossTerm):
 
 def test_a_term_that_reads_only_the_first_label_is_refused_under_mixup_and_named():
     terms = [CrossEntropy(), Proximal({"w": torch.zeros(1)}, 0.1), FirstLabelOnly()]
-    with pytest.raises(ValueError, match=r"mixup \(somewhere\): the loss terms first_label_only \(FirstLabelOnly\) "
-                                         r"do not say they take mixed batches"):
+    message = ("mixup (somewhere): the loss terms first_label_only (FirstLabelOnly) do not say they take mixed "
+               "batches (LossTerm.takes_mixup); one that reads the labels as they are would learn only the first "
+               "image's label of each mixed pair. Turn algorithm.params.mixup off for this method, or read the "
+               "labels through fedhet.training.augment.mixed (or none) and set takes_mixup = True")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_terms_take_mixup(terms, Mixup(1.0), "(somewhere)")
+    with pytest.raises(ValueError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\) do not say"):
+        check_terms_take_mixup(terms, Mixup(1.0))                 # no place named
     check_terms_take_mixup(terms, None)                       # no mixup: any term
     check_terms_take_mixup(terms[:2], Mixup(1.0))             # both opt in
 
@@ -120,7 +126,9 @@ def test_a_method_whose_term_reads_only_the_first_label_stops_at_its_first_clien
 
 
 def test_per_fedavg_with_mixup_is_refused_when_made(small_config):
-    with pytest.raises(ConfigError, match="algorithm.params.mixup: perfedavg cannot train with mixup"):
+    message = ("algorithm.params.mixup: perfedavg cannot train with mixup (a loss term of its own reads the labels "
+               "as they are, or its local steps take no augmentation); turn mixup off for it")
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         make_algorithm(config(small_config, "perfedavg", {"mixup": True}))
 
 
