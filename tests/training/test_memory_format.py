@@ -60,16 +60,22 @@ def test_the_vectorized_engine_refuses_channels_last(small_config, tmp_path):
     assert not (tmp_path / "v" / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("algorithm", ["fedacd", "fedproto"])
-def test_statistics_passes_that_feed_training_are_fast_exactly_when_training_is_in_channels_last(
-        small_config, tmp_path, monkeypatch, algorithm):
-    """FedACD's probability matrix and FedProto's prototypes: evaluation's faster passes (rows per
-    thread, channels_last: other last bits) in a channels_last run, training's own passes otherwise."""
+@pytest.fixture
+def fast_calls(monkeypatch) -> list[int]:
+    """Records each tensor the statistics passes put in channels_last: one entry per fast pass's batch."""
     from fedhet.algorithms import prototypes
 
-    fast_calls = []
+    calls: list[int] = []
     real = prototypes.channels_last
-    monkeypatch.setattr(prototypes, "channels_last", lambda t: fast_calls.append(t.dim()) or real(t))
+    monkeypatch.setattr(prototypes, "channels_last", lambda t: calls.append(t.dim()) or real(t))
+    return calls
+
+
+@pytest.mark.parametrize("algorithm", ["fedacd", "fedproto"])
+def test_statistics_passes_that_feed_training_are_fast_exactly_when_training_is_in_channels_last(
+        small_config, tmp_path, fast_calls, algorithm):
+    """FedACD's probability matrix and FedProto's prototypes: evaluation's faster passes (rows per
+    thread, channels_last: other last bits) in a channels_last run, training's own passes otherwise."""
     for memory_format, fast in (("auto", False), ("channels_last", True)):
         fast_calls.clear()
         res = fedhet.run(small_config, {"algorithm.name": algorithm, "train.rounds": 1, "run.engine": "reference",
@@ -96,16 +102,13 @@ def test_fedacds_clean_score_pass_is_fast_exactly_when_training_is_in_channels_l
         assert asked == [fast] * 4, (memory_format, asked)      # 2 clients: before training and after
 
 
-def test_class_means_takes_trainings_own_passes_unless_asked(small_config, monkeypatch):
+def test_class_means_takes_trainings_own_passes_unless_asked(small_config, fast_calls):
     """A caller of class_means (a method of one's own) gets training's passes by default, and
     evaluation's faster ones only when it asks (fast_passes=True)."""
     from helpers import build_loop, config, runtime
 
     from fedhet.algorithms import prototypes
 
-    fast_calls = []
-    real = prototypes.channels_last
-    monkeypatch.setattr(prototypes, "channels_last", lambda t: fast_calls.append(t.dim()) or real(t))
     loop = build_loop(config(small_config, "fedproto"))
     client = runtime(loop, 0)
     weights = next(iter(loop.host.init_models.values()))
