@@ -7,8 +7,10 @@ For every tag of ``--only`` (the sweep's first job of that tag: its config, the 
 command line's ``--set``), one round of ``--clients`` clients with the run's own local training (its
 epochs, batch size, loss terms and statistics passes), on one intra-op thread in the reference engine;
 ``--repeats`` times, the tags' order rotating from one repeat to the next so that a drift of the
-machine's speed falls on every tag alike. Every tag draws the same clients (the draw depends on the
-seed and the round only), so the rounds train the same sample-steps. Its figures: the training speed,
+machine's speed falls on the tags alike (evenly when ``--repeats`` is a multiple of the number of tags).
+The tags must share their first seed: in one federation (the same clients, partition and
+participation) that seed draws the same clients for every tag, which the script checks by their
+sample-steps (a line says where they differ). Its figures: the training speed,
 the round's sample-steps over its training seconds (statistics passes included, evaluation not), as a
 median over the repeats with their range; and the ratio to the first tag, the median over the repeats
 of the tag's speed over the first tag's in the same repeat (a shared machine's speed moves less within
@@ -17,7 +19,10 @@ a repeat than across them), with its range.
 A sweep run on a 2-core CPU (``--set run.engine=parallel``) trains its clients in two worker processes
 of one thread each, the same local training measured here, so the ratios should carry over: a run's
 hours follow from another tag's window speed, sample-steps / (that speed x ratio), plus its
-evaluations. Writes
+evaluations. What a round of one client phase of local training is, that is: the measured round is the
+run's last, so it is evaluated, and a method that adds a phase to evaluated rounds (FedBABU's and
+Per-FedAvg's fine-tuning) is measured with it (the table's "phases" says so); server-side training
+(CReFF's) is in the aggregation seconds, reported beside the speed, not in it. Writes
 benchmarks/results/method_cost_NAME.{md,json} with the machine and commit.
 """
 
@@ -27,6 +32,7 @@ import argparse
 import contextlib
 import io
 import json
+import shlex
 import statistics
 import tempfile
 from pathlib import Path
@@ -36,36 +42,45 @@ from fedhet.experiment.summary import machine_info
 from fedhet.experiment.sweep import Job, load_sweep
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# What the measurement fixes; a --set of these would change what is measured under the same headings.
+FIXED_KEYS = ("train.rounds", "train.clients_per_round", "run.threads", "run.engine")
 
 
-def one_round(job: Job, clients: int, extra_set: list[str], workdir: Path) -> tuple[int, float]:
-    """(sample-steps, training seconds) of round 1 of ``job`` with ``clients`` clients and one thread."""
-    overrides = [*job.overrides, "train.rounds=1", f"train.clients_per_round={clients}", "run.threads=1",
-                 "run.engine=reference", "run.progress=false", "eval.local_risk=false", *extra_set]
+def one_round(job: Job, clients: int, extra_set: list[str], workdir: Path) -> dict:
+    """Round 1 of ``job`` with ``clients`` clients on one thread: its sample-steps, training and
+    aggregation seconds and client phases (evaluation, not measured, kept small)."""
+    overrides = [*job.overrides, *extra_set, "train.rounds=1", f"train.clients_per_round={clients}", "run.threads=1",
+                 "run.engine=reference", "run.progress=false", "eval.local_risk=false", "eval.personalized=false"]
     with tempfile.TemporaryDirectory(dir=workdir) as out, contextlib.redirect_stdout(io.StringIO()):
         row = fedhet.run(str(job.config), overrides, out=Path(out) / "run").rows[0]
-    return int(row["samples"]), float(row["seconds"]["train"])
+    return {"samples": int(row["samples"]), "train": float(row["seconds"]["train"]),
+            "aggregate": float(row["seconds"]["aggregate"]), "phases": int(row["phases"])}
 
 
 def measure(jobs: list[Job], clients: int, repeats: int, extra_set: list[str], workdir: Path) -> list[dict]:
+    """One row a tag: its round's sample-steps, phases and median aggregation seconds, its speeds
+    (one a repeat), their median, and its ratios to the first tag's speed of the same repeat."""
     speeds: dict[str, list[float]] = {job.tag: [] for job in jobs}
-    samples: dict[str, int] = {}
+    rounds: dict[str, list[dict]] = {job.tag: [] for job in jobs}
     for job in jobs:                                   # warm-up: dataset caches, first-call allocations
-        steps, seconds = one_round(job, clients, extra_set, workdir)
-        print(f"warm-up {job.tag}: {steps} sample-steps in {seconds:.1f} s", flush=True)
+        r = one_round(job, clients, extra_set, workdir)
+        print(f"warm-up {job.tag}: {r['samples']} sample-steps in {r['train']:.1f} s", flush=True)
     for i in range(repeats):
         order = jobs[i % len(jobs):] + jobs[:i % len(jobs)]
         for job in order:
-            steps, seconds = one_round(job, clients, extra_set, workdir)
-            samples[job.tag] = steps
-            speeds[job.tag].append(steps / seconds)
-            print(f"repeat {i + 1}/{repeats} {job.tag}: {steps} sample-steps in {seconds:.1f} s, "
-                  f"{steps / seconds:.0f} samples/s", flush=True)
+            r = one_round(job, clients, extra_set, workdir)
+            rounds[job.tag].append(r)
+            speeds[job.tag].append(r["samples"] / r["train"])
+            print(f"repeat {i + 1}/{repeats} {job.tag}: {r['samples']} sample-steps in {r['train']:.1f} s, "
+                  f"{r['samples'] / r['train']:.0f} samples/s", flush=True)
     reference = speeds[jobs[0].tag]
     rows = []
     for job in jobs:
         ratios = [s / r for s, r in zip(speeds[job.tag], reference)]       # each against the same repeat's
-        rows.append({"tag": job.tag, "config": str(job.config), "sample_steps": samples[job.tag],
+        last = rounds[job.tag][-1]
+        rows.append({"tag": job.tag, "config": str(job.config), "sample_steps": last["samples"],
+                     "phases": last["phases"],
+                     "aggregate_seconds": statistics.median(r["aggregate"] for r in rounds[job.tag]),
                      "samples_per_s": statistics.median(speeds[job.tag]), "samples_per_s_all": speeds[job.tag],
                      "ratio": statistics.median(ratios), "ratios": ratios})
     return rows
@@ -85,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clients < 1 or args.repeats < 1:
         parser.error("--clients and --repeats must be at least 1")
+    fixed = [item for item in args.extra_set if item.split("=", 1)[0].strip() in FIXED_KEYS]
+    if fixed:
+        parser.error(f"--set {', '.join(fixed)}: the measurement fixes {', '.join(FIXED_KEYS)} "
+                     "(one round of --clients clients on one thread in the reference engine); drop it")
     sweep = load_sweep(args.sweep)
     first_of_tag: dict[str, Job] = {}
     for job in sweep.jobs:
@@ -93,36 +112,47 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--only {' '.join(unknown)}: not a tag of {args.sweep}; its tags: {', '.join(first_of_tag)}")
     jobs = [first_of_tag[t] for t in dict.fromkeys(args.only)]
+    seeds = {job.tag: job.seed for job in jobs}
+    if len(set(seeds.values())) > 1:
+        parser.error("the tags' first seeds differ (" + ", ".join(f"{t}: {s}" for t, s in seeds.items())
+                     + "), so their rounds would train other clients; measure tags that start with one seed")
     with tempfile.TemporaryDirectory() as workdir:
         rows = measure(jobs, args.clients, args.repeats, args.extra_set, Path(workdir))
+    same_clients = len({r["sample_steps"] for r in rows}) == 1
     for r in rows:
         spread = f"{min(r['samples_per_s_all']):.0f}-{max(r['samples_per_s_all']):.0f}"
         print(f"{r['tag']}: {r['samples_per_s']:.0f} samples/s ({spread}), {r['ratio']:.2f}x {rows[0]['tag']} "
               f"({min(r['ratios']):.2f}-{max(r['ratios']):.2f})")
+    steps_line = ("Every tag's round trained the same sample-steps." if same_clients else
+                  "The tags' rounds trained different sample-steps (other clients, or a method that trains more "
+                  "than its clients' epochs): compare their speeds, not their rounds.")
+    print(steps_line)
 
     name = args.name or sweep.name
     info = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"method_cost_{name}.json").write_text(json.dumps(
         {"machine": info, "sweep": args.sweep, "set": args.extra_set, "clients": args.clients,
-         "repeats": args.repeats, "note": args.note, "rows": rows}, indent=1))
-    sets = "".join(f" --set {s}" for s in args.extra_set)
-    command = (f".venv/bin/python benchmarks/method_cost.py {args.sweep} --only {' '.join(args.only)}{sets} "
-               f"--clients {args.clients} --repeats {args.repeats}" + (f" --name {args.name}" if args.name else ""))
+         "repeats": args.repeats, "same_sample_steps": same_clients, "note": args.note, "rows": rows}, indent=1))
+    command = shlex.join([".venv/bin/python", "benchmarks/method_cost.py", args.sweep, "--only", *args.only,
+                          *(x for item in args.extra_set for x in ("--set", item)), "--clients", str(args.clients),
+                          "--repeats", str(args.repeats), *(("--name", args.name) if args.name else ())])
     lines = [f"# What a round of each method costs: {name}", "", "Command:", "", "```bash", command, "```", "",
-             f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}. Round 1 of each tag's first "
-             f"seed with {args.clients} clients (the same clients for every tag), one thread, reference engine; "
-             f"medians of {args.repeats} rounds a tag, the order rotating, with the range. Speed = the round's "
-             "sample-steps over its training seconds (statistics passes included, evaluation not); ratio: the "
-             f"median over the repeats of the tag's speed over {rows[0]['tag']}'s in the same repeat, with the "
-             "range.", ""]
+             f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}. Round 1 (the last, so "
+             f"evaluated) of each tag's seed {jobs[0].seed} with {args.clients} clients, one thread, reference "
+             f"engine; medians of {args.repeats} rounds a tag, the order rotating, with the range. Speed = the "
+             "round's sample-steps over its training seconds (statistics passes and the phases of an evaluated "
+             "round included, evaluation not); ratio: the median over the repeats of the tag's speed over "
+             f"{rows[0]['tag']}'s in the same repeat, with the range. Server-side work is the aggregation "
+             f"seconds. {steps_line}", ""]
     if args.note:
         lines += [args.note, ""]
-    lines += ["| tag | sample-steps a round | samples/s (median) | range | ratio | range |", "|---|---|---|---|---|---|"]
+    lines += ["| tag | sample-steps a round | phases | samples/s (median) | range | ratio | range | aggregation (s) |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['tag']} | {r['sample_steps']} | {r['samples_per_s']:.0f} | "
+        lines.append(f"| {r['tag']} | {r['sample_steps']} | {r['phases']} | {r['samples_per_s']:.0f} | "
                      f"{min(r['samples_per_s_all']):.0f}-{max(r['samples_per_s_all']):.0f} | {r['ratio']:.2f}x | "
-                     f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f} |")
+                     f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f} | {r['aggregate_seconds']:.2f} |")
     (args.out / f"method_cost_{name}.md").write_text("\n".join(lines) + "\n")
     return 0
 

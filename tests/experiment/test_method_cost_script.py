@@ -1,6 +1,6 @@
 """benchmarks/method_cost.py: the medians and ratios it reports from hand-set round timings, the
-rotating order of the tags, a refused tag, and one real measurement on the synthetic data, where
-every tag must train the same clients' sample-steps."""
+rotating order of the tags, what it refuses, and one real measurement on the synthetic data, whose
+rounds must train the sample-steps of a plain run's round of as many clients."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import json
 
 import pytest
 from helpers import benchmark_script, write_sweep
+
+import fedhet
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def test_medians_ratios_and_the_rotating_order_from_set_timings(script, sweep_fi
 
     def fake_round(job, clients, extra_set, workdir):
         calls.append((job.tag, extra_set))
-        return 400, seconds[job.tag].pop(0)
+        return {"samples": 400, "train": seconds[job.tag].pop(0), "aggregate": 0.25, "phases": 1}
 
     monkeypatch.setattr(script, "one_round", fake_round)
     assert script.main([str(sweep_file), "--only", "fedavg", "fedprox", "--repeats", "3",
@@ -43,14 +45,23 @@ def test_medians_ratios_and_the_rotating_order_from_set_timings(script, sweep_fi
     # Its ratio pairs each repeat: 160/200, 40/100, 50/400 -> 0.8, 0.4, 0.125, median 0.4 (the medians'
     # ratio, 50/200, would be 0.25)
     assert fedavg["samples_per_s_all"] == [200.0, 100.0, 400.0]
-    assert fedavg["samples_per_s"] == 200.0 and fedavg["ratio"] == 1.0 and fedavg["ratios"] == [1.0, 1.0, 1.0]
+    assert fedavg["samples_per_s"] == 200.0
     assert fedprox["samples_per_s_all"] == [160.0, 40.0, 50.0]
     assert fedprox["samples_per_s"] == 50.0
     assert fedprox["ratios"] == pytest.approx([0.8, 0.4, 0.125]) and fedprox["ratio"] == pytest.approx(0.4)
     table = (tmp_path / "res" / "method_cost_t.md").read_text()
-    assert "| fedprox | 400 | 50 | 40-160 | 0.40x | 0.12-0.80 |" in table
+    assert "| fedprox | 400 | 1 | 50 | 40-160 | 0.40x | 0.12-0.80 | 0.25 |" in table
     assert "--set run.memory_format=channels_last" in table
+    assert "Every tag's round trained the same sample-steps." in table
     assert "fedprox: 50 samples/s (40-160), 0.40x fedavg (0.12-0.80)" in capsys.readouterr().out
+
+
+def test_rounds_of_other_sample_steps_are_said_to_differ(script, sweep_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(script, "one_round", lambda job, *a: {"samples": 400 if job.tag == "fedavg" else 500,
+                                                             "train": 1.0, "aggregate": 0.0, "phases": 1})
+    script.main([str(sweep_file), "--only", "fedavg", "fedprox", "--repeats", "1", "--out", str(tmp_path), "--name", "d"])
+    assert "The tags' rounds trained different sample-steps" in (tmp_path / "method_cost_d.md").read_text()
+    assert json.loads((tmp_path / "method_cost_d.json").read_text())["same_sample_steps"] is False
 
 
 def test_a_tag_the_sweep_lacks_is_refused_with_its_tags(script, sweep_file, tmp_path, monkeypatch, capsys):
@@ -58,14 +69,35 @@ def test_a_tag_the_sweep_lacks_is_refused_with_its_tags(script, sweep_file, tmp_
     with pytest.raises(SystemExit) as stop:
         script.main([str(sweep_file), "--only", "fedavg", "fedpox", "--out", str(tmp_path / "res")])
     assert stop.value.code == 2
-    assert "--only fedpox: not a tag of" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--only fedpox: not a tag of" in err and "its tags: fedavg, fedprox" in err
     assert not (tmp_path / "res").exists()
 
 
-def test_a_real_round_of_two_methods_trains_the_same_sample_steps(script, sweep_file, tmp_path):
+@pytest.mark.parametrize("item", ["train.rounds=3", "run.engine=parallel", " run.threads =2"])
+def test_a_set_of_what_the_measurement_fixes_is_refused(script, sweep_file, tmp_path, monkeypatch, capsys, item):
+    monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured before checking --set"))
+    with pytest.raises(SystemExit) as stop:
+        script.main([str(sweep_file), "--only", "fedavg", "--set", item, "--out", str(tmp_path / "res")])
+    assert stop.value.code == 2
+    assert f"--set {item}: the measurement fixes train.rounds" in capsys.readouterr().err
+
+
+def test_tags_that_start_with_other_seeds_are_refused(script, small_config, tmp_path, monkeypatch, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"seeds": [1]})])
+    monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured tags of other seeds"))
+    with pytest.raises(SystemExit):
+        script.main([str(path), "--only", "fedavg", "fedprox", "--out", str(tmp_path / "res")])
+    assert "first seeds differ (fedavg: 0, fedprox: 1)" in capsys.readouterr().err
+
+
+def test_a_real_round_trains_what_a_plain_round_of_as_many_clients_does(script, sweep_file, tmp_path):
+    # the config has 3 clients a round; the script's default --clients 2 must replace it
     assert script.main([str(sweep_file), "--only", "fedprox", "fedavg", "--repeats", "1",
                         "--out", str(tmp_path / "res"), "--name", "real"]) == 0
     rows = json.loads((tmp_path / "res" / "method_cost_real.json").read_text())["rows"]
     assert [r["tag"] for r in rows] == ["fedprox", "fedavg"]
-    assert rows[0]["sample_steps"] == rows[1]["sample_steps"] > 0
-    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] > 0
+    plain = fedhet.run(str(tmp_path / "fedavg.yaml"), ["seed=0", "train.rounds=1", "train.clients_per_round=2",
+                                                       "run.progress=false"], out=tmp_path / "plain").rows[0]
+    assert rows[0]["sample_steps"] == rows[1]["sample_steps"] == plain["samples"]
+    assert (tmp_path / "res" / "method_cost_real.md").exists()
