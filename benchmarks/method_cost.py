@@ -19,9 +19,9 @@ a repeat than across them), with its range.
 A sweep run on a 2-core CPU (``--set run.engine=parallel``) trains its clients in two worker processes
 of one thread each, the same local training measured here, so the ratios should carry over: a run's
 hours follow from another tag's window speed, sample-steps / (that speed x ratio), plus its
-evaluations. What a round of one client phase of local training is, that is: the measured round is the
-run's last, so it is evaluated, and a method that adds a phase to evaluated rounds (FedBABU's and
-Per-FedAvg's fine-tuning) is measured with it (the table's "phases" says so); server-side training
+evaluations. It measures the clients' training only, and one round of it: the measured round is the
+run's last, so it is evaluated, and a method that adds a client phase to evaluated rounds (FedBABU's
+and Per-FedAvg's fine-tuning) is measured with it (the table's "phases" says so); server-side training
 (CReFF's) is in the aggregation seconds, reported beside the speed, not in it. Writes
 benchmarks/results/method_cost_NAME.{md,json} with the machine and commit.
 """
