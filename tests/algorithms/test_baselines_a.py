@@ -2,6 +2,7 @@
 
 import copy
 import math
+import re
 
 import numpy as np
 import pytest
@@ -624,8 +625,6 @@ def test_hooks_get_the_weights_training_starts_from_in_the_rounds_own_message():
 def test_a_method_that_trains_without_its_train_options_is_refused_when_mixup_is_on():
     """mixup is handed to client.train through train_options: a method of one's own that builds its
     own call would train without it, and says so instead."""
-    import re
-
     class OwnCall(FedAvg):
         name = "own_call"
 
