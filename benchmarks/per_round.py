@@ -2,6 +2,7 @@
 
     python benchmarks/per_round.py RUN_DIR [RUN_DIR ...] [--metric personal_acc] [--at 10 50 100]
                                    [--window 26 30] [--range 10 100] [--loss-at 1 2] [--by-client]
+                                   [--speed [FIRST LAST]] ...
 
 For each run: the metric at the rounds of --at (accuracies in %, other metrics as recorded), its
 best round (the lowest for a loss, KL or risk), its mean over the evaluated rounds of --window
@@ -10,7 +11,9 @@ far apart they are over the rounds both evaluated (max and mean |difference|): t
 engines or devices trained the same seed alike; at how many of those rounds (within --range if given)
 the first run is ahead (higher, or lower for a loss, KL or risk); with --by-client, at how many of the client
 evaluations of those rounds (``<metric>_by_client``; within --range if given) the first run is
-below the second.
+below the second. ``--speed`` (repeatable; every timed round, or rounds FIRST-LAST) adds a run's training
+speed: its sample-steps over the engine's training seconds, pooled over the rounds, the slowest and
+fastest round's, and its evaluations' count and seconds, as the result files quote a run's pace.
 """
 
 from __future__ import annotations
@@ -43,6 +46,23 @@ def client_comparison(rows_of_runs: list[list[dict]], metric: str, rounds: list[
     return f"{metric} by client, rounds {rounds}: first run below at {below}, above at {above} client evaluations"
 
 
+def training_speed(rows: list[dict], span: list[int]) -> str | None:
+    """A line on the training speed of the timed rounds of ``rows`` (within ``span``, FIRST LAST, if given)."""
+    def wanted(row: dict) -> bool:
+        return not span or span[0] <= row["round"] <= span[1]
+
+    timed = [r for r in rows if wanted(r) and r.get("samples") and r.get("seconds", {}).get("train", 0) > 0]
+    if not timed:
+        return None
+    samples = sum(r["samples"] for r in timed)
+    seconds = sum(r["seconds"]["train"] for r in timed)
+    per_round = [r["samples"] / r["seconds"]["train"] for r in timed]
+    evaluations = [r["seconds"]["evaluate"] for r in rows if wanted(r) and r.get("seconds", {}).get("evaluate", 0) > 0]
+    return (f"  training, rounds {timed[0]['round']}-{timed[-1]['round']} ({len(timed)} timed): {samples:,} sample-steps "
+            f"in {seconds:,.0f} s, {samples / seconds:,.0f} samples/s (rounds {min(per_round):,.0f}-{max(per_round):,.0f}); "
+            f"{len(evaluations)} evaluation{'' if len(evaluations) == 1 else 's'}, {sum(evaluations):,.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("run_dirs", nargs="+", type=Path)
@@ -52,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range", nargs=2, type=int, metavar=("FIRST", "LAST"))
     p.add_argument("--loss-at", nargs="*", type=int, default=[])
     p.add_argument("--by-client", action="store_true")
+    p.add_argument("--speed", nargs="*", type=int, action="append", metavar="FIRST LAST",
+                   help="training speed over every timed round, or rounds FIRST-LAST (repeatable)")
     args = p.parse_args(argv)
+    for span in args.speed or []:
+        if len(span) not in (0, 2):
+            p.error(f"--speed takes no rounds or two (FIRST LAST), not {len(span)}")
     scale, unit = (100, " pp") if "acc" in args.metric else (1, "")
     pick = min if lower_is_better(args.metric) else max
     rows_of_runs = [read_metrics(run) for run in args.run_dirs]     # each file read once
@@ -79,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.loss_at:
             loss = by_round(rows, "train_loss")
             print("  train_loss at " + ", ".join(f"{r}: {loss[r]:.4f}" for r in args.loss_at if r in loss))
+        for span in args.speed or []:
+            line = training_speed(rows, span)
+            if line is None:
+                p.error(f"{run}: no timed round{f' in --speed {span[0]} {span[1]}' if span else ''} in its metrics.jsonl")
+            print(line)
     if len(curves) == 2:
         shared = sorted(set(curves[0]) & set(curves[1]))
         if not shared:

@@ -84,3 +84,34 @@ def test_two_runs_without_a_round_in_common_are_a_clear_error(per_round, two_run
     with pytest.raises(SystemExit):
         per_round.main([str(two_runs[0]), str(later), "--metric", "local_kl"])
     assert "the two runs evaluated no round in common" in capsys.readouterr().err
+
+
+@pytest.fixture
+def timed_run(tmp_path):
+    # rounds 1-4 as a run records them: sample-steps and the engine's seconds; rounds 2 and 4 evaluated
+    def timed(rnd, samples, train, evaluate):
+        row = {"round": rnd, "samples": samples,
+               "seconds": {"train": train, "aggregate": 0.1, "evaluate": evaluate, "total": train + evaluate + 0.1}}
+        return {**row, "global_acc": 0.5} if evaluate else row
+    return write_run(tmp_path / "timed", [timed(1, 1000, 2.0, 0.0), timed(2, 3000, 4.0, 10.0),
+                                          timed(3, 2000, 1.0, 0.0), timed(4, 1000, 1.0, 12.0)])
+
+
+def test_speed_pools_sample_steps_over_training_seconds(per_round, timed_run, capsys):
+    per_round.main([str(timed_run), "--metric", "global_acc", "--speed", "--speed", "2", "3"])
+    out = capsys.readouterr().out
+    # all: 7,000 sample-steps in 8 s = 875 a second (the rounds' own: 500, 750, 2,000, 1,000; their mean, 1,062,
+    # is not the pooled speed); evaluations at rounds 2 and 4: 22 s
+    assert ("training, rounds 1-4 (4 timed): 7,000 sample-steps in 8 s, 875 samples/s (rounds 500-2,000); "
+            "2 evaluations, 22 s") in out
+    # rounds 2-3: 5,000 in 5 s
+    assert "training, rounds 2-3 (2 timed): 5,000 sample-steps in 5 s, 1,000 samples/s (rounds 750-2,000); " \
+           "1 evaluation, 10 s" in out
+
+
+@pytest.mark.parametrize(("span", "message"), [(["--speed", "5", "9"], "no timed round in --speed 5 9"),
+                                               (["--speed", "5"], "--speed takes no rounds or two (FIRST LAST), not 1")])
+def test_speed_without_timed_rounds_or_with_one_round_is_a_clear_error(per_round, timed_run, capsys, span, message):
+    with pytest.raises(SystemExit):
+        per_round.main([str(timed_run), "--metric", "global_acc", *span])
+    assert message in capsys.readouterr().err
