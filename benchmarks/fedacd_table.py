@@ -32,7 +32,7 @@ from fedhet.experiment.report import (
     write_result_files,
 )
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import git_commit, machine_info, summarize_metrics
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info, summarize_metrics
 
 METHODS = ["fedavg", "fedavg_mixup", "fedprox", "fednova", "fedlc", "fedrod", "fedntd", "fednh", "feddecorr", "creff",
            "fedacd_base", "fedacd_nomixup", "fedacd_clean", "fedacd_delta1e-4", "fedacd_delta1", "fedacd",
@@ -134,7 +134,7 @@ def sweep_table(a: argparse.Namespace, completed: list[tuple[Path, dict]],
     where: dict[str, list[str]] = {}
     for d, sm in completed:
         m = sm["machine"]
-        place = (f"{m.get('cpu_model', m['processor'])}, {m['cpus']} CPUs, torch {m['torch']}, "
+        place = (f"{cpu_name(m)}, {m['cpus']} CPUs, torch {m['torch']}, "
                  f"device {sm.get('device', 'cpu')}, engine {sm['engine'].get('engine', '-')}, "
                  f"{LAYOUTS[sm.get('memory_format', 'contiguous')]}")
         where.setdefault(place, []).append(d.name)

@@ -24,7 +24,7 @@ import torch
 
 from fedhet.core.contract import ClientData, TrainSettings
 from fedhet.core.seeding import torch_generator
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, machine_info
 from fedhet.models import build_model
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
@@ -96,7 +96,7 @@ def main() -> None:
     command = (f".venv/bin/python benchmarks/memory_format.py --archs {' '.join(args.archs)} --batch {args.batch} "
                f"--threads {' '.join(map(str, args.threads))} --rows {args.rows} --repeats {args.repeats}")
     lines = ["# Local training's layout on the CPU: default against channels_last", "", "Command:", "", "```bash",
-             command, "```", "", f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}; one client's "
+             command, "```", "", f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}; one client's "
              f"epoch of {args.rows} random 28x28 grayscale images, fp32, SGD momentum 0.9; medians of {args.repeats} "
              "epochs a layout, the layouts alternating; the speed-up is the ratio of the medians (per-repeat "
              "ratios' range beside it).", ""]

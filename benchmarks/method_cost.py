@@ -38,7 +38,7 @@ import tempfile
 from pathlib import Path
 
 import fedhet
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, machine_info
 from fedhet.experiment.sweep import Job, load_sweep
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                           *(x for item in args.extra_set for x in ("--set", item)), "--clients", str(args.clients),
                           "--repeats", str(args.repeats), *(("--name", args.name) if args.name else ())])
     lines = [f"# What a round of each method costs: {name}", "", "Command:", "", "```bash", command, "```", "",
-             f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}. Round 1 (the last, so "
+             f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}. Round 1 (the last, so "
              f"evaluated) of each tag's seed {jobs[0].seed} with {args.clients} clients, one thread, reference "
              f"engine; medians of {args.repeats} rounds a tag, the order rotating, with the range. Speed = the "
              "round's sample-steps over its training seconds (statistics passes and the phases of an evaluated "

@@ -41,7 +41,7 @@ import torch
 import fedhet.algorithms.prototypes as prototypes
 import fedhet.metrics.evaluate as evaluate
 from fedhet.core.contract import ClientData, normalize_uint8
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, machine_info
 from fedhet.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -150,7 +150,7 @@ def main() -> None:
                f"--rows {' '.join(map(str, args.rows))} --test-rows {args.test_rows} "
                f"--threads {' '.join(map(str, args.threads))} --repeats {args.repeats}")
     lines = ["# No-grad passes on the CPU: how they are cut and laid out", "", "Command:", "", "```bash", command,
-             "```", "", f"Commit {info['commit']}, {info['cpu_model']}, torch {info['torch']}; seconds are medians "
+             "```", "", f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}; seconds are medians "
              f"of {args.repeats} passes on random 28x28 grayscale images and random weights, the modes in a rotating "
              "order; speed-ups are ratios of the medians.", ""]
     if args.note:

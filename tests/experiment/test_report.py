@@ -15,6 +15,7 @@ from fedhet.experiment.report import (
     read_run_folder,
     unfinished_lines,
 )
+from fedhet.experiment.summary import cpu_isa, cpu_name
 
 
 def test_mean_std_over_seeds_by_hand():
@@ -78,4 +79,53 @@ def test_provenance_names_the_commit_and_cpu_of_every_run(tmp_path):
         runs.append(run)
     lines = provenance_lines(runs, "the seed", {"processor": "x86_64", "cpus": 2, "torch": "2"})
     assert "runs at aaa on Intel Xeon (1 run); bbb on AMD EPYC (2 runs); table at commit" in lines[1]
+
+
+# /proc/cpuinfo as two kinds of 2-core machine write it (flags cut to those that matter and a few others);
+# the second processor's block must not be read.
+ZEN5_CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16 avx512_vnni
+
+processor\t: 1
+cpu family\t: 25
+model\t\t: 1
+flags\t\t: fpu avx2
+"""
+XEON_CPUINFO = """processor\t: 0
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Processor
+flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
+"""
+
+
+def test_cpu_isa_tells_apart_what_the_model_name_does_not():
+    assert cpu_isa(ZEN5_CPUINFO) == "AVX512, bf16; family 26 model 2"
+    assert cpu_isa(XEON_CPUINFO) == "AVX512, bf16, amx; family 6 model 143"
+    assert cpu_isa("cpu family\t: 23\nmodel\t\t: 49\nflags\t\t: fpu sse2 avx avx2\n") == "AVX2; family 23 model 49"
+    assert cpu_isa("flags\t\t: fpu sse2\n") == "no AVX2"
+    assert cpu_isa("") == ""
+    assert cpu_name({"cpu_model": "AMD EPYC", "cpu_isa": "AVX512, bf16; family 26 model 2"}) == \
+        "AMD EPYC (AVX512, bf16; family 26 model 2)"
+    assert cpu_name({"cpu_model": "AMD EPYC"}) == "AMD EPYC"            # a summary written before cpu_isa
+    assert cpu_name({"processor": "x86_64"}) == "x86_64"
+
+
+def test_provenance_names_the_instruction_set_where_a_run_recorded_it(tmp_path):
+    """Two runs on "AMD EPYC"s of other generations are two machines in the provenance line."""
+    runs = []
+    for i, isa in enumerate(["AVX2; family 25 model 1", "AVX512, bf16; family 26 model 2"]):
+        run = tmp_path / f"r{i}"
+        run.mkdir()
+        (run / "summary.json").write_text(json.dumps({"name": f"r{i}", "metrics": {}, "machine": {
+            "commit": "ccc", "cpu_model": "AMD EPYC", "cpu_isa": isa}}))
+        (run / "config.yaml").write_text(f"name: r{i}\n")
+        runs.append(run)
+    lines = provenance_lines(runs, "the seed", {"processor": "x86_64", "cpu_model": "AMD EPYC", "cpus": 2, "torch": "2"})
+    assert ("Machine: AMD EPYC, 2 CPUs, torch 2; runs at ccc on AMD EPYC (AVX2; family 25 model 1) (1 run); "
+            "ccc on AMD EPYC (AVX512, bf16; family 26 model 2) (1 run); table at commit") in lines[1]
     assert lines[lines.index("```yaml") + 1] == "name: r0"

@@ -16,7 +16,7 @@ from fedhet.core.errors import CheckpointError
 from fedhet.experiment.config import ExperimentConfig, flatten_config, parse_yaml
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import CONFIG, read_metrics
-from fedhet.experiment.summary import git_commit, machine_info, selected_value
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info, selected_value
 
 
 def load_summary(run_dir: Path) -> dict:
@@ -382,9 +382,9 @@ def provenance_lines(runs: Sequence[Path], others_differ_in: str, machine: dict 
     made: dict[tuple[str, str], int] = defaultdict(int)
     for run in runs:
         recorded = load_summary(run).get("machine") or {}
-        made[str(recorded.get("commit")), str(recorded.get("cpu_model") or recorded.get("processor"))] += 1
+        made[str(recorded.get("commit")), cpu_name(recorded)] += 1
     where = "; ".join(f"{commit} on {cpu} ({n} run{'s' if n > 1 else ''})" for (commit, cpu), n in made.items())
-    return ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}; runs at {where}; table at commit "
+    return ["", f"Machine: {cpu_name(m)}, {m['cpus']} CPUs, torch {m['torch']}; runs at {where}; table at commit "
             f"{git_commit()}.", "",
             f"Config of the first run (the others differ in {others_differ_in}):", "", "```yaml",
             (Path(runs[0]) / CONFIG).read_text().strip(), "```", ""]

@@ -36,10 +36,44 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_isa(cpuinfo: str | None = None) -> str:
+    """What a CPU's model name leaves out ("AMD EPYC" covers generations whose speeds here differ by
+    half): the widest vector instructions (AVX512 or AVX2), the bf16 and AMX units, and the family
+    and model numbers, from ``cpuinfo`` (default /proc/cpuinfo's first processor), e.g.
+    "AVX512, bf16; family 26 model 2"; "" where there is nothing to read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:                                   # the first processor's block is enough
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    units = ["AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"] if flags else []
+    units += [name for flag, name in (("avx512_bf16", "bf16"), ("amx_tile", "amx")) if flag in flags]
+    family = (f"family {fields['cpu family']} model {fields['model']}"
+              if "cpu family" in fields and "model" in fields else "")
+    return "; ".join(part for part in (", ".join(units), family) if part)
+
+
+def cpu_name(machine: dict) -> str:
+    """A recorded machine's CPU for a report: its model name and, where recorded, :func:`cpu_isa`'s
+    line, e.g. "AMD EPYC (AVX512, bf16; family 26 model 2)"."""
+    name = str(machine.get("cpu_model") or machine.get("processor"))
+    return f"{name} ({machine['cpu_isa']})" if machine.get("cpu_isa") else name
+
+
 def machine_info() -> dict:
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_model": cpu_model(), "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "torch_threads": torch.get_num_threads(), "fedhet": __version__, "commit": git_commit()}
+            "cpu_model": cpu_model(), "cpu_isa": cpu_isa(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "fedhet": __version__,
+            "commit": git_commit()}
 
 
 def peak_memory_mb() -> float:
