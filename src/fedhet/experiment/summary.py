@@ -37,10 +37,10 @@ def cpu_model() -> str:
 
 
 def cpu_isa(cpuinfo: str | None = None) -> str:
-    """What a CPU's model name leaves out ("AMD EPYC" covers generations whose speeds here differ by
-    half): the widest vector instructions (AVX512 or AVX2), the bf16 and AMX units, and the family
-    and model numbers, from ``cpuinfo`` (default /proc/cpuinfo's first processor), e.g.
-    "AVX512, bf16; family 26 model 2"; "" where there is nothing to read."""
+    """What a CPU's model name leaves out ("AMD EPYC" covers generations that train at quite
+    different speeds here): the widest vector instructions (AVX512 or AVX2), the bf16 and AMX
+    units, and the family and model numbers, from ``cpuinfo`` (default /proc/cpuinfo's first
+    processor), e.g. "AVX512, bf16; family 26 model 2"; "" where there is nothing to read."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
