@@ -92,6 +92,9 @@ def test_a_term_that_reads_only_the_first_label_is_refused_under_mixup_and_named
         check_terms_take_mixup(terms, Mixup(1.0))                 # no place named
     check_terms_take_mixup(terms, None)                       # no mixup: any term
     check_terms_take_mixup(terms[:2], Mixup(1.0))             # both opt in
+    with pytest.raises(ValueError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\), "
+                                         r"first_label_only \(FirstLabelOnly\) do not say"):
+        check_terms_take_mixup([*terms, FirstLabelOnly()], Mixup(1.0))   # two refused: each named, comma-separated
 
 
 def test_fedavg_with_mixup_trains_on_mixed_batches_the_way_train_local_does(small_config):
