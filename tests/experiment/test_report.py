@@ -15,7 +15,7 @@ from fedhet.experiment.report import (
     read_run_folder,
     unfinished_lines,
 )
-from fedhet.experiment.summary import cpu_isa, cpu_name
+from fedhet.experiment.summary import cpu_fields, cpu_isa, cpu_model, cpu_name
 
 
 def test_mean_std_over_seeds_by_hand():
@@ -87,7 +87,7 @@ ZEN5_CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
 cpu family\t: 26
 model\t\t: 2
-model name\t: AMD EPYC
+model name\t: AMD EPYC 9B45
 flags\t\t: fpu sse2 avx avx2 avx512f avx512bw avx512_bf16 avx512_vnni
 
 processor\t: 1
@@ -104,11 +104,12 @@ flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8
 
 
 def test_cpu_isa_tells_apart_what_the_model_name_does_not():
-    assert cpu_isa(ZEN5_CPUINFO) == "AVX512, bf16; family 26 model 2"
-    assert cpu_isa(XEON_CPUINFO) == "AVX512, bf16, amx; family 6 model 143"
-    assert cpu_isa("cpu family\t: 23\nmodel\t\t: 49\nflags\t\t: fpu sse2 avx avx2\n") == "AVX2; family 23 model 49"
-    assert cpu_isa("flags\t\t: fpu sse2\n") == "no AVX2"
-    assert cpu_isa("") == ""
+    assert cpu_isa(cpu_fields(ZEN5_CPUINFO)) == "AVX512, bf16; family 26 model 2"
+    assert cpu_isa(cpu_fields(XEON_CPUINFO)) == "AVX512, bf16, amx; family 6 model 143"
+    assert cpu_isa(cpu_fields("cpu family\t: 23\nmodel\t\t: 49\nflags\t\t: fpu sse2 avx avx2\n")) == "AVX2; family 23 model 49"
+    assert cpu_isa(cpu_fields("flags\t\t: fpu sse2\n")) == "no AVX2"
+    assert cpu_isa(cpu_fields("")) == ""
+    assert cpu_model(cpu_fields(ZEN5_CPUINFO)) == "AMD EPYC 9B45"         # the first block's name
     assert cpu_name({"cpu_model": "AMD EPYC", "cpu_isa": "AVX512, bf16; family 26 model 2"}) == \
         "AMD EPYC (AVX512, bf16; family 26 model 2)"
     assert cpu_name({"cpu_model": "AMD EPYC"}) == "AMD EPYC"            # a summary written before cpu_isa

@@ -25,27 +25,14 @@ def git_commit() -> str | None:
         return None
 
 
-def cpu_model() -> str:
-    """The CPU's model name ("AMD EPYC ..."), where platform.processor() says only "x86_64"."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def cpu_isa(cpuinfo: str | None = None) -> str:
-    """What a CPU's model name leaves out ("AMD EPYC" covers generations that train at quite
-    different speeds here): the widest vector instructions (AVX512 or AVX2), the bf16 and AMX
-    units, and the family and model numbers, from ``cpuinfo`` (default /proc/cpuinfo's first
-    processor), e.g. "AVX512, bf16; family 26 model 2"; "" where there is nothing to read."""
+def cpu_fields(cpuinfo: str | None = None) -> dict[str, str]:
+    """The first processor's block of ``cpuinfo`` (default /proc/cpuinfo) as key -> value; empty
+    where there is nothing to read."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
-            return ""
+            return {}
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         if not line.strip():
@@ -54,6 +41,21 @@ def cpu_isa(cpuinfo: str | None = None) -> str:
             continue
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_model(fields: dict[str, str] | None = None) -> str:
+    """The CPU's model name ("AMD EPYC ..."), where platform.processor() says only "x86_64"."""
+    name = (cpu_fields() if fields is None else fields).get("model name")
+    return name or platform.processor() or platform.machine()
+
+
+def cpu_isa(fields: dict[str, str] | None = None) -> str:
+    """What a CPU's model name leaves out ("AMD EPYC" covers generations that train at quite
+    different speeds here): the widest vector instructions (AVX512 or AVX2), the bf16 and AMX
+    units, and the family and model numbers, from :func:`cpu_fields` (default this machine's),
+    e.g. "AVX512, bf16; family 26 model 2"; "" where there is nothing to read."""
+    fields = cpu_fields() if fields is None else fields
     flags = set(fields.get("flags", "").split())
     units = ["AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"] if flags else []
     units += [name for flag, name in (("avx512_bf16", "bf16"), ("amx_tile", "amx")) if flag in flags]
@@ -70,8 +72,9 @@ def cpu_name(machine: dict) -> str:
 
 
 def machine_info() -> dict:
+    fields = cpu_fields()                                # /proc/cpuinfo read once
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_model": cpu_model(), "cpu_isa": cpu_isa(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "fedhet": __version__,
             "commit": git_commit()}
 
