@@ -108,6 +108,8 @@ def test_cpu_isa_tells_apart_what_the_model_name_does_not():
     assert cpu_isa(cpu_fields(XEON_CPUINFO)) == "AVX512, bf16, amx; family 6 model 143"
     assert cpu_isa(cpu_fields("cpu family\t: 23\nmodel\t\t: 49\nflags\t\t: fpu sse2 avx avx2\n")) == "AVX2; family 23 model 49"
     assert cpu_isa(cpu_fields("flags\t\t: fpu sse2\n")) == "no AVX2"
+    # AMX is its tile unit (amx_tile); amx_bf16 alone names the data type, not the unit
+    assert cpu_isa(cpu_fields("flags\t\t: avx2 amx_bf16\n")) == "AVX2"
     assert cpu_isa(cpu_fields("")) == ""
     assert cpu_model(cpu_fields(ZEN5_CPUINFO)) == "AMD EPYC 9B45"         # the first block's name
     assert cpu_name({"cpu_model": "AMD EPYC", "cpu_isa": "AVX512, bf16; family 26 model 2"}) == \
