@@ -497,10 +497,15 @@ class ClientStateProbe(FedAvg):
     def __init__(self, params=None):
         super().__init__(params)
         self.seen = []
+        self.messages = []                  # the round messages after_training gets
 
     def check_schedule(self, rounds, local_epochs):
         self.seen.append(("check_schedule", rounds, local_epochs))
         super().check_schedule(rounds, local_epochs)
+
+    def check_round_size(self, clients_per_round):
+        self.seen.append(("check_round_size", clients_per_round))
+        super().check_round_size(clients_per_round)
 
     def with_local_buffers(self, weights, state, client):
         self.seen.append(("with_local_buffers", state, client))
@@ -508,6 +513,7 @@ class ClientStateProbe(FedAvg):
 
     def after_training(self, result, msg, state, client):
         self.seen.append(("after_training", state, client))
+        self.messages.append(msg)
         state = super().after_training(result, msg, state, client)
         return {**(state or {}), "probe_rounds": (state or {}).get("probe_rounds", 0) + 1}
 
@@ -525,6 +531,26 @@ def test_exchange_with_fewer_than_two_local_epochs_is_refused_with_both_fixes():
                         "or algorithm.params.exchange: none (FedCME-OL)")
     FedCME().check_schedule(10, 2)
     FedCME(FedCME.Params(exchange="none")).check_schedule(10, 1)
+
+
+def test_an_exchange_without_a_partner_is_refused_with_both_fixes():
+    """The exchange needs a partner: one client a round would leave FedCME-OL under FedCME's name. The
+    refusal names both fixes; two clients, or no exchange, are fine."""
+    for exchange in ("classifier", "whole"):
+        with pytest.raises(ConfigError) as err:
+            FedCME(FedCME.Params(exchange=exchange)).check_round_size(1)
+        assert str(err.value) == (
+            f"algorithm fedcme: train.clients_per_round is 1, so no client has a partner to exchange its {exchange} "
+            "with and the run would be FedCME-OL (alignment only) under FedCME's name; sample 2 or more clients a "
+            "round (the paper: 10 of 50), or set algorithm.params.exchange: none (FedCME-OL)")
+        FedCME(FedCME.Params(exchange=exchange)).check_round_size(2)
+    FedCME(FedCME.Params(exchange="none")).check_round_size(1)
+
+
+def test_round_size_check_reaches_every_composed_part_with_the_runs_value():
+    algo = compose([FedCME, ClientStateProbe])()
+    algo.check_round_size(10)
+    assert algo.seen == [("check_round_size", 10)]
 
 
 def test_schedule_check_reaches_every_composed_part_with_the_runs_values():
@@ -568,6 +594,21 @@ def test_composed_components_client_state_and_runtime_pass_through_both_phases()
     assert algo.seen == [("with_local_buffers", {"probe_rounds": 4}, client),
                          ("after_training", {"probe_rounds": 4}, client)]
     assert final == {"probe_rounds": 5}
+
+
+def test_fedcme_ols_single_phase_hands_the_round_message_and_client_state_to_composed_parts():
+    """Without an exchange the round ends after phase A: a composed component's ``after_training``
+    gets the round's message (SCAFFOLD's server control variate rides on it) and its own state."""
+    cls = compose([FedCME, ClientStateProbe])
+    algo = cls(cls.Params(exchange="none"))
+    client = ScriptedClient()
+    msg = Message("train", {"model": client.weights}, {"partner": None, "share": False})
+    reply, state = algo.client_update(msg, {"probe_rounds": 4}, client)
+    assert reply.kind == "update"
+    assert algo.seen == [("with_local_buffers", {"probe_rounds": 4}, client),
+                         ("after_training", {"probe_rounds": 4}, client)]
+    assert algo.messages == [msg]
+    assert state == {"probe_rounds": 5}
 
 
 def test_reported_steps_and_loss_cover_the_whole_round():

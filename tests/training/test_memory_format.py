@@ -71,15 +71,20 @@ def fast_calls(monkeypatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("algorithm", ["fedacd", "fedproto"])
+@pytest.mark.parametrize("algorithm, params", [
+    ("fedacd", {}), ("fedproto", {}), ("fedrema", {"algorithm.params.feature_alignment": True}),
+    ("fedfm", {"algorithm.params.start_round": 0, "algorithm.params.lam": 1.0}),    # anchors from round 1
+    ("fednh", {"model.arch": "simple_cnn"}), ("fedpac", {})])                          # FedNH: a bias-free head
 def test_statistics_passes_that_feed_training_are_fast_exactly_when_training_is_in_channels_last(
-        small_config, tmp_path, fast_calls, algorithm):
-    """FedACD's probability matrix and FedProto's prototypes: evaluation's faster passes (rows per
-    thread, channels_last: other last bits) in a channels_last run, training's own passes otherwise."""
+        small_config, tmp_path, fast_calls, algorithm, params):
+    """FedACD's probability matrix and the prototypes of FedProto, FedReMa+F, FedFM, FedNH and FedPAC:
+    evaluation's faster passes (rows per thread, channels_last: other last bits) in a channels_last
+    run, training's own passes otherwise."""
     for memory_format, fast in (("auto", False), ("channels_last", True)):
         fast_calls.clear()
         res = fedhet.run(small_config, {"algorithm.name": algorithm, "train.rounds": 1, "run.engine": "reference",
-                                        "run.memory_format": memory_format}, out=tmp_path / memory_format / algorithm)
+                                        "run.memory_format": memory_format, **params},
+                         out=tmp_path / memory_format / algorithm)
         assert bool(fast_calls) is fast, (memory_format, len(fast_calls))
         assert res.summary["memory_format"] == ("channels_last" if fast else "contiguous")   # the layout it ran in
 
