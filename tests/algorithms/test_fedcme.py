@@ -548,6 +548,7 @@ def test_an_exchange_without_a_partner_is_refused_with_both_fixes():
 
 
 def test_round_size_check_reaches_every_composed_part_with_the_runs_value():
+    """Composed, FedCME's round-size check passes the run's clients per round on (``super()``)."""
     algo = compose([FedCME, ClientStateProbe])()
     algo.check_round_size(10)
     assert algo.seen == [("check_round_size", 10)]
