@@ -3,7 +3,7 @@
 # shared pieces they train and aggregate with: mutmut changes one operator, constant or argument
 # at a time (a "mutant") and runs the tests that reach that code; a mutant the tests let pass
 # survives. Which files and tests: pyproject.toml's [tool.mutmut]. Result: the score table and
-# every survivor in benchmarks/results/mutation.md (and .json), by scripts/mutation_score.py;
+# every survivor in benchmarks/results/mutation.md and .json, by scripts/mutation_score.py;
 # mutants that cannot change behaviour are set apart in scripts/mutation_equivalent.yaml.
 #   bash scripts/mutation.sh             # about 2,000 mutants: 1.5-2 h on 2 cores; re-running
 #                                        # re-checks only what changed (mutmut's cache in mutants/)
