@@ -38,7 +38,7 @@ def build_host(cfg, fed=None, models=None, algorithm=None, precision: str = "fp3
     fed = fed or build_federation(cfg.data, cfg.seed)
     built_models, client_arch = build_models(cfg, fed)
     return ClientHost(algorithm or make_algorithm(cfg), fed, models or built_models, client_arch,
-                      train_settings(cfg, precision), cfg.seed)
+                      train_settings(cfg, precision), cfg.seed, lr_decay=cfg.train.lr_decay)
 
 
 def build_loop(cfg, transport=None, **host_options) -> RoundLoop:

@@ -101,7 +101,7 @@ class SimClient:
         self.data: ClientData = host.client_data(cid)
         self.num_samples = len(self.data.train_idx)
         self.buffer_names = host.buffer_names[self.arch]
-        self.settings = host.settings
+        self.settings = host.round_settings(rnd)
         self.tally = tally
         # The optimizer state carried across rounds when the run keeps it (None: not kept).
         self.kept_optimizer_state: Arrays | None = None
@@ -156,12 +156,13 @@ class ClientHost:
 
     def __init__(self, algorithm: Algorithm, federation: Federation, models: dict[str, torch.nn.Module],
                  client_arch: list[str], settings: TrainSettings, seed: int, device: str | torch.device = "cpu",
-                 state_on_device: bool = False):
+                 state_on_device: bool = False, lr_decay: float = 1.0):
         self.algorithm = algorithm
         self.federation = federation
         self.models = models
         self.client_arch = client_arch
-        self.settings = settings
+        self.settings = settings           # the first round's: see round_settings
+        self.lr_decay = lr_decay
         self.seed = seed
         self.buffer_names = {a: [n for n, _ in m.named_buffers()] for a, m in models.items()}
         # The models arrive freshly built from the run seed (experiment.build.build_models); their
@@ -195,6 +196,13 @@ class ClientHost:
         """Free the device copies of the data (the end of a run)."""
         self._device_pool = None
         self._device_idx.clear()
+
+    def round_settings(self, rnd: int) -> TrainSettings:
+        """The settings clients train with in round ``rnd`` (0-based): the learning rate decayed by
+        ``lr_decay`` once a round (``train.lr_decay``), the rest as given."""
+        if self.lr_decay == 1.0:
+            return self.settings
+        return replace(self.settings, lr=self.settings.lr * self.lr_decay ** rnd)
 
     def runtime(self, cid: int, rnd: int, tally: Tally) -> SimClient:
         return SimClient(self, cid, rnd, tally)

@@ -169,7 +169,7 @@ def build(cfg: ExperimentConfig) -> Built:
     device = resolve_device(cfg.run.device)
     precision = resolve_precision(cfg.run.precision, device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed,
-                      device=device, state_on_device=cfg.run.client_state == "device")
+                      device=device, state_on_device=cfg.run.client_state == "device", lr_decay=cfg.train.lr_decay)
     return Built(cfg, algorithm, federation, models, client_arch, precision, host,
                  headline_metric(algorithm, federation), device)
 

@@ -198,6 +198,10 @@ class TrainConfig(Strict):
     local_epochs: int = Field(6, ge=1)
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.01, gt=0)
+    # The local learning rate's decay across rounds: round t (1-based) trains at
+    # lr * lr_decay ** (t - 1), every client and every method alike (1: a constant lr). 0.99 is the
+    # "diminishing" schedule of the FedNH code base (Yutong-Dai/FedNH), whose setup FedACD's follows.
+    lr_decay: float = Field(1.0, gt=0, le=1)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     drop_last: bool = False
