@@ -6,8 +6,12 @@ The classifier is a set of class prototypes, one unit vector per class, that cli
 * **Initialisation** - prototypes spread uniformly: orthonormal rows (the reference's
   ``orthogonal`` init; here the QR factor of the run's seeded initial classifier, so it follows the seed).
 * **Client** - trains the body only, on ``CE(s * cos(h, W_c), y)``: the cosine of the feature and
-  each prototype scaled by ``s`` (the reference's ``FedNH_fix_scaling`` with ``s`` = 30, "a common
-  choice in the paper"; [D] the learnable scaling is not offered). After training it computes,
+  each prototype scaled by a fixed ``s`` = 30, the reference's ``FedNH_fix_scaling`` option ("a common
+  choice in the paper", its code says). [D] The reference's shipped experiment configs leave that
+  option off and train ``s`` as a model parameter, from 1.0 in its small CNN (``Conv2CifarNH``) and
+  20.0 in its ResNet; a learned ``s`` is not offered here, so fedhet's FedNH is the fixed-scale
+  variant, which may differ from runs made with those configs (FedACD's setup follows that code
+  base; no run here has measured by how much). After training it computes,
   with its new model in eval mode over its training split, the mean of the L2-normalised features
   of each class, normalises it, and uploads it with the class counts.
 * **Server** - the body is averaged like FedAvg, by sample counts (like for like with the other
