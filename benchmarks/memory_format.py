@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/memory_format.py                         # simple_cnn and cnn2, batch 64, 1 and 2 threads
     .venv/bin/python benchmarks/memory_format.py --archs simple_cnn --threads 1 --repeats 3
+    .venv/bin/python benchmarks/memory_format.py --name memory_format_amd_avx2   # another machine's file
 
 Each case trains one client's epoch (``--rows`` Fashion-MNIST-shaped images, random pixels and
 labels, SGD with momentum 0.9 as FedACD's protocol has it) with ``fedhet.training.local.train_local``
@@ -9,7 +10,7 @@ in both layouts from the same weights, the layouts alternating from one repeat t
 speed-up is the ratio of the median times, with the range of the per-repeat ratios beside it.
 channels_last sums the convolutions in another order, so the trained weights differ in the last
 bits: the largest relative L2 distance over the model's tensors after the epoch is reported too.
-Writes benchmarks/results/memory_format.{json,md} with the machine and commit.
+Writes benchmarks/results/NAME.{json,md} (``--name``, default memory_format) with the machine and commit.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1920, help="images in the client's epoch")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
+    parser.add_argument("--name", default="memory_format",
+                        help="result file name, without suffix (one per machine: the layouts' speed-up differs by CPU)")
     args = parser.parse_args()
     out = []
     for threads in args.threads:
@@ -92,9 +95,10 @@ def main() -> None:
                   flush=True)
     info = machine_info()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "memory_format.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out}, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out}, indent=1))
     command = (f".venv/bin/python benchmarks/memory_format.py --archs {' '.join(args.archs)} --batch {args.batch} "
-               f"--threads {' '.join(map(str, args.threads))} --rows {args.rows} --repeats {args.repeats}")
+               f"--threads {' '.join(map(str, args.threads))} --rows {args.rows} --repeats {args.repeats}"
+               + (f" --name {args.name}" if args.name != "memory_format" else ""))
     lines = ["# Local training's layout on the CPU: default against channels_last", "", "Command:", "", "```bash",
              command, "```", "", f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}; one client's "
              f"epoch of {args.rows} random 28x28 grayscale images, fp32, SGD momentum 0.9; medians of {args.repeats} "
@@ -109,7 +113,7 @@ def main() -> None:
         lines.append(f"| {r['arch']} | {r['batch']} | {r['threads']} | {s['contiguous']:.0f} | {s['channels_last']:.0f} | "
                      f"{r['speedup']:.2f}x | {r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
                      f"{'yes' if r['bit_identical'] else 'no'} | {r['max_relative_distance']:.1e} |")
-    (RESULTS / "memory_format.md").write_text("\n".join(lines) + "\n")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
