@@ -931,3 +931,12 @@ def test_keep_graphs_from_the_config_takes_effect_only_where_graphs_replay(monke
     assert on.info()["keep_graphs"] is False
     monkeypatch.setattr(Vectorized, "_graphs_on", lambda self: True)
     assert on._keep_on() and not off._keep_on()
+
+
+def test_a_decaying_rate_equals_reference_with_kept_groups(small_config):
+    # train.lr_decay: a round's rate is part of its groups' signature, so a group kept from an
+    # earlier round (its rate in its steps, on CUDA in its graphs) never trains a later round
+    cfg = make_config(small_config, "fedprox", {"mu": 0.1}, UNEQUAL, 0.5, 0.05, 1, lr_decay=0.5)
+    ref, vec = run_both(cfg, rounds=3, bn=True, wide=True, keep_graphs=True)
+    assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
+    assert_engines_agree(ref, vec, TIGHT)
