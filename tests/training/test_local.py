@@ -7,8 +7,8 @@ from fedhet.core.contract import TrainSettings
 from fedhet.core.errors import NumericalError
 from fedhet.core.seeding import torch_generator
 from fedhet.models import build_model
-from fedhet.training.local import epoch_batches, train_local
-from fedhet.training.objective import CrossEntropy
+from fedhet.training.local import epoch_batches, train_local, trained_names
+from fedhet.training.objective import CrossEntropy, LossTerm
 
 
 def gen(e):
@@ -68,6 +68,41 @@ def test_frozen_parameters_stay_bitwise_unchanged(cnn_client):
             assert torch.equal(result.weights[k], v)
         else:
             assert not torch.equal(result.weights[k], v)
+
+
+class TemperedCrossEntropy(LossTerm):
+    """CE of the logits times a method's own parameter, read from the weights (like FedNH's learned scale)."""
+
+    name = "tempered_ce"
+
+    def __call__(self, out, batch, weights):
+        return torch.nn.functional.cross_entropy(weights["method.scale"] * out.logits, batch.y)
+
+
+def test_a_methods_own_weights_are_trained_with_the_model_like_torch_sgd(cnn_client):
+    model, data, weights = cnn_client
+    own = {**weights, "method.scale": torch.tensor([2.0]), "method.count": torch.tensor([7]),
+           "method.frozen": torch.tensor([1.0])}
+    keep = lambda n: n != "method.frozen"    # noqa: E731
+    assert trained_names(model, own, keep) == [n for n, _ in model.named_parameters()] + ["method.scale"]
+    s = TrainSettings(epochs=1, batch_size=16, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    result = train_local(model, own, data, [TemperedCrossEntropy()], s, gen, trainable=keep)
+
+    ref = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    ref.load_state_dict(weights)
+    scale = torch.nn.Parameter(torch.tensor([2.0]))
+    opt = torch.optim.SGD([*ref.parameters(), scale], lr=0.05, momentum=0.9, weight_decay=1e-3)
+    for pos in epoch_batches(60, 16, False, gen(0)):
+        b = data.batch(pos)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(scale * ref(b.x), b.y).backward()
+        opt.step()
+    torch.testing.assert_close(result.weights["method.scale"], scale.detach(), rtol=1e-5, atol=1e-6)
+    assert not torch.equal(result.weights["method.scale"], own["method.scale"])
+    for name, p in ref.state_dict().items():
+        torch.testing.assert_close(result.weights[name], p, rtol=1e-5, atol=1e-6)
+    assert torch.equal(result.weights["method.count"], own["method.count"])      # not floating: carried
+    assert torch.equal(result.weights["method.frozen"], own["method.frozen"])    # rejected by trainable
 
 
 def test_input_weights_are_not_modified(cnn_client):

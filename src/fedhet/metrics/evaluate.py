@@ -44,6 +44,7 @@ from fedhet.core.seeding import numpy_rng
 from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
 from fedhet.training.inference import channels_last, pass_rows
+from fedhet.training.local import model_entries
 
 
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
@@ -66,6 +67,7 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
     device = torch.device(device)
     model.eval()
     rows = pass_rows(batch_size, device)
+    weights = model_entries(model, weights)
     if device.type == "cpu":
         weights = {k: channels_last(v) for k, v in weights.items()}
     else:

@@ -29,9 +29,17 @@ from fedhet.training.objective import LossTerm, accumulate_statistics, total_los
 from fedhet.training.optim import clip_grad_norm, make_optimizer
 
 
+def model_entries(model: torch.nn.Module, weights: Arrays) -> Arrays:
+    """The entries of ``weights`` that ``model`` has (parameters and buffers): what a forward pass
+    binds into it. A method's own entries (FedNH's learned scale) stay outside, for its loss terms."""
+    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return weights if names.issuperset(weights) else {k: v for k, v in weights.items() if k in names}
+
+
 def forward(model: torch.nn.Module, weights: Arrays, x: torch.Tensor) -> Forward:
     """Features and logits of ``model`` evaluated with ``weights`` in one pass."""
-    features, logits = functional_call(model, weights, (x,), {"with_features": True}, strict=False)
+    features, logits = functional_call(model, model_entries(model, weights), (x,), {"with_features": True},
+                                       strict=False)
     return Forward(features, logits)
 
 
@@ -45,6 +53,20 @@ def epoch_batches(n: int, batch_size: int, drop_last: bool, generator: torch.Gen
 def steps_per_epoch(n: int, batch_size: int, drop_last: bool) -> int:
     """How many batches :func:`epoch_batches` yields for ``n`` samples."""
     return n // batch_size if drop_last else -(-n // batch_size)
+
+
+def trained_names(model: torch.nn.Module, weights: Arrays,
+                  trainable: Callable[[str], bool] | None = None) -> list[str]:
+    """The entries of ``weights`` a local run trains, in their order: the model's parameters, and
+    floating-point entries the model does not have at all - a method's own parameters, such as
+    FedNH's learned logit scale, which its loss terms read from the weights and which are averaged
+    with the model - each unless ``trainable(name)`` rejects it. The model's buffers (BatchNorm
+    statistics) are never trained."""
+    params = {name for name, _ in model.named_parameters()}
+    buffers = {name for name, _ in model.named_buffers()}
+    accept = trainable or (lambda name: True)
+    return [name for name, t in weights.items()
+            if (name in params or (name not in buffers and t.is_floating_point())) and accept(name)]
 
 
 def non_finite_loss(value: float, where: str, epoch: int, step: int, parts: dict[str, float]) -> NumericalError:
@@ -75,7 +97,8 @@ def train_local(
 
     ``epoch_generator(e)`` gives the batch-order stream of absolute epoch ``start_epoch + e``,
     so a round split into phases (FedCME) draws the same batches as an unsplit one.
-    ``trainable(name)`` freezes the parameters it rejects (FedBABU's head, FedRep's phases).
+    ``trainable(name)`` freezes the parameters it rejects (FedBABU's head, FedRep's phases); what
+    is trained is :func:`trained_names`, which includes a method's own parameters in ``weights``.
     ``optimizer_state`` carries momentum buffers over from an earlier call when a method keeps
     them (FedReMa); by default each call starts with fresh optimizer state like a new
     ``torch.optim.SGD``. The update is :mod:`fedhet.training.optim`'s kernel for
@@ -87,8 +110,7 @@ def train_local(
     FedClassAvg's two views) with a per-epoch stream, so augmentation is reproducible too.
     ``where`` names the round/client/algorithm in the error raised on a non-finite loss.
     """
-    param_names = {name for name, _ in model.named_parameters()}
-    trainable = trainable or (lambda name: True)
+    trained = set(trained_names(model, weights, trainable))
     use_bf16 = settings.precision == "bf16"
     in_channels_last = trains_in_channels_last(settings)
     work = {}
@@ -97,7 +119,7 @@ def train_local(
         t = tensor.detach().clone()
         if in_channels_last:
             t = channels_last(t)
-        if name in param_names and trainable(name):
+        if name in trained:
             t.requires_grad_(True)
             leaves[name] = t
         work[name] = t
@@ -116,7 +138,7 @@ def train_local(
     # ops (bit-identical), without the per-step swap, which costs most at small batches.
     # A term that runs the model with other weights (MOON's, FedNTD's teachers) nests its own
     # functional_call, which restores these afterwards.
-    with _reparametrize_module(model, work, strict=False):
+    with _reparametrize_module(model, model_entries(model, work), strict=False):
         for e in range(settings.epochs):
             generator = epoch_generator(start_epoch + e)
             for positions in epoch_batches(n, settings.batch_size, settings.drop_last, generator):

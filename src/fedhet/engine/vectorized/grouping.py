@@ -21,7 +21,7 @@ from torch import nn
 from fedhet.engine.vectorized.baton import TrainRequest
 from fedhet.engine.vectorized.graphs import GraphBook
 from fedhet.training.augment import Augmentation
-from fedhet.training.local import steps_per_epoch
+from fedhet.training.local import steps_per_epoch, trained_names
 from fedhet.training.objective import LossTerm
 from fedhet.training.optim import Adam, Optimizer, make_optimizer
 
@@ -85,9 +85,7 @@ def group_key(req: TrainRequest) -> tuple | str:
     if impure:
         return f"loss term {impure[0]}"
     c = req.client
-    params = {n for n, _ in c.model.named_parameters()}
-    trainable = req.trainable or (lambda name: True)
-    leaves = tuple(n for n in req.weights if n in params and trainable(n))
+    leaves = tuple(trained_names(c.model, req.weights, req.trainable))
     carried: tuple = ()
     if req.optimizer_state and req.settings.momentum > 0:
         carried = tuple(n for n in leaves if n in req.optimizer_state)
@@ -145,10 +143,8 @@ def build_group(reqs: list[TrainRequest], device: torch.device) -> Group:
     """A new group of ``reqs`` with their state stacked on ``device``."""
     first = reqs[0]
     model = first.client.model
-    params = {n for n, _ in model.named_parameters()}
-    trainable = first.trainable or (lambda name: True)
     names = list(first.weights)
-    leaves = [n for n in names if n in params and trainable(n)]
+    leaves = trained_names(model, first.weights, first.trainable)
     g = Group(reqs, model, names, leaves, {n: _stack([r.weights[n] for r in reqs], device) for n in names})
     buffers = {n for n, _ in model.named_buffers()}
     g.buffers = [n for n in names if n in buffers]
