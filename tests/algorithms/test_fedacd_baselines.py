@@ -11,10 +11,11 @@ import torch.nn.functional as F
 from helpers import bn_model, build_loop, config, ctx, runtime
 
 from fedhet.algorithms.fedlc import FedLC, calibration
-from fedhet.algorithms.fednh import CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
+from fedhet.algorithms.fednh import SCALE_NAME, CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
 from fedhet.algorithms.fedrod import FedROD, log_prior, train_personal_head
 from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.errors import NumericalError
 from fedhet.training.terms import OffsetCrossEntropy
 
 
@@ -168,6 +169,50 @@ def test_fednh_cosine_ce_hand_value():
     value = CosineCrossEntropy("head.fc3.weight", 10.0)(out, batch([1]), w)
     z = torch.tensor([[6.0, 8.0]])        # 10 * cos = 10 * (0.6, 0.8)
     torch.testing.assert_close(value, F.cross_entropy(z, torch.tensor([1])))
+
+
+def test_fednh_learned_scale_is_read_from_the_weights_with_the_hand_gradient():
+    # d/ds CE(s c, y) = sum_k p_k c_k - c_y; at s = 10, c = (0.6, 0.8), y = 1: p_0 (0.6 - 0.8)
+    out = Forward(torch.tensor([[3.0, 4.0]]), torch.zeros(1, 2))
+    scale = torch.tensor([10.0], requires_grad=True)
+    w = {"head.fc3.weight": torch.tensor([[2.0, 0.0], [0.0, 1.0]]), SCALE_NAME: scale}
+    value = CosineCrossEntropy("head.fc3.weight", 99.0, SCALE_NAME)(out, batch([1]), w)
+    torch.testing.assert_close(value, F.cross_entropy(torch.tensor([[6.0, 8.0]]), torch.tensor([1])))
+    (grad,) = torch.autograd.grad(value, scale)
+    p0 = 1 / (1 + math.exp(2.0))
+    torch.testing.assert_close(grad, torch.tensor([p0 * (0.6 - 0.8)]))
+
+
+def test_fednh_learned_scale_trains_on_the_client_and_is_averaged_on_the_server(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    loop = build_loop(config(raw, "fednh", {"learn_scale": True, "cosine_scale": 1.0}))
+    state = loop.server_state
+    assert torch.equal(state["model"][SCALE_NAME], torch.tensor([1.0]))    # starts at cosine_scale
+    replies = {}
+    for cid in (0, 1):
+        reply, _ = loop.algorithm.client_update(Message("train", {"model": state["model"]}), None,
+                                                runtime(loop, cid))
+        assert float(reply.arrays["model"][SCALE_NAME]) > 1.0     # CE drives a small scale up
+        replies[cid] = reply
+    new = loop.algorithm.aggregate(dict(state), replies, ctx([0, 1], num_clients=6))
+    n = [float(replies[c].scalars["num_samples"]) for c in (0, 1)]
+    s = [replies[c].arrays["model"][SCALE_NAME] for c in (0, 1)]
+    torch.testing.assert_close(new["model"][SCALE_NAME], (n[0] * s[0] + n[1] * s[1]) / (n[0] + n[1]))
+    # the fixed-scale default has no such entry
+    fixed = build_loop(config(raw, "fednh"))
+    assert SCALE_NAME not in fixed.server_state["model"]
+
+
+def test_fednh_refuses_a_learned_scale_that_is_not_positive(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    loop = build_loop(config(raw, "fednh", {"learn_scale": True}))
+    state = loop.server_state
+    reply, _ = loop.algorithm.client_update(Message("train", {"model": state["model"]}), None, runtime(loop, 0))
+    reply.arrays["model"][SCALE_NAME] = torch.tensor([-0.5])
+    with pytest.raises(NumericalError, match="logit scale became -0.5 in round 1"):
+        loop.algorithm.aggregate(dict(state), {0: reply}, ctx([0], num_clients=6))
 
 
 def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_server(small_config):

@@ -329,6 +329,18 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
         assert not torch.equal(model[key], vec.host.init_models["cnn2"][key])
 
 
+def test_fednh_learned_scale_trains_in_the_vmapped_step_as_in_the_reference(small_config):
+    # A method's own trained entry (fedhet.training.local.trained_names) stacked and stepped with the model
+    raw = {**small_config, "model": {"arch": "simple_cnn"}}     # a bias-free linear head
+    cfg = make_config(raw, "fednh", {"learn_scale": True, "cosine_scale": 1.0}, UNEQUAL, 0.5)
+    ref, vec = run_both(cfg)
+    assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
+    assert_engines_agree(ref, vec, flip_bounds(cfg, ref))
+    scale = vec.server_state["model"]["fednh.logit_scale"]
+    assert float(scale) > 1.0
+    torch.testing.assert_close(scale, ref.server_state["model"]["fednh.logit_scale"], rtol=1e-4, atol=0)
+
+
 # run.keep_graphs: three rounds, so that later groups train in the buffers (and on CUDA replay the
 # graphs) of earlier ones: momentum carried within a round (fedprox), a projection head (moon), two
 # phases whose second continues the first's statistics (fedcme), prototypes as term constants

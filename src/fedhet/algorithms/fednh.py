@@ -6,12 +6,14 @@ The classifier is a set of class prototypes, one unit vector per class, that cli
 * **Initialisation** - prototypes spread uniformly: orthonormal rows (the reference's
   ``orthogonal`` init; here the QR factor of the run's seeded initial classifier, so it follows the seed).
 * **Client** - trains the body only, on ``CE(s * cos(h, W_c), y)``: the cosine of the feature and
-  each prototype scaled by a fixed ``s`` = 30, the reference's ``FedNH_fix_scaling`` option ("a common
-  choice in the paper", its code says). [D] The reference's shipped experiment configs leave that
-  option off and train ``s`` as a model parameter, from 1.0 in its small CNN (``Conv2CifarNH``) and
-  20.0 in its ResNet; a learned ``s`` is not offered here, so fedhet's FedNH is the fixed-scale
-  variant, which may differ from runs made with those configs (FedACD's setup follows that code
-  base; no run here has measured by how much). After training it computes,
+  each prototype scaled by ``s``. By default ``s`` is fixed at ``cosine_scale`` = 30, the
+  reference's ``FedNH_fix_scaling`` option ("a common choice in the paper", its code says). The
+  reference's shipped experiment configs leave that option off and train ``s`` as a model
+  parameter, from 1.0 in its small CNN (``Conv2CifarNH``) and 20.0 in its ResNet: ``learn_scale:
+  true`` does the same here, starting from ``cosine_scale`` (set it to 1.0 for the small CNN's
+  start). The learned ``s`` is one more trained entry of the model (``fednh.logit_scale``): each
+  client trains it with the body (same optimizer, weight decay and clipping) and the server
+  averages it with the body. After training it computes,
   with its new model in eval mode over its training split, the mean of the L2-normalised features
   of each class, normalises it, and uploads it with the class counts.
 * **Server** - the body is averaged like FedAvg, by sample counts (like for like with the other
@@ -22,7 +24,9 @@ The classifier is a set of class prototypes, one unit vector per class, that cli
 
 The head must be one bias-free Linear layer (``simple_cnn``'s ``fc3``, FedNH's ``Conv2Cifar``). Its
 rows are unit vectors, so the plain logits ``h @ W^T`` used in evaluation rank the classes exactly
-as the scaled cosine does (``|h|`` is a positive factor per sample): accuracies are the method's.
+as the scaled cosine does (``|h|`` and a positive ``s`` are positive factors per sample):
+accuracies are the method's. A learned ``s`` that turned negative would invert that ranking, so
+the server refuses one (the cross-entropy drives ``s`` up from any positive start).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
+from fedhet.core.errors import NumericalError
 from fedhet.core.split import is_head, linear_classifier
 from fedhet.training.augment import mixed_cross_entropy
 from fedhet.training.local import trains_in_channels_last
@@ -73,21 +78,29 @@ def smoothed_prototypes(previous: torch.Tensor, uploads: list[tuple[torch.Tensor
     return F.normalize(mixed, dim=1).to(previous.dtype)
 
 
+# The learned logit scale's entry in the model's weights (``learn_scale``): not a parameter of the
+# network, trained and averaged with it (fedhet.training.local.trained_names).
+SCALE_NAME = "fednh.logit_scale"
+
+
 class CosineCrossEntropy(LossTerm):
     """``CE(s * normalize(h) @ normalize(W)^T, y)`` with the classifier weight ``W`` taken from the weights
-    (under mixup, both labels' CE weighted by lam)."""
+    (under mixup, both labels' CE weighted by lam). ``s`` is ``scale``, or with ``scale_name`` the
+    weights' entry of that name (a learned scale, shape (1,))."""
 
     name = "cosine_ce"
     vectorizable = True
     takes_mixup = True
 
-    def __init__(self, weight_name: str, scale: float):
+    def __init__(self, weight_name: str, scale: float, scale_name: str | None = None):
         self.weight_name = weight_name
         self.scale = float(scale)
+        self.scale_name = scale_name
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         w = F.normalize(weights[self.weight_name].to(out.features.dtype), dim=1)
-        return mixed_cross_entropy(self.scale * F.normalize(out.features, dim=1) @ w.T, batch)
+        scale = self.scale if self.scale_name is None else weights[self.scale_name].to(out.features.dtype)
+        return mixed_cross_entropy(scale * (F.normalize(out.features, dim=1) @ w.T), batch)
 
 
 class FedNH(FedAvg):
@@ -95,7 +108,8 @@ class FedNH(FedAvg):
 
     class Params(FedAvg.Params):
         prototype_smoothing: float = Field(0.9, ge=0, le=1)   # rho
-        cosine_scale: float = Field(30.0, gt=0)                # s
+        cosine_scale: float = Field(30.0, gt=0)                # s, or its start with learn_scale
+        learn_scale: bool = False                              # train s with the body (the reference's configs)
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -104,6 +118,8 @@ class FedNH(FedAvg):
         if len(heads) != 1 or not heads[0].endswith(".weight"):
             raise ValueError("FedNH needs a bias-free linear classifier as the head (simple_cnn's default split)")
         state["model"] = {**state["model"], heads[0]: orthonormal_rows(state["model"][heads[0]])}
+        if self.params.learn_scale:
+            state["model"][SCALE_NAME] = torch.tensor([self.params.cosine_scale])
         return state
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
@@ -113,6 +129,11 @@ class FedNH(FedAvg):
         uploads = [(replies[c].arrays["prototypes"]["mean"], replies[c].arrays["prototypes"]["count"])
                    for c in sorted(replies)]
         state["model"][name] = smoothed_prototypes(previous[name], uploads, self.params.prototype_smoothing)
+        if self.params.learn_scale and not float(state["model"][SCALE_NAME]) > 0:
+            raise NumericalError(
+                f"FedNH's learned logit scale became {float(state['model'][SCALE_NAME])} in round {ctx.round + 1}: "
+                "a scale that is not positive inverts the prototypes' ranking. Lower train.lr, or fix the "
+                "scale (algorithm.params.learn_scale: false); the run directory keeps every round recorded so far.")
         return state
 
     # --- client ---------------------------------------------------------------------------
@@ -120,7 +141,8 @@ class FedNH(FedAvg):
         weight_name, bias_name = linear_classifier(client.model, "FedNH")
         if bias_name is not None:
             raise ValueError("FedNH's prototypes are a bias-free classifier; use simple_cnn (its head has no bias)")
-        return [CosineCrossEntropy(weight_name, self.params.cosine_scale)]
+        return [CosineCrossEntropy(weight_name, self.params.cosine_scale,
+                                   SCALE_NAME if self.params.learn_scale else None)]
 
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict:
         options = super().train_options(msg, state, client)
