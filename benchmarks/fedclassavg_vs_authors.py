@@ -175,7 +175,8 @@ def main() -> int:
         p.error(f"{a.config} runs {cfg.algorithm.name}, not fedclassavg")
     fed = build_federation(cfg.data, cfg.seed)
     models, client_arch = build_models(cfg, fed)
-    host = ClientHost(algorithm, fed, models, client_arch, train_settings(cfg, "fp32"), cfg.seed)
+    host = ClientHost(algorithm, fed, models, client_arch, train_settings(cfg, "fp32"), cfg.seed,
+                      lr_decay=cfg.train.lr_decay)
     inits = {arch: {k: v.detach().clone() for k, v in m.state_dict().items()} for arch, m in models.items()}
     archs = list(inits)
     out: dict = {"command": " ".join(["python", "benchmarks/fedclassavg_vs_authors.py", *sys.argv[1:]]),
