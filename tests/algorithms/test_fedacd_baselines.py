@@ -8,14 +8,16 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import bn_model, build_loop, config, ctx, runtime
+from helpers import bn_model, build_loop, config, ctx, run_killed_in_round, runtime
 
 from fedhet.algorithms.fedlc import FedLC, calibration
 from fedhet.algorithms.fednh import SCALE_NAME, CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
 from fedhet.algorithms.fedrod import FedROD, log_prior, train_personal_head
 from fedhet.core.contract import Batch, Forward, Message
-from fedhet.core.errors import NumericalError
+from fedhet.core.errors import ConfigError, NumericalError
+from fedhet.experiment.config import load_config
+from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.training.terms import OffsetCrossEntropy
 
 
@@ -213,6 +215,34 @@ def test_fednh_refuses_a_learned_scale_that_is_not_positive(small_config):
     reply.arrays["model"][SCALE_NAME] = torch.tensor([-0.5])
     with pytest.raises(NumericalError, match="logit scale became -0.5 in round 1"):
         loop.algorithm.aggregate(dict(state), {0: reply}, ctx([0], num_clients=6))
+
+
+def test_fednh_learned_scale_run_evaluates_and_resumes_exactly(small_config, tmp_path, monkeypatch):
+    # the scale rides through evaluation (kept out of the forward pass) and the checkpoint
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    raw["algorithm"] = {"name": "fednh", "params": {"learn_scale": True, "cosine_scale": 1.0}}
+    raw["train"]["rounds"] = 3
+    full = Experiment.create(load_config(raw=copy.deepcopy(raw)), tmp_path / "full")
+    full.run(progress=False)
+    cut = Experiment.create(load_config(raw=copy.deepcopy(raw)), tmp_path / "cut")
+    run_killed_in_round(cut, monkeypatch, 2)            # checkpoint after round 2
+    resumed = Experiment.resume(cut.run_dir)
+    resumed.run(progress=False)
+    rows = read_metrics(full.run_dir)
+    assert [r["round"] for r in rows] == [1, 2, 3] and all("global_acc" in r for r in rows)
+    assert [r["global_acc"] for r in read_metrics(resumed.run_dir)] == [r["global_acc"] for r in rows]
+    for k, v in full.loop.server_state["model"].items():
+        assert torch.equal(v, resumed.loop.server_state["model"][k]), k
+    assert float(full.loop.server_state["model"][SCALE_NAME]) != 1.0
+
+
+def test_fednh_learned_scale_is_refused_in_a_combination(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    with pytest.raises(ConfigError, match="learn_scale: fedprox\\+fednh combines FedNH"):
+        build_loop(config(raw, "fedprox+fednh", {"learn_scale": True, "mu": 0.01}))
+    build_loop(config(raw, "fedprox+fednh", {"mu": 0.01}))     # the fixed scale combines
 
 
 def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_server(small_config):

@@ -105,6 +105,20 @@ def test_a_methods_own_weights_are_trained_with_the_model_like_torch_sgd(cnn_cli
     assert torch.equal(result.weights["method.frozen"], own["method.frozen"])    # rejected by trainable
 
 
+def test_buffers_are_never_trained_and_the_forward_pass_sees_the_networks_entries_only():
+    from helpers import bn_model
+
+    from fedhet.training.local import model_entries
+    model = bn_model()
+    weights = {**model.state_dict(), "method.scale": torch.tensor([1.0])}
+    names = trained_names(model, weights)
+    assert names == [n for n, _ in model.named_parameters()] + ["method.scale"]
+    assert not any("running" in n or "num_batches" in n for n in names)
+    assert set(model_entries(model, weights)) == set(model.state_dict())
+    plain = model.state_dict()
+    assert model_entries(model, plain) is plain
+
+
 def test_input_weights_are_not_modified(cnn_client):
     model, data, weights = cnn_client
     before = {k: v.clone() for k, v in weights.items()}

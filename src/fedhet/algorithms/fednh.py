@@ -26,7 +26,10 @@ The head must be one bias-free Linear layer (``simple_cnn``'s ``fc3``, FedNH's `
 rows are unit vectors, so the plain logits ``h @ W^T`` used in evaluation rank the classes exactly
 as the scaled cosine does (``|h|`` and a positive ``s`` are positive factors per sample):
 accuracies are the method's. A learned ``s`` that turned negative would invert that ranking, so
-the server refuses one (the cross-entropy drives ``s`` up from any positive start).
+the server refuses one (from a positive start the cross-entropy usually drives ``s`` up; weight
+decay pulls it towards 0). ``learn_scale`` is for FedNH alone, not combined with another method:
+FedProx's, FedDyn's and SCAFFOLD's terms and corrections cover the network's parameters only, and
+FedPer's, FedRep's and FedBABU's phases know only its body and head.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.core.errors import NumericalError
+from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.core.split import is_head, linear_classifier
 from fedhet.training.augment import mixed_cross_entropy
 from fedhet.training.local import trains_in_channels_last
@@ -100,7 +103,7 @@ class CosineCrossEntropy(LossTerm):
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
         w = F.normalize(weights[self.weight_name].to(out.features.dtype), dim=1)
         scale = self.scale if self.scale_name is None else weights[self.scale_name].to(out.features.dtype)
-        return mixed_cross_entropy(scale * (F.normalize(out.features, dim=1) @ w.T), batch)
+        return mixed_cross_entropy((scale * F.normalize(out.features, dim=1)) @ w.T, batch)
 
 
 class FedNH(FedAvg):
@@ -119,6 +122,10 @@ class FedNH(FedAvg):
             raise ValueError("FedNH needs a bias-free linear classifier as the head (simple_cnn's default split)")
         state["model"] = {**state["model"], heads[0]: orthonormal_rows(state["model"][heads[0]])}
         if self.params.learn_scale:
+            if "+" in self.name:
+                raise ConfigError(f"algorithm.params.learn_scale: {self.name} combines FedNH with another method, "
+                                  "whose terms and phases cover the network's own parameters only; learn the "
+                                  "scale with fednh alone, or keep it fixed (learn_scale: false)")
             state["model"][SCALE_NAME] = torch.tensor([self.params.cosine_scale])
         return state
 

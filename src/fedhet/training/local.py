@@ -8,6 +8,7 @@ client, and a vectorised engine can call the same loss over stacked weights.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -28,11 +29,17 @@ from fedhet.training.inference import channels_last
 from fedhet.training.objective import LossTerm, accumulate_statistics, total_loss
 from fedhet.training.optim import clip_grad_norm, make_optimizer
 
+# Each model's parameter and buffer names, looked up once: forward() runs every step.
+_ENTRY_NAMES: weakref.WeakKeyDictionary[torch.nn.Module, frozenset[str]] = weakref.WeakKeyDictionary()
+
 
 def model_entries(model: torch.nn.Module, weights: Arrays) -> Arrays:
     """The entries of ``weights`` that ``model`` has (parameters and buffers): what a forward pass
     binds into it. A method's own entries (FedNH's learned scale) stay outside, for its loss terms."""
-    names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    names = _ENTRY_NAMES.get(model)
+    if names is None:
+        names = frozenset(n for n, _ in model.named_parameters()) | frozenset(n for n, _ in model.named_buffers())
+        _ENTRY_NAMES[model] = names
     return weights if names.issuperset(weights) else {k: v for k, v in weights.items() if k in names}
 
 
