@@ -240,7 +240,7 @@ def test_fednh_learned_scale_run_evaluates_and_resumes_exactly(small_config, tmp
 def test_fednh_learned_scale_is_refused_in_a_combination(small_config):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}
-    with pytest.raises(ConfigError, match="learn_scale: fedprox\\+fednh combines FedNH"):
+    with pytest.raises(ConfigError, match="learn_scale: fedprox\\+fednh combines FedNH with fedprox"):
         build_loop(config(raw, "fedprox+fednh", {"learn_scale": True, "mu": 0.01}))
     build_loop(config(raw, "fedprox+fednh", {"mu": 0.01}))     # the fixed scale combines
 

@@ -138,7 +138,8 @@ def flip_bounds(cfg, ref) -> dict[str, float]:
     bounds: dict[str, float] = {}
     for arch, model in ref.host.models.items():
         keys = set(model.state_dict())
-        states = [ref.host.init_models[arch], *(f for f in finals if set(f) == keys)]
+        # a final model of this architecture, without a method's own entries (FedNH's learned scale)
+        states = [ref.host.init_models[arch], *({k: f[k] for k in keys} for f in finals if keys <= set(f))]
         for k, gk in largest_flip_terms(model, states, ref.federation).items():
             bounds[k] = max(bounds.get(k, 0.0), TIGHT + FLIPS * step * carry * gk)
     return bounds

@@ -122,8 +122,11 @@ class FedNH(FedAvg):
             raise ValueError("FedNH needs a bias-free linear classifier as the head (simple_cnn's default split)")
         state["model"] = {**state["model"], heads[0]: orthonormal_rows(state["model"][heads[0]])}
         if self.params.learn_scale:
-            if "+" in self.name:
-                raise ConfigError(f"algorithm.params.learn_scale: {self.name} combines FedNH with another method, "
+            # a combination's other components: FedAvg-family classes outside FedNH's own line
+            others = [c.name for c in type(self).__mro__
+                      if issubclass(c, FedAvg) and c is not FedAvg and not issubclass(c, FedNH)]
+            if others:
+                raise ConfigError(f"algorithm.params.learn_scale: {self.name} combines FedNH with {others[0]}, "
                                   "whose terms and phases cover the network's own parameters only; learn the "
                                   "scale with fednh alone, or keep it fixed (learn_scale: false)")
             state["model"][SCALE_NAME] = torch.tensor([self.params.cosine_scale])

@@ -29,18 +29,26 @@ from fedhet.training.inference import channels_last
 from fedhet.training.objective import LossTerm, accumulate_statistics, total_loss
 from fedhet.training.optim import clip_grad_norm, make_optimizer
 
-# Each model's parameter and buffer names, looked up once: forward() runs every step.
-_ENTRY_NAMES: weakref.WeakKeyDictionary[torch.nn.Module, frozenset[str]] = weakref.WeakKeyDictionary()
+# Each model's (parameter names, buffer names), looked up once: forward() runs every step.
+_NAMES: weakref.WeakKeyDictionary[torch.nn.Module, tuple[frozenset[str], frozenset[str]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def _names(model: torch.nn.Module) -> tuple[frozenset[str], frozenset[str]]:
+    names = _NAMES.get(model)
+    if names is None:
+        names = (frozenset(n for n, _ in model.named_parameters()), frozenset(n for n, _ in model.named_buffers()))
+        _NAMES[model] = names
+    return names
 
 
 def model_entries(model: torch.nn.Module, weights: Arrays) -> Arrays:
     """The entries of ``weights`` that ``model`` has (parameters and buffers): what a forward pass
     binds into it. A method's own entries (FedNH's learned scale) stay outside, for its loss terms."""
-    names = _ENTRY_NAMES.get(model)
-    if names is None:
-        names = frozenset(n for n, _ in model.named_parameters()) | frozenset(n for n, _ in model.named_buffers())
-        _ENTRY_NAMES[model] = names
-    return weights if names.issuperset(weights) else {k: v for k, v in weights.items() if k in names}
+    params, buffers = _names(model)
+    if all(k in params or k in buffers for k in weights):
+        return weights
+    return {k: v for k, v in weights.items() if k in params or k in buffers}
 
 
 def forward(model: torch.nn.Module, weights: Arrays, x: torch.Tensor) -> Forward:
@@ -69,8 +77,7 @@ def trained_names(model: torch.nn.Module, weights: Arrays,
     FedNH's learned logit scale, which its loss terms read from the weights and which are averaged
     with the model - each unless ``trainable(name)`` rejects it. The model's buffers (BatchNorm
     statistics) are never trained."""
-    params = {name for name, _ in model.named_parameters()}
-    buffers = {name for name, _ in model.named_buffers()}
+    params, buffers = _names(model)
     accept = trainable or (lambda name: True)
     return [name for name, t in weights.items()
             if (name in params or (name not in buffers and t.is_floating_point())) and accept(name)]
