@@ -136,10 +136,12 @@ def flip_bounds(cfg, ref) -> dict[str, float]:
     carry = 1.0 / (1.0 - cfg.train.momentum)
     step = cfg.train.lr / smallest_batch(cfg, ref.federation)
     bounds: dict[str, float] = {}
+    network_keys = set().union(*(m.state_dict() for m in ref.host.models.values()))
     for arch, model in ref.host.models.items():
         keys = set(model.state_dict())
         # a final model of this architecture, without a method's own entries (FedNH's learned scale)
-        states = [ref.host.init_models[arch], *({k: f[k] for k in keys} for f in finals if keys <= set(f))]
+        states = [ref.host.init_models[arch], *({k: f[k] for k in keys} for f in finals
+                                                if set(f) & network_keys == keys)]
         for k, gk in largest_flip_terms(model, states, ref.federation).items():
             bounds[k] = max(bounds.get(k, 0.0), TIGHT + FLIPS * step * carry * gk)
     return bounds
