@@ -24,10 +24,12 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
+from fedhet.core.errors import ConfigError
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
 from fedhet.training.augment import mixed
 from fedhet.training.dropout import StreamDropout
+from fedhet.training.local import trained_names
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "Arrays",
     "Batch",
     "ClientRuntime",
+    "ConfigError",
     "CrossEntropy",
     "FedAvg",
     "Forward",
@@ -48,5 +51,6 @@ __all__ = [
     "StreamDropout",
     "mixed",
     "save_arrays",
+    "trained_names",
     "weighted_average",
 ]

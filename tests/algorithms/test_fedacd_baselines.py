@@ -16,6 +16,7 @@ from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
 from fedhet.algorithms.fedrod import FedROD, log_prior, train_personal_head
 from fedhet.core.contract import Batch, Forward, Message
 from fedhet.core.errors import ConfigError, NumericalError
+from fedhet.core.split import is_head
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.training.terms import OffsetCrossEntropy
@@ -237,12 +238,56 @@ def test_fednh_learned_scale_run_evaluates_and_resumes_exactly(small_config, tmp
     assert float(full.loop.server_state["model"][SCALE_NAME]) != 1.0
 
 
-def test_fednh_learned_scale_is_refused_in_a_combination(small_config):
+def test_fednh_learned_scale_is_refused_beside_the_body_and_head_methods(small_config):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}
-    with pytest.raises(ConfigError, match="learn_scale: fedprox\\+fednh combines FedNH with fedprox"):
-        build_loop(config(raw, "fedprox+fednh", {"learn_scale": True, "mu": 0.01}))
-    build_loop(config(raw, "fedprox+fednh", {"mu": 0.01}))     # the fixed scale combines
+    for other in ("fedrep", "fedper", "fedbabu"):
+        with pytest.raises(ConfigError, match=f"learn_scale: {other}\\+fednh combines FedNH with {other}, whose phases"):
+            build_loop(config(raw, f"{other}+fednh", {"learn_scale": True}))
+    build_loop(config(raw, "fedrep+fednh"))     # the fixed scale combines
+
+
+def learned_scale_round(raw: dict, method: str, params: dict):
+    """One client's train round of ``method`` (FedNH combined, its scale learned from 1.0): the loop,
+    the message it received, its reply and its new client state."""
+    loop = build_loop(config(raw, method, {"learn_scale": True, "cosine_scale": 1.0, **params}))
+    msg = loop.algorithm.train_message(loop.server_state, 0, ctx([0], num_clients=6))
+    reply, new_state = loop.algorithm.client_update(msg, None, runtime(loop, 0))
+    return loop, msg, reply, new_state
+
+
+def test_fednh_learned_scale_gets_fedprox_pull_and_feddyn_and_scaffold_corrections(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    # FedProx: (mu/2) * (s - s0)^2 for a scale moved by 0.3 from the received 1.0, the rest unmoved
+    loop = build_loop(config(raw, "fedprox+fednh", {"learn_scale": True, "cosine_scale": 1.0, "mu": 0.5}))
+    msg = loop.algorithm.train_message(loop.server_state, 0, ctx([0], num_clients=6))
+    prox = next(t for t in loop.algorithm.local_terms(msg, None, runtime(loop, 0)) if t.name == "prox")
+    moved = {**msg.arrays["model"], SCALE_NAME: torch.tensor([1.3])}
+    out = Forward(torch.zeros(1, 2), torch.zeros(1, 2))
+    assert float(prox(out, None, moved)) == pytest.approx(0.5 * 0.5 * 0.3 ** 2)
+    # SCAFFOLD (option II, no momentum, c = c_i = 0 at the start): c_i+ = (x - y) / (lr K), the scale's too
+    loop, msg, reply, state = learned_scale_round(raw, "scaffold+fednh", {})
+    x, y = msg.arrays["model"][SCALE_NAME], reply.arrays["model"][SCALE_NAME]
+    lr, steps = runtime(loop, 0).settings.lr, int(reply.scalars["steps"])
+    assert not torch.equal(x, y)
+    torch.testing.assert_close(state["control"][SCALE_NAME], (x - y) / (lr * steps))
+    torch.testing.assert_close(reply.arrays["control"][SCALE_NAME], state["control"][SCALE_NAME])   # c_i+ - c_i
+    # FedDyn: grad_k+ = grad_k - alpha (y - x), from grad_k = 0 in the first round
+    loop, msg, reply, state = learned_scale_round(raw, "feddyn+fednh", {"alpha": 0.1})
+    x, y = msg.arrays["model"][SCALE_NAME], reply.arrays["model"][SCALE_NAME]
+    torch.testing.assert_close(state["dyn_grad"][SCALE_NAME], -0.1 * (y - x))
+
+
+def test_fednh_learned_scale_is_meta_trained_by_perfedavg_and_the_prototypes_stay_frozen(small_config):
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    loop, msg, reply, _ = learned_scale_round(raw, "perfedavg+fednh", {})
+    sent, trained = msg.arrays["model"], reply.arrays["model"]
+    assert float(trained[SCALE_NAME]) > 1.0                          # CE drives a small scale up
+    (head,) = [k for k in sent if is_head(k)]
+    assert torch.equal(trained[head], sent[head])                   # FedNH's prototypes: frozen
+    assert all(not torch.equal(trained[k], sent[k]) for k in sent if k.startswith("body.") and k.endswith("weight"))
 
 
 def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_server(small_config):

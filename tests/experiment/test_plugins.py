@@ -126,7 +126,8 @@ def test_the_public_names_stay():
     """docs/extending.md promises these names; removing one breaks user code, so it fails here first."""
     assert set(fedhet.extend.__all__) >= {
         "Algorithm", "FedAvg", "SplitModel", "LossTerm", "CrossEntropy", "Forward", "Batch", "Arrays", "Message",
-        "ClientRuntime", "LocalResult", "State", "Replies", "RoundContext", "weighted_average", "save_arrays"}
+        "ClientRuntime", "LocalResult", "State", "Replies", "RoundContext", "weighted_average", "save_arrays",
+        "trained_names", "ConfigError"}
     assert all(hasattr(fedhet.extend, name) for name in fedhet.extend.__all__)
 
 

@@ -58,6 +58,11 @@ class Algorithm:
     # Whether the method's server rule is derived for local SGD (SCAFFOLD's control variates,
     # FedNova's normalisation): the run is refused with train.optimizer adam.
     requires_sgd: ClassVar[bool] = False
+    # Whether the method's phases act on the network's body and head by their names (FedPer's,
+    # FedRep's and FedBABU's), so that entries of a method's own beside the network (see
+    # fedhet.training.local.trained_names) are neither of the two and are left out. A method
+    # with such entries refuses to be combined with one that sets this.
+    only_body_and_head: ClassVar[bool] = False
 
     class Params(pydantic.BaseModel):
         model_config = pydantic.ConfigDict(extra="forbid")

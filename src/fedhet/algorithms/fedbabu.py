@@ -82,6 +82,7 @@ class FedBABU(FedAvg):
 
     name = "fedbabu"
     personalized = True
+    only_body_and_head = True          # own entries beside the network are neither
 
     class Params(FedAvg.Params):
         finetune_epochs: int = Field(5, ge=0)        # official code ft_ep = 5 (PFLlib: 10)

@@ -36,7 +36,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.core.split import parameter_names
+from fedhet.training.local import trained_names
 from fedhet.training.objective import LossTerm
 from fedhet.training.terms import Linear, Proximal
 
@@ -75,7 +75,7 @@ class FedDyn(FedAvg):
         if state and "dyn_grad" in state:
             return state["dyn_grad"]
         x = msg.arrays["model"]
-        return {k: torch.zeros_like(x[k]) for k in parameter_names(client) if k in x}
+        return {k: torch.zeros_like(x[k]) for k in trained_names(client.model, x)}
 
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         grad = self.client_grad(msg, state, client)

@@ -27,9 +27,9 @@ rows are unit vectors, so the plain logits ``h @ W^T`` used in evaluation rank t
 as the scaled cosine does (``|h|`` and a positive ``s`` are positive factors per sample):
 accuracies are the method's. A learned ``s`` that turned negative would invert that ranking, so
 the server refuses one (from a positive start the cross-entropy usually drives ``s`` up; weight
-decay pulls it towards 0). ``learn_scale`` is for FedNH alone, not combined with another method:
-FedProx's, FedDyn's and SCAFFOLD's terms and corrections cover the network's parameters only, and
-FedPer's, FedRep's and FedBABU's phases know only its body and head.
+decay pulls it towards 0). A learned ``s`` combines with FedProx, FedDyn, SCAFFOLD and Per-FedAvg,
+whose terms, corrections and steps cover every trained entry, but not with FedPer, FedRep or
+FedBABU, whose phases know only the network's body and head (``only_body_and_head``).
 """
 
 from __future__ import annotations
@@ -122,13 +122,11 @@ class FedNH(FedAvg):
             raise ValueError("FedNH needs a bias-free linear classifier as the head (simple_cnn's default split)")
         state["model"] = {**state["model"], heads[0]: orthonormal_rows(state["model"][heads[0]])}
         if self.params.learn_scale:
-            # a combination's other components: FedAvg-family classes outside FedNH's own line
-            others = [c.name for c in type(self).__mro__
-                      if issubclass(c, FedAvg) and c is not FedAvg and not issubclass(c, FedNH)]
-            if others:
-                raise ConfigError(f"algorithm.params.learn_scale: {self.name} combines FedNH with {others[0]}, "
-                                  "whose terms and phases cover the network's own parameters only; learn the "
-                                  "scale with fednh alone, or keep it fixed (learn_scale: false)")
+            if self.only_body_and_head:
+                other = next(c.name for c in type(self).__mro__[1:] if getattr(c, "only_body_and_head", False))
+                raise ConfigError(f"algorithm.params.learn_scale: {self.name} combines FedNH with {other}, "
+                                  "whose phases know only the network's body and head, not the learned scale; "
+                                  "learn it without that method, or keep it fixed (learn_scale: false)")
             state["model"][SCALE_NAME] = torch.tensor([self.params.cosine_scale])
         return state
 

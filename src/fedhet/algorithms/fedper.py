@@ -105,6 +105,7 @@ class FedPer(FedAvg):
 
     name = "fedper"
     personalized = True
+    only_body_and_head = True          # own entries beside the network are neither
     has_global_model = False
     # Whether the client keeps its trained head in its state (FedPer, FedRep). FedPAC's heads are
     # computed by the server and sent down, so its clients keep none.

@@ -5,8 +5,9 @@ received (paper eq. 2):
 
     h_k(w; w^t) = F_k(w) + (mu/2) * ||w - w^t||^2
 
-over all trainable parameters (as PFLlib ``clientprox``; BatchNorm statistics are buffers, not
-parameters, and get no proximal pull). Local solving is the run's ordinary SGD, the server is
+over all trained entries (as PFLlib ``clientprox``; BatchNorm statistics are buffers, not
+parameters, and get no proximal pull): the network's parameters and any entry of a combined
+method's own, such as FedNH's learned logit scale (``fedhet.training.local.trained_names``). Local solving is the run's ordinary SGD, the server is
 FedAvg's. With ``mu = 0`` the method is FedAvg exactly (the term adds a zero gradient).
 
 :class:`Proximal` is exported for the other methods that pull towards a reference point
@@ -19,7 +20,7 @@ from pydantic import Field
 
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import ClientRuntime, Message, State
-from fedhet.core.split import parameter_names
+from fedhet.training.local import trained_names
 from fedhet.training.objective import LossTerm
 from fedhet.training.terms import Proximal
 
@@ -31,5 +32,6 @@ class FedProx(FedAvg):
         mu: float = Field(0.01, ge=0)
 
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
-        prox = Proximal(msg.arrays["model"], self.params.mu, parameter_names(client))
+        anchor = msg.arrays["model"]
+        prox = Proximal(anchor, self.params.mu, trained_names(client.model, anchor))
         return [*super().local_terms(msg, state, client), prox]

@@ -32,6 +32,9 @@ Implementation (own functional loop; :func:`meta_step` is one step of the three 
   so compositions see the same objective in every gradient. Steps are plain SGD as in the
   paper and PFLlib's ``PerAvgOptimizer``: the run's momentum, weight decay, gradient clipping
   and bf16 setting are NOT used (fp32).
+* The steps move the trained entries (``fedhet.training.local.trained_names``): the network's
+  parameters and a combined method's own (FedNH's learned logit scale), less what a combined
+  method's ``train_options`` freezes with ``trainable`` (FedNH's prototypes, FedBABU's head).
 * BatchNorm buffers (if any) are updated by every training-mode forward (D, D', D'') and
   carried along, as in PFLlib where both forwards run in ``train()`` mode on the same module.
 * The reported loss of a step is f(w_tmp; D'), the meta-objective the step descends (PFLlib's
@@ -63,6 +66,7 @@ adapted model is dropped then).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -81,7 +85,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import NumericalError
-from fedhet.training.local import check_finite, epoch_batches, forward
+from fedhet.training.local import check_finite, epoch_batches, forward, trained_names
 from fedhet.training.objective import LossTerm, total_loss
 
 ADAPTED = "perfedavg_adapted"    # client-state key of the adapted (personalized) model
@@ -143,9 +147,10 @@ def meta_step(model: torch.nn.Module, params: Arrays, buffers: Arrays, terms: li
 
 
 def adapt_one_step(model: torch.nn.Module, weights: Arrays, terms: list[LossTerm], batch: Batch,
-                   alpha: float) -> Arrays:
-    """The personalized model w - alpha * grad f(w; batch): one SGD step (PFLlib ``train_one_step``)."""
-    names = {n for n, _ in model.named_parameters()}
+                   alpha: float, trainable: Callable[[str], bool] | None = None) -> Arrays:
+    """The personalized model w - alpha * grad f(w; batch): one SGD step (PFLlib ``train_one_step``)
+    on the trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head)."""
+    names = set(trained_names(model, weights, trainable))
     params = {k: v for k, v in weights.items() if k in names}
     buffers = {k: v.detach().clone() for k, v in weights.items() if k not in names}
     was_training = model.training
@@ -197,17 +202,19 @@ class PerFedAvg(FedAvg):
             return self.adapt(msg, base, client)
         weights = self.with_local_buffers(msg.arrays["model"], base, client)
         terms = [*self.data_terms(msg, base, client), *self.local_terms(msg, base, client)]
-        result = self.meta_train(weights, terms, client)
+        result = self.meta_train(weights, terms, client, self.train_options(msg, base, client).get("trainable"))
         client.account(result)
         new_state = self.after_training(result, msg, base, client)
         reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, new_state, client)})
         return reply, new_state
 
-    def meta_train(self, weights: Arrays, terms: list[LossTerm], client: ClientRuntime) -> LocalResult:
-        """E local epochs of :func:`meta_step` over groups of 2 (FO) or 3 (HF) batches."""
+    def meta_train(self, weights: Arrays, terms: list[LossTerm], client: ClientRuntime,
+                   trainable: Callable[[str], bool] | None = None) -> LocalResult:
+        """E local epochs of :func:`meta_step` over groups of 2 (FO) or 3 (HF) batches, on the
+        trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head)."""
         s = client.settings
         model, data = client.model, client.data
-        names = {n for n, _ in model.named_parameters()}
+        names = set(trained_names(model, weights, trainable))
         params = {k: v.detach().clone() for k, v in weights.items() if k in names}
         buffers = {k: v.detach().clone() for k, v in weights.items() if k not in names}
         group = 2 if self.params.perfedavg_variant == "fo" else 3
@@ -251,7 +258,8 @@ class PerFedAvg(FedAvg):
             return reply, state
         positions = epoch_batches(n, client.settings.batch_size, False, client.generator("perfedavg_adapt"))[0]
         adapted = adapt_one_step(client.model, weights, self.data_terms(msg, state, client),
-                                 client.data.batch(positions), self.alpha(client))
+                                 client.data.batch(positions), self.alpha(client),
+                                 self.train_options(msg, state, client).get("trainable"))
         return reply, {**(state or {}), ADAPTED: adapted}
 
     # --- evaluation -----------------------------------------------------------------------

@@ -54,8 +54,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.core.split import parameter_names
-from fedhet.training.local import forward
+from fedhet.training.local import forward, trained_names
 from fedhet.training.objective import CrossEntropy, LossTerm
 from fedhet.training.steps import normalizing_factor
 from fedhet.training.terms import Linear
@@ -135,7 +134,7 @@ class Scaffold(FedAvg):
 
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         c, ci = msg.arrays["control"], self.client_control(msg, state)
-        params = set(parameter_names(client))
+        params = set(trained_names(client.model, msg.arrays["model"]))
         correction = Linear({k: c[k] - ci[k] for k in c if k in params}, name="scaffold")
         return [*super().local_terms(msg, state, client), correction]
 
@@ -143,7 +142,7 @@ class Scaffold(FedAvg):
                        client: ClientRuntime) -> State | None:
         new_state = super().after_training(result, msg, state, client)
         x, c, ci = msg.arrays["model"], msg.arrays["control"], self.client_control(msg, state)
-        params = set(parameter_names(client))
+        params = set(trained_names(client.model, x))
         if self.params.option == "I":
             start = self.with_local_buffers(x, state, client)       # the weights training started from
             grads = full_gradient(client, start, [k for k in c if k in params], client.settings.batch_size)

@@ -47,8 +47,3 @@ def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
     layer = head.get_submodule(linears[0])
     prefix = f"{HEAD}{linears[0]}"
     return f"{prefix}.weight", (f"{prefix}.bias" if layer.bias is not None else None)
-
-
-def parameter_names(client: Any) -> list[str]:
-    """Names of the trainable parameters of a client runtime's model (not its buffers)."""
-    return [name for name, _ in client.model.named_parameters()]
