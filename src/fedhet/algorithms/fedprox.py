@@ -7,8 +7,8 @@ received (paper eq. 2):
 
 over all trained entries (as PFLlib ``clientprox``; BatchNorm statistics are buffers, not
 parameters, and get no proximal pull): the network's parameters and any entry of a combined
-method's own, such as FedNH's learned logit scale (``fedhet.training.local.trained_names``). Local solving is the run's ordinary SGD, the server is
-FedAvg's. With ``mu = 0`` the method is FedAvg exactly (the term adds a zero gradient).
+method's own, such as FedNH's learned logit scale (``fedhet.training.local.trained_names``).
+Local solving is the run's ordinary SGD, the server is FedAvg's. With ``mu = 0`` the method is FedAvg exactly (the term adds a zero gradient).
 
 :class:`Proximal` is exported for the other methods that pull towards a reference point
 (FedDyn's quadratic, ``fedprox+<method>`` compositions).
