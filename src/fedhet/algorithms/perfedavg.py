@@ -146,13 +146,20 @@ def meta_step(model: torch.nn.Module, params: Arrays, buffers: Arrays, terms: li
     return new, loss.detach(), {k: v.detach() for k, v in parts.items()}
 
 
+def split_trained(model: torch.nn.Module, weights: Arrays,
+                  trainable: Callable[[str], bool] | None) -> tuple[Arrays, Arrays]:
+    """(the entries the steps move, the rest), both detached copies: the rest holds the BatchNorm
+    buffers that training-mode forwards update in place, and what ``trainable`` freezes."""
+    names = set(trained_names(model, weights, trainable))
+    params = {k: v.detach().clone() for k, v in weights.items() if k in names}
+    return params, {k: v.detach().clone() for k, v in weights.items() if k not in names}
+
+
 def adapt_one_step(model: torch.nn.Module, weights: Arrays, terms: list[LossTerm], batch: Batch,
                    alpha: float, trainable: Callable[[str], bool] | None = None) -> Arrays:
     """The personalized model w - alpha * grad f(w; batch): one SGD step (PFLlib ``train_one_step``)
     on the trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head)."""
-    names = set(trained_names(model, weights, trainable))
-    params = {k: v for k, v in weights.items() if k in names}
-    buffers = {k: v.detach().clone() for k, v in weights.items() if k not in names}
+    params, buffers = split_trained(model, weights, trainable)
     was_training = model.training
     model.train()
     try:
@@ -214,9 +221,7 @@ class PerFedAvg(FedAvg):
         trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head)."""
         s = client.settings
         model, data = client.model, client.data
-        names = set(trained_names(model, weights, trainable))
-        params = {k: v.detach().clone() for k, v in weights.items() if k in names}
-        buffers = {k: v.detach().clone() for k, v in weights.items() if k not in names}
+        params, buffers = split_trained(model, weights, trainable)
         group = 2 if self.params.perfedavg_variant == "fo" else 3
         alpha, beta = self.alpha(client), self.beta(client)
         where = f"in round {client.round + 1}, client {client.cid}, algorithm {self.name}"
