@@ -10,6 +10,7 @@ import pytest
 import yaml
 from helpers import run_killed_in_round, write_sweep
 
+import fedhet.experiment.sweep as sweep_module
 from fedhet.cli import main as cli_main
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import load_config
@@ -229,32 +230,60 @@ def test_rows_since_skips_what_a_resumed_run_records_again():
     assert rows_since([], before) == before and rows_since(before, before[:2]) == []
 
 
+class ClockThatJumpsToTheLimit:
+    """The sweep module's ``time``, with ``monotonic`` jumping ``seconds`` ahead once ``ready()`` holds:
+    the limit arrives right after what the test needs has happened, at whatever pace this machine
+    runs (a fixed wall-clock limit stopped the short run too on a loaded machine)."""
+
+    def __init__(self, real, seconds, ready):
+        self.real, self.seconds, self.ready, self.jumped = real, seconds, ready, False
+
+    def monotonic(self):
+        if not self.jumped and self.ready():
+            self.jumped = True
+        return self.real.monotonic() + (self.seconds if self.jumped else 0.0)
+
+    def __getattr__(self, name):        # sleep, strftime, localtime, time: the real ones
+        return getattr(self.real, name)
+
+
 def test_finish_by_stops_a_run_at_the_limit_lets_one_that_fits_finish_and_progress_says_when_runs_end(
-        tmp_path, small_config, capsys):
-    # lane 1: 3,000 rounds, far more than the limit at any pace; lane 2: a 2-round run
-    path = write_sweep(tmp_path, small_config, [("fedavg", {"tag": "long", "set": ["train.rounds=3000"]}),
+        tmp_path, small_config, capsys, monkeypatch):
+    # lane 1: 100,000 rounds, far more than the limit at any pace; lane 2: a 2-round run
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"tag": "long", "set": ["train.rounds=100000"]}),
                                                 ("fedprox", {"set": ["train.rounds=2"]})], lanes=2)
     for bad in ("0", "-5", "nan", "inf"):
         assert cli_main(["sweep", str(path), "--finish-by", bad]) == 2
         assert f"--finish-by must be a positive number of seconds, got {bad}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
+    out = tmp_path / "out"
+
+    def short_run_done_and_long_one_paced():
+        summary = out / "fedprox_s0" / "summary.json"
+        return (summary.is_file() and json.loads(summary.read_text()).get("status") == "completed"
+                and (out / "long_s0" / "metrics.jsonl").is_file() and len(read_metrics(out / "long_s0")) >= 3)
+
+    limit = 1000
+    monkeypatch.setattr(sweep_module, "time", ClockThatJumpsToTheLimit(sweep_module.time, limit,
+                                                                         short_run_done_and_long_one_paced))
     messages = []
-    outcome = run_sweep(load_sweep(path), finish_by=25, report_every=0.05, log=messages.append, poll_seconds=0.1)
+    outcome = run_sweep(load_sweep(path), finish_by=limit, report_every=0.05, log=messages.append,
+                        poll_seconds=0.1)
     assert outcome == {"long_s0": "stopped", "fedprox_s0": "completed"}, messages
     stop = next(m for m in messages if "stop   long_s0" in m)
-    assert "25 s have passed (--finish-by)" in stop, stop
-    recorded = len(read_metrics(tmp_path / "out" / "long_s0"))
-    assert 2 <= recorded < 3000
+    assert f"{limit} s have passed (--finish-by)" in stop, stop
+    recorded = len(read_metrics(out / "long_s0"))
+    assert 3 <= recorded < 100000
     assert job_status(next(j for j in load_sweep(path).jobs if j.name == "long_s0")) == "interrupted"
     # the run itself got the signal: it recorded its stop (a run never signalled would still be running)
-    assert json.loads((tmp_path / "out" / "long_s0" / "summary.json").read_text())["status"] == "interrupted"
+    assert json.loads((out / "long_s0" / "summary.json").read_text())["status"] == "interrupted"
     # the progress lines said when it would end, at the pace of its rounds so far
     # (each line names every running run: only long_s0's own part of a line is checked, since the short run's
     # "ends about" may stand beside long_s0's first round, which has no pace yet)
     long_parts = [part for m in messages for part in re.findall(r"long_s0 \(round [^)]*\)", m)]
     late = [part for part in long_parts if "ends about" in part]
-    assert late and all("of 3000, ends about" in part for part in late), long_parts
+    assert late and all("of 100000, ends about" in part for part in late), long_parts
     assert all(", after the --finish-by limit at " in part for part in late), late
 
 
