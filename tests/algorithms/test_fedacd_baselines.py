@@ -242,9 +242,9 @@ def test_fednh_learned_scale_is_refused_beside_the_body_and_head_methods(small_c
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}
     for other in ("fedrep", "fedper", "fedbabu"):
-        with pytest.raises(ConfigError, match=f"learn_scale: {other}\\+fednh combines FedNH with {other}, whose phases"):
-            build_loop(config(raw, f"{other}+fednh", {"learn_scale": True}))
-    build_loop(config(raw, "fedrep+fednh"))     # the fixed scale combines
+        with pytest.raises(ConfigError, match=f"learn_scale: fednh\\+{other} combines FedNH with {other}, whose phases"):
+            build_loop(config(raw, f"fednh+{other}", {"learn_scale": True}))
+    build_loop(config(raw, "fednh+fedrep"))     # the fixed scale combines
 
 
 def learned_scale_round(raw: dict, method: str, params: dict):

@@ -484,16 +484,19 @@ def test_alternating_trains_the_classifier_then_the_extractor_with_alignment(mon
 
 
 # --- composition: FedReMa's hooks chain through super() ------------------------------------------
-class _Spy(FedAvg):
-    """A partner method that records what each hook receives (fedhet.algorithms.compose)."""
-
-    name = "spy"
-
+class _SpyBase(FedAvg):
     class Params(FedAvg.Params):
         pass
 
     def _seen(self, hook, *args):
         self.__dict__.setdefault("seen", []).append((hook, *args))
+
+
+class _ServerSpy(_SpyBase):
+    """A partner method that records what its server hooks receive (named before FedReMa, whose
+    train_message and aggregate replace what comes after them)."""
+
+    name = "server_spy"
 
     def train_message(self, state, cid, ctx):
         self._seen("train_message", cid, ctx)
@@ -502,6 +505,13 @@ class _Spy(FedAvg):
     def aggregate(self, state, replies, ctx):
         self._seen("aggregate", ctx)
         return super().aggregate(state, replies, ctx)
+
+
+class _Spy(_SpyBase):
+    """A partner method that records what its client hooks receive (fedhet.algorithms.compose);
+    named after FedReMa, whose client hooks chain."""
+
+    name = "spy"
 
     def local_training(self, weights, msg, state, client):
         self._seen("local_training", weights, msg, state, client)
@@ -563,7 +573,7 @@ def test_combined_fedrema_hands_its_client_hooks_arguments_to_the_partner(monkey
 def test_combined_fedrema_round_passes_client_and_context_to_the_partner():
     """A partner listed first sees FedReMa's round through its own train_message and aggregate hooks,
     with the real client id and round context (FedFM's train_message reads ctx.round)."""
-    algo = _combined(_Spy, FedReMa)
+    algo = _combined(_ServerSpy, FedReMa)
     state = algo.init_server_state({"m": {"body.w": T([0.0]), "head.w": T([0.0])}})
     ctx = _ctx([0, 1, 2, 3])
     gen = algo.round(state, ctx)

@@ -1,12 +1,9 @@
-"""Registry of federated methods by config name, and composition (``fedprox+scaffold``)."""
+"""Registry of federated methods by config name; combining them (`fedprox+scaffold`) is in composition.py."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import pydantic
-
 from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.composition import compose
 from fedhet.algorithms.creff import CReFF
 from fedhet.algorithms.fedacd import FedACD, FedACDBase
 from fedhet.algorithms.fedavg import FedAvg
@@ -49,55 +46,6 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 def register(cls: type[Algorithm]) -> type[Algorithm]:
     ALGORITHMS[cls.name] = cls
     return cls
-
-
-def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
-    """One method whose hooks chain through every component (Python's MRO, left first).
-
-    Each FedAvg hook calls ``super()``, so ``fedprox+scaffold`` trains on CE + proximal + control-variate
-    terms, and a component that replaces the server rule (FedNova's ``aggregate``) or the round
-    (FedFM's anchor phase) supplies it for the combination. Hyper-parameters of all components
-    live in one ``algorithm.params`` mapping, so parts may not share a parameter name.
-    """
-    for cls in classes:
-        if not issubclass(cls, FedAvg):
-            raise ConfigError(f"{cls.name!r} cannot be combined with other methods: only FedAvg-family methods "
-                              "compose")
-    name = "+".join(cls.name for cls in classes)
-    owner: dict[str, str] = {}
-    for cls in classes:
-        for field in set(cls.Params.model_fields) - set(FedAvg.Params.model_fields):
-            if field in owner:
-                raise ConfigError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter "
-                                  f"{field!r}")
-            owner[field] = cls.name
-    # A FedAvg parameter whose default a component changes (FedACD's mixup) keeps that component's
-    # default in the combination, whichever side it is on; two components changing it differently clash.
-    changed: dict[str, tuple[str, Any]] = {}
-    for cls in classes:
-        for field, info in cls.Params.model_fields.items():
-            if field not in FedAvg.Params.model_fields or info.default == FedAvg.Params.model_fields[field].default:
-                continue
-            if field in changed and changed[field][1].default != info.default:
-                raise ConfigError(f"cannot combine {name}: {changed[field][0]} and {cls.name} give the parameter "
-                                  f"{field!r} different defaults; set it in algorithm.params")
-            changed[field] = (cls.name, info)
-    params = pydantic.create_model(f"Params[{name}]", __base__=tuple(cls.Params for cls in classes),
-                                   **{field: (info.annotation, info) for field, (_, info) in changed.items()})
-    try:
-        combined = type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
-    except TypeError as e:
-        raise ConfigError(f"cannot combine {name}: {e}") from None
-    weighers = [c.name for c in classes if c.aggregation_weights is not FedAvg.aggregation_weights]
-    if len(weighers) > 1:
-        raise ConfigError(f"cannot combine {name}: {weighers[0]} and {weighers[1]} each define the aggregation "
-                          f"weights (only one would apply)")
-    owner_of_term = [c.name for c in classes if getattr(c, "builds_own_data_term", False)]
-    replacers = [c.name for c in classes if c.data_terms is not FedAvg.data_terms]
-    if owner_of_term and replacers:
-        raise ConfigError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would "
-                          f"silently drop {replacers[0]}'s replacement of the cross-entropy")
-    return combined
 
 
 def _user_method(spec: str) -> type[Algorithm]:

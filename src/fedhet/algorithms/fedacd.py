@@ -242,9 +242,10 @@ class FedACD(FedAvg):
         kl = state.get("fedacd_kl")
         finite = [v for v in (kl or {}).values() if math.isfinite(v)]     # clients without data: inf
         if not finite:
-            return {}
+            return super().round_metrics(state)
         scores = [v for v in state["fedacd_score"].values() if v > 0]        # clients without data: 0
-        return {"fedacd_kl_mean": sum(finite) / len(finite),
+        return {**super().round_metrics(state),
+                "fedacd_kl_mean": sum(finite) / len(finite),
                 "fedacd_kl_by_client": {c: v if math.isfinite(v) else None for c, v in kl.items()},
                 "fedacd_score_by_client": state["fedacd_score"],
                 "fedacd_score_min": min(scores), "fedacd_score_max": max(scores),

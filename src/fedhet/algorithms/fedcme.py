@@ -403,7 +403,7 @@ class FedCME(FedAvg):
 
     def round_metrics(self, state: State) -> dict[str, Any]:
         key = "fedcme_sources" if self.params.matching == "many_to_one" else "fedcme_pairs"
-        return {key: state.get("matching", [])}
+        return {**super().round_metrics(state), key: state.get("matching", [])}
 
     # --- client ---------------------------------------------------------------------------
     def exchange_part(self, weights: Arrays) -> Arrays:

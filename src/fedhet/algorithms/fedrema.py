@@ -251,7 +251,7 @@ class FedReMa(FedAvg):
         return state
 
     def round_metrics(self, state: State) -> dict[str, Any]:
-        return {"fedrema_ccp": state["ccp"], "fedrema_ccp_end_round": state["ccp_end_round"],
+        return {**super().round_metrics(state), "fedrema_ccp": state["ccp"], "fedrema_ccp_end_round": state["ccp_end_round"],
                 "fedrema_mean_gap": state["mean_gap"],
                 "fedrema_relevant": {str(k): v for k, v in state["relevant"].items()},
                 "fedrema_G": {str(k): {str(i): n for i, n in sorted(row.items())} for k, row in sorted(state["G"].items())}}

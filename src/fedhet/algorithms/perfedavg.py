@@ -35,6 +35,8 @@ Implementation (own functional loop; :func:`meta_step` is one step of the three 
 * The steps move the trained entries (``fedhet.training.local.trained_names``): the network's
   parameters and a combined method's own (FedNH's learned logit scale), less what a combined
   method's ``train_options`` freezes with ``trainable`` (FedNH's prototypes, FedBABU's head).
+  Any other train option of a combined method is refused (``meta_train_restriction``): the meta
+  steps would drop it.
 * BatchNorm buffers (if any) are updated by every training-mode forward (D, D', D'') and
   carried along, as in PFLlib where both forwards run in ``train()`` mode on the same module.
 * The reported loss of a step is f(w_tmp; D'), the meta-objective the step descends (PFLlib's
@@ -209,11 +211,23 @@ class PerFedAvg(FedAvg):
             return self.adapt(msg, base, client)
         weights = self.with_local_buffers(msg.arrays["model"], base, client)
         terms = [*self.data_terms(msg, base, client), *self.local_terms(msg, base, client)]
-        result = self.meta_train(weights, terms, client, self.train_options(msg, base, client).get("trainable"))
+        result = self.meta_train(weights, terms, client, self.meta_train_restriction(msg, base, client))
         client.account(result)
         new_state = self.after_training(result, msg, base, client)
         reply = update_reply(result, client, {"model": result.weights, **self.uploads(result, msg, new_state, client)})
         return reply, new_state
+
+    def meta_train_restriction(self, msg: Message, state: State | None,
+                               client: ClientRuntime) -> Callable[[str], bool] | None:
+        """The one train option the meta steps honour: ``trainable`` (a combined method's frozen
+        entries). Any other option a combined method asks ``client.train`` for would be dropped: refused."""
+        options = self.train_options(msg, state, client)
+        ignored = sorted(set(options) - {"trainable"})
+        if ignored:
+            raise ValueError(f"{self.name}: Per-FedAvg's meta steps take no train option but trainable, and a "
+                             f"combined method asks for {', '.join(ignored)}; combine Per-FedAvg only with "
+                             "methods whose local training needs nothing beyond their loss terms")
+        return options.get("trainable")
 
     def meta_train(self, weights: Arrays, terms: list[LossTerm], client: ClientRuntime,
                    trainable: Callable[[str], bool] | None = None) -> LocalResult:
@@ -264,7 +278,7 @@ class PerFedAvg(FedAvg):
         positions = epoch_batches(n, client.settings.batch_size, False, client.generator("perfedavg_adapt"))[0]
         adapted = adapt_one_step(client.model, weights, self.data_terms(msg, state, client),
                                  client.data.batch(positions), self.alpha(client),
-                                 self.train_options(msg, state, client).get("trainable"))
+                                 self.meta_train_restriction(msg, state, client))
         return reply, {**(state or {}), ADAPTED: adapted}
 
     # --- evaluation -----------------------------------------------------------------------

@@ -1,0 +1,175 @@
+"""Composition of methods (``fedprox+scaffold``): one class whose hooks chain through every component.
+
+Each FedAvg hook of a component calls ``super()``, so the combination's hook runs every component's
+part, left first (Python's MRO). A hook that does *not* call ``super()`` replaces what comes after it:
+FedCME's ``client_update``, FedRS's ``data_terms``, FedRep's ``local_training``. That is how a
+component takes over a step, and it is fine as long as no other component has a part in that step;
+otherwise that part would silently never run. :func:`compose` refuses such a combination and names
+the hook and both methods. Whether a hook calls ``super()`` is read from its source (a method of
+one's own is a class in a file, so its source is there); a hook whose source cannot be read counts
+as replacing.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import inspect
+import textwrap
+from typing import Any
+
+import pydantic
+
+from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.errors import ConfigError
+
+
+def _hooks() -> list[str]:
+    """Every method a component may override: the functions FedAvg and Algorithm define."""
+    names: dict[str, None] = {}
+    for cls in (FedAvg, Algorithm):
+        for name, value in vars(cls).items():
+            if not name.startswith("__") and inspect.isfunction(_function(value)):
+                names[name] = None
+    return list(names)
+
+
+def _function(value: Any) -> Any:
+    return value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+
+
+@functools.cache
+def _calls(fn: Any) -> frozenset[tuple[str, str]] | None:
+    """The method calls in ``fn``'s body as (receiver, name): ``("super", "round")`` for
+    ``super().round(...)``, ``("self", "local_training")`` for ``self.local_training(...)``;
+    None when its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            receiver = node.func.value
+            if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and receiver.func.id == "super":
+                found.add(("super", node.func.attr))
+            elif isinstance(receiver, ast.Name) and receiver.id == "self":
+                found.add(("self", node.func.attr))
+    return frozenset(found)
+
+
+def _chains(fn: Any, hook: str) -> bool:
+    calls = _calls(fn)
+    return calls is not None and ("super", hook) in calls
+
+
+def _owner(cls: type, classes: list[type[Algorithm]]) -> str:
+    return next(c.name for c in classes if cls in c.__mro__)
+
+
+def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type) -> None:
+    """Raise when one component's hook replaces (does not call ``super()``) a hook another component
+    overrides, so that the other's part would never run."""
+    mro = [k for k in combined.__mro__[1:] if k not in FedAvg.__mro__]
+
+    def defines(k: type, hook: str) -> bool:
+        return inspect.isfunction(_function(vars(k).get(hook)))
+
+    def lost_to(k: type, definers: list[type]) -> list[tuple[type, str]]:
+        """The definers whose part ``k`` cuts off, each with a component that relies on it."""
+        out = []
+        for d in definers:
+            relying = [c for c in classes if d in c.__mro__ and k not in c.__mro__]
+            if relying:
+                out.append((d, relying[0].name))
+        return out
+
+    terminal: dict[str, type] = {}
+    for hook in _hooks():
+        definers = [k for k in mro if defines(k, hook)]
+        for i, k in enumerate(definers):
+            if _chains(vars(k)[hook], hook):
+                continue
+            terminal[hook] = k
+            lost = lost_to(k, definers[i + 1:])
+            if lost:
+                (d, other), owner = lost[0], _owner(k, classes)
+                hint = (f"; name {other} first (its {hook} calls super())" if _chains(vars(d)[hook], hook)
+                        else "")
+                why = (f"does not call super().{hook}" if _calls(vars(k)[hook]) is not None
+                       else f"has no source to read (counted as not calling super().{hook})")
+                raise ConfigError(f"cannot combine {name}: {owner}'s {hook} {why}, so {other}'s {hook} would "
+                                  f"never run{hint}")
+            break
+    # FedAvg's client_update trains through local_training; one that replaces it may not
+    runner = terminal.get("client_update")
+    if runner is not None and ("self", "local_training") not in (_calls(vars(runner)["client_update"]) or ()):
+        trainers = [k for k in mro if defines(k, "local_training")]
+        lost = lost_to(runner, trainers)
+        if lost:
+            owner, other = _owner(runner, classes), lost[0][1]
+            raise ConfigError(f"cannot combine {name}: {owner}'s client_update trains without calling "
+                              f"local_training, so {other}'s local_training would never run")
+
+
+def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
+    """One method whose hooks chain through every component (Python's MRO, left first).
+
+    Each FedAvg hook calls ``super()``, so ``fedprox+scaffold`` trains on CE + proximal + control-variate
+    terms, and a component that replaces the server rule (FedNova's ``aggregate``) or the round
+    (FedFM's anchor phase) supplies it for the combination. Hyper-parameters of all components
+    live in one ``algorithm.params`` mapping, so parts may not share a parameter name. A combination
+    in which some component's part would never run is refused (module docstring).
+    """
+    for cls in classes:
+        if not issubclass(cls, FedAvg):
+            raise ConfigError(f"{cls.name!r} cannot be combined with other methods: only FedAvg-family methods "
+                              "compose")
+    name = "+".join(cls.name for cls in classes)
+    for i, cls in enumerate(classes):
+        for other in classes[i + 1:]:
+            if other is cls:
+                raise ConfigError(f"cannot combine {name}: it names {cls.name} twice")
+            if issubclass(other, cls) or issubclass(cls, other):
+                sub, base = (other, cls) if issubclass(other, cls) else (cls, other)
+                raise ConfigError(f"cannot combine {name}: {sub.name} is built on {base.name} already; "
+                                  f"name only {sub.name}")
+    owner: dict[str, str] = {}
+    for cls in classes:
+        for field in set(cls.Params.model_fields) - set(FedAvg.Params.model_fields):
+            if field in owner:
+                raise ConfigError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter "
+                                  f"{field!r}")
+            owner[field] = cls.name
+    # A FedAvg parameter whose default a component changes (FedACD's mixup) keeps that component's
+    # default in the combination, whichever side it is on; two components changing it differently clash.
+    changed: dict[str, tuple[str, Any]] = {}
+    for cls in classes:
+        for field, info in cls.Params.model_fields.items():
+            if field not in FedAvg.Params.model_fields or info.default == FedAvg.Params.model_fields[field].default:
+                continue
+            if field in changed and changed[field][1].default != info.default:
+                raise ConfigError(f"cannot combine {name}: {changed[field][0]} and {cls.name} give the parameter "
+                                  f"{field!r} different defaults; set it in algorithm.params")
+            changed[field] = (cls.name, info)
+    # A component without parameters of its own (FedROD) has FedAvg's Params: a base of the others'
+    bases = [p for p in dict.fromkeys(cls.Params for cls in classes)
+             if not any(q is not p and issubclass(q, p) for q in (c.Params for c in classes))]
+    params = pydantic.create_model(f"Params[{name}]", __base__=tuple(bases),
+                                   **{field: (info.annotation, info) for field, (_, info) in changed.items()})
+    try:
+        combined = type(name.replace("+", "_"), tuple(classes), {"name": name, "Params": params})
+    except TypeError as e:
+        raise ConfigError(f"cannot combine {name}: {e}") from None
+    weighers = [c.name for c in classes if c.aggregation_weights is not FedAvg.aggregation_weights]
+    if len(weighers) > 1:
+        raise ConfigError(f"cannot combine {name}: {weighers[0]} and {weighers[1]} each define the aggregation "
+                          f"weights (only one would apply)")
+    owner_of_term = [c.name for c in classes if getattr(c, "builds_own_data_term", False)]
+    replacers = [c.name for c in classes if c.data_terms is not FedAvg.data_terms]
+    if owner_of_term and replacers:
+        raise ConfigError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would "
+                          f"silently drop {replacers[0]}'s replacement of the cross-entropy")
+    _refuse_lost_hooks(name, classes, combined)
+    return combined

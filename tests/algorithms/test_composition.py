@@ -1,0 +1,144 @@
+"""Composition (``fedprox+scaffold``): a combination in which one method's hook would cut off another's
+is refused, naming the hook and both methods; everything else composes."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+from helpers import build_loop, config
+
+from fedhet.algorithms import ALGORITHMS, algorithm_class, compose
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.perfedavg import PerFedAvg
+from fedhet.core.errors import ConfigError
+from fedhet.core.split import is_head
+from fedhet.training.objective import LossTerm
+
+
+class Named(LossTerm):
+    def __init__(self, name):
+        self.name = name
+
+
+class Replacing(FedAvg):
+    """local_terms without super(): what comes after it in a combination is cut off."""
+    name = "replacing"
+
+    def local_terms(self, msg, state, client):
+        return [Named("replacing")]
+
+
+class Chaining(FedAvg):
+    name = "chaining"
+
+    def local_terms(self, msg, state, client):
+        return [*super().local_terms(msg, state, client), Named("chaining")]
+
+
+class OwnLoop(FedAvg):
+    """A client_update that trains without local_training."""
+    name = "own_loop"
+
+    def client_update(self, msg, state, client):
+        return msg, state
+
+
+class OwnTraining(FedAvg):
+    name = "own_training"
+
+    def local_training(self, weights, msg, state, client):
+        return super().local_training(weights, msg, state, client)
+
+
+def test_a_hook_without_super_may_not_cut_off_a_hook_named_after_it():
+    with pytest.raises(ConfigError, match=r"cannot combine replacing\+chaining: replacing's local_terms does not "
+                                          r"call super\(\).local_terms, so chaining's local_terms would never run; "
+                                          r"name chaining first \(its local_terms calls super\(\)\)"):
+        compose([Replacing, Chaining])
+    both = compose([Chaining, Replacing])()          # the order the message names: both parts run
+    assert [t.name for t in both.local_terms(None, None, None)] == ["replacing", "chaining"]
+
+
+def test_a_client_update_that_never_calls_local_training_cuts_off_every_local_training():
+    for classes in ([OwnLoop, OwnTraining], [OwnTraining, OwnLoop]):
+        with pytest.raises(ConfigError, match="own_loop's client_update trains without calling local_training, so "
+                                              "own_training's local_training would never run"):
+            compose(classes)
+
+
+def test_a_hook_whose_source_cannot_be_read_counts_as_replacing():
+    namespace: dict = {}
+    exec("def local_terms(self, msg, state, client):\n    return []", namespace)   # no source file
+    opaque = type("Opaque", (FedAvg,), {"name": "opaque", "local_terms": namespace["local_terms"]})
+    with pytest.raises(ConfigError, match=r"opaque's local_terms has no source to read \(counted as not calling "
+                                          r"super\(\).local_terms\), so chaining's local_terms would never run"):
+        compose([opaque, Chaining])
+
+
+def test_fedrep_before_fednh_is_refused_and_fednh_first_updates_the_prototypes(small_config):
+    """FedRep's aggregate (FedPer's: the body only) does not call super(): named first it skipped
+    FedNH's prototype update, and the prototypes never moved."""
+    with pytest.raises(ConfigError, match=r"fedrep's aggregate does not call super\(\).aggregate, so fednh's "
+                                          r"aggregate would never run; name fednh first"):
+        algorithm_class("fedrep+fednh")
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "simple_cnn"}
+    loop = build_loop(config(raw, "fednh+fedrep"))
+    (head,) = [k for k in loop.server_state["model"] if is_head(k)]
+    before = loop.server_state["model"][head].clone()
+    loop.run_round(0)
+    assert not torch.equal(loop.server_state["model"][head], before)
+
+
+def test_naming_a_method_twice_or_with_its_own_variant_is_refused():
+    with pytest.raises(ConfigError, match=r"cannot combine fedprox\+fedprox: it names fedprox twice"):
+        algorithm_class("fedprox+fedprox")
+    with pytest.raises(ConfigError, match="fedfm_lite is built on fedfm already; name only fedfm_lite"):
+        algorithm_class("fedfm+fedfm_lite")
+
+
+def test_a_method_without_parameters_of_its_own_composes():
+    # FedROD's Params is FedAvg's: a base of FedProx's, which pydantic could not merge as two bases
+    for name in ("fedrod+fedprox", "fedprox+fedrod"):
+        cls = algorithm_class(name)
+        assert cls.Params().mu == pytest.approx(ALGORITHMS["fedprox"].Params().mu)
+
+
+def test_every_pair_of_built_in_methods_composes_or_is_refused_with_a_config_error():
+    family = [cls for name, cls in ALGORITHMS.items() if issubclass(cls, FedAvg) and name != "fedavg"]
+    refused = 0
+    for first, second in itertools.permutations(family, 2):
+        try:
+            compose([first, second])
+        except ConfigError as e:
+            refused += 1
+            assert "cannot combine" in str(e) or "have a parameter" in str(e), str(e)
+    assert 0 < refused < len(family) * (len(family) - 1)
+    for name in ("fedprox+scaffold", "fedprox+fedfm", "moon+fedfm", "fedfm+fednova", "fedfm+fedpac",
+                 "perfedavg+fednh", "scaffold+perfedavg", "fedacd+scaffold", "scaffold+fedacd"):
+        assert algorithm_class(name).name == name
+
+
+def test_perfedavg_refuses_a_train_option_its_meta_steps_would_drop():
+    class WantsStatistics(FedAvg):
+        name = "wants_statistics"
+
+        def train_options(self, msg, state, client):
+            return {**super().train_options(msg, state, client), "statistics": {}}
+
+    algo = compose([WantsStatistics, PerFedAvg])()
+    with pytest.raises(ValueError, match="wants_statistics\\+perfedavg: Per-FedAvg's meta steps take no train "
+                                         "option but trainable, and a combined method asks for statistics"):
+        algo.meta_train_restriction(None, None, None)
+    assert compose([ALGORITHMS["fednh"], PerFedAvg])().meta_train_restriction(None, None, None)("body.fc1.weight")
+
+
+def test_a_combinations_round_metrics_hold_every_components_values(small_config):
+    """FedACD's, FedCME's and FedReMa's round_metrics call super(): named first, they keep SCAFFOLD's."""
+    loop = build_loop(config(copy.deepcopy(small_config), "fedacd+scaffold"))
+    loop.run_round(0)
+    values = loop.algorithm.round_metrics(loop.server_state)
+    assert "scaffold_control_norm" in values and "fedacd_kl_mean" in values, sorted(values)
