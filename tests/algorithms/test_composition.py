@@ -115,7 +115,7 @@ def test_every_pair_of_built_in_methods_composes_or_is_refused_with_a_config_err
             compose([first, second])
         except ConfigError as e:
             refused += 1
-            assert "cannot combine" in str(e) or "have a parameter" in str(e), str(e)
+            assert str(e).startswith(f"cannot combine {first.name}+{second.name}: "), str(e)
     assert 0 < refused < len(family) * (len(family) - 1)
     for name in ("fedprox+scaffold", "fedprox+fedfm", "moon+fedfm", "fedfm+fednova", "fedfm+fedpac",
                  "perfedavg+fednh", "scaffold+perfedavg", "fedacd+scaffold", "scaffold+fedacd"):

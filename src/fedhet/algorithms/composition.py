@@ -25,14 +25,15 @@ from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.errors import ConfigError
 
 
-def _hooks() -> list[str]:
+@functools.cache
+def _hooks() -> tuple[str, ...]:
     """Every method a component may override: the functions FedAvg and Algorithm define."""
     names: dict[str, None] = {}
     for cls in (FedAvg, Algorithm):
         for name, value in vars(cls).items():
             if not name.startswith("__") and inspect.isfunction(_function(value)):
                 names[name] = None
-    return list(names)
+    return tuple(names)
 
 
 def _function(value: Any) -> Any:
