@@ -32,7 +32,7 @@ brk grouping "first client's term constants for every client" \
     "g.batched_consts.append(_stack(values, device))" "g.batched_consts.append(_stack([values[0]] * len(values), device))" \
     "fedrs and nobn or fedlc and nobn"
 brk grouping "frozen parameters trained" \
-    "leaves = [n for n in names if n in params and trainable(n)]" "leaves = [n for n in names if n in params]" \
+    "leaves = trained_names(model, first.weights, first.trainable)" "leaves = trained_names(model, first.weights)" \
     "fedbabu and nobn or frozen"
 brk grouping "momentum not carried across calls" \
     "carried = first.optimizer_state is not None and n in first.optimizer_state" "carried = False" \
