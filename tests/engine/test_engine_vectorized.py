@@ -225,6 +225,17 @@ def assert_engines_agree(ref, vec, atol, whole_model=True):
     assert ref.ledger.totals() == vec.ledger.totals()
 
 
+def assert_engines_agree_within_flips(cfg, ref, vec, whole_model=True):
+    """``assert_engines_agree`` with the cnn2 flip bounds (``flip_bounds``), tried at TIGHT first: every
+    bound is TIGHT plus a non-negative term, so a pass at TIGHT is a pass within the bounds, and the
+    bounds (an autograd pass over every client's data, about a second a case) are derived only where
+    some check fails at TIGHT, and that check then decides."""
+    try:
+        assert_engines_agree(ref, vec, TIGHT, whole_model)
+    except AssertionError:
+        assert_engines_agree(ref, vec, flip_bounds(cfg, ref), whole_model)
+
+
 def model_relative_difference(a, b) -> float:
     """||a - b|| / ||a|| over the models' floating-point tensors, taken as one vector."""
     keys = [k for k, v in a.items() if v.is_floating_point()]
@@ -323,8 +334,11 @@ def test_parameters_after_two_rounds_equal_reference(small_config, case, partiti
     cfg = make_config(small_config, algorithm, params, partition, momentum, lr, epochs, options)
     ref, vec = run_both(cfg, bn=bn)
     assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
-    assert_engines_agree(ref, vec, TIGHT if bn else flip_bounds(cfg, ref),
-                         whole_model=matrix_id(case, partition, bn) not in FLIP_DOMINATED)
+    whole_model = matrix_id(case, partition, bn) not in FLIP_DOMINATED
+    if bn:
+        assert_engines_agree(ref, vec, TIGHT, whole_model)
+    else:
+        assert_engines_agree_within_flips(cfg, ref, vec, whole_model)
     if bn:   # BatchNorm statistics moved (and agreed, above)
         key = "body.conv1.1.running_mean"
         model = vec.server_state["model"] if "model" in vec.server_state else \
@@ -338,7 +352,7 @@ def test_fednh_learned_scale_trains_in_the_vmapped_step_as_in_the_reference(smal
     cfg = make_config(raw, "fednh", {"learn_scale": True, "cosine_scale": 1.0}, UNEQUAL, 0.5)
     ref, vec = run_both(cfg)
     assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
-    assert_engines_agree(ref, vec, flip_bounds(cfg, ref))
+    assert_engines_agree_within_flips(cfg, ref, vec)
     scale = vec.server_state["model"]["fednh.logit_scale"]
     assert float(scale) > 1.0
     torch.testing.assert_close(scale, ref.server_state["model"]["fednh.logit_scale"], rtol=1e-4, atol=0)
@@ -752,9 +766,14 @@ def test_mixed_architectures_are_trained_in_groups_per_architecture(small_config
     ref, vec = run_both(cfg)
     assert vec.transport.counters["fallback_requests"] == 0
     assert vec.transport.counters["groups"] == 3 * 2                 # one group per architecture and round
-    bounds = flip_bounds(cfg, ref)
-    assert_tensors_close(ref.client_states, vec.client_states, bounds, "client_states")
-    assert_tensors_close(ref.server_state, vec.server_state, bounds, "server_state")
+    def states_close(atol):
+        assert_tensors_close(ref.client_states, vec.client_states, atol, "client_states")
+        assert_tensors_close(ref.server_state, vec.server_state, atol, "server_state")
+
+    try:                  # TIGHT first, as assert_engines_agree_within_flips does
+        states_close(TIGHT)
+    except AssertionError:
+        states_close(flip_bounds(cfg, ref))
 
 
 def test_weights_overflowing_in_the_only_step_raise_like_reference(small_config):
