@@ -37,7 +37,10 @@ def dry_run(spec: str, out: Path, seconds: int = 240) -> subprocess.CompletedPro
                           text=True, timeout=seconds + 120)
 
 
-def test_a_device_sweep_leaves_the_committed_runs_alone_and_brings_back_the_missing_ones(tmp_path, small_config):
+def test_a_device_sweep_brings_back_the_missing_runs_and_never_undoes_a_committed_one(tmp_path, small_config):
+    """One sweep's life: the device starts only the run its committed folder lacks, what it brings
+    back adopts, and a later call given an archive that holds an unfinished copy of a run committed
+    since (--from=ARCHIVE) leaves the committed run alone. One scenario, so that its two runs train once."""
     path = tiny_sweep(tmp_path, small_config)
     run_sweep(load_sweep(path), only=["fedavg"], log=lambda m: None, poll_seconds=0.2)   # "committed"
     committed = load_sweep(path).jobs[0].run_dir / "metrics.jsonl"
@@ -61,21 +64,17 @@ def test_a_device_sweep_leaves_the_committed_runs_alone_and_brings_back_the_miss
     assert {j.name: job_status(j) for j in sweep.jobs} == {"fedavg_s0": "completed", "fedprox_s0": "completed"}
     assert committed.read_bytes() == before
 
-
-def test_an_archive_brought_back_does_not_undo_a_committed_run(tmp_path, small_config):
-    """--from=ARCHIVE holding an unfinished copy of a run committed since: the committed one counts."""
-    path = tiny_sweep(tmp_path, small_config)
-    run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)        # both committed
+    # Both runs committed now; an archive from an earlier call holds fedavg_s0 unfinished.
     unfinished = tmp_path / "archive" / "sweep0"
     shutil.copytree(tmp_path / "out", unfinished)
-    summary = unfinished / "fedavg_s0" / "summary.json"
-    summary.write_text(json.dumps({**json.loads(summary.read_text()), "status": "interrupted"}))
+    summary_file = unfinished / "fedavg_s0" / "summary.json"
+    summary_file.write_text(json.dumps({**json.loads(summary_file.read_text()), "status": "interrupted"}))
     with tarfile.open(tmp_path / "sweep0.tar.gz", "w:gz") as tar:
         tar.add(unfinished, arcname="sweep0")
 
-    done = dry_run(f"{path} --lanes 1 --from={tmp_path / 'sweep0.tar.gz'}", tmp_path / "device_out")
+    done = dry_run(f"{path} --lanes 1 --from={tmp_path / 'sweep0.tar.gz'}", tmp_path / "device_out2")
     assert done.returncode == 0, done.stdout + done.stderr
-    log = (tmp_path / "device_out" / "sweep0.log").read_text()
+    log = (tmp_path / "device_out2" / "sweep0.log").read_text()
     assert "2 runs, 2 completed left alone, 0 to run" in log, log
 
 
