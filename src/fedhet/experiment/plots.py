@@ -1,28 +1,42 @@
-"""Plots written by runs and commands (matplotlib, headless)."""
+"""Plots written by runs and commands: PNG files through matplotlib's object API.
+
+No pyplot: a figure here belongs to no backend and no global registry, so importing or running
+fedhet leaves a notebook's backend and open figures alone. matplotlib is imported on the first
+plot, not with this module (a process that writes no plot never loads it).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from fedhet.core.errors import OutputError  # noqa: E402
+from fedhet.core.errors import OutputError
 
 
-def save(fig, path: Path) -> None:
-    """Write a figure; a path that cannot be written is an OutputError saying which and why."""
+def figure(width: float, height: float) -> tuple[Any, Any]:
+    """A new figure with one axes, outside pyplot (nothing to close afterwards)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots()
+
+
+def whole_numbers(axis: Any) -> None:
+    """Ticks at whole numbers only (rounds, clients)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def save(fig: Any, path: Path) -> None:
+    """Write a figure as PNG; a path that cannot be written is an OutputError saying which and why."""
     try:
         fig.savefig(path, dpi=110)
     except OSError as e:
         raise OutputError(f"cannot write the plot {path}: {e.strerror or e}; choose another path "
                           "(its folder must exist and be writable)") from None
-    finally:
-        plt.close(fig)
 
 CURVES = (("global_acc", "global model, global test set"),
           ("global_labeldist_acc", "global model, client label-distribution weighted"),
@@ -30,14 +44,14 @@ CURVES = (("global_acc", "global model, global test set"),
 
 
 def plot_run(rows: list[dict], path: Path, title: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = figure(7, 4.2)
     for key, label in CURVES:
         pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             x, y = zip(*pts)
             ax.plot(x, np.array(y) * 100, label=label)
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))     # rounds are whole
+    whole_numbers(ax.xaxis)     # rounds are whole
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -49,7 +63,7 @@ def plot_run(rows: list[dict], path: Path, title: str) -> None:
 def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, path: Path,
                  title: str | None = None) -> None:
     """Overlay: one line per group (mean over its seeds), shaded min..max band."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = figure(7, 4.2)
     for label, runs in series.items():
         rounds = sorted(set.intersection(*[{r for r, _ in run} for run in runs]))
         if not rounds:
@@ -59,7 +73,7 @@ def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, 
         if len(runs) > 1:
             ax.fill_between(rounds, vals.min(0), vals.max(0), alpha=0.2)
     ax.set_xlabel("round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    whole_numbers(ax.xaxis)
     ax.set_ylabel(f"{metric} (%)")
     ax.set_title(title or f"{metric} by round, {len(series)} run group(s): mean over seeds, band min..max", fontsize=9)
     ax.grid(alpha=0.3)
@@ -71,14 +85,14 @@ def plot_compare(series: dict[str, list[list[tuple[int, float]]]], metric: str, 
 def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
     """Client x class heatmap of training sample counts."""
     k, c = counts.shape
-    fig, ax = plt.subplots(figsize=(max(5, c * 0.45 + 2), max(3, min(k, 100) * 0.18 + 1.5)))
+    fig, ax = figure(max(5, c * 0.45 + 2), max(3, min(k, 100) * 0.18 + 1.5))
     im = ax.imshow(counts, aspect="auto", cmap="viridis", interpolation="nearest")
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_title(title)
     if c <= 20:
         ax.set_xticks(range(c))
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # clients are whole
+    whole_numbers(ax.yaxis)     # clients are whole
     fig.colorbar(im, ax=ax, label="training samples")
     fig.tight_layout()
     save(fig, path)
@@ -86,9 +100,11 @@ def plot_partition(counts: np.ndarray, path: Path, title: str) -> None:
 
 def plot_features(embedding: np.ndarray, labels: np.ndarray, path: Path, title: str) -> None:
     """2-d embedding of features, one colour per class (FedFM paper Fig. 6)."""
-    fig, ax = plt.subplots(figsize=(6, 5.5))
+    fig, ax = figure(6, 5.5)
     classes = np.unique(labels)
-    cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if len(classes) <= 10 else "tab20"]
     for i, c in enumerate(classes):
         pts = embedding[labels == c]
         ax.scatter(pts[:, 0], pts[:, 1], s=4, color=cmap(i % cmap.N), label=str(c))
