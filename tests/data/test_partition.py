@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -12,6 +10,7 @@ from fedhet.data.local_test import sample_like
 from fedhet.data.partition import (
     PARTITIONS,
     class_counts,
+    dirichlet,
     holdout_split,
     partition,
 )
@@ -137,21 +136,38 @@ def test_dirichlet_cap_respected():
     assert sum(uncapped) > 0
 
 
+class CountingRng:
+    """A seeded generator that counts the draws the Dirichlet partitioner makes: whether it stops, and
+    when, is checked by its draws, not by the clock (a busy machine's seconds say nothing)."""
+
+    def __init__(self, seed: int = 0):
+        self.rng, self.dirichlet_draws, self.permutations = np.random.default_rng(seed), 0, 0
+
+    def dirichlet(self, alpha):
+        self.dirichlet_draws += 1
+        return self.rng.dirichlet(alpha)
+
+    def permutation(self, x):
+        self.permutations += 1
+        return self.rng.permutation(x)
+
+
 def test_dirichlet_impossible_fails_fast_and_helpfully():
     labels = balanced(5, 10)  # 50 samples
-    start = time.perf_counter()
+    rng = CountingRng()
     with pytest.raises(PartitionError) as err:
-        partition("dirichlet", labels, 100, 0, alpha=0.5, min_size=10)
-    assert time.perf_counter() - start < 2
+        dirichlet(labels, 100, rng, alpha=0.5, min_size=10)
+    assert rng.dirichlet_draws == 0           # refused from the sizes alone, before any draw
     msg = str(err.value)
     assert "min_size" in msg and "fewer clients" in msg
 
 
 def test_dirichlet_gives_up_after_max_tries():
-    start = time.perf_counter()
+    rng = CountingRng()
     with pytest.raises(PartitionError) as err:
-        partition("dirichlet", FMNIST, 100, 0, alpha=0.1, min_size=500, max_tries=200)
-    assert time.perf_counter() - start < 2
+        dirichlet(FMNIST, 100, rng, alpha=0.1, min_size=500, max_tries=200)
+    # at most one draw per class per try (a try ends early when every open client drew 0), none split
+    assert 200 <= rng.dirichlet_draws <= 200 * 10 and rng.permutations == 0
     msg = str(err.value)
     assert "200 tries" in msg and "smallest client size achieved was" in msg
     assert "larger alpha" in msg
