@@ -36,11 +36,12 @@ regimes, both measured over this file's cases after 2 rounds:
   unequal sizes, 1.006e-3 on an AVX512-BF16 Xeon) is held to its per-entry bounds only
   (``FLIP_DOMINATED``).
 
-What the tests catch: ``bash scripts/engine_breaks.sh`` breaks the engine eight ways (a vmapped
+What the tests catch: ``bash scripts/engine_breaks.sh`` breaks the engine nine ways (a vmapped
 term given the first client's constants for every client; frozen parameters trained; momentum not
 carried across calls; the last partial batch dropped; a bucket's weights not written back; a wide
 step updating the clients outside it; a wide step not restoring their BatchNorm statistics;
-augmentation draws taken from another stream) and checks that tests of this file fail under each.
+augmentation draws taken from another stream; dropout masks from another stream, caught by
+tests/training/test_dropout.py) and checks that tests fail under each.
 
 SCAFFOLD's control variates are displacements divided by lr * steps (~0.05 * 7): they get 10x
 the parameters' tolerance. Hyper-parameters stay out of the chaotic regime: at lr 0.05 with

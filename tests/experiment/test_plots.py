@@ -1,5 +1,6 @@
 """fedhet's plots leave a user's matplotlib alone: no pyplot, no backend switched, and nothing of
-matplotlib loaded until a plot is written (a fresh process, so no other test's imports count)."""
+matplotlib loaded by importing the report or plot modules, only when a plot is written (a fresh
+process, so no other test's imports count)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from fedhet.experiment.plots import plot_compare, plot_run
 
 USER_SESSION = """
 import sys
-from fedhet.experiment.plots import plot_partition, plot_run
+import fedhet.experiment.report                # what `fedhet compare` and the table scripts import
+from fedhet.experiment.plots import plot_features, plot_partition, plot_run
 print("loaded at import:", "matplotlib" in sys.modules)
 import matplotlib
 matplotlib.use("svg")                          # the user's own choice, made before fedhet plots
@@ -21,21 +23,22 @@ rows = [{"round": r, "global_acc": 0.1 * r, "personal_acc": 0.2 * r} for r in (1
 plot_run(rows, sys.argv[1], "a run")
 import numpy as np
 plot_partition(np.array([[3, 0], [1, 2]]), sys.argv[2], "two clients")
+plot_features(np.array([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5]]), np.array([0, 1, 1]), sys.argv[3], "features")
 print("backend:", matplotlib.get_backend(), "pyplot:", "matplotlib.pyplot" in sys.modules)
 """
 
 
 def test_plots_load_matplotlib_on_first_use_and_keep_the_users_backend(tmp_path):
-    run_png, partition_png = tmp_path / "run.png", tmp_path / "partition.png"
-    done = subprocess.run([sys.executable, "-c", USER_SESSION, str(run_png), str(partition_png)],
+    pngs = [tmp_path / "run.png", tmp_path / "partition.png", tmp_path / "features.png"]
+    done = subprocess.run([sys.executable, "-c", USER_SESSION, *map(str, pngs)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["loaded at import: False", "backend: svg pyplot: False"]
-    for png in (run_png, partition_png):
+    for png in pngs:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
 
 
-def test_a_plot_that_cannot_be_written_says_where(tmp_path):
+def test_a_plot_that_cannot_be_written_says_where_and_one_that_can_is_written(tmp_path):
     with pytest.raises(OutputError, match=r"cannot write the plot .*missing.*choose another path"):
         plot_run([{"round": 1, "global_acc": 0.5}], tmp_path / "missing" / "run.png", "a run")
     series = {"fedavg": [[(1, 0.5), (2, 0.6)], [(1, 0.4), (2, 0.7)]]}

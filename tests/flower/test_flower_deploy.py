@@ -57,8 +57,9 @@ def deploy_config(small_config, algorithm, rounds=2, clients=3):
 def test_loopback_fedcme_over_tls_with_authentication_matches_simulator(small_config, tmp_path):
     """One deployment checks three things at once (each alone costs a deployment, about a
     minute and a half here): two-phase FedCME over real Flower, 3 clients on 2 SuperNodes (node 0
-    hosts clients 0 and 2), one round (the other deployments here run two, carrying state from one to
-    the next), ends with the simulator's parameters and metrics; the transport is TLS (self-signed CA; the
+    hosts clients 0 and 2), one round (FedCME's second round, with the global features sent down,
+    runs deployed on Flower's simulation runtime below and in-process in test_flower.py; the other
+    real deployments here run two rounds), ends with the simulator's parameters and metrics; the transport is TLS (self-signed CA; the
     SuperLink answers HTTPS and refuses plain HTTP); and with --enable-supernode-auth the
     registered SuperNodes (keys registered through `flwr supernode register`) run the rounds
     while both kinds of stranger are refused: a node whose key was never registered, and a
