@@ -17,6 +17,10 @@ from synthetic import write_fashion_mnist  # noqa: E402
 # Small models at small batches gain little from intra-op threads, and two multi-threaded torch
 # processes on a small machine (tests beside a benchmark) slow each other down by 10x or more.
 torch.set_num_threads(1)
+# The processes tests start (runs, a sweep's runs, Flower's nodes) too: on 2 cores beside the test
+# workers, a two-thread torch process spins at its OpenMP barriers while its other thread waits for
+# a core (the tutorial's sweep test took 153 s in the whole suite, 24 s alone).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)
