@@ -2,9 +2,10 @@
 
     .venv/bin/python benchmarks/step_profile.py                      # batch 32 and 10, 1 and 2 threads
     .venv/bin/python benchmarks/step_profile.py --batch 32 --threads 1 --steps 60
+    .venv/bin/python benchmarks/step_profile.py --model simple_cnn --memory-format channels_last --batch 64 --threads 1
 
-The step is the one ``fedhet.training.local.train_local`` runs (cnn2 on Fashion-MNIST images, plain
-cross-entropy, SGD with momentum 0.9), taken apart into its phases, each timed on its own over the
+The step is the one ``fedhet.training.local.train_local`` runs (``--model``, cnn2 by default, on
+Fashion-MNIST images in ``--memory-format``'s layout, plain cross-entropy, SGD with momentum 0.9), taken apart into its phases, each timed on its own over the
 same ``--steps`` batches:
 
 * ``batch``: gathering the batch's uint8 images and normalising them (``ClientData.batch``);
@@ -52,8 +53,10 @@ from torch.nn.utils.stateless import _reparametrize_module
 from fedhet.core.contract import ClientData, Forward, TrainSettings
 from fedhet.core.seeding import torch_generator
 from fedhet.data.datasets import load_dataset
+from fedhet.experiment.summary import machine_info
 from fedhet.models import build_model
-from fedhet.training.local import epoch_batches, train_local
+from fedhet.training.inference import channels_last
+from fedhet.training.local import epoch_batches, train_local, trains_in_channels_last
 from fedhet.training.objective import CrossEntropy, accumulate_statistics, total_loss
 from fedhet.training.optim import SGD, OptState, make_optimizer
 
@@ -82,17 +85,19 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def profile(batch: int, threads: int, steps: int = 60, top: int = 8) -> dict:
+def profile(batch: int, threads: int, steps: int = 60, top: int = 8, arch: str = "cnn2",
+            memory_format: str = "contiguous") -> dict:
     """Per-phase milliseconds of ``steps`` local steps at ``batch`` with ``threads`` intra-op threads."""
     with _threads(threads):
-        return _profile(batch, threads, steps, top)
+        return _profile(batch, threads, steps, top, arch, memory_format)
 
 
-def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
+def _profile(batch: int, threads: int, steps: int, top: int, arch: str, memory_format: str) -> dict:
     data = _data(batch * steps)
-    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    model = build_model(arch, in_channels=1, num_classes=10, image_size=28)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    settings = TrainSettings(epochs=1, batch_size=batch, lr=0.01, momentum=0.9, drop_last=True)
+    settings = TrainSettings(epochs=1, batch_size=batch, lr=0.01, momentum=0.9, drop_last=True,
+                             memory_format=memory_format)
     terms = [CrossEntropy()]
     gen = lambda e: torch_generator(0, "step_profile", e)  # noqa: E731
     batches = epoch_batches(len(data.train_idx), batch, True, gen(0))
@@ -100,7 +105,8 @@ def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
 
     def phases_once() -> dict[str, float]:
         spent = dict.fromkeys(PHASES, 0.0)
-        work = {k: v.clone().requires_grad_(True) for k, v in weights.items()}
+        layout = channels_last if trains_in_channels_last(settings) else (lambda t: t)
+        work = {k: layout(v.clone()).requires_grad_(True) for k, v in weights.items()}
         opt = make_optimizer(settings)
         state = opt.load(None, list(work))
         totals: dict[str, torch.Tensor] = {}
@@ -109,8 +115,9 @@ def _profile(batch: int, threads: int, steps: int, top: int) -> dict:
             for positions in batches:
                 t0 = time.perf_counter()
                 b = data.batch(positions)
+                x = layout(b.x)
                 t1 = time.perf_counter()
-                features, logits = model(b.x, with_features=True)
+                features, logits = model(x, with_features=True)
                 out = Forward(features, logits)
                 t2 = time.perf_counter()
                 loss, _ = total_loss(terms, out, b, work)
@@ -155,9 +162,9 @@ class _ChannelsLastMaxPool2d(torch.nn.MaxPool2d):
         return y.contiguous()
 
 
-def _variant_model(pool: bool = False, reorder: bool = False) -> torch.nn.Module:
+def _variant_model(arch: str, pool: bool = False, reorder: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_model("cnn2", in_channels=1, num_classes=10, image_size=28)
+    model = build_model(arch, in_channels=1, num_classes=10, image_size=28)
     for module in model.modules():
         if isinstance(module, torch.nn.Sequential) and len(module) >= 3 \
                 and isinstance(module[1], torch.nn.ReLU) and isinstance(module[2], torch.nn.MaxPool2d):
@@ -193,22 +200,24 @@ class _ForeachSGD(SGD):
         torch._foreach_add_(ps, directions, alpha=-self.lr)
 
 
-def variants(batch: int, threads: int, repeats: int = 5, samples: int = 640) -> list[dict]:
+def variants(batch: int, threads: int, repeats: int = 5, samples: int = 640, arch: str = "cnn2",
+             memory_format: str = "contiguous") -> list[dict]:
     """Speed of each exactly-equivalent variant relative to the current step (ratio > 1: faster)."""
     with _threads(threads):
-        return _variants(batch, threads, repeats, samples)
+        return _variants(batch, threads, repeats, samples, arch, memory_format)
 
 
-def _variants(batch: int, threads: int, repeats: int, samples: int) -> list[dict]:
+def _variants(batch: int, threads: int, repeats: int, samples: int, arch: str, memory_format: str) -> list[dict]:
     from fedhet.training import local
 
     data = _data(samples)
-    settings = TrainSettings(epochs=2, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=1e-4)
+    settings = TrainSettings(epochs=2, batch_size=batch, lr=0.05, momentum=0.9, weight_decay=1e-4,
+                             memory_format=memory_format)
     gen = lambda e: torch_generator(0, "step_variants", e)  # noqa: E731
-    cases = {"current": (_variant_model(), False),
-             "channels_last_pool": (_variant_model(pool=True), False),
-             "pool_then_relu": (_variant_model(reorder=True), False),
-             "foreach_sgd": (_variant_model(), True)}
+    cases = {"current": (_variant_model(arch), False),
+             "channels_last_pool": (_variant_model(arch, pool=True), False),
+             "pool_then_relu": (_variant_model(arch, reorder=True), False),
+             "foreach_sgd": (_variant_model(arch), True)}
     weights = {k: v.detach().clone() for k, v in cases["current"][0].state_dict().items()}
 
     def run(name: str):  # type: ignore[no-untyped-def]
@@ -268,6 +277,9 @@ def variants_report(rows: list[dict]) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="cnn2", help="a model of fedhet.models built for Fashion-MNIST (cnn2)")
+    p.add_argument("--memory-format", default="contiguous", choices=("contiguous", "channels_last"),
+                   help="the layout local training runs in (run.memory_format)")
     p.add_argument("--batch", type=int, nargs="+", default=[32, 10])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--steps", type=int, default=60)
@@ -275,13 +287,15 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="alternations of the variants")
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")
     a = p.parse_args()
-    rows = [profile(b, t, a.steps) for b in a.batch for t in a.threads]
+    rows = [profile(b, t, a.steps, arch=a.model, memory_format=a.memory_format) for b in a.batch for t in a.threads]
     print(report(rows))
-    tried = [v for b in a.batch for t in a.threads for v in variants(b, t, a.repeats)] if a.variants else []
+    tried = [v for b in a.batch for t in a.threads
+             for v in variants(b, t, a.repeats, arch=a.model, memory_format=a.memory_format)] if a.variants else []
     if tried:
         print(variants_report(tried))
     if a.out:
-        a.out.write_text(json.dumps({"profile": rows, "variants": tried}, indent=2))
+        a.out.write_text(json.dumps({"model": a.model, "memory_format": a.memory_format, "machine": machine_info(),
+                                     "profile": rows, "variants": tried}, indent=2))
     return 0
 
 
