@@ -5,8 +5,8 @@
     .venv/bin/python benchmarks/step_profile.py --model simple_cnn --memory-format channels_last --batch 64 --threads 1
 
 The step is the one ``fedhet.training.local.train_local`` runs (``--model``, cnn2 by default, on
-Fashion-MNIST images in ``--memory-format``'s layout, plain cross-entropy, SGD with momentum 0.9), taken apart into its phases, each timed on its own over the
-same ``--steps`` batches:
+Fashion-MNIST images in ``--memory-format``'s layout, plain cross-entropy, SGD with momentum 0.9),
+taken apart into its phases, each timed on its own over the same ``--steps`` batches:
 
 * ``batch``: gathering the batch's uint8 images and normalising them (``ClientData.batch``);
 * ``forward``: the model with the working weights bound once, as ``train_local`` binds them;
