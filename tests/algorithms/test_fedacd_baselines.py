@@ -236,6 +236,9 @@ def test_fednh_learned_scale_run_evaluates_and_resumes_exactly(small_config, tmp
     for k, v in full.loop.server_state["model"].items():
         assert torch.equal(v, resumed.loop.server_state["model"][k]), k
     assert float(full.loop.server_state["model"][SCALE_NAME]) != 1.0
+    # each round records the server's scale after aggregation; the last is the final state's
+    scales = [r["fednh_logit_scale"] for r in rows]
+    assert len(set(scales)) == 3 and scales[-1] == float(full.loop.server_state["model"][SCALE_NAME])
 
 
 def test_fednh_learned_scale_is_refused_beside_the_body_and_head_methods(small_config):

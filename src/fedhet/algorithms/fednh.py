@@ -34,6 +34,8 @@ FedBABU, whose phases know only the network's body and head (``only_body_and_hea
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -143,6 +145,14 @@ class FedNH(FedAvg):
                 "a scale that is not positive inverts the prototypes' ranking. Lower train.lr, or fix the "
                 "scale (algorithm.params.learn_scale: false); the run directory keeps every round recorded so far.")
         return state
+
+    def round_metrics(self, state: State) -> dict[str, Any]:
+        """The learned scale after the round's aggregation (``fednh_logit_scale``), so a run's
+        metrics show how far it moved from ``cosine_scale``."""
+        metrics = super().round_metrics(state)
+        if self.params.learn_scale:
+            metrics["fednh_logit_scale"] = float(state["model"][SCALE_NAME])
+        return metrics
 
     # --- client ---------------------------------------------------------------------------
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
