@@ -103,9 +103,10 @@ def _profile(batch: int, threads: int, steps: int, top: int, arch: str, memory_f
     batches = epoch_batches(len(data.train_idx), batch, True, gen(0))
     train_local(model, weights, data, terms, settings, gen)          # warm-up (first-call allocations)
 
+    layout = channels_last if trains_in_channels_last(settings) else (lambda t: t)
+
     def phases_once() -> dict[str, float]:
         spent = dict.fromkeys(PHASES, 0.0)
-        layout = channels_last if trains_in_channels_last(settings) else (lambda t: t)
         work = {k: layout(v.clone()).requires_grad_(True) for k, v in weights.items()}
         opt = make_optimizer(settings)
         state = opt.load(None, list(work))
@@ -165,13 +166,20 @@ class _ChannelsLastMaxPool2d(torch.nn.MaxPool2d):
 def _variant_model(arch: str, pool: bool = False, reorder: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_model(arch, in_channels=1, num_classes=10, image_size=28)
+    rewritten = 0
     for module in model.modules():
         if isinstance(module, torch.nn.Sequential) and len(module) >= 3 \
                 and isinstance(module[1], torch.nn.ReLU) and isinstance(module[2], torch.nn.MaxPool2d):
             if pool:
-                module[2] = _ChannelsLastMaxPool2d(2)
+                p = module[2]
+                module[2] = _ChannelsLastMaxPool2d(p.kernel_size, p.stride, p.padding, p.dilation,
+                                                   ceil_mode=p.ceil_mode)
             if reorder:
                 module[1], module[2] = module[2], module[1]
+            rewritten += 1
+    if (pool or reorder) and not rewritten:     # the variant would time the current step under its name
+        raise SystemExit(f"step_profile.py: {arch} has no (conv, ReLU, max-pool) block for the pooling variants; "
+                         "run --variants with a model that has one (cnn2, simple_cnn)")
     return model
 
 
