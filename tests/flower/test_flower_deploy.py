@@ -59,12 +59,12 @@ def test_loopback_fedcme_over_tls_with_authentication_matches_simulator(small_co
     minute and a half here): two-phase FedCME over real Flower, 3 clients on 2 SuperNodes (node 0
     hosts clients 0 and 2), one round (FedCME's second round, with the global features sent down,
     runs deployed on Flower's simulation runtime below and in-process in test_flower.py; the other
-    real deployments here run two rounds), ends with the simulator's parameters and metrics; the transport is TLS (self-signed CA; the
-    SuperLink answers HTTPS and refuses plain HTTP); and with --enable-supernode-auth the
-    registered SuperNodes (keys registered through `flwr supernode register`) run the rounds
-    while both kinds of stranger are refused: a node whose key was never registered, and a
-    node without a key (which, on a SuperLink without authentication, registers itself and
-    joins). Each stranger exits and never gets a message."""
+    real deployments here run two rounds), ends with the simulator's parameters and metrics; the
+    transport is TLS (self-signed CA; the SuperLink answers HTTPS and refuses plain HTTP); and with
+    --enable-supernode-auth the registered SuperNodes (keys registered through `flwr supernode
+    register`) run the round while both kinds of stranger are refused: a node whose key was never
+    registered, and a node without a key (which, on a SuperLink without authentication, registers
+    itself and joins). Each stranger exits and never gets a message."""
     cfg = deploy_config(small_config, "fedcme", rounds=1)
     cfg.eval.personalized = False                  # the evaluate message is covered by the kill test
     probes, strangers = {}, {}
