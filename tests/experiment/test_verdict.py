@@ -76,7 +76,8 @@ def test_a_verdict_is_checked_when_the_sweep_file_is_read():
     assert v.than == ("b",) and v.value == "final" and v.margin == 0.0
     for bad, message in [({**good, "better": "z"}, "'z' is not a tag"), ({**good, "rule": "most"}, "rule 'most'"),
                          ({**good, "seeds": []}, "seeds must be"), ({**good, "seeds": [True]}, "seeds must be"),
-                         ({**good, "value": "lowest:"}, "value 'lowest:'"), ({**good, "margin": -1}, "margin"),
+                         ({**good, "value": "lowest:"}, "value 'lowest:'"), ({**good, "value": "top:x"}, "value 'top:x'"),
+                         ({**good, "margin": -1}, "margin"),
                          ({**good, "typo": 1}, "unknown keys"), ({"claim": "x"}, "needs rule, better, than, seeds"),
                          ({**good, "than": []}, "'than' names no tag"),
                          ({**good, "seeds": [0, 2]}, "the sweep runs no a_s2, b_s2")]:
@@ -86,12 +87,16 @@ def test_a_verdict_is_checked_when_the_sweep_file_is_read():
         parse_verdicts({"claim": "x"}, "f", RUNS)
 
 
-def test_value_at_the_round_where_another_metric_is_lowest(tmp_path):
+def test_value_at_the_round_where_another_metric_is_lowest_or_highest(tmp_path):
     rows = [{"round": 1, "personal_loss": 0.9, "personal_acc": 0.5}, {"round": 2, "personal_loss": 0.4, "personal_acc": 0.7},
             {"round": 3, "personal_loss": 0.4, "personal_acc": 0.9}, {"round": 4, "personal_acc": 0.95}]
     write_metrics(tmp_path, rows)
     summary = {"metrics": {"personal_acc": {"final": 0.92, "best": 0.95}}}
     assert run_value(tmp_path, summary, "personal_acc", "lowest:personal_loss") == 0.7    # the first lowest round
+    assert run_value(tmp_path, summary, "personal_acc", "highest:personal_loss") == 0.5   # the highest one
+    rows[2]["global_val_acc"], rows[3]["global_val_acc"] = 0.8, 0.8
+    write_metrics(tmp_path, rows)
+    assert run_value(tmp_path, summary, "personal_acc", "highest:global_val_acc") == 0.9  # the first highest round
     assert run_value(tmp_path, summary, "personal_acc", "final") == 0.92
     assert run_value(tmp_path, summary, "personal_acc", "best") == 0.95
     assert run_value(tmp_path, summary, "global_acc", "final") is None

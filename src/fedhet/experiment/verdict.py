@@ -10,7 +10,7 @@ A sweep file's ``verdicts`` list::
         than: dir0.5_local                          # one tag, or a list of tags
         seeds: [0, 1, 2]                            # the seeds the claim needs
         metric: personal_acc                        # default: the sweep's metric, else the runs' headline
-        value: final                                # final (default), best, or lowest:METRIC
+        value: final                                # final (default), best, lowest:METRIC or highest:METRIC
         margin: 0.0                                 # best_at_seed: a difference within it is a tie
 
 Rules, compared seed by seed (a seed fixes the partition and the client sampling, so one seed of two
@@ -29,7 +29,8 @@ one at or above (neither direction can hold at every seed any more), and ``best_
 reproduced" as soon as one complete pair says so. One whose
 complete runs lack its metric "cannot be decided", with the metrics they have. ``value:
 lowest:personal_loss`` is the metric at the evaluated round with the lowest ``personal_loss`` (the
-first such round), read from the run's ``metrics.jsonl``.
+first such round), read from the run's ``metrics.jsonl``; ``highest:global_val_acc`` likewise at the
+round with the highest validation accuracy (the FedFM paper's selection rule).
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def parse_verdicts(raw: Any, where: str, runs: set[tuple[str, int]]) -> list[Ver
             raise ConfigError(f"{at}: the sweep runs no {', '.join(absent)}; list those seeds in its runs, or claim "
                               "fewer seeds")
         value = str(entry.get("value", "final"))
-        if value not in ("final", "best") and not (value.startswith("lowest:") and len(value) > len("lowest:")):
-            raise ConfigError(f"{at}: value {value!r} is not final, best or lowest:METRIC")
+        by, _, by_metric = value.partition(":")
+        if value not in ("final", "best") and not (by in ("lowest", "highest") and by_metric):
+            raise ConfigError(f"{at}: value {value!r} is not final, best, lowest:METRIC or highest:METRIC")
         margin = entry.get("margin", 0.0)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:
             raise ConfigError(f"{at}: margin must be a number of at least 0, got {margin!r}")
@@ -109,15 +111,16 @@ def parse_verdicts(raw: Any, where: str, runs: set[tuple[str, int]]) -> list[Ver
 
 def run_value(run_dir: Path, summary: dict, metric: str, value: str) -> float | None:
     """One run's number for a claim: its summary's final or best of ``metric``, or ``metric`` at the
-    evaluated round where another metric is lowest."""
+    first evaluated round where another metric is lowest (``lowest:``) or highest (``highest:``)."""
     if value in ("final", "best"):
         entry = (summary.get("metrics") or {}).get(metric)
         return None if not entry else entry[value]
-    by = value.split(":", 1)[1]
+    extreme, by = value.split(":", 1)
     rows = [r for r in read_metrics(run_dir) if r.get(by) is not None and r.get(metric) is not None]
     if not rows:
         return None
-    return min(rows, key=lambda r: (r[by], r["round"]))[metric]
+    sign = 1 if extreme == "lowest" else -1
+    return min(rows, key=lambda r: (sign * r[by], r["round"]))[metric]
 
 
 def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tuple[str, str]:
