@@ -42,6 +42,7 @@ from typing import Any
 
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.summary import model_selection
 
 RULES = ("every_seed", "best_at_seed")
 KEYS = {"claim", "rule", "better", "than", "seeds", "metric", "value", "margin"}
@@ -116,11 +117,12 @@ def run_value(run_dir: Path, summary: dict, metric: str, value: str) -> float | 
         entry = (summary.get("metrics") or {}).get(metric)
         return None if not entry else entry[value]
     extreme, by = value.split(":", 1)
+    if extreme == "highest":                              # the run summary's own best-validation rule
+        return model_selection(read_metrics(run_dir), selected_by=by, report=metric).get("value")
     rows = [r for r in read_metrics(run_dir) if r.get(by) is not None and r.get(metric) is not None]
     if not rows:
         return None
-    sign = 1 if extreme == "lowest" else -1
-    return min(rows, key=lambda r: (sign * r[by], r["round"]))[metric]
+    return min(rows, key=lambda r: (r[by], r["round"]))[metric]
 
 
 def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tuple[str, str]:
