@@ -35,7 +35,6 @@ import argparse
 import copy
 import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -53,8 +52,9 @@ from fedhet.experiment.config import load_config
 from fedhet.experiment.summary import git_commit, machine_info
 from fedhet.training.local import forward
 
-NUDGE = 1e-7     # relative change of the initial weights for the noise floor: about one float32 rounding
-NUDGES = 4       # random sign patterns of that change; the floor is the largest of their differences
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors  # noqa: E402
+
 DEFAULT_CONFIG = Path("benchmarks/runs/fedclassavg_fmnist_tiny/dir0.5_fedclassavg_s0/config.yaml")
 
 
@@ -130,20 +130,6 @@ def body_gradient_norms(model: nn.Module, weights: dict, terms: list, x: torch.T
     return norms
 
 
-def compare(ours: dict, theirs: dict, init: dict) -> dict:
-    rows = {}
-    for k in theirs:
-        if not theirs[k].is_floating_point():     # BatchNorm's step counters: equal, or the runs differ
-            if not torch.equal(ours[k], theirs[k]):
-                raise AssertionError(f"{k}: fedhet {ours[k].tolist()} != the authors' {theirs[k].tolist()}")
-            continue
-        a, b = ours[k].double(), theirs[k].double()
-        rows[k] = {"max_abs_diff": float((a - b).abs().max()),
-                   "moved": float((b - init[k].double()).abs().max()),
-                   "scale": float(b.abs().max())}
-    return rows
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--authors-src", type=Path, required=True,
@@ -163,11 +149,7 @@ def main() -> int:
     torch.set_num_threads(1)
     sys.path.insert(0, str(a.authors_src.resolve()))
     train_cl = importlib.import_module("heteropfl_utils").train_cl
-    try:
-        authors_commit = subprocess.run(["git", "-C", str(a.authors_src), "rev-parse", "HEAD"], capture_output=True,
-                                        text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        authors_commit = "unknown (not a git checkout)"
+    authors_commit = checkout_commit(a.authors_src)
 
     cfg = load_config(a.config)
     algorithm = make_algorithm(cfg)
@@ -196,14 +178,9 @@ def main() -> int:
         theirs, their_losses = authors_round(train_cl, models[arch], inits[arch], global_head, batches,
                                              cfg.train.lr, algorithm.params.rho)
         rows = compare(ours, theirs, inits[arch])
-        floors = []
-        for nudge in range(NUDGES):
-            signs = torch.Generator().manual_seed(nudge)
-            nudged = {k: v * (1 + NUDGE * (2 * torch.randint(0, 2, v.shape, generator=signs) - 1))
-                      if v.is_floating_point() else v for k, v in inits[arch].items()}
-            theirs_nudged, _ = authors_round(train_cl, models[arch], nudged, global_head, batches,
-                                             cfg.train.lr, algorithm.params.rho)
-            floors.append(max(float((theirs[k].double() - theirs_nudged[k].double()).abs().max()) for k in theirs))
+        def rerun(init: dict, model: nn.Module = models[arch], head: dict = global_head, drawn: list = batches) -> dict:
+            return authors_round(train_cl, model, init, head, drawn, cfg.train.lr, algorithm.params.rho)[0]
+        floors = noise_floors(rerun, inits[arch], theirs)
         floor = max(floors)
         terms = algorithm.terms(global_head)
         start = {**inits[arch], **global_head}
