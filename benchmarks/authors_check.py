@@ -8,6 +8,7 @@ between fedhet and the authors within it is rounding; one above it is a change o
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,26 @@ NUDGE = 1e-7     # relative change of the initial weights for the noise floor: a
 NUDGES = 4       # random sign patterns of that change; the floor is the largest of their differences
 
 Weights = dict[str, torch.Tensor]
+RESULTS = Path("benchmarks/results")
+
+
+def parse_arguments(description: str, authors_help: str, default_config: Path, default_clients: list[int],
+                    breaks: list[str], extra: Callable[[argparse.ArgumentParser], None] = lambda p: None
+                    ) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """The options every check takes (``extra`` adds its own), parsed; a broken fedhet's result is
+    refused in ``benchmarks/results``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--authors-src", type=Path, required=True, help=authors_help)
+    p.add_argument("--config", type=Path, default=default_config)
+    p.add_argument("--clients", type=int, nargs="+", default=default_clients)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--break-fedhet", choices=breaks,
+                   help="change fedhet's update on purpose, to see the check fail (give another --out)")
+    extra(p)
+    a = p.parse_args()
+    if a.break_fedhet and a.out == RESULTS:
+        p.error("--break-fedhet writes a result of a broken fedhet: give another --out")
+    return p, a
 
 
 def checkout_commit(path: Path) -> str:

@@ -31,7 +31,6 @@ first), to see the check fail. Writes fedclassavg_vs_authors.{md,json}.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib
 import json
@@ -53,7 +52,7 @@ from fedhet.experiment.summary import git_commit, machine_info
 from fedhet.training.local import forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors  # noqa: E402
+from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors, parse_arguments  # noqa: E402
 
 DEFAULT_CONFIG = Path("benchmarks/runs/fedclassavg_fmnist_tiny/dir0.5_fedclassavg_s0/config.yaml")
 
@@ -131,18 +130,9 @@ def body_gradient_norms(model: nn.Module, weights: dict, terms: list, x: torch.T
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--authors-src", type=Path, required=True,
-                   help="the src/ folder of a checkout of hukla/FedClassAvg")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--clients", type=int, nargs="+", default=[0, 2])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--break-fedhet", choices=["ce_on_both_views"],
-                   help="change fedhet's update on purpose, to see the check fail (give another --out)")
-    a = p.parse_args()
+    p, a = parse_arguments(__doc__.split("\n")[0], "the src/ folder of a checkout of hukla/FedClassAvg", DEFAULT_CONFIG,
+                           [0, 2], ["ce_on_both_views"])
     if a.break_fedhet:
-        if a.out == Path("benchmarks/results"):
-            p.error("--break-fedhet writes a result of a broken fedhet: give another --out")
         FirstViewCrossEntropy.__call__ = lambda self, out, batch, weights: F.cross_entropy(out.logits, batch.y)
     if not (a.authors_src / "heteropfl_utils.py").is_file():
         p.error(f"{a.authors_src} has no heteropfl_utils.py: pass the src/ folder of a hukla/FedClassAvg checkout")

@@ -39,7 +39,6 @@ rounding. Writes fedfm_vs_authors.{md,json}.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import importlib
@@ -66,7 +65,7 @@ from fedhet.experiment.config import load_config
 from fedhet.experiment.summary import git_commit, machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors  # noqa: E402
+from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors, parse_arguments  # noqa: E402
 
 DEFAULT_CONFIG = Path("benchmarks/runs/fedfm_fmnist_t100_e1/fedfm_lam5_s0/config.yaml")
 FEATURE_DIM = 512            # the authors' functions size the anchors for ResNet-18's 512-d features; cnn2's are 512-d too
@@ -199,18 +198,10 @@ def weights_only(training: Callable[[dict], tuple[dict, list[float]]]) -> Callab
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--authors-src", type=Path, required=True, help="the pytorch/ folder of a checkout of rui-ye/FedFM")
-    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--matching", nargs="+", choices=["cg", "l2"], default=["cg", "l2"])
-    p.add_argument("--clients", type=int, nargs="+", default=[0, 5])
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    p.add_argument("--break-fedhet", choices=["unnormalised_features"],
-                   help="change fedhet's update on purpose, to see the check fail (give another --out)")
-    a = p.parse_args()
+    p, a = parse_arguments(__doc__.split("\n")[0], "the pytorch/ folder of a checkout of rui-ye/FedFM", DEFAULT_CONFIG,
+                           [0, 5], ["unnormalised_features"],
+                           lambda p: p.add_argument("--matching", nargs="+", choices=["cg", "l2"], default=["cg", "l2"]))
     if a.break_fedhet:
-        if a.out == Path("benchmarks/results"):
-            p.error("--break-fedhet writes a result of a broken fedhet: give another --out")
         if a.matching != ["cg"]:
             p.error("--break-fedhet unnormalised_features breaks the CG term: add --matching cg")
         AnchorMatching.__call__ = unnormalised_cg          # type: ignore[method-assign]
