@@ -41,6 +41,29 @@ def parse_arguments(description: str, authors_help: str, default_config: Path, d
     return p, a
 
 
+def recording(train: Callable, calls: list[list]) -> Callable:
+    """A client runtime's ``train`` that records, in a new list of ``calls`` per call, every batch
+    the training step sees: after the method's own augmentation (FedClassAvg's two views), or as
+    drawn where the method has none (an identity augmentation, which draws nothing)."""
+    def wrapped(weights, terms=None, **options):
+        drawn: list = []
+        calls.append(drawn)
+        augment = options.get("augment")
+
+        def record(batch, generator):
+            seen = augment(batch, generator) if augment is not None else batch
+            drawn.append((seen.x.clone(), seen.y.clone()))
+            return seen
+        options["augment"] = record
+        return train(weights, terms, **options)
+    return wrapped
+
+
+def weights_only(authors_run: Callable[[Weights], tuple]) -> Callable[[Weights], Weights]:
+    """``authors_run(init) -> (weights, ...)`` as :func:`noise_floors` takes it."""
+    return lambda init: authors_run(init)[0]
+
+
 def checkout_commit(path: Path) -> str:
     try:
         return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True,

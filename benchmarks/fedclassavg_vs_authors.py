@@ -35,6 +35,7 @@ import copy
 import importlib
 import json
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,7 +53,16 @@ from fedhet.experiment.summary import git_commit, machine_info
 from fedhet.training.local import forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors, parse_arguments  # noqa: E402
+from authors_check import (  # noqa: E402
+    NUDGE,
+    NUDGES,
+    checkout_commit,
+    compare,
+    noise_floors,
+    parse_arguments,
+    recording,
+    weights_only,
+)
 
 DEFAULT_CONFIG = Path("benchmarks/runs/fedclassavg_fmnist_tiny/dir0.5_fedclassavg_s0/config.yaml")
 
@@ -66,22 +76,6 @@ class FeatureExtractor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x).flatten(1)
-
-
-def recording(train, batches: list[list]):
-    """``train`` with every augmented batch it draws appended to a new list in ``batches``."""
-    def wrapped(weights, terms=None, **options):
-        drawn: list = []
-        batches.append(drawn)
-        make_views = options["augment"]
-
-        def record(batch, generator):
-            views = make_views(batch, generator)
-            drawn.append((views.x.clone(), views.y.clone()))
-            return views
-        options["augment"] = record
-        return train(weights, terms, **options)
-    return wrapped
 
 
 def as_authors_loader(drawn: list) -> list:
@@ -165,12 +159,11 @@ def main() -> int:
         reply, state = algorithm.client_update(Message("train", {"head": global_head}), None, runtime)
         assert state is not None and len(batches) == 2, "expected a pre-training epoch and the round's epoch"
         ours = state["model"]
-        theirs, their_losses = authors_round(train_cl, models[arch], inits[arch], global_head, batches,
-                                             cfg.train.lr, algorithm.params.rho)
+        their_round = partial(authors_round, train_cl, models[arch], global_head=global_head, batches=batches,
+                              lr=cfg.train.lr, mu=algorithm.params.rho)
+        theirs, their_losses = their_round(inits[arch])
         rows = compare(ours, theirs, inits[arch])
-        def rerun(init: dict, model: nn.Module = models[arch], head: dict = global_head, drawn: list = batches) -> dict:
-            return authors_round(train_cl, model, init, head, drawn, cfg.train.lr, algorithm.params.rho)[0]
-        floors = noise_floors(rerun, inits[arch], theirs)
+        floors = noise_floors(weights_only(their_round), inits[arch], theirs)
         floor = max(floors)
         terms = algorithm.terms(global_head)
         start = {**inits[arch], **global_head}

@@ -41,13 +41,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib
 import importlib.util
 import json
 import logging
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
@@ -56,7 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedhet.algorithms.fedfm import AnchorMatching, FedFM
+from fedhet.algorithms.fedfm import AnchorMatching
 from fedhet.core.contract import Batch, Forward, RoundContext
 from fedhet.data.federated import build_federation
 from fedhet.engine.host import ClientHost, Tally
@@ -65,7 +64,16 @@ from fedhet.experiment.config import load_config
 from fedhet.experiment.summary import git_commit, machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from authors_check import NUDGE, NUDGES, checkout_commit, compare, noise_floors, parse_arguments  # noqa: E402
+from authors_check import (  # noqa: E402
+    NUDGE,
+    NUDGES,
+    checkout_commit,
+    compare,
+    noise_floors,
+    parse_arguments,
+    recording,
+    weights_only,
+)
 
 DEFAULT_CONFIG = Path("benchmarks/runs/fedfm_fmnist_t100_e1/fedfm_lam5_s0/config.yaml")
 FEATURE_DIM = 512            # the authors' functions size the anchors for ResNet-18's 512-d features; cnn2's are 512-d too
@@ -143,19 +151,6 @@ def import_authors(src: Path) -> types.ModuleType:
     return module
 
 
-def recording(train, batches: list):
-    """``train`` with every batch it draws appended to ``batches`` (an identity augmentation)."""
-    def wrapped(weights, terms=None, **options):
-        assert options.get("augment") is None, "FedFM trains without augmentation"
-
-        def record(batch: Batch, generator: torch.Generator) -> Batch:
-            batches.append((batch.x.clone(), batch.y.clone()))
-            return batch
-        options["augment"] = record
-        return train(weights, terms, **options)
-    return wrapped
-
-
 def unnormalised_cg(self: AnchorMatching, out: Forward, batch: Batch, weights: dict) -> torch.Tensor:
     """fedhet's CG term broken on purpose: the raw features against the normalised anchors."""
     a = F.normalize(self.anchors.float(), dim=1)
@@ -193,10 +188,6 @@ def authors_training(authors: types.ModuleType, model: nn.Module, batches: list,
     return weights_of(m), losses.losses
 
 
-def weights_only(training: Callable[[dict], tuple[dict, list[float]]]) -> Callable[[dict], dict]:
-    return lambda init: training(init)[0]
-
-
 def main() -> int:
     p, a = parse_arguments(__doc__.split("\n")[0], "the pytorch/ folder of a checkout of rui-ye/FedFM", DEFAULT_CONFIG,
                            [0, 5], ["unnormalised_features"],
@@ -210,67 +201,73 @@ def main() -> int:
     torch.set_num_threads(1)
     authors = import_authors(a.authors_src)
 
+    # The anchor phase does not depend on the matching loss: one federation, one anchor phase, then
+    # each matching loss's training from the same round's messages.
+    cfg = load_config(a.config, ["run.memory_format=contiguous", "run.precision=fp32"])
+    if cfg.algorithm.name != "fedfm":
+        p.error(f"{a.config} runs {cfg.algorithm.name}, not fedfm")
+    if cfg.train.momentum != 0.9:
+        p.error(f"the authors' train_net_fm uses SGD momentum 0.9; {a.config} has {cfg.train.momentum}")
+    algorithm = make_algorithm(cfg)
+    fed = build_federation(cfg.data, cfg.seed)
+    models, client_arch = build_models(cfg, fed)
+    (arch, model), = models.items()
+    host = ClientHost(algorithm, fed, models, client_arch, train_settings(cfg, "fp32"), cfg.seed)
+    init = weights_of(model)
+    rnd = algorithm.params.start_round
+    clients = list(range(fed.num_clients))
+    sizes = {c: len(host.client_data(c).train_idx) for c in clients}
+    ctx = RoundContext(round=rnd, clients=clients, num_clients=fed.num_clients, num_classes=fed.num_classes,
+                       client_sizes=sizes, rng=np.random.default_rng(0), num_rounds=cfg.train.rounds)
+
+    # 1. anchors: fedhet's round generator and clients, then the authors' functions
+    round_gen = algorithm.round(algorithm.init_server_state({arch: init}), ctx)
+    anchor_msgs = round_gen.send(None)
+    replies, states = {}, {}
+    for cid in clients:
+        replies[cid], states[cid] = algorithm.client_update(anchor_msgs[cid], None, host.runtime(cid, rnd, Tally()))
+    train_msgs = round_gen.send(replies)
+    ours_anchors = train_msgs[clients[0]].arrays["anchors"]["mean"]
+    bs = cfg.train.batch_size
+    loaders = {}
+    for cid in clients:
+        data = host.client_data(cid)
+        everything = data.batch(torch.arange(len(data.train_idx)))
+        batches = [(everything.x[i:i + bs], everything.y[i:i + bs]) for i in range(0, len(everything.y), bs)]
+        loaders[cid] = CpuLoader(batches, len(everything.y), bs)
+    local, counts, theirs_anchors = authors_anchors(authors, model, init, loaders, fed.num_classes)
+    mean_diff = max(float((replies[c].arrays["anchors"]["mean"].double() - local[c].double()).abs().max())
+                    for c in clients)
+    counts_equal = all(torch.equal(replies[c].arrays["anchors"]["count"].double(), counts[c].double()) for c in clients)
+    anchor_diff = float((ours_anchors.double() - theirs_anchors.double()).abs().max())
+    print(f"round {rnd + 1}, {len(clients)} clients' anchors: local means differ by up to {mean_diff:.3g}, "
+          f"counts {'equal' if counts_equal else 'DIFFER'}; global anchors by up to {anchor_diff:.3g}", flush=True)
     out: dict = {"command": " ".join(["python", "benchmarks/fedfm_vs_authors.py", *sys.argv[1:]]),
                  "commit": git_commit(), "machine": machine_info(), "authors_commit": checkout_commit(a.authors_src),
-                 "config": str(a.config), "broken_on_purpose": a.break_fedhet, "cases": []}
-    for matching in a.matching:
-        cfg = load_config(a.config, [f"algorithm.params.matching={matching}", "run.memory_format=contiguous",
-                                     "run.precision=fp32"])
-        algorithm = make_algorithm(cfg)
-        if not isinstance(algorithm, FedFM) or cfg.algorithm.name != "fedfm":
-            p.error(f"{a.config} runs {cfg.algorithm.name}, not fedfm")
-        fed = build_federation(cfg.data, cfg.seed)
-        models, client_arch = build_models(cfg, fed)
-        (arch, model), = models.items()
-        host = ClientHost(algorithm, fed, models, client_arch, train_settings(cfg, "fp32"), cfg.seed)
-        init = weights_of(model)
-        rnd = algorithm.params.start_round
-        clients = list(range(fed.num_clients))
-        sizes = {c: len(host.client_data(c).train_idx) for c in clients}
-        ctx = RoundContext(round=rnd, clients=clients, num_clients=fed.num_clients, num_classes=fed.num_classes,
-                           client_sizes=sizes, rng=np.random.default_rng(0), num_rounds=cfg.train.rounds)
+                 "config": str(a.config), "broken_on_purpose": a.break_fedhet, "round": rnd,
+                 "lam": algorithm.params.lam, "temperature": algorithm.params.temperature, "lr": cfg.train.lr,
+                 "momentum": cfg.train.momentum, "weight_decay": cfg.train.weight_decay,
+                 "local_epochs": cfg.train.local_epochs,
+                 "anchors": {"clients": len(clients), "local_means_max_abs_diff": mean_diff,
+                             "counts_equal": counts_equal, "global_max_abs_diff": anchor_diff,
+                             "global_scale": float(theirs_anchors.abs().max())},
+                 "cases": []}
 
-        # 1. anchors: fedhet's round generator and clients, then the authors' functions
-        round_gen = algorithm.round(algorithm.init_server_state({arch: init}), ctx)
-        anchor_msgs = round_gen.send(None)
-        replies, states = {}, {}
-        for cid in clients:
-            replies[cid], states[cid] = algorithm.client_update(anchor_msgs[cid], None, host.runtime(cid, rnd, Tally()))
-        train_msgs = round_gen.send(replies)
-        ours_anchors = train_msgs[clients[0]].arrays["anchors"]["mean"]
-        loaders = {}
-        for cid in clients:
-            data = host.client_data(cid)
-            everything = data.batch(torch.arange(len(data.train_idx)))
-            bs = cfg.train.batch_size
-            batches = [(everything.x[i:i + bs], everything.y[i:i + bs]) for i in range(0, len(everything.y), bs)]
-            loaders[cid] = CpuLoader(batches, len(everything.y), bs)
-        local, counts, theirs_anchors = authors_anchors(authors, model, init, loaders, fed.num_classes)
-        mean_diff = max(float((replies[c].arrays["anchors"]["mean"].double() - local[c].double()).abs().max())
-                        for c in clients)
-        counts_equal = all(torch.equal(replies[c].arrays["anchors"]["count"].double(), counts[c].double())
-                           for c in clients)
-        anchor_diff = float((ours_anchors.double() - theirs_anchors.double()).abs().max())
-        case = {"matching": matching, "round": rnd, "lam": algorithm.params.lam,
-                "temperature": algorithm.params.temperature, "lr": cfg.train.lr, "momentum": cfg.train.momentum,
-                "weight_decay": cfg.train.weight_decay, "local_epochs": cfg.train.local_epochs,
-                "anchors": {"clients": len(clients), "local_means_max_abs_diff": mean_diff,
-                            "counts_equal": counts_equal, "global_max_abs_diff": anchor_diff,
-                            "global_scale": float(theirs_anchors.abs().max())},
-                "clients": []}
-        if cfg.train.momentum != 0.9:
-            p.error(f"the authors' train_net_fm uses SGD momentum 0.9; {a.config} has {cfg.train.momentum}")
+    # 2. each probed client's training on the round's message, then the authors' on the same batches
+    for matching in a.matching:
+        trainer = make_algorithm(load_config(a.config, [f"algorithm.params.matching={matching}",
+                                                        "run.memory_format=contiguous", "run.precision=fp32"]))
+        trainer_host = ClientHost(trainer, fed, models, client_arch, train_settings(cfg, "fp32"), cfg.seed)
         args = types.SimpleNamespace(reg=cfg.train.weight_decay, l2match=matching == "l2", lam_fm=algorithm.params.lam,
                                      cg_tau=algorithm.params.temperature, print_local_test_acc=0)
-        print(f"{matching}: round {rnd + 1}, {len(clients)} clients' anchors: local means differ by up to {mean_diff:.3g}, "
-              f"counts {'equal' if counts_equal else 'DIFFER'}; global anchors by up to {anchor_diff:.3g}", flush=True)
-
-        # 2. one client's training on the round's message, then the authors' on the same batches
+        case: dict = {"matching": matching, "clients": []}
+        print(f"{matching}:", flush=True)
         for cid in a.clients:
-            runtime = host.runtime(cid, rnd, Tally())
-            drawn: list = []
-            runtime.train = recording(runtime.train, drawn)     # type: ignore[method-assign]
-            reply, _ = algorithm.client_update(train_msgs[cid], states[cid], runtime)
+            runtime = trainer_host.runtime(cid, rnd, Tally())
+            calls: list[list] = []
+            runtime.train = recording(runtime.train, calls)     # type: ignore[method-assign]
+            reply, _ = trainer.client_update(train_msgs[cid], states[cid], runtime)
+            (drawn,) = calls                                       # FedFM trains once a round
             ours = reply.arrays["model"]
             training = partial(authors_training, authors, model, drawn, theirs_anchors, cfg.train.lr, args)
             theirs, their_losses = training(init)
@@ -298,25 +295,23 @@ def main() -> int:
 
 
 def report(out: dict) -> str:
-    first = out["cases"][0]
     lines = ["# FedFM's anchors and client update against the authors' code", "", "Command:", "", "```bash",
              out["command"], "```", "",
              *([f"**fedhet broken on purpose** (`--break-fedhet {out['broken_on_purpose']}`): this file shows the "
                 "check failing.", ""] if out["broken_on_purpose"] else []),
              f"rui-ye/FedFM at {out['authors_commit']} (its pytorch/ code), config `{out['config']}`: the first matching "
-             f"round (round {first['round'] + 1}) from the run seed's initial weights, every client taking part; "
-             f"lambda {first['lam']:g}, temperature {first['temperature']:g}, SGD lr {first['lr']:g}, momentum "
-             f"{first['momentum']:g}, weight decay {first['weight_decay']:g}, {first['local_epochs']} local epoch(s); "
+             f"round (round {out['round'] + 1}) from the run seed's initial weights, every client taking part; "
+             f"lambda {out['lam']:g}, temperature {out['temperature']:g}, SGD lr {out['lr']:g}, momentum "
+             f"{out['momentum']:g}, weight decay {out['weight_decay']:g}, {out['local_epochs']} local epoch(s); "
              "fp32, default layout, one thread.", "",
-             "Anchors (Eq. 8-9): fedhet's clients and server against the authors' `get_client_centroids_info` and "
-             "`get_global_centroids` with the same model and weights.", "",
-             "| matching | clients | local class means: largest abs. difference | class counts | global anchors: "
-             "largest abs. difference | largest anchor element |", "|---|---|---|---|---|---|"]
-    for case in out["cases"]:
-        an = case["anchors"]
-        lines.append(f"| {case['matching']} | {an['clients']} | {an['local_means_max_abs_diff']:.3g} | "
-                     f"{'equal' if an['counts_equal'] else '**differ**'} | {an['global_max_abs_diff']:.3g} | "
-                     f"{an['global_scale']:.3g} |")
+             "Anchors (Eq. 8-9; the same for either matching loss): fedhet's clients and server against the authors' "
+             "`get_client_centroids_info` and `get_global_centroids` with the same model and weights.", "",
+             "| clients | local class means: largest abs. difference | class counts | global anchors: largest abs. "
+             "difference | largest anchor element |", "|---|---|---|---|---|"]
+    an = out["anchors"]
+    lines.append(f"| {an['clients']} | {an['local_means_max_abs_diff']:.3g} | "
+                 f"{'equal' if an['counts_equal'] else '**differ**'} | {an['global_max_abs_diff']:.3g} | "
+                 f"{an['global_scale']:.3g} |")
     lines += ["", "Training (Eq. 10): fedhet's `FedFM.client_update` against the authors' `train_net_fm` on the "
               "batches fedhet drew, each side with its own global anchors.", "",
               f"| matching | client | steps | largest abs. difference | in tensor | noise floor (authors' vs authors' "
@@ -329,10 +324,9 @@ def report(out: dict) -> str:
                          f"{c['fedhet_loss']:.5f} / {c['authors_loss']:.5f} |")
     outside = [f"{case['matching']} client {c['client']}" for case in out["cases"] for c in case["clients"]
                if c["max_abs_diff"] > c["noise_floor"]]
-    counts_differ = [case["matching"] for case in out["cases"] if not case["anchors"]["counts_equal"]]
     lines += ["", "Reading: fedhet's trained weights " + ("lie within the noise floor in every case" if not outside else
               "lie outside the noise floor for " + ", ".join(outside))
-              + (f"; the class counts differ ({', '.join(counts_differ)})" if counts_differ else "")
+              + ("" if an["counts_equal"] else "; the class counts differ")
               + " (the floor: how far the authors' own training moves when its starting weights change by "
               f"{NUDGE:g} of their value, largest of {NUDGES} draws)."]
     m = out["machine"]
