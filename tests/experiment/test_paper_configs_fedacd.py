@@ -4,6 +4,7 @@ FedACD round runs on them."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,16 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
                                       and not path.stem.endswith("_nomixup"))
     if path.stem.startswith("cifar") and path.stem.endswith("_mixup"):
         assert "Table 5 (with Input Mixup)" in head and "%" in head
+    # the accuracy the comment states (one at most) as a paper section; Table 3's local risk stays a comment
+    stated = re.findall(r"(Table \d) \([^)]*\) (\d+\.\d+)%", head)
+    assert len(stated) <= 1, head
+    if stated:
+        (table, number), = stated
+        assert cfg.paper is not None and cfg.paper.metric == "global_acc"
+        assert cfg.paper.value == pytest.approx(float(number) / 100, abs=1e-9)
+        assert cfg.paper.source == f"FedACD (Zhou et al.) {table}"
+    else:
+        assert cfg.paper is None
 
 
 def test_table5_numbers_with_mixup_are_the_papers():

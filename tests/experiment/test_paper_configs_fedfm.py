@@ -4,6 +4,7 @@ ones build their partition and model on small files written in the datasets' rea
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,14 @@ def test_config_parses_and_states_its_number(path):
     assert head.startswith("# FedFM paper (Ye et al.)")
     if not path.name.startswith("fmnist"):
         assert "paper " in head and "%" in head                     # the number it corresponds to
+    # the same number as a paper section (fedhet compare prints it), none for the Fashion-MNIST proxy
+    stated = re.search(r"paper (\d+\.\d+)%", head)
+    if stated:
+        assert cfg.paper is not None and cfg.paper.metric == "global_acc"
+        assert cfg.paper.value == pytest.approx(float(stated.group(1)) / 100, abs=1e-9)
+        assert cfg.paper.source.startswith("FedFM (Ye et al.) Table")
+    else:
+        assert cfg.paper is None
     assert cfg.data.num_clients == 10 and cfg.train.clients_per_round == 10
     assert cfg.data.local_test.source == "holdout" and cfg.data.local_test.fraction == 0.2
 

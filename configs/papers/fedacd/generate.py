@@ -10,7 +10,8 @@ Tiny-ImageNet). CIFAR: the simple CNN of FedNH (``simple_cnn`` = Conv2Cifar); Ti
 ResNet-18. Metrics: ``global_acc`` (Table 1), ``global_labeldist_acc`` (Table 2), ``local_risk``
 (Table 3) and ``local_kl`` / ``fedacd_kl_mean`` (Table 9), evaluated every 5 rounds and at the
 end; the paper does not say best or final: summary.json has both. Files:
-``<dataset>_b<beta>_<method>.yaml``; the first lines state the table, the cell and the paper's number.
+``<dataset>_b<beta>_<method>.yaml``; the first lines state the table, the cell and the paper's number;
+a ``paper`` section carries the accuracy.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
-from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
+from write_configs import paper_section, write_configs  # noqa: E402  (configs/papers/write_configs.py)
 
 # name -> (description, algorithm yaml)
 METHODS = {
@@ -81,19 +82,26 @@ TABLE3 = {"cifar10": dict(fedacd=(0.25, 0.31, 0.39), fedavg=(0.41, 0.57, 0.70)),
           "tiny": dict(fedacd=(0.64, 0.73, 0.80), fedavg=(0.68, 0.79, 0.86))}
 
 
-def paper(dataset: str, beta: str, method: str) -> str | None:
+def accuracy(dataset: str, beta: str, method: str) -> tuple[str, float] | None:
+    """The table and global test accuracy (%) the paper reports for this cell, if any (one at most)."""
     i = list(BETAS).index(beta)
-    parts = []
     if method in TABLE1.get(dataset, {}):
-        parts.append(f"Table 1 (global model, balanced test) {TABLE1[dataset][method][i]:.2f}%")
+        return "Table 1 (global model, balanced test)", TABLE1[dataset][method][i]
     if method == "fedacd_nomixup" and dataset in TABLE5:
-        parts.append(f"Table 5 (no mixup) {TABLE5[dataset][i]:.2f}%")
+        return "Table 5 (no mixup)", TABLE5[dataset][i]
     if dataset in TABLE5_MIXUP.get(method, {}):
-        parts.append(f"Table 5 (with Input Mixup) {TABLE5_MIXUP[method][dataset][i]:.2f}%")
+        return "Table 5 (with Input Mixup)", TABLE5_MIXUP[method][dataset][i]
     if method == "fedacd_base" and dataset in TABLE8:
-        parts.append(f"Table 8 (FedACD_base) {TABLE8[dataset][i]:.2f}%")
+        return "Table 8 (FedACD_base)", TABLE8[dataset][i]
+    return None
+
+
+def paper(dataset: str, beta: str, method: str) -> str | None:
+    parts = []
+    if found := accuracy(dataset, beta, method):
+        parts.append(f"{found[0]} {found[1]:.2f}%")
     if method in TABLE3.get(dataset, {}):
-        parts.append(f"Table 3 local risk {TABLE3[dataset][method][i]:.2f}")
+        parts.append(f"Table 3 local risk {TABLE3[dataset][method][list(BETAS).index(beta)]:.2f}")
     return "; ".join(parts) or None
 
 
@@ -130,7 +138,19 @@ def render(dataset: str, beta: str, method: str) -> str:
         "eval: {every: 5, final_window: 5, local_risk: true}",
         "run: {checkpoint_every: 5}",
         "",
-    ])
+    ]) + paper_entry(dataset, beta, method, desc)
+
+
+def paper_entry(dataset: str, beta: str, method: str, desc: str) -> str:
+    """The accuracy as a ``paper`` section, which ``fedhet compare`` prints beside the measured one
+    (Table 3's local risk stays in the first comment line: the section holds one number)."""
+    found = accuracy(dataset, beta, method)
+    if not found:
+        return ""
+    table, number = found
+    return paper_section(f"FedACD (Zhou et al.) {table.split(' (')[0]}", f"{dataset} beta={beta}: {desc}",
+                         f"{number:.2f}", "global test accuracy after T=200 rounds (the paper says neither best "
+                         "nor final)", metric="global_acc")
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ full participation, T=100 rounds, E=10 local epochs, batch 64 (drop_last as the 
 for validation; the reported number is the test accuracy at the best-validation round
 (``summary.json`` ``model_selection``). FedFM: lambda 50, temperature 0.1, T_s = 20, weighted
 anchors. Files: ``<dataset>_<partition>_<method>.yaml``; the first lines state the table, the
-cell and the paper's number.
+cell and the paper's number, which a ``paper`` section carries too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
-from write_configs import write_configs  # noqa: E402  (configs/papers/write_configs.py)
+from write_configs import paper_section, write_configs  # noqa: E402  (configs/papers/write_configs.py)
 
 # name -> (description, algorithm yaml)
 METHODS = {
@@ -109,7 +109,9 @@ def render(dataset: str, partition: str, method: str) -> str:
         "eval: {every: 1, final_window: 5}",
         "run: {checkpoint_every: 5}",
         "",
-    ])
+    ]) + (paper_section(f"FedFM (Ye et al.) {table}", f"{dataset} {part_desc}: {desc}", f"{number}",
+                        "test accuracy of the global model at the round of best validation accuracy, T=100",
+                        metric="global_acc") if table else "")
 
 
 def main() -> int:
