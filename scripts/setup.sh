@@ -3,6 +3,7 @@
 #   bash scripts/setup.sh          # what the main job needs (scripts/quickstart.sh): fedhet alone
 #   bash scripts/setup.sh test     # and what the tests exercise: Flower (+ Ray), scikit-learn,
 #                                  # TensorBoard/MLflow, pytest, ruff, mypy, import-linter
+#   bash scripts/setup.sh flower   # and Flower with its simulation runtime (docs/deployment.md)
 #   bash scripts/setup.sh mutation # pytest and mutmut (scripts/mutation.sh)
 # Idempotent: re-running skips what is already there; fedhet is reinstalled only when
 # pyproject.toml or the extras asked for changed (a stamp in .venv records them).
@@ -12,8 +13,9 @@ extras=""
 case "${1:-}" in
   "") ;;
   test) extras="[test,dev,flower,flower-sim,features,tracking]" ;;
+  flower) extras="[flower,flower-sim]" ;;
   mutation) extras="[test,mutation]" ;;
-  *) echo "setup: unknown argument '$1' (nothing, 'test' or 'mutation')" >&2; exit 2 ;;
+  *) echo "setup: unknown argument '$1' (nothing, 'test', 'flower' or 'mutation')" >&2; exit 2 ;;
 esac
 say() { echo "setup: $*" >&2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
