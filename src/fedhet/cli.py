@@ -164,8 +164,8 @@ def _cmd_list(args) -> int:
     for name in sorted(ALGORITHMS):
         print(f"  {name:<{width}}  {_one_line(ALGORITHMS[name])}")
     print("  your own method: MODULE:CLASS (docs/extending.md)")
-    print("datasets:  ", ", ".join(DATASET_NAMES) + "; your own: npz:PATH, folder:PATH")
-    print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural")
+    print("datasets:  ", ", ".join(DATASET_NAMES) + "; your own: npz:PATH, folder:PATH, MODULE:FUNCTION")
+    print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural; your own: MODULE:FUNCTION")
     print("models:    ", ", ".join(MODEL_NAMES) + "; your own: MODULE:BUILDER")
     return 0
 

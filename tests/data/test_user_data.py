@@ -107,7 +107,7 @@ def test_missing_files_and_paths_say_what_to_write(tmp_path):
         load_dataset(f"npz:{tmp_path}/bad.npz")
     with pytest.raises(DataError, match="names no path; write npz:PATH"):
         load_dataset("npz:")
-    with pytest.raises(DataError, match="data of your own: npz:PATH .* or folder:PATH"):
+    with pytest.raises(DataError, match="data of your own: npz:PATH .*, folder:PATH .* or MODULE:FUNCTION"):
         load_dataset("my_images")
 
 

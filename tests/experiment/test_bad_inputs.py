@@ -619,6 +619,10 @@ def test_list_describes_every_algorithm(capsys):
     for name in ALGORITHMS:
         line = next(x for x in lines if x.split()[:1] == [name])
         assert len(line.split(maxsplit=1)[1]) > 10, line
+    # and the forms a user's own dataset, partition and model take
+    own = {x.split(":", 1)[0]: x.rsplit("your own: ", 1)[1] for x in lines if "your own: " in x and ":" in x}
+    assert own["datasets"] == "npz:PATH, folder:PATH, MODULE:FUNCTION"
+    assert own["partitions"] == "MODULE:FUNCTION" and own["models"] == "MODULE:BUILDER"
 
 
 # --- data.normalize ------------------------------------------------------------------------------

@@ -99,7 +99,8 @@ def _how_to_get(name: str) -> str:
 def _check_name(name: object) -> _Info:
     if name not in _INFO:
         raise DataError(f"unknown dataset {name!r}; valid names: {', '.join(DATASET_NAMES)}; data of your own: "
-                        "npz:PATH (arrays) or folder:PATH (a folder of images per class)")
+                        "npz:PATH (arrays), folder:PATH (a folder of images per class) or MODULE:FUNCTION "
+                        "(a function of yours returning the arrays; docs/extending.md)")
     return _INFO[name]  # type: ignore[index]
 
 
