@@ -206,7 +206,8 @@ class Experiment:
                 raise CheckpointError(
                     f"{rundir.path / CONFIG} changed since the checkpoint of round {snap.get('round')}: "
                     + "; ".join(changed) + ". A resumed run must compute what it started computing: restore "
-                    "those values, or start a new run (only raising train.rounds and run.* settings may change)")
+                    "those values, or start a new run (only raising train.rounds and run.* settings other than "
+                    "run.precision may change)")
         exp = cls(cfg, run_dir, **kwargs)
         exp.rundir.lock()
         try:
