@@ -82,24 +82,26 @@ TABLE3 = {"cifar10": dict(fedacd=(0.25, 0.31, 0.39), fedavg=(0.41, 0.57, 0.70)),
           "tiny": dict(fedacd=(0.64, 0.73, 0.80), fedavg=(0.68, 0.79, 0.86))}
 
 
-def accuracy(dataset: str, beta: str, method: str) -> tuple[str, float] | None:
-    """The table and global test accuracy (%) the paper reports for this cell, if any (one at most)."""
+def accuracy(dataset: str, beta: str, method: str) -> tuple[str, str, float] | None:
+    """The table, what its number is, and the global test accuracy (%) the paper reports for this cell,
+    if any (one at most)."""
     i = list(BETAS).index(beta)
     if method in TABLE1.get(dataset, {}):
-        return "Table 1 (global model, balanced test)", TABLE1[dataset][method][i]
+        return "Table 1", "global model, balanced test", TABLE1[dataset][method][i]
     if method == "fedacd_nomixup" and dataset in TABLE5:
-        return "Table 5 (no mixup)", TABLE5[dataset][i]
+        return "Table 5", "no mixup", TABLE5[dataset][i]
     if dataset in TABLE5_MIXUP.get(method, {}):
-        return "Table 5 (with Input Mixup)", TABLE5_MIXUP[method][dataset][i]
+        return "Table 5", "with Input Mixup", TABLE5_MIXUP[method][dataset][i]
     if method == "fedacd_base" and dataset in TABLE8:
-        return "Table 8 (FedACD_base)", TABLE8[dataset][i]
+        return "Table 8", "FedACD_base", TABLE8[dataset][i]
     return None
 
 
 def paper(dataset: str, beta: str, method: str) -> str | None:
     parts = []
     if found := accuracy(dataset, beta, method):
-        parts.append(f"{found[0]} {found[1]:.2f}%")
+        table, what, number = found
+        parts.append(f"{table} ({what}) {number:.2f}%")
     if method in TABLE3.get(dataset, {}):
         parts.append(f"Table 3 local risk {TABLE3[dataset][method][list(BETAS).index(beta)]:.2f}")
     return "; ".join(parts) or None
@@ -147,8 +149,8 @@ def paper_entry(dataset: str, beta: str, method: str, desc: str) -> str:
     found = accuracy(dataset, beta, method)
     if not found:
         return ""
-    table, number = found
-    return paper_section(f"FedACD (Zhou et al.) {table.split(' (')[0]}", f"{dataset} beta={beta}: {desc}",
+    table, _, number = found
+    return paper_section(f"FedACD (Zhou et al.) {table}", f"{dataset} beta={beta}: {desc}",
                          f"{number:.2f}", "global test accuracy after T=200 rounds (the paper says neither best "
                          "nor final)", metric="global_acc")
 
