@@ -148,7 +148,9 @@ if os.environ.get("FEDHET_TEST_CPU_LOG"):
         (own0, kids0), wall0 = _cpu_seconds(), time.monotonic()
         yield
         (own1, kids1), wall1 = _cpu_seconds(), time.monotonic()
+        # start (Unix seconds) and worker: the run's timeline, where cores stood idle (--timeline)
         line = json.dumps({"test": item.nodeid, "wall": round(wall1 - wall0, 3), "cpu": round(own1 - own0, 3),
-                           "children_cpu": round(kids1 - kids0, 3)})
+                           "children_cpu": round(kids1 - kids0, 3), "start": round(time.time() - (wall1 - wall0), 3),
+                           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
         with open(os.environ["FEDHET_TEST_CPU_LOG"], "a") as f:      # one short appended line: atomic
             f.write(line + "\n")
