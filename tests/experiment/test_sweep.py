@@ -520,3 +520,28 @@ def test_a_job_finished_by_another_sweep_after_this_one_started_is_not_run_again
     assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
     assert any("skip   fedavg_s0: completed meanwhile" in m for m in messages), messages
     assert job_status(job) == "completed" and not (job.run_dir.parent / f"{job.name}.lock").exists()
+
+
+def test_reading_runs_never_imports_torch(tmp_path):
+    """`fedhet sweep --list`, `--table` and `fedhet compare` only read run folders: in a fresh
+    process they answer without loading torch (about 2 s of CPU a call on 2 cores), here on a
+    committed sweep's runs copied out of the repository."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    sweep_file = root / "benchmarks" / "fedfm_fmnist_t100_e1.sweep.yaml"
+    runs = [root / "benchmarks" / "runs" / "fedfm_fmnist_t100_e1" / name for name in ("fedavg_s0", "fedfm_lam5_s0")]
+    for run in runs:
+        shutil.copytree(run, tmp_path / "out" / run.name)
+    code = ("import sys\nfrom fedhet.cli import main\n"
+            f"assert main(['sweep', {str(sweep_file)!r}, '--out', {str(tmp_path / 'out')!r}, '--list']) == 0\n"
+            f"assert main(['sweep', {str(sweep_file)!r}, '--out', {str(tmp_path / 'out')!r}, '--table']) == 0\n"
+            f"assert main(['compare', *{[str(tmp_path / 'out' / r.name) for r in runs]!r}]) == 0\n"
+            "print('torch imported' if 'torch' in sys.modules else 'no torch')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "completed" in out.stdout and "| fedavg" in out.stdout, out.stdout[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "no torch", out.stdout[-2000:]

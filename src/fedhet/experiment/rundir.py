@@ -18,8 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from fedhet.core.errors import CheckpointError, ConfigError, OutputError
 
 CHECKPOINT = "checkpoint.pt"
@@ -170,6 +168,8 @@ class RunDir:
         (a bad disk, a partial copy) is refused instead of resumed from. The digest file lists the
         new digest beside the old one while the checkpoint is being replaced: a process killed in
         between leaves a pair that still checks."""
+        import torch      # here, not at the top: reading runs (sweep tables, compare) needs no torch
+
         tmp = self.path / (CHECKPOINT + ".tmp")
         try:
             torch.save(obj, tmp)
@@ -210,6 +210,8 @@ class RunDir:
                                   f"when it was written ({self.path / CHECKSUM}). The recorded metrics in "
                                   f"{self.path / METRICS} are intact; restore the checkpoint from a copy, or delete "
                                   "it to restart the run from round 1.")
+        import torch
+
         try:
             return torch.load(ckpt, weights_only=False, map_location="cpu")
         except Exception as e:  # a truncated or foreign file: say so, keep the metrics

@@ -10,8 +10,6 @@ import statistics
 import subprocess
 from pathlib import Path
 
-import torch
-
 from fedhet import __version__
 
 SUMMARIZED_METRICS = ("global_acc", "global_labeldist_acc", "global_val_acc", "personal_acc", "personal_acc_pooled")
@@ -72,6 +70,8 @@ def cpu_name(machine: dict) -> str:
 
 
 def machine_info() -> dict:
+    import torch      # here, not at the top: reading runs (sweep tables, compare) needs no torch
+
     fields = cpu_fields()                                # /proc/cpuinfo read once
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count(), "python": platform.python_version(),
