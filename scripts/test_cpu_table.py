@@ -1,7 +1,7 @@
 """Per-file table of a test run's CPU log (FEDHET_TEST_CPU_LOG, see tests/conftest.py).
 
     FEDHET_TEST_CPU_LOG=/tmp/cpu.jsonl bash scripts/test.sh
-    .venv/bin/python scripts/test_cpu_table.py /tmp/cpu.jsonl [--tests 20]
+    .venv/bin/python scripts/test_cpu_table.py /tmp/cpu.jsonl [--tests 20] [--timeline]
 
 CPU seconds (the test process plus the children it waited for) measure what a test costs the
 machine whatever else runs beside it; wall seconds under pytest-xdist include waiting for a core.
@@ -18,6 +18,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("log")
     ap.add_argument("--tests", type=int, default=20, help="also list the N tests with the most CPU seconds")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also each worker's span and busy time, and the tests still running near the end")
     args = ap.parse_args()
     rows = [json.loads(line) for line in open(args.log) if line.strip()]
     files: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
@@ -35,6 +37,35 @@ def main() -> None:
         print(f"\n| test (the {args.tests} with the most CPU) | CPU s | wall s |\n|---|---|---|")
         for r in sorted(rows, key=lambda r: -(r["cpu"] + r["children_cpu"]))[:args.tests]:
             print(f"| {r['test']} | {r['cpu'] + r['children_cpu']:.1f} | {r['wall']:.1f} |")
+    if args.timeline:
+        timeline(rows)
+
+
+def timeline(rows: list[dict]) -> None:
+    """Per worker: when its first test started and its last ended (seconds from the run's first
+    start), the wall seconds its tests took and their CPU; then the tests that ended in the run's
+    last tenth, which a shorter suite would have to shorten or start earlier."""
+    timed = [r for r in rows if "start" in r]
+    if not timed:
+        print("\n(no start times in this log: it predates them)")
+        return
+    t0 = min(r["start"] for r in timed)
+    end = max(r["start"] + r["wall"] for r in timed) - t0
+    workers: dict[str, list[dict]] = defaultdict(list)
+    for r in timed:
+        workers[r["worker"]].append(r)
+    print(f"\n| worker | tests | first start s | last end s | wall in tests s | CPU s |\n|---|---|---|---|---|---|")
+    for name, rs in sorted(workers.items()):
+        first = min(r["start"] for r in rs) - t0
+        last = max(r["start"] + r["wall"] for r in rs) - t0
+        cpu = sum(r["cpu"] + r["children_cpu"] for r in rs)
+        print(f"| {name} | {len(rs)} | {first:.0f} | {last:.0f} | {sum(r['wall'] for r in rs):.0f} | {cpu:.0f} |")
+    print(f"\ntests from the first start to the last end: {end:.0f} s; the ones running after {0.9 * end:.0f} s:")
+    print("| test | worker | start s | wall s | CPU s |\n|---|---|---|---|---|")
+    for r in sorted(timed, key=lambda r: r["start"]):
+        if r["start"] + r["wall"] - t0 > 0.9 * end:
+            print(f"| {r['test']} | {r['worker']} | {r['start'] - t0:.0f} | {r['wall']:.1f} | "
+                  f"{r['cpu'] + r['children_cpu']:.1f} |")
 
 
 if __name__ == "__main__":
