@@ -12,6 +12,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from helpers import small_config_in  # noqa: E402
 from synthetic import write_fashion_mnist  # noqa: E402
 
 # Small models at small batches gain little from intra-op threads, and two multi-threaded torch
@@ -70,18 +71,7 @@ def cnn_client():
 @pytest.fixture
 def small_config(synth_root, tmp_path):
     """A raw config dict for a fast end-to-end FedAvg run on the synthetic data."""
-    return {
-        "name": "tiny",
-        "seed": 3,
-        "data": {"root": str(synth_root), "verify": False, "num_clients": 6,
-                 "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 20},
-                 "local_test": {"source": "test_set", "fraction": 0.2}},
-        "model": {"arch": "cnn2"},
-        "algorithm": {"name": "fedavg"},
-        "train": {"rounds": 3, "clients_per_round": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
-        "eval": {"every": 1, "final_window": 2},
-        "run": {"out_dir": str(tmp_path / "runs"), "checkpoint_every": 2, "progress": False},
-    }
+    return small_config_in(synth_root, tmp_path / "runs")
 
 
 # --- the paper configs' datasets in their real formats (CIFAR pickles, CINIC-10 PNG folders) ---

@@ -26,6 +26,22 @@ from fedhet.models.base import SplitModel
 REAL_FMNIST = Path("/usr/share/datasets/fashion-mnist")
 
 
+def small_config_in(data_root: Path, out_dir: Path) -> dict:
+    """A raw config dict for a fast end-to-end FedAvg run on the synthetic data under ``data_root``."""
+    return {
+        "name": "tiny",
+        "seed": 3,
+        "data": {"root": str(data_root), "verify": False, "num_clients": 6,
+                 "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 20},
+                 "local_test": {"source": "test_set", "fraction": 0.2}},
+        "model": {"arch": "cnn2"},
+        "algorithm": {"name": "fedavg"},
+        "train": {"rounds": 3, "clients_per_round": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.05},
+        "eval": {"every": 1, "final_window": 2},
+        "run": {"out_dir": str(out_dir), "checkpoint_every": 2, "progress": False},
+    }
+
+
 def config(small_config: dict, algorithm: str = "fedavg", params: dict | None = None, **train):
     """``small_config`` with another algorithm and train settings, validated."""
     raw = copy.deepcopy(small_config)

@@ -4,6 +4,7 @@ each case here once crashed with a raw traceback, ran silently as something else
 import copy
 import json
 import re
+import shutil
 import subprocess
 import sys
 import warnings
@@ -11,6 +12,7 @@ import warnings
 import pytest
 import torch
 import yaml
+from helpers import small_config_in
 
 from fedhet.cli import main
 from fedhet.core.errors import CheckpointError, ConfigError, DataError, PartitionError
@@ -243,11 +245,22 @@ def _run(raw, out, **train):
     Experiment.create(load_config(raw=raw), out).run(progress=False)
 
 
+@pytest.fixture(scope="module")
+def two_runs_once(synth_root, tmp_path_factory):
+    """Two one-round runs (seeds 3 and 4), trained once for this module's tests, which damage copies."""
+    base = tmp_path_factory.mktemp("two_runs")
+    raw = small_config_in(synth_root, base / "runs")
+    _run(raw, base / "a")
+    _run(cfg_of(raw, seed=4), base / "b")
+    return base / "a", base / "b"
+
+
 @pytest.fixture
-def two_runs(small_config, tmp_path):
-    _run(small_config, tmp_path / "a")
-    _run(cfg_of(small_config, seed=4), tmp_path / "b")
-    return tmp_path / "a", tmp_path / "b"
+def two_runs(two_runs_once, tmp_path):
+    copies = tmp_path / "a", tmp_path / "b"
+    for made, copy_ in zip(two_runs_once, copies):
+        shutil.copytree(made, copy_)
+    return copies
 
 
 def test_compare_refuses_one_run_given_twice(two_runs, capsys):
