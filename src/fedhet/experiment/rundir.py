@@ -168,7 +168,7 @@ class RunDir:
         (a bad disk, a partial copy) is refused instead of resumed from. The digest file lists the
         new digest beside the old one while the checkpoint is being replaced: a process killed in
         between leaves a pair that still checks."""
-        import torch      # here, not at the top: reading runs (sweep tables, compare) needs no torch
+        import torch  # here, not at the top: reading runs (sweep tables, compare) needs no torch
 
         tmp = self.path / (CHECKPOINT + ".tmp")
         try:

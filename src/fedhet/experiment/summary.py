@@ -70,7 +70,7 @@ def cpu_name(machine: dict) -> str:
 
 
 def machine_info() -> dict:
-    import torch      # here, not at the top: reading runs (sweep tables, compare) needs no torch
+    import torch  # here, not at the top: reading runs (sweep tables, compare) needs no torch
 
     fields = cpu_fields()                                # /proc/cpuinfo read once
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
