@@ -43,8 +43,8 @@ def main() -> None:
 
 def timeline(rows: list[dict]) -> None:
     """Per worker: when its first test started and its last ended (seconds from the run's first
-    start), the wall seconds its tests took and their CPU; then the tests that ended in the run's
-    last tenth, which a shorter suite would have to shorten or start earlier."""
+    start), the wall seconds its tests took and their CPU; then the tests of 2 s or more that ended
+    in the run's last tenth, which a shorter suite would have to shorten or start earlier."""
     timed = [r for r in rows if "start" in r]
     if not timed:
         print("\n(no start times in this log: it predates them)")
@@ -54,16 +54,17 @@ def timeline(rows: list[dict]) -> None:
     workers: dict[str, list[dict]] = defaultdict(list)
     for r in timed:
         workers[r["worker"]].append(r)
-    print(f"\n| worker | tests | first start s | last end s | wall in tests s | CPU s |\n|---|---|---|---|---|---|")
+    print("\n| worker | tests | first start s | last end s | wall in tests s | CPU s |\n|---|---|---|---|---|---|")
     for name, rs in sorted(workers.items()):
         first = min(r["start"] for r in rs) - t0
         last = max(r["start"] + r["wall"] for r in rs) - t0
         cpu = sum(r["cpu"] + r["children_cpu"] for r in rs)
         print(f"| {name} | {len(rs)} | {first:.0f} | {last:.0f} | {sum(r['wall'] for r in rs):.0f} | {cpu:.0f} |")
-    print(f"\ntests from the first start to the last end: {end:.0f} s; the ones running after {0.9 * end:.0f} s:")
+    print(f"\ntests from the first start to the last end: {end:.0f} s; those of 2 s or more still running after "
+          f"{0.9 * end:.0f} s:")
     print("| test | worker | start s | wall s | CPU s |\n|---|---|---|---|---|")
     for r in sorted(timed, key=lambda r: r["start"]):
-        if r["start"] + r["wall"] - t0 > 0.9 * end:
+        if r["start"] + r["wall"] - t0 > 0.9 * end and r["wall"] >= 2:
             print(f"| {r['test']} | {r['worker']} | {r['start'] - t0:.0f} | {r['wall']:.1f} | "
                   f"{r['cpu'] + r['children_cpu']:.1f} |")
 
