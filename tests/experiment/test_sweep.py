@@ -10,7 +10,7 @@ import pytest
 import yaml
 from helpers import run_killed_in_round, write_sweep
 
-import fedhet.experiment.sweep as sweep_module
+import fedhet.experiment.sweep.lanes as sweep_lanes
 from fedhet.cli import main as cli_main
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import load_config
@@ -58,7 +58,7 @@ def test_the_table_of_a_sweep_not_yet_run_says_so_and_lists_its_runs(tmp_path, s
 
 def test_the_command_lines_run_threads_sets_each_runs_threads(tmp_path, small_config, monkeypatch, capsys):
     # two sweeps side by side on one machine: each lane's share of the CPUs would oversubscribe it
-    monkeypatch.setattr("fedhet.experiment.sweep.usable_cpus", lambda: 4)
+    monkeypatch.setattr("fedhet.experiment.sweep.lanes.usable_cpus", lambda: 4)
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], lanes=1, set=["train.rounds=1"])
     assert cli_main(["sweep", str(path), "--set", "run.threads=1"]) == 0
     assert "1 lane(s) of 1 thread(s)" in capsys.readouterr().err
@@ -231,9 +231,10 @@ def test_rows_since_skips_what_a_resumed_run_records_again():
 
 
 class ClockThatJumpsToTheLimit:
-    """The sweep module's ``time``, with ``monotonic`` jumping ``seconds`` ahead once ``ready()`` holds:
-    the limit arrives right after what the test needs has happened, at whatever pace this machine
-    runs (a fixed wall-clock limit stopped the short run too on a loaded machine)."""
+    """The ``time`` of the sweep's lanes (fedhet.experiment.sweep.lanes), with ``monotonic`` jumping
+    ``seconds`` ahead once ``ready()`` holds: the limit arrives right after what the test needs has
+    happened, at whatever pace this machine runs (a fixed wall-clock limit stopped the short run too
+    on a loaded machine)."""
 
     def __init__(self, real, seconds, ready):
         self.real, self.seconds, self.ready, self.jumped = real, seconds, ready, False
@@ -265,8 +266,8 @@ def test_finish_by_stops_a_run_at_the_limit_lets_one_that_fits_finish_and_progre
                 and (out / "long_s0" / "metrics.jsonl").is_file() and len(read_metrics(out / "long_s0")) >= 3)
 
     limit = 1000
-    monkeypatch.setattr(sweep_module, "time", ClockThatJumpsToTheLimit(sweep_module.time, limit,
-                                                                         short_run_done_and_long_one_paced))
+    monkeypatch.setattr(sweep_lanes, "time", ClockThatJumpsToTheLimit(sweep_lanes.time, limit,
+                                                                        short_run_done_and_long_one_paced))
     messages = []
     outcome = run_sweep(load_sweep(path), finish_by=limit, report_every=0.05, log=messages.append,
                         poll_seconds=0.1)
@@ -503,19 +504,17 @@ def test_a_job_finished_by_another_sweep_after_this_one_started_is_not_run_again
                                                                                  monkeypatch):
     """Between this sweep's first look and its turn for the job, another sweep ran it to the end:
     once it holds the lock this sweep looks again and leaves the completed run alone."""
-    from fedhet.experiment import sweep as sweep_mod
-
     path = write_sweep(tmp_path, small_config, [("fedavg", {})])
     sweep = load_sweep(path)
     (job,) = sweep.jobs
-    real_take = sweep_mod._take_lock
+    real_take = sweep_lanes.take_lock
 
     def take_after_another_sweep_finished(j):
         cfg = load_config(j.config, [*j.overrides, "run.threads=1"])
         Experiment.create(cfg, j.run_dir).run(progress=False)
         return real_take(j)
 
-    monkeypatch.setattr(sweep_mod, "_take_lock", take_after_another_sweep_finished)
+    monkeypatch.setattr(sweep_lanes, "take_lock", take_after_another_sweep_finished)
     messages = []
     assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
     assert any("skip   fedavg_s0: completed meanwhile" in m for m in messages), messages

@@ -1,4 +1,4 @@
-"""A sweep's status reads configs through libyaml and a cache (sweep._parsed_yaml, _current_config):
+"""A sweep's status reads configs through libyaml and a cache (sweep._parsed_yaml, current_config):
 the same objects and the same errors as parse_yaml and load_config, and an edited file is read anew."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from fedhet.core.errors import ConfigError
-from fedhet.experiment import sweep as sweep_module
 from fedhet.experiment.config import _parse_yaml_pure as parse_yaml  # the reference: PyYAML's own parser
 from fedhet.experiment.config import dump_config, load_config
-from fedhet.experiment.sweep import Job, _current_config, _parsed_yaml, config_mismatch, job_status
+from fedhet.experiment.sweep import Job, config_mismatch, job_status
+from fedhet.experiment.sweep.state import _parsed_yaml, current_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,10 +55,10 @@ def test_the_current_config_of_a_job_is_load_configs_and_an_edited_file_is_read_
     config = tmp_path / "c.yaml"
     config.write_text("name: x\ntrain: {rounds: 3, lr: 0.1}\n")
     job = Job("x", 0, config, ["train.lr=0.2", "seed=0"], tmp_path / "x_s0")
-    assert _current_config(job) == load_config(config, job.overrides)
-    assert _current_config(job).train.lr == 0.2
+    assert current_config(job) == load_config(config, job.overrides)
+    assert current_config(job).train.lr == 0.2
     config.write_text("name: x\ntrain: {rounds: 4, lr: 0.1}\n")      # the same size: edited within a tick
-    assert _current_config(job).train.rounds == 4
+    assert current_config(job).train.rounds == 4
 
 
 @pytest.mark.parametrize("content", [b"", b"- a\n- b\n", b"train: {rounds: 3\n", b"name: \xe9\n", b"name: a\x00\n",
@@ -70,7 +70,7 @@ def test_a_config_that_does_not_load_raises_load_configs_own_error(tmp_path, con
     with pytest.raises(ConfigError) as expected:
         load_config(config, job.overrides)
     with pytest.raises(ConfigError) as got:
-        _current_config(job)
+        current_config(job)
     assert str(got.value) == str(expected.value)
 
 
@@ -80,7 +80,7 @@ def test_missing_and_folder_configs_raise_as_load_config_does(tmp_path):
         with pytest.raises(ConfigError) as expected:
             load_config(path, [])
         with pytest.raises(ConfigError) as got:
-            _current_config(job)
+            current_config(job)
         assert str(got.value) == str(expected.value)
 
 
@@ -98,4 +98,4 @@ def test_status_of_a_recorded_run_follows_edits_of_its_config_and_of_the_sweeps(
     assert job_status(job) == "extend"
     (job.run_dir / "config.yaml").write_text(dump_config(load_config(config, ["seed=0", "train.lr=0.3"])))
     assert job_status(job) == "stale"
-    assert sweep_module._parsed_yaml.cache_info().currsize <= 4096
+    assert _parsed_yaml.cache_info().currsize <= 4096

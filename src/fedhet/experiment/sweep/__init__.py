@@ -1,0 +1,88 @@
+"""``fedhet sweep``: a set of experiments run as a persistent queue in parallel lanes.
+
+A sweep file (YAML) names the runs::
+
+    name: fedacd_fmnist                 # also the default output folder: runs/<name>
+    out: runs/fedacd_fmnist_p0.1_r20    # optional
+    lanes: 2                            # processes side by side; each run gets usable CPUs // lanes threads
+                                        # (or the command line's --set run.threads=N)
+    seeds: [0]                          # default seeds of every run
+    set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
+    grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
+    paired: b0.1_fedavg                 # optional: per-seed differences against this tag's runs
+    verdicts: [...]                     # optional: claims decided from the completed runs (fedhet.experiment.verdict)
+    runs:
+      - config: configs/papers/fedacd/fmnist_b0.1_fedavg.yaml
+        tag: b0.1_fedavg                # default: the config's file name without .yaml
+      - {config: configs/papers/fedacd/fmnist_b0.1_fedacd.yaml, seeds: [0, 1], set: [eval.every=2]}
+
+Each (run, grid point, seed) is one job with its own run directory ``<out>/<tag>[_<grid>]_s<seed>``
+and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds). The queue is the
+sweep file plus the run directories: a job whose ``summary.json`` says ``completed`` is skipped, one
+with a checkpoint is resumed (``fedhet run --resume``), the others start fresh. So a killed sweep
+continues where it stopped when started again, and no completed run is ever re-run. A job that
+fails (a config error, a diverged run) is reported, marked ``<out>/<run>.failed`` with its log's
+tail, and the others go on; ``--retry-failed`` runs the failed ones again. Each job's output is
+in ``<out>/<run>.log``. A run directory whose recorded config differs from what the sweep file now
+asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
+A completed run with fewer rounds than the sweep now asks for (a raised ``train.rounds``) is
+``extend``: its recorded config gets the new round count and the run continues from its last
+checkpoint. (An interrupted run is resumed with the new count as well.) The extended run equals
+one made at the new length from the start, except where the old last round acted as the last:
+it was evaluated whatever ``eval.every`` says, and FedFM-Lite uploaded the models there
+(``model_every``). While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
+sweep over the same folder sees the job as ``running`` and leaves it alone (a lock whose process
+is gone is ignored).
+``--only TAG`` (repeatable) starts, resumes or retries just the runs of that tag (a run entry's tag,
+or one grid group); the others are left as they are, the table still covers every completed run of
+the sweep, and the exit status counts only the chosen runs. Two sweep processes with different
+``--only`` over one folder share it safely (the locks above). ``--no-start-after SECONDS`` starts no
+run once SECONDS have passed since the sweep started (the lanes' first runs always start): the runs
+going on then finish and the rest wait for the next sweep, so a short compute window ends with its
+runs instead of a run it cannot finish. ``--finish-by SECONDS`` is the window itself: at the limit,
+runs still going on are stopped (each records its summary and keeps its checkpoint, so a sweep with
+time resumes it) and no run starts. The progress lines of every sweep say when each running run
+should end at its pace (:func:`seconds_left`, from the rounds it recorded in this sweep, at their
+recent speed), and say when that is after the ``--finish-by`` limit, so a run that cannot end in time
+shows it early. (They do not stop it early: a run's pace changes when a run
+beside it ends or a slow evaluation comes, as in the committed 200-round runs of
+benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
+Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
+an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
+table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
+``fedhet sweep FILE --table`` writes and prints them from the runs there are, starting none.
+Run folders may be committed with their small files only (config, summary, metrics): a sweep
+started in a fresh clone skips them as completed. ``--adopt FOLDER_OR_ARCHIVE`` copies a sweep's
+completed runs made elsewhere (a lent GPU's archive, another machine's ``--out``) into its own
+folder, only :data:`KEPT_FILES` of each.
+
+Modules: ``spec`` (the sweep file read into jobs), ``state`` (a job's status and lock from its run
+directory), ``pace`` (when a running run should end), ``lanes`` (running the jobs), ``table``
+(``sweep.md``) and ``adopt`` (runs made elsewhere).
+"""
+
+from fedhet.experiment.sweep.adopt import adopt_runs
+from fedhet.experiment.sweep.lanes import lane_threads, resumable_sets, run_sweep, sweep_threads
+from fedhet.experiment.sweep.pace import rows_since, seconds_left
+from fedhet.experiment.sweep.spec import Job, Sweep, load_sweep, select_jobs
+from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, lock_holder
+from fedhet.experiment.sweep.table import write_report
+
+__all__ = [
+    "Job",
+    "KEPT_FILES",
+    "Sweep",
+    "adopt_runs",
+    "config_mismatch",
+    "job_status",
+    "lane_threads",
+    "load_sweep",
+    "lock_holder",
+    "resumable_sets",
+    "rows_since",
+    "run_sweep",
+    "seconds_left",
+    "select_jobs",
+    "sweep_threads",
+    "write_report",
+]

@@ -1,0 +1,253 @@
+"""Running a sweep: its jobs in parallel lanes of ``fedhet run`` processes, each started, resumed or
+extended from what its run directory holds, within the --no-start-after and --finish-by limits."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedhet.core.cpus import usable_cpus
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import RESUMABLE_CHANGES, override_key, parse_value, split_override
+from fedhet.experiment.sweep.pace import clock_at, rows_since, seconds_left
+from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
+from fedhet.experiment.sweep.state import (
+    config_mismatch,
+    current_config,
+    extend_rounds,
+    failure_marker,
+    job_status,
+    lock_holder,
+    lock_path,
+    recorded_rows,
+    recorded_status,
+    rounds_done,
+    take_lock,
+    write_lock,
+)
+
+
+def _command(job: Job, threads: int, resume: bool, extra_set: list[str] = ()) -> list[str]:
+    base = [sys.executable, "-m", "fedhet.cli", "run"]
+    if resume:
+        # the command line's settings of how runs are carried out (run.device, run.engine...) apply
+        # to resumed runs too: a run stopped on a lent GPU goes on on the CPU with --set run.device=cpu
+        sets = [x for item in resumable_sets(extra_set) for x in ("--set", item)]
+        return [*base, "--resume", str(job.run_dir), *sets, "--no-progress", "--threads", str(threads)]
+    sets = [x for o in job.overrides for x in ("--set", o)]
+    return [*base, str(job.config), *sets, "--out", str(job.run_dir), "--no-progress", "--threads", str(threads)]
+
+
+def lane_threads(lanes: int) -> int:
+    """``run.threads`` of each run of a sweep with ``lanes`` lanes: the usable CPUs split evenly."""
+    return max(1, usable_cpus() // lanes)
+
+
+def sweep_threads(sweep: Sweep) -> int:
+    """``run.threads`` of each run: the command line's ``--set run.threads=N`` where given (e.g. two
+    sweeps side by side on one machine), else :func:`lane_threads`."""
+    asked = [value.strip() for key, value in map(split_override, sweep.extra_set) if key == "run.threads"]
+    if not asked:
+        return lane_threads(sweep.lanes)
+    threads = parse_value(asked[-1], "run.threads")
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise ConfigError(f"--set run.threads={asked[-1]}: give a whole number of threads of at least 1")
+    return threads
+
+
+def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
+    """Return once one of ``procs`` has exited or ``seconds`` have passed (at once when none runs),
+    so a lane that frees up takes its next run without waiting out the whole poll."""
+    end = time.monotonic() + seconds
+    while procs and all(p.poll() is None for p in procs) and time.monotonic() < end:
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
+def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
+              no_start_after: float | None = None, finish_by: float | None = None, poll_seconds: float = 2.0,
+              report_every: float = 60.0, log=print) -> dict[str, str]:
+    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``
+    (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted).
+    ``only``: run just the jobs of these tags (the others are neither started nor touched).
+    ``no_start_after``: start no run once this many seconds have passed since the sweep started; the
+    runs going on then finish, the others are left for the next sweep (a compute window's last runs
+    that could not finish inside it).
+    ``finish_by``: the seconds the sweep has: at the limit every run still going on is stopped and
+    no run starts."""
+    if no_start_after is not None and not 0 <= no_start_after < math.inf:
+        raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
+    if finish_by is not None and not 0 < finish_by < math.inf:
+        raise ConfigError(f"--finish-by must be a positive number of seconds, got {finish_by:g}")
+    t_start = time.monotonic()
+    deadline = None if finish_by is None else t_start + finish_by
+    jobs = select_jobs(sweep, only)
+    threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
+    sweep.out.mkdir(parents=True, exist_ok=True)
+    initial = {j.name: job_status(j) for j in jobs}
+    for j in jobs:
+        if initial[j.name] == "stale":
+            log(f"skipped {j.name}: its run directory holds another config than the sweep file (with its --set) asks for "
+                f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
+        if initial[j.name] == "running":
+            log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {lock_path(j)})")
+    todo = [j for j in jobs if initial[j.name] in ("new", "interrupted", "extend")
+            or (retry_failed and initial[j.name] == "failed")]
+    left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
+    skipped = ", ".join(f"{left.count(s)} {s}{' elsewhere' if s == 'running' else ''}"
+                        for s in ("completed", "failed", "stale", "running") if s in left)
+    chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
+    log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
+        f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
+    running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
+    rows_before: dict[str, list[dict]] = {}     # what a run had recorded when this sweep started it
+    outcome: dict[str, str] = {}
+    last_report = time.monotonic()
+
+    def pace(name: str, job: Job) -> tuple[int, int | None, float | None]:
+        """(rounds recorded, rounds planned, seconds left at the pace of the rounds this sweep saw)."""
+        rows = recorded_rows(job)
+        new_rows = rows_since(rows_before[name], rows)
+        try:
+            cfg = current_config(job)
+        except (ConfigError, OSError):
+            return len(rows), None, None
+        left = seconds_left(new_rows, len(rows), cfg.train.rounds, cfg.eval.every) if len(new_rows) >= 2 else None
+        return len(rows), cfg.train.rounds, left
+
+    def finish(name: str) -> None:
+        """Record a run whose process has exited: completed, or failed with its log's tail."""
+        job, proc, t0 = running.pop(name)
+        rc = proc.returncode
+        lock_path(job).unlink(missing_ok=True)
+        status = job_status(job)
+        if status == "completed" and rc != 0:      # recorded completed; something after it failed
+            log(f"{time.strftime('%H:%M:%S')} note   {name} completed but exited with status {rc} "
+                f"(see {job.run_dir.parent / (name + '.log')})")
+        if status != "completed":
+            status = "failed"
+            tail = _log_tail(job.run_dir.parent / f"{name}.log")
+            failure_marker(job).write_text(f"exit status {rc}\n{tail}\n")
+            log(f"{time.strftime('%H:%M:%S')} FAILED {name} (exit {rc}): {tail.splitlines()[-1] if tail else ''}")
+        else:
+            log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")
+        outcome[name] = status
+
+    def stop_running(why: str) -> None:
+        """SIGTERM every running run at once (each records its summary and keeps its checkpoint); a
+        run that ended meanwhile is recorded as it ended."""
+        for n in [n for n, (_, proc, _) in running.items() if proc.poll() is not None]:
+            finish(n)
+        _stop([proc for _, proc, _ in running.values()], grace=0.0)
+        for n in list(running):
+            if recorded_status(running[n][0]) == "completed":    # it had ended, only its process had not
+                finish(n)
+                continue
+            job, _, _ = running.pop(n)
+            lock_path(job).unlink(missing_ok=True)
+            outcome[n] = "stopped"
+            log(f"{time.strftime('%H:%M:%S')} stop   {n} at round {rounds_done(job)}: {why}")
+    try:
+        first_fill = True           # the lanes' first runs always start; the limit counts for those after them
+        while todo or running:
+            if not first_fill and todo and no_start_after is not None and time.monotonic() - t_start > no_start_after:
+                log(f"{time.strftime('%H:%M:%S')} {no_start_after:g} s have passed (--no-start-after): "
+                    f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
+                todo = []
+            if deadline is not None and todo and time.monotonic() >= deadline:
+                log(f"{time.strftime('%H:%M:%S')} {finish_by:g} s have passed (--finish-by): "
+                    f"{len(todo)} run(s) not started: {', '.join(j.name for j in todo)}")
+                todo = []
+            while todo and len(running) < sweep.lanes:
+                job = todo.pop(0)
+                if not take_lock(job):
+                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
+                    continue
+                now = recorded_status(job)     # another sweep may have run it since this one started
+                if now in ("completed", "stale") or (now == "failed" and not retry_failed):
+                    lock_path(job).unlink(missing_ok=True)
+                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {now} meanwhile (another sweep process)")
+                    continue
+                # a run directory with a config is resumed: from its checkpoint, or from round 1;
+                # with the rounds the sweep file asks for now (completed, interrupted or failed)
+                resume = (job.run_dir / "config.yaml").is_file()
+                if resume:
+                    extend_rounds(job)
+                failure_marker(job).unlink(missing_ok=True)
+                job.run_dir.parent.mkdir(parents=True, exist_ok=True)
+                logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
+                rows_before[job.name] = recorded_rows(job)      # before a resumed run cuts them back
+                proc = subprocess.Popen(_command(job, threads, resume, sweep.extra_set), stdout=logf,
+                                        stderr=subprocess.STDOUT)
+                logf.close()
+                write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
+                running[job.name] = (job, proc, time.monotonic())
+                log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
+            first_fill = False
+            _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
+            for name, (_, proc, _) in list(running.items()):
+                if proc.poll() is not None:
+                    finish(name)
+            if deadline is not None and running and time.monotonic() >= deadline:
+                stop_running(f"{finish_by:g} s have passed (--finish-by)")
+                continue
+            if running and time.monotonic() - last_report >= report_every:
+                last_report = time.monotonic()
+                done = sum(job_status(j) == "completed" for j in jobs)
+                parts = []
+                for n, (j, _, _) in running.items():
+                    recorded, planned, left = pace(n, j)
+                    of = f" of {planned}" if planned is not None else ""
+                    ends = f", ends about {clock_at(left)}" if left is not None else ""
+                    if left is not None and deadline is not None and time.monotonic() + left > deadline:
+                        ends += f", after the --finish-by limit at {clock_at(deadline - time.monotonic())}"
+                    parts.append(f"{n} (round {recorded}{of}{ends})")
+                log(f"{time.strftime('%H:%M:%S')} {done}/{len(jobs)} completed; running: {', '.join(parts)}")
+    except BaseException as e:
+        # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
+        # SIGTERM (`fedhet run` stops on it like after Ctrl-C: summary and checkpoints kept; a
+        # background job ignores SIGINT), and only then kill. `fedhet sweep` gets SIGTERM as
+        # KeyboardInterrupt too (fedhet.cli.main).
+        _stop([proc for _, proc, _ in running.values()], grace=10.0 if isinstance(e, KeyboardInterrupt) else 0.0)
+        for job, _, _ in running.values():
+            lock_path(job).unlink(missing_ok=True)
+        log("sweep stopped: its running runs were stopped; run the same command again to resume them")
+        raise
+    return outcome
+
+
+def resumable_sets(extra_set: list[str]) -> list[str]:
+    """The command line's ``--set`` values that a resumed run takes (``RESUMABLE_CHANGES``: device,
+    engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane).
+    Other settings are part of what a run is: a run recorded with other values is stale and left alone."""
+    taken = set(RESUMABLE_CHANGES) - {"run.threads"}
+    return [item for item in extra_set if override_key(item) in taken]
+
+
+def _stop(procs: list[subprocess.Popen], grace: float) -> None:
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""

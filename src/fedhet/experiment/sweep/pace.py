@@ -1,0 +1,59 @@
+"""When a running run should end, at the pace of the rounds it recorded in this sweep."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def rows_since(before: list[dict], rows: list[dict]) -> list[dict]:
+    """The rows of ``rows`` recorded after ``before`` was read: those past the longest prefix the two
+    share (a resumed run first cuts its metrics back to its checkpoint, then records the rounds
+    again, each with its own seconds)."""
+    shared = 0
+    for old, new in zip(before, rows):
+        if old != new:
+            break
+        shared += 1
+    return rows[shared:]
+
+
+RECENT_ROUNDS = 10     # the rounds whose training speed a run's "ends about" goes by (seconds_left)
+
+
+def seconds_left(rows: list[dict], recorded: int, planned: int, eval_every: int) -> float | None:
+    """Seconds a run that has recorded ``recorded`` of ``planned`` rounds needs for the rest, at the
+    pace of ``rows`` (rounds it recorded in this sweep). Training, for every round left: the rows'
+    mean sample-steps a round at the speed (sample-steps a second) of the last RECENT_ROUNDS rows.
+    Rounds differ in size by the clients they draw, which the mean over all rows evens out, while a
+    shared machine's speed drifts within a run, which the recent rows follow (a 200-round FedACD_base
+    run on a 2-core CPU slowed from 2,754 to 2,350 sample-steps a second over its first 23 rounds,
+    benchmarks/results/cpu_window_intel_2026-11-30.md). Rows without their sample-steps: the mean
+    seconds of the last RECENT_ROUNDS rows without evaluation. Evaluation: the rows' median
+    evaluation for every evaluation left (rounds divisible by ``eval_every`` and the last; a median,
+    since one slow evaluation would otherwise count as many times as there are evaluations left).
+    Checkpoint writes are not in the rows' seconds, so it is a little short. None without timed
+    rows, or when evaluations are left and none of ``rows`` had one."""
+    timed = [r for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
+    if not timed:
+        return None
+    rounds_left = range(recorded + 1, planned + 1)
+    evaluations_left = sum(1 for r in rounds_left if r % eval_every == 0 or r == planned)
+    evaluations = [r["seconds"]["evaluate"] for r in timed if r["seconds"].get("evaluate", 0) > 0]
+    if evaluations_left and not evaluations:
+        return None
+    training = [r["seconds"]["total"] - r["seconds"].get("evaluate", 0) for r in timed]
+    samples = [r.get("samples") for r in timed]
+    recent = slice(-RECENT_ROUNDS, None)
+    if all(isinstance(n, (int, float)) and n > 0 for n in samples) and sum(training[recent]) > 0:
+        per_round = statistics.fmean(samples) * sum(training[recent]) / sum(samples[recent])
+    else:
+        per_round = statistics.fmean(training[recent])
+    return len(rounds_left) * per_round + evaluations_left * (statistics.median(evaluations) if evaluations else 0.0)
+
+
+def clock_at(seconds_from_now: float) -> str:
+    """The wall-clock time ``seconds_from_now`` from now, HH:MM (with the date when not today)."""
+    then = time.localtime(time.time() + seconds_from_now)
+    same_day = time.strftime("%Y-%m-%d", then) == time.strftime("%Y-%m-%d")
+    return time.strftime("%H:%M" if same_day else "%Y-%m-%d %H:%M", then)

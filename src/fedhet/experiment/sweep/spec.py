@@ -1,0 +1,154 @@
+"""The sweep file read into its jobs: one per (run entry, grid point, seed), each with its run
+directory and overrides; nothing is started here."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import override_key, read_yaml
+from fedhet.experiment.verdict import Verdict, parse_verdicts
+
+
+@dataclass
+class Job:
+    tag: str                  # group name (config name of the run): seeds of one tag are pooled
+    seed: int
+    config: Path
+    overrides: list[str]
+    run_dir: Path
+    run_tag: str = ""         # the sweep file's tag of the run entry (the group name without a grid suffix)
+
+    @property
+    def name(self) -> str:
+        return self.run_dir.name
+
+
+@dataclass
+class Sweep:
+    name: str
+    out: Path
+    lanes: int
+    jobs: list[Job]
+    metric: str | None = None
+    source: Path | None = None
+    notes: list[str] = field(default_factory=list)
+    paired: str | None = None     # tag of the baseline for per-seed paired differences in the report
+    extra_set: list[str] = field(default_factory=list)   # the command line's --set, applied to every run
+    verdicts: list[Verdict] = field(default_factory=list)  # claims fixed before the runs, decided from them
+
+
+def _as_list(value: Any, what: str, where: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: '{what}' must be a list, got {value!r}")
+    return value
+
+
+def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
+    """(suffix, overrides) for every combination of the grid (one empty point without a grid)."""
+    if not grid:
+        return [("", [])]
+    keys = list(grid)
+    for k in keys:
+        if not isinstance(grid[k], list) or not grid[k]:
+            raise ConfigError(f"sweep grid: '{k}' needs a non-empty list of values")
+    points = []
+    for values in itertools.product(*(grid[k] for k in keys)):
+        suffix = "_".join(f"{k.rsplit('.', 1)[-1]}{v}" for k, v in zip(keys, values))
+        points.append((suffix, [f"{k}={v}" for k, v in zip(keys, values)]))
+    return points
+
+
+def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | None = None,
+               extra_set: list[str] | None = None) -> Sweep:
+    """Read and check a sweep file; every job is listed, none is started. ``extra_set`` (the
+    command line's ``--set``) applies to every run, after the file's own ``set`` lists."""
+    path = Path(path)
+    raw = read_yaml(path, "sweep file")
+    if not isinstance(raw, dict) or not raw.get("runs"):
+        raise ConfigError(f"{path}: a sweep file is a mapping with a non-empty 'runs' list (see fedhet sweep --help)")
+    unknown = set(raw) - {"name", "out", "lanes", "seeds", "set", "grid", "runs", "metric", "paired", "verdicts"}
+    if unknown:
+        raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; "
+                          "known: name, out, lanes, seeds, set, grid, runs, metric, paired, verdicts")
+    name = str(raw.get("name") or path.stem)
+    out_dir = Path(out or raw.get("out") or Path("runs") / name)
+    try:
+        n_lanes = int(lanes if lanes is not None else raw.get("lanes", 1))
+    except (TypeError, ValueError):
+        n_lanes = 0
+    if n_lanes < 1:
+        raise ConfigError(f"{path}: lanes must be a whole number of at least 1, got {raw.get('lanes')!r}")
+    seeds = _as_list(raw.get("seeds", [0]), "seeds", str(path))
+    common = [str(s) for s in _as_list(raw.get("set"), "set", str(path))]
+    _refuse_threads_in_file(common, str(path))
+    grid = raw.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise ConfigError(f"{path}: 'grid' must map config keys to lists of values")
+    jobs: list[Job] = []
+    seen: dict[Path, str] = {}
+    tag_owner: dict[str, tuple[str, list[str], str]] = {}
+    for i, entry in enumerate(_as_list(raw["runs"], "runs", str(path))):
+        where = f"{path}: runs[{i}]"
+        if isinstance(entry, str):
+            entry = {"config": entry}
+        if not isinstance(entry, dict) or "config" not in entry:
+            raise ConfigError(f"{where} needs a 'config' (a path, relative to the working directory)")
+        extra = set(entry) - {"config", "tag", "seeds", "set"}
+        if extra:
+            raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set")
+        config = Path(entry["config"])
+        tag = str(entry.get("tag") or config.stem)
+        run_seeds = _as_list(entry.get("seeds", seeds), "seeds", where)
+        own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
+        _refuse_threads_in_file(own, where)
+        first = tag_owner.setdefault(tag, (str(config), own, where))
+        if first[:2] != (str(config), own):
+            raise ConfigError(f"{where}: tag {tag!r} is also used by {first[2]} for another config or 'set'; "
+                              "runs of one tag are pooled as seeds of one experiment - give it another tag")
+        for suffix, grid_set in _grid_points(grid):
+            group = f"{tag}_{suffix}" if suffix else tag
+            for seed in run_seeds:
+                run_dir = out_dir / f"{group}_s{seed}"
+                if run_dir in seen:
+                    raise ConfigError(f"{where}: run directory {run_dir} is also made by {seen[run_dir]}; "
+                                      "give the runs different tags")
+                seen[run_dir] = where
+                overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
+                jobs.append(Job(group, int(seed), config, overrides, run_dir, tag))
+    paired = raw.get("paired")
+    if paired is not None and str(paired) not in {j.tag for j in jobs}:
+        raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
+                          f"{', '.join(sorted({j.tag for j in jobs}))})")
+    verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
+    return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
+                 paired=str(paired) if paired is not None else None, extra_set=list(extra_set or []),
+                 verdicts=verdicts)
+
+
+def _refuse_threads_in_file(items: list[str], where: str) -> None:
+    # each run is started with the sweep's --threads, which a file's run.threads would silently lose to
+    if any(override_key(item) == "run.threads" for item in items):
+        raise ConfigError(f"{where}: run.threads in a sweep file's 'set' would be overridden by the lanes' share "
+                          "(usable CPUs // lanes); leave it out, and give it on the command line instead: "
+                          "fedhet sweep FILE --set run.threads=N")
+
+
+def select_jobs(sweep: Sweep, only: list[str] | None) -> list[Job]:
+    """The jobs named by ``only`` (the command line's ``--only``; all jobs without it): a run
+    entry's tag (every grid point of it) or one group (tag plus grid suffix, as in the run folder
+    names). A name that is neither is an error that lists the sweep's names."""
+    if not only:
+        return list(sweep.jobs)
+    wanted = set(only)
+    names = {j.tag for j in sweep.jobs} | {j.run_tag for j in sweep.jobs}
+    unknown = [name for name in dict.fromkeys(only) if name not in names]
+    if unknown:
+        raise ConfigError(f"--only {', '.join(unknown)}: no run of sweep {sweep.name!r} has this tag; "
+                          f"its tags and groups: {', '.join(sorted(names))}")
+    return [j for j in sweep.jobs if j.tag in wanted or j.run_tag in wanted]

@@ -1,0 +1,199 @@
+"""A job's state, read from its run directory: completed, failed, interrupted, stale, extend or new;
+the lock a sweep running it holds; how its recorded config differs from what the sweep file asks for
+now."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import ExperimentConfig, config_changes, load_config, parse_yaml
+from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.sweep.spec import Job
+
+# What a completed run folder needs to count as completed and to be compared: the files a
+# repository keeps of it (no checkpoint, no plot).
+KEPT_FILES = ("config.yaml", "summary.json", "metrics.jsonl", "partition.json")
+
+
+def failure_marker(job: Job) -> Path:
+    return job.run_dir.parent / f"{job.name}.failed"
+
+
+def lock_path(job: Job) -> Path:
+    return job.run_dir.parent / f"{job.name}.lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:       # exists, owned by someone else
+        return True
+    return True
+
+
+def lock_holder(job: Job) -> int | None:
+    """A live process id of the sweep running ``job`` or of the run itself, or None (no lock, or
+    both processes are gone)."""
+    try:
+        pids = [int(x) for x in lock_path(job).read_text().split()]
+    except (OSError, ValueError):
+        return None
+    return next((pid for pid in pids if _alive(pid)), None)
+
+
+def take_lock(job: Job) -> bool:
+    """Create the job's lock for this process; False when a live process holds it."""
+    path = lock_path(job)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            if lock_holder(job) is not None:
+                return False
+            path.unlink(missing_ok=True)          # its process is gone: a stale lock
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        return True
+    return False
+
+
+def write_lock(job: Job, text: str) -> None:
+    """Replace the lock's content atomically: a reader never sees it empty (and takes it for dead)."""
+    tmp = lock_path(job).with_suffix(".lock.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, lock_path(job))
+
+
+# A sweep's status reads every run's recorded config and, per job, its config file with the job's
+# overrides, on every status, listing and table: each text is parsed once per process below
+# (parse_yaml itself goes through libyaml where it can).
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed_yaml(text: str) -> Any:
+    """``parse_yaml(text)``, each text parsed once per process (callers must not change what it
+    returns); raises parse_yaml's own error."""
+    return parse_yaml(text)
+
+
+def current_config(job: Job) -> ExperimentConfig:
+    """``load_config(job.config, job.overrides)``, what the sweep file asks of the job now: loaded
+    once per text of the config file and overrides (callers must not change it); raises what
+    load_config raises."""
+    try:
+        text = job.config.read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        text = None
+    if text is None or "\x00" in text:
+        return load_config(job.config, job.overrides)          # raises load_config's own error
+    return _loaded_config(job.config, text, tuple(job.overrides))
+
+
+@functools.lru_cache(maxsize=4096)
+def _loaded_config(path: Path, text: str, overrides: tuple[str, ...]) -> ExperimentConfig:
+    try:
+        raw = _parsed_yaml(text)
+    except yaml.YAMLError:
+        raw = None
+    if not isinstance(raw, dict):              # not YAML, empty, not a mapping
+        return load_config(path, list(overrides))     # raises load_config's own error
+    return load_config(path, list(overrides), raw=copy.deepcopy(raw))
+
+
+def _requested_rounds(job: Job) -> int | None:
+    try:
+        return current_config(job).train.rounds
+    except (ConfigError, OSError):
+        return None
+
+
+def config_mismatch(job: Job) -> list[str]:
+    """How the config recorded in the job's run directory differs from what the sweep file asks
+    for now (``config_changes``: run.* settings and a raised train.rounds aside); [] without a run."""
+    recorded = job.run_dir / "config.yaml"
+    if not recorded.is_file():
+        return []
+    try:
+        current = current_config(job)
+    except (ConfigError, OSError) as e:
+        # a run exists, but what the sweep file asks for now cannot be read: not the same run
+        return [f"the sweep file's config cannot be loaded ({str(e).splitlines()[0]})"]
+    try:
+        return config_changes(_parsed_yaml(recorded.read_text()) or {}, current)
+    except (OSError, yaml.YAMLError):
+        return []          # the run itself reports a recorded config it cannot load
+
+
+def job_status(job: Job) -> str:
+    """completed | failed | interrupted (its run directory exists: resumed) | new; ``stale`` when
+    the run directory holds a run of another config than the sweep file now asks for; ``extend``
+    when it completed fewer rounds than now asked for; ``running`` while a live sweep runs it."""
+    if lock_holder(job) is not None:
+        return "running"
+    return recorded_status(job)
+
+
+def recorded_status(job: Job) -> str:
+    """:func:`job_status` from the run directory alone (whoever holds the lock)."""
+    if config_mismatch(job):
+        return "stale"
+    summary = job.run_dir / "summary.json"
+    recorded: dict = {}
+    if summary.is_file():
+        try:
+            recorded = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+    status = recorded.get("status")
+    if status == "completed":
+        wanted = _requested_rounds(job)
+        if wanted is not None and int(recorded.get("rounds_completed", wanted)) < wanted:
+            return "extend"
+        return "completed"
+    if status == "failed" or failure_marker(job).is_file():
+        return "failed"
+    if (job.run_dir / "config.yaml").is_file():
+        return "interrupted"
+    return "new"
+
+
+def rounds_done(job: Job) -> int:
+    try:
+        with open(job.run_dir / "metrics.jsonl", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def recorded_rows(job: Job) -> list[dict]:
+    try:
+        return read_metrics(job.run_dir)
+    except OSError:             # the file went away while it was read: nothing to go by this time
+        return []
+
+
+def extend_rounds(job: Job) -> None:
+    """Raise the recorded config's train.rounds to what the sweep asks for, when it asks for
+    more, so ``--resume`` continues the run (completed or not) to that length."""
+    wanted = _requested_rounds(job)
+    path = job.run_dir / "config.yaml"
+    try:
+        recorded = parse_yaml(path.read_text()) or {}
+        have = int(recorded.get("train", {}).get("rounds", 0))
+    except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
+        return             # the run itself reports a config it cannot load
+    if wanted is None or have >= wanted:
+        return
+    recorded.setdefault("train", {})["rounds"] = wanted
+    path.write_text(yaml.safe_dump(recorded, sort_keys=False))
