@@ -8,8 +8,8 @@ reads /proc/stat before and after (the machine's busy CPU seconds while it ran: 
 running is counted too, so run it on a quiet machine), and samples every process in /proc every
 ``--every`` seconds, keeping each one's last CPU seconds; it prints both, the processes summed by
 command (a process shorter than one sample may be missed, its last tick uncounted). The sampling
-itself is busy CPU too (12 of 67 busy CPU s over a 52-s Flower deployment test at 0.25 s): compare
-commands at one ``--every``.
+itself is busy CPU too (a Flower deployment test: 67 busy CPU s sampled at 0.25 s, 55 unsampled):
+compare commands at one ``--every``.
 """
 
 from __future__ import annotations
