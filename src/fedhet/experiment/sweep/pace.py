@@ -26,8 +26,7 @@ def seconds_left(rows: list[dict], recorded: int, planned: int, eval_every: int)
     pace of ``rows`` (rounds it recorded in this sweep). Training, for every round left: the rows'
     mean sample-steps a round at the speed (sample-steps a second) of the last RECENT_ROUNDS rows.
     Rounds differ in size by the clients they draw, which the mean over all rows evens out, while a
-    shared machine's speed drifts within a run, which the recent rows follow (a 200-round FedACD_base
-    run on a 2-core CPU slowed from 2,754 to 2,350 sample-steps a second over its first 23 rounds,
+    shared machine's speed drifts within a run, which the recent rows follow (such a run:
     benchmarks/results/cpu_window_intel_2026-11-30.md). Rows without their sample-steps: the mean
     seconds of the last RECENT_ROUNDS rows without evaluation. Evaluation: the rows' median
     evaluation for every evaluation left (rounds divisible by ``eval_every`` and the last; a median,
