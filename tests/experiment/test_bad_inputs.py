@@ -483,18 +483,28 @@ def test_a_run_name_that_is_a_path_is_refused(small_config, name):
         load_config(raw=cfg_of(small_config, name=name))
 
 
-def _stopped_run(small_config, out, rounds=3):
-    raw = cfg_of(small_config)
-    raw["train"].update(rounds=rounds)
+@pytest.fixture(scope="module")
+def stopped_run_once(synth_root, tmp_path_factory):
+    """A 3-round run with a checkpoint every round, marked interrupted as a killed run is: trained
+    once for this module's tests, which damage copies."""
+    base = tmp_path_factory.mktemp("stopped_run")
+    raw = small_config_in(synth_root, base / "runs")
+    raw["train"].update(rounds=3)
     raw["run"].update(checkpoint_every=1)
+    out = base / "r"
     Experiment.create(load_config(raw=raw), out).run(progress=False)
     summary = json.loads((out / "summary.json").read_text())
     (out / "summary.json").write_text(json.dumps({**summary, "status": "interrupted"}))
     return out
 
 
-def test_a_damaged_checkpoint_is_refused_not_resumed(small_config, tmp_path):
-    run = _stopped_run(small_config, tmp_path / "r")
+@pytest.fixture
+def stopped_run(stopped_run_once, tmp_path):
+    return shutil.copytree(stopped_run_once, tmp_path / "r")
+
+
+def test_a_damaged_checkpoint_is_refused_not_resumed(stopped_run):
+    run = stopped_run
     content = bytearray((run / "checkpoint.pt").read_bytes())
     content[len(content) // 2] ^= 0xFF
     (run / "checkpoint.pt").write_bytes(bytes(content))
@@ -502,8 +512,8 @@ def test_a_damaged_checkpoint_is_refused_not_resumed(small_config, tmp_path):
         Experiment.resume(run)
 
 
-def test_a_checkpoint_gone_missing_is_refused_and_the_metrics_kept(small_config, tmp_path, capsys):
-    run = _stopped_run(small_config, tmp_path / "r")
+def test_a_checkpoint_gone_missing_is_refused_and_the_metrics_kept(stopped_run, capsys):
+    run = stopped_run
     metrics = (run / "metrics.jsonl").read_bytes()
     (run / "checkpoint.pt").unlink()
     with pytest.raises(CheckpointError, match=r"checkpoint.pt is missing, although .*checkpoint.sha256 records that "
@@ -519,17 +529,17 @@ def test_a_checkpoint_gone_missing_is_refused_and_the_metrics_kept(small_config,
     assert [json.loads(r)["round"] for r in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
-def test_a_checkpoint_replaced_while_killed_between_the_digest_and_the_file_still_resumes(small_config, tmp_path):
+def test_a_checkpoint_replaced_while_killed_between_the_digest_and_the_file_still_resumes(stopped_run):
     """The digest file names the new and the old digest while the checkpoint is replaced: a kill in
     between leaves the old checkpoint, which must still load."""
-    run = _stopped_run(small_config, tmp_path / "r")
+    run = stopped_run
     old = (run / "checkpoint.sha256").read_text().split()
     (run / "checkpoint.sha256").write_text("0" * 64 + "\n" + old[0] + "\n")
     assert Experiment.resume(run).start_round == 3
 
 
-def test_a_run_whose_metrics_went_missing_is_refused(small_config, tmp_path):
-    run = _stopped_run(small_config, tmp_path / "r")
+def test_a_run_whose_metrics_went_missing_is_refused(stopped_run):
+    run = stopped_run
     rows = (run / "metrics.jsonl").read_text().splitlines()
     (run / "metrics.jsonl").write_text(rows[0] + "\n" + rows[2] + "\n")
     with pytest.raises(CheckpointError, match="lacks round\\(s\\) 2, which the checkpoint of round 3 has done"):
@@ -539,8 +549,8 @@ def test_a_run_whose_metrics_went_missing_is_refused(small_config, tmp_path):
         Experiment.resume(run)
 
 
-def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(small_config, tmp_path):
-    run = _stopped_run(small_config, tmp_path / "r")
+def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(stopped_run):
+    run = stopped_run
     rows = (run / "metrics.jsonl").read_bytes().splitlines(keepends=True)
     for damage in (b"\xff\xfe\n", b"[1, 2]\n"):
         damaged = rows[0] + damage + b"".join(rows[1:])
@@ -552,8 +562,8 @@ def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(small_config, t
     assert Experiment.resume(run).start_round == 3
 
 
-def test_a_damaged_digest_file_is_not_blamed_on_the_checkpoint(small_config, tmp_path):
-    run = _stopped_run(small_config, tmp_path / "r")
+def test_a_damaged_digest_file_is_not_blamed_on_the_checkpoint(stopped_run):
+    run = stopped_run
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     (run / "checkpoint.sha256").write_text("junk\n")
     with pytest.raises(CheckpointError, match=r"checkpoint.sha256 is damaged: it holds no sha256 digest.*the "
