@@ -339,13 +339,14 @@ def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path
     assert any("start  fedprox_s0 (resuming)" in m for m in messages)
     write_report(sweep)
 
-    # the same sweep uninterrupted, elsewhere: identical metrics (time aside)
-    fresh = load_sweep(path, out=tmp_path / "fresh")
-    run_sweep(fresh, log=lambda m: None, poll_seconds=0.2)
-    for a, b in zip(sweep.jobs, fresh.jobs):
-        assert rows_without_time(a.run_dir) == rows_without_time(b.run_dir), a.name
-        sa = json.loads((a.run_dir / "summary.json").read_text())
-        sb = json.loads((b.run_dir / "summary.json").read_text())
+    # the same runs uninterrupted, in this process as the killed one was: identical metrics (time aside)
+    for job in sweep.jobs:
+        fresh = tmp_path / "fresh" / job.name
+        cfg = load_config(job.config, [*job.overrides, f"run.threads={lane_threads(sweep.lanes)}"])
+        Experiment.create(cfg, fresh).run(progress=False)
+        assert rows_without_time(job.run_dir) == rows_without_time(fresh), job.name
+        sa = json.loads((job.run_dir / "summary.json").read_text())
+        sb = json.loads((fresh / "summary.json").read_text())
         assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "completed"
 
 
@@ -445,10 +446,10 @@ def test_a_raised_round_count_extends_completed_runs(tmp_path, small_config):
     messages = []
     assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {job.name: "completed"}
     assert any("(resuming)" in m for m in messages) and job_status(job) == "completed"
-    # the same as a 3-round run from the start
-    fresh = load_sweep(longer, out=tmp_path / "fresh")
-    run_sweep(fresh, log=lambda m: None, poll_seconds=0.2)
-    assert rows_without_time(job.run_dir) == rows_without_time(fresh.jobs[0].run_dir)
+    # the same as a 3-round run from the start (in this process, with a lane's threads)
+    cfg = load_config(job.config, [*job.overrides, f"run.threads={lane_threads(sweep.lanes)}"])
+    Experiment.create(cfg, tmp_path / "fresh").run(progress=False)
+    assert rows_without_time(job.run_dir) == rows_without_time(tmp_path / "fresh")
     assert [r["round"] for r in read_metrics(job.run_dir)] == [1, 2, 3]
 
 
