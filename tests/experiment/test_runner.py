@@ -3,11 +3,12 @@
 import copy
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 import torch
-from helpers import run_killed_in_round
+from helpers import run_killed_in_round, small_config_in
 
 from fedhet.cli import main
 from fedhet.core.errors import (
@@ -31,6 +32,19 @@ def run(raw, out):
     exp = Experiment.create(load_config(raw=copy.deepcopy(raw)), out)
     exp.run(progress=False)
     return exp
+
+
+@pytest.fixture(scope="module")
+def finished_run_once(synth_root, tmp_path_factory):
+    """The small config's 3-round run (checkpoint after round 3), trained once for this module's
+    tests that damage or extend a copy of it."""
+    base = tmp_path_factory.mktemp("finished_run")
+    return run(small_config_in(synth_root, base / "runs"), base / "r").run_dir
+
+
+@pytest.fixture
+def finished_run(finished_run_once, tmp_path):
+    return shutil.copytree(finished_run_once, tmp_path / "r")
 
 
 def test_same_seed_same_metrics_and_weights(small_config, tmp_path):
@@ -108,38 +122,38 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     assert resumed.summary["communication"] == full.summary["communication"]
 
 
-def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(small_config, tmp_path):
-    exp = run(small_config, tmp_path / "r")
-    (exp.run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    before = (exp.run_dir / "metrics.jsonl").read_text()
+def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(finished_run):
+    run_dir = finished_run
+    (run_dir / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    before = (run_dir / "metrics.jsonl").read_text()
     with pytest.raises(CheckpointError, match="is damaged: its content no longer matches the sha256"):
-        Experiment.resume(exp.run_dir)
-    (exp.run_dir / "checkpoint.sha256").unlink()          # a run from before the digest: torch says it
+        Experiment.resume(run_dir)
+    (run_dir / "checkpoint.sha256").unlink()          # a run from before the digest: torch says it
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
-        Experiment.resume(exp.run_dir)
-    assert (exp.run_dir / "metrics.jsonl").read_text() == before
+        Experiment.resume(run_dir)
+    assert (run_dir / "metrics.jsonl").read_text() == before
 
 
-def test_resume_refuses_a_changed_config_but_allows_more_rounds(small_config, tmp_path):
-    exp = run(small_config, tmp_path / "r")                      # 3 rounds, checkpoint after round 3
-    config_file = exp.run_dir / "config.yaml"
+def test_resume_refuses_a_changed_config_but_allows_more_rounds(finished_run):
+    run_dir = finished_run  # 3 rounds, checkpoint after round 3
+    config_file = run_dir / "config.yaml"
     original = config_file.read_text()
     config_file.write_text(original.replace("lr: 0.05", "lr: 0.5").replace("alpha: 0.5", "alpha: 0.1"))
-    before = (exp.run_dir / "metrics.jsonl").read_text()
+    before = (run_dir / "metrics.jsonl").read_text()
     with pytest.raises(CheckpointError) as err:
-        Experiment.resume(exp.run_dir)
+        Experiment.resume(run_dir)
     msg = str(err.value)
     assert "train.lr: 0.05 -> 0.5" in msg and "data.partition" in msg and "alpha" in msg
-    assert (exp.run_dir / "metrics.jsonl").read_text() == before        # nothing recorded is lost
+    assert (run_dir / "metrics.jsonl").read_text() == before        # nothing recorded is lost
     # raising train.rounds (and run.* settings) extends the run
     config_file.write_text(original.replace("rounds: 3", "rounds: 4").replace("progress: false", "progress: true"))
-    resumed = Experiment.resume(exp.run_dir)
+    resumed = Experiment.resume(run_dir)
     assert resumed.start_round == 3
     resumed.run(progress=False)
-    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3, 4]
+    assert [r["round"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
     config_file.write_text(original)                                    # fewer rounds than done: refused
     with pytest.raises(CheckpointError, match="train.rounds: 4 -> 3"):
-        Experiment.resume(exp.run_dir)
+        Experiment.resume(run_dir)
 
 
 def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config, tmp_path, monkeypatch, capsys):
@@ -162,21 +176,21 @@ def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config
     assert json.loads((exp.run_dir / "summary.json").read_text())["engine"]["engine"] == "reference"
 
 
-def test_resume_refuses_a_run_whose_precision_would_resolve_otherwise(small_config, tmp_path):
+def test_resume_refuses_a_run_whose_precision_would_resolve_otherwise(finished_run):
     """run.precision: auto resolves by device (bf16 where the hardware runs it natively): a run
     moved to another device must not go on in another precision. The checkpoint records the
     precision it trained in."""
     from fedhet.experiment.rundir import RunDir
 
-    exp = run(small_config, tmp_path / "r")
-    rundir = RunDir(exp.run_dir)
+    run_dir = finished_run
+    rundir = RunDir(run_dir)
     snap = rundir.load_checkpoint()
     assert snap["precision"] == "fp32"
     snap["precision"] = "bf16"                       # as if it had trained on a bf16 device
     rundir.save_checkpoint(snap)
     with pytest.raises(CheckpointError, match="trained in bf16 and would go on in fp32"):
-        Experiment.resume(exp.run_dir, run_settings=["train.rounds=4"])
-    assert load_config(exp.run_dir / "config.yaml").train.rounds == 3          # nothing touched
+        Experiment.resume(run_dir, run_settings=["train.rounds=4"])
+    assert load_config(run_dir / "config.yaml").train.rounds == 3          # nothing touched
 
 
 FULL_DISK = """
