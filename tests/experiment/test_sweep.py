@@ -303,7 +303,8 @@ def test_finish_by_stops_every_run_at_the_limit_and_starts_none_after_it(tmp_pat
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
     # the third run has an invalid override: reported as failed, the other two complete
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),
-                                                ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})])
+                                                ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})],
+                       set=["train.rounds=1"])       # the run's own set comes after the file's: still -1
     assert cli_main(["sweep", str(path)]) == 1
     captured = capsys.readouterr()
     assert "1 run(s) failed or stale: broken_s0" in captured.err
@@ -419,7 +420,7 @@ def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_p
     import subprocess
     import sys
 
-    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})])
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], set=["train.rounds=1"])
     sweep = load_sweep(path)
     sweep.out.mkdir(parents=True)
     held, dead = sweep.jobs
@@ -505,7 +506,7 @@ def test_a_job_finished_by_another_sweep_after_this_one_started_is_not_run_again
                                                                                  monkeypatch):
     """Between this sweep's first look and its turn for the job, another sweep ran it to the end:
     once it holds the lock this sweep looks again and leaves the completed run alone."""
-    path = write_sweep(tmp_path, small_config, [("fedavg", {})])
+    path = write_sweep(tmp_path, small_config, [("fedavg", {})], set=["train.rounds=1"])
     sweep = load_sweep(path)
     (job,) = sweep.jobs
     real_take = sweep_lanes.take_lock
