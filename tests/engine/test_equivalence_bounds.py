@@ -13,6 +13,7 @@ from helpers import (
     build_loop,
     config,
     largest_term_sum,
+    measured_largest_term_sum,
     zero_gradient_parameters,
 )
 from torch import nn
@@ -67,6 +68,34 @@ def test_the_found_gradient_is_rounding_within_the_bound_and_the_others_are_not(
         assert float(grads[name].abs().max()) <= g
         weight = name.replace(".bias", ".weight")
         assert float(grads[weight].abs().max()) > 1000 * g
+
+
+def test_the_term_sum_is_reused_only_for_the_same_model_states_and_data():
+    """largest_term_sum keeps what it measured: asked again with the same model, states and
+    data it answers as a fresh measurement would; with another state, other data or another model
+    it measures again."""
+    torch.manual_seed(5)
+    x, y = torch.randn(24, 1, 28, 28), torch.randint(0, 10, (24,))
+
+    def data(images):
+        class Data:
+            num_clients = 1
+
+            def client_data(self, cid):
+                return type("D", (), {"train_idx": torch.arange(24), "y": y, "inputs": lambda self, idx: images[idx]})()
+        return Data()
+
+    model, name = bn_model(), "body.conv2.0.bias"
+    state = model.state_dict()
+    moved = {k: (v * 1.5 if k == "body.conv2.0.weight" else v) for k, v in state.items()}
+    other = copy.deepcopy(model)                          # the same weights, another function
+    other.body.fc1[1] = nn.ReLU()
+    cases = [(model, data(x), [state]), (model, data(x), [moved]), (model, data(2 * x), [state]),
+             (other, data(x), [state])]
+    measured = [measured_largest_term_sum(m, name, fed, states) for m, fed, states in cases]
+    assert len(set(measured)) == len(measured)            # each case is a different value to get right
+    for _ in range(2):                                    # the second pass answers from what was kept
+        assert [largest_term_sum(m, name, fed, states) for m, fed, states in cases] == measured
 
 
 @pytest.fixture
