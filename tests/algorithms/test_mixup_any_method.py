@@ -146,9 +146,10 @@ def test_every_method_either_refuses_mixup_when_made_or_trains_every_client_on_m
                                                                                               monkeypatch):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}                        # FedNH's bias-free head; every method runs on it
+    raw["data"]["pool_fraction"] = 0.25                          # clients of about 50 images, batches of 16
     # FedRep's default 10 head-only epochs a round would only repeat what one shows
     params = {"mixup": True, **({"rep_head_epochs": 1} if name == "fedrep" else {})}
-    cfg = config(raw, name, params, rounds=2, clients_per_round=2)
+    cfg = config(raw, name, params, rounds=2, clients_per_round=2, batch_size=16)
     if name in REFUSED_WHEN_MADE:
         with pytest.raises(ConfigError, match="algorithm.params.mixup"):
             make_algorithm(cfg)
