@@ -228,8 +228,8 @@ def zero_gradient_parameters(model: nn.Module, input_shape=None) -> dict[str, fr
     return found
 
 
-def tensors_digest(*groups) -> str:
-    """A sha256 over tensors (given loose or in dicts / lists, in order), their shapes and dtypes."""
+def tensors_digest(tensors) -> str:
+    """A sha256 over tensors (one, or nested in dicts / lists, in order), their shapes and dtypes."""
     h = hashlib.sha256()
 
     def add(t):
@@ -245,8 +245,7 @@ def tensors_digest(*groups) -> str:
             h.update(f"{tuple(t.shape)} {t.dtype}".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
 
-    for group in groups:
-        add(group)
+    add(tensors)
     return h.hexdigest()
 
 
