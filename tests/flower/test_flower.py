@@ -33,7 +33,7 @@ from flwr.common.serde import (  # noqa: E402
 )
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
-from helpers import assert_identical, deliver  # noqa: E402
+from helpers import assert_identical, deliver, small_config_in  # noqa: E402
 
 from fedhet.core.errors import FedhetError  # noqa: E402
 from fedhet.engine.loop import RoundStats  # noqa: E402
@@ -442,14 +442,23 @@ def resumable(small_config, rounds=4):
     return cfg
 
 
+@pytest.fixture(scope="module")
+def resumable_reference(synth_root, tmp_path_factory):
+    """The uninterrupted simulator run both crash points are compared with: its metric rows and
+    final server state, trained once for the module."""
+    tmp = tmp_path_factory.mktemp("resumable-reference")
+    exp = reference_run(resumable(small_config_in(synth_root, tmp / "runs")), tmp / "sim")
+    return read_metrics(tmp / "sim"), exp.loop.server_state
+
+
 @pytest.mark.parametrize("crash_at", ["round 4", "server checkpoint of round 4"])
-def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, crash_at):
+def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, crash_at, resumable_reference):
     """The server dies in round 4, or after the nodes committed round 4 but before its own
     checkpoint: the resumed run (fresh Flower run: empty context.state on every node) continues
     from the checkpoint of round 2, the nodes reload their clients' SCAFFOLD c_i from round 2,
     and the metrics and the final server state equal an uninterrupted run's."""
     cfg = resumable(small_config)
-    ref = reference_run(cfg, tmp_path / "sim")
+    sim_rows, ref_state = resumable_reference
     nodes = tmp_path / "node-state"
     if crash_at == "round 4":
         def crash(mtype, pid, rnd):
@@ -477,10 +486,10 @@ def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, c
     assert commits == ["round-2.pt"] * 6 + (["round-4.pt"] * 6 if crash_at != "round 4" else [])
 
     flower_run(cfg, tmp_path / "flower", resume=True, node_state_dir=str(nodes))
-    sim_rows, fl_rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
+    fl_rows = read_metrics(tmp_path / "flower")
     assert [r["round"] for r in fl_rows] == [1, 2, 3, 4]
     assert_rows_match_simulator(sim_rows, fl_rows)
-    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref_state)
     assert json.loads((tmp_path / "flower" / "summary.json").read_text())["status"] == "completed"
     # the nodes keep the commit of the server's checkpoint before the last (round 2) and the last (4)
     assert sorted(p.name for p in nodes.rglob("round-*.pt")) == ["round-2.pt"] * 6 + ["round-4.pt"] * 6
