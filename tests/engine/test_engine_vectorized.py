@@ -56,7 +56,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import ZeroGradientBounds, assert_close, bn_model, build_loop
+from helpers import ZeroGradientBounds, assert_close, bn_model, build_loop, small_config_in
 from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvg
@@ -485,16 +485,24 @@ def test_fedrema_table_1_settings_equal_reference(small_config, algorithm):
     assert_engines_agree(ref, vec, TIGHT)
 
 
+@pytest.fixture(scope="module")
+def agreeing_bn_runs(synth_root, tmp_path_factory):
+    """Both engines' loops after two rounds of the BN CNN on the unequal partition, trained once for the
+    module; a test that edits one copies it first."""
+    cfg = make_config(small_config_in(synth_root, tmp_path_factory.mktemp("runs")), partition=UNEQUAL, momentum=0.5)
+    return run_both(cfg, bn=True)
+
+
 @pytest.mark.parametrize("tensor,by", [("body.conv1.0.weight", 10 * TIGHT), ("body.conv2.1.running_mean", 1e-4),
                                        ("body.conv1.0.bias", 1e-4)])
-def test_the_agreement_check_still_fails_on_a_genuine_difference(small_config, tensor, by):
+def test_the_agreement_check_still_fails_on_a_genuine_difference(agreeing_bn_runs, tensor, by):
     """The BN CNN's zero-gradient biases are held to a rounding bound, not left unchecked: one entry of a
     real parameter moved by 10x TIGHT, a running mean (which such a bias feeds, so it has 2 D more than
     TIGHT) by 1e-4, or the bias itself by 1e-4 (a tenth of one step of lr times a gradient of 1e-2) in
     the vectorized side's global model fails the comparison."""
-    cfg = make_config(small_config, partition=UNEQUAL, momentum=0.5)
-    ref, vec = run_both(cfg, bn=True)
+    ref, vec = agreeing_bn_runs
     assert_engines_agree(ref, vec, TIGHT)
+    vec = copy.copy(vec)                 # the module's loops stay as trained for the next case
     vec.server_state = copy.deepcopy(vec.server_state)
     vec.server_state["model"][tensor].view(-1)[0] += by
     with pytest.raises(AssertionError, match=tensor.replace(".", r"\.")):
