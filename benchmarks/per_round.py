@@ -13,12 +13,14 @@ the first run is ahead (higher, or lower for a loss, KL or risk); with --by-clie
 evaluations of those rounds (``<metric>_by_client``; within --range if given) the first run is
 below the second. ``--speed`` (repeatable; every timed round, or rounds FIRST-LAST) adds a run's training
 speed: its sample-steps over the engine's training seconds, pooled over the rounds, the slowest and
-fastest round's, and its evaluations' count and seconds, as the result files quote a run's pace.
+fastest round's, its evaluations' count and seconds, and the median of a round's whole time, as the result
+files quote a run's pace.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
 
 from fedhet.experiment.rundir import read_metrics
@@ -58,9 +60,12 @@ def training_speed(rows: list[dict], span: list[int]) -> str | None:
     seconds = sum(r["seconds"]["train"] for r in timed)
     per_round = [r["samples"] / r["seconds"]["train"] for r in timed]
     evaluations = [r["seconds"]["evaluate"] for r in rows if wanted(r) and r.get("seconds", {}).get("evaluate", 0) > 0]
+    # a round's whole time (training, the server's step, evaluation): what sizes a run against a time limit
+    totals = [r["seconds"]["total"] for r in timed if "total" in r["seconds"]]
+    whole = f"; a round in all: median {statistics.median(totals):.2f} s" if totals else ""
     return (f"  training, rounds {timed[0]['round']}-{timed[-1]['round']} ({len(timed)} timed): {samples:,} sample-steps "
             f"in {seconds:,.0f} s, {samples / seconds:,.0f} samples/s (rounds {min(per_round):,.0f}-{max(per_round):,.0f}); "
-            f"{len(evaluations)} evaluation{'' if len(evaluations) == 1 else 's'}, {sum(evaluations):,.0f} s")
+            f"{len(evaluations)} evaluation{'' if len(evaluations) == 1 else 's'}, {sum(evaluations):,.0f} s{whole}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -109,6 +109,15 @@ def test_speed_pools_sample_steps_over_training_seconds(per_round, timed_run, ca
            "1 evaluation, 10 s" in out
 
 
+def test_speed_gives_the_median_of_a_rounds_whole_time(per_round, timed_run, capsys):
+    per_round.main([str(timed_run), "--metric", "global_acc", "--speed", "1", "2", "--speed", "2", "4"])
+    out = capsys.readouterr().out
+    # whole rounds: 2.1, 14.1, 1.1, 13.1 s (training + 0.1 s aggregation + evaluation); rounds 1-2 median 8.1,
+    # rounds 2-4 median 13.1 (not the mean, 9.43)
+    assert "1 evaluation, 10 s; a round in all: median 8.10 s" in out
+    assert "2 evaluations, 22 s; a round in all: median 13.10 s" in out
+
+
 @pytest.mark.parametrize(("span", "message"), [(["--speed", "5", "9"], "no timed round in --speed 5 9"),
                                                (["--speed", "5"], "--speed takes no rounds or two (FIRST LAST), not 1")])
 def test_speed_without_timed_rounds_or_with_one_round_is_a_clear_error(per_round, timed_run, capsys, span, message):
