@@ -30,13 +30,18 @@ def by_round(rows: list[dict], key: str) -> dict[int, float]:
     return {row["round"]: row[key] for row in rows if key in row}
 
 
+def by_round_and_client(rows: list[dict], key: str) -> dict[int, dict[str, float]]:
+    """``key``'s per-client values (a mapping client id -> value) of each round that recorded them."""
+    return {row["round"]: row[key] for row in rows if key in row}
+
+
 def lower_is_better(metric: str) -> bool:
     return any(word in metric for word in ("loss", "kl", "risk"))
 
 
 def client_comparison(rows_of_runs: list[list[dict]], metric: str, rounds: list[int]) -> str:
     """How often the first run's per-client value is below the second's, over ``rounds``."""
-    first, second = (by_round(rows, f"{metric}_by_client") for rows in rows_of_runs)
+    first, second = (by_round_and_client(rows, f"{metric}_by_client") for rows in rows_of_runs)
     below = above = 0
     for r in rounds:
         for cid, value in first.get(r, {}).items():
@@ -50,6 +55,7 @@ def client_comparison(rows_of_runs: list[list[dict]], metric: str, rounds: list[
 
 def training_speed(rows: list[dict], span: list[int]) -> str | None:
     """A line on the training speed of the timed rounds of ``rows`` (within ``span``, FIRST LAST, if given)."""
+
     def wanted(row: dict) -> bool:
         return not span or span[0] <= row["round"] <= span[1]
 
@@ -63,9 +69,11 @@ def training_speed(rows: list[dict], span: list[int]) -> str | None:
     # a round's whole time (training, the server's step, evaluation): what sizes a run against a time limit
     totals = [r["seconds"]["total"] for r in timed if "total" in r["seconds"]]
     whole = f"; a round in all: median {statistics.median(totals):.2f} s" if totals else ""
-    return (f"  training, rounds {timed[0]['round']}-{timed[-1]['round']} ({len(timed)} timed): {samples:,} sample-steps "
-            f"in {seconds:,.0f} s, {samples / seconds:,.0f} samples/s (rounds {min(per_round):,.0f}-{max(per_round):,.0f}); "
-            f"{len(evaluations)} evaluation{'' if len(evaluations) == 1 else 's'}, {sum(evaluations):,.0f} s{whole}")
+    return (
+        f"  training, rounds {timed[0]['round']}-{timed[-1]['round']} ({len(timed)} timed): {samples:,} sample-steps "
+        f"in {seconds:,.0f} s, {samples / seconds:,.0f} samples/s (rounds {min(per_round):,.0f}-{max(per_round):,.0f}); "
+        f"{len(evaluations)} evaluation{'' if len(evaluations) == 1 else 's'}, {sum(evaluations):,.0f} s{whole}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,15 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range", nargs=2, type=int, metavar=("FIRST", "LAST"))
     p.add_argument("--loss-at", nargs="*", type=int, default=[])
     p.add_argument("--by-client", action="store_true")
-    p.add_argument("--speed", nargs="*", type=int, action="append", metavar="FIRST LAST",
-                   help="training speed over every timed round, or rounds FIRST-LAST (repeatable)")
+    p.add_argument(
+        "--speed",
+        nargs="*",
+        type=int,
+        action="append",
+        metavar="FIRST LAST",
+        help="training speed over every timed round, or rounds FIRST-LAST (repeatable)",
+    )
     args = p.parse_args(argv)
     for span in args.speed or []:
         if len(span) not in (0, 2):
             p.error(f"--speed takes no rounds or two (FIRST LAST), not {len(span)}")
     scale, unit = (100, " pp") if "acc" in args.metric else (1, "")
     pick = min if lower_is_better(args.metric) else max
-    rows_of_runs = [read_metrics(run) for run in args.run_dirs]     # each file read once
+    rows_of_runs = [read_metrics(run) for run in args.run_dirs]  # each file read once
     curves = []
     for run, rows in zip(args.run_dirs, rows_of_runs):
         acc = {r: scale * v for r, v in by_round(rows, args.metric).items()}
@@ -112,15 +126,19 @@ def main(argv: list[str] | None = None) -> int:
         for span in args.speed or []:
             line = training_speed(rows, span)
             if line is None:
-                p.error(f"{run}: no timed round{f' in --speed {span[0]} {span[1]}' if span else ''} in its metrics.jsonl")
+                p.error(
+                    f"{run}: no timed round{f' in --speed {span[0]} {span[1]}' if span else ''} in its metrics.jsonl"
+                )
             print(line)
     if len(curves) == 2:
         shared = sorted(set(curves[0]) & set(curves[1]))
         if not shared:
             p.error("the two runs evaluated no round in common")
         diffs = [abs(curves[0][r] - curves[1][r]) for r in shared]
-        print(f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f}{unit}, "
-              f"mean {sum(diffs) / len(diffs):.2f}{unit}")
+        print(
+            f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f}{unit}, "
+            f"mean {sum(diffs) / len(diffs):.2f}{unit}"
+        )
         span = [r for r in shared if not args.range or args.range[0] <= r <= args.range[1]]
         ahead = sum(pick(curves[0][r], curves[1][r]) == curves[0][r] != curves[1][r] for r in span)
         where = f" in rounds {args.range[0]}-{args.range[1]}" if args.range else ""
