@@ -13,8 +13,8 @@ the first run is ahead (higher, or lower for a loss, KL or risk); with --by-clie
 evaluations of those rounds (``<metric>_by_client``; within --range if given) the first run is
 below the second. ``--speed`` (repeatable; every timed round, or rounds FIRST-LAST) adds a run's training
 speed: its sample-steps over the engine's training seconds, pooled over the rounds, the slowest and
-fastest round's, its evaluations' count and seconds, and the median of a round's whole time, as the result
-files quote a run's pace.
+fastest round's, its evaluations' count and seconds, and the median and sum of a round's whole time, as the
+result files quote a run's pace.
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ from __future__ import annotations
 import argparse
 import statistics
 from pathlib import Path
+from typing import Any
 
 from fedhet.experiment.rundir import read_metrics
 
 
-def by_round(rows: list[dict], key: str) -> dict[int, float]:
-    return {row["round"]: row[key] for row in rows if key in row}
-
-
-def by_round_and_client(rows: list[dict], key: str) -> dict[int, dict[str, float]]:
-    """``key``'s per-client values (a mapping client id -> value) of each round that recorded them."""
+def by_round(rows: list[dict], key: str) -> dict[int, Any]:
+    """``key``'s value (a number, or a mapping client id -> number for ``*_by_client``) in each round that recorded it."""
     return {row["round"]: row[key] for row in rows if key in row}
 
 
@@ -41,7 +38,7 @@ def lower_is_better(metric: str) -> bool:
 
 def client_comparison(rows_of_runs: list[list[dict]], metric: str, rounds: list[int]) -> str:
     """How often the first run's per-client value is below the second's, over ``rounds``."""
-    first, second = (by_round_and_client(rows, f"{metric}_by_client") for rows in rows_of_runs)
+    first, second = (by_round(rows, f"{metric}_by_client") for rows in rows_of_runs)
     below = above = 0
     for r in rounds:
         for cid, value in first.get(r, {}).items():
@@ -68,7 +65,9 @@ def training_speed(rows: list[dict], span: list[int]) -> str | None:
     evaluations = [r["seconds"]["evaluate"] for r in rows if wanted(r) and r.get("seconds", {}).get("evaluate", 0) > 0]
     # a round's whole time (training, the server's step, evaluation): what sizes a run against a time limit
     totals = [r["seconds"]["total"] for r in timed if "total" in r["seconds"]]
-    whole = f"; a round in all: median {statistics.median(totals):.2f} s" if totals else ""
+    whole = (
+        f"; a round in all: median {statistics.median(totals):.2f} s, {sum(totals):,.0f} s together" if totals else ""
+    )
     return (
         f"  training, rounds {timed[0]['round']}-{timed[-1]['round']} ({len(timed)} timed): {samples:,} sample-steps "
         f"in {seconds:,.0f} s, {samples / seconds:,.0f} samples/s (rounds {min(per_round):,.0f}-{max(per_round):,.0f}); "

@@ -114,8 +114,8 @@ def test_speed_gives_the_median_of_a_rounds_whole_time(per_round, timed_run, cap
     out = capsys.readouterr().out
     # whole rounds: 2.1, 14.1, 1.1, 13.1 s (training + 0.1 s aggregation + evaluation); rounds 1-2 median 8.1,
     # rounds 2-4 median 13.1 (not the mean, 9.43)
-    assert "1 evaluation, 10 s; a round in all: median 8.10 s" in out
-    assert "2 evaluations, 22 s; a round in all: median 13.10 s" in out
+    assert "1 evaluation, 10 s; a round in all: median 8.10 s, 16 s together" in out
+    assert "2 evaluations, 22 s; a round in all: median 13.10 s, 28 s together" in out
 
 
 @pytest.mark.parametrize(("span", "message"), [(["--speed", "5", "9"], "no timed round in --speed 5 9"),
