@@ -10,7 +10,9 @@ epochs, batch size, loss terms and statistics passes), on one intra-op thread in
 machine's speed falls on the tags alike (evenly when ``--repeats`` is a multiple of the number of tags).
 The tags must share their first seed: in one federation (the same clients, partition and
 participation) that seed draws the same clients for every tag, which the script checks by their
-sample-steps (a line says where they differ). Its figures: the training speed,
+sample-steps (a line says where they differ). ``--set-for TAG KEY=VALUE`` overrides one tag only: to
+time FedFM's matching rounds rather than its FedAvg warm-up, ``--set-for fedfm_lam5 algorithm.params.start_round=0``
+(FedAvg has no such parameter). Its figures: the training speed,
 the round's sample-steps over its training seconds (statistics passes included, evaluation not), as a
 median over the repeats with their range; and the ratio to the first tag, the median over the repeats
 of the tag's speed over the first tag's in the same repeat (a shared machine's speed moves less within
@@ -57,18 +59,25 @@ def one_round(job: Job, clients: int, extra_set: list[str], workdir: Path) -> di
             "aggregate": float(row["seconds"]["aggregate"]), "phases": int(row["phases"])}
 
 
-def measure(jobs: list[Job], clients: int, repeats: int, extra_set: list[str], workdir: Path) -> list[dict]:
+def measure(jobs: list[Job], clients: int, repeats: int, extra_set: list[str], workdir: Path,
+            set_for: dict[str, list[str]] | None = None) -> list[dict]:
     """One row a tag: its round's sample-steps, phases and median aggregation seconds, its speeds
-    (one a repeat), their median, and its ratios to the first tag's speed of the same repeat."""
+    (one a repeat), their median, and its ratios to the first tag's speed of the same repeat.
+    ``set_for`` adds a tag's own overrides after ``extra_set``."""
+    set_for = set_for or {}
+
+    def sets(job: Job) -> list[str]:
+        return [*extra_set, *set_for.get(job.tag, [])]
+
     speeds: dict[str, list[float]] = {job.tag: [] for job in jobs}
     rounds: dict[str, list[dict]] = {job.tag: [] for job in jobs}
     for job in jobs:                                   # warm-up: dataset caches, first-call allocations
-        r = one_round(job, clients, extra_set, workdir)
+        r = one_round(job, clients, sets(job), workdir)
         print(f"warm-up {job.tag}: {r['samples']} sample-steps in {r['train']:.1f} s", flush=True)
     for i in range(repeats):
         order = jobs[i % len(jobs):] + jobs[:i % len(jobs)]
         for job in order:
-            r = one_round(job, clients, extra_set, workdir)
+            r = one_round(job, clients, sets(job), workdir)
             rounds[job.tag].append(r)
             speeds[job.tag].append(r["samples"] / r["train"])
             print(f"repeat {i + 1}/{repeats} {job.tag}: {r['samples']} sample-steps in {r['train']:.1f} s, "
@@ -78,7 +87,8 @@ def measure(jobs: list[Job], clients: int, repeats: int, extra_set: list[str], w
     for job in jobs:
         ratios = [s / r for s, r in zip(speeds[job.tag], reference)]       # each against the same repeat's
         last = rounds[job.tag][-1]
-        rows.append({"tag": job.tag, "config": str(job.config), "sample_steps": last["samples"],
+        rows.append({"tag": job.tag, "config": str(job.config), "set_for": set_for.get(job.tag, []),
+                     "sample_steps": last["samples"],
                      "phases": last["phases"],
                      "aggregate_seconds": statistics.median(r["aggregate"] for r in rounds[job.tag]),
                      "samples_per_s": statistics.median(speeds[job.tag]), "samples_per_s_all": speeds[job.tag],
@@ -92,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", required=True, help="the sweep's tags to measure; the first is the reference")
     parser.add_argument("--set", dest="extra_set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override for every tag (repeatable), e.g. run.memory_format=channels_last")
+    parser.add_argument("--set-for", dest="set_for", action="append", nargs=2, default=[], metavar=("TAG", "KEY=VALUE"),
+                        help="a config override for one tag of --only (repeatable), after --set")
     parser.add_argument("--clients", type=int, default=2, help="clients in the measured round (default 2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default=None, help="result file name (default: the sweep's name)")
@@ -100,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clients < 1 or args.repeats < 1:
         parser.error("--clients and --repeats must be at least 1")
-    fixed = [item for item in args.extra_set if item.split("=", 1)[0].strip() in FIXED_KEYS]
+    fixed = [item for item in [*args.extra_set, *(item for _, item in args.set_for)]
+             if item.split("=", 1)[0].strip() in FIXED_KEYS]
     if fixed:
         parser.error(f"--set {', '.join(fixed)}: the measurement fixes {', '.join(FIXED_KEYS)} "
                      "(one round of --clients clients on one thread in the reference engine); drop it")
@@ -111,13 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [t for t in args.only if t not in first_of_tag]
     if unknown:
         parser.error(f"--only {' '.join(unknown)}: not a tag of {args.sweep}; its tags: {', '.join(first_of_tag)}")
+    stray = [tag for tag, _ in args.set_for if tag not in args.only]
+    if stray:
+        parser.error(f"--set-for {' '.join(dict.fromkeys(stray))}: not a tag of --only ({' '.join(args.only)})")
+    set_for: dict[str, list[str]] = {}
+    for tag, item in args.set_for:
+        set_for.setdefault(tag, []).append(item)
     jobs = [first_of_tag[t] for t in dict.fromkeys(args.only)]
     seeds = {job.tag: job.seed for job in jobs}
     if len(set(seeds.values())) > 1:
         parser.error("the tags' first seeds differ (" + ", ".join(f"{t}: {s}" for t, s in seeds.items())
                      + "), so their rounds would train other clients; measure tags that start with one seed")
     with tempfile.TemporaryDirectory() as workdir:
-        rows = measure(jobs, args.clients, args.repeats, args.extra_set, Path(workdir))
+        rows = measure(jobs, args.clients, args.repeats, args.extra_set, Path(workdir), set_for)
     same_clients = len({r["sample_steps"] for r in rows}) == 1
     for r in rows:
         spread = f"{min(r['samples_per_s_all']):.0f}-{max(r['samples_per_s_all']):.0f}"
@@ -132,10 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"method_cost_{name}.json").write_text(json.dumps(
-        {"machine": info, "sweep": args.sweep, "set": args.extra_set, "clients": args.clients,
+        {"machine": info, "sweep": args.sweep, "set": args.extra_set, "set_for": set_for, "clients": args.clients,
          "repeats": args.repeats, "same_sample_steps": same_clients, "note": args.note, "rows": rows}, indent=1))
     command = shlex.join([".venv/bin/python", "benchmarks/method_cost.py", args.sweep, "--only", *args.only,
-                          *(x for item in args.extra_set for x in ("--set", item)), "--clients", str(args.clients),
+                          *(x for item in args.extra_set for x in ("--set", item)),
+                          *(x for tag, item in args.set_for for x in ("--set-for", tag, item)), "--clients", str(args.clients),
                           "--repeats", str(args.repeats), *(("--name", args.name) if args.name else ())])
     lines = [f"# What a round of each method costs: {name}", "", "Command:", "", "```bash", command, "```", "",
              f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}. Round 1 (the last, so "

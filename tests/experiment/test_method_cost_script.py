@@ -56,6 +56,34 @@ def test_medians_ratios_and_the_rotating_order_from_set_timings(script, sweep_fi
     assert "fedprox: 50 samples/s (40-160), 0.40x fedavg (0.12-0.80)" in capsys.readouterr().out
 
 
+def test_set_for_reaches_only_its_tag_after_the_common_set(script, sweep_file, tmp_path, monkeypatch):
+    calls: list[tuple[str, list[str]]] = []
+
+    def fake_round(job, clients, extra_set, workdir):
+        calls.append((job.tag, extra_set))
+        return {"samples": 400, "train": 1.0, "aggregate": 0.0, "phases": 1}
+
+    monkeypatch.setattr(script, "one_round", fake_round)
+    script.main([str(sweep_file), "--only", "fedavg", "fedprox", "--repeats", "1", "--set", "run.precision=bf16",
+                 "--set-for", "fedprox", "algorithm.params.mu=0.5", "--out", str(tmp_path), "--name", "f"])
+    expected = {"fedavg": ["run.precision=bf16"], "fedprox": ["run.precision=bf16", "algorithm.params.mu=0.5"]}
+    assert len(calls) == 4                                   # warm-up and one repeat each
+    assert all(extra == expected[tag] for tag, extra in calls)
+    assert "--set-for fedprox algorithm.params.mu=0.5" in (tmp_path / "method_cost_f.md").read_text()
+    record = json.loads((tmp_path / "method_cost_f.json").read_text())
+    assert record["set_for"] == {"fedprox": ["algorithm.params.mu=0.5"]}
+    assert [r["set_for"] for r in record["rows"]] == [[], ["algorithm.params.mu=0.5"]]
+
+
+def test_set_for_a_tag_not_measured_is_refused(script, sweep_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured before checking --set-for"))
+    with pytest.raises(SystemExit) as stop:
+        script.main([str(sweep_file), "--only", "fedavg", "--set-for", "fedprox", "algorithm.params.mu=0.5",
+                     "--out", str(tmp_path / "res")])
+    assert stop.value.code == 2
+    assert "--set-for fedprox: not a tag of --only (fedavg)" in capsys.readouterr().err
+
+
 def test_rounds_of_other_sample_steps_are_said_to_differ(script, sweep_file, tmp_path, monkeypatch):
     monkeypatch.setattr(script, "one_round", lambda job, *a: {"samples": 400 if job.tag == "fedavg" else 500,
                                                              "train": 1.0, "aggregate": 0.0, "phases": 1})
