@@ -6,11 +6,11 @@
 
 For each run: the metric at the rounds of --at (accuracies in %, other metrics as recorded), its
 best round (the lowest for a loss, KL or risk), its mean over the evaluated rounds of --window
-(inclusive), its min and max over --range, and train_loss at --loss-at. With two runs, also how
-far apart they are over the rounds both evaluated (max and mean |difference|): the check that two
-engines or devices trained the same seed alike; at how many of those rounds (within --range if given)
+(inclusive), its min and max over each --range (repeatable), and train_loss at --loss-at. With two runs,
+also how far apart they are over the rounds both evaluated (max and mean |difference|): the check that two
+engines or devices trained the same seed alike; at how many of those rounds (within each --range if given)
 the first run is ahead (higher, or lower for a loss, KL or risk); with --by-client, at how many of the client
-evaluations of those rounds (``<metric>_by_client``; within --range if given) the first run is
+evaluations of those rounds (``<metric>_by_client``; within each --range if given) the first run is
 below the second. ``--speed`` (repeatable; every timed round, or rounds FIRST-LAST) adds a run's training
 speed: its sample-steps over the engine's training seconds, pooled over the rounds, the slowest and
 fastest round's, its evaluations' count and seconds, and the median and sum of a round's whole time, as the
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", default="personal_acc")
     p.add_argument("--at", nargs="*", type=int, default=[])
     p.add_argument("--window", nargs=2, type=int, metavar=("FIRST", "LAST"))
-    p.add_argument("--range", nargs=2, type=int, metavar=("FIRST", "LAST"))
+    p.add_argument("--range", nargs=2, type=int, action="append", default=[], metavar=("FIRST", "LAST"),
+                   help="min and max over rounds FIRST-LAST, and with two runs who is ahead there (repeatable)")
     p.add_argument("--loss-at", nargs="*", type=int, default=[])
     p.add_argument("--by-client", action="store_true")
     p.add_argument(
@@ -114,11 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             if not window:
                 p.error(f"{run}: no evaluated round in --window {args.window[0]} {args.window[1]}")
             print(f"  mean over rounds {args.window[0]}-{args.window[1]}: {sum(window) / len(window):.2f}")
-        if args.range:
-            span = [acc[r] for r in range(args.range[0], args.range[1] + 1) if r in acc]
+        for first, last in args.range:
+            span = [acc[r] for r in range(first, last + 1) if r in acc]
             if not span:
-                p.error(f"{run}: no evaluated round in --range {args.range[0]} {args.range[1]}")
-            print(f"  rounds {args.range[0]}-{args.range[1]}: min {min(span):.2f}, max {max(span):.2f}")
+                p.error(f"{run}: no evaluated round in --range {first} {last}")
+            print(f"  rounds {first}-{last}: min {min(span):.2f}, max {max(span):.2f}")
         if args.loss_at:
             loss = by_round(rows, "train_loss")
             print("  train_loss at " + ", ".join(f"{r}: {loss[r]:.4f}" for r in args.loss_at if r in loss))
@@ -138,12 +139,13 @@ def main(argv: list[str] | None = None) -> int:
             f"|difference| over {len(shared)} shared rounds: max {max(diffs):.2f}{unit}, "
             f"mean {sum(diffs) / len(diffs):.2f}{unit}"
         )
-        span = [r for r in shared if not args.range or args.range[0] <= r <= args.range[1]]
-        ahead = sum(pick(curves[0][r], curves[1][r]) == curves[0][r] != curves[1][r] for r in span)
-        where = f" in rounds {args.range[0]}-{args.range[1]}" if args.range else ""
-        print(f"first run ahead at {ahead} of {len(span)} shared rounds{where}")
-        if args.by_client:
-            print(client_comparison(rows_of_runs, args.metric, span))
+        for bounds in args.range or [None]:
+            span = [r for r in shared if bounds is None or bounds[0] <= r <= bounds[1]]
+            ahead = sum(pick(curves[0][r], curves[1][r]) == curves[0][r] != curves[1][r] for r in span)
+            where = f" in rounds {bounds[0]}-{bounds[1]}" if bounds else ""
+            print(f"first run ahead at {ahead} of {len(span)} shared rounds{where}")
+            if args.by_client:
+                print(client_comparison(rows_of_runs, args.metric, span))
     return 0
 
 

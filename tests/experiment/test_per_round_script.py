@@ -71,6 +71,14 @@ def test_two_runs_count_the_rounds_the_first_is_ahead(per_round, two_runs, capsy
     assert ahead in capsys.readouterr().out
 
 
+def test_each_range_gets_its_own_lines(per_round, two_runs, capsys):
+    per_round.main([*map(str, two_runs), "--range", "5", "5", "--range", "10", "15"])
+    out = capsys.readouterr().out
+    assert "rounds 5-5: min 50.00, max 50.00" in out and "rounds 10-15: min 60.00, max 70.00" in out
+    assert "first run ahead at 1 of 1 shared rounds in rounds 5-5" in out      # 50 > 40
+    assert "first run ahead at 0 of 2 shared rounds in rounds 10-15" in out    # 70 < 75, 60 < 65
+
+
 @pytest.mark.parametrize(("span", "message"), [(["--window", "11", "14"], "no evaluated round in --window 11 14"),
                                                (["--range", "16", "20"], "no evaluated round in --range 16 20")])
 def test_a_window_or_range_without_evaluated_rounds_is_a_clear_error(per_round, two_runs, capsys, span, message):
