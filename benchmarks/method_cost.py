@@ -112,10 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clients < 1 or args.repeats < 1:
         parser.error("--clients and --repeats must be at least 1")
-    fixed = [item for item in [*args.extra_set, *(item for _, item in args.set_for)]
-             if item.split("=", 1)[0].strip() in FIXED_KEYS]
+    fixed = [f"--set {item}" for item in args.extra_set if item.split("=", 1)[0].strip() in FIXED_KEYS]
+    fixed += [f"--set-for {tag} {item}" for tag, item in args.set_for if item.split("=", 1)[0].strip() in FIXED_KEYS]
     if fixed:
-        parser.error(f"--set {', '.join(fixed)}: the measurement fixes {', '.join(FIXED_KEYS)} "
+        parser.error(f"{', '.join(fixed)}: the measurement fixes {', '.join(FIXED_KEYS)} "
                      "(one round of --clients clients on one thread in the reference engine); drop it")
     sweep = load_sweep(args.sweep)
     first_of_tag: dict[str, Job] = {}

@@ -111,6 +111,16 @@ def test_a_set_of_what_the_measurement_fixes_is_refused(script, sweep_file, tmp_
     assert f"--set {item}: the measurement fixes train.rounds" in capsys.readouterr().err
 
 
+def test_a_set_for_of_what_the_measurement_fixes_is_refused_by_its_flag(script, sweep_file, tmp_path, monkeypatch,
+                                                                        capsys):
+    monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured before checking --set-for"))
+    with pytest.raises(SystemExit) as stop:
+        script.main([str(sweep_file), "--only", "fedavg", "--set-for", "fedavg", "run.engine=parallel",
+                     "--out", str(tmp_path / "res")])
+    assert stop.value.code == 2
+    assert "--set-for fedavg run.engine=parallel: the measurement fixes train.rounds" in capsys.readouterr().err
+
+
 def test_tags_that_start_with_other_seeds_are_refused(script, small_config, tmp_path, monkeypatch, capsys):
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"seeds": [1]})])
     monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured tags of other seeds"))
