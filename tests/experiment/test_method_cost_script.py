@@ -102,23 +102,15 @@ def test_a_tag_the_sweep_lacks_is_refused_with_its_tags(script, sweep_file, tmp_
     assert not (tmp_path / "res").exists()
 
 
-@pytest.mark.parametrize("item", ["train.rounds=3", "run.engine=parallel", " run.threads =2"])
-def test_a_set_of_what_the_measurement_fixes_is_refused(script, sweep_file, tmp_path, monkeypatch, capsys, item):
+@pytest.mark.parametrize("given", [["--set", "train.rounds=3"], ["--set", "run.engine=parallel"],
+                                   ["--set", " run.threads =2"], ["--set-for", "fedavg", "run.engine=parallel"]])
+def test_a_set_of_what_the_measurement_fixes_is_refused_by_its_flag(script, sweep_file, tmp_path, monkeypatch,
+                                                                    capsys, given):
     monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured before checking --set"))
     with pytest.raises(SystemExit) as stop:
-        script.main([str(sweep_file), "--only", "fedavg", "--set", item, "--out", str(tmp_path / "res")])
+        script.main([str(sweep_file), "--only", "fedavg", *given, "--out", str(tmp_path / "res")])
     assert stop.value.code == 2
-    assert f"--set {item}: the measurement fixes train.rounds" in capsys.readouterr().err
-
-
-def test_a_set_for_of_what_the_measurement_fixes_is_refused_by_its_flag(script, sweep_file, tmp_path, monkeypatch,
-                                                                        capsys):
-    monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured before checking --set-for"))
-    with pytest.raises(SystemExit) as stop:
-        script.main([str(sweep_file), "--only", "fedavg", "--set-for", "fedavg", "run.engine=parallel",
-                     "--out", str(tmp_path / "res")])
-    assert stop.value.code == 2
-    assert "--set-for fedavg run.engine=parallel: the measurement fixes train.rounds" in capsys.readouterr().err
+    assert f"{' '.join(given)}: the measurement fixes train.rounds" in capsys.readouterr().err
 
 
 def test_tags_that_start_with_other_seeds_are_refused(script, small_config, tmp_path, monkeypatch, capsys):
