@@ -238,6 +238,26 @@ def test_a_flower_run_that_died_before_its_first_checkpoint_says_how_to_go_on(tm
     assert "the rounds done are kept" in resume_hint(tmp_path)
 
 
+def test_a_failed_run_says_the_error_its_apps_logged(tmp_path):
+    """A ServerApp that fails before it writes a summary (here: the user's method cannot be imported
+    where it runs) is reported with its exception's line, not only 'see the logs'."""
+    from fedhet.flower.deploy import logged_error
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "supernode-0.log").write_text("INFO: waiting\nValueError: a node's own failure\n")
+    assert logged_error(logs) == f"ValueError: a node's own failure (in {logs / 'supernode-0.log'})"
+    (logs / "run.log").write_text(
+        "Traceback (most recent call last):\n  File \"app.py\", line 3, in main\n"
+        "fedhet.core.errors.ConfigError: algorithm.name: 'feddamp:FedDamp': no module 'feddamp' can be imported\n"
+        "\x1b[91mERROR \x1b[0m:     Exit Code: 201\n")
+    assert logged_error(logs) == ("fedhet.core.errors.ConfigError: algorithm.name: 'feddamp:FedDamp': no module "
+                                  f"'feddamp' can be imported (in {logs / 'run.log'})")
+    (logs / "run.log").write_text("nothing went wrong here\n")
+    (logs / "supernode-0.log").unlink()
+    assert logged_error(logs) is None
+
+
 # --- fedhet compare ------------------------------------------------------------------------------
 def _run(raw, out, **train):
     raw = copy.deepcopy(raw)

@@ -249,23 +249,3 @@ def test_loopback_runs_the_users_own_method_model_and_data_as_the_simulator_does
     for s, f in zip(sim_rows, rows, strict=True):
         assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"], f["round"]
     assert rows[-1]["global_acc"] == pytest.approx(sim_rows[-1]["global_acc"], abs=1e-9)
-
-
-def test_a_failed_run_says_the_error_its_apps_logged(tmp_path):
-    """A ServerApp that fails before it writes a summary (here: the user's method cannot be imported
-    where it runs) is reported with its exception's line, not only 'see the logs'."""
-    from fedhet.flower.deploy import logged_error
-
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    (logs / "supernode-0.log").write_text("INFO: waiting\nValueError: a node's own failure\n")
-    assert logged_error(logs) == f"ValueError: a node's own failure (in {logs / 'supernode-0.log'})"
-    (logs / "run.log").write_text(
-        "Traceback (most recent call last):\n  File \"app.py\", line 3, in main\n"
-        "fedhet.core.errors.ConfigError: algorithm.name: 'feddamp:FedDamp': no module 'feddamp' can be imported\n"
-        "\x1b[91mERROR \x1b[0m:     Exit Code: 201\n")
-    assert logged_error(logs) == ("fedhet.core.errors.ConfigError: algorithm.name: 'feddamp:FedDamp': no module "
-                                  f"'feddamp' can be imported (in {logs / 'run.log'})")
-    (logs / "run.log").write_text("nothing went wrong here\n")
-    (logs / "supernode-0.log").unlink()
-    assert logged_error(logs) is None
