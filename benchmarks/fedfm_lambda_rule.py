@@ -19,10 +19,10 @@ from pathlib import Path
 from fedhet.experiment.rundir import read_metrics
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("folder", type=Path)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     rows = []
     for d in sorted(a.folder.glob("fedfm_lam*_s0")):
         if not d.is_dir():
