@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The GPU checks, as one call on a lent GPU machine (the workplace's device tool runs it in a copy
-# of the working tree; $OUT comes back). With no settings, one call measures the engines and one
+# The GPU checks, as one call on a lent GPU machine (run in a copy of the working tree there;
+# what is under $OUT comes back). With no settings, one call measures the engines and one
 # method of each family against the device's ceiling, evaluation's share, FedAvg's and FedCME's
 # 100-round Table II runs and a full-size FedClassAvg round, in about 7 minutes on an H200 (the
 # steps' own times there: tests 59 s, the two runs 53 + 68 s; the benchmark and FedClassAvg steps
-# estimated, not yet timed together): give the device tool a timeout of 600 s; $DEADLINE below keeps
+# estimated, not yet timed together): give the call a timeout of 600 s; $DEADLINE below keeps
 # the call inside it. Steps, each under its own time limit, so one that fails or overruns still
 # leaves the others' results:
 #   1. the machine: GPU, driver, torch, CUDA;
@@ -47,7 +47,7 @@
 #      $SWEEP_PYTEST_SECONDS the CUDA tests of step 2 run beside them instead (set PYTEST_SECONDS=0).
 # PYTEST_SECONDS, BENCH_SECONDS or RUNS_SECONDS at 0 skips that step; RUN_SPECS= (empty) skips the runs.
 # Prepared here: wheels of what the machine's python lacks in .whl/ (pydantic and its needs) and
-# the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are carried.
+# the four Fashion-MNIST .gz files in .devdata/fashion_mnist/; both are copied along with the working tree.
 #
 # A dry run on a machine without CUDA, before device time is spent: steps 2, 3 and 5 run as in the
 # default call but on the CPU (--device cpu; the engine benchmark also --quick: E=1, a small ceiling)
@@ -141,7 +141,7 @@ if [ -n "${GPU_SWEEP:-}" ]; then   # $OUT/sweep0.tar.gz and sweep0.log, as bench
     bash benchmarks/gpu_sweeps.sh "${GPU_SWEEP_SECONDS:-240}" "${sweeps[@]}" > "$OUT/gpu_sweeps.log" 2>&1
   echo "=== gpu_sweeps: exit $?"; tail -n 30 "$OUT/gpu_sweeps.log"
 fi
-# The device tool brings back at most 8 files of at most 16 MB each: everything goes into one archive
+# A GPU call here brings back at most 8 files of at most 16 MB each: everything goes into one archive
 # beside machine.txt, except the sweeps' own archives (each up to a few MB of checkpoints).
 tar czf /tmp/gpu_check_results.tar.gz -C "$OUT" --exclude machine.txt --exclude 'sweep*.tar.gz' . \
   && mv /tmp/gpu_check_results.tar.gz "$OUT/results.tar.gz"

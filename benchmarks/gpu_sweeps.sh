@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Sweeps side by side on a lent GPU machine (the workplace's device tool runs this in a copy of
-# the working tree; what is under $OUT comes back), for reproductions that a CPU cannot finish:
+# Sweeps side by side on a lent GPU machine (run in a copy of the working tree there; what is
+# under $OUT comes back), for reproductions that a CPU cannot finish:
 #   bash benchmarks/gpu_sweeps.sh SECONDS 'SWEEP_FILE [--only TAG ...] [--lanes N] [--from=ARCHIVE]' ['SWEEP_FILE ...' ...]
 # Each sweep runs with run.device=cuda and run.engine=vectorized, pinned to its own share of the
 # CPUs (the sweep splits its share between its lanes, $SWEEP_LANES, default 2), and is stopped
@@ -17,7 +17,7 @@
 # Each sweep starts from the runs its own folder (the file's `out`) holds in the copy of the working
 # tree: the runs committed there are left alone and only the missing ones run (below).
 # Prepared here as for benchmarks/gpu_check.sh: .whl/ (pydantic and its needs) and
-# .devdata/fashion_mnist/ (the four .gz files), both carried.
+# .devdata/fashion_mnist/ (the four .gz files), both copied along with the working tree.
 # A dry run on a machine without CUDA, before device time is spent: GPU_SWEEPS_DEVICE=cpu (runs on the
 # CPU, run.engine as each config says).
 set -u
@@ -60,7 +60,7 @@ status=0
 pids=()
 n=0
 # Each sweep's folder of this call is made of --from=ARCHIVE (a sweepN.tar.gz an earlier call brought
-# back, committed or carried: its unfinished runs go on from their checkpoints), then the sweep's own
+# back, committed or copied along: its unfinished runs go on from their checkpoints), then the sweep's own
 # folder copied over it, so a run committed as completed stays completed whatever the archive holds.
 # Every folder is ready before any sweep starts, so a bad sweep file or archive stops the call with
 # nothing running.
