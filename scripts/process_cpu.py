@@ -10,6 +10,11 @@ running is counted too, so run it on a quiet machine), and samples every process
 command (a process shorter than one sample may be missed, its last tick uncounted). The sampling
 itself is busy CPU too (a Flower deployment test: 67 busy CPU s sampled at 0.25 s, 55 unsampled):
 compare commands at one ``--every``.
+
+``--memory`` also reads each sampled process's peak resident memory (VmHWM: what ``ps`` shows at
+its highest; shared libraries count in every process that maps them) and, at every sample, the
+command's processes' proportional set sizes summed (PSS: a shared page split among its users), whose
+largest value is the memory the command held at once. A peak shorter than one sample may be missed.
 """
 
 from __future__ import annotations
@@ -52,17 +57,44 @@ def processes():
         yield (pid, fields[19]), (int(fields[11]) + int(fields[12])) / TICK, cmdline   # utime + stime
 
 
-def sample(seen: dict, stop: threading.Event, every: float) -> None:
+def memory_kb(pid: str) -> tuple[int, int]:
+    """(peak RSS, PSS now) of a process in kB; (0, 0) once it is gone or a zombie."""
+    def field(path: str, name: str) -> int:
+        try:
+            for line in open(path):
+                if line.startswith(name):
+                    return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+    return field(f"/proc/{pid}/status", "VmHWM:"), field(f"/proc/{pid}/smaps_rollup", "Pss:")
+
+
+def sample(seen: dict, stop: threading.Event, every: float, before: set, memory: dict | None = None) -> None:
+    """Every ``every`` s until ``stop``: each process's last CPU seconds into ``seen[key] = (cpu,
+    name, peak RSS kB)``; with ``memory``, also the largest PSS sum of the processes not in
+    ``before`` (``memory["pss_kb"]``)."""
     while not stop.is_set():
+        pss_now = 0
         for key, cpu, cmdline in processes():
-            name = command_name(cmdline) if cmdline else seen.get(key, (0.0, "?"))[1]   # a zombie has none
-            seen[key] = (max(cpu, seen.get(key, (0.0, name))[0]), name)
+            last_cpu, name, hwm = seen.get(key, (0.0, "?", 0))
+            name = command_name(cmdline) if cmdline else name       # a zombie has no command line
+            if memory is not None:
+                peak, pss = memory_kb(key[0])
+                hwm = max(hwm, peak)
+                if key not in before:
+                    pss_now += pss
+            seen[key] = (max(cpu, last_cpu), name, hwm)
+        if memory is not None:
+            memory["pss_kb"] = max(memory.get("pss_kb", 0), pss_now)
         stop.wait(every)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--every", type=float, default=0.25, help="seconds between samples of /proc")
+    ap.add_argument("--memory", action="store_true",
+                    help="also each command's largest peak RSS and the processes' largest PSS sum")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     args = ap.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -71,22 +103,27 @@ def main() -> None:
     seen: dict = {}
     stop = threading.Event()
     before = {key for key, _, _ in processes()}          # running already: not the command's
-    sampler = threading.Thread(target=sample, args=(seen, stop, args.every), daemon=True)
+    memory: dict | None = {} if args.memory else None
+    sampler = threading.Thread(target=sample, args=(seen, stop, args.every, before, memory), daemon=True)
     busy0, t0 = busy_seconds(), time.monotonic()
     sampler.start()
     rc = subprocess.call(command)
     busy1, t1 = busy_seconds(), time.monotonic()
     stop.set()
     sampler.join()
-    by_command: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for key, (cpu, name) in seen.items():
+    by_command: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for key, (cpu, name, hwm) in seen.items():
         if key not in before:
             by_command[name][0] += 1
             by_command[name][1] += cpu
-    print(f"\nexit status {rc}; wall {t1 - t0:.1f} s; machine busy {busy1 - busy0:.0f} CPU s")
-    print("| command | processes | CPU s |\n|---|---|---|")
-    for name, (count, cpu) in sorted(by_command.items(), key=lambda kv: -kv[1][1]):
-        print(f"| {name} | {count} | {cpu:.1f} |")
+            by_command[name][2] = max(by_command[name][2], hwm)
+    print(f"\nexit status {rc}; wall {t1 - t0:.1f} s; machine busy {busy1 - busy0:.0f} CPU s"
+          + (f"; the command's processes together held at most {memory.get('pss_kb', 0) / 1024:.0f} MiB (PSS)"
+             if memory is not None else ""))
+    mem_head = (" peak RSS of one (MiB) |", "---|") if memory is not None else ("", "")
+    print(f"| command | processes | CPU s |{mem_head[0]}\n|---|---|---|{mem_head[1]}")
+    for name, (count, cpu, hwm) in sorted(by_command.items(), key=lambda kv: -kv[1][1]):
+        print(f"| {name} | {count} | {cpu:.1f} |" + (f" {hwm / 1024:.0f} |" if memory is not None else ""))
     sys.exit(rc)
 
 

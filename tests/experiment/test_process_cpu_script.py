@@ -31,3 +31,20 @@ def test_a_process_the_command_never_waits_for_is_counted_under_its_command(tmp_
     count, cpu = rows["orphan-burner"]
     assert count == 1 and cpu >= 0.7, done.stdout           # its 0.8 s, less at most a sample's worth
     assert re.search(r"machine busy \d+ CPU s", done.stdout)
+
+
+def test_memory_reports_a_process_peak_and_the_commands_processes_together(tmp_path):
+    # a process under its own name holds 200 MB (written, so resident) for a second, then frees it
+    # and lives on: its peak, not its last size, is reported; its interpreter adds tens of MB at most
+    holder = tmp_path / "memory-holder"
+    os.symlink(sys.executable, holder)
+    hold = "import time; x = bytearray(b'\\x01') * 200_000_000; time.sleep(1.0); del x; time.sleep(0.5)"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--every", "0.05", "--memory", "--", str(holder), "-c", hold],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = {m[0]: float(m[1]) for m in re.findall(r"^\| (\S+) \| \d+ \| [\d.]+ \| (\d+) \|$", done.stdout, re.M)}
+    mib = 200_000_000 / 2**20
+    assert mib <= rows["memory-holder"] < mib + 60, done.stdout
+    # every process started meanwhile counts (other tests' too, on a busy machine): a floor only
+    together = float(re.search(r"together held at most (\d+) MiB \(PSS\)", done.stdout)[1])
+    assert together >= mib, done.stdout
