@@ -11,10 +11,12 @@ command (a process shorter than one sample may be missed, its last tick uncounte
 itself is busy CPU too (a Flower deployment test: 67 busy CPU s sampled at 0.25 s, 55 unsampled):
 compare commands at one ``--every``.
 
-``--memory`` also reads each sampled process's peak resident memory (VmHWM: what ``ps`` shows at
-its highest; shared libraries count in every process that maps them) and, at every sample, the
-command's processes' proportional set sizes summed (PSS: a shared page split among its users), whose
-largest value is the memory the command held at once. A peak shorter than one sample may be missed.
+``--memory`` also reads, for every process started after this script (the command's, and anyone
+else's: run it on a quiet machine), its peak resident memory (VmHWM: what ``ps`` shows at its
+highest; shared libraries count in every process that maps them) and, at every sample, their
+proportional set sizes summed (PSS: a shared page split among its users), whose largest value is
+the memory they held at once. A peak shorter than one sample may be missed; compare commands at one
+``--every`` and the same ``--memory`` (reading memory is busy CPU too).
 """
 
 from __future__ import annotations
@@ -57,36 +59,42 @@ def processes():
         yield (pid, fields[19]), (int(fields[11]) + int(fields[12])) / TICK, cmdline   # utime + stime
 
 
-def memory_kb(pid: str) -> tuple[int, int]:
-    """(peak RSS, PSS now) of a process in kB; (0, 0) once it is gone or a zombie."""
-    def field(path: str, name: str) -> int:
+def memory_kb(pid: str) -> tuple[int | None, int | None]:
+    """(peak RSS, PSS now) of a process in kB; None where /proc does not say (the process is gone, a
+    zombie, not ours, or the kernel has no smaps_rollup)."""
+    def field(path: str, name: str) -> int | None:
         try:
             for line in open(path):
                 if line.startswith(name):
                     return int(line.split()[1])
-        except OSError:
+        except (OSError, ValueError):
             pass
-        return 0
+        return None
     return field(f"/proc/{pid}/status", "VmHWM:"), field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
 def sample(seen: dict, stop: threading.Event, every: float, before: set, memory: dict | None = None) -> None:
     """Every ``every`` s until ``stop``: each process's last CPU seconds into ``seen[key] = (cpu,
-    name, peak RSS kB)``; with ``memory``, also the largest PSS sum of the processes not in
-    ``before`` (``memory["pss_kb"]``)."""
+    name)``; with ``memory``, for the processes not in ``before``: ``memory["rss"][key] = (peak RSS
+    kB, last VmHWM)`` and ``memory["pss_kb"]``, the largest sum of their PSS at one sample."""
     while not stop.is_set():
         pss_now = 0
         for key, cpu, cmdline in processes():
-            last_cpu, name, hwm = seen.get(key, (0.0, "?", 0))
-            name = command_name(cmdline) if cmdline else name       # a zombie has no command line
-            if memory is not None:
-                peak, pss = memory_kb(key[0])
-                hwm = max(hwm, peak)
-                if key not in before:
+            last_cpu, name = seen.get(key, (0.0, "?"))
+            if memory is not None and key not in before:
+                hwm, pss = memory_kb(key[0])
+                if hwm is not None:
+                    peak, last_hwm = memory["rss"].get(key, (0, 0))
+                    # VmHWM only grows within one program: a drop means exec replaced the memory the
+                    # process shared with its parent after fork, which is not its own
+                    memory["rss"][key] = (hwm if hwm < last_hwm else max(peak, hwm), hwm)
+                # not at its first sample: between vfork and exec a child reads as its parent
+                if pss is not None and key in seen:
                     pss_now += pss
-            seen[key] = (max(cpu, last_cpu), name, hwm)
+                    memory["pss_read"] = True
+            seen[key] = (max(cpu, last_cpu), command_name(cmdline) if cmdline else name)   # a zombie has none
         if memory is not None:
-            memory["pss_kb"] = max(memory.get("pss_kb", 0), pss_now)
+            memory["pss_kb"] = max(memory["pss_kb"], pss_now)
         stop.wait(every)
 
 
@@ -103,7 +111,7 @@ def main() -> None:
     seen: dict = {}
     stop = threading.Event()
     before = {key for key, _, _ in processes()}          # running already: not the command's
-    memory: dict | None = {} if args.memory else None
+    memory: dict | None = {"rss": {}, "pss_kb": 0} if args.memory else None
     sampler = threading.Thread(target=sample, args=(seen, stop, args.every, before, memory), daemon=True)
     busy0, t0 = busy_seconds(), time.monotonic()
     sampler.start()
@@ -112,14 +120,18 @@ def main() -> None:
     stop.set()
     sampler.join()
     by_command: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0])
-    for key, (cpu, name, hwm) in seen.items():
+    for key, (cpu, name) in seen.items():
         if key not in before:
             by_command[name][0] += 1
             by_command[name][1] += cpu
-            by_command[name][2] = max(by_command[name][2], hwm)
-    print(f"\nexit status {rc}; wall {t1 - t0:.1f} s; machine busy {busy1 - busy0:.0f} CPU s"
-          + (f"; the command's processes together held at most {memory.get('pss_kb', 0) / 1024:.0f} MiB (PSS)"
-             if memory is not None else ""))
+            if memory is not None:
+                by_command[name][2] = max(by_command[name][2], memory["rss"].get(key, (0, 0))[0])
+    held = ""
+    if memory is not None:
+        held = ("; the processes started meanwhile held at most "
+                + (f"{memory['pss_kb'] / 1024:.0f} MiB together (PSS)" if memory.get("pss_read")
+                   else "? MiB together (PSS unavailable: no readable /proc/PID/smaps_rollup)"))
+    print(f"\nexit status {rc}; wall {t1 - t0:.1f} s; machine busy {busy1 - busy0:.0f} CPU s{held}")
     mem_head = (" peak RSS of one (MiB) |", "---|") if memory is not None else ("", "")
     print(f"| command | processes | CPU s |{mem_head[0]}\n|---|---|---|{mem_head[1]}")
     for name, (count, cpu, hwm) in sorted(by_command.items(), key=lambda kv: -kv[1][1]):
