@@ -16,6 +16,10 @@ building the federation, the clients' work) and the rest (message transport and 
 Writes ``benchmarks/results/flower_latency.{json,md}`` with the machine and the commit.
 
     .venv/bin/python benchmarks/flower_latency.py [--rounds 3] [--algorithms fedavg fedcme]
+
+``--write-config YAML`` writes the config instead (of the first ``--algorithms``), for measuring
+one deployment of it alone, e.g. its memory with ``scripts/process_cpu.py --memory -- fedhet flower
+run YAML [--simulation]``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fedhet.experiment.config import ExperimentConfig, load_config
+from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
 from fedhet.experiment.summary import machine_info
@@ -152,13 +156,20 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--algorithms", nargs="+", default=["fedavg", "fedcme"])
     ap.add_argument("--data-root", help="Fashion-MNIST directory (default: the config's)")
     ap.add_argument("--out", type=Path, default=RESULTS / "flower_latency")
-    a = ap.parse_args()
+    ap.add_argument("--write-config", type=Path, metavar="YAML",
+                    help="write the config of the first --algorithms as YAML and stop, e.g. for `fedhet flower "
+                         "run YAML` under `scripts/process_cpu.py --memory` (what a deployment holds in memory)")
+    a = ap.parse_args(argv)
+    if a.write_config:
+        a.write_config.write_text(dump_config(bench_config(a.algorithms[0], a.rounds, a.data_root)))
+        print(f"wrote {a.write_config}")
+        return 0
     import flwr
 
     t_start = time.perf_counter()
