@@ -112,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.clients < 1 or args.repeats < 1:
         parser.error("--clients and --repeats must be at least 1")
-    fixed = [f"--set {item}" for item in args.extra_set if item.split("=", 1)[0].strip() in FIXED_KEYS]
-    fixed += [f"--set-for {tag} {item}" for tag, item in args.set_for if item.split("=", 1)[0].strip() in FIXED_KEYS]
+    given = [("--set", item) for item in args.extra_set] + [(f"--set-for {tag}", item) for tag, item in args.set_for]
+    fixed = [f"{flag} {item}" for flag, item in given if item.split("=", 1)[0].strip() in FIXED_KEYS]
     if fixed:
         parser.error(f"{', '.join(fixed)}: the measurement fixes {', '.join(FIXED_KEYS)} "
                      "(one round of --clients clients on one thread in the reference engine); drop it")
