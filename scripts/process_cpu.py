@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -73,28 +74,35 @@ def memory_kb(pid: str) -> tuple[int | None, int | None]:
     return field(f"/proc/{pid}/status", "VmHWM:"), field(f"/proc/{pid}/smaps_rollup", "Pss:")
 
 
-def sample(seen: dict, stop: threading.Event, every: float, before: set, memory: dict | None = None) -> None:
+@dataclass
+class MemorySamples:
+    """What ``--memory`` gathers of the processes started meanwhile: per process, (peak RSS kB since
+    its last exec, its last VmHWM); the largest sum of their PSS at one sample (None: never readable)."""
+
+    rss: dict = field(default_factory=dict)
+    pss_kb: int | None = None
+
+
+def sample(seen: dict, stop: threading.Event, every: float, before: set, memory: MemorySamples | None = None) -> None:
     """Every ``every`` s until ``stop``: each process's last CPU seconds into ``seen[key] = (cpu,
-    name)``; with ``memory``, for the processes not in ``before``: ``memory["rss"][key] = (peak RSS
-    kB, last VmHWM)`` and ``memory["pss_kb"]``, the largest sum of their PSS at one sample."""
+    name)``; with ``memory``, the memory of the processes not in ``before``."""
     while not stop.is_set():
-        pss_now = 0
+        pss_now: int | None = None
         for key, cpu, cmdline in processes():
             last_cpu, name = seen.get(key, (0.0, "?"))
             if memory is not None and key not in before:
                 hwm, pss = memory_kb(key[0])
                 if hwm is not None:
-                    peak, last_hwm = memory["rss"].get(key, (0, 0))
+                    peak, last_hwm = memory.rss.get(key, (0, 0))
                     # VmHWM only grows within one program: a drop means exec replaced the memory the
                     # process shared with its parent after fork, which is not its own
-                    memory["rss"][key] = (hwm if hwm < last_hwm else max(peak, hwm), hwm)
+                    memory.rss[key] = (hwm if hwm < last_hwm else max(peak, hwm), hwm)
                 # not at its first sample: between vfork and exec a child reads as its parent
                 if pss is not None and key in seen:
-                    pss_now += pss
-                    memory["pss_read"] = True
+                    pss_now = (pss_now or 0) + pss
             seen[key] = (max(cpu, last_cpu), command_name(cmdline) if cmdline else name)   # a zombie has none
-        if memory is not None:
-            memory["pss_kb"] = max(memory["pss_kb"], pss_now)
+        if memory is not None and pss_now is not None:
+            memory.pss_kb = max(memory.pss_kb or 0, pss_now)
         stop.wait(every)
 
 
@@ -111,7 +119,7 @@ def main() -> None:
     seen: dict = {}
     stop = threading.Event()
     before = {key for key, _, _ in processes()}          # running already: not the command's
-    memory: dict | None = {"rss": {}, "pss_kb": 0} if args.memory else None
+    memory = MemorySamples() if args.memory else None
     sampler = threading.Thread(target=sample, args=(seen, stop, args.every, before, memory), daemon=True)
     busy0, t0 = busy_seconds(), time.monotonic()
     sampler.start()
@@ -125,11 +133,11 @@ def main() -> None:
             by_command[name][0] += 1
             by_command[name][1] += cpu
             if memory is not None:
-                by_command[name][2] = max(by_command[name][2], memory["rss"].get(key, (0, 0))[0])
+                by_command[name][2] = max(by_command[name][2], memory.rss.get(key, (0, 0))[0])
     held = ""
     if memory is not None:
         held = ("; the processes started meanwhile held at most "
-                + (f"{memory['pss_kb'] / 1024:.0f} MiB together (PSS)" if memory.get("pss_read")
+                + (f"{memory.pss_kb / 1024:.0f} MiB together (PSS)" if memory.pss_kb is not None
                    else "? MiB together (PSS unavailable: no readable /proc/PID/smaps_rollup)"))
     print(f"\nexit status {rc}; wall {t1 - t0:.1f} s; machine busy {busy1 - busy0:.0f} CPU s{held}")
     mem_head = (" peak RSS of one (MiB) |", "---|") if memory is not None else ("", "")
