@@ -127,7 +127,7 @@ def test_a_run_on_the_device_leaves_no_work_on_the_cpu_and_matches_the_cpu_run(s
     if engine == "vectorized":
         counters = dev_summary["engine"]
         assert sum(counters["fallback_reasons"].values()) == counters["fallback_requests"]
-        assert "vmap error" not in counters["fallback_reasons"], counters["fallback_reasons"]
+        assert not any(r.startswith("vmap error") for r in counters["fallback_reasons"]), counters["fallback_reasons"]
         assert (counters["vectorized_requests"] > 0) == (name not in NOT_VMAPPED), counters
         assert counters["eager_reasons"] == {}, counters["eager_reasons"]     # every CUDA graph captured
         if name == "fedavg":

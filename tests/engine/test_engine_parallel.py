@@ -145,6 +145,18 @@ def test_auto_rule():
         choose_engine("parallel", 2, "cuda")
 
 
+def test_auto_on_cuda_names_why_it_takes_the_slower_path(monkeypatch):
+    from fedhet.engine import vectorized
+    monkeypatch.setattr(vectorized, "available", lambda: False)          # as on a machine without CUDA
+    with pytest.warns(RuntimeWarning, match="vectorized engine is unavailable .no CUDA device"):
+        choice = choose_engine("auto", "auto", "cuda", clients_per_round=10)
+    assert choice.engine == "reference" and "no CUDA device is visible" in choice.reason
+    monkeypatch.setattr(vectorized, "available", lambda: True)
+    with pytest.warns(RuntimeWarning, match="run.workers 4 ignored"):
+        choice = choose_engine("auto", 4, "cuda", clients_per_round=10)
+    assert choice.engine == "vectorized" and "run.workers 4 ignored" in choice.reason
+
+
 def test_make_engine_builds_the_chosen_engine(small_config):
     cfg = config(small_config)
     fed = build_federation(cfg.data, cfg.seed)

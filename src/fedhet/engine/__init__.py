@@ -15,6 +15,7 @@ measurements behind it are in docs/performance.md.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 from fedhet.core.cpus import usable_cpus
@@ -42,13 +43,21 @@ class EngineChoice:
         return asdict(self)
 
 
-def vectorized_available() -> bool:
-    """True when fedhet.engine.vectorized imports and reports an accelerator."""
+def vectorized_unavailable() -> str | None:
+    """Why the vectorized engine cannot serve ``auto`` here (``None`` when it can): its module fails to
+    import, or it reports no accelerator."""
     try:
         from fedhet.engine import vectorized
-    except ImportError:
-        return False
-    return bool(getattr(vectorized, "available", lambda: False)())
+    except ImportError as e:
+        return f"fedhet.engine.vectorized does not import ({type(e).__name__}: {e})"
+    if not getattr(vectorized, "available", lambda: False)():
+        return "no CUDA device is visible to torch"
+    return None
+
+
+def vectorized_available() -> bool:
+    """True when fedhet.engine.vectorized imports and reports an accelerator."""
+    return vectorized_unavailable() is None
 
 
 def _is_cuda(device: str | None) -> bool:
@@ -79,7 +88,8 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
     at least ``AUTO_PARALLEL_MIN_ROUND_SAMPLES`` sample-steps (``round_samples``, when known);
     otherwise ``reference``. ``threads`` (``run.threads``), when set, is the run's CPU budget and
     caps the usable cores: ``threads: 1`` keeps a run on one core (side-by-side benchmark lanes).
-    An explicit ``workers: N`` with ``auto`` means ``parallel`` for N > 1, ``reference`` for 1.
+    An explicit ``workers: N`` with ``auto`` means ``parallel`` for N > 1, ``reference`` for 1; on a
+    CUDA device it is ignored (worker processes are CPU-only), with a warning and in the reason.
     """
     if engine not in ENGINES:
         raise ConfigError(f"run.engine: unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}")
@@ -107,9 +117,18 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
         return _explicit_workers(workers, cpus, clients_per_round, "requested")
     # auto
     if cuda:
-        if vectorized_available():
-            return EngineChoice("vectorized", 1, f"auto: device {device}")
-        return EngineChoice("reference", 1, f"auto: device {device} but the vectorized engine is unavailable")
+        why = vectorized_unavailable()
+        ignored = (f"; run.workers {workers} ignored: worker processes are CPU-only"
+                   if workers not in ("auto", 1) else "")
+        if ignored:
+            warnings.warn(f"run.engine auto on {device}{ignored}", RuntimeWarning, stacklevel=2)
+        if why is None:
+            return EngineChoice("vectorized", 1, f"auto: device {device}{ignored}")
+        # the slower path is named where it is taken, not only in summary.json
+        warnings.warn(f"run.engine auto on {device}: the vectorized engine is unavailable ({why}); "
+                      "training on the reference path, one client at a time", RuntimeWarning, stacklevel=2)
+        return EngineChoice("reference", 1,
+                            f"auto: device {device} but the vectorized engine is unavailable: {why}{ignored}")
     if workers != "auto":
         if workers == 1:
             return EngineChoice("reference", 1, "auto: workers 1")
@@ -166,4 +185,4 @@ def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto",
 
 __all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "ClientHost", "ClientStates", "EngineChoice", "Forked", "InProcess",
            "RoundLoop", "Transport", "choose_engine", "make_loop", "make_transport", "round_sample_estimate",
-           "vectorized_available"]
+           "vectorized_available", "vectorized_unavailable"]

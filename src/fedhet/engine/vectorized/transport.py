@@ -142,9 +142,12 @@ class Vectorized(Transport):
                     self._warned.add(key)
                     warnings.warn(f"vectorized training failed ({type(e).__name__}: {e}); "
                                   f"these clients train on the reference path", RuntimeWarning, stacklevel=2)
+                # the error's type and first line in the reason, so summary.json tells an engine bug or
+                # an out-of-memory from a term that does not vmap
+                first_line = (str(e).splitlines() or [""])[0][:160]
                 for req in reqs:
                     req.result = req.error = None
-                    self._train_reference(req, "vmap error")
+                    self._train_reference(req, f"vmap error ({type(e).__name__}: {first_line})")
 
     def _train_reference(self, req: TrainRequest, reason: str) -> None:
         c = req.client
