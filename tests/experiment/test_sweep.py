@@ -124,9 +124,19 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config):
         load_sweep(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_sweep(tmp_path / "missing.yaml")
-    for lanes in ("null", "two", "0"):
+    for lanes in ("null", "two", "0", "2.5", "true"):
         bad.write_text(f"lanes: {lanes}\nruns: [a.yaml]\n")
         with pytest.raises(ConfigError, match="lanes must be a whole number of at least 1"):
+            load_sweep(bad)
+    bad.write_text("lanes: 2\nruns: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="--lanes must be a whole number of at least 1, got 0"):
+        load_sweep(bad, lanes=0)                       # the value given, named where it came from
+    for seeds in ("[abc]", "[1.5]", "[true]"):
+        bad.write_text(f"seeds: {seeds}\nruns: [a.yaml]\n")
+        with pytest.raises(ConfigError, match="seeds must be whole numbers"):
+            load_sweep(bad)
+        bad.write_text(f"runs: [{{config: a.yaml, seeds: {seeds}}}]\n")
+        with pytest.raises(ConfigError, match=r"runs\[0\]: seeds must be whole numbers"):
             load_sweep(bad)
 
 

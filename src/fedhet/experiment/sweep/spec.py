@@ -49,6 +49,16 @@ def _as_list(value: Any, what: str, where: str) -> list:
     return value
 
 
+def _seeds(value: Any, where: str) -> list[int]:
+    """A run list's seeds: whole numbers (a seed names the run's folder, ``TAG_sSEED``, and its
+    random streams; 1.5 or true would name one folder and seed another)."""
+    seeds = _as_list(value, "seeds", where)
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
+    if bad:
+        raise ConfigError(f"{where}: seeds must be whole numbers, e.g. seeds: [0, 1, 2]; got {bad!r}")
+    return seeds
+
+
 def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
     """(suffix, overrides) for every combination of the grid (one empty point without a grid)."""
     if not grid:
@@ -78,13 +88,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                           "known: name, out, lanes, seeds, set, grid, runs, metric, paired, verdicts")
     name = str(raw.get("name") or path.stem)
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
-    try:
-        n_lanes = int(lanes if lanes is not None else raw.get("lanes", 1))
-    except (TypeError, ValueError):
-        n_lanes = 0
-    if n_lanes < 1:
-        raise ConfigError(f"{path}: lanes must be a whole number of at least 1, got {raw.get('lanes')!r}")
-    seeds = _as_list(raw.get("seeds", [0]), "seeds", str(path))
+    lanes_from, n_lanes = ("--lanes", lanes) if lanes is not None else (f"{path}: lanes", raw.get("lanes", 1))
+    if isinstance(n_lanes, bool) or not isinstance(n_lanes, int) or n_lanes < 1:
+        raise ConfigError(f"{lanes_from} must be a whole number of at least 1, got {n_lanes!r}")
+    seeds = _seeds(raw.get("seeds", [0]), str(path))
     common = [str(s) for s in _as_list(raw.get("set"), "set", str(path))]
     _refuse_threads_in_file(common, str(path))
     grid = raw.get("grid") or {}
@@ -104,7 +111,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
             raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set")
         config = Path(entry["config"])
         tag = str(entry.get("tag") or config.stem)
-        run_seeds = _as_list(entry.get("seeds", seeds), "seeds", where)
+        run_seeds = _seeds(entry.get("seeds", seeds), where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
         _refuse_threads_in_file(own, where)
         first = tag_owner.setdefault(tag, (str(config), own, where))
