@@ -180,6 +180,9 @@ def out_of_range(labels, num_clients, rng):
 
 def not_a_tuple(split):
     return {"x": 1}
+
+def buggy_body(labels, num_clients, rng):
+    return [np.arange(len(labels))[: num_clients + "1"]]    # a bug of its own: TypeError inside
 '''
 
 
@@ -216,6 +219,7 @@ def test_a_dataset_function_and_a_partition_function_of_ones_own(small_config, u
     ("userdata:PLUGIN_MISSING", "has no 'PLUGIN_MISSING'"),
     ("no_such_parts:fn", "no module 'no_such_parts' can be imported here"),
     ("userdata:two_args", "takes \\(labels, num_clients, rng, \\*\\*params\\); this one's signature is \\(labels, num_clients\\)"),
+    ("math:hypot", "its signature cannot be read .* wrap it in a Python function"),
 ])
 def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config, user_module, kind, message):
     from fedhet.core.errors import PartitionError
@@ -225,6 +229,15 @@ def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config,
                    "local_test": {"source": "test_set", "fraction": 0.2}}
     with pytest.raises(PartitionError, match=f"data.partition.kind '{kind}'.*{message}"):
         build_federation(load_config(raw=raw).data, seed=0)
+
+
+def test_an_error_inside_a_partition_function_keeps_its_own_traceback(small_config, user_module):
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": "userdata:data", "num_clients": 3, "partition": {"kind": "userdata:buggy_body"},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    with pytest.raises(TypeError, match="unsupported operand") as info:
+        build_federation(load_config(raw=raw).data, seed=0)
+    assert info.traceback[-1].name == "buggy_body"        # the user's line, not a re-worded call error
 
 
 def test_a_partition_function_with_a_params_catch_all_takes_any_parameter(small_config, user_module):

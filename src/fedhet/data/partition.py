@@ -581,7 +581,8 @@ def partition(
     try:
         signature = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        signature = []
+        raise PartitionError(f"data.partition.kind {kind!r}: its signature cannot be read (a builtin or C "
+                             "callable?); wrap it in a Python function (labels, num_clients, rng, **params)") from None
     if len([p for p in signature if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]) < 3:
         where = f"data.partition.kind {kind!r}" if is_import_path(kind) else f"partition {kind!r}"
         raise PartitionError(f"{where}: a partition function takes (labels, num_clients, rng, **params); "
@@ -604,13 +605,15 @@ def partition(
         )
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise PartitionError(f"partition {kind!r}: seed must be an integer >= 0, got {seed!r}")
+    rng = np.random.default_rng(int(seed))
     if not is_import_path(kind):
-        return fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
-    try:
-        parts = fn(labels, num_clients, np.random.default_rng(int(seed)), **params)
+        return fn(labels, num_clients, rng, **params)
+    try:       # the call's shape is checked here, so an error raised inside the function keeps its traceback
+        inspect.signature(fn).bind(labels, num_clients, rng, **params)
     except TypeError as e:
         raise PartitionError(f"data.partition.kind {kind!r} could not be called as (labels, num_clients, rng, "
                              f"**params): {e}") from None
+    parts = fn(labels, num_clients, rng, **params)
     return _checked_parts(kind, parts, len(labels), num_clients)
 
 
