@@ -122,6 +122,19 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
             build_loop(cfg)
 
 
+def test_a_bug_in_a_model_builder_of_ones_own_keeps_its_traceback(small_config, tmp_path, monkeypatch):
+    (tmp_path / "buggy_nets.py").write_text(
+        "import torch\n\ndef shapes(in_channels, num_classes, image_size):\n"
+        "    return torch.zeros(2, 3) @ torch.zeros(2, 3)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="model buggy_nets:shapes could not be built .*RuntimeError: mat1 and mat2") as info:
+        build_loop(cfg_of(small_config, model={"arch": "buggy_nets:shapes"}))
+    assert "does not fit in memory" not in str(info.value)       # a shape bug is not blamed on memory
+    cause = info.value.__cause__                                   # the builder's own line stays in the traceback
+    assert isinstance(cause, RuntimeError) and cause.__traceback__ is not None
+    assert any(f.name == "shapes" for f in __import__("traceback").extract_tb(cause.__traceback__))
+
+
 def test_the_public_names_stay():
     """docs/extending.md promises the names of its "stable names" section; removing one breaks user
     code, so it fails here first, as does a name exported but not promised there."""

@@ -18,6 +18,7 @@ from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.base import Algorithm
 from fedhet.core.contract import TrainSettings
 from fedhet.core.errors import ConfigError
+from fedhet.core.plugins import is_import_path
 from fedhet.core.seeding import derive_seed
 from fedhet.data.federated import Federation, build_federation
 from fedhet.engine import ClientHost, ClientStates
@@ -76,13 +77,22 @@ def build_models(cfg: ExperimentConfig, fed: Federation) -> tuple[dict[str, torc
                 models[arch] = build_model(arch, in_channels=fed.in_channels, num_classes=fed.num_classes,
                                            image_size=fed.image_size, split=cfg.model.split, norm=cfg.model.norm,
                                            **cfg.model.options_of(arch))
-            except (ValueError, TypeError) as e:
-                raise ConfigError(f"model {arch}: {e}") from None
-            except (RuntimeError, MemoryError) as e:      # e.g. an allocation far beyond memory
-                raise ConfigError(f"model {arch} could not be built with options {cfg.model.options_of(arch)}: "
-                                  f"{str(e).splitlines()[0]}; check model.options / model.arch_options "
-                                  "(a projection_dim or width of that size does not fit in memory)") from None
+            except (ValueError, TypeError, RuntimeError, MemoryError) as e:
+                raise _model_error(arch, cfg.model.options_of(arch), e) from (e if is_import_path(arch) else None)
     return models, [archs[i % len(archs)] for i in range(fed.num_clients)]
+
+
+def _model_error(arch: str, options: dict, e: Exception) -> ConfigError:
+    """What went wrong building ``arch``. A builder of one's own keeps its traceback (chained by the
+    caller); memory is blamed only when the error is about memory."""
+    first = (str(e).splitlines() or [""])[0] or type(e).__name__
+    if isinstance(e, (ValueError, TypeError)):
+        return ConfigError(f"model {arch}: {e}")
+    if isinstance(e, MemoryError) or "alloc" in first.lower() or "memory" in first.lower():
+        return ConfigError(f"model {arch} could not be built with options {options}: {first}; check model.options / "
+                           "model.arch_options (a projection_dim or width of that size does not fit in memory)")
+    return ConfigError(f"model {arch} could not be built with options {options}: {type(e).__name__}: {first}; "
+                       "check model.options / model.arch_options and the input size the dataset gives it")
 
 
 def resolve_device(requested: str) -> str:
