@@ -22,6 +22,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _feature_samples(text: str) -> int:
+    """``fedhet features --samples``: as eval.features_samples, at least 20 images (k-means needs at
+    least as many as the classes, and silhouette more than one per cluster)."""
+    value = _positive_int(text)
+    if value < 20:
+        raise argparse.ArgumentTypeError(f"expected at least 20 test samples to embed, got {text!r}")
+    return value
+
+
 def _cmd_run(args) -> int:
     from fedhet.experiment.config import load_config
     from fedhet.experiment.report import compare
@@ -244,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     fe = sub.add_parser("features", help="feature-space quality of a run's global model: k-means NMI, "
                                          "silhouette, t-SNE plot (needs pip install -e .[features])")
     fe.add_argument("run_dir")
-    fe.add_argument("--samples", type=int, default=2000, help="test samples to embed (default 2000)")
+    fe.add_argument("--samples", type=_feature_samples, default=2000,
+                    help="test samples to embed, at least 20 (default 2000)")
     fe.add_argument("--seed", type=int, default=0, help="seed of the test sample, k-means and t-SNE")
     fe.add_argument("--no-plot", action="store_true", help="only the numbers (t-SNE is the slow part)")
     fe.add_argument("--round", type=int, help="the checkpoint's round (default: whichever it holds)")

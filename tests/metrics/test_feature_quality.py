@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fedhet.cli import main as cli_main
-from fedhet.core.errors import CheckpointError
+from fedhet.core.errors import CheckpointError, ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment
 from fedhet.experiment.summary import model_selection
@@ -37,6 +37,15 @@ def test_silhouette_uses_the_true_classes():
     shuffled = np.random.default_rng(1).permutation(y)     # same points, labels unrelated to them
     assert feature_quality(x, shuffled, 3)["feature_silhouette"] < 0.05
     assert feature_quality(x, y, 3)["feature_silhouette"] > 0.8
+
+
+def test_fewer_samples_than_classes_is_a_clear_error():
+    features, labels = clusters(0.5)
+    with pytest.raises(ConfigError, match="into 10 classes and need at least as many test samples; got 5: raise"):
+        feature_quality(features[:5], labels[:5], num_classes=10)
+    for samples in ("0", "-3", "19"):           # below eval.features_samples' minimum
+        with pytest.raises(SystemExit):
+            cli_main(["features", "some_run", "--samples", samples])
 
 
 def test_sample_positions_are_seeded_and_sorted():
