@@ -198,6 +198,7 @@ def test_flower_equals_simulator(small_config, tmp_path, algorithm, params):
         assert "dropped" not in f["flower"]
     summary = json.loads((tmp_path / "flower" / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["engine"]["engine"] == "flower"
+    assert summary["flower"]["dropped_clients"] == 0 and summary["flower"]["drop_causes"] == {}
     assert summary["communication"] == ref.summary["communication"]
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "partition.json"):
         assert (tmp_path / "flower" / name).is_file(), name
@@ -325,6 +326,10 @@ def test_failing_client_on_a_shared_node_drops_only_that_client(small_config, tm
     assert set(row["flower"]["dropped"]) == {str(victim)}
     assert "RuntimeError: injected client failure" in row["flower"]["dropped"][str(victim)]
     assert row["flower"]["phases"][0]["answered"] == len(sampled) - 1
+    # a run that ends "completed" with a client left out says so in its summary
+    flower = json.loads((tmp_path / "run" / "summary.json").read_text())["flower"]
+    assert flower["dropped_clients"] == 1
+    assert flower["drop_causes"] == {"error on its node: RuntimeError: injected client failure": 1}
 
 
 def test_node_with_other_data_is_refused(small_config, tmp_path):

@@ -53,7 +53,7 @@ from fedhet.engine import ClientHost, RoundLoop, Transport
 from fedhet.engine.host import Job, JobResult, Tally
 from fedhet.experiment.build import build
 from fedhet.experiment.config import ExperimentConfig
-from fedhet.experiment.rundir import CHECKPOINT
+from fedhet.experiment.rundir import CHECKPOINT, read_metrics
 from fedhet.experiment.runner import Callback, Experiment, RunView
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import evaluate_loop, personal_metrics
@@ -477,7 +477,23 @@ class FlowerCallback(Callback):
 
     def on_summary(self, exp: RunView, summary: dict) -> None:
         t = self.transport
-        summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.node_of)}
+        causes = drop_causes(read_metrics(exp.run_dir))
+        summary["flower"] = {**asdict(self.flower), "nodes": len(t.partition_of), "clients_with_node": len(t.node_of),
+                             "dropped_clients": sum(causes.values()), "drop_causes": causes}
+        if causes:     # a run that ends "completed" with clients left out says so once at its end
+            log.warning("fedhet: %d client update(s) were dropped over the run: %s", sum(causes.values()),
+                        "; ".join(f"{n} x {cause}" for cause, n in causes.items()))
+
+
+def drop_causes(rows: list[dict]) -> dict[str, int]:
+    """How many client updates each cause dropped over the rows (``flower.dropped`` of each round:
+    "phase N: CAUSE"), across resumes; the cause's first line."""
+    causes: dict[str, int] = {}
+    for row in rows:
+        for why in (row.get("flower") or {}).get("dropped", {}).values():
+            cause = (why.split(": ", 1)[-1].splitlines() or [""])[0][:200]
+            causes[cause] = causes.get(cause, 0) + 1
+    return causes
 
 
 def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: FlowerSettings,
