@@ -135,6 +135,21 @@ def test_a_bug_in_a_model_builder_of_ones_own_keeps_its_traceback(small_config, 
     assert any(f.name == "shapes" for f in __import__("traceback").extract_tb(cause.__traceback__))
 
 
+def test_a_method_refusing_the_model_is_a_config_error_that_names_both(small_config, tmp_path, monkeypatch):
+    from fedhet.experiment.runner import Experiment
+    (tmp_path / "narrow_nets.py").write_text(
+        "from torch import nn\nfrom fedhet.extend import SplitModel\n\n"
+        "def narrow(in_channels, num_classes, image_size):\n"
+        "    return SplitModel([('flat', nn.Flatten()), ('fc', nn.Linear(in_channels * image_size ** 2, 4)),\n"
+        "                       ('out', nn.Linear(4, num_classes, bias=False))], 'out', (in_channels, image_size, image_size))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = cfg_of(small_config, algorithm={"name": "fednh"}, model={"arch": "narrow_nets:narrow"})
+    with pytest.raises(ConfigError, match=r"algorithm fednh: FedNH needs at least as many feature dimensions as "
+                                          r"classes \(4 < 10\).*choose a model \(model.arch\)") as info:
+        Experiment.create(cfg, tmp_path / "run")
+    assert isinstance(info.value.__cause__, ValueError)         # chained: the refusing line stays in the traceback
+
+
 def test_the_public_names_stay():
     """docs/extending.md promises the names of its "stable names" section; removing one breaks user
     code, so it fails here first, as does a name exported but not promised there."""

@@ -64,7 +64,9 @@ def orthonormal_rows(weight: torch.Tensor) -> torch.Tensor:
     """Rows with unit norm, pairwise orthogonal (needs ``rows <= columns``), from ``weight``'s QR."""
     rows, cols = weight.shape
     if rows > cols:
-        raise ValueError(f"FedNH needs at least as many feature dimensions as classes ({cols} < {rows})")
+        raise ValueError(f"FedNH needs at least as many feature dimensions as classes ({cols} < {rows}): its "
+                         f"prototypes are orthogonal; choose a model (model.arch) whose features have at least "
+                         f"{rows} dimensions")
     q, r = torch.linalg.qr(weight.double().T)
     q = q * torch.sign(torch.diagonal(r)).unsqueeze(0)   # a unique factor (positive diagonal of r)
     return q.T.contiguous().to(weight.dtype)

@@ -115,8 +115,8 @@ class Experiment:
                                                      device=self.built.device, threads=cfg.run.threads,
                                                      cuda_graphs=cfg.run.cuda_graphs, keep_graphs=cfg.run.keep_graphs,
                                                      client_states=client_state_store(cfg.run, Path(run_dir)))
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+            except ValueError as e:     # e.g. a method's init_server_state refusing the model; chained, so a
+                raise ConfigError(f"algorithm {cfg.algorithm.name}: {e}") from e   # method of one's own keeps its line
         self.loop = loop
         self.rundir = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
