@@ -5,6 +5,7 @@ import math
 import re
 
 import numpy as np
+import pydantic
 import pytest
 import torch
 from torch import nn
@@ -188,15 +189,15 @@ def test_fedprox_with_mu_zero_is_bitwise_fedavg(small_config, tmp_path):
 
 
 def test_params_are_validated():
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="mu"):
         FedProx.Params(mu=-1)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="server_lr"):
         FedAvgM.Params(server_lr=0)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="option"):
         Scaffold.Params(option="III")
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="alpha"):
         FedDyn.Params(alpha=0)
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="mu"):
         FedDyn.Params(mu=1)           # extra keys are rejected
 
 

@@ -6,6 +6,7 @@ import math
 
 import helpers
 import numpy as np
+import pydantic
 import pytest
 import torch
 import torch.nn.functional as F
@@ -141,7 +142,7 @@ def test_feddecorr_appends_the_term_and_composes():
     terms = algo.local_terms(Message("train", {"model": {}}), None, None)
     assert [type(t) for t in terms] == [Decorrelation] and terms[0].beta == 0.3
     assert FedDecorr.Params().decorr_beta == 0.1                      # the reference's --feddecorr_coef
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="decorr_beta"):
         FedDecorr.Params(decorr_beta=-1)
     both = algorithm_class("fedprox+feddecorr")
     algo = both(both.Params(mu=0.01, decorr_beta=0.2))
@@ -218,12 +219,16 @@ def test_client_uploads_per_class_gradients_equal_autograd(cnn_client):
 
 def test_class_gradients_zero_for_absent_classes_and_mode_restored(cnn_client):
     model, data, weights = cnn_client
+    y = data.y.clone()
+    y[y == 3], y[y == 7] = 0, 1                          # classes 3 and 7 absent, so the check below checks
+    data = dataclasses.replace(data, y=y)
     model.train()
     g_w, g_b, counts = class_gradients(model, weights, data, 10, "head.fc2.weight", "head.fc2.bias", batch_size=7)
     assert model.training
     assert counts.tolist() == torch.bincount(data.y[data.train_idx], minlength=10).tolist()
     absent = counts == 0
-    assert (g_w[absent] == 0).all() and (g_b[absent] == 0).all()
+    assert absent[[3, 7]].all() and not absent.all()
+    assert (g_w[absent] == 0).all() and (g_b[absent] == 0).all() and (g_w[~absent] != 0).any()
     # batch size does not matter beyond float rounding
     g_w2, _, _ = class_gradients(model, weights, data, 10, "head.fc2.weight", "head.fc2.bias")
     torch.testing.assert_close(g_w, g_w2, rtol=1e-5, atol=1e-7)

@@ -303,6 +303,7 @@ def test_lite_sends_the_model_to_clients_that_missed_the_previous_round(small_co
     previous = set(loop.sample_clients(0))
     loop.run_round(1, num_rounds=4)                       # no broadcast: only newcomers need the model
     newcomers = [c for c in loop.sample_clients(1) if c not in previous]
+    assert 0 < len(newcomers) < 3                         # else "only the newcomers" is not told apart
     assert loop.ledger.take_round(1).get("down/model", {"floats": 0})["floats"] == len(newcomers) * n_model
 
 

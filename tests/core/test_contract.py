@@ -1,6 +1,7 @@
 """The algorithm contract, checked on hand-computed cases without any engine."""
 
 import numpy as np
+import pydantic
 import pytest
 import torch
 
@@ -154,7 +155,7 @@ def test_composed_methods_chain_their_terms_and_merge_params():
     algo = AB(AB.Params(alpha=3.0))
     assert AB.name == "a+b" and algo.params.alpha == 3.0 and algo.params.beta == 2.0
     assert [t.name for t in algo.local_terms(None, None, None)] == ["b", "a"]
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="gamma"):
         AB.Params(gamma=1)
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         algorithm_class("fedavg+nope")

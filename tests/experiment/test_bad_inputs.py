@@ -87,7 +87,8 @@ def test_a_mapping_set_on_a_section_would_drop_its_keys_and_is_refused(small_con
     # a value that keeps every key the file set, a section the file lacks, and one value's mapping are fine
     assert load_config(path, ["train={rounds: 1, clients_per_round: 3, local_epochs: 1, batch_size: 32, lr: 0.05}"]
                        ).train.rounds == 1
-    assert load_config(path, ["data.normalize={mean: [0.5], std: [0.5]}"]).data.normalize is not None
+    normalize = load_config(path, ["data.normalize={mean: [0.5], std: [0.5]}"]).data.normalize
+    assert (list(normalize.mean), list(normalize.std)) == ([0.5], [0.5])
     assert load_config(path, ["data.partition={kind: iid}"]).data.partition.options() == {}
 
 

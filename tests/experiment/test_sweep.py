@@ -12,7 +12,7 @@ from helpers import run_killed_in_round, write_sweep
 
 import fedhet.experiment.sweep.lanes as sweep_lanes
 from fedhet.cli import main as cli_main
-from fedhet.core.errors import ConfigError
+from fedhet.core.errors import CheckpointError, ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
@@ -416,9 +416,9 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
     assert "| 55.00 ± 7.07 |" in text.split("\n")[2] and "| 56.50 ± 2.12 |" in text.split("\n")[3], text
     tail = text.split("at the best-validation round against fedavg")[1]
     assert "| fedprox | 2 | s0: +5.00, s1: -2.00 | +1.50 ± 4.95 | 1/2 |" in tail, tail
-    with pytest.raises(Exception, match="no completed run of that name"):
+    with pytest.raises(CheckpointError, match="no completed run of that name"):
         compare(dirs, None, None, paired="scaffold")
-    with pytest.raises(Exception, match="is given twice"):
+    with pytest.raises(CheckpointError, match="is given twice"):
         compare([*dirs, dirs[0]], None, None, paired="fedavg")
     path = write_sweep(tmp_path, small_config, [("fedavg", {})], paired="nobody")
     with pytest.raises(ConfigError, match="not the tag of any run"):
