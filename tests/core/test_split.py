@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedhet.core.split import BODY, HEAD, is_body, is_head, linear_classifier, select, strip_prefix
+from fedhet.core.errors import ConfigError
+from fedhet.core.split import BODY, HEAD, is_body, is_head, is_linear_head, linear_classifier, select, strip_prefix
 from fedhet.models.base import SplitModel
 
 
@@ -44,6 +45,14 @@ def test_linear_classifier_inside_a_stage_keeps_its_path():
 ], ids=["two_linears", "linear_and_norm"])
 def test_linear_classifier_refuses_any_other_head(head):
     split = head[0][0]
-    with pytest.raises(ValueError, match=r"^FedRS needs a linear classifier: the model's head must be a single "
-                                         r"Linear layer \(use the architecture's default split\)$"):
+    with pytest.raises(ConfigError, match=r"^FedRS needs a linear classifier: the model's head \(from model.split on\) "
+                                          r"must be a single Linear layer; leave model.split at the architecture's default$"):
         linear_classifier(model(head, split), "FedRS")
+    # the same read from the weights alone, as FedROD refuses such a model before round 1
+    assert not is_linear_head(model(head, split).state_dict())
+
+
+def test_is_linear_head_from_weights():
+    assert is_linear_head(model([("fc", nn.Linear(18, 4))]).state_dict())
+    assert is_linear_head(model([("fc", nn.Linear(18, 4, bias=False))]).state_dict())
+    assert is_linear_head(model([("fc", nn.Sequential(nn.Identity(), nn.Linear(18, 4)))]).state_dict())

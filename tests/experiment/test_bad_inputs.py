@@ -40,6 +40,13 @@ def test_a_model_too_large_for_memory_is_a_config_error(small_config):
         build_models(cfg, build_federation(cfg.data, cfg.seed))
 
 
+def test_fedrod_refuses_a_head_that_is_not_one_linear_layer_before_round_1(small_config, tmp_path):
+    cfg = load_config(raw=cfg_of(small_config, algorithm={"name": "fedrod"}, model={"arch": "cnn2", "split": "fc1"}))
+    with pytest.raises(ConfigError, match=r"FedROD needs a linear classifier: the model's head \(from model.split on\)"):
+        Experiment.create(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()      # refused before any round trained
+
+
 def test_run_device_is_checked_against_this_machine(small_config, monkeypatch, tmp_path):
     """An unknown device is refused at load; a CUDA device the machine lacks when the run is built
     (it crashed in the first training step); auto picks CUDA only where torch sees it."""

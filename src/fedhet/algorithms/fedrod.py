@@ -32,7 +32,8 @@ import torch.nn.functional as F
 
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State
-from fedhet.core.split import HEAD, linear_classifier, select
+from fedhet.core.errors import ConfigError
+from fedhet.core.split import HEAD, is_linear_head, linear_classifier, select
 from fedhet.training.local import epoch_batches, forward
 from fedhet.training.objective import LossTerm
 from fedhet.training.terms import OffsetCrossEntropy
@@ -73,6 +74,13 @@ def train_personal_head(features: torch.Tensor, generic_logits: torch.Tensor, y:
 
 class FedROD(FedAvg):
     name = "fedrod"
+
+    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
+        # the personal head trains as one Linear layer: refuse another head before round 1, not after it
+        if not all(is_linear_head(weights) for weights in init_models.values()):
+            raise ConfigError("FedROD needs a linear classifier: the model's head (from model.split on) must be a "
+                              "single Linear layer; leave model.split at the architecture's default")
+        return super().init_server_state(init_models)
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fedhet.core.contract import Arrays
+from fedhet.core.errors import ConfigError
 
 BODY = "body."
 HEAD = "head."
@@ -33,6 +34,17 @@ def strip_prefix(weights: Arrays, prefix: str) -> Arrays:
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+def is_linear_head(weights: Arrays) -> bool:
+    """Whether the head's tensors are those of one Linear layer: a 2-d ``weight`` and, optionally, its
+    ``bias`` (what :func:`linear_classifier` asks of the model, read from its weights)."""
+    head = {k[len(HEAD):]: v for k, v in weights.items() if k.startswith(HEAD)}
+    weights_2d = [k for k, v in head.items() if k.endswith(".weight") and v.dim() == 2]
+    if len(weights_2d) != 1:
+        return False
+    layer = weights_2d[0][: -len(".weight")]
+    return set(head) <= {f"{layer}.weight", f"{layer}.bias"}
+
+
 def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
     """Names of the weight and the bias (None without one) of a head that is one Linear layer
     (the classifier that FedRS restricts, FedROD personalises and FedNH fixes)."""
@@ -42,8 +54,8 @@ def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
     owners = {name.rpartition(".")[0] for name, _ in head.named_parameters()}
     linears = [name for name, m in head.named_modules() if isinstance(m, nn.Linear)]
     if len(linears) != 1 or owners != {linears[0]}:
-        raise ValueError(f"{method} needs a linear classifier: the model's head must be a single Linear layer "
-                         "(use the architecture's default split)")
+        raise ConfigError(f"{method} needs a linear classifier: the model's head (from model.split on) must be a "
+                          "single Linear layer; leave model.split at the architecture's default")
     layer = head.get_submodule(linears[0])
     prefix = f"{HEAD}{linears[0]}"
     return f"{prefix}.weight", (f"{prefix}.bias" if layer.bias is not None else None)
