@@ -122,6 +122,14 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
             build_loop(cfg)
 
 
+def test_a_module_that_raises_on_import_names_its_file_and_line(small_config, tmp_path, monkeypatch):
+    (tmp_path / "exploding_plugin.py").write_text("from fedhet.extend import FedAvg\nratio = 1 / 0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"algorithm.name: .*importing 'exploding_plugin' raised ZeroDivisionError "
+                                          r"at .*exploding_plugin.py:2: division by zero"):
+        make_algorithm(cfg_of(small_config, algorithm={"name": "exploding_plugin:FedX"}))
+
+
 def test_a_bug_in_a_model_builder_of_ones_own_keeps_its_traceback(small_config, tmp_path, monkeypatch):
     (tmp_path / "buggy_nets.py").write_text(
         "import torch\n\ndef shapes(in_channels, num_classes, image_size):\n"

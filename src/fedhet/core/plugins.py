@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import traceback
 
 
 def is_import_path(name: str) -> bool:
@@ -36,7 +37,9 @@ def load_object(spec: str) -> object:
             ) from None
         raise ValueError(f"importing {module_name!r} failed, a module it imports is missing: {e}") from None
     except Exception as e:       # the user's module raised while importing: say where
-        raise ValueError(f"importing {module_name!r} raised {type(e).__name__}: {e}") from None
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        raise ValueError(f"importing {module_name!r} raised {type(e).__name__}{where}: {e}") from e
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
