@@ -36,6 +36,7 @@ from fedhet.core.contract import (
     RoundContext,
     TrainSettings,
 )
+from fedhet.core.errors import NumericalError
 from fedhet.core.seeding import torch_generator
 from fedhet.core.split import is_body, is_head
 from fedhet.experiment.config import load_config
@@ -271,6 +272,11 @@ def test_fedpac_qp_two_clients_closed_form():
     np.testing.assert_allclose(head_objective([1.0, 2.0], h, 1), [[6, 0], [0, 2]])
     # min a^2 V_0 + (1-a)^2 (V_1 + 5): a = 7/8 ; for client 1: (2/8, 6/8)
     np.testing.assert_allclose(classifier_weights([1.0, 2.0], h), [[7 / 8, 1 / 8], [1 / 4, 3 / 4]], atol=1e-12)
+
+
+def test_simplex_qp_refuses_diverged_statistics_with_a_fix():
+    with pytest.raises(NumericalError, match="non-finite feature statistics: local training diverged; lower train.lr"):
+        simplex_qp(np.array([[1.0, np.nan], [np.nan, 1.0]]))
 
 
 def test_simplex_qp_exact_on_singular_and_active_cases():

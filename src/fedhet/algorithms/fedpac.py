@@ -93,6 +93,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
+from fedhet.core.errors import NumericalError
 from fedhet.core.split import HEAD, select
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
@@ -155,7 +156,8 @@ def simplex_qp(p: np.ndarray, tol: float = 1e-12, max_iter: int = 10_000) -> np.
     if p.shape != (k, k) or k == 0:
         raise ValueError(f"simplex_qp needs a square non-empty matrix, got shape {p.shape}")
     if not np.isfinite(p).all():
-        raise ValueError("simplex_qp: the matrix has non-finite entries")
+        raise NumericalError("FedPAC's classifier combination (simplex QP) got non-finite feature statistics: "
+                             "local training diverged; lower train.lr")
     scale = float(np.abs(p).max())
     if k == 1 or scale == 0.0:
         return np.full(k, 1.0 / k)
