@@ -301,9 +301,13 @@ def test_unwritable_cache_falls_back_to_memo(tmp_path, monkeypatch):
     blocker.write_text("")
     monkeypatch.setattr(ds_checksums, "_md5_cache_file", lambda: blocker / "verified-md5.json")
     monkeypatch.setitem(ds_checksums._CHECKSUMS, "mnist", {"train-images-idx3-ubyte": content_md5(images)})
-    load_dataset("mnist", tmp_path)
+    monkeypatch.setattr(ds_checksums, "_MD5_MEMO", {})
+    first = load_dataset("mnist", tmp_path)
+    assert [md5 for _, _, md5 in ds_checksums._MD5_MEMO.values()] == [content_md5(images)]   # hashed once, kept
+    assert blocker.is_file() and blocker.read_text() == ""                                # no cache written
     monkeypatch.setattr(ds_checksums.hashlib, "md5", None)  # any hashing attempt would now fail
-    load_dataset("mnist", tmp_path)
+    again = load_dataset("mnist", tmp_path)
+    assert torch.equal(again.x, first.x) and torch.equal(again.y, first.y)
 
 
 # --------------------------------------------------------------------------- missing files / download
