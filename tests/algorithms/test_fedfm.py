@@ -368,6 +368,21 @@ def test_fednova_composition_runs_both_phases(small_config):
     assert loop.server_state["anchors"] is not None
 
 
+@pytest.mark.parametrize("name", ["fedfm+fednova", "fednova+fedfm"])
+def test_fedfm_with_fednova_aggregates_by_the_normalised_average(name):
+    """FedNova's server rule (Wang et al., Eq. 6) replaces FedAvg's in either order, and the anchors
+    pass through. By hand: w = 1, clients at 0 and 1 with 10 and 30 samples (p = 1/4, 3/4) after
+    a_i = 2 and 4 steps: tau_eff = 3.5, d = (1/4)/2 (1 - 0) + (3/4)/4 (1 - 1) = 1/8, so
+    w' = 1 - 3.5/8 = 0.5625 (FedAvg's average would be 0.75)."""
+    anchors = {"mean": torch.ones(2, 3), "defined": torch.tensor([True, False])}
+    replies = {0: Message("update", {"model": {"w": torch.tensor([0.0])}}, {"num_samples": 10, "a_i": 2.0}),
+               1: Message("update", {"model": {"w": torch.tensor([1.0])}}, {"num_samples": 30, "a_i": 4.0})}
+    new = algorithm_class(name)().aggregate({"model": {"w": torch.tensor([1.0])}, "anchors": anchors}, replies,
+                                            ctx([0, 1]))
+    assert float(new["model"]["w"]) == pytest.approx(0.5625, abs=1e-7)
+    assert new["anchors"] is anchors
+
+
 # --- the round's messages, driven by hand (no training) -----------------------------------
 def anchor_reply(means, counts) -> Message:
     return Message("anchors", {"anchors": {"mean": torch.tensor(means), "count": torch.tensor(counts)}})
