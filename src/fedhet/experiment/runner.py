@@ -351,9 +351,16 @@ class Experiment:
 
     def training_layout(self) -> str:
         """The layout local training's convolutions ran in (``run.memory_format`` resolved): the
-        vectorized engine's vmapped groups train in the default layout whatever "auto" means."""
-        vectorized = self.loop.transport.info().get("engine") == "vectorized"
-        return "channels_last" if trains_in_channels_last(self.built.host.settings) and not vectorized else "contiguous"
+        vectorized engine's vmapped groups train in the default layout whatever "auto" means, and
+        its requests on the reference path in the layout the reference engine would take."""
+        info = self.loop.transport.info()
+        channels_last = trains_in_channels_last(self.built.host.settings)
+        if info.get("engine") != "vectorized":
+            return "channels_last" if channels_last else "contiguous"
+        fallbacks = int(info.get("fallback_requests") or 0)
+        if channels_last and fallbacks:
+            return f"contiguous (vectorized groups); channels_last ({fallbacks} requests on the reference path)"
+        return "contiguous"
 
     def write_summary(self, status: str, error: str | None, wall: float,
                       callbacks: list[Callback] | None = None) -> None:
