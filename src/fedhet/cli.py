@@ -23,8 +23,8 @@ def _positive_int(text: str) -> int:
 
 
 def _feature_samples(text: str) -> int:
-    """``fedhet features --samples``: as eval.features_samples, at least 20 images (k-means needs at
-    least as many as the classes, and silhouette more than one per cluster)."""
+    """``fedhet features --samples``: at least 20 images, eval.features_samples' minimum (more than
+    the dataset's classes is checked where they are known, :func:`fedhet.metrics.features.feature_quality`)."""
     value = _positive_int(text)
     if value < 20:
         raise argparse.ArgumentTypeError(f"expected at least 20 test samples to embed, got {text!r}")

@@ -46,7 +46,8 @@ def test_linear_classifier_inside_a_stage_keeps_its_path():
 def test_linear_classifier_refuses_any_other_head(head):
     split = head[0][0]
     with pytest.raises(ConfigError, match=r"^FedRS needs a linear classifier: the model's head \(from model.split on\) "
-                                          r"must be a single Linear layer; leave model.split at the architecture's default$"):
+                                          r"must be a single Linear layer; leave model.split at the architecture's default "
+                                          r"\(a model of one's own: end it in one nn.Linear stage and split there\)$"):
         linear_classifier(model(head, split), "FedRS")
     # the same read from the weights alone, as FedROD refuses such a model before round 1
     assert not is_linear_head(model(head, split).state_dict())

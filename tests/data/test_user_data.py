@@ -182,6 +182,14 @@ def out_of_range(labels, num_clients, rng):
 def not_a_tuple(split):
     return {"x": 1}
 
+class Opaque:                 # a callable whose signature inspect cannot read
+    __signature__ = "not a signature"
+
+    def __call__(self, labels, num_clients, rng):
+        return [np.arange(len(labels))]
+
+opaque = Opaque()
+
 def buggy_body(labels, num_clients, rng):
     return [np.arange(len(labels))[: num_clients + "1"]]    # a bug of its own: TypeError inside
 '''
@@ -220,7 +228,7 @@ def test_a_dataset_function_and_a_partition_function_of_ones_own(small_config, u
     ("userdata:PLUGIN_MISSING", "has no 'PLUGIN_MISSING'"),
     ("no_such_parts:fn", "no module 'no_such_parts' can be imported here"),
     ("userdata:two_args", "takes \\(labels, num_clients, rng, \\*\\*params\\); this one's signature is \\(labels, num_clients\\)"),
-    ("math:hypot", "its signature cannot be read .* wrap it in a Python function"),
+    ("userdata:opaque", "its signature cannot be read .* wrap it in a Python function"),
 ])
 def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config, user_module, kind, message):
     from fedhet.core.errors import PartitionError

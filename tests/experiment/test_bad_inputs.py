@@ -36,7 +36,8 @@ def cfg_of(small_config, **sections):
 # --- crashes that are now errors ------------------------------------------------------------
 def test_a_model_too_large_for_memory_is_a_config_error(small_config):
     cfg = load_config(raw=cfg_of(small_config, model={"arch": "cnn2", "options": {"projection_dim": 10**12}}))
-    with pytest.raises(ConfigError, match=r"model cnn2 could not be built .*projection_dim"):
+    with pytest.raises(ConfigError, match=r"model cnn2 could not be built .*projection_dim or width of that size does "
+                                          r"not fit in memory"):
         build_models(cfg, build_federation(cfg.data, cfg.seed))
 
 

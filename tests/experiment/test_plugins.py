@@ -126,8 +126,12 @@ def test_a_module_that_raises_on_import_names_its_file_and_line(small_config, tm
     (tmp_path / "exploding_plugin.py").write_text("from fedhet.extend import FedAvg\nratio = 1 / 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match=r"algorithm.name: .*importing 'exploding_plugin' raised ZeroDivisionError "
-                                          r"at .*exploding_plugin.py:2: division by zero"):
+                                          r"at .*exploding_plugin.py:2: division by zero") as info:
         make_algorithm(cfg_of(small_config, algorithm={"name": "exploding_plugin:FedX"}))
+    assert isinstance(info.value.__cause__, ZeroDivisionError)     # the module's own error stays in the traceback
+    (tmp_path / "typo_plugin.py").write_text("from fedhet.extend import FedAvg\n\nclass FedX(FedAvg)\n    name = 'x'\n")
+    with pytest.raises(ConfigError, match=r"importing 'typo_plugin' raised SyntaxError at .*typo_plugin.py:3"):
+        make_algorithm(cfg_of(small_config, algorithm={"name": "typo_plugin:FedX"}))
 
 
 def test_a_bug_in_a_model_builder_of_ones_own_keeps_its_traceback(small_config, tmp_path, monkeypatch):

@@ -329,7 +329,18 @@ def test_failing_client_on_a_shared_node_drops_only_that_client(small_config, tm
     # a run that ends "completed" with a client left out says so in its summary
     flower = json.loads((tmp_path / "run" / "summary.json").read_text())["flower"]
     assert flower["dropped_clients"] == 1
-    assert flower["drop_causes"] == {"error on its node: RuntimeError: injected client failure": 1}
+    assert flower["drop_causes"] == {"error on its node: RuntimeError": 1}
+
+
+def test_drop_causes_count_one_failure_repeated_over_rounds_as_one_cause():
+    from fedhet.flower.engine import drop_causes
+    rows = [{"round": 1, "flower": {"dropped": {"3": "phase 1: error on its node: NumericalError: in round 1, client 3, "
+                                                      "the loss is nan; lower train.lr",
+                                                "4": "phase 1: no reply within 600 s"}}},
+            {"round": 2, "flower": {"phases": []}},
+            {"round": 3, "flower": {"dropped": {"5": "phase 2: error on its node: NumericalError: in round 3, client 5, "
+                                                      "the loss is nan; lower train.lr"}}}]
+    assert drop_causes(rows) == {"error on its node: NumericalError": 2, "no reply within 600 s": 1}
 
 
 def test_node_with_other_data_is_refused(small_config, tmp_path):

@@ -41,8 +41,9 @@ def test_silhouette_uses_the_true_classes():
 
 def test_fewer_samples_than_classes_is_a_clear_error():
     features, labels = clusters(0.5)
-    with pytest.raises(ConfigError, match="into 10 classes and need at least as many test samples; got 5: raise"):
-        feature_quality(features[:5], labels[:5], num_classes=10)
+    for n in (5, 10):
+        with pytest.raises(ConfigError, match=f"into 10 classes and need more test samples than that; got {n}: raise"):
+            feature_quality(features[:n], labels[:n], num_classes=10)
     for samples in ("0", "-3", "19"):           # below eval.features_samples' minimum
         with pytest.raises(SystemExit):
             cli_main(["features", "some_run", "--samples", samples])

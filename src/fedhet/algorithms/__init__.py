@@ -53,7 +53,7 @@ def _user_method(spec: str) -> type[Algorithm]:
     try:
         obj = load_object(spec)
     except ValueError as e:
-        raise ConfigError(f"{spec!r}: {e}") from None
+        raise ConfigError(f"{spec!r}: {e}") from e.__cause__    # a module that raised on import: its traceback
     if not (isinstance(obj, type) and issubclass(obj, Algorithm)):
         raise ConfigError(f"{spec!r} is {describe(obj)}, not a method: a method is a subclass of "
                           "fedhet.extend.FedAvg (or fedhet.extend.Algorithm), see docs/extending.md")

@@ -79,7 +79,8 @@ class FedROD(FedAvg):
         # the personal head trains as one Linear layer: refuse another head before round 1, not after it
         if not all(is_linear_head(weights) for weights in init_models.values()):
             raise ConfigError("FedROD needs a linear classifier: the model's head (from model.split on) must be a "
-                              "single Linear layer; leave model.split at the architecture's default")
+                              "single Linear layer; leave model.split at the architecture's default (a model of "
+                              "one's own: end it in one nn.Linear stage and split there)")
         return super().init_server_state(init_models)
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:

@@ -37,8 +37,11 @@ def load_object(spec: str) -> object:
             ) from None
         raise ValueError(f"importing {module_name!r} failed, a module it imports is missing: {e}") from None
     except Exception as e:       # the user's module raised while importing: say where
-        frames = traceback.extract_tb(e.__traceback__)
-        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        if isinstance(e, SyntaxError):       # raised by the compiler: its own file and line, not a frame's
+            where = f" at {e.filename}:{e.lineno}"
+        else:
+            frames = traceback.extract_tb(e.__traceback__)
+            where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
         raise ValueError(f"importing {module_name!r} raised {type(e).__name__}{where}: {e}") from e
     obj: object = module
     for part in attr.split("."):

@@ -55,7 +55,8 @@ def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
     linears = [name for name, m in head.named_modules() if isinstance(m, nn.Linear)]
     if len(linears) != 1 or owners != {linears[0]}:
         raise ConfigError(f"{method} needs a linear classifier: the model's head (from model.split on) must be a "
-                          "single Linear layer; leave model.split at the architecture's default")
+                          "single Linear layer; leave model.split at the architecture's default (a model of "
+                          "one's own: end it in one nn.Linear stage and split there)")
     layer = head.get_submodule(linears[0])
     prefix = f"{HEAD}{linears[0]}"
     return f"{prefix}.weight", (f"{prefix}.bias" if layer.bias is not None else None)

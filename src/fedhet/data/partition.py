@@ -621,7 +621,7 @@ def _user_partitioner(kind: str) -> Callable[..., list[np.ndarray]]:
     try:
         fn = load_object(kind)
     except ValueError as e:
-        raise PartitionError(f"data.partition.kind {kind!r}: {e}") from None
+        raise PartitionError(f"data.partition.kind {kind!r}: {e}") from e.__cause__   # a module that raised on import
     if not callable(fn) or isinstance(fn, type):
         raise PartitionError(f"data.partition.kind {kind!r} is {describe(fn)}, not a partition function "
                              "(labels, num_clients, rng, **params) -> one index array per client")

@@ -108,7 +108,7 @@ def _read_function(spec: str, splits: tuple[str, ...]) -> dict[str, tuple[np.nda
     try:
         fn = load_object(spec)
     except ValueError as e:
-        raise DataError(f"{where}: {e}") from None
+        raise DataError(f"{where}: {e}") from e.__cause__     # a module that raised on import: its traceback
     if not callable(fn) or isinstance(fn, type):
         raise DataError(f"{where} is {describe(fn)}, not a function (split) -> (x, y) or (x, y, client_ids)")
     arrays = {}

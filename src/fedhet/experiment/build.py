@@ -43,7 +43,7 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         cls = algorithm_class(cfg.algorithm.name)
     except ConfigError as e:
-        raise ConfigError(f"algorithm.name: {e}") from None
+        raise ConfigError(f"algorithm.name: {e}") from e.__cause__
     try:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:

@@ -349,23 +349,27 @@ class Experiment:
             info["reason"] = self.engine_choice.reason
         return info
 
-    def training_layout(self) -> str:
-        """The layout local training's convolutions ran in (``run.memory_format`` resolved): the
-        vectorized engine's vmapped groups train in the default layout whatever "auto" means, and
-        its requests on the reference path in the layout the reference engine would take."""
+    def training_layout(self) -> tuple[str, int]:
+        """The layout local training's convolutions ran in (``run.memory_format`` resolved), and how
+        many of the vectorized engine's requests trained in the other one: its vmapped groups train
+        in the default layout whatever "auto" means, its requests on the reference path (counted by
+        this process) in the layout the reference engine would take."""
         info = self.loop.transport.info()
         channels_last = trains_in_channels_last(self.built.host.settings)
         if info.get("engine") != "vectorized":
-            return "channels_last" if channels_last else "contiguous"
-        fallbacks = int(info.get("fallback_requests") or 0)
-        if channels_last and fallbacks:
-            return f"contiguous (vectorized groups); channels_last ({fallbacks} requests on the reference path)"
-        return "contiguous"
+            return ("channels_last" if channels_last else "contiguous"), 0
+        trained_apart = sum(n for reason, n in (info.get("fallback_reasons") or {}).items() if reason != "zero steps")
+        if not channels_last or not trained_apart:
+            return "contiguous", 0
+        if not info.get("vectorized_requests"):
+            return "channels_last", 0
+        return "contiguous", trained_apart
 
     def write_summary(self, status: str, error: str | None, wall: float,
                       callbacks: list[Callback] | None = None) -> None:
         rows = self.read_metrics()
         window = self.cfg.eval.final_window
+        layout, apart = self.training_layout()
         summary = {
             "name": self.cfg.name, "algorithm": self.algorithm.name, "seed": self.cfg.seed, "status": status,
             "error": error, "rounds_completed": rows[-1]["round"] if rows else 0,
@@ -383,7 +387,8 @@ class Experiment:
             "eval_precision": self.eval_precision,
             "device": self.built.device,
             "bf16_native": bf16_native(self.built.device),
-            "memory_format": self.training_layout(),
+            "memory_format": layout,
+            **({"channels_last_requests": apart} if apart else {}),   # vectorized requests trained apart
             "engine": self.engine_info(),
             "client_states": (states.info() if isinstance(states := self.loop.client_states, ClientStates)
                               else None),

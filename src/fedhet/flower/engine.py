@@ -486,13 +486,17 @@ class FlowerCallback(Callback):
 
 
 def drop_causes(rows: list[dict]) -> dict[str, int]:
-    """How many client updates each cause dropped over the rows (``flower.dropped`` of each round:
-    "phase N: CAUSE"), across resumes; the cause's first line."""
+    """How many client updates each cause dropped over the rows (``flower.dropped`` of each round,
+    "phase N: CAUSE", where the full messages stay), across resumes. An error on a node counts
+    under its exception type, so one failure repeated over rounds and clients is one entry."""
     causes: dict[str, int] = {}
+    error = "error on its node: "
     for row in rows:
         for why in (row.get("flower") or {}).get("dropped", {}).values():
-            cause = (why.split(": ", 1)[-1].splitlines() or [""])[0][:200]
-            causes[cause] = causes.get(cause, 0) + 1
+            cause = (why.split(": ", 1)[-1].splitlines() or [""])[0]
+            if cause.startswith(error):
+                cause = error + cause[len(error):].split(":", 1)[0]
+            causes[cause[:200]] = causes.get(cause[:200], 0) + 1
     return causes
 
 

@@ -64,10 +64,10 @@ def global_test_features(model: torch.nn.Module, weights: Arrays, fed: Federatio
 
 def feature_quality(features: np.ndarray, labels: np.ndarray, num_classes: int, seed: int = 0) -> dict[str, float]:
     """``{"feature_nmi", "feature_silhouette"}`` (module docstring) with scikit-learn."""
-    if len(features) < num_classes:       # k-means needs a sample for each of its num_classes clusters
-        raise ConfigError(f"feature-space metrics cluster the features into {num_classes} classes and need at "
-                          f"least as many test samples; got {len(features)}: raise fedhet features --samples "
-                          "(or eval.features_samples)")
+    if len(features) <= num_classes:   # k-means: a sample per cluster; silhouette: fewer labels than samples
+        raise ConfigError(f"feature-space metrics cluster the features into {num_classes} classes and need more "
+                          f"test samples than that; got {len(features)}: raise eval.features_samples (or fedhet "
+                          "features --samples), or compute them on a test set with more images than classes")
     _sklearn()
     from sklearn.cluster import KMeans
     from sklearn.metrics import normalized_mutual_info_score, silhouette_score

@@ -68,6 +68,7 @@ class Vectorized(Transport):
         self.wide_steps = wide_steps
         # Why requests ran on the reference path (on the engine's device all the same): reason -> count.
         self.fallback_reasons: dict[str, int] = {}
+        self.fallback_errors: dict[str, str] = {}     # "vmap error (TYPE)" -> the first such error's first line
         # Why recurring steps ran eagerly on CUDA instead of replaying a graph: reason -> failed captures.
         self.eager_reasons: dict[str, int] = {}
         self._pool_cache: dict[int, Pool] = {}
@@ -78,7 +79,8 @@ class Vectorized(Transport):
 
     def info(self) -> dict:
         return {**super().info(), "device": str(self.device), "keep_graphs": self._keep_on(), **self.counters,
-                "fallback_reasons": dict(self.fallback_reasons), "eager_reasons": dict(self.eager_reasons)}
+                "fallback_reasons": dict(self.fallback_reasons), "fallback_errors": dict(self.fallback_errors),
+                "eager_reasons": dict(self.eager_reasons)}
 
     def close(self) -> None:
         """Free the device copy of the data pool and the kept groups (the runner calls this at the end of a run)."""
@@ -142,12 +144,13 @@ class Vectorized(Transport):
                     self._warned.add(key)
                     warnings.warn(f"vectorized training failed ({type(e).__name__}: {e}); "
                                   f"these clients train on the reference path", RuntimeWarning, stacklevel=2)
-                # the error's type and first line in the reason, so summary.json tells an engine bug or
-                # an out-of-memory from a term that does not vmap
-                first_line = (str(e).splitlines() or [""])[0][:160]
+                # the error's type in the reason (an out-of-memory, an engine bug and a term that does not
+                # vmap count apart in summary.json) and the first one's message beside it
+                reason = f"vmap error ({type(e).__name__})"
+                self.fallback_errors.setdefault(reason, (str(e).splitlines() or [""])[0][:200])
                 for req in reqs:
                     req.result = req.error = None
-                    self._train_reference(req, f"vmap error ({type(e).__name__}: {first_line})")
+                    self._train_reference(req, reason)
 
     def _train_reference(self, req: TrainRequest, reason: str) -> None:
         c = req.client
