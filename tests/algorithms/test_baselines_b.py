@@ -27,6 +27,7 @@ from fedhet.core.contract import (
     Message,
     RoundContext,
 )
+from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models import build_model
@@ -154,7 +155,7 @@ def test_fedrs_trains_on_restricted_ce_only_with_client_label_counts():
         reply, _ = combo().client_update(Message("train", {"model": {"w": torch.zeros(1)}}), None, client)
         assert [type(t) for t in client.terms] == [RestrictedCrossEntropy]
         assert reply.scalars["a_i"] == pytest.approx(5.61)
-    with pytest.raises(ValueError, match="single Linear"):
+    with pytest.raises(ConfigError, match="single Linear layer; leave model.split"):
         classifier_weight_name(build_model("cnn2", 1, 3, 28, split="fc1"))
 
 
