@@ -97,7 +97,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.core.split import HEAD
+from fedhet.core.split import HEAD, linear_head_names
 from fedhet.training.local import forward
 
 HEAD_GROUP = "creff_head"      # down: the re-trained classifier the clients take gradients at
@@ -107,15 +107,11 @@ COS_EPS = 1e-6                 # distance_wb's denominator guard
 
 def linear_head(weights: Arrays) -> tuple[str, str | None]:
     """``(weight name, bias name or None)`` of a head that is one Linear layer, from a weight dict."""
-    head = [k for k in weights if k.startswith(HEAD)]
-    owners = {k.rpartition(".")[0] for k in head}
-    if len(owners) == 1:
-        (owner,) = owners
-        w, b = f"{owner}.weight", f"{owner}.bias"
-        if w in weights and weights[w].dim() == 2 and set(head) <= {w, b}:
-            return w, (b if b in weights else None)
-    raise ValueError("CReFF re-trains a linear classifier: the model's head must be a single Linear layer "
-                     f"(use the architecture's default split); head tensors: {sorted(head)}")
+    names = linear_head_names(weights)
+    if names is None:
+        raise ValueError("CReFF re-trains a linear classifier: the model's head must be a single Linear layer "
+                         f"(use the architecture's default split); head tensors: {sorted(k for k in weights if k.startswith(HEAD))}")
+    return names
 
 
 # --- client: real feature gradients ---------------------------------------------------------

@@ -34,15 +34,22 @@ def strip_prefix(weights: Arrays, prefix: str) -> Arrays:
     return {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
 
 
+def linear_head_names(weights: Arrays) -> tuple[str, str | None] | None:
+    """``(weight name, bias name or None)`` when the head's tensors are those of one Linear layer (a 2-d
+    ``weight`` and, optionally, its ``bias``), else None: what :func:`linear_classifier` asks of the
+    model, read from its weights alone."""
+    head = [k for k in weights if k.startswith(HEAD)]
+    owners = {k.rpartition(".")[0] for k in head}
+    if len(owners) == 1:
+        (owner,) = owners
+        w, b = f"{owner}.weight", f"{owner}.bias"
+        if w in weights and weights[w].dim() == 2 and set(head) <= {w, b}:
+            return w, (b if b in weights else None)
+    return None
+
+
 def is_linear_head(weights: Arrays) -> bool:
-    """Whether the head's tensors are those of one Linear layer: a 2-d ``weight`` and, optionally, its
-    ``bias`` (what :func:`linear_classifier` asks of the model, read from its weights)."""
-    head = {k[len(HEAD):]: v for k, v in weights.items() if k.startswith(HEAD)}
-    weights_2d = [k for k, v in head.items() if k.endswith(".weight") and v.dim() == 2]
-    if len(weights_2d) != 1:
-        return False
-    layer = weights_2d[0][: -len(".weight")]
-    return set(head) <= {f"{layer}.weight", f"{layer}.bias"}
+    return linear_head_names(weights) is not None
 
 
 def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
