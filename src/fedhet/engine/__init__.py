@@ -55,11 +55,6 @@ def vectorized_unavailable() -> str | None:
     return None
 
 
-def vectorized_available() -> bool:
-    """True when fedhet.engine.vectorized imports and reports an accelerator."""
-    return vectorized_unavailable() is None
-
-
 def _is_cuda(device: str | None) -> bool:
     return str(device or "cpu").startswith("cuda")
 
@@ -118,17 +113,13 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
     # auto
     if cuda:
         why = vectorized_unavailable()
-        ignored = (f"; run.workers {workers} ignored: worker processes are CPU-only"
-                   if workers not in ("auto", 1) else "")
-        if ignored:
-            warnings.warn(f"run.engine auto on {device}{ignored}", RuntimeWarning, stacklevel=2)
-        if why is None:
-            return EngineChoice("vectorized", 1, f"auto: device {device}{ignored}")
-        # the slower path is named where it is taken, not only in summary.json
-        warnings.warn(f"run.engine auto on {device}: the vectorized engine is unavailable ({why}); "
-                      "training on the reference path, one client at a time", RuntimeWarning, stacklevel=2)
-        return EngineChoice("reference", 1,
-                            f"auto: device {device} but the vectorized engine is unavailable: {why}{ignored}")
+        notes = [] if why is None else [f"the vectorized engine is unavailable ({why}); training on the "
+                                        "reference path, one client at a time"]
+        if workers not in ("auto", 1):
+            notes.append(f"run.workers {workers} ignored: worker processes are CPU-only")
+        if notes:      # the slower path or the ignored setting named where it is taken, not only in summary.json
+            warnings.warn(f"run.engine auto on {device}: {'; '.join(notes)}", RuntimeWarning, stacklevel=2)
+        return EngineChoice("vectorized" if why is None else "reference", 1, "; ".join([f"auto: device {device}", *notes]))
     if workers != "auto":
         if workers == 1:
             return EngineChoice("reference", 1, "auto: workers 1")
@@ -185,4 +176,4 @@ def make_loop(host: ClientHost, clients_per_round: int, *, engine: str = "auto",
 
 __all__ = ["AUTO_PARALLEL_MIN_ROUND_SAMPLES", "ENGINES", "ClientHost", "ClientStates", "EngineChoice", "Forked", "InProcess",
            "RoundLoop", "Transport", "choose_engine", "make_loop", "make_transport", "round_sample_estimate",
-           "vectorized_available", "vectorized_unavailable"]
+           "vectorized_unavailable"]
