@@ -25,6 +25,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError
+from fedhet.core.split import linear_classifier
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
 from fedhet.training.augment import mixed
@@ -50,6 +51,7 @@ __all__ = [
     "State",
     "StreamDropout",
     "mixed",
+    "linear_classifier",
     "save_arrays",
     "trained_names",
     "weighted_average",

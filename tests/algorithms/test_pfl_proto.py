@@ -36,7 +36,7 @@ from fedhet.core.contract import (
     RoundContext,
     TrainSettings,
 )
-from fedhet.core.errors import NumericalError
+from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.core.seeding import torch_generator
 from fedhet.core.split import is_body, is_head
 from fedhet.experiment.config import load_config
@@ -384,7 +384,7 @@ def test_fedproto_client_and_server():
     reply, cstate = algo.client_update(Message("train"), None, client)
     assert [type(x) for x in client.calls[0]["terms"]] == [CrossEntropy]             # no prototypes: CE only
     assert all(torch.equal(client.calls[0]["start_weights"][k], client.init[k]) for k in client.init)
-    assert set(reply.arrays) == {"prototypes"} and set(cstate) == {"model", "linear_head"} and bool(cstate["linear_head"])
+    assert set(reply.arrays) == {"prototypes"} and set(cstate) == {"model"}
     means, counts = class_means(model, cstate["model"], data, 2)
     assert torch.equal(reply.arrays["prototypes"]["mean"], means)
     # server: plain mean over the clients that have a class (class 1 only from client 0)
@@ -421,7 +421,7 @@ def test_method_learns_end_to_end(small_config, tmp_path, name, params):
     trained = sorted(sim.client_states) if name != "fedpac" else sorted(sim.server_state["heads"])
     a, b = sim.client_model(trained[0]), sim.client_model(trained[1])
     if name == "fedproto":
-        assert set(sim.client_states[trained[0]]) == {"model", "linear_head"}
+        assert set(sim.client_states[trained[0]]) == {"model"}
         assert "down/prototypes" in rows[-1]["comm"] and "up/prototypes" in rows[-1]["comm"]
         return
     # head-personalized: the same global body, different heads
@@ -438,8 +438,10 @@ def test_method_learns_end_to_end(small_config, tmp_path, name, params):
 
 def test_fedproto_on_fedclassavg_models_needs_relu_features(small_config):
     """FedClassAvg's heads are ReLU + Linear: nearest-prototype evaluation needs the ReLU in the
-    body (model option relu_features), else FedProto warns and uses the client's classifier."""
+    body (model option relu_features), else the run is refused before round 1."""
     from helpers import build_loop, config
+
+    from fedhet.experiment.build import build
 
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"], "options": {"relu_features": True}}
@@ -456,12 +458,9 @@ def test_fedproto_on_fedclassavg_models_needs_relu_features(small_config):
         logits, feats = model(x), model.body(x)
     assert torch.equal(logits.argmax(1), torch.cdist(feats, state["prototypes"]).argmin(1))
 
-    raw["model"]["options"] = {}
-    loop = build_loop(config(raw, "fedproto", rounds=1, clients_per_round=6))
-    loop.run_round(0)
-    with pytest.warns(UserWarning, match="not a single Linear"):
-        ev = loop.algorithm.client_model(1, loop.server_state, loop.client_states[1])
-    assert ev is loop.client_states[1]["model"]
+    raw["model"]["options"] = {}      # the ReLU in the head: refused when the run is built, with the fix
+    with pytest.raises(ConfigError, match=r"head applies ReLU besides its Linear layer.*relu_features: true"):
+        build(config(raw, "fedproto", rounds=1, clients_per_round=6))
 
 
 # --- the prototype term and messages with their defaults ----------------------------------------

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from fedhet.core.errors import ConfigError
-from fedhet.core.split import BODY, HEAD, is_body, is_head, is_linear_head, linear_classifier, select, strip_prefix
+from fedhet.core.split import BODY, HEAD, is_body, is_head, linear_classifier, linear_head_names, select, strip_prefix
 from fedhet.models.base import SplitModel
 
 
@@ -37,6 +37,8 @@ def test_linear_classifier_without_bias_names_no_bias():
 def test_linear_classifier_inside_a_stage_keeps_its_path():
     m = model([("fc", nn.Sequential(nn.Identity(), nn.Linear(18, 4)))])
     assert linear_classifier(m, "FedROD") == ("head.fc.1.weight", "head.fc.1.bias")
+    m = model([("fc", nn.Sequential(nn.Dropout(0.5), nn.Flatten(), nn.Linear(18, 4)))])     # identities at evaluation
+    assert linear_classifier(m, "FedROD") == ("head.fc.2.weight", "head.fc.2.bias")
 
 
 @pytest.mark.parametrize("head", [
@@ -49,11 +51,21 @@ def test_linear_classifier_refuses_any_other_head(head):
                                           r"must be a single Linear layer; leave model.split at the architecture's default "
                                           r"\(a model of one's own: end it in one nn.Linear stage and split there\)$"):
         linear_classifier(model(head, split), "FedRS")
-    # the same read from the weights alone, as FedROD refuses such a model before round 1
-    assert not is_linear_head(model(head, split).state_dict())
+    # the same read from the weights alone, as the server names the head's tensors
+    assert linear_head_names(model(head, split).state_dict()) is None
 
 
-def test_is_linear_head_from_weights():
-    assert is_linear_head(model([("fc", nn.Linear(18, 4))]).state_dict())
-    assert is_linear_head(model([("fc", nn.Linear(18, 4, bias=False))]).state_dict())
-    assert is_linear_head(model([("fc", nn.Sequential(nn.Identity(), nn.Linear(18, 4)))]).state_dict())
+def test_linear_classifier_refuses_an_activation_before_the_linear_layer():
+    """FedClassAvg's heads are ReLU + Linear: one Linear's parameters, but logits of relu(h), not of h."""
+    m = model([("fc", nn.Sequential(nn.ReLU(), nn.Linear(18, 4)))])
+    assert linear_head_names(m.state_dict()) == ("head.fc.1.weight", "head.fc.1.bias")     # the weights cannot tell
+    with pytest.raises(ConfigError, match=r"^FedROD needs a linear classifier: the model's head applies ReLU besides its "
+                                          r"Linear layer, .* set model.options.relu_features: true"):
+        linear_classifier(m, "FedROD")
+
+
+def test_linear_head_names_from_weights():
+    assert linear_head_names(model([("fc", nn.Linear(18, 4))]).state_dict()) == ("head.fc.weight", "head.fc.bias")
+    assert linear_head_names(model([("fc", nn.Linear(18, 4, bias=False))]).state_dict()) == ("head.fc.weight", None)
+    assert linear_head_names(model([("fc", nn.Sequential(nn.Identity(), nn.Linear(18, 4)))]).state_dict()) == (
+        "head.fc.1.weight", "head.fc.1.bias")

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pydantic
+from torch import nn
 
 from fedhet.core.contract import (
     Arrays,
@@ -89,6 +90,13 @@ class Algorithm:
         """Raise a ConfigError when the run's rounds or local epochs leave a part of this method
         with nothing to do (so that the run would be another method under this one's name).
         ``make_algorithm`` calls it before anything is built."""
+
+    def check_model(self, arch: str, model: nn.Module) -> None:
+        """Raise a ConfigError when architecture ``arch``, as this run builds it (``model.split`` and
+        ``model.options`` applied), cannot serve this method: FedRS's and FedROD's classifier must be
+        one Linear map of the features. ``build`` calls it once per architecture of the federation,
+        before any training (a method of one's own can refuse a model the same way); it must not
+        change the model. Default: any model."""
 
     # --- server side -------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

@@ -97,7 +97,7 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.core.split import HEAD, linear_head_names
+from fedhet.core.split import HEAD, linear_classifier, linear_head_names
 from fedhet.training.local import forward
 
 HEAD_GROUP = "creff_head"      # down: the re-trained classifier the clients take gradients at
@@ -312,6 +312,10 @@ class CReFF(FedAvg):
         creff_crt_init: Literal["fresh", "global"] = "fresh"
 
     params: Params
+
+    def check_model(self, arch: str, model: torch.nn.Module) -> None:
+        super().check_model(arch, model)
+        linear_classifier(model, "CReFF")      # the re-trained classifier is one Linear map of the features
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

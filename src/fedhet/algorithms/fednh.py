@@ -118,6 +118,13 @@ class FedNH(FedAvg):
         cosine_scale: float = Field(30.0, gt=0)                # s, or its start with learn_scale
         learn_scale: bool = False                              # train s with the body (the reference's configs)
 
+    def check_model(self, arch: str, model: torch.nn.Module) -> None:
+        super().check_model(arch, model)
+        if linear_classifier(model, "FedNH")[1] is not None:
+            raise ConfigError(f"FedNH's class prototypes are a bias-free classifier, and model {arch}'s head has a "
+                              "bias: use simple_cnn (its head has none), or a model of one's own whose head is "
+                              "nn.Linear(..., bias=False)")
+
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)
@@ -158,9 +165,7 @@ class FedNH(FedAvg):
 
     # --- client ---------------------------------------------------------------------------
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
-        weight_name, bias_name = linear_classifier(client.model, "FedNH")
-        if bias_name is not None:
-            raise ValueError("FedNH's prototypes are a bias-free classifier; use simple_cnn (its head has no bias)")
+        weight_name, _ = linear_classifier(client.model, "FedNH")     # bias-free: check_model
         return [CosineCrossEntropy(weight_name, self.params.cosine_scale,
                                    SCALE_NAME if self.params.learn_scale else None)]
 

@@ -29,13 +29,13 @@ prototype (undefined classes get -1e30 and are never chosen, PFLlib's ``inf`` di
 needs the head to be one Linear layer on the features (cnn2's default split ``fc2``, PFLlib's
 FedProto split ``head = fc``). Decisions:
 
-* With a deeper head (e.g. ``split: fc1``), a bias-free Linear, an activation before the Linear
+* With a deeper head (e.g. ``split: fc1``), a bias-free Linear, or an activation before the Linear
   (FedClassAvg's ``ReLU + Linear`` heads: set ``model.options.relu_features: true`` there, which
   puts the ReLU at the end of the body, so prototypes are the classifier's inputs as in both
-  references), or before any global prototype exists, the client is evaluated with its own
-  classifier, and a warning says so once. The client records whether its head is one Linear
-  (:func:`head_is_one_linear`) in its state, as ``linear_head``.
-  ``proto_eval: classifier`` always uses the classifier.
+  references), no Linear head ranks the prototypes, and the run is refused when it is built
+  (:meth:`FedProto.check_model`) with the fix; ``proto_eval: classifier`` evaluates each client with
+  its own classifier instead, on any model. Before any global prototype exists, the client is
+  evaluated with its own classifier, and a warning says so once.
 * A client never sampled is evaluated with the common initialisation and its classifier.
 
 Decision on local prototypes: computed after training with the final model in eval mode
@@ -75,7 +75,8 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
-from fedhet.core.split import HEAD, select
+from fedhet.core.errors import ConfigError
+from fedhet.core.split import HEAD, linear_classifier, select
 from fedhet.training.augment import BaselineAugmentation, baseline_augmentation
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
@@ -103,21 +104,6 @@ def nearest_prototype_head(head: Arrays, prototypes: torch.Tensor, defined: torc
     return {wk: weight, bk: bias.to(head[bk].dtype)}
 
 
-def head_is_one_linear(model: torch.nn.Module) -> bool:
-    """Whether ``model.head`` computes one Linear map of the features: a single ``nn.Linear`` with
-    a bias, every other layer an identity at evaluation (Identity, Flatten, Dropout). A ReLU
-    before the Linear (FedClassAvg's heads) makes the logits a function of relu(h), so no Linear
-    head can rank the prototypes of h."""
-    head = getattr(model, "head", None)
-    if head is None:
-        return False
-    leaves = [m for m in head.modules() if not list(m.children())]
-    linears = [m for m in leaves if isinstance(m, torch.nn.Linear)]
-    passive = (torch.nn.Identity, torch.nn.Flatten, torch.nn.Dropout)
-    return (len(linears) == 1 and linears[0].bias is not None
-            and all(isinstance(m, (torch.nn.Linear, *passive)) for m in leaves))
-
-
 class FedProto(FedAvg):
     """FedProto; see the module docstring."""
 
@@ -130,6 +116,20 @@ class FedProto(FedAvg):
         proto_weight: float = Field(1.0, ge=0)     # lambda of the local objective (FedReMa Table 1: 1)
         proto_eval: Literal["nearest_prototype", "classifier"] = "nearest_prototype"
         augment: BaselineAugmentation = "none"     # supcon_view: trained like FedClassAvg's clients
+
+    def check_model(self, arch: str, model: torch.nn.Module) -> None:
+        super().check_model(arch, model)
+        if self.params.proto_eval != "nearest_prototype":
+            return
+        hint = "; or evaluate each client with its own classifier: algorithm.params.proto_eval: classifier"
+        try:
+            _, bias = linear_classifier(model, "FedProto's nearest-prototype evaluation")
+        except ConfigError as e:
+            raise ConfigError(f"{e}{hint}") from None
+        if bias is None:
+            raise ConfigError(f"FedProto's nearest-prototype evaluation puts -||C_c||^2 in the classifier's bias, and "
+                              f"model {arch}'s head has none: give its Linear layer a bias (cnn2's default split, "
+                              f"'fc2', is PFLlib's FedProto head){hint}")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -162,8 +162,7 @@ class FedProto(FedAvg):
         weights = state["model"] if state and "model" in state else client.init_weights()
         terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
         result = client.train(weights, terms, **self.train_options(msg, state, client))
-        state = {**(state or {}), "model": result.weights,
-                 "linear_head": torch.tensor(head_is_one_linear(client.model))}
+        state = {**(state or {}), "model": result.weights}
         means, counts = class_means(client.model, result.weights, client.data, client.num_classes,   # local prototypes
                                     fast_passes=trains_in_channels_last(client.settings))
         reply = update_reply(result, client, {GROUP: {"mean": means, "count": counts},
@@ -184,19 +183,14 @@ class FedProto(FedAvg):
         model = client_state["model"]
         if self.params.proto_eval != "nearest_prototype":
             return model
-        if not bool(client_state.get("linear_head", True)):
-            self._warn("the model's head is not a single Linear layer on the features (FedClassAvg's "
-                       "models: set model.options.relu_features: true)")
-            return model
         defined = state.get("defined")
         if defined is None or not bool(defined.any()):
             self._warn("no global prototype exists yet")
             return model
         head = nearest_prototype_head(select(model, HEAD), state["prototypes"], defined)
-        if head is None:
-            self._warn("the model's head is not a single Linear layer with a bias on the features "
-                       "(use the default split of cnn2, 'fc2', for PFLlib's FedProto)")
-            return model
+        if head is None:      # check_model refused every head this could be, when the run was built
+            raise ConfigError(f"fedproto: client {cid}'s head ({sorted(select(model, HEAD))}) is not one Linear layer "
+                              f"with a bias taking the {tuple(state['prototypes'].shape)} prototypes' features")
         return {**model, **head}
 
     def _warn(self, why: str) -> None:

@@ -32,8 +32,7 @@ import torch.nn.functional as F
 
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State
-from fedhet.core.errors import ConfigError
-from fedhet.core.split import HEAD, is_linear_head, linear_classifier, select
+from fedhet.core.split import HEAD, linear_classifier, select
 from fedhet.training.local import epoch_batches, forward
 from fedhet.training.objective import LossTerm
 from fedhet.training.terms import OffsetCrossEntropy
@@ -75,13 +74,9 @@ def train_personal_head(features: torch.Tensor, generic_logits: torch.Tensor, y:
 class FedROD(FedAvg):
     name = "fedrod"
 
-    def init_server_state(self, init_models: dict[str, Arrays]) -> State:
-        # the personal head trains as one Linear layer: refuse another head before round 1, not after it
-        if not all(is_linear_head(weights) for weights in init_models.values()):
-            raise ConfigError("FedROD needs a linear classifier: the model's head (from model.split on) must be a "
-                              "single Linear layer; leave model.split at the architecture's default (a model of "
-                              "one's own: end it in one nn.Linear stage and split there)")
-        return super().init_server_state(init_models)
+    def check_model(self, arch: str, model: torch.nn.Module) -> None:
+        super().check_model(arch, model)
+        linear_classifier(model, "FedROD")      # the personal head trains as one Linear map of the features
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)

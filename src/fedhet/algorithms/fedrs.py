@@ -69,6 +69,10 @@ class FedRS(FedAvg):
     class Params(FedAvg.Params):
         alpha: float = Field(0.5, ge=0, le=1)
 
+    def check_model(self, arch: str, model: nn.Module) -> None:
+        super().check_model(arch, model)
+        classifier_weight_name(model)      # the restricted softmax scales W h: one Linear map of the features
+
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         """FedAvg's data term, plain cross-entropy, replaced by the restricted CE."""
         labels = client.data.y[client.data.train_idx]

@@ -48,13 +48,13 @@ def linear_head_names(weights: Arrays) -> tuple[str, str | None] | None:
     return None
 
 
-def is_linear_head(weights: Arrays) -> bool:
-    return linear_head_names(weights) is not None
-
-
 def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
-    """Names of the weight and the bias (None without one) of a head that is one Linear layer
-    (the classifier that FedRS restricts, FedROD personalises and FedNH fixes)."""
+    """Names of the weight and the bias (None without one) of a head that computes one Linear map of
+    the features: a single ``nn.Linear``, every other layer of the head an identity at evaluation
+    (Identity, Flatten, Dropout). The methods that call it (FedRS, FedROD, FedNH, CReFF, FedProto's
+    nearest-prototype evaluation) compute logits as ``W h + b`` from the body's features ``h``, so an
+    activation before the Linear (FedClassAvg's ``ReLU + Linear`` heads) would make the model they
+    train differ from the one they evaluate. Raises a ConfigError that says how to fix the model."""
     from torch import nn
 
     head = model.head
@@ -64,6 +64,15 @@ def linear_classifier(model: Any, method: str) -> tuple[str, str | None]:
         raise ConfigError(f"{method} needs a linear classifier: the model's head (from model.split on) must be a "
                           "single Linear layer; leave model.split at the architecture's default (a model of "
                           "one's own: end it in one nn.Linear stage and split there)")
+    passive = (nn.Linear, nn.Identity, nn.Flatten, nn.Dropout)
+    active = sorted({type(m).__name__ for _, m in head.named_modules()
+                     if not list(m.children()) and not isinstance(m, passive)})
+    if active:
+        raise ConfigError(f"{method} needs a linear classifier: the model's head applies {', '.join(active)} besides "
+                          "its Linear layer, so its logits are not a linear map of the features the method works "
+                          "on; FedClassAvg's models (fca_*): set model.options.relu_features: true, which moves "
+                          "the ReLU to the end of the body (a model of one's own: end the head in one nn.Linear "
+                          "and nothing else)")
     layer = head.get_submodule(linears[0])
     prefix = f"{HEAD}{linears[0]}"
     return f"{prefix}.weight", (f"{prefix}.bias" if layer.bias is not None else None)
