@@ -155,7 +155,7 @@ def test_fedrs_trains_on_restricted_ce_only_with_client_label_counts():
         reply, _ = combo().client_update(Message("train", {"model": {"w": torch.zeros(1)}}), None, client)
         assert [type(t) for t in client.terms] == [RestrictedCrossEntropy]
         assert reply.scalars["a_i"] == pytest.approx(5.61)
-    with pytest.raises(ConfigError, match="single Linear layer; leave model.split"):
+    with pytest.raises(ConfigError, match=r"single Linear layer; set model.split to the stage of its last Linear layer \('fc2'\)"):
         classifier_weight_name(build_model("cnn2", 1, 3, 28, split="fc1"))
 
 

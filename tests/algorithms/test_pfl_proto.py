@@ -441,8 +441,6 @@ def test_fedproto_on_fedclassavg_models_needs_relu_features(small_config):
     body (model option relu_features), else the run is refused before round 1."""
     from helpers import build_loop, config
 
-    from fedhet.experiment.build import build
-
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b"], "options": {"relu_features": True}}
     loop = build_loop(config(raw, "fedproto", rounds=1, clients_per_round=6))
@@ -460,7 +458,7 @@ def test_fedproto_on_fedclassavg_models_needs_relu_features(small_config):
 
     raw["model"]["options"] = {}      # the ReLU in the head: refused when the run is built, with the fix
     with pytest.raises(ConfigError, match=r"head applies ReLU besides its Linear layer.*relu_features: true"):
-        build(config(raw, "fedproto", rounds=1, clients_per_round=6))
+        build_loop(config(raw, "fedproto", rounds=1, clients_per_round=6))
 
 
 # --- the prototype term and messages with their defaults ----------------------------------------

@@ -41,16 +41,20 @@ def test_linear_classifier_inside_a_stage_keeps_its_path():
     assert linear_classifier(m, "FedROD") == ("head.fc.2.weight", "head.fc.2.bias")
 
 
-@pytest.mark.parametrize("head", [
-    [("fc1", nn.Sequential(nn.Linear(18, 6), nn.ReLU())), ("fc", nn.Linear(6, 4))],   # two Linear layers
-    [("fc", nn.Sequential(nn.Linear(18, 4), nn.BatchNorm1d(4)))],                     # a Linear and other parameters
+@pytest.mark.parametrize("head,fix", [
+    ([("fc1", nn.Sequential(nn.Linear(18, 6), nn.ReLU())), ("fc", nn.Linear(6, 4))],     # two Linear layers
+     r"set model.split to the stage of its last Linear layer \('fc'\)"),
+    ([("fc", nn.Sequential(nn.Linear(18, 4), nn.BatchNorm1d(4)))],                       # a Linear and other parameters
+     r"leave model.split at the architecture's default"),
 ], ids=["two_linears", "linear_and_norm"])
-def test_linear_classifier_refuses_any_other_head(head):
+def test_linear_classifier_refuses_any_other_head(head, fix):
     split = head[0][0]
     with pytest.raises(ConfigError, match=r"^FedRS needs a linear classifier: the model's head \(from model.split on\) "
-                                          r"must be a single Linear layer; leave model.split at the architecture's default "
+                                          rf"must be a single Linear layer; {fix} "
                                           r"\(a model of one's own: end it in one nn.Linear stage and split there\)$"):
         linear_classifier(model(head, split), "FedRS")
+    with pytest.raises(ConfigError, match=r"^FedRS needs a linear classifier: model net's head \(from model.split on\)"):
+        linear_classifier(model(head, split), "FedRS", "net")
     # the same read from the weights alone, as the server names the head's tensors
     assert linear_head_names(model(head, split).state_dict()) is None
 

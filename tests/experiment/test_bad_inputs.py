@@ -42,18 +42,22 @@ def test_a_model_too_large_for_memory_is_a_config_error(small_config):
 
 
 @pytest.mark.parametrize("method,model,message", [
-    ("fedrod", {"arch": "cnn2", "split": "fc1"}, r"FedROD needs a linear classifier: the model's head \(from model.split on\)"),
-    ("fedrs", {"arch": "fca_tiny_a"}, r"FedRS needs a linear classifier: the model's head applies ReLU besides its Linear"),
-    ("creff", {"arch": "cnn2", "split": "fc1"}, r"CReFF needs a linear classifier: the model's head \(from model.split on\)"),
+    ("fedrod", {"arch": "cnn2", "split": "fc1"}, r"FedROD needs a linear classifier: model cnn2's head \(from model.split on\) "
+                                                 r"must be a single Linear layer; set model.split to the stage of its last "
+                                                 r"Linear layer \('fc2'\)"),
+    ("fedprox+fedrod", {"arch": "cnn2", "split": "fc1"}, r"FedROD needs a linear classifier: model cnn2's head"),
+    ("fedrs", {"arch": ["cnn2", "fca_tiny_a"]}, r"FedRS needs a linear classifier: model fca_tiny_a's head applies ReLU "
+                                                r"besides its Linear"),
+    ("creff", {"arch": "cnn2", "split": "fc1"}, r"CReFF needs a linear classifier: model cnn2's head \(from model.split on\)"),
     ("fednh", {"arch": "cnn2"}, r"FedNH's class prototypes are a bias-free classifier, and model cnn2's head has a bias"),
-    ("fedproto", {"arch": "fca_tiny_a"}, r"FedProto's nearest-prototype evaluation needs a linear classifier: the model's "
-                                         r"head applies ReLU .*relu_features: true.*; or evaluate each client with its own "
+    ("fedproto", {"arch": "fca_tiny_a"}, r"FedProto's nearest-prototype evaluation needs a linear classifier: model "
+                                         r"fca_tiny_a's head applies ReLU .*relu_features: true.*; or evaluate each client with its own "
                                          r"classifier: algorithm.params.proto_eval: classifier$"),
     ("fedproto", {"arch": "simple_cnn"}, r"FedProto's nearest-prototype evaluation puts -\|\|C_c\|\|\^2 in the "
                                          r"classifier's bias, and model simple_cnn's head has none"),
-], ids=["fedrod_deep", "fedrs_relu", "creff_deep", "fednh_bias", "fedproto_relu", "fedproto_no_bias"])
+], ids=["fedrod_deep", "fedprox+fedrod_deep", "fedrs_relu", "creff_deep", "fednh_bias", "fedproto_relu", "fedproto_no_bias"])
 def test_a_method_refuses_a_head_it_cannot_use_before_round_1(small_config, tmp_path, method, model, message):
-    """Algorithm.check_model, called once per architecture when the run is built: these failed in round 1
+    """Algorithm.check_model, called once per architecture when the client host is made: these failed in round 1
     (FedROD, CReFF), trained a model other than the one evaluated (an activation before the Linear), or
     evaluated with another rule under a warning (FedProto)."""
     cfg = load_config(raw=cfg_of(small_config, algorithm={"name": method}, model=model))

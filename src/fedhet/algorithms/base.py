@@ -93,10 +93,11 @@ class Algorithm:
 
     def check_model(self, arch: str, model: nn.Module) -> None:
         """Raise a ConfigError when architecture ``arch``, as this run builds it (``model.split`` and
-        ``model.options`` applied), cannot serve this method: FedRS's and FedROD's classifier must be
-        one Linear map of the features. ``build`` calls it once per architecture of the federation,
-        before any training (a method of one's own can refuse a model the same way); it must not
-        change the model. Default: any model."""
+        ``model.options`` applied), cannot serve this method, e.g. FedRS's, FedROD's, FedNH's, CReFF's
+        and FedProto's classifier must be one Linear map of the features. The client host
+        (``engine.host.ClientHost``) calls it once per architecture of the federation when it is
+        made, before any training, and ``fedhet flower run`` before it starts any node (a method of
+        one's own can refuse a model the same way); it must not change the model. Default: any model."""
 
     # --- server side -------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

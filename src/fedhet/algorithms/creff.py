@@ -315,7 +315,7 @@ class CReFF(FedAvg):
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)
-        linear_classifier(model, "CReFF")      # the re-trained classifier is one Linear map of the features
+        linear_classifier(model, "CReFF", arch)      # the re-trained classifier is one Linear map of the features
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

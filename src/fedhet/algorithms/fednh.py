@@ -54,7 +54,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError, NumericalError
-from fedhet.core.split import is_head, linear_classifier
+from fedhet.core.split import is_head, linear_classifier, linear_head_names
 from fedhet.training.augment import mixed_cross_entropy
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
@@ -120,7 +120,7 @@ class FedNH(FedAvg):
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)
-        if linear_classifier(model, "FedNH")[1] is not None:
+        if linear_classifier(model, "FedNH", arch)[1] is not None:
             raise ConfigError(f"FedNH's class prototypes are a bias-free classifier, and model {arch}'s head has a "
                               "bias: use simple_cnn (its head has none), or a model of one's own whose head is "
                               "nn.Linear(..., bias=False)")
@@ -128,10 +128,10 @@ class FedNH(FedAvg):
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)
-        heads = [k for k in state["model"] if is_head(k)]
-        if len(heads) != 1 or not heads[0].endswith(".weight"):
+        weight_name, bias_name = linear_head_names(state["model"]) or (None, None)
+        if weight_name is None or bias_name is not None:      # FedNH.check_model says why, when the host is made
             raise ValueError("FedNH needs a bias-free linear classifier as the head (simple_cnn's default split)")
-        state["model"] = {**state["model"], heads[0]: orthonormal_rows(state["model"][heads[0]])}
+        state["model"] = {**state["model"], weight_name: orthonormal_rows(state["model"][weight_name])}
         if self.params.learn_scale:
             if self.only_body_and_head:
                 other = next(c.name for c in type(self).__mro__[1:] if getattr(c, "only_body_and_head", False))

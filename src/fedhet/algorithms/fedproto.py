@@ -76,7 +76,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError
-from fedhet.core.split import HEAD, linear_classifier, select
+from fedhet.core.split import HEAD, linear_classifier, linear_head_names, select
 from fedhet.training.augment import BaselineAugmentation, baseline_augmentation
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
@@ -91,12 +91,8 @@ def nearest_prototype_head(head: Arrays, prototypes: torch.Tensor, defined: torc
     ``head`` must hold exactly one ``<prefix>weight`` of shape (C, d) equal to the prototypes' and
     its ``<prefix>bias`` (C,); otherwise (a deeper head, no bias) returns None.
     """
-    weight_keys = [k for k in head if k.endswith("weight")]
-    if len(head) != 2 or len(weight_keys) != 1:
-        return None
-    wk = weight_keys[0]
-    bk = wk[: -len("weight")] + "bias"
-    if bk not in head or tuple(head[wk].shape) != tuple(prototypes.shape) or tuple(head[bk].shape) != (prototypes.shape[0],):
+    wk, bk = linear_head_names(head) or (None, None)
+    if wk is None or bk is None or tuple(head[wk].shape) != tuple(prototypes.shape):
         return None
     p = prototypes.to(head[wk].dtype)
     bias = torch.where(defined.bool(), -(p.double() ** 2).sum(1), torch.full_like(p[:, 0], UNDEFINED_LOGIT).double())
@@ -123,13 +119,13 @@ class FedProto(FedAvg):
             return
         hint = "; or evaluate each client with its own classifier: algorithm.params.proto_eval: classifier"
         try:
-            _, bias = linear_classifier(model, "FedProto's nearest-prototype evaluation")
+            _, bias = linear_classifier(model, "FedProto's nearest-prototype evaluation", arch)
         except ConfigError as e:
             raise ConfigError(f"{e}{hint}") from None
         if bias is None:
             raise ConfigError(f"FedProto's nearest-prototype evaluation puts -||C_c||^2 in the classifier's bias, and "
-                              f"model {arch}'s head has none: give its Linear layer a bias (cnn2's default split, "
-                              f"'fc2', is PFLlib's FedProto head){hint}")
+                              f"model {arch}'s head has none: use cnn2 (its default split, 'fc2', is PFLlib's "
+                              f"FedProto head) or a model of one's own whose head is nn.Linear(..., bias=True){hint}")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -188,9 +184,10 @@ class FedProto(FedAvg):
             self._warn("no global prototype exists yet")
             return model
         head = nearest_prototype_head(select(model, HEAD), state["prototypes"], defined)
-        if head is None:      # check_model refused every head this could be, when the run was built
-            raise ConfigError(f"fedproto: client {cid}'s head ({sorted(select(model, HEAD))}) is not one Linear layer "
-                              f"with a bias taking the {tuple(state['prototypes'].shape)} prototypes' features")
+        if head is None:      # FedProto.check_model refuses such a model when the client host is made
+            raise RuntimeError(f"fedproto: client {cid}'s head ({sorted(select(model, HEAD))}) is not one Linear layer "
+                               f"with a bias taking the {tuple(state['prototypes'].shape)} prototypes' features, "
+                               "which FedProto.check_model should have refused")
         return {**model, **head}
 
     def _warn(self, why: str) -> None:

@@ -76,7 +76,7 @@ class FedROD(FedAvg):
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)
-        linear_classifier(model, "FedROD")      # the personal head trains as one Linear map of the features
+        linear_classifier(model, "FedROD", arch)      # the personal head trains as one Linear map of the features
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)

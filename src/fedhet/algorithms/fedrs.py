@@ -71,7 +71,7 @@ class FedRS(FedAvg):
 
     def check_model(self, arch: str, model: nn.Module) -> None:
         super().check_model(arch, model)
-        classifier_weight_name(model)      # the restricted softmax scales W h: one Linear map of the features
+        linear_classifier(model, "FedRS", arch)      # the restricted softmax scales W h: one Linear map of h
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         """FedAvg's data term, plain cross-entropy, replaced by the restricted CE."""

@@ -157,6 +157,8 @@ class ClientHost:
     def __init__(self, algorithm: Algorithm, federation: Federation, models: dict[str, torch.nn.Module],
                  client_arch: list[str], settings: TrainSettings, seed: int, device: str | torch.device = "cpu",
                  state_on_device: bool = False, lr_decay: float = 1.0):
+        for arch, model in models.items():
+            algorithm.check_model(arch, model)      # refuse a model the method cannot use before round 1
         self.algorithm = algorithm
         self.federation = federation
         self.models = models

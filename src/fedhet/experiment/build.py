@@ -176,8 +176,6 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
 def build(cfg: ExperimentConfig) -> Built:
     algorithm, federation = algorithm_and_federation(cfg)
     models, client_arch = build_models(cfg, federation)
-    for arch, model in models.items():
-        algorithm.check_model(arch, model)      # refuse a model the method cannot use before round 1
     device = resolve_device(cfg.run.device)
     precision = resolve_precision(cfg.run.precision, device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed,
