@@ -598,3 +598,24 @@ def test_flower_run_refuses_data_the_method_cannot_use_before_starting_flower(sm
     assert cli_main(["flower", "run", str(cfg_path), "--out", str(tmp_path / "run")]) != 0
     err = capsys.readouterr().err
     assert "public_size is 101 but the public set (data.public) has 100 images" in err and "Traceback" not in err
+
+
+def test_flower_run_refuses_a_model_the_method_cannot_use_before_starting_flower(small_config, tmp_path, capsys,
+                                                                                monkeypatch):
+    """FedROD on a two-layer head: Algorithm.check_model in the preflight, before any Flower process starts."""
+    from fedhet.cli import main as cli_main
+    from fedhet.flower import deploy
+
+    def started(*args, **kwargs):
+        raise AssertionError("the loopback was started")
+
+    monkeypatch.setattr(deploy, "run_loopback", started)
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "cnn2", "split": "fc1"}
+    raw["algorithm"] = {"name": "fedrod"}
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(dump_config(load_config(raw=raw)))
+    assert cli_main(["flower", "run", str(cfg_path), "--out", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "FedROD needs a linear classifier: model cnn2's head" in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()
