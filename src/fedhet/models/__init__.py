@@ -48,7 +48,7 @@ _MODELS: dict[str, _Entry] = {
     "resnet18": _Entry(partial(resnet, 18), "fc", _RESNET_OPTIONS, has_norm=True),
     "resnet34": _Entry(partial(resnet, 34), "fc", _RESNET_OPTIONS, has_norm=True),
     "resnet50": _Entry(partial(resnet, 50), "fc", _RESNET_OPTIONS, has_norm=True),
-    # FedClassAvg's heterogeneous models: 512-d features, shared head "classifier" (hetero.py)
+    # FedClassAvg's heterogeneous models: 512-d features, shared head "classifier" (hetero/)
     "fca_resnet18": _Entry(fca_resnet18, "classifier", ("gn_groups", "relu_features"), has_norm=True),
     "fca_shufflenetv2": _Entry(fca_shufflenetv2, "classifier", ("gn_groups", "relu_features"), has_norm=True),
     "fca_googlenet": _Entry(fca_googlenet, "classifier", ("gn_groups", "dropout", "relu_features"), has_norm=True),
