@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedhet.core.errors import PartitionError
-from fedhet.data.partition import _check_int, _check_labels
+from fedhet.data.checks import check_int, check_labels
 
 __all__ = ["sample_like", "LikeSampler"]
 
@@ -33,10 +33,10 @@ def sample_like(
     re-drawn per evaluation) this yields a fixed, duplicate-free local test set. Many clients
     drawing from one pool: :class:`LikeSampler` (the same draws).
     """
-    train = _check_labels(train_labels_of_client, "train_labels_of_client")
-    pool = _check_labels(pool_labels, "pool_labels")
-    size = _check_int("sample_like", "size", size, 0)
-    num_classes = _check_int("sample_like", "num_classes", num_classes, 1)
+    train = check_labels(train_labels_of_client, "train_labels_of_client")
+    pool = check_labels(pool_labels, "pool_labels")
+    size = check_int("sample_like", "size", size, 0)
+    num_classes = check_int("sample_like", "num_classes", num_classes, 1)
     return LikeSampler(pool, num_classes, exclude=exclude)(train, size, rng)
 
 
@@ -49,8 +49,8 @@ class LikeSampler:
     at the first draw."""
 
     def __init__(self, pool_labels: np.ndarray, num_classes: int, *, exclude: np.ndarray | None = None) -> None:
-        self.pool = _check_labels(pool_labels, "pool_labels")
-        self.num_classes = _check_int("sample_like", "num_classes", num_classes, 1)
+        self.pool = check_labels(pool_labels, "pool_labels")
+        self.num_classes = check_int("sample_like", "num_classes", num_classes, 1)
         self._pool_top = int(self.pool.max())
         self._exclude = exclude
         self._allowed: np.ndarray | None = None
@@ -64,8 +64,8 @@ class LikeSampler:
         return self._candidates[c]
 
     def __call__(self, train_labels_of_client: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-        train = _check_labels(train_labels_of_client, "train_labels_of_client")
-        size = _check_int("sample_like", "size", size, 0)
+        train = check_labels(train_labels_of_client, "train_labels_of_client")
+        size = check_int("sample_like", "size", size, 0)
         num_classes = self.num_classes
         top = max(int(train.max()), self._pool_top)
         if top >= num_classes:
