@@ -17,10 +17,10 @@ from helpers import small_config_in
 from fedhet.cli import main
 from fedhet.core.errors import CheckpointError, ConfigError, DataError, PartitionError
 from fedhet.data.federated import build_federation
-from fedhet.experiment import config as config_module
 from fedhet.experiment.build import build_models, make_algorithm
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment
+from fedhet.experiment.yaml_io import parse_yaml
 
 
 def cfg_of(small_config, **sections):
@@ -170,7 +170,7 @@ def test_a_key_given_twice_in_a_yaml_file_is_an_error(small_config, tmp_path):
 
 
 def test_numbers_in_exponent_form_are_numbers():
-    assert config_module.parse_yaml("a: 5e-1\nb: 1e3\nc: 1.5e-2\nd: 2e") == {"a": 0.5, "b": 1000.0, "c": 0.015, "d": "2e"}
+    assert parse_yaml("a: 5e-1\nb: 1e3\nc: 1.5e-2\nd: 2e") == {"a": 0.5, "b": 1000.0, "c": 0.015, "d": "2e"}
 
 
 def test_exponent_partition_parameters_reach_the_partitioner(small_config, tmp_path):

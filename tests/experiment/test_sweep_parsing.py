@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.config import _parse_yaml_pure as parse_yaml  # the reference: PyYAML's own parser
 from fedhet.experiment.config import dump_config, load_config
 from fedhet.experiment.sweep import Job, config_mismatch, job_status
 from fedhet.experiment.sweep.state import _parsed_yaml, current_config
+from fedhet.experiment.yaml_io import _parse_yaml_pure as parse_yaml  # the reference: PyYAML's own parser
 
 ROOT = Path(__file__).resolve().parents[2]
 

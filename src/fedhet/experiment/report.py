@@ -13,10 +13,11 @@ from pathlib import Path
 import yaml
 
 from fedhet.core.errors import CheckpointError
-from fedhet.experiment.config import ExperimentConfig, flatten_config, parse_yaml
+from fedhet.experiment.config import ExperimentConfig, flatten_config
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.rundir import CONFIG, read_metrics
 from fedhet.experiment.summary import cpu_name, git_commit, machine_info, selected_value
+from fedhet.experiment.yaml_io import parse_yaml
 
 
 def load_summary(run_dir: Path) -> dict:

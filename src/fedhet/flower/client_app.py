@@ -62,7 +62,8 @@ from fedhet.core.errors import CheckpointError, ConfigError  # noqa: E402
 from fedhet.engine.host import ClientHost, Job, Tally  # noqa: E402
 from fedhet.engine.ledger import tensor_floats  # noqa: E402
 from fedhet.experiment.build import Built, build, configure_process  # noqa: E402
-from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config, parse_yaml  # noqa: E402
+from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config  # noqa: E402
+from fedhet.experiment.yaml_io import parse_yaml  # noqa: E402
 from fedhet.flower import require_flower  # noqa: E402
 from fedhet.metrics.evaluate import predict  # noqa: E402
 

@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.config import override_key, read_yaml
+from fedhet.experiment.config import override_key
 from fedhet.experiment.verdict import Verdict, parse_verdicts
+from fedhet.experiment.yaml_io import read_yaml
 
 
 @dataclass

@@ -14,9 +14,10 @@ from typing import Any
 import yaml
 
 from fedhet.core.errors import ConfigError
-from fedhet.experiment.config import ExperimentConfig, config_changes, load_config, parse_yaml
+from fedhet.experiment.config import ExperimentConfig, config_changes, load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.sweep.spec import Job
+from fedhet.experiment.yaml_io import parse_yaml
 
 # What a completed run folder needs to count as completed and to be compared: the files a
 # repository keeps of it (no checkpoint, no plot).
