@@ -117,7 +117,7 @@ def flower(cfg: ExperimentConfig, out: Path, work: Path, simulation: bool = Fals
 def simulation_runtime_available() -> str | None:
     """None when Flower's simulation runtime can run here, else why not."""
     from fedhet.flower import FlowerMissingError
-    from fedhet.flower.deploy import require_simulation_runtime
+    from fedhet.flower.loopback import require_simulation_runtime
 
     try:
         require_simulation_runtime()

@@ -27,11 +27,12 @@ from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
 from fedhet.flower import FlowerMissingError  # noqa: E402
 from fedhet.flower.credentials import make_node_key  # noqa: E402
-from fedhet.flower.deploy import DeploymentError, run_loopback  # noqa: E402
+from fedhet.flower.deploy import run_loopback  # noqa: E402
 from fedhet.flower.engine import load_server_state  # noqa: E402
+from fedhet.flower.loopback import DeploymentError  # noqa: E402
 
 try:
-    from fedhet.flower.deploy import flower_bin
+    from fedhet.flower.loopback import flower_bin
 
     flower_bin()
 except FlowerMissingError as e:  # flwr importable but its commands are not on this machine

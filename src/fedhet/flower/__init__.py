@@ -5,8 +5,11 @@
 * :mod:`fedhet.flower.client_app` - ``app``, a ClientApp that rebuilds the client side from the
   run config, loads its own partition from local data and runs ``algorithm.client_update``,
   keeping client state in ``context.state``;
-* :mod:`fedhet.flower.deploy` - the one-machine loopback deployment behind
-  ``fedhet flower run`` and the app directory ``flwr run`` needs;
+* :mod:`fedhet.flower.deploy` - ``fedhet flower run`` (a config run on a fresh loopback
+  deployment, :func:`~fedhet.flower.deploy.run_loopback`) and ``fedhet flower app``;
+* :mod:`fedhet.flower.loopback` - the one-machine deployment: a SuperLink and SuperNodes on
+  127.0.0.1, each in its own process group, and the ``flwr`` commands that submit and follow a run;
+* :mod:`fedhet.flower.app_files` - the app directory and run-config file ``flwr run`` needs;
 * :mod:`fedhet.flower.credentials` - a TLS certificate authority and server certificate, and the
   key pairs of SuperNode authentication.
 

@@ -1,7 +1,7 @@
 """The fedhet ServerApp: ``@app.main()`` runs a whole fedhet experiment over Flower's Grid.
 
 Run-config keys (``[tool.flwr.app.config]`` of the app, overridable with ``flwr run
---run-config``; :func:`fedhet.flower.deploy.write_app` writes them):
+--run-config``; :func:`fedhet.flower.app_files.write_app` writes them):
 
   fedhet-config   the fedhet YAML config (text); the clients build the same federation from it
   run-dir         where the server writes the run directory (default: run.out_dir/<name>-s<seed>-<time>)
