@@ -20,7 +20,6 @@ RUN_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 
-
 def toml_value(v: Any) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
