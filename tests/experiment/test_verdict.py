@@ -70,6 +70,30 @@ def test_complete_pairs_of_a_pending_claim_decide_what_no_later_seed_can_change(
     assert outcome == "pending" and detail == "needs a_s1, b_s1, c_s1"
 
 
+def test_most_seeds_reproduces_at_every_seed_and_fails_at_half_or_fewer():
+    """most_seeds over 3 seeds: ahead at 3 reproduced, at 2 inconclusive, at 1 or 0 not reproduced (an
+    exact tie is not ahead); with 4 seeds, ahead at 2 is no more than half. Decided early once the missing
+    pairs cannot lift "ahead" past half, or once more than half are ahead and one is not."""
+    v = Verdict("a > b", "most_seeds", "a", ("b",), (0, 1, 2))
+    def run(*diffs):
+        return decide(v, values({**{("b", s): 0.5 for s in range(3)},
+                                 **{("a", s): 0.5 + d for s, d in enumerate(diffs) if d is not None}}))
+    assert run(0.1, 0.1, 0.1)[0] == "reproduced"
+    assert run(0.1, -0.1, 0.1) == ("inconclusive", "b s0: +10.00, b s1: -10.00, b s2: +10.00")
+    assert run(0.1, 0.0, 0.1)[0] == "inconclusive"
+    assert run(0.1, -0.1, -0.1)[0] == "not reproduced"
+    assert run(-0.1, -0.1, -0.1)[0] == "not reproduced"
+    assert run(-0.1, -0.1, None) == ("not reproduced", "b s0: -10.00, b s1: -10.00 (decided before a_s2 ran)")
+    assert run(-0.1, None, None) == ("pending", "needs a_s1, a_s2; reproduced is already ruled out")
+    assert run(0.1, 0.1, None) == ("pending", "needs a_s2")
+    five = Verdict("a > b", "most_seeds", "a", ("b",), (0, 1, 2, 3, 4))
+    table = {**{("b", s): 0.5 for s in range(5)}, ("a", 0): 0.6, ("a", 1): 0.6, ("a", 2): 0.6, ("a", 3): 0.4}
+    assert decide(five, values(table))[0] == "inconclusive"          # 3 of 5 ahead, one not: seed 4 cannot change it
+    even = Verdict("a > b", "most_seeds", "a", ("b",), (0, 1, 2, 3))
+    table = {**{("b", s): 0.5 for s in range(4)}, ("a", 0): 0.6, ("a", 1): 0.6, ("a", 2): 0.4, ("a", 3): 0.4}
+    assert decide(even, values(table))[0] == "not reproduced"
+
+
 def test_a_verdict_is_checked_when_the_sweep_file_is_read():
     good = {"claim": "x", "rule": "every_seed", "better": "a", "than": "b", "seeds": [0]}
     (v,) = parse_verdicts([good], "f", RUNS)

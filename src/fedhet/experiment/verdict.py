@@ -5,7 +5,7 @@ A sweep file's ``verdicts`` list::
 
     verdicts:
       - claim: FedClassAvg > Local on Dir(0.5)      # what is being tested, in words
-        rule: every_seed                            # or best_at_seed
+        rule: every_seed                            # or most_seeds, best_at_seed
         better: dir0.5_fedclassavg                  # the tag (group) claimed better
         than: dir0.5_local                          # one tag, or a list of tags
         seeds: [0, 1, 2]                            # the seeds the claim needs
@@ -18,6 +18,9 @@ methods is a pair):
 
 * ``every_seed``: "reproduced" when ``better`` is above each ``than`` at every seed, "not reproduced"
   when below at every seed, else "inconclusive".
+* ``most_seeds``: "reproduced" when ``better`` is above each ``than`` at every seed, "not reproduced"
+  when above at no more than half of the (``than``, seed) pairs, else (above at more than half, not
+  all) "inconclusive": with 3 seeds, ahead at 3 is reproduced, at 2 inconclusive, at 1 or 0 not.
 * ``best_at_seed``: "reproduced" when ``better`` is above each ``than`` by more than ``margin`` at
   every seed, "not reproduced" when some ``than`` is above it by more than ``margin``, else "tie".
 
@@ -26,7 +29,9 @@ complete pairs already rule "reproduced" out, the pairs that do (for ``best_at_s
 the margin: the claim can then only end "tie" or "not reproduced"). What no later seed can change is
 decided at once: ``every_seed`` is "inconclusive" as soon as one complete pair is at or below and
 one at or above (neither direction can hold at every seed any more), and ``best_at_seed`` is "not
-reproduced" as soon as one complete pair says so. One whose
+reproduced" as soon as one complete pair says so; ``most_seeds`` is "not reproduced" as soon as the
+pairs still missing could not lift the pairs above past half, "inconclusive" as soon as more than half
+are above and one is not. One whose
 complete runs lack its metric "cannot be decided", with the metrics they have. ``value:
 lowest:personal_loss`` is the metric at the evaluated round with the lowest ``personal_loss`` (the
 first such round), read from the run's ``metrics.jsonl``; ``highest:global_val_acc`` likewise at the
@@ -44,7 +49,7 @@ from fedhet.core.errors import ConfigError
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import model_selection
 
-RULES = ("every_seed", "best_at_seed")
+RULES = ("every_seed", "most_seeds", "best_at_seed")
 KEYS = {"claim", "rule", "better", "than", "seeds", "metric", "value", "margin"}
 
 
@@ -137,6 +142,8 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
         return ", ".join(f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items() if keep(d))
 
     detail = pairs()
+    if verdict.rule == "most_seeds":
+        return _most_seeds(diffs, len(verdict.than) * len(verdict.seeds), needed, detail)
     if needed:
         missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
         against = pairs(lambda d: d < -verdict.margin or (verdict.rule == "every_seed" and d <= 0))
@@ -163,6 +170,25 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
     if any(d < -verdict.margin for d in diffs.values()):
         return "not reproduced", detail
     return "tie", detail
+
+
+def _most_seeds(diffs: dict[tuple[str, int], float], pairs: int, needed: list[tuple[str, int]],
+                detail: str) -> tuple[str, str]:
+    """The ``most_seeds`` rule over ``pairs`` (than, seed) pairs, ``diffs`` those complete so far."""
+    above = sum(d > 0 for d in diffs.values())
+    not_above = len(diffs) - above
+    open_pairs = pairs - len(diffs)
+    if needed:
+        decided = f"{detail} (decided before {', '.join(f'{t}_s{s}' for t, s in needed)} ran)"
+        if 2 * (above + open_pairs) <= pairs:             # above at no more than half, whatever the rest give
+            return "not reproduced", decided
+        if 2 * above > pairs and not_above:               # more than half above, not all: nothing can change it
+            return "inconclusive", decided
+        missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
+        return "pending", missing + ("; reproduced is already ruled out" if not_above else "")
+    if not not_above:
+        return "reproduced", detail
+    return ("not reproduced" if 2 * above <= pairs else "inconclusive"), detail
 
 
 def verdict_table(verdicts: list[Verdict], value_of: Callable[[Verdict, str, int], float | None],
