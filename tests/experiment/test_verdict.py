@@ -92,6 +92,9 @@ def test_most_seeds_reproduces_at_every_seed_and_fails_at_half_or_fewer():
     even = Verdict("a > b", "most_seeds", "a", ("b",), (0, 1, 2, 3))
     table = {**{("b", s): 0.5 for s in range(4)}, ("a", 0): 0.6, ("a", 1): 0.6, ("a", 2): 0.4, ("a", 3): 0.4}
     assert decide(even, values(table))[0] == "not reproduced"
+    del table[("a", 1)]                                              # 1 of 3 ahead: seed 1 can make it 2 of 4, half
+    assert decide(even, values(table)) == ("not reproduced", "b s0: +10.00, b s2: -10.00, b s3: -10.00 "
+                                                             "(decided before a_s1 ran)")
 
 
 def test_a_verdict_is_checked_when_the_sweep_file_is_read():

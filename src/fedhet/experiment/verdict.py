@@ -142,12 +142,13 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
         return ", ".join(f"{t} s{s}: {100 * d:+.2f}" for (t, s), d in diffs.items() if keep(d))
 
     detail = pairs()
+    runs_needed = ", ".join(f"{t}_s{s}" for t, s in needed)
+    missing, decided = f"needs {runs_needed}", f"{detail} (decided before {runs_needed} ran)"
     if verdict.rule == "most_seeds":
-        return _most_seeds(diffs, len(verdict.than) * len(verdict.seeds), needed, detail)
+        return _most_seeds(diffs, len(verdict.than) * len(verdict.seeds), missing if needed else None,
+                           decided if needed else detail)
     if needed:
-        missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
         against = pairs(lambda d: d < -verdict.margin or (verdict.rule == "every_seed" and d <= 0))
-        decided = f"{detail} (decided before {missing.removeprefix('needs ')} ran)"
         if verdict.rule == "best_at_seed" and against:    # no later seed can undo a loss beyond the margin
             return "not reproduced", decided
         if verdict.rule == "every_seed" and against and any(d >= 0 for d in diffs.values()):
@@ -172,23 +173,21 @@ def decide(verdict: Verdict, value_of: Callable[[str, int], float | None]) -> tu
     return "tie", detail
 
 
-def _most_seeds(diffs: dict[tuple[str, int], float], pairs: int, needed: list[tuple[str, int]],
+def _most_seeds(diffs: dict[tuple[str, int], float], pairs: int, missing: str | None,
                 detail: str) -> tuple[str, str]:
-    """The ``most_seeds`` rule over ``pairs`` (than, seed) pairs, ``diffs`` those complete so far."""
+    """The ``most_seeds`` rule over ``pairs`` (than, seed) pairs, ``diffs`` those complete so far;
+    ``missing`` says which runs are not complete (None: all are), ``detail`` goes with an outcome."""
     above = sum(d > 0 for d in diffs.values())
     not_above = len(diffs) - above
-    open_pairs = pairs - len(diffs)
-    if needed:
-        decided = f"{detail} (decided before {', '.join(f'{t}_s{s}' for t, s in needed)} ran)"
-        if 2 * (above + open_pairs) <= pairs:             # above at no more than half, whatever the rest give
-            return "not reproduced", decided
-        if 2 * above > pairs and not_above:               # more than half above, not all: nothing can change it
-            return "inconclusive", decided
-        missing = "needs " + ", ".join(f"{t}_s{s}" for t, s in needed)
-        return "pending", missing + ("; reproduced is already ruled out" if not_above else "")
-    if not not_above:
-        return "reproduced", detail
-    return ("not reproduced" if 2 * above <= pairs else "inconclusive"), detail
+    if missing is None:
+        if not not_above:
+            return "reproduced", detail
+        return ("not reproduced" if 2 * above <= pairs else "inconclusive"), detail
+    if 2 * (above + pairs - len(diffs)) <= pairs:         # above at no more than half, whatever the rest give
+        return "not reproduced", detail
+    if 2 * above > pairs and not_above:                   # more than half above, not all: nothing can change it
+        return "inconclusive", detail
+    return "pending", missing + ("; reproduced is already ruled out" if not_above else "")
 
 
 def verdict_table(verdicts: list[Verdict], value_of: Callable[[Verdict, str, int], float | None],
