@@ -8,11 +8,12 @@ import itertools
 
 import pytest
 import torch
-from helpers import build_loop, config
+from helpers import build_loop, config, runtime
 
 from fedhet.algorithms import ALGORITHMS, algorithm_class, compose
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.perfedavg import PerFedAvg
+from fedhet.core.contract import Message
 from fedhet.core.errors import ConfigError
 from fedhet.core.split import is_head
 from fedhet.training.objective import LossTerm
@@ -64,9 +65,99 @@ def test_a_hook_without_super_may_not_cut_off_a_hook_named_after_it():
 
 def test_a_client_update_that_never_calls_local_training_cuts_off_every_local_training():
     for classes in ([OwnLoop, OwnTraining], [OwnTraining, OwnLoop]):
-        with pytest.raises(ConfigError, match="own_loop's client_update trains without calling local_training, so "
-                                              "own_training's local_training would never run"):
+        with pytest.raises(ConfigError, match="own_loop's client_update does not call local_training as FedAvg's "
+                                              "does, so own_training's local_training would never run"):
             compose(classes)
+
+
+class OwnUpload(FedAvg):
+    name = "own_upload"
+
+    def uploaded_model(self, weights):
+        return weights
+
+
+class Weighing(FedAvg):
+    name = "weighing"
+
+    def aggregation_weights(self, replies, cids):
+        return [1.0] * len(cids)
+
+
+class HelperLoop(FedAvg):
+    """A client_update that uploads through a helper of its own, as FedCME's ``final_update`` does."""
+    name = "helper_loop"
+
+    def client_update(self, msg, state, client):
+        return self.finish(self.local_training(msg.arrays["model"], msg, state, client)), state
+
+    def finish(self, result):
+        return self.uploaded_model(result.weights)
+
+
+class OwnAggregate(FedAvg):
+    name = "own_aggregate"
+
+    def aggregate(self, state, replies, ctx):
+        return state
+
+
+def test_a_replacing_hook_must_call_every_hook_fedavgs_calls_that_another_method_defines():
+    """FedAvg's client_update calls uploaded_model (FedPer: the body only) and its aggregate calls
+    aggregation_weights (FedACD: the scores): a replacement that skips one cuts off that part."""
+    with pytest.raises(ConfigError, match="own_loop's client_update does not call uploaded_model as FedAvg's does, "
+                                          "so own_upload's uploaded_model would never run"):
+        compose([OwnLoop, OwnUpload])
+    with pytest.raises(ConfigError, match="own_aggregate's aggregate does not call aggregation_weights as FedAvg's "
+                                          "does, so weighing's aggregation_weights would never run"):
+        compose([OwnAggregate, Weighing])
+    compose([HelperLoop, OwnUpload])             # called through its own helper: both parts run
+    compose([OwnLoop, Chaining])                 # local_terms is called by local_training, not client_update
+
+
+@pytest.mark.parametrize("name, message", [
+    ("moon+fedproto", "fedproto's client_update does not call after_training as FedAvg's does, so moon's "
+                      "after_training would never run"),
+    ("perfedavg+fedper", "perfedavg's client_update does not call start_weights as FedAvg's does, so fedper's "
+                         "start_weights would never run"),
+    ("feddyn+fedproto", "fedproto's aggregate does not call aggregation_weights as FedAvg's does, so feddyn's "
+                        "aggregation_weights would never run")])
+def test_built_in_pairs_that_would_drop_a_part_are_refused(name, message):
+    with pytest.raises(ConfigError, match=f"cannot combine {name.replace('+', r'[+]')}: {message}"):
+        algorithm_class(name)
+
+
+def test_fedper_averages_the_bodies_with_fedacds_scores():
+    """fedacd+fedper: FedPer's body average takes FedACD's aggregation weights (the scores 1 and 3),
+    not the sample sizes (equal here): body = (1 * 0 + 3 * 4) / 4 = 3; the server's head stays."""
+    algo = algorithm_class("fedacd+fedper")(algorithm_class("fedacd+fedper").Params())
+    replies = {c: Message("update", {"model": {"body.w": torch.full((2,), value)}},
+                          {"num_samples": 10, "score": score, "kl": 0.0})
+               for c, (value, score) in enumerate([(0.0, 1.0), (4.0, 3.0)])}
+    state = algo.aggregate({"model": {"body.w": torch.zeros(2), "head.w": torch.ones(2)}}, replies, None)
+    torch.testing.assert_close(state["model"]["body.w"], torch.full((2,), 3.0))
+    torch.testing.assert_close(state["model"]["head.w"], torch.ones(2))
+
+
+def test_fedfm_lite_with_fedper_trains_from_the_clients_own_head_and_uploads_the_body(small_config):
+    """FedPer's start_weights (received body + the client's own head) and uploaded_model (the body)
+    run inside FedFM-Lite's client_update."""
+    raw = copy.deepcopy(small_config)
+    loop = build_loop(config(raw, "fedfm_lite+fedper", {"start_round": 0}))
+    algo, client = loop.algorithm, runtime(loop, 0)
+    w = loop.server_state["model"]
+    own_head = {k: v + 1.0 for k, v in w.items() if is_head(k)}
+    started = []
+    train = algo.local_training
+    algo.local_training = lambda weights, msg, state, client: started.append(weights) or train(weights, msg, state,
+                                                                                                 client)
+    msg = Message("train", {"model": {k: v for k, v in w.items() if not is_head(k)}},
+                  {"upload_model": True, "upload_anchors": True})
+    reply, after = algo.client_update(msg, {"head": own_head}, client)
+    assert all(torch.equal(started[0][k], own_head[k]) for k in own_head)
+    assert set(reply.arrays["model"]) == {k for k in w if not is_head(k)} and "anchors" in reply.arrays
+    assert set(after["head"]) == set(own_head) and not torch.equal(after["head"][next(iter(own_head))],
+                                                                   own_head[next(iter(own_head))])
 
 
 def test_a_hook_whose_source_cannot_be_read_counts_as_replacing():

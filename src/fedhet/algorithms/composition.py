@@ -5,7 +5,11 @@ part, left first (Python's MRO). A hook that does *not* call ``super()`` replace
 FedCME's ``client_update``, FedRS's ``data_terms``, FedRep's ``local_training``. That is how a
 component takes over a step, and it is fine as long as no other component has a part in that step;
 otherwise that part would silently never run. :func:`compose` refuses such a combination and names
-the hook and both methods. Whether a hook calls ``super()`` is read from its source (a method of
+the hook and both methods. The same holds for the hooks FedAvg's version of a hook calls: a
+``client_update`` of its own must call ``start_weights``, ``local_training``, ``after_training``,
+``uploaded_model``, ``uploads`` and ``upload_scalars`` (itself or through a helper of its own, as
+FedCME's does) where another component defines one, and an ``aggregate`` of its own
+``aggregation_weights`` (FedACD's scores). Whether a hook calls ``super()`` is read from its source (a method of
 one's own is a class in a file, so its source is there); a hook whose source cannot be read counts
 as replacing. A hook that calls ``super()`` on some way through it counts as chaining: the built-in
 hooks that return without it on another way do so for a case of their own, where no other component
@@ -66,6 +70,23 @@ def _calls(fn: Any) -> frozenset[tuple[str, str]] | None:
     return frozenset(found)
 
 
+def _reached(cls: type, fn: Any) -> frozenset[str]:
+    """The names of the methods ``fn`` calls on ``self``, also through its own helpers (FedCME's
+    ``client_update`` trains and uploads in ``final_update``); a hook it calls is not followed, as
+    that hook's own calls are checked as its own."""
+    seen: set[str] = set()
+    todo = [fn]
+    while todo:
+        for receiver, name in _calls(todo.pop()) or ():
+            if receiver != "self" or name in seen:
+                continue
+            seen.add(name)
+            helper = _function(inspect.getattr_static(cls, name, None))
+            if name not in _hooks() and inspect.isfunction(helper):
+                todo.append(helper)
+    return frozenset(seen)
+
+
 def _chains(fn: Any, hook: str) -> bool:
     calls = _calls(fn)
     return calls is not None and ("super", hook) in calls
@@ -109,15 +130,19 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
                 raise ConfigError(f"cannot combine {name}: {owner}'s {hook} {why}, so {other}'s {hook} would "
                                   f"never run{hint}")
             break
-    # FedAvg's client_update trains through local_training; one that replaces it may not
-    runner = terminal.get("client_update")
-    if runner is not None and ("self", "local_training") not in (_calls(vars(runner)["client_update"]) or ()):
-        trainers = [k for k in mro if defines(k, "local_training")]
-        lost = lost_to(runner, trainers)
-        if lost:
-            owner, other = _owner(runner, classes), lost[0][1]
-            raise ConfigError(f"cannot combine {name}: {owner}'s client_update trains without calling "
-                              f"local_training, so {other}'s local_training would never run")
+    # A hook that replaces FedAvg's must still call the hooks FedAvg's calls (client_update: start_weights,
+    # local_training, uploaded_model, ...; aggregate: aggregation_weights) where another component defines one
+    for hook, k in terminal.items():
+        replaced = _calls(_function(getattr(FedAvg, hook))) or frozenset()
+        own = _reached(combined, vars(k)[hook])
+        for sub in sorted(sub for receiver, sub in replaced if receiver == "self" and sub in _hooks()):
+            if sub in own:
+                continue
+            lost = lost_to(k, [d for d in mro if defines(d, sub)])
+            if lost:
+                owner, other = _owner(k, classes), lost[0][1]
+                raise ConfigError(f"cannot combine {name}: {owner}'s {hook} does not call {sub} as FedAvg's does, "
+                                  f"so {other}'s {sub} would never run")
 
 
 def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:

@@ -304,20 +304,24 @@ class FedFMLite(FedFM):
     def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         base = {k: v for k, v in (state or {}).items() if k != LOCAL} or None
         if "model" in msg.arrays:
-            weights = self.with_local_buffers(msg.arrays["model"], base, client)
+            start = self.start_weights(msg, base, client)
+            if start is not msg.arrays["model"]:
+                msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
+            weights = self.with_local_buffers(start, base, client)
         else:
             weights = (state or {}).get(LOCAL)
             if weights is None:
                 raise RuntimeError(f"fedfm_lite client {client.cid} got no model and keeps none of its own")
             msg = Message(msg.kind, {**msg.arrays, "model": weights}, dict(msg.scalars))
         result = self.local_training(weights, msg, base, client)
+        self.refuse_training_without_mixup(result, client)
         new_state = self.after_training(result, msg, base, client)
         arrays: dict[str, Arrays] = {}
         if msg.scalars.get("upload_anchors", True):                       # Sec. VI: from the trained model
             arrays["anchors"] = self.anchor_upload(result.weights, client)
         if msg.scalars.get("upload_model", True):
-            arrays["model"] = result.weights
+            arrays["model"] = self.uploaded_model(result.weights)
             arrays.update(self.uploads(result, msg, new_state, client))
         else:
             new_state = {**(new_state or {}), LOCAL: result.weights}
-        return update_reply(result, client, arrays), new_state
+        return update_reply(result, client, arrays, **self.upload_scalars(result, msg, new_state, client)), new_state

@@ -127,12 +127,13 @@ class FedPer(FedAvg):
         return None
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
-        """Sample-size weighted average of the uploaded bodies; the server's head stays the initial one."""
+        """Sample-size weighted average of the uploaded bodies (``aggregation_weights``); the server's head
+        stays the initial one."""
         cids = sorted(replies)
         if not cids:
             return state
         body = weighted_average([select(replies[c].arrays["model"], BODY) for c in cids],
-                                [replies[c].scalars["num_samples"] for c in cids])
+                                self.aggregation_weights(replies, cids))
         state["model"] = {**state["model"], **body}
         return state
 

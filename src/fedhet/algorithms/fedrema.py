@@ -212,7 +212,8 @@ class FedReMa(FedAvg):
             return state
         sizes = {c: float(replies[c].scalars["num_samples"]) for c in cids}
         models = {c: replies[c].arrays["model"] for c in cids}
-        body = weighted_average([select(models[c], BODY) for c in cids], [sizes[c] for c in cids])   # Eq. 6
+        body = weighted_average([select(models[c], BODY) for c in cids],
+                                self.aggregation_weights(replies, cids))     # Eq. 6: FedAvg's, the sample sizes
         state["model"] = {**state["model"], **body}
         heads = {c: select(models[c], HEAD) for c in cids}
         sim = similarity_matrix(torch.stack([replies[c].arrays["relevance"]["soft_logits"] for c in cids]))
