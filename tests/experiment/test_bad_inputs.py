@@ -14,10 +14,13 @@ import torch
 import yaml
 from helpers import small_config_in
 
+from fedhet.algorithms import ALGORITHMS
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.cli import main
 from fedhet.core.errors import CheckpointError, ConfigError, DataError, PartitionError
+from fedhet.core.split import BODY, select
 from fedhet.data.federated import build_federation
-from fedhet.experiment.build import build_models, make_algorithm
+from fedhet.experiment.build import build, build_models, make_algorithm
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment
 from fedhet.experiment.yaml_io import parse_yaml
@@ -726,3 +729,33 @@ def test_a_reader_that_goes_away_ends_the_command_quietly():
     stderr = proc.stderr.read()
     assert proc.wait(timeout=120) == 141, stderr
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr
+
+
+# --- eval.local_risk on models uploaded in part -------------------------------------------------
+def test_local_risk_is_refused_for_a_method_that_uploads_only_the_body(small_config):
+    """FedPer uploads its body as "model": its risk would be that of the body with the initial head."""
+    cfg = load_config(raw=cfg_of(small_config, algorithm={"name": "fedper"}, eval={"every": 1, "local_risk": True}))
+    with pytest.raises(ConfigError, match=r"eval.local_risk: fedper's clients upload only part of their \w+ model "
+                                          r"\(not head\..*set eval.local_risk: false for this method"):
+        build(cfg)
+    cfg.eval.local_risk = False
+    build(cfg)
+
+
+class BodyOnlyUpload(FedAvg):
+    """A client_update of one's own that uploads the body only, past uploaded_model."""
+    name = "body_only_upload"
+
+    def client_update(self, msg, state, client):
+        reply, state = super().client_update(msg, state, client)
+        reply.arrays["model"] = select(reply.arrays["model"], BODY)
+        return reply, state
+
+
+def test_local_risk_stops_at_a_model_uploaded_in_part_past_uploaded_model(small_config, tmp_path, monkeypatch):
+    monkeypatch.setitem(ALGORITHMS, BodyOnlyUpload.name, BodyOnlyUpload)
+    raw = cfg_of(small_config, algorithm={"name": BodyOnlyUpload.name}, eval={"every": 1, "local_risk": True},
+                 train={"rounds": 1})
+    exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"eval.local_risk: client \d+ uploaded only part of its model \(not head\."):
+        exp.run(progress=False)

@@ -173,9 +173,27 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
     return algorithm, federation
 
 
+def check_local_risk(algorithm: Algorithm, models: dict[str, torch.nn.Module]) -> None:
+    """``eval.local_risk`` judges the ``"model"`` each client uploads: refused for a method that
+    uploads only part of it (FedPer's body), which would be judged with the untrained initial head."""
+    uploaded_model = getattr(algorithm, "uploaded_model", None)
+    if uploaded_model is None:
+        return
+    for arch, model in models.items():
+        weights = dict(model.state_dict())
+        missing = sorted(set(weights) - set(uploaded_model(weights)))
+        if missing:
+            named = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+            raise ConfigError(f"eval.local_risk: {algorithm.name}'s clients upload only part of their {arch} model "
+                              f"(not {named}), so the local models' risk would be measured with the initial "
+                              "weights in its place; set eval.local_risk: false for this method")
+
+
 def build(cfg: ExperimentConfig) -> Built:
     algorithm, federation = algorithm_and_federation(cfg)
     models, client_arch = build_models(cfg, federation)
+    if cfg.eval.local_risk:
+        check_local_risk(algorithm, models)
     device = resolve_device(cfg.run.device)
     precision = resolve_precision(cfg.run.precision, device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed,

@@ -320,8 +320,17 @@ class Experiment:
                 self.checkpointer(self, done)
 
     def keep_local_model(self, cid: int, reply: Message) -> None:
-        if "model" in reply.arrays:
-            self.local_models[cid] = reply.arrays["model"]
+        if "model" not in reply.arrays:
+            return
+        model = reply.arrays["model"]
+        host = self.loop.host
+        expected = host.models[host.client_arch[cid]].state_dict().keys()
+        if not expected <= model.keys():       # a client_update of one's own (build's check covers uploaded_model)
+            missing = sorted(expected - model.keys())
+            raise ConfigError(f"eval.local_risk: client {cid} uploaded only part of its model (not {missing[0]}, ...), "
+                              "so its risk would be measured with the initial weights in its place; set "
+                              "eval.local_risk: false for this method")
+        self.local_models[cid] = model
 
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""
