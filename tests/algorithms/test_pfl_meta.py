@@ -449,3 +449,29 @@ def test_perfedavg_weights_overflowing_in_the_only_step_are_a_numerical_error(sm
     loop.algorithm.params.perfedavg_beta = float("inf")     # set after building: the config refuses inf
     with pytest.raises(NumericalError, match=r"parameter '.*' became non-finite"):
         loop.run_round(0)
+
+
+def test_perfedavg_names_the_training_settings_its_plain_sgd_meta_steps_leave_out():
+    algo = PerFedAvg(PerFedAvg.Params())
+    plain = TrainSettings(epochs=1, batch_size=8, lr=0.01)
+    assert algo.settings_not_applied(plain) == {}
+    fedrema_t1 = TrainSettings(epochs=1, batch_size=8, lr=0.01, momentum=0.9, clip_grad_norm=10.0,
+                               optimizer_state="keep", precision="bf16")
+    assert set(algo.settings_not_applied(fedrema_t1)) == {"train.momentum", "train.clip_grad_norm",
+                                                           "train.optimizer_state", "run.precision"}
+    assert FedAvg(FedAvg.Params()).settings_not_applied(fedrema_t1) == {}
+
+
+def test_a_run_warns_of_the_settings_its_method_leaves_out_and_records_them(small_config, tmp_path):
+    cfg = copy.deepcopy(small_config)
+    cfg["algorithm"] = {"name": "perfedavg"}
+    cfg["train"].update(rounds=1, momentum=0.9, weight_decay=1e-4)
+    with pytest.warns(UserWarning, match=r"perfedavg does not apply train.momentum \(Per-FedAvg's meta steps are "
+                                         r"plain SGD.*; train.weight_decay \("):
+        exp = Experiment.create(load_config(raw=cfg), tmp_path / "run")
+    exp.run(progress=False)
+    assert set(exp.summary["settings_not_applied"]) == {"train.momentum", "train.weight_decay"}
+    cfg["algorithm"] = {"name": "fedavg"}
+    fedavg = Experiment.create(load_config(raw=cfg), tmp_path / "fedavg")
+    fedavg.run(progress=False)
+    assert "settings_not_applied" not in fedavg.summary

@@ -36,6 +36,7 @@ from fedhet.core.contract import (
     RoundContext,
     RoundGenerator,
     State,
+    TrainSettings,
 )
 from fedhet.core.settings import refuse_quiet_values
 
@@ -98,6 +99,13 @@ class Algorithm:
         (``engine.host.ClientHost``) calls it once per architecture of the federation when it is
         made, before any training, and ``fedhet flower run`` before it starts any node (a method of
         one's own can refuse a model the same way); it must not change the model. Default: any model."""
+
+    def settings_not_applied(self, settings: TrainSettings) -> dict[str, str]:
+        """The run's training settings this method's local training leaves out, each with why
+        (Per-FedAvg's meta steps are plain SGD: no momentum). The run warns of them when it starts
+        and records them in ``summary.json`` (``settings_not_applied``), so that no setting is
+        dropped without a word. ``settings`` are the first round's. Default: none."""
+        return {}
 
     # --- server side -------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:

@@ -85,6 +85,7 @@ from fedhet.core.contract import (
     RoundContext,
     RoundGenerator,
     State,
+    TrainSettings,
 )
 from fedhet.core.errors import NumericalError
 from fedhet.training.local import check_finite, epoch_batches, forward, trained_names
@@ -187,6 +188,17 @@ class PerFedAvg(FedAvg):
         perfedavg_beta: float | None = Field(None, gt=0)
         perfedavg_hvp: Literal["exact", "finite_difference"] = "exact"     # HF only
         perfedavg_delta: float = Field(1e-3, gt=0)                          # finite-difference step
+
+    def settings_not_applied(self, settings: TrainSettings) -> dict[str, str]:
+        why = "Per-FedAvg's meta steps are plain SGD, as in the paper and PFLlib's PerAvgOptimizer"
+        dropped = {"train.optimizer": settings.optimizer != "sgd", "train.momentum": settings.momentum != 0,
+                   "train.weight_decay": settings.weight_decay != 0, "train.nesterov": settings.nesterov,
+                   "train.dampening": settings.dampening != 0, "train.clip_grad_norm": settings.clip_grad_norm is not None,
+                   "train.optimizer_state": settings.optimizer_state == "keep"}
+        out = {**super().settings_not_applied(settings), **{key: why for key, on in dropped.items() if on}}
+        if settings.precision != "fp32":
+            out["run.precision"] = "Per-FedAvg's meta steps run in fp32"
+        return out
 
     def alpha(self, client: ClientRuntime) -> float:
         a = self.params.perfedavg_alpha

@@ -106,6 +106,11 @@ class Experiment:
             warnings.warn("eval.precision: run evaluates this bf16 run in bf16 on a CPU without native bf16 "
                           "(emulated: several times slower than fp32); set eval.precision: fp32 to evaluate in fp32",
                           stacklevel=2)
+        self.settings_not_applied = self.algorithm.settings_not_applied(self.built.host.settings)
+        if self.settings_not_applied:
+            warnings.warn(f"{self.algorithm.name} does not apply "
+                          + "; ".join(f"{key} ({why})" for key, why in self.settings_not_applied.items())
+                          + " (recorded in summary.json as settings_not_applied)", stacklevel=2)
         self.metric = self.built.metric
         self.engine_choice: EngineChoice | None = None
         if loop is None:
@@ -397,6 +402,7 @@ class Experiment:
             "device": self.built.device,
             "bf16_native": bf16_native(self.built.device),
             "memory_format": layout,
+            **({"settings_not_applied": self.settings_not_applied} if self.settings_not_applied else {}),
             **({"channels_last_requests": apart} if apart else {}),   # vectorized requests trained apart
             "engine": self.engine_info(),
             "client_states": (states.info() if isinstance(states := self.loop.client_states, ClientStates)
