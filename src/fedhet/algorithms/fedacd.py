@@ -262,10 +262,9 @@ class FedACD(FedAvg):
         before (epoch 0: the received model's P); momentum and batch order continue across the
         calls exactly as in one unsplit call."""
         num_classes = client.num_classes
-        labels = client.data.y[client.data.train_idx]
-        present = torch.bincount(labels, minlength=num_classes) > 0
+        present = client.data.label_counts(num_classes) > 0
         if not present.any():          # no data: nothing to train, no P (scored 0 in upload_scalars)
-            P = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=labels.device)
+            P = torch.zeros(num_classes, num_classes, dtype=torch.float64, device=present.device)
         else:
             P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,
                                             fast_passes=trains_in_channels_last(client.settings))

@@ -35,5 +35,5 @@ class FedLC(FedAvg):
         calibration_tau: float = Field(1.0, ge=0)
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
-        counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)
+        counts = client.data.label_counts(client.num_classes)
         return [OffsetCrossEntropy(-calibration(counts, self.params.calibration_tau), name="calibrated_ce")]

@@ -79,7 +79,7 @@ class FedROD(FedAvg):
         linear_classifier(model, "FedROD", arch)      # the personal head trains as one Linear map of the features
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
-        counts = torch.bincount(client.data.y[client.data.train_idx], minlength=client.num_classes)
+        counts = client.data.label_counts(client.num_classes)
         return [OffsetCrossEntropy(log_prior(counts), name="balanced_ce")]   # balanced softmax (Ren et al. 2020)
 
     def after_training(self, result: LocalResult, msg: Message, state: State | None,

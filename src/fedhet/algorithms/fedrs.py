@@ -75,7 +75,6 @@ class FedRS(FedAvg):
 
     def data_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
         """FedAvg's data term, plain cross-entropy, replaced by the restricted CE."""
-        labels = client.data.y[client.data.train_idx]
-        counts = torch.bincount(labels, minlength=client.num_classes)
+        counts = client.data.label_counts(client.num_classes)
         cdist = restricted_distribution(counts, self.params.alpha)
         return [RestrictedCrossEntropy(cdist, classifier_weight_name(client.model))]

@@ -140,6 +140,10 @@ class ClientData:
         idx = self.train_idx[positions]
         return Batch(self.inputs(idx), self.y[idx], positions)
 
+    def label_counts(self, num_classes: int) -> torch.Tensor:
+        """(num_classes,) int64: how many of the client's training samples carry each label."""
+        return torch.bincount(self.y[self.train_idx], minlength=num_classes)
+
 
 @dataclass(frozen=True)
 class TrainSettings:
