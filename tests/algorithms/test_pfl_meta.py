@@ -12,8 +12,9 @@ from torch import nn
 from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedbabu import FINETUNED, FedBABU
-from fedhet.algorithms.feddistill import Distillation, FedDistill, aggregate_logits, local_logits
+from fedhet.algorithms.feddistill import Distillation, FedDistill, local_logits
 from fedhet.algorithms.perfedavg import ADAPTED, PerFedAvg, hessian_vector_product
+from fedhet.algorithms.prototypes import aggregate_prototypes
 from fedhet.core.contract import (
     Batch,
     ClientData,
@@ -321,12 +322,12 @@ def test_fedbabu_finetuning_is_per_client_and_never_reaches_the_global_model():
 def test_feddistill_global_logits_unweighted_mean_with_a_missing_class():
     a = (torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]), torch.tensor([5, 1, 0]))
     b = (torch.tensor([[3.0, 2.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), torch.tensor([1, 0, 0]))
-    mean, defined = aggregate_logits([a, b])
+    mean, defined = aggregate_prototypes([a, b], "uniform")       # FedDistill's server rule
     assert defined.tolist() == [True, True, False]
     torch.testing.assert_close(mean[0], torch.tensor([2.0, 1.0, 0.5]))             # (a + b)/2, counts ignored
     torch.testing.assert_close(mean[1], torch.tensor([0.0, 2.0, 0.0]))             # only a saw class 1
     torch.testing.assert_close(mean[2], torch.zeros(3))
-    assert aggregate_logits([]) is None
+    assert aggregate_prototypes([], "uniform") is None
     # server: rebuilt from this round's uploads only; kept when nobody replied
     algo = FedDistill()
     state = algo.init_server_state({})

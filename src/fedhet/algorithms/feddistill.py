@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from fedhet.algorithms.base import Algorithm, update_reply
+from fedhet.algorithms.prototypes import aggregate_prototypes
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -118,22 +119,6 @@ def local_logits(statistics: dict[str, torch.Tensor], num_classes: int,
     return means.float(), counts.clone()
 
 
-def aggregate_logits(uploads: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Per class: unweighted mean of the uploaded means over the clients with count > 0
-    (PFLlib ``proto_aggregation``). Returns ``(global_logits (C, C), defined (C,))``, or None for no uploads."""
-    if not uploads:
-        return None
-    total = torch.zeros_like(uploads[0][0], dtype=torch.float64)
-    n = torch.zeros(total.shape[0], dtype=torch.float64)
-    for means, counts in uploads:
-        have = counts > 0
-        total += torch.where(have.unsqueeze(1), means.double(), torch.zeros_like(total))
-        n += have.double()
-    defined = n > 0
-    mean = torch.where(defined.unsqueeze(1), total / n.clamp(min=1).unsqueeze(1), torch.zeros_like(total))
-    return mean.float(), defined
-
-
 class FedDistill(Algorithm):
     """Federated distillation (PFLlib FD); see the module docstring."""
 
@@ -157,7 +142,7 @@ class FedDistill(Algorithm):
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
         uploads = [(replies[c].arrays["logits"]["mean"], replies[c].arrays["logits"]["count"])
                    for c in sorted(replies) if "logits" in replies[c].arrays]
-        agg = aggregate_logits(uploads)
+        agg = aggregate_prototypes(uploads, "uniform")     # per class: plain mean over the clients that have it
         if agg is not None:
             state["logits"], state["defined"] = agg
         return state
