@@ -379,11 +379,6 @@ class CReFF(FedAvg):
     def global_model(self, state: State) -> Arrays | None:
         return state["creff_global"]
 
-    def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
-        if self.params.bn_buffers == "local" and client_state and "buffers" in client_state:
-            return {**state["creff_global"], **client_state["buffers"]}
-        return state["creff_global"]
-
     def round_metrics(self, state: State) -> dict[str, Any]:
         losses = state.get("creff_match_loss")
         out = dict(super().round_metrics(state))

@@ -177,6 +177,9 @@ class FedAvg(Algorithm):
         return state["model"]
 
     def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
-        if self.params.bn_buffers == "local" and client_state and "buffers" in client_state:
-            return {**state["model"], **client_state["buffers"]}
-        return state["model"]
+        """The global model (``global_model``: CReFF's re-trained one), with the client's own
+        BatchNorm statistics under ``bn_buffers: local``."""
+        model = self.global_model(state)
+        if model is not None and self.params.bn_buffers == "local" and client_state and "buffers" in client_state:
+            return {**model, **client_state["buffers"]}
+        return model
