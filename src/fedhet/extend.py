@@ -11,11 +11,12 @@ are internal and may change.
 from __future__ import annotations
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.base import Algorithm, update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
     Batch,
+    ClientData,
     ClientRuntime,
     Forward,
     LocalResult,
@@ -23,9 +24,10 @@ from fedhet.core.contract import (
     Replies,
     RoundContext,
     State,
+    TrainSettings,
 )
 from fedhet.core.errors import ConfigError
-from fedhet.core.split import linear_classifier
+from fedhet.core.split import BODY, HEAD, linear_classifier, select
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
 from fedhet.training.augment import mixed
@@ -36,12 +38,15 @@ from fedhet.training.objective import CrossEntropy, LossTerm
 __all__ = [
     "Algorithm",
     "Arrays",
+    "BODY",
     "Batch",
+    "ClientData",
     "ClientRuntime",
     "ConfigError",
     "CrossEntropy",
     "FedAvg",
     "Forward",
+    "HEAD",
     "LocalResult",
     "LossTerm",
     "Message",
@@ -50,9 +55,12 @@ __all__ = [
     "SplitModel",
     "State",
     "StreamDropout",
+    "TrainSettings",
     "linear_classifier",
     "mixed",
     "save_arrays",
+    "select",
     "trained_names",
+    "update_reply",
     "weighted_average",
 ]
