@@ -10,11 +10,12 @@ import torch
 import torch.nn.functional as F
 from helpers import bn_model, build_loop, config, ctx, run_killed_in_round, runtime
 
+from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.fedlc import FedLC, calibration
 from fedhet.algorithms.fednh import SCALE_NAME, CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
 from fedhet.algorithms.fedrod import FedROD, log_prior, train_personal_head
-from fedhet.core.contract import Batch, Forward, Message
+from fedhet.core.contract import Batch, Forward, Message, TrainSettings
 from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.core.split import is_head
 from fedhet.experiment.config import load_config
@@ -351,3 +352,14 @@ def test_fedrod_personal_head_pass_does_not_change_the_uploaded_batchnorm_statis
     reply, _ = loop.algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, client)
     for k in client.buffer_names:
         assert torch.equal(reply.arrays["model"][k], trained[k]), k
+
+
+def test_fedrod_names_the_settings_its_plain_sgd_personal_head_leaves_out():
+    algo = FedROD(FedROD.Params())
+    assert algo.settings_not_applied(TrainSettings(epochs=1, batch_size=8, lr=0.1)) == {}
+    dropped = algo.settings_not_applied(TrainSettings(epochs=1, batch_size=8, lr=0.1, momentum=0.9, weight_decay=1e-5))
+    assert set(dropped) == {"train.momentum", "train.weight_decay"} and "personal head" in dropped["train.momentum"]
+    combined = algorithm_class("fedrod+perfedavg")(algorithm_class("fedrod+perfedavg").Params())
+    both = combined.settings_not_applied(TrainSettings(epochs=1, batch_size=8, lr=0.1, clip_grad_norm=1.0,
+                                                       optimizer_state="keep"))
+    assert set(both) == {"train.clip_grad_norm", "train.optimizer_state"}        # FedROD's and Per-FedAvg's

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State
+from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State, TrainSettings
 from fedhet.core.split import HEAD, linear_classifier, select
 from fedhet.training.local import epoch_batches, forward
 from fedhet.training.objective import LossTerm
@@ -73,6 +73,13 @@ def train_personal_head(features: torch.Tensor, generic_logits: torch.Tensor, y:
 
 class FedROD(FedAvg):
     name = "fedrod"
+
+    def settings_not_applied(self, settings: TrainSettings) -> dict[str, str]:
+        why = "to the personal head, trained by plain SGD in fp32 (the reference's p_head_optimizer)"
+        dropped = {"train.optimizer": settings.optimizer != "sgd", "train.momentum": settings.momentum != 0,
+                   "train.weight_decay": settings.weight_decay != 0,
+                   "train.clip_grad_norm": settings.clip_grad_norm is not None, "run.precision": settings.precision != "fp32"}
+        return {**super().settings_not_applied(settings), **{key: why for key, on in dropped.items() if on}}
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)
