@@ -403,6 +403,10 @@ def test_fedproto_client_and_server():
     assert all(torch.equal(ev[k], cstate["model"][k]) for k in cstate["model"] if is_body(k))
     assert FedProto(FedProto.Params(proto_eval="classifier")).client_model(0, new, cstate) is cstate["model"]
     assert algo.client_model(3, new, None) is None
+    # each round's row says how many classes the nearest-prototype evaluation had (0: own classifiers)
+    assert algo.round_metrics(state0) == {"fedproto_prototype_classes": 0}
+    assert algo.round_metrics(new) == {"fedproto_prototype_classes": 2}
+    assert FedProto(FedProto.Params(proto_eval="classifier")).round_metrics(new) == {}
 
 
 # --- end to end -------------------------------------------------------------------------------

@@ -190,6 +190,14 @@ class FedProto(FedAvg):
                                "which FedProto.check_model should have refused")
         return {**model, **head}
 
+    def round_metrics(self, state: State) -> dict[str, Any]:
+        out = dict(super().round_metrics(state))
+        if self.params.proto_eval == "nearest_prototype":
+            # how many classes have a global prototype; 0: the clients were judged by their own classifiers
+            defined = state.get("defined")
+            out["fedproto_prototype_classes"] = int(defined.sum()) if defined is not None else 0
+        return out
+
     def _warn(self, why: str) -> None:
         seen = self.__dict__.setdefault("_warned", set())
         if why not in seen:
