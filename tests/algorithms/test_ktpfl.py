@@ -213,8 +213,9 @@ def test_a_run_with_too_small_a_public_set_stops_with_that_message(small_config,
 
 def test_without_a_public_set_it_warns_and_draws_from_the_pool(small_config):
     loop = build_loop(mixed(small_config, public=False, public_size=40))
-    with pytest.warns(UserWarning, match="no data.public"):
-        data = loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
+    with pytest.warns(UserWarning, match="no data.public"):          # once, as the run is built (build calls it)
+        loop.algorithm.check_data(loop.host.federation.client_data(0))
+    data = loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
     assert data.x is loop.host.federation.pool.x
     assert torch.equal(data.train_idx, public_positions(data.x.shape[0], 40, 5))
 

@@ -304,6 +304,11 @@ class KTpFL(Algorithm):
             raise ConfigError(f"ktpfl: algorithm.params.public_size is {self.params.public_size} but without a "
                               f"data.public set the public batch comes from the training pool, which has "
                               f"{data.x.shape[0]} images; lower public_size or set data.public")
+        if data.public is None:      # once, as the run is built (not in each engine worker)
+            warnings.warn("ktpfl: the run has no data.public set, so the public batch is drawn from the "
+                          "training pool (other clients' private images); set data.public (e.g. "
+                          "{source: dataset, dataset: mnist} as KT-pFL, or {source: holdout, size: 3000})",
+                          stacklevel=2)
 
     # --- client ---------------------------------------------------------------------------
     def public_data(self, msg: Message, client: ClientRuntime) -> ClientData:
@@ -312,12 +317,6 @@ class KTpFL(Algorithm):
         d = client.data
         seed = msg.scalars["public_seed"]
         if d.public is None:
-            if not self.__dict__.get("_warned_no_public"):
-                self._warned_no_public = True
-                warnings.warn("ktpfl: the run has no data.public set, so the public batch is drawn from the "
-                              "training pool (other clients' private images); set data.public (e.g. "
-                              "{source: dataset, dataset: mnist} as KT-pFL, or {source: holdout, size: 3000})",
-                              stacklevel=2)
             return ClientData(d.x, d.y, public_positions(d.x.shape[0], self.params.public_size, seed), d.mean, d.std)
         unlabelled = torch.zeros(d.public.shape[0], dtype=torch.long, device=d.public.device)
         return ClientData(d.public, unlabelled, public_positions(d.public.shape[0], self.params.public_size, seed),
