@@ -112,7 +112,22 @@ def test_a_replacing_hook_must_call_every_hook_fedavgs_calls_that_another_method
                                           "does, so weighing's aggregation_weights would never run"):
         compose([OwnAggregate, Weighing])
     compose([HelperLoop, OwnUpload])             # called through its own helper: both parts run
-    compose([OwnLoop, Chaining])                 # local_terms is called by local_training, not client_update
+    # without local_training, FedAvg's local_training's own callees (local_terms) never run either
+    with pytest.raises(ConfigError, match="own_loop's client_update does not call local_training \\(which calls "
+                                          "local_terms\\) as FedAvg's does, so chaining's local_terms would never run"):
+        compose([OwnLoop, Chaining])
+    compose([HelperLoop, Chaining])              # HelperLoop trains through local_training: local_terms runs
+
+
+def test_a_replaced_client_model_need_not_call_global_model_which_evaluation_calls_itself():
+    class GlobalOwn(FedAvg):
+        name = "global_own"
+
+        def global_model(self, state):
+            return super().global_model(state)
+
+    for other in ("fedproto", "fedrema", "fedper"):
+        compose([GlobalOwn, ALGORITHMS[other]])          # the order the first rule asks for
 
 
 @pytest.mark.parametrize("name, message", [
@@ -125,6 +140,11 @@ def test_a_replacing_hook_must_call_every_hook_fedavgs_calls_that_another_method
 def test_built_in_pairs_that_would_drop_a_part_are_refused(name, message):
     with pytest.raises(ConfigError, match=f"cannot combine {name.replace('+', r'[+]')}: {message}"):
         algorithm_class(name)
+
+
+def test_creff_composes_in_either_order_now_that_its_evaluation_is_fedavgs():
+    for pair in ("creff+fedrod", "fedrod+creff", "creff+perfedavg", "creff+fedbabu"):
+        assert algorithm_class(pair).name == pair
 
 
 def test_fedper_averages_the_bodies_with_fedacds_scores():

@@ -5,11 +5,13 @@ part, left first (Python's MRO). A hook that does *not* call ``super()`` replace
 FedCME's ``client_update``, FedRS's ``data_terms``, FedRep's ``local_training``. That is how a
 component takes over a step, and it is fine as long as no other component has a part in that step;
 otherwise that part would silently never run. :func:`compose` refuses such a combination and names
-the hook and both methods. The same holds for the hooks FedAvg's version of a hook calls: a
-``client_update`` of its own must call ``start_weights``, ``local_training``, ``after_training``,
-``uploaded_model``, ``uploads`` and ``upload_scalars`` (itself or through a helper of its own, as
-FedCME's does) where another component defines one, and an ``aggregate`` of its own
-``aggregation_weights`` (FedACD's scores). Whether a hook calls ``super()`` is read from its source (a method of
+the hook and both methods. The same holds for the hooks FedAvg's version of a hook calls: a hook
+that replaces FedAvg's must call them (itself or through a helper of its own, as FedCME's
+``client_update`` does) where another component defines one - a ``client_update`` its
+``start_weights``, ``local_training``, ``after_training``, ``uploaded_model``, ``uploads`` and
+``upload_scalars``, an ``aggregate`` its ``aggregation_weights`` (FedACD's scores) - and a hook it
+skips takes that hook's own callees with it (a ``client_update`` without ``local_training`` cuts
+off FedProx's ``local_terms`` unless it calls ``local_terms`` itself). Whether a hook calls ``super()`` is read from its source (a method of
 one's own is a class in a file, so its source is there); a hook whose source cannot be read counts
 as replacing. A hook that calls ``super()`` on some way through it counts as chaining: the built-in
 hooks that return without it on another way do so for a case of their own, where no other component
@@ -131,18 +133,30 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
                                   f"never run{hint}")
             break
     # A hook that replaces FedAvg's must still call the hooks FedAvg's calls (client_update: start_weights,
-    # local_training, uploaded_model, ...; aggregate: aggregation_weights) where another component defines one
+    # local_training, uploaded_model, ...; aggregate: aggregation_weights) where another component defines
+    # one; a hook it skips takes FedAvg's callees of that hook with it (no local_training: no local_terms).
+    # global_model is left out: the evaluation calls it itself.
     for hook, k in terminal.items():
-        replaced = _calls(_function(getattr(FedAvg, hook))) or frozenset()
         own = _reached(combined, vars(k)[hook])
-        for sub in sorted(sub for receiver, sub in replaced if receiver == "self" and sub in _hooks()):
-            if sub in own:
-                continue
-            lost = lost_to(k, [d for d in mro if defines(d, sub)])
-            if lost:
-                owner, other = _owner(k, classes), lost[0][1]
-                raise ConfigError(f"cannot combine {name}: {owner}'s {hook} does not call {sub} as FedAvg's does, "
-                                  f"so {other}'s {sub} would never run")
+        skipped: list[str] = []
+        todo = [hook]
+        while todo:
+            caller = todo.pop(0)
+            callees = _calls(_function(getattr(FedAvg, caller))) or frozenset()
+            for sub in sorted(sub for receiver, sub in callees if receiver == "self" and sub in _hooks()):
+                if sub in own or sub in skipped or sub == "global_model":
+                    continue
+                skipped.append(sub)
+                todo.append(sub)
+                lost = lost_to(k, [d for d in mro if defines(d, sub)])
+                if lost:
+                    owner, other = _owner(k, classes), lost[0][1]
+                    why = (f"has no source to read (counted as calling none of {hook}'s hooks)"
+                           if _calls(vars(k)[hook]) is None
+                           else f"does not call {sub} as FedAvg's does" if caller == hook
+                           else f"does not call {caller} (which calls {sub}) as FedAvg's does")
+                    raise ConfigError(f"cannot combine {name}: {owner}'s {hook} {why}, so {other}'s {sub} would "
+                                      "never run")
 
 
 def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
