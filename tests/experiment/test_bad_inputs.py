@@ -736,7 +736,7 @@ def test_local_risk_is_refused_for_a_method_that_uploads_only_the_body(small_con
     """FedPer uploads its body as "model": its risk would be that of the body with the initial head."""
     cfg = load_config(raw=cfg_of(small_config, algorithm={"name": "fedper"}, eval={"every": 1, "local_risk": True}))
     with pytest.raises(ConfigError, match=r"eval.local_risk: fedper's clients upload only part of their \w+ model "
-                                          r"\(not head\..*set eval.local_risk: false for this method"):
+                                          r"\(head\..* stay on the client\).*set eval.local_risk: false for this method"):
         build(cfg)
     cfg.eval.local_risk = False
     build(cfg)
@@ -753,9 +753,24 @@ class BodyOnlyUpload(FedAvg):
 
 
 def test_local_risk_stops_at_a_model_uploaded_in_part_past_uploaded_model(small_config, tmp_path, monkeypatch):
+    """Checked every round, not only at evaluated ones: the run stops in round 1, not at round 3."""
     monkeypatch.setitem(ALGORITHMS, BodyOnlyUpload.name, BodyOnlyUpload)
-    raw = cfg_of(small_config, algorithm={"name": BodyOnlyUpload.name}, eval={"every": 1, "local_risk": True},
+    raw = cfg_of(small_config, algorithm={"name": BodyOnlyUpload.name}, eval={"every": 3, "local_risk": True},
+                 train={"rounds": 3})
+    exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"eval.local_risk: body_only_upload's client \d+ uploaded only part of its "
+                                          r"model \(head\..* missing\)"):
+        exp.run(progress=False)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["rounds_completed"] == 0
+
+
+def test_local_risk_of_fedbabu_judges_the_shared_part_with_its_frozen_initial_head(small_config, tmp_path):
+    raw = cfg_of(small_config, algorithm={"name": "fedbabu"}, eval={"every": 1, "local_risk": True},
                  train={"rounds": 1})
     exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
-    with pytest.raises(ConfigError, match=r"eval.local_risk: client \d+ uploaded only part of its model \(not head\."):
-        exp.run(progress=False)
+    exp.run(progress=False)
+    init = exp.loop.host.init_models["cnn2"]
+    assert exp.local_models and all(set(m) == set(init) for m in exp.local_models.values())
+    assert all(torch.equal(m[k], init[k]) for m in exp.local_models.values() for k in init if k.startswith("head."))
+    assert exp.summary["status"] == "completed" and 0 <= exp.read_metrics()[-1]["local_risk"] <= 1

@@ -122,6 +122,12 @@ class FedAvg(Algorithm):
         """What of the trained model goes back as ``"model"``: all of it (FedPer: the body)."""
         return weights
 
+    def local_model(self, uploaded: Arrays, init: Arrays) -> Arrays:
+        """The whole trained model an uploaded ``"model"`` stands for, given the initial weights
+        ``init``: what ``eval.local_risk`` judges. The upload itself (FedBABU: with the initial head
+        its clients never train); a part that is still missing refuses ``eval.local_risk``."""
+        return uploaded
+
     def refuse_training_without_mixup(self, result: LocalResult, client: ClientRuntime) -> None:
         """Raise when ``mixup`` is on but the local training just run never passed ``train_options``
         to ``client.train`` (a method of one's own that builds its own call): it would have trained

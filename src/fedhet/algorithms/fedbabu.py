@@ -131,8 +131,14 @@ class FedBABU(FedAvg):
         full = self.complete(msg.arrays["model"], client)
         reply, new_state = super().client_update(Message(msg.kind, {**msg.arrays, "model": full}, dict(msg.scalars)),
                                                  base, client)
+        # the upload trimmed here, not in uploaded_model: a component's own client_update (Per-FedAvg's) is trimmed too
         reply.arrays["model"] = shared_part(reply.arrays["model"])
         return reply, new_state
+
+    def local_model(self, uploaded: Arrays, init: Arrays) -> Arrays:
+        """The uploaded shared part with the common initial head (frozen in training)."""
+        head = head_parameter_names(init)
+        return {**{k: init[k] for k in head}, **super().local_model(uploaded, init)}
 
     def finetune(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
         """``finetune_epochs`` epochs of SGD on ``finetune_part`` from the global model (evaluation only)."""

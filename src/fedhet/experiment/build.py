@@ -174,30 +174,37 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
 
 
 def check_local_risk(algorithm: Algorithm, models: dict[str, torch.nn.Module]) -> None:
-    """``eval.local_risk`` judges the ``"model"`` each client uploads: refused for a method that
-    uploads only part of it (FedPer's body), which would be judged with the untrained initial head."""
+    """``eval.local_risk`` judges the whole model each client's ``"model"`` upload stands for
+    (``local_model``): refused for a method that uploads only part of it (FedPer's body), which
+    would be judged with the untrained initial head."""
     uploaded_model = getattr(algorithm, "uploaded_model", None)
-    if uploaded_model is None:
+    local_model = getattr(algorithm, "local_model", None)
+    if uploaded_model is None or local_model is None:
         return
     for arch, model in models.items():
         weights = dict(model.state_dict())
-        missing = sorted(set(weights) - set(uploaded_model(weights)))
+        missing = sorted(set(weights) - set(local_model(uploaded_model(weights), weights)))
         if missing:
-            named = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
             raise ConfigError(f"eval.local_risk: {algorithm.name}'s clients upload only part of their {arch} model "
-                              f"(not {named}), so the local models' risk would be measured with the initial "
-                              "weights in its place; set eval.local_risk: false for this method")
+                              f"({missing_names(missing)} stay on the client), so the local models' risk would be "
+                              "measured with the initial weights in its place; set eval.local_risk: false for "
+                              "this method")
+
+
+def missing_names(names: list[str]) -> str:
+    """The first three of ``names``, then how many more."""
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def build(cfg: ExperimentConfig) -> Built:
     algorithm, federation = algorithm_and_federation(cfg)
     models, client_arch = build_models(cfg, federation)
-    if cfg.eval.local_risk:
-        check_local_risk(algorithm, models)
     device = resolve_device(cfg.run.device)
     precision = resolve_precision(cfg.run.precision, device)
     host = ClientHost(algorithm, federation, models, client_arch, train_settings(cfg, precision), cfg.seed,
                       device=device, state_on_device=cfg.run.client_state == "device", lr_decay=cfg.train.lr_decay)
+    if cfg.eval.local_risk:         # after the host's check_model: a model the method cannot use is named first
+        check_local_risk(algorithm, models)
     return Built(cfg, algorithm, federation, models, client_arch, precision, host,
                  headline_metric(algorithm, federation), device)
 

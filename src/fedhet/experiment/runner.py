@@ -11,6 +11,7 @@ another transport, another evaluator and its own callbacks.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import warnings
@@ -25,7 +26,7 @@ from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.client_store import ClientStates
 from fedhet.engine.ledger import tensor_floats
-from fedhet.experiment.build import Built, build, client_state_store, configure_process
+from fedhet.experiment.build import Built, build, client_state_store, configure_process, missing_names
 from fedhet.experiment.callbacks import Callback, RunView
 from fedhet.experiment.config import (
     RESUMABLE_CHANGES,
@@ -301,7 +302,8 @@ class Experiment:
             done = rnd + 1
             evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
             self.local_models = {}
-            keep = self.keep_local_model if evaluating and cfg.eval.local_risk else None
+            # checked every round (a partial upload stops the run at round 1), kept when evaluated
+            keep = functools.partial(self.keep_local_model, evaluating=evaluating) if cfg.eval.local_risk else None
             stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds, keep)
             row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                    "train_loss": stats.mean_train_loss(),
@@ -324,18 +326,22 @@ class Experiment:
             if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
                 self.checkpointer(self, done)
 
-    def keep_local_model(self, cid: int, reply: Message) -> None:
+    def keep_local_model(self, cid: int, reply: Message, evaluating: bool = True) -> None:
+        """Under ``eval.local_risk``, every round: check that ``cid``'s upload stands for its whole
+        model (``local_model``), and keep that model when the round is evaluated."""
         if "model" not in reply.arrays:
             return
-        model = reply.arrays["model"]
         host = self.loop.host
-        expected = host.models[host.client_arch[cid]].state_dict().keys()
-        if not expected <= model.keys():       # a client_update of one's own (build's check covers uploaded_model)
-            missing = sorted(expected - model.keys())
-            raise ConfigError(f"eval.local_risk: client {cid} uploaded only part of its model (not {missing[0]}, ...), "
-                              "so its risk would be measured with the initial weights in its place; set "
-                              "eval.local_risk: false for this method")
-        self.local_models[cid] = model
+        init = host.init_models[host.client_arch[cid]]
+        local_model = getattr(self.algorithm, "local_model", None)
+        model = local_model(reply.arrays["model"], init) if local_model is not None else reply.arrays["model"]
+        if not init.keys() <= model.keys():   # a client_update of one's own (build checks uploaded_model)
+            raise ConfigError(f"eval.local_risk: {self.algorithm.name}'s client {cid} uploaded only part of its model "
+                              f"({missing_names(sorted(init.keys() - model.keys()))} missing), so its risk would be "
+                              "measured with the initial weights in their place; set eval.local_risk: false for "
+                              "this method")
+        if evaluating:
+            self.local_models[cid] = model
 
     def evaluate_round(self, rnd: int) -> dict:
         """This round's metrics (metrics/evaluate.py, and metrics/features.py when due)."""

@@ -160,7 +160,7 @@ def cli(args) -> int:
               f"submit with: flwr run {out} <SUPERLINK-CONNECTION> --run-config {rc}   (docs/deployment.md)")
         return 0
 
-    from fedhet.experiment.build import algorithm_and_federation, build_models
+    from fedhet.experiment.build import algorithm_and_federation, build_models, check_local_risk
     from fedhet.experiment.report import compare
 
     if args.nodes is not None and not 1 <= args.nodes <= cfg.data.num_clients:
@@ -170,8 +170,11 @@ def cli(args) -> int:
         require_simulation_runtime()
     # fail here, not on every node, if the data are missing or unfit, or a model does not suit the method
     algorithm, federation = algorithm_and_federation(cfg)
-    for arch, model in build_models(cfg, federation)[0].items():
+    models = build_models(cfg, federation)[0]
+    for arch, model in models.items():
         algorithm.check_model(arch, model)
+    if cfg.eval.local_risk:
+        check_local_risk(algorithm, models)
     run_dir = Path(args.resume or args.out or default_run_dir)
     say = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     say(f"run directory: {run_dir.resolve()}")

@@ -26,8 +26,10 @@
   training split (FedACD Table 9, template tau = 1 - 1e-5, mean over the client's present rows).
   The tau is fixed, not a FedACD run's ``template_tau``: Table 9 compares methods, and a run
   without FedACD has no tau of its own, so every method is measured against the same Q.
-  A method whose clients upload part of their model (FedPer's body) is refused at set-up
-  (experiment.build.check_local_risk); one that uploads none in a round has no local_risk there.
+  The model judged is the one the upload stands for (``FedAvg.local_model``: FedBABU's shared
+  part with its frozen initial head); a method whose clients upload part of their model (FedPer's
+  body) is refused at set-up (experiment.build.check_local_risk); one that uploads none in a round
+  has no local_risk there.
 """
 
 from __future__ import annotations
