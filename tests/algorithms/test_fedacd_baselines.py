@@ -363,3 +363,5 @@ def test_fedrod_names_the_settings_its_plain_sgd_personal_head_leaves_out():
     both = combined.settings_not_applied(TrainSettings(epochs=1, batch_size=8, lr=0.1, clip_grad_norm=1.0,
                                                        optimizer_state="keep"))
     assert set(both) == {"train.clip_grad_norm", "train.optimizer_state"}        # FedROD's and Per-FedAvg's
+    # a setting both leave out carries both reasons: the whole model's meta steps and the personal head
+    assert "Per-FedAvg" in both["train.clip_grad_norm"] and "personal head" in both["train.clip_grad_norm"]

@@ -21,6 +21,7 @@ Server and client state are dicts of tensors and plain Python values, so checkpo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import pydantic
@@ -104,7 +105,8 @@ class Algorithm:
         """The run's training settings this method's local training leaves out, each with why
         (Per-FedAvg's meta steps are plain SGD: no momentum). The run warns of them when it starts
         and records them in ``summary.json`` (``settings_not_applied``), so that no setting is
-        dropped without a word. ``settings`` are the first round's. Default: none."""
+        dropped without a word. ``settings`` are the first round's. Call ``super()`` and add yours
+        with :func:`add_reasons`, so that a combination names every component's. Default: none."""
         return {}
 
     # --- server side -------------------------------------------------------------------
@@ -155,6 +157,15 @@ class Algorithm:
     def round_metrics(self, state: State) -> dict[str, Any]:
         """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs)."""
         return {}
+
+
+def add_reasons(reasons: dict[str, str], keys: Iterable[str], why: str) -> dict[str, str]:
+    """``reasons`` (``settings_not_applied``'s) with ``why`` added to each of ``keys``, after any
+    reason a combined method gave already."""
+    out = dict(reasons)
+    for key in keys:
+        out[key] = f"{out[key]}; {why}" if key in out else why
+    return out
 
 
 def update_reply(result: LocalResult, client: ClientRuntime, arrays: dict[str, Arrays], /,

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fedhet.algorithms.base import add_reasons
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State, TrainSettings
 from fedhet.core.split import HEAD, linear_classifier, select
@@ -79,7 +80,7 @@ class FedROD(FedAvg):
         dropped = {"train.optimizer": settings.optimizer != "sgd", "train.momentum": settings.momentum != 0,
                    "train.weight_decay": settings.weight_decay != 0,
                    "train.clip_grad_norm": settings.clip_grad_norm is not None, "run.precision": settings.precision != "fp32"}
-        return {**super().settings_not_applied(settings), **{key: why for key, on in dropped.items() if on}}
+        return add_reasons(super().settings_not_applied(settings), [key for key, on in dropped.items() if on], why)
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)

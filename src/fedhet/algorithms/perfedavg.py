@@ -74,7 +74,7 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.base import update_reply
+from fedhet.algorithms.base import add_reasons, update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -195,9 +195,9 @@ class PerFedAvg(FedAvg):
                    "train.weight_decay": settings.weight_decay != 0, "train.nesterov": settings.nesterov,
                    "train.dampening": settings.dampening != 0, "train.clip_grad_norm": settings.clip_grad_norm is not None,
                    "train.optimizer_state": settings.optimizer_state == "keep"}
-        out = {**super().settings_not_applied(settings), **{key: why for key, on in dropped.items() if on}}
+        out = add_reasons(super().settings_not_applied(settings), [key for key, on in dropped.items() if on], why)
         if settings.precision != "fp32":
-            out["run.precision"] = "Per-FedAvg's meta steps run in fp32"
+            out = add_reasons(out, ["run.precision"], "Per-FedAvg's meta steps run in fp32")
         return out
 
     def alpha(self, client: ClientRuntime) -> float:
