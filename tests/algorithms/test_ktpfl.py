@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pytest
 import torch
@@ -215,7 +216,9 @@ def test_without_a_public_set_it_warns_and_draws_from_the_pool(small_config):
     loop = build_loop(mixed(small_config, public=False, public_size=40))
     with pytest.warns(UserWarning, match="no data.public"):          # once, as the run is built (build calls it)
         loop.algorithm.check_data(loop.host.federation.client_data(0))
-    data = loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # not again from inside a client update
+        data = loop.algorithm.public_data(Message("train", scalars={"public_seed": 5}), runtime(loop, 0))
     assert data.x is loop.host.federation.pool.x
     assert torch.equal(data.train_idx, public_positions(data.x.shape[0], 40, 5))
 
