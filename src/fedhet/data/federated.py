@@ -112,15 +112,13 @@ class Federation:
     def train_counts(self) -> np.ndarray:
         """(clients, classes) training label counts (computed once; the splits never change)."""
         if self._train_counts is None:
-            y = self.pool.y.numpy()
-            self._train_counts = np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes)
-                                           for i in self.train_idx])
+            self._train_counts = partitioners.class_counts([i.numpy() for i in self.train_idx], self.pool.y.numpy(),
+                                                           self.num_classes)
         return self._train_counts
 
     def test_counts(self) -> np.ndarray:
         src = self.pool if self.local_test_source == "holdout" else self.test
-        y = src.y.numpy()
-        return np.stack([np.bincount(y[i.numpy()], minlength=self.num_classes) for i in self.test_idx])
+        return partitioners.class_counts([i.numpy() for i in self.test_idx], src.y.numpy(), self.num_classes)
 
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
         """Normalised float inputs, computed on ``x_uint8``'s device (evaluation on a GPU)."""
