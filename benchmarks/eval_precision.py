@@ -8,7 +8,7 @@ Each RUN_DIR is a finished (or checkpointed) run of a method with a global model
 test set - not the clients' local splits - in both precisions, ``--repeats`` times each, the
 order of the two precisions swapping from one repeat to the next. The accuracies, the number of
 test images whose correctness flips, and the median seconds are written to
-benchmarks/results/eval_precision.{md,json} with the machine and commit.
+benchmarks/results/NAME.{md,json} (``--name``, default eval_precision) with the machine and commit.
 """
 
 from __future__ import annotations
@@ -62,6 +62,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
+    parser.add_argument("--name", default="eval_precision",
+                        help="result files benchmarks/results/NAME.{md,json} (another name keeps the earlier ones)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -73,10 +75,11 @@ def main() -> None:
               flush=True)
     info = {**machine_info(), "bf16_native": bf16_native("cpu"), "threads": args.threads, "repeats": args.repeats}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "eval_precision.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     lines = ["# Evaluation in fp32 and in bf16 (eval.precision)", "", "Command:", "", "```bash",
              ".venv/bin/python benchmarks/eval_precision.py " + " ".join(str(r) for r in args.runs)
-             + f" --repeats {args.repeats} --threads {args.threads}", "```", "",
+             + f" --repeats {args.repeats} --threads {args.threads}"
+             + ("" if args.name == "eval_precision" else f" --name {args.name}"), "```", "",
              f"Commit {info['commit']}, {info['cpu_model']}, bf16 native: {info['bf16_native']}, "
              f"torch {info['torch']}, {args.threads} thread(s); seconds are medians of {args.repeats} "
              "passes over the whole global test set, the order of the two precisions swapping each repeat.", ""]
@@ -89,8 +92,8 @@ def main() -> None:
                      f"{100 * (r['bf16_acc'] - r['fp32_acc']):+.2f} | {r['flipped']} of {r['images']} | "
                      f"{r['fp32_loss']:.5f} | {r['bf16_loss']:.5f} | {r['seconds']['fp32']:.2f} | "
                      f"{r['seconds']['bf16']:.2f} | {r['seconds']['bf16'] / r['seconds']['fp32']:.2f} |")
-    (RESULTS / "eval_precision.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'eval_precision.md'}")
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {RESULTS / f'{args.name}.md'}")
 
 
 if __name__ == "__main__":
