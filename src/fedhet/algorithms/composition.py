@@ -11,11 +11,11 @@ that replaces FedAvg's must call them (itself or through a helper of its own, as
 ``start_weights``, ``local_training``, ``after_training``, ``uploaded_model``, ``uploads`` and
 ``upload_scalars``, an ``aggregate`` its ``aggregation_weights`` (FedACD's scores) - and a hook it
 skips takes that hook's own callees with it (a ``client_update`` without ``local_training`` cuts
-off FedProx's ``local_terms`` unless it calls ``local_terms`` itself). Whether a hook calls ``super()`` is read from its source (a method of
-one's own is a class in a file, so its source is there); a hook whose source cannot be read counts
-as replacing. A hook that calls ``super()`` on some way through it counts as chaining: the built-in
-hooks that return without it on another way do so for a case of their own, where no other component
-has a part (FedFM's anchor messages, FedBABU's fine-tuning messages and fine-tuned models, Per-FedAvg's
+off FedProx's ``local_terms`` unless it calls ``local_terms`` itself). Whether a hook calls
+``super()`` is read from its source (a method of one's own is a class in a file, so its source is
+there); a hook whose source cannot be read counts as replacing. A hook that calls ``super()`` on
+some way through it counts as chaining: the built-in hooks that return without it on another way
+do so for a case of their own, where no other component has a part (FedFM's anchor messages, FedBABU's fine-tuning messages and fine-tuned models, Per-FedAvg's
 adapted models). Requiring the call on every way through would refuse pairs of built-in methods
 that run every part, such as ``fedfm+fednova`` and ``fedfm+scaffold``, where the only way without it
 answers FedFM's anchor message. A method of one's own that skips ``super()`` on a way where another
