@@ -515,6 +515,9 @@ class _Spy(_SpyBase):
 
     def local_training(self, weights, msg, state, client):
         self._seen("local_training", weights, msg, state, client)
+        # the terms and options FedAvg's would train with: a replacement must ask for them (compose)
+        self.terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
+        self.train_options(msg, state, client)
         return "trained"
 
     def data_terms(self, msg, state, client):
@@ -553,7 +556,9 @@ def test_combined_fedrema_hands_its_client_hooks_arguments_to_the_partner(monkey
     joint = _combined(FedReMa, _Spy)
     assert joint.local_terms(msg, cstate, client) == ["spy-term"]
     assert joint.local_training({"w": 1}, msg, cstate, client) == "trained"
-    assert joint.seen == [("local_terms", msg, cstate, client), ("local_training", {"w": 1}, msg, cstate, client)]
+    assert joint.seen == [("local_terms", msg, cstate, client), ("local_training", {"w": 1}, msg, cstate, client),
+                          ("data_terms", msg, cstate, client), ("local_terms", msg, cstate, client),
+                          ("train_options", msg, cstate, client)]
 
     alt = _combined(FedReMa, _Spy, feature_alignment=True, alternating=True)
     alt.local_training({}, msg, cstate, client)
