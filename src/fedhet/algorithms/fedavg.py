@@ -103,7 +103,7 @@ class FedAvg(Algorithm):
         start = self.start_weights(msg, state, client)
         if start is not msg.arrays["model"]:
             # the hooks below (local terms of a combined method, uploads) see the model training starts from
-            msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
+            msg = msg.with_model(start)
         weights = self.with_local_buffers(start, state, client)
         result = self.local_training(weights, msg, state, client)
         self.refuse_training_without_mixup(result, client)

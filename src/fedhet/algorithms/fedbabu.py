@@ -129,8 +129,7 @@ class FedBABU(FedAvg):
         if msg.kind == "finetune":
             return self.finetune(msg, base, client)
         full = self.complete(msg.arrays["model"], client)
-        reply, new_state = super().client_update(Message(msg.kind, {**msg.arrays, "model": full}, dict(msg.scalars)),
-                                                 base, client)
+        reply, new_state = super().client_update(msg.with_model(full), base, client)
         # the upload trimmed here, not in uploaded_model: a component's own client_update (Per-FedAvg's) is trimmed too
         reply.arrays["model"] = shared_part(reply.arrays["model"])
         return reply, new_state

@@ -255,7 +255,7 @@ class FedFM(FedAvg):
             if received is None:
                 raise RuntimeError(f"fedfm client {client.cid} got a training message without a model and "
                                    "has no model from this round's anchor phase")
-            msg = Message("train", {**msg.arrays, "model": received}, dict(msg.scalars))
+            msg = msg.with_model(received)
         return super().client_update(msg, base, client)
 
 
@@ -306,13 +306,13 @@ class FedFMLite(FedFM):
         if "model" in msg.arrays:
             start = self.start_weights(msg, base, client)
             if start is not msg.arrays["model"]:
-                msg = Message(msg.kind, {**msg.arrays, "model": start}, dict(msg.scalars))
+                msg = msg.with_model(start)
             weights = self.with_local_buffers(start, base, client)
         else:
             weights = (state or {}).get(LOCAL)
             if weights is None:
                 raise RuntimeError(f"fedfm_lite client {client.cid} got no model and keeps none of its own")
-            msg = Message(msg.kind, {**msg.arrays, "model": weights}, dict(msg.scalars))
+            msg = msg.with_model(weights)
         result = self.local_training(weights, msg, base, client)
         self.refuse_training_without_mixup(result, client)
         new_state = self.after_training(result, msg, base, client)

@@ -55,6 +55,11 @@ class Message:
             out[group] = (numel, nbytes)
         return out
 
+    def with_model(self, model: Arrays) -> Message:
+        """A copy of this message whose ``"model"`` group is ``model`` (the weights a client trains
+        from when they are not the received ones), the other groups and scalars as they are."""
+        return Message(self.kind, {**self.arrays, "model": model}, dict(self.scalars))
+
 
 def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """``obj`` with every tensor inside it (through messages, dicts, lists and tuples) on ``device``;
