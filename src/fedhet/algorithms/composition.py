@@ -138,6 +138,7 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
     # global_model is left out: the evaluation calls it itself.
     for hook, k in terminal.items():
         own = _reached(combined, vars(k)[hook])
+        readable = _calls(vars(k)[hook]) is not None
         skipped: list[str] = []
         todo = [hook]
         while todo:
@@ -152,7 +153,7 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
                 if lost:
                     owner, other = _owner(k, classes), lost[0][1]
                     why = (f"has no source to read (counted as calling none of {hook}'s hooks)"
-                           if _calls(vars(k)[hook]) is None
+                           if not readable
                            else f"does not call {sub} as FedAvg's does" if caller == hook
                            else f"does not call {caller} (which calls {sub}) as FedAvg's does")
                     raise ConfigError(f"cannot combine {name}: {owner}'s {hook} {why}, so {other}'s {sub} would "

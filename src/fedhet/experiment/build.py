@@ -16,7 +16,7 @@ import torch
 
 from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.base import Algorithm
-from fedhet.core.contract import TrainSettings
+from fedhet.core.contract import Arrays, TrainSettings
 from fedhet.core.errors import ConfigError
 from fedhet.core.plugins import is_import_path
 from fedhet.core.seeding import derive_seed
@@ -178,17 +178,24 @@ def check_local_risk(algorithm: Algorithm, models: dict[str, torch.nn.Module]) -
     (``local_model``): refused for a method that uploads only part of it (FedPer's body), which
     would be judged with the untrained initial head."""
     uploaded_model = getattr(algorithm, "uploaded_model", None)
-    local_model = getattr(algorithm, "local_model", None)
-    if uploaded_model is None or local_model is None:
+    if uploaded_model is None:
         return
     for arch, model in models.items():
         weights = dict(model.state_dict())
-        missing = sorted(set(weights) - set(local_model(uploaded_model(weights), weights)))
+        _, missing = whole_local_model(algorithm, uploaded_model(weights), weights)
         if missing:
             raise ConfigError(f"eval.local_risk: {algorithm.name}'s clients upload only part of their {arch} model "
                               f"({missing_names(missing)} stay on the client), so the local models' risk would be "
                               "measured with the initial weights in its place; set eval.local_risk: false for "
                               "this method")
+
+
+def whole_local_model(algorithm: Algorithm, uploaded: Arrays, init: Arrays) -> tuple[Arrays, list[str]]:
+    """The whole local model an uploaded ``"model"`` stands for (``local_model``, where the method
+    has one), and the names of ``init`` it still lacks."""
+    local_model = getattr(algorithm, "local_model", None)
+    model = local_model(uploaded, init) if local_model is not None else uploaded
+    return model, sorted(init.keys() - model.keys())
 
 
 def missing_names(names: list[str]) -> str:

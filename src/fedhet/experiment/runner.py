@@ -26,7 +26,14 @@ from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.client_store import ClientStates
 from fedhet.engine.ledger import tensor_floats
-from fedhet.experiment.build import Built, build, client_state_store, configure_process, missing_names
+from fedhet.experiment.build import (
+    Built,
+    build,
+    client_state_store,
+    configure_process,
+    missing_names,
+    whole_local_model,
+)
 from fedhet.experiment.callbacks import Callback, RunView
 from fedhet.experiment.config import (
     RESUMABLE_CHANGES,
@@ -332,14 +339,11 @@ class Experiment:
         if "model" not in reply.arrays:
             return
         host = self.loop.host
-        init = host.init_models[host.client_arch[cid]]
-        local_model = getattr(self.algorithm, "local_model", None)
-        model = local_model(reply.arrays["model"], init) if local_model is not None else reply.arrays["model"]
-        if not init.keys() <= model.keys():   # a client_update of one's own (build checks uploaded_model)
+        model, missing = whole_local_model(self.algorithm, reply.arrays["model"], host.init_models[host.client_arch[cid]])
+        if missing:                            # a client_update of one's own (build checks uploaded_model)
             raise ConfigError(f"eval.local_risk: {self.algorithm.name}'s client {cid} uploaded only part of its model "
-                              f"({missing_names(sorted(init.keys() - model.keys()))} missing), so its risk would be "
-                              "measured with the initial weights in their place; set eval.local_risk: false for "
-                              "this method")
+                              f"({missing_names(missing)} missing), so its risk would be measured with the initial "
+                              "weights in their place; set eval.local_risk: false for this method")
         if evaluating:
             self.local_models[cid] = model
 
