@@ -81,13 +81,16 @@ class Runtime:
         self.init = init if init is not None else {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.accounted = []
 
-    def train(self, weights, terms=None, *, epochs=None, evaluation_only=False, **kw):
-        # no optimizer state is carried across rounds here, so evaluation_only changes nothing
+    def train(self, weights, terms=None, *, epochs=None, carry_optimizer_state=True, data=None, settings=None,
+              stream="batches", **kw):
+        # no optimizer state is carried across rounds here, so carry_optimizer_state changes nothing
         terms = list(terms or [CrossEntropy()])
         if self.data_loss is not None:
             terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]
-        s = self.settings if epochs is None else TrainSettings(**{**self.settings.__dict__, "epochs": epochs})
-        result = train_local(self.model, weights, self.data, terms, s, lambda e: self.generator("batches", e), **kw)
+        s = settings if settings is not None else self.settings
+        s = s if epochs is None else TrainSettings(**{**s.__dict__, "epochs": epochs})
+        result = train_local(self.model, weights, data if data is not None else self.data, terms, s,
+                             lambda e: self.generator(stream, e), **kw)
         self.account(result)
         return result
 

@@ -60,6 +60,7 @@ from helpers import ZeroGradientBounds, assert_close, bn_model, build_loop, smal
 from torch import nn
 
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.core.contract import ClientData
 from fedhet.core.errors import NumericalError
 from fedhet.data.federated import build_federation
 from fedhet.engine import vectorized
@@ -987,3 +988,16 @@ def test_a_decaying_rate_equals_reference_with_kept_groups(small_config):
     ref, vec = run_both(cfg, rounds=3, bn=True, wide=True, keep_graphs=True)
     assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
     assert_engines_agree(ref, vec, TIGHT)
+
+
+def test_the_device_pool_follows_a_data_view_with_other_labels():
+    """A data view over the same images with other labels (KT-pFL's public batch pairs the pool
+    with placeholder labels) gets its own labels, not the first view's copy."""
+    engine = Vectorized(device=DEVICE)
+    x = torch.zeros(4, 1, 2, 2, dtype=torch.uint8)
+    mean, std = torch.zeros(1), torch.ones(1)
+    first = ClientData(x, torch.tensor([0, 1, 2, 3]), torch.arange(4), mean, std)
+    second = ClientData(x, torch.zeros(4, dtype=torch.long), torch.arange(4), mean, std)
+    assert engine._pool(first)[1].cpu().tolist() == [0, 1, 2, 3]
+    assert engine._pool(second)[1].cpu().tolist() == [0, 0, 0, 0]
+    assert engine._pool(first)[1].cpu().tolist() == [0, 1, 2, 3]

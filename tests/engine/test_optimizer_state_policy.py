@@ -114,3 +114,33 @@ def test_evaluation_fine_tuning_leaves_the_kept_state_alone(small_config):
             continue
         assert set(state) == set(kept[False][cid])
         assert all(torch.equal(state[k], kept[False][cid][k]) for k in state), cid
+
+
+def test_a_training_on_other_data_uses_its_own_settings_stream_and_optimizer(small_config):
+    """``client.train(data=, settings=, stream=, carry_optimizer_state=False)`` (KT-pFL's distillation):
+    the same arithmetic as train_local on that view with those settings and that stream, from a
+    fresh optimizer, leaving the kept momentum as it was; the round's tally counts it."""
+    from dataclasses import replace
+
+    from fedhet.core.contract import ClientData
+    from fedhet.training.local import train_local
+    from fedhet.training.objective import CrossEntropy
+
+    loop = _loop(small_config, "fedavg", "keep")
+    loop.run_round(0)
+    cid = next(c for c, s in loop.client_states.items() if s and OPTIMIZER_STATE in s)
+    client, seen = _spy(loop, cid, 1)
+    client.kept_optimizer_state = {k: v.clone() for k, v in loop.client_states[cid][OPTIMIZER_STATE].items()}
+    before = {k: v.clone() for k, v in client.kept_optimizer_state.items()}
+    own = client.data
+    other = ClientData(own.x, own.y, own.train_idx[: len(own.train_idx) // 2].flip(0), own.mean, own.std)
+    settings = replace(client.settings, epochs=2, batch_size=5, lr=client.settings.lr / 2)
+    weights = client.init_weights()
+    got = client.train(weights, data=other, settings=settings, stream="side", carry_optimizer_state=False)
+    want = train_local(client.model, weights, other, [CrossEntropy()], settings,
+                       lambda e: client.generator("side", e))
+    assert seen == [{}]                                                   # a fresh optimizer
+    assert got.steps == want.steps == 2 * -(-len(other.train_idx) // 5)
+    assert all(torch.equal(got.weights[k], want.weights[k]) for k in want.weights)
+    assert all(torch.equal(client.kept_optimizer_state[k], before[k]) for k in before)
+    assert client.tally.steps == got.steps

@@ -146,7 +146,7 @@ class FedBABU(FedAvg):
         trainable = {"full": None, "head": is_head, "body": is_body}[part]
         # Epochs numbered after the round's E training epochs: a batch order of their own.
         result = client.train(weights, self.data_terms(msg, state, client), epochs=self.params.finetune_epochs,
-                              start_epoch=client.settings.epochs, trainable=trainable, evaluation_only=True)
+                              start_epoch=client.settings.epochs, trainable=trainable, carry_optimizer_state=False)
         return Message("finetuned", scalars={"num_samples": client.num_samples}), {**(state or {}), FINETUNED: result.weights}
 
     # --- evaluation -----------------------------------------------------------------------

@@ -114,7 +114,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError
-from fedhet.training.local import forward, train_local
+from fedhet.training.local import forward
 from fedhet.training.objective import LossTerm
 
 # --- server-side pieces (pure functions, tested by hand) ------------------------------------
@@ -209,7 +209,7 @@ class Distillation(LossTerm):
     """``weight * D(z, t[batch positions])`` on public data (see ``distill_loss``)."""
 
     name = "distill"
-    vectorizable = False      # trained with train_local directly, never under vmap
+    vectorizable = False      # not declared pure: the vectorized engine trains it per client, counted as such
 
     def __init__(self, targets: torch.Tensor, temperature: float, kind: str = "kl", weight: float = 1.0):
         if kind not in ("kl", "mse"):
@@ -339,10 +339,9 @@ class KTpFL(Algorithm):
             lr = p.distill_lr if p.distill_lr is not None else settings.lr
             s = replace(settings, epochs=p.distill_epochs, batch_size=p.distill_batch_size, lr=lr)
             term = Distillation(msg.arrays["target"]["probs"], p.temperature, p.distill_loss, p.distill_weight)
-            result = train_local(client.model, weights, self.public_data(msg, client), [term], s,
-                                 lambda e: client.generator("distill", e),
-                                 where=f"in round {client.round}, client {client.cid}, algorithm {self.name} (distillation)")
-            client.account(result)
+            # Apart from the client's own training: its own optimizer, stream and data.
+            result = client.train(weights, [term], data=self.public_data(msg, client), settings=s, stream="distill",
+                                  carry_optimizer_state=False)
             return Message("done", scalars={"steps": result.steps, "loss": result.mean_loss}), \
                 {**(state or {}), "model": result.weights}
         raise ValueError(f"ktpfl: unexpected message kind {msg.kind!r}")

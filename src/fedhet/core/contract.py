@@ -217,11 +217,18 @@ class ClientRuntime(Protocol):
     def train(self, weights: Arrays, terms: list[Any] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
               optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
-              statistics: dict[str, torch.Tensor] | None = None, evaluation_only: bool = False) -> LocalResult:
+              statistics: dict[str, torch.Tensor] | None = None, carry_optimizer_state: bool = True,
+              data: ClientData | None = None, settings: TrainSettings | None = None,
+              stream: str = "batches") -> LocalResult:
         """Local training from ``weights`` on ``terms`` (default: cross-entropy) with the run's
         settings; see :func:`fedhet.training.local.train_local` for the options.
-        ``evaluation_only``: a fine-tune for evaluation, which neither starts from nor updates
-        the optimizer state a ``train.optimizer_state: keep`` run carries across rounds."""
+        ``carry_optimizer_state=False``: a training apart from the client's own (FedBABU's
+        fine-tune for evaluation, KT-pFL's distillation), which neither starts from nor updates
+        the optimizer state a ``train.optimizer_state: keep`` run carries across rounds.
+        ``data``, ``settings``: train on another data view (KT-pFL's public batch; default the
+        client's own) with other settings (default the round's; ``epochs`` still overrides).
+        ``stream``: the name of the random stream the batches are drawn from, so that a second
+        training in the same round (on other data) draws from its own."""
         ...
 
     def account(self, result: LocalResult) -> None:

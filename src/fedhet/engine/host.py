@@ -113,31 +113,34 @@ class SimClient:
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
               optimizer_state: Arrays | None = None, augment: Callable[..., Batch] | None = None,
-              statistics: dict[str, torch.Tensor] | None = None, evaluation_only: bool = False) -> LocalResult:
+              statistics: dict[str, torch.Tensor] | None = None, carry_optimizer_state: bool = True,
+              data: ClientData | None = None, settings: TrainSettings | None = None,
+              stream: str = "batches") -> LocalResult:
         terms = terms if terms is not None else [CrossEntropy()]
         check_terms_take_mixup(terms, augment, f"({self.where()})")
         self.trained_with_mixup |= isinstance(augment, Mixup)
-        s = self.settings
+        s = settings if settings is not None else self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
-        # An evaluation-only fine-tune (FedBABU) starts from a fresh optimizer and leaves the kept
-        # state alone: training must not depend on how often the run evaluates.
-        kept = None if evaluation_only else self.kept_optimizer_state
+        # A training apart from the client's own (FedBABU's fine-tune for evaluation, KT-pFL's
+        # distillation) starts from a fresh optimizer and leaves the kept state alone: training
+        # must not depend on how often the run evaluates.
+        kept = self.kept_optimizer_state if carry_optimizer_state else None
         if kept is not None and optimizer_state is None:
             optimizer_state = kept
-        result = self.fit(weights, terms, s, start_epoch=start_epoch,
-                          trainable=trainable, optimizer_state=optimizer_state, augment=augment,
-                          statistics=statistics)
+        result = self.fit(weights, terms, s, data=data if data is not None else self.data, stream=stream,
+                          start_epoch=start_epoch, trainable=trainable, optimizer_state=optimizer_state,
+                          augment=augment, statistics=statistics)
         if kept is not None:
             kept.update(result.optimizer_state)
         self.account(result)
         return result
 
-    def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, start_epoch: int,
-            trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None,
+    def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, data: ClientData, stream: str,
+            start_epoch: int, trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None,
             augment: Callable[..., Batch] | None, statistics: dict[str, torch.Tensor] | None) -> LocalResult:
         """The local training itself: ``train_local`` here; the vectorized engine serves it instead."""
-        return train_local(self.model, weights, self.data, terms, settings, lambda e: self.generator("batches", e),
+        return train_local(self.model, weights, data, terms, settings, lambda e: self.generator(stream, e),
                            start_epoch=start_epoch, trainable=trainable, optimizer_state=optimizer_state,
                            augment=augment, statistics=statistics, where=self.where())
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fedhet.core.contract import Arrays, LocalResult, TrainSettings
+from fedhet.core.contract import Arrays, ClientData, LocalResult, TrainSettings
 from fedhet.engine.host import ClientHost, JobResult, SimClient, Tally
 from fedhet.training.objective import LossTerm
 
@@ -30,6 +30,8 @@ class TrainRequest:
     weights: Arrays
     terms: list[LossTerm]
     settings: TrainSettings
+    data: ClientData                   # the data view it trains on (the client's own, or another: KT-pFL)
+    stream: str                        # the client's random stream its batches come from
     start_epoch: int
     trainable: Callable[[str], bool] | None
     optimizer_state: Arrays | None
@@ -151,8 +153,8 @@ class VecClient(SimClient):
         super().__init__(host, cid, rnd, tally)
         self._task = task
 
-    def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, start_epoch: int,
-            trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None, augment: Callable | None,
-            statistics: dict[str, torch.Tensor] | None) -> LocalResult:
-        return self._task.wait(TrainRequest(self, weights, terms, settings, start_epoch, trainable, optimizer_state,
-                                            augment, statistics))
+    def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, data: ClientData, stream: str,
+            start_epoch: int, trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None,
+            augment: Callable | None, statistics: dict[str, torch.Tensor] | None) -> LocalResult:
+        return self._task.wait(TrainRequest(self, weights, terms, settings, data, stream, start_epoch, trainable,
+                                            optimizer_state, augment, statistics))

@@ -67,7 +67,7 @@ def _leaves(term: LossTerm) -> list:
 def num_steps(req: TrainRequest) -> int:
     """The optimizer steps ``req`` takes: its epochs times its batches per epoch."""
     s = req.settings
-    return s.epochs * steps_per_epoch(len(req.client.data.train_idx), s.batch_size, s.drop_last)
+    return s.epochs * steps_per_epoch(len(req.data.train_idx), s.batch_size, s.drop_last)
 
 
 def group_key(req: TrainRequest) -> tuple | str:
@@ -90,7 +90,7 @@ def group_key(req: TrainRequest) -> tuple | str:
     if req.optimizer_state and req.settings.momentum > 0:
         carried = tuple(n for n in leaves if n in req.optimizer_state)
     shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in req.weights.items())
-    data = c.data
+    data = req.data
     augmentation = req.augment.signature() if req.augment is not None else None
     return (c.arch, req.settings, leaves, carried, shapes, tuple(lay[0] for lay in layouts),
             id(data.x), id(data.y), id(data.mean), id(data.std), augmentation)

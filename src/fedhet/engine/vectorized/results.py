@@ -48,7 +48,7 @@ def unstack(g: Group, device: torch.device) -> None:
     for i, req in enumerate(g.requests):
         where = req.client.where()
         s = req.settings
-        per_epoch = steps_per_epoch(len(req.client.data.train_idx), s.batch_size, s.drop_last)
+        per_epoch = steps_per_epoch(len(req.data.train_idx), s.batch_size, s.drop_last)
         loss_sum, samples = 0.0, 0
         part_sums: dict[str, float] = {}
         for step, (value, parts, size) in enumerate(per_client[i]):

@@ -71,7 +71,8 @@ class Vectorized(Transport):
         self.fallback_errors: dict[str, str] = {}     # "vmap error (TYPE)" -> the first such error's first line
         # Why recurring steps ran eagerly on CUDA instead of replaying a graph: reason -> failed captures.
         self.eager_reasons: dict[str, int] = {}
-        self._pool_cache: dict[int, Pool] = {}
+        # id(images) -> (the host tensors it was copied from, their device copies)
+        self._pool_cache: dict[int, tuple[tuple, Pool]] = {}
         self._warned: set = set()
         self.keep_graphs = keep_graphs
         self._kept = KeptGroups()
@@ -156,7 +157,7 @@ class Vectorized(Transport):
         c = req.client
         try:
             req.result = train_local(
-                c.model, req.weights, c.data, req.terms, req.settings, lambda e: c.generator("batches", e),
+                c.model, req.weights, req.data, req.terms, req.settings, lambda e: c.generator(req.stream, e),
                 start_epoch=req.start_epoch, trainable=req.trainable, optimizer_state=req.optimizer_state,
                 augment=req.augment, statistics=req.statistics, where=c.where())
         except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
@@ -166,12 +167,15 @@ class Vectorized(Transport):
 
     # --- the vectorized training loop ---------------------------------------------------
     def _pool(self, data) -> Pool:
-        """The shared data pool on the device (copied once per engine)."""
-        key = id(data.x)
-        if key not in self._pool_cache:
+        """The shared data pool on the device (copied once per engine, again only for other tensors:
+        a data view a method builds, such as KT-pFL's public batch, may pair the pool with new labels)."""
+        sources = (data.x, data.y, data.mean, data.std)
+        cached = self._pool_cache.get(id(data.x))
+        if cached is None or any(a is not b for a, b in zip(cached[0], sources)):
             dev = self.device
-            self._pool_cache[key] = (data.x.to(dev), data.y.to(dev), data.mean.to(dev), data.std.to(dev))
-        return self._pool_cache[key]
+            cached = (sources, (data.x.to(dev), data.y.to(dev), data.mean.to(dev), data.std.to(dev)))
+            self._pool_cache[id(data.x)] = cached
+        return cached[1]
 
     def _graphs_on(self) -> bool:
         return self.cuda_graphs and self.device.type == "cuda"
@@ -191,19 +195,19 @@ class Vectorized(Transport):
         def batches(req: TrainRequest) -> Iterator[ClientBatch]:
             """(positions, the augmentation's draws and dropout masks, or None) per batch, drawn in
             train_local's order."""
-            n = len(req.client.data.train_idx)
+            n = len(req.data.train_idx)
             aug = req.augment
             assert aug is None or isinstance(aug, Augmentation)      # group_key let no other into a group
-            sample_shape = tuple(req.client.data.x.shape[1:])
+            sample_shape = tuple(req.data.x.shape[1:])
             for e in range(s.epochs):
-                gen = req.client.generator("batches", req.start_epoch + e)
+                gen = req.client.generator(req.stream, req.start_epoch + e)
                 for positions in epoch_batches(n, s.batch_size, s.drop_last, gen):
                     draws = aug.draw(len(positions), gen) if aug is not None else {}
                     rows = aug.rows(len(positions)) if aug is not None else len(positions)
                     draws.update(draw_masks(g.model, sample_shape, rows, gen))
                     yield positions, (draws or None)
 
-        schedule = plan([batches(r) for r in reqs], [r.client.data.train_idx.cpu() for r in reqs],
+        schedule = plan([batches(r) for r in reqs], [r.data.train_idx.cpu() for r in reqs],
                         self._wide_on(), self.graph_min_repeats)
         if self.on_schedule is not None:
             self.on_schedule(g, schedule)
@@ -214,7 +218,7 @@ class Vectorized(Transport):
         all_active = schedule.active.to(dev) if schedule.active is not None else None
         all_draws = {name: t.to(dev) for name, t in schedule.draws.items()}
         g.model.train()
-        pool = self._pool(reqs[0].client.data)
+        pool = self._pool(reqs[0].data)
 
         def step(idx, pool_idx, pos, active=None, draws=None):
             return vmapped_step(g, pool, dev, idx, pool_idx, pos, active, draws)
