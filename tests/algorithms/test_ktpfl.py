@@ -247,7 +247,7 @@ def test_the_distillation_goes_through_the_engine_which_counts_it(small_config, 
     updates = 2 * raw["train"]["clients_per_round"]                         # rounds x clients
     assert counters["fallback_reasons"] == {"loss term distill": updates}
     assert counters["vectorized_requests"] == updates
-    # vmapped convolutions sum in another order (tests/engine/test_engine_vectorized.py: model
-    # distances up to about 1e-3 relative); the losses of two rounds stay within 1% of each other
+    assert reference.summary["status"] == "completed", reference.summary.get("error")
+    # rel 1e-3: the vmapped private training's kink flips (tests/engine/test_engine_vectorized.py's run_both)
     losses = {name: [v for _, v in r.metric("train_loss")] for name, r in (("ref", reference), ("vec", vectorized))}
-    assert losses["vec"] == pytest.approx(losses["ref"], rel=1e-2)
+    assert losses["vec"] == pytest.approx(losses["ref"], rel=1e-3)

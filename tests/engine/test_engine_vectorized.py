@@ -621,6 +621,28 @@ def test_term_not_declared_vectorizable_falls_back_exactly(small_config):
         assert torch.equal(v, vec.server_state["model"][k])
 
 
+class OnAViewAtHalfRateFromItsOwnStream(FedAvg):
+    """Trains on half of each client's data at half the rate, from a random stream of its own:
+    what ``client.train(data=, settings=, stream=)`` offers a method (KT-pFL's distillation)."""
+
+    name = "on_a_view"
+
+    def local_training(self, weights, msg, state, client):
+        d = client.data
+        half = ClientData(d.x, d.y, d.train_idx[: (len(d.train_idx) + 1) // 2], d.mean, d.std)
+        return client.train(weights, data=half, settings=replace(client.settings, lr=client.settings.lr / 2),
+                            stream="side")
+
+
+def test_a_training_on_another_view_from_another_stream_is_vmapped_like_the_reference(small_config):
+    """The engine trains the request's view, settings and stream: the same steps (run_both) and,
+    on the smooth model, the same weights to rounding as the reference."""
+    cfg = make_config(small_config, partition=UNEQUAL)
+    ref, vec = run_both(cfg, bn=True, algorithm=OnAViewAtHalfRateFromItsOwnStream())
+    assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
+    assert_engines_agree(ref, vec, TIGHT, True)
+
+
 def test_non_finite_loss_raises_like_reference(small_config):
     cfg = make_config(small_config, lr=1e4)
     for engine in ("reference", "vectorized"):
@@ -1001,3 +1023,4 @@ def test_the_device_pool_follows_a_data_view_with_other_labels():
     assert engine._pool(first)[1].cpu().tolist() == [0, 1, 2, 3]
     assert engine._pool(second)[1].cpu().tolist() == [0, 0, 0, 0]
     assert engine._pool(first)[1].cpu().tolist() == [0, 1, 2, 3]
+    assert engine._pool(second)[0] is engine._pool(first)[0]                 # one copy of the images

@@ -71,8 +71,8 @@ class Vectorized(Transport):
         self.fallback_errors: dict[str, str] = {}     # "vmap error (TYPE)" -> the first such error's first line
         # Why recurring steps ran eagerly on CUDA instead of replaying a graph: reason -> failed captures.
         self.eager_reasons: dict[str, int] = {}
-        # id(images) -> (the host tensors it was copied from, their device copies)
-        self._pool_cache: dict[int, tuple[tuple, Pool]] = {}
+        # id(host tensor) -> (that tensor, pinned so that its id stays its own; its device copy)
+        self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._warned: set = set()
         self.keep_graphs = keep_graphs
         self._kept = KeptGroups()
@@ -85,7 +85,7 @@ class Vectorized(Transport):
 
     def close(self) -> None:
         """Free the device copy of the data pool and the kept groups (the runner calls this at the end of a run)."""
-        self._pool_cache.clear()
+        self._device_copies.clear()
         self._kept.clear()
 
     # --- phases -------------------------------------------------------------------------
@@ -167,15 +167,17 @@ class Vectorized(Transport):
 
     # --- the vectorized training loop ---------------------------------------------------
     def _pool(self, data) -> Pool:
-        """The shared data pool on the device (copied once per engine, again only for other tensors:
-        a data view a method builds, such as KT-pFL's public batch, may pair the pool with new labels)."""
-        sources = (data.x, data.y, data.mean, data.std)
-        cached = self._pool_cache.get(id(data.x))
-        if cached is None or any(a is not b for a, b in zip(cached[0], sources)):
-            dev = self.device
-            cached = (sources, (data.x.to(dev), data.y.to(dev), data.mean.to(dev), data.std.to(dev)))
-            self._pool_cache[id(data.x)] = cached
-        return cached[1]
+        """A data view's images, labels and normalisation on the device. Each tensor is copied once
+        per engine and kept until ``close``, since kept CUDA graphs read the copies' addresses; a
+        view that pairs the same images with other labels shares the images' copy."""
+        return (self._on_device(data.x), self._on_device(data.y), self._on_device(data.mean),
+                self._on_device(data.std))
+
+    def _on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        kept = self._device_copies.get(id(tensor))
+        if kept is None:
+            kept = self._device_copies[id(tensor)] = (tensor, tensor.to(self.device))
+        return kept[1]
 
     def _graphs_on(self) -> bool:
         return self.cuda_graphs and self.device.type == "cuda"
