@@ -1,8 +1,8 @@
 """Seconds per round of one small config in fedhet's simulator and on Flower.
 
 Runs FedAvg and FedCME on the same config - Fashion-MNIST, 3 clients all sampled every round,
-cnn2, one local epoch, personalized evaluation every round, one torch thread per process - in
-turn in:
+cnn2, two local epochs (FedCME exchanges after the first), personalized evaluation every round,
+one torch thread per process - in turn in:
 
 * the in-process simulator (``fedhet run``, reference engine);
 * a loopback Flower deployment (``fedhet flower run``: SuperLink + one SuperNode per client on
@@ -36,7 +36,7 @@ from pathlib import Path
 from fedhet.experiment.config import ExperimentConfig, dump_config, load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, machine_info
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROFILE_KEYS = ("flwr", "imports", "setup", "build", "work")
@@ -50,7 +50,7 @@ def bench_config(algorithm: str, rounds: int, data_root: str | None) -> Experime
                  "local_test": {"source": "test_set", "fraction": 0.2}},
         "model": {"arch": "cnn2"},
         "algorithm": {"name": algorithm},
-        "train": {"rounds": rounds, "clients_per_round": 3, "local_epochs": 1, "batch_size": 32, "lr": 0.01},
+        "train": {"rounds": rounds, "clients_per_round": 3, "local_epochs": 2, "batch_size": 32, "lr": 0.01},
         "eval": {"every": 1},
         "run": {"threads": 1, "engine": "reference", "precision": "fp32", "progress": False},
     }
@@ -130,7 +130,7 @@ def report(result: dict) -> str:
     m = result["machine"]
     lines = [f"# Seconds per round: simulator vs Flower ({result['config']})", "",
              f"Command: `{result['command']}`  ",
-             f"Machine: {m['processor']}, {m['cpus']} CPUs, load before {result['load_before']}, "
+             f"Machine: {cpu_name(m)}, {m['cpus']} CPUs, load before {result['load_before']}, "
              f"torch {m['torch']}, flwr {result['flwr']}, commit {m['commit']}. One torch thread per process.",
              "", "Median seconds per round over rounds 2.. (round 1: warm-up, identify handshake):", "",
              "| algorithm | simulator | loopback Flower | ratio | Flower simulation runtime | final global_acc "
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t_start = time.perf_counter()
     result: dict = {"command": "python benchmarks/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
-                    "config": "Fashion-MNIST 5% pool, 3 clients (3 per round), cnn2, E=1, B=32, "
+                    "config": "Fashion-MNIST 5% pool, 3 clients (3 per round), cnn2, E=2, B=32, "
                               f"{a.rounds} rounds, evaluation every round",
                     "flwr": flwr.__version__, "load_before": [round(x, 2) for x in os.getloadavg()], "modes": {}}
     why_no_runtime = simulation_runtime_available()
