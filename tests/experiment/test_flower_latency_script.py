@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from helpers import benchmark_script
 
+from fedhet.experiment.build import make_algorithm
 from fedhet.experiment.config import load_config
 
 
@@ -15,3 +16,11 @@ def test_the_written_config_is_the_benchmarks_config(tmp_path):
     written = load_config(out)
     assert written == script.bench_config("fedcme", 2, None)
     assert written.algorithm.name == "fedcme" and written.train.rounds == 2 and written.data.num_clients == 3
+
+
+def test_the_benchmarks_configs_pass_their_methods_set_up_checks():
+    """make_algorithm runs each method's schedule check (FedCME refuses one local epoch), which
+    the benchmark would otherwise meet only after its first deployment."""
+    script = benchmark_script("flower_latency")
+    for algorithm in ("fedavg", "fedcme"):
+        assert make_algorithm(script.bench_config(algorithm, 3, None)).name == algorithm
