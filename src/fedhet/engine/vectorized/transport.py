@@ -84,7 +84,7 @@ class Vectorized(Transport):
                 "eager_reasons": dict(self.eager_reasons)}
 
     def close(self) -> None:
-        """Free the device copy of the data pool and the kept groups (the runner calls this at the end of a run)."""
+        """Free the device copies of the data and the kept groups (the runner calls this at the end of a run)."""
         self._device_copies.clear()
         self._kept.clear()
 
