@@ -62,3 +62,26 @@ def test_every_committed_run_is_a_completed_run_of_its_sweep_file(monkeypatch):
             assert error.startswith("non-finite loss"), f"{run}: failed, but not by diverging ({error!r})"
             continue
         assert status == "completed", f"{run}: {status} for {sweep.source}"
+
+
+def test_every_run_of_every_sweep_file_passes_its_set_up_checks(monkeypatch):
+    """A sweep's runs start only after the runs before them: a config that a newer rule refuses
+    (an override form, a method's schedule check) must fail here, not hours into a window.
+    One run per tag (its seeds differ only in the seed)."""
+    from fedhet.experiment.build import make_algorithm
+    from fedhet.experiment.sweep.state import current_config
+
+    monkeypatch.chdir(ROOT)
+    checked = 0
+    for path in sorted(Path("benchmarks").glob("*.sweep.yaml")):
+        seen: set[str] = set()
+        for job in load_sweep(path).jobs:
+            if job.tag in seen:
+                continue
+            seen.add(job.tag)
+            try:
+                make_algorithm(current_config(job))
+            except Exception as e:
+                pytest.fail(f"{path}, run {job.name}: {type(e).__name__}: {e}")
+            checked += 1
+    assert checked > 50
