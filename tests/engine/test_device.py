@@ -45,7 +45,8 @@ MODEL_RTOL = 5e-2
 ACC_ATOL = 0.05
 # Methods none of whose requests the vectorized engine vmaps, and why (the run's fallback_reasons
 # name it): FedNTD's teacher term is not declared pure, and Per-FedAvg's meta steps never reach
-# client.train. (FedACD's mixup and FedClassAvg's views are vmapped since 2026-11-27.)
+# client.train. (FedACD's mixup and FedClassAvg's views are vmapped; KT-pFL's private training is,
+# its distillation is not.)
 NOT_VMAPPED = {"fedntd", "perfedavg"}
 
 
