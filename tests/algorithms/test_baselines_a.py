@@ -3,6 +3,7 @@
 import copy
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pydantic
@@ -91,12 +92,17 @@ class Runtime:
         self.buffer_names = [n for n, _ in model.named_buffers()]
         self.num_samples = len(data.train_idx)
 
-    def train(self, weights, terms=None, *, epochs=None, **kw):
+    def train(self, weights, terms=None, *, epochs=None, data=None, settings=None, stream="batches",
+              carry_optimizer_state=True, **kw):
+        # ClientRuntime.train's options; no optimizer state is carried across rounds here
         terms = list(terms or [CrossEntropy()])
         if self.data_loss is not None:
             terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]
-        return train_local(self.model, weights, self.data, terms, self.settings,
-                           lambda e: torch_generator(0, "b", self.cid, e), **kw)
+        s = settings if settings is not None else self.settings
+        if epochs is not None:
+            s = replace(s, epochs=epochs)
+        return train_local(self.model, weights, data if data is not None else self.data, terms, s,
+                           lambda e: torch_generator(0, "b" if stream == "batches" else stream, self.cid, e), **kw)
 
     def generator(self, *purpose):
         return torch_generator(0, *purpose)
