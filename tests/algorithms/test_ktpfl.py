@@ -24,6 +24,7 @@ from fedhet.algorithms.ktpfl import (
 )
 from fedhet.core.contract import Batch, Forward, Message
 from fedhet.core.errors import ConfigError
+from fedhet.engine.vectorized import Vectorized
 
 # three clients, two public samples, two classes
 SOFT = torch.tensor([[[0.9, 0.1], [0.2, 0.8]],
@@ -251,3 +252,11 @@ def test_the_distillation_goes_through_the_engine_which_counts_it(small_config, 
     # rel 1e-3: the vmapped private training's kink flips (tests/engine/test_engine_vectorized.py's run_both)
     losses = {name: [v for _, v in r.metric("train_loss")] for name, r in (("ref", reference), ("vec", vectorized))}
     assert losses["vec"] == pytest.approx(losses["ref"], rel=1e-3)
+
+
+def test_the_vectorized_engine_names_the_distillation_it_trains_apart_once(small_config):
+    loop = build_loop(mixed(small_config), transport=Vectorized(device="cpu"))
+    with pytest.warns(RuntimeWarning, match="loss term distill \\(not declared vectorizable\\)") as record:
+        loop.run_round(0)
+        loop.run_round(1)
+    assert sum("loss term distill" in str(w.message) for w in record) == 1
