@@ -1013,8 +1013,8 @@ def test_a_decaying_rate_equals_reference_with_kept_groups(small_config):
 
 
 def test_the_device_pool_follows_a_data_view_with_other_labels():
-    """A data view over the same images with other labels (KT-pFL's public batch pairs the pool
-    with placeholder labels) gets its own labels, not the first view's copy."""
+    """Two data views over the same images with different labels (a method's own view, passed to
+    client.train(data=...)) each get their own labels on the device, and share one copy of the images."""
     engine = Vectorized(device=DEVICE)
     x = torch.zeros(4, 1, 2, 2, dtype=torch.uint8)
     mean, std = torch.zeros(1), torch.ones(1)

@@ -64,10 +64,11 @@ def test_every_committed_run_is_a_completed_run_of_its_sweep_file(monkeypatch):
         assert status == "completed", f"{run}: {status} for {sweep.source}"
 
 
-def test_every_run_of_every_sweep_file_passes_its_set_up_checks(monkeypatch):
+def test_every_run_of_every_sweep_file_loads_and_its_method_accepts_its_settings(monkeypatch):
     """A sweep's runs start only after the runs before them: a config that a newer rule refuses
-    (an override form, a method's schedule check) must fail here, not hours into a window.
-    One run per tag (its seeds differ only in the seed)."""
+    (an override form, a method's parameters, schedule or round size: load_config and
+    make_algorithm) must fail here, not hours into a window. One run per tag (its seeds differ
+    only in the seed); the data and model checks need the datasets and are left to the runs."""
     from fedhet.experiment.build import make_algorithm
     from fedhet.experiment.sweep.state import current_config
 

@@ -180,7 +180,8 @@ class Vectorized(Transport):
     def _pool(self, data) -> Pool:
         """A data view's images, labels and normalisation on the device. Each tensor is copied once
         per engine and kept until ``close``, since kept CUDA graphs read the copies' addresses; a
-        view that pairs the same images with other labels shares the images' copy."""
+        view that pairs the same images with other labels shares the images' copy. (A view whose
+        tensors a method makes anew for every call would be copied, and kept, anew each time.)"""
         return (self._on_device(data.x), self._on_device(data.y), self._on_device(data.mean),
                 self._on_device(data.std))
 
