@@ -23,7 +23,7 @@ from fedhet.algorithms.ktpfl import (
     update_coefficients,
 )
 from fedhet.core.contract import Batch, Forward, Message
-from fedhet.core.errors import ConfigError
+from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.engine.vectorized import Vectorized
 
 # three clients, two public samples, two classes
@@ -261,3 +261,10 @@ def test_the_vectorized_engine_names_the_distillation_it_trains_apart_once(small
         loop.run_round(0)
         loop.run_round(1)
     assert sum("loss term distill" in str(w.message) for w in record) == 1
+
+
+def test_a_non_finite_distillation_loss_names_the_distillation(small_config):
+    loop = build_loop(mixed(small_config, public_size=32))
+    msg = Message("distill", {"target": {"probs": torch.full((32, 10), float("nan"))}}, {"public_seed": 11})
+    with pytest.raises(NumericalError, match="client 1, algorithm ktpfl \\(its 'distill' training\\)"):
+        loop.algorithm.client_update(msg, None, runtime(loop, 1))

@@ -107,8 +107,10 @@ class SimClient:
         self.kept_optimizer_state: Arrays | None = None
         self.trained_with_mixup = False
 
-    def where(self) -> str:
-        return f"in round {self.round + 1}, client {self.cid}, algorithm {self.host.algorithm.name}"
+    def where(self, stream: str = "batches") -> str:
+        """Where an error happened; a training apart from the client's own names its stream."""
+        apart = f" (its {stream!r} training)" if stream != "batches" else ""
+        return f"in round {self.round + 1}, client {self.cid}, algorithm {self.host.algorithm.name}{apart}"
 
     def train(self, weights: Arrays, terms: list[LossTerm] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,
@@ -142,7 +144,7 @@ class SimClient:
         """The local training itself: ``train_local`` here; the vectorized engine serves it instead."""
         return train_local(self.model, weights, data, terms, settings, lambda e: self.generator(stream, e),
                            start_epoch=start_epoch, trainable=trainable, optimizer_state=optimizer_state,
-                           augment=augment, statistics=statistics, where=self.where())
+                           augment=augment, statistics=statistics, where=self.where(stream))
 
     def account(self, result: LocalResult) -> None:
         self.tally.add(result)

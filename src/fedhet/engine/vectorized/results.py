@@ -46,7 +46,7 @@ def unstack(g: Group, device: torch.device) -> None:
     adam = {n: [(slot, d[n].detach().to(dest)) for slot, d in adam_slots] for n in g.leaves if n in g.adam_seen}
     stats = {k: (t.detach().to(dest), g.stat_seen[k].cpu()) for k, t in g.stat_totals.items()}
     for i, req in enumerate(g.requests):
-        where = req.client.where()
+        where = req.client.where(req.stream)
         s = req.settings
         per_epoch = steps_per_epoch(len(req.data.train_idx), s.batch_size, s.drop_last)
         loss_sum, samples = 0.0, 0

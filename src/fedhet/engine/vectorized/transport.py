@@ -160,7 +160,7 @@ class Vectorized(Transport):
             req.result = train_local(
                 c.model, req.weights, req.data, req.terms, req.settings, lambda e: c.generator(req.stream, e),
                 start_epoch=req.start_epoch, trainable=req.trainable, optimizer_state=req.optimizer_state,
-                augment=req.augment, statistics=req.statistics, where=c.where())
+                augment=req.augment, statistics=req.statistics, where=c.where(req.stream))
         except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
             req.error = e
         self.counters["fallback_requests"] += 1
