@@ -630,7 +630,8 @@ class OnAViewAtHalfRateFromItsOwnStream(FedAvg):
     def local_training(self, weights, msg, state, client):
         d = client.data
         half = ClientData(d.x, d.y, d.train_idx[: (len(d.train_idx) + 1) // 2], d.mean, d.std)
-        return client.train(weights, data=half, settings=replace(client.settings, lr=client.settings.lr / 2),
+        terms = [*self.data_terms(msg, state, client), *self.local_terms(msg, state, client)]
+        return client.train(weights, terms, data=half, settings=replace(client.settings, lr=client.settings.lr / 2),
                             stream="side")
 
 
@@ -641,6 +642,27 @@ def test_a_training_on_another_view_from_another_stream_is_vmapped_like_the_refe
     ref, vec = run_both(cfg, bn=True, algorithm=OnAViewAtHalfRateFromItsOwnStream())
     assert vec.transport.counters["fallback_requests"] == 0 and vec.transport.counters["vectorized_requests"] > 0
     assert_engines_agree(ref, vec, TIGHT, True)
+
+
+class OnAViewWithAnUndeclaredTerm(OnAViewAtHalfRateFromItsOwnStream):
+    name = "on_a_view_undeclared"
+
+    def local_terms(self, msg, state, client):
+        return [*super().local_terms(msg, state, client), Undeclared()]
+
+
+def test_a_training_on_another_view_from_another_stream_falls_back_exactly(small_config):
+    """On the reference path too (a term not declared vectorizable) the engine trains the
+    request's view, settings and stream: bit for bit the reference engine's result."""
+    cfg = make_config(small_config, partition=UNEQUAL)
+    algo = OnAViewWithAnUndeclaredTerm()
+    ref, vec = build(cfg, "reference", algorithm=algo), build(cfg, "vectorized", algorithm=algo)
+    for rnd in range(2):
+        ref.run_round(rnd)
+        vec.run_round(rnd)
+    assert vec.transport.counters["vectorized_requests"] == 0 and vec.transport.counters["fallback_requests"] > 0
+    for k, v in ref.server_state["model"].items():
+        assert torch.equal(v, vec.server_state["model"][k]), k
 
 
 def test_non_finite_loss_raises_like_reference(small_config):

@@ -119,7 +119,7 @@ class SimClient:
               data: ClientData | None = None, settings: TrainSettings | None = None,
               stream: str = "batches") -> LocalResult:
         terms = terms if terms is not None else [CrossEntropy()]
-        check_terms_take_mixup(terms, augment, f"({self.where()})")
+        check_terms_take_mixup(terms, augment, f"({self.where(stream)})")
         self.trained_with_mixup |= isinstance(augment, Mixup)
         s = settings if settings is not None else self.settings
         if epochs is not None:

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from fedhet.engine.host import Job, JobResult
+from fedhet.engine.host import Job, JobResult, SimClient
 from fedhet.engine.loop import Transport
 from fedhet.engine.vectorized.baton import ClientTask, TrainRequest, VecClient
 from fedhet.engine.vectorized.graphs import (
@@ -32,7 +32,7 @@ from fedhet.engine.vectorized.schedule import ClientBatch, Schedule, plan
 from fedhet.engine.vectorized.step import Pool, vmapped_step
 from fedhet.training.augment import Augmentation
 from fedhet.training.dropout import draw_masks
-from fedhet.training.local import epoch_batches, train_local
+from fedhet.training.local import epoch_batches
 from fedhet.training.precision import strict_fp32
 
 
@@ -155,12 +155,11 @@ class Vectorized(Transport):
                     self._train_reference(req, reason)
 
     def _train_reference(self, req: TrainRequest, reason: str) -> None:
-        c = req.client
-        try:
-            req.result = train_local(
-                c.model, req.weights, req.data, req.terms, req.settings, lambda e: c.generator(req.stream, e),
-                start_epoch=req.start_epoch, trainable=req.trainable, optimizer_state=req.optimizer_state,
-                augment=req.augment, statistics=req.statistics, where=c.where(req.stream))
+        try:      # the in-process client's own training (VecClient.fit is what posted the request)
+            req.result = SimClient.fit(req.client, req.weights, req.terms, req.settings, data=req.data,
+                                       stream=req.stream, start_epoch=req.start_epoch, trainable=req.trainable,
+                                       optimizer_state=req.optimizer_state, augment=req.augment,
+                                       statistics=req.statistics)
         except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
             req.error = e
         self.counters["fallback_requests"] += 1
