@@ -7,6 +7,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,15 @@ def ctx(clients, num_classes: int = 10, rnd: int = 0, num_clients: int | None = 
         sizes = {c: sizes or 100 for c in range(n)}
     return RoundContext(round=rnd, clients=list(clients), num_clients=n, num_classes=num_classes,
                         client_sizes=sizes, rng=np.random.default_rng(0), evaluating=evaluating)
+
+
+def train_call_view(client, epochs=None, data=None, settings=None):
+    """``(data, settings)`` a fake ClientRuntime's ``train`` trains with: another data view and other
+    settings where the call gives them (ClientRuntime.train's options), ``epochs`` over either."""
+    s = settings if settings is not None else client.settings
+    if epochs is not None:
+        s = replace(s, epochs=epochs)
+    return (data if data is not None else client.data), s
 
 
 def runtime(loop: RoundLoop, cid: int, rnd: int = 0):

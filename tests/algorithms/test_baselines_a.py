@@ -3,12 +3,12 @@
 import copy
 import math
 import re
-from dataclasses import replace
 
 import numpy as np
 import pydantic
 import pytest
 import torch
+from helpers import train_call_view
 from torch import nn
 
 from fedhet.algorithms import algorithm_class, register
@@ -98,10 +98,8 @@ class Runtime:
         terms = list(terms or [CrossEntropy()])
         if self.data_loss is not None:
             terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]
-        s = settings if settings is not None else self.settings
-        if epochs is not None:
-            s = replace(s, epochs=epochs)
-        return train_local(self.model, weights, data if data is not None else self.data, terms, s,
+        data, s = train_call_view(self, epochs, data, settings)
+        return train_local(self.model, weights, data, terms, s,
                            lambda e: torch_generator(0, "b" if stream == "batches" else stream, self.cid, e), **kw)
 
     def generator(self, *purpose):

@@ -7,6 +7,7 @@ import numpy as np
 import pydantic
 import pytest
 import torch
+from helpers import train_call_view
 from torch import nn
 
 from fedhet.algorithms import algorithm_class
@@ -87,9 +88,8 @@ class Runtime:
         terms = list(terms or [CrossEntropy()])
         if self.data_loss is not None:
             terms = [self.data_loss if isinstance(t, CrossEntropy) else t for t in terms]
-        s = settings if settings is not None else self.settings
-        s = s if epochs is None else TrainSettings(**{**s.__dict__, "epochs": epochs})
-        result = train_local(self.model, weights, data if data is not None else self.data, terms, s,
+        data, s = train_call_view(self, epochs, data, settings)
+        result = train_local(self.model, weights, data, terms, s,
                              lambda e: self.generator(stream, e), **kw)
         self.account(result)
         return result

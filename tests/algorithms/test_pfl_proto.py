@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import train_call_view
 from torch import nn
 
 from fedhet.algorithms.fedpac import (
@@ -84,12 +85,11 @@ class Runtime:
     def train(self, weights, terms=None, *, epochs=None, start_epoch=0, trainable=None, optimizer_state=None, augment=None,
               statistics=None, carry_optimizer_state=True, data=None, settings=None, stream="batches"):
         # ClientRuntime.train's options; no optimizer state is carried across rounds here
-        base = settings if settings is not None else self.settings
-        s = TrainSettings(**{**base.__dict__, "epochs": base.epochs if epochs is None else epochs})
+        data, s = train_call_view(self, epochs, data, settings)
         names = [n for n, _ in self.model.named_parameters()]
         self.calls.append({"epochs": s.epochs, "start": start_epoch, "terms": list(terms or []), "start_weights": weights,
                            "trainable": [n for n in names if trainable is None or trainable(n)]})
-        return train_local(self.model, weights, data if data is not None else self.data, list(terms or [CrossEntropy()]),
+        return train_local(self.model, weights, data, list(terms or [CrossEntropy()]),
                            s, lambda e: torch_generator(0, "b" if stream == "batches" else stream, self.cid, e),
                            start_epoch=start_epoch, trainable=trainable, optimizer_state=optimizer_state,
                            augment=augment, statistics=statistics)

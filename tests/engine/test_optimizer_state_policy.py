@@ -4,12 +4,16 @@ client host (fedhet.engine.host): reset, keep, or each method's own default (aut
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 from helpers import build_loop, config
 
+from fedhet.core.contract import ClientData
 from fedhet.engine.host import OPTIMIZER_STATE, Job, Tally
+from fedhet.training.local import train_local
+from fedhet.training.objective import CrossEntropy
 
 
 def _loop(small_config, algorithm, policy, params=None, **train):
@@ -120,12 +124,6 @@ def test_a_training_on_other_data_uses_its_own_settings_stream_and_optimizer(sma
     """``client.train(data=, settings=, stream=, carry_optimizer_state=False)`` (KT-pFL's distillation):
     the same arithmetic as train_local on that view with those settings and that stream, from a
     fresh optimizer, leaving the kept momentum as it was; the round's tally counts it."""
-    from dataclasses import replace
-
-    from fedhet.core.contract import ClientData
-    from fedhet.training.local import train_local
-    from fedhet.training.objective import CrossEntropy
-
     loop = _loop(small_config, "fedavg", "keep")
     loop.run_round(0)
     cid = next(c for c, s in loop.client_states.items() if s and OPTIMIZER_STATE in s)
