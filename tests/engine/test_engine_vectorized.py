@@ -606,21 +606,6 @@ class WithUndeclaredTerm(FedAvg):
         return [*super().local_terms(msg, state, client), Undeclared()]
 
 
-def test_term_not_declared_vectorizable_falls_back_exactly(small_config):
-    """The engine knows no method by name: a term without ``vectorizable = True`` trains on the
-    reference path, bit for bit (FedCME's alignment term is vectorizable since it became pure:
-    tests/test_statistics_channel.py)."""
-    cfg = make_config(small_config, partition=UNEQUAL, epochs=2)
-    algo = WithUndeclaredTerm()
-    ref, vec = build(cfg, "reference", algorithm=algo), build(cfg, "vectorized", algorithm=algo)
-    for rnd in range(2):
-        ref.run_round(rnd)
-        vec.run_round(rnd)
-    assert vec.transport.counters["vectorized_requests"] == 0 and vec.transport.counters["fallback_requests"] > 0
-    for k, v in ref.server_state["model"].items():
-        assert torch.equal(v, vec.server_state["model"][k])
-
-
 class OnAViewAtHalfRateFromItsOwnStream(FedAvg):
     """Trains on half of each client's data at half the rate, from a random stream of its own:
     what ``client.train(data=, settings=, stream=)`` offers a method (KT-pFL's distillation)."""
@@ -651,11 +636,14 @@ class OnAViewWithAnUndeclaredTerm(OnAViewAtHalfRateFromItsOwnStream):
         return [*super().local_terms(msg, state, client), Undeclared()]
 
 
-def test_a_training_on_another_view_from_another_stream_falls_back_exactly(small_config):
-    """On the reference path too (a term not declared vectorizable) the engine trains the
-    request's view, settings and stream: bit for bit the reference engine's result."""
-    cfg = make_config(small_config, partition=UNEQUAL)
-    algo = OnAViewWithAnUndeclaredTerm()
+@pytest.mark.parametrize("algorithm,epochs", [(WithUndeclaredTerm, 2), (OnAViewWithAnUndeclaredTerm, 1)],
+                         ids=["own-data", "another-view-and-stream"])
+def test_term_not_declared_vectorizable_falls_back_exactly(small_config, algorithm, epochs):
+    """The engine knows no method by name: a term without ``vectorizable = True`` trains on the
+    reference path, bit for bit (FedCME's alignment term is vectorizable since it became pure:
+    tests/test_statistics_channel.py), on the request's view, settings and stream."""
+    cfg = make_config(small_config, partition=UNEQUAL, epochs=epochs)
+    algo = algorithm()
     ref, vec = build(cfg, "reference", algorithm=algo), build(cfg, "vectorized", algorithm=algo)
     for rnd in range(2):
         ref.run_round(rnd)
