@@ -3,6 +3,13 @@
 Each builder takes ``(in_channels, num_classes, image_size, split)``. The flatten size is
 computed from ``image_size``, so a model written for 32x32 also runs on 28x28; an image too
 small to survive the convs and pools raises ``ValueError`` naming the smallest valid size.
+
+Where a paper's model has conv -> ReLU -> max-pool, the builders max-pool first and apply ReLU
+to the pooled map. The two orders compute the same values and the same gradients (ReLU is
+monotone, so the max of the rectified window is the rectified max, taken at the same element;
+where the max is not positive both pass no gradient), and ReLU then runs on a quarter of
+the map: a cnn2 training step is about a fifth faster on one CPU thread
+(``benchmarks/pool_order.py``).
 """
 
 from __future__ import annotations
@@ -37,10 +44,10 @@ def cnn2(in_channels: int, num_classes: int, image_size: int, split: str) -> Spl
     _require_min_size("cnn2", image_size, 16)
     side = _two_conv_side(image_size)
     stages = [
-        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2))),
+        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 32, 5), nn.MaxPool2d(2), nn.ReLU())),
         (
             "conv2",
-            nn.Sequential(nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()),
+            nn.Sequential(nn.Conv2d(32, 64, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten()),
         ),
         ("fc1", nn.Sequential(nn.Linear(64 * side * side, 512), nn.ReLU())),
         ("fc2", nn.Linear(512, num_classes)),
@@ -58,10 +65,10 @@ def simple_cnn(in_channels: int, num_classes: int, image_size: int, split: str) 
     _require_min_size("simple_cnn", image_size, 16)
     side = _two_conv_side(image_size)
     stages = [
-        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 64, 5), nn.ReLU(), nn.MaxPool2d(2))),
+        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 64, 5), nn.MaxPool2d(2), nn.ReLU())),
         (
             "conv2",
-            nn.Sequential(nn.Conv2d(64, 64, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()),
+            nn.Sequential(nn.Conv2d(64, 64, 5), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten()),
         ),
         ("fc1", nn.Sequential(nn.Linear(64 * side * side, 384), nn.ReLU())),
         ("fc2", nn.Sequential(nn.Linear(384, 192), nn.ReLU())),
@@ -84,16 +91,16 @@ def alexnet_cifar(in_channels: int, num_classes: int, image_size: int, split: st
         (
             "conv1",
             nn.Sequential(
-                nn.Conv2d(in_channels, 64, 3, stride=2, padding=1), nn.ReLU(), nn.MaxPool2d(2)
+                nn.Conv2d(in_channels, 64, 3, stride=2, padding=1), nn.MaxPool2d(2), nn.ReLU()
             ),
         ),
-        ("conv2", nn.Sequential(nn.Conv2d(64, 192, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))),
+        ("conv2", nn.Sequential(nn.Conv2d(64, 192, 3, padding=1), nn.MaxPool2d(2), nn.ReLU())),
         ("conv3", nn.Sequential(nn.Conv2d(192, 384, 3, padding=1), nn.ReLU())),
         ("conv4", nn.Sequential(nn.Conv2d(384, 256, 3, padding=1), nn.ReLU())),
         (
             "conv5",
             nn.Sequential(
-                nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten()
+                nn.Conv2d(256, 256, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(), nn.Flatten()
             ),
         ),
         ("fc1", nn.Sequential(nn.Linear(256 * side * side, 4096), nn.ReLU())),
@@ -154,7 +161,7 @@ def pfl_cnn(in_channels: int, num_classes: int, image_size: int, split: str) -> 
     side = (image_size - 4) // 2
     stages = [
         ("conv1", nn.Sequential(nn.Conv2d(in_channels, 32, 3), nn.ReLU())),
-        ("conv2", nn.Sequential(nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2), StreamDropout(0.25), nn.Flatten())),
+        ("conv2", nn.Sequential(nn.Conv2d(32, 64, 3), nn.MaxPool2d(2), nn.ReLU(), StreamDropout(0.25), nn.Flatten())),
         ("fc1", nn.Sequential(nn.Linear(64 * side * side, 128), nn.ReLU())),
         ("fc2", nn.Sequential(StreamDropout(0.5), nn.Linear(128, num_classes))),
     ]
