@@ -15,6 +15,7 @@ from fedhet.models import (
     default_split,
     param_groups,
 )
+from fedhet.models.base import relu_before_pool
 
 SMALL_MODELS = ("cnn2", "simple_cnn", "alexnet_cifar", "alexnet_fedrema", "pfl_cnn")
 RESNETS = ("resnet18", "resnet34", "resnet50")
@@ -271,3 +272,25 @@ def test_vmap_over_stacked_cnn2_params_matches_loop() -> None:
         for i, m in enumerate(models):
             assert torch.allclose(shared[i], m(x), atol=1e-6)
             assert torch.allclose(per_model[i], m(xs[i]), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("name", "pairs"),
+    [("cnn2", 2), ("simple_cnn", 2), ("alexnet_cifar", 3), ("pfl_cnn", 1), ("fca_tiny_a", 1),
+     ("fca_cnn_a", 2), ("fca_cnn_c", 2), ("fca_alexnet", 1)],
+)
+def test_pooling_before_relu_gives_the_papers_values_and_gradients(name: str, pairs: int) -> None:
+    """The builders max-pool before ReLU; the papers' models apply ReLU first. Same logits and
+    same gradients, bit for bit, on inputs where whole windows are negative (their gradient is
+    zero in both orders) and where a window's maximum is tied."""
+    model = build_model(name, 1, 10, 28).eval()
+    paper, swapped = relu_before_pool(model)
+    assert swapped == pairs
+    x = torch.randn(8, 1, 28, 28) - 0.5
+    x[:4, :, :14] = 1.0  # flat regions: tied maxima in every window they cover
+    for m in (model, paper):
+        m.zero_grad()
+        nn.functional.cross_entropy(m(x), torch.arange(8) % 10).backward()
+    assert torch.equal(model(x), paper(x))
+    for (n, p), q in zip(model.named_parameters(), paper.parameters()):
+        assert p.grad is not None and torch.equal(p.grad, q.grad), n

@@ -9,6 +9,7 @@ personal part of a state dict is a prefix test.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -129,3 +130,24 @@ def count_params(model: nn.Module, part: str | None = None) -> int:
     if part not in _PARTS:
         raise ValueError(f"unknown part {part!r}; valid parts: {', '.join(_PARTS)}")
     return sum(p.numel() for p in getattr(model, part).parameters())
+
+
+def relu_before_pool(model: nn.Module) -> tuple[nn.Module, int]:
+    """A copy of ``model`` with each max-pool that a ReLU follows in a Sequential put after it,
+    and the number of pairs swapped.
+
+    fedhet's builders pool first (``fedhet.models.cnn`` says why); the copy is the layer order
+    the papers write, the same function, for checks and timings against it."""
+    paper = copy.deepcopy(model)
+    swapped = 0
+    for module in paper.modules():
+        if not isinstance(module, nn.Sequential):
+            continue
+        names = [name for name, _ in module.named_children()]
+        for first, second in zip(names, names[1:]):
+            pool, relu = getattr(module, first), getattr(module, second)
+            if isinstance(pool, nn.MaxPool2d) and isinstance(relu, nn.ReLU):
+                setattr(module, first, relu)
+                setattr(module, second, pool)
+                swapped += 1
+    return paper, swapped

@@ -7,9 +7,8 @@ small to survive the convs and pools raises ``ValueError`` naming the smallest v
 Where a paper's model has conv -> ReLU -> max-pool, the builders max-pool first and apply ReLU
 to the pooled map. The two orders compute the same values and the same gradients (ReLU is
 monotone, so the max of the rectified window is the rectified max, taken at the same element;
-where the max is not positive both pass no gradient), and ReLU then runs on a quarter of
-the map: a cnn2 training step is about a fifth faster on one CPU thread
-(``benchmarks/pool_order.py``).
+where the max is not positive both pass no gradient), and ReLU then runs on the pooled map, a
+quarter of the map under a 2x2 pool (``benchmarks/pool_order.py`` measures the gain in training).
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ def fca_tiny_a(in_channels: int, num_classes: int, image_size: int, split: str,
     """
     require_min_size("fca_tiny_a", image_size, 4)
     stages: list[tuple[str, nn.Module]] = [
-        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(4))),
+        # pooled before the ReLU, the same function on a sixteenth of the map (fedhet.models.cnn says why)
+        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 16, 5, padding=2), nn.MaxPool2d(4), nn.ReLU())),
         ("pool", nn.Sequential(nn.AdaptiveAvgPool2d(7), nn.Flatten())),
     ]
     return finish(stages, 16 * 7 * 7, num_classes, in_channels, image_size, split, relu_features)
