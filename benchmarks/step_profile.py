@@ -29,8 +29,9 @@ ratio of median times over ``--repeats`` repeats (the min-max of its per-repeat 
 
 * ``channels_last_pool``: max-pooling on a channels_last copy of its input, returned in the default
   layout (same maxima, same tie-breaking, so the same gradients);
-* ``pool_then_relu``: ReLU after the max-pool instead of before (max commutes with ReLU; a
-  window's gradient reaches the same input either way);
+* ``relu_then_pool``: the papers' order, ReLU before the max-pool (``relu_before_pool``); fedhet's
+  builders pool first (max commutes with ReLU; a window's gradient reaches the same input either
+  way), so a ratio below 1 is what pooling first gains;
 * ``foreach_sgd``: the SGD update as ``torch._foreach_*`` calls over all parameters at once (on the
   CPU the same per-tensor kernels, less Python).
 """
@@ -55,6 +56,7 @@ from fedhet.core.seeding import torch_generator
 from fedhet.data.datasets import load_dataset
 from fedhet.experiment.summary import machine_info
 from fedhet.models import build_model
+from fedhet.models.base import relu_before_pool
 from fedhet.training.inference import channels_last
 from fedhet.training.local import epoch_batches, train_local, trains_in_channels_last
 from fedhet.training.objective import CrossEntropy, accumulate_statistics, total_loss
@@ -163,22 +165,23 @@ class _ChannelsLastMaxPool2d(torch.nn.MaxPool2d):
         return y.contiguous()
 
 
-def _variant_model(arch: str, pool: bool = False, reorder: bool = False) -> torch.nn.Module:
+def _variant_model(arch: str, pool: bool = False, papers_order: bool = False) -> torch.nn.Module:
     torch.manual_seed(0)
     model = build_model(arch, in_channels=1, num_classes=10, image_size=28)
     rewritten = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Sequential) and len(module) >= 3 \
-                and isinstance(module[1], torch.nn.ReLU) and isinstance(module[2], torch.nn.MaxPool2d):
-            if pool:
-                p = module[2]
-                module[2] = _ChannelsLastMaxPool2d(p.kernel_size, p.stride, p.padding, p.dilation,
-                                                   ceil_mode=p.ceil_mode)
-            if reorder:
-                module[1], module[2] = module[2], module[1]
-            rewritten += 1
-    if (pool or reorder) and not rewritten:     # the variant would time the current step under its name
-        raise SystemExit(f"step_profile.py: {arch} has no (conv, ReLU, max-pool) block for the pooling variants; "
+    if papers_order:
+        model, rewritten = relu_before_pool(model)
+    if pool:
+        for module in model.modules():
+            if not isinstance(module, torch.nn.Sequential):
+                continue
+            for name, p in list(module.named_children()):
+                if type(p) is torch.nn.MaxPool2d:
+                    setattr(module, name, _ChannelsLastMaxPool2d(p.kernel_size, p.stride, p.padding, p.dilation,
+                                                                 ceil_mode=p.ceil_mode))
+                    rewritten += 1
+    if (pool or papers_order) and not rewritten:     # the variant would time the current step under its name
+        raise SystemExit(f"step_profile.py: {arch} has no (conv, max-pool, ReLU) block for the pooling variants; "
                          "run --variants with a model that has one (cnn2, simple_cnn)")
     return model
 
@@ -224,7 +227,7 @@ def _variants(batch: int, threads: int, repeats: int, samples: int, arch: str, m
     gen = lambda e: torch_generator(0, "step_variants", e)  # noqa: E731
     cases = {"current": (_variant_model(arch), False),
              "channels_last_pool": (_variant_model(arch, pool=True), False),
-             "pool_then_relu": (_variant_model(arch, reorder=True), False),
+             "relu_then_pool": (_variant_model(arch, papers_order=True), False),
              "foreach_sgd": (_variant_model(arch), True)}
     weights = {k: v.detach().clone() for k, v in cases["current"][0].state_dict().items()}
 

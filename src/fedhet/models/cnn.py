@@ -4,11 +4,12 @@ Each builder takes ``(in_channels, num_classes, image_size, split)``. The flatte
 computed from ``image_size``, so a model written for 32x32 also runs on 28x28; an image too
 small to survive the convs and pools raises ``ValueError`` naming the smallest valid size.
 
-Where a paper's model has conv -> ReLU -> max-pool, the builders max-pool first and apply ReLU
-to the pooled map. The two orders compute the same values and the same gradients (ReLU is
-monotone, so the max of the rectified window is the rectified max, taken at the same element;
-where the max is not positive both pass no gradient), and ReLU then runs on the pooled map, a
-quarter of the map under a 2x2 pool (``benchmarks/pool_order.py`` measures the gain in training).
+The docstrings below give each paper's layer order. Where it has conv -> ReLU -> max-pool, the
+builders max-pool first and apply ReLU to the pooled map. The two orders compute the same values
+and the same gradients (ReLU is monotone, so the max of the rectified window is the rectified max,
+taken at the same element; where the max is not positive both pass no gradient), and ReLU then
+runs on a quarter of the map under a 2x2 pool
+(``benchmarks/results/step_profile_pool_relu_intel.md`` measures the gain).
 """
 
 from __future__ import annotations
