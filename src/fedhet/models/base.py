@@ -136,7 +136,7 @@ def relu_before_pool(model: nn.Module) -> tuple[nn.Module, int]:
     """A copy of ``model`` with each max-pool that a ReLU follows in a Sequential put after it,
     and the number of pairs swapped.
 
-    fedhet's builders pool first (``fedhet.models.cnn`` says why); the copy has the order most
+    cnn2 and simple_cnn pool first (``fedhet.models.cnn`` says why); the copy has the order most
     papers write (not FedReMa's AlexNet, whose authors pool first too), the same function, for
     checks and timings against it."""
     paper = copy.deepcopy(model)

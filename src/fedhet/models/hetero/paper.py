@@ -319,11 +319,11 @@ def fca_alexnet(
     # below 3 the map entering the 3x3 adaptive pool is smaller than 3x3 and cells get repeated
     require_min_size("fca_alexnet", image_size, 3)
     stages: list[tuple[str, nn.Module]] = [
-        (  # conv2 pools before its ReLU (fedhet.models.cnn says why); conv1's pool enlarges the map, so not there
+        (
             "conv1",
             nn.Sequential(nn.Conv2d(in_channels, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, stride=1, padding=1)),
         ),
-        ("conv2", nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.MaxPool2d(2, padding=1), nn.ReLU())),
+        ("conv2", nn.Sequential(nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, padding=1))),
         ("conv3", nn.Sequential(nn.Conv2d(128, 256, 3, padding=1), nn.ReLU())),
         ("pool", nn.Sequential(nn.AdaptiveAvgPool2d(3), nn.Flatten())),
         ("fc", nn.Sequential(dropout_layer(dropout), nn.Linear(256 * 3 * 3, 512), nn.ReLU())),

@@ -93,9 +93,7 @@ def conv_norm_relu(
 
 
 def conv_relu(cin: int, cout: int, kernel: int, pool: bool) -> nn.Sequential:
-    """Conv, ReLU and, with ``pool``, a 2x2 max-pool, pooled before the ReLU: the same values and
-    gradients as ReLU then pool, on a quarter of the map (``fedhet.models.cnn`` says why)."""
-    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, padding=kernel // 2)]
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, kernel, padding=kernel // 2), nn.ReLU()]
     if pool:
         layers.append(nn.MaxPool2d(2))
-    return nn.Sequential(*layers, nn.ReLU())
+    return nn.Sequential(*layers)

@@ -1,6 +1,5 @@
 """Four small CNNs (80k to 340k parameters) with FedClassAvg's 512-d ``fcin`` and shared head: for
-fast heterogeneous runs (the ``fca_cnn`` federation). "+ReLU+pool2" below is computed as max-pool, then
-ReLU: the same function (``fedhet.models.cnn`` says why)."""
+fast heterogeneous runs (the ``fca_cnn`` federation)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Four tiny CNNs, each cheaper than cnn2 per sample (4.3M multiply-adds at 28x28), with FedClassAvg's
 512-d ``fcin`` and shared head, so that a federation of 20 clients (``fca_tiny``) runs 100 rounds on
 one CPU core in about an hour: one shallow and wide, one deep and narrow, one with BatchNorm, one
-mixing 5x5 and 3x3 kernels. "+ReLU+pool" below is computed as max-pool, then ReLU, except after
-BatchNorm: the same function (``fedhet.models.cnn`` says why)."""
+mixing 5x5 and 3x3 kernels."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ def fca_tiny_a(in_channels: int, num_classes: int, image_size: int, split: str,
     """
     require_min_size("fca_tiny_a", image_size, 4)
     stages: list[tuple[str, nn.Module]] = [
-        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 16, 5, padding=2), nn.MaxPool2d(4), nn.ReLU())),
+        ("conv1", nn.Sequential(nn.Conv2d(in_channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(4))),
         ("pool", nn.Sequential(nn.AdaptiveAvgPool2d(7), nn.Flatten())),
     ]
     return finish(stages, 16 * 7 * 7, num_classes, in_channels, image_size, split, relu_features)
