@@ -16,10 +16,11 @@ off FedProx's ``local_terms`` unless it calls ``local_terms`` itself). Whether a
 there); a hook whose source cannot be read counts as replacing. A hook that calls ``super()`` on
 some way through it counts as chaining: the built-in hooks that return without it on another way
 do so for a case of their own, where no other component has a part (FedFM's anchor messages,
-FedBABU's fine-tuning messages and fine-tuned models, Per-FedAvg's adapted models). Requiring the call on every way through would refuse pairs of built-in methods
-that run every part, such as ``fedfm+fednova`` and ``fedfm+scaffold``, where the only way without it
-answers FedFM's anchor message. A method of one's own that skips ``super()`` on a way where another
-component has a part is not caught: call ``super()`` there.
+FedBABU's fine-tuning messages and fine-tuned models, Per-FedAvg's adapted models). Requiring the
+call on every way through would refuse pairs of built-in methods that run every part, such as
+``fedfm+fednova`` and ``fedfm+scaffold``, where the only way without it answers FedFM's anchor
+message. A method of one's own that skips ``super()`` on a way where another component has a part
+is not caught: call ``super()`` there.
 """
 
 from __future__ import annotations

@@ -73,8 +73,7 @@ class Vectorized(Transport):
         self.eager_reasons: dict[str, int] = {}
         # id(host tensor) -> (that tensor, pinned so that its id stays its own; its device copy)
         self._device_copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._warned: set = set()
-        self._named_reasons: set[str] = set()         # fallback reasons already named in a warning
+        self._warned: set = set()     # failed group keys and fallback reasons already named in a warning
         self.keep_graphs = keep_graphs
         self._kept = KeptGroups()
         self.on_schedule = on_schedule
@@ -126,6 +125,7 @@ class Vectorized(Transport):
         for req in requests:
             key = group_key(req)
             if isinstance(key, str):
+                self._name_reason_once(key)
                 self._train_reference(req, key)
             else:
                 groups.setdefault(key, []).append(req)
@@ -164,16 +164,19 @@ class Vectorized(Transport):
             req.error = e
         self.counters["fallback_requests"] += 1
         self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
-        # Named once per reason while the run goes on, not only in summary.json (a vmap error is
-        # named where it happens; a call with no step costs nothing).
-        if reason not in self._named_reasons and reason != "zero steps" and not reason.startswith("vmap error"):
-            self._named_reasons.add(reason)
-            why = {"augmentation": "an augment callable that is not an Augmentation"}.get(reason, reason)
-            if reason.startswith("loss term "):
-                why += " (not declared vectorizable)"
-            warnings.warn(f"vectorized engine: training calls with {why} run on the reference path, one client at "
-                          "a time; each is counted in summary.json (engine.fallback_reasons)", RuntimeWarning,
-                          stacklevel=2)
+
+    def _name_reason_once(self, reason: str) -> None:
+        """Name a reason a request cannot be vmapped in a warning when it first occurs, not only in
+        summary.json (a call with no step costs nothing)."""
+        if reason == "zero steps" or reason in self._warned:
+            return
+        self._warned.add(reason)
+        why = {"augmentation": "an augment callable that is not an Augmentation"}.get(reason, reason)
+        if reason.startswith("loss term "):
+            why += " (not declared vectorizable)"
+        warnings.warn(f"vectorized engine: training calls with {why} run on the reference path, one client at "
+                      "a time; each is counted in summary.json (engine.fallback_reasons)", RuntimeWarning,
+                      stacklevel=2)
 
     # --- the vectorized training loop ---------------------------------------------------
     def _pool(self, data) -> Pool:
