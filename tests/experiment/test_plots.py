@@ -44,3 +44,10 @@ def test_a_plot_that_cannot_be_written_says_where_and_one_that_can_is_written(tm
     series = {"fedavg": [[(1, 0.5), (2, 0.6)], [(1, 0.4), (2, 0.7)]]}
     plot_compare(series, "global_acc", tmp_path / "compare.png")
     assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_run_without_accuracies_is_plotted_without_a_legend_warning(tmp_path, recwarn):
+    # a method without a global model, evaluated without its personal models: nothing to draw
+    plot_run([{"round": 1, "train_loss": 0.5}, {"round": 2, "train_loss": 0.4}], tmp_path / "run.png", "a run")
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [str(w.message) for w in recwarn.list if "legend" in str(w.message)]

@@ -55,7 +55,10 @@ def plot_run(rows: list[dict], path: Path, title: str) -> None:
     ax.set_ylabel("accuracy (%)")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    else:       # e.g. a method without a global model, run with eval.personalized=false
+        ax.text(0.5, 0.5, "no accuracy was evaluated", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     save(fig, path)
 
