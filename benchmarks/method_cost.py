@@ -10,7 +10,10 @@ epochs, batch size, loss terms and statistics passes), on one intra-op thread in
 machine's speed falls on the tags alike (evenly when ``--repeats`` is a multiple of the number of tags).
 The tags must share their first seed: in one federation (the same clients, partition and
 participation) that seed draws the same clients for every tag, which the script checks by their
-sample-steps (a line says where they differ). ``--set-for TAG KEY=VALUE`` overrides one tag only: to
+sample-steps (a line says where they differ). ``--round N`` measures the last of N rounds instead of round 1:
+round 1 holds one-off work of some methods (FedClassAvg pre-trains a client for an epoch at its first
+participation, so its round 1 trains twice the sample-steps of a later round); with ``--clients`` as many as the
+federation has, round 2 is the steady round every later one repeats. ``--set-for TAG KEY=VALUE`` overrides one tag only: to
 time FedFM's matching rounds rather than its FedAvg warm-up, ``--set-for fedfm_lam5 algorithm.params.start_round=0``
 (FedAvg has no such parameter). Its figures: the training speed,
 the round's sample-steps over its training seconds (statistics passes included, evaluation not), as a
@@ -48,22 +51,22 @@ RESULTS = Path(__file__).resolve().parent / "results"
 FIXED_KEYS = ("train.rounds", "train.clients_per_round", "run.threads", "run.engine")
 
 
-def one_round(job: Job, clients: int, extra_set: list[str], workdir: Path) -> dict:
-    """Round 1 of ``job`` with ``clients`` clients on one thread: its sample-steps, training and
-    aggregation seconds and client phases (evaluation, not measured, kept small)."""
-    overrides = [*job.overrides, *extra_set, "train.rounds=1", f"train.clients_per_round={clients}", "run.threads=1",
+def one_round(job: Job, clients: int, extra_set: list[str], workdir: Path, measured_round: int = 1) -> dict:
+    """Round ``measured_round`` (the run's last) of ``job`` with ``clients`` clients on one thread: its
+    sample-steps, training and aggregation seconds and client phases (evaluation, not measured, kept small)."""
+    overrides = [*job.overrides, *extra_set, f"train.rounds={measured_round}", f"train.clients_per_round={clients}", "run.threads=1",
                  "run.engine=reference", "run.progress=false", "eval.local_risk=false", "eval.personalized=false"]
     with tempfile.TemporaryDirectory(dir=workdir) as out, contextlib.redirect_stdout(io.StringIO()):
-        row = fedhet.run(str(job.config), overrides, out=Path(out) / "run").rows[0]
+        row = fedhet.run(str(job.config), overrides, out=Path(out) / "run").rows[-1]
     return {"samples": int(row["samples"]), "train": float(row["seconds"]["train"]),
             "aggregate": float(row["seconds"]["aggregate"]), "phases": int(row["phases"])}
 
 
 def measure(jobs: list[Job], clients: int, repeats: int, extra_set: list[str], workdir: Path,
-            set_for: dict[str, list[str]] | None = None) -> list[dict]:
+            set_for: dict[str, list[str]] | None = None, measured_round: int = 1) -> list[dict]:
     """One row a tag: its round's sample-steps, phases and median aggregation seconds, its speeds
     (one a repeat), their median, and its ratios to the first tag's speed of the same repeat.
-    ``set_for`` adds a tag's own overrides after ``extra_set``."""
+    ``set_for`` adds a tag's own overrides after ``extra_set``; ``measured_round``: the round timed."""
     set_for = set_for or {}
 
     def sets(job: Job) -> list[str]:
@@ -72,12 +75,12 @@ def measure(jobs: list[Job], clients: int, repeats: int, extra_set: list[str], w
     speeds: dict[str, list[float]] = {job.tag: [] for job in jobs}
     rounds: dict[str, list[dict]] = {job.tag: [] for job in jobs}
     for job in jobs:                                   # warm-up: dataset caches, first-call allocations
-        r = one_round(job, clients, sets(job), workdir)
+        r = one_round(job, clients, sets(job), workdir, measured_round)
         print(f"warm-up {job.tag}: {r['samples']} sample-steps in {r['train']:.1f} s", flush=True)
     for i in range(repeats):
         order = jobs[i % len(jobs):] + jobs[:i % len(jobs)]
         for job in order:
-            r = one_round(job, clients, sets(job), workdir)
+            r = one_round(job, clients, sets(job), workdir, measured_round)
             rounds[job.tag].append(r)
             speeds[job.tag].append(r["samples"] / r["train"])
             print(f"repeat {i + 1}/{repeats} {job.tag}: {r['samples']} sample-steps in {r['train']:.1f} s, "
@@ -106,12 +109,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="a config override for one tag of --only (repeatable), after --set")
     parser.add_argument("--clients", type=int, default=2, help="clients in the measured round (default 2)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--round", dest="measured_round", type=int, default=1, metavar="N",
+                        help="time the last of N rounds (default 1); round 1 holds one-off work of some methods "
+                             "(FedClassAvg's pre-training epoch), so --round 2 with all the federation's clients "
+                             "measures the round every later one repeats")
     parser.add_argument("--name", default=None, help="result file name (default: the sweep's name)")
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files (default benchmarks/results)")
     args = parser.parse_args(argv)
-    if args.clients < 1 or args.repeats < 1:
-        parser.error("--clients and --repeats must be at least 1")
+    if args.clients < 1 or args.repeats < 1 or args.measured_round < 1:
+        parser.error("--clients, --repeats and --round must be at least 1")
     given = [("--set", item) for item in args.extra_set] + [(f"--set-for {tag}", item) for tag, item in args.set_for]
     fixed = [f"{flag} {item}" for flag, item in given if item.split("=", 1)[0].strip() in FIXED_KEYS]
     if fixed:
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the tags' first seeds differ (" + ", ".join(f"{t}: {s}" for t, s in seeds.items())
                      + "), so their rounds would train other clients; measure tags that start with one seed")
     with tempfile.TemporaryDirectory() as workdir:
-        rows = measure(jobs, args.clients, args.repeats, args.extra_set, Path(workdir), set_for)
+        rows = measure(jobs, args.clients, args.repeats, args.extra_set, Path(workdir), set_for, args.measured_round)
     same_clients = len({r["sample_steps"] for r in rows}) == 1
     for r in rows:
         spread = f"{min(r['samples_per_s_all']):.0f}-{max(r['samples_per_s_all']):.0f}"
@@ -152,13 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"method_cost_{name}.json").write_text(json.dumps(
         {"machine": info, "sweep": args.sweep, "set": args.extra_set, "set_for": set_for, "clients": args.clients,
+         "round": args.measured_round,
          "repeats": args.repeats, "same_sample_steps": same_clients, "note": args.note, "rows": rows}, indent=1))
     command = shlex.join([".venv/bin/python", "benchmarks/method_cost.py", args.sweep, "--only", *args.only,
                           *(x for item in args.extra_set for x in ("--set", item)),
                           *(x for tag, item in args.set_for for x in ("--set-for", tag, item)), "--clients", str(args.clients),
-                          "--repeats", str(args.repeats), *(("--name", args.name) if args.name else ())])
+                          "--repeats", str(args.repeats), *(("--round", str(args.measured_round)) if args.measured_round > 1 else ()),
+                          *(("--name", args.name) if args.name else ())])
     lines = [f"# What a round of each method costs: {name}", "", "Command:", "", "```bash", command, "```", "",
-             f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}. Round 1 (the last, so "
+             f"Commit {info['commit']}, {cpu_name(info)}, torch {info['torch']}. Round {args.measured_round} (the last, so "
              f"evaluated) of each tag's seed {jobs[0].seed} with {args.clients} clients, one thread, reference "
              f"engine; medians of {args.repeats} rounds a tag, the order rotating, with the range. Speed = the "
              "round's sample-steps over its training seconds (statistics passes and the phases of an evaluated "

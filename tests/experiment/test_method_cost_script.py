@@ -1,12 +1,15 @@
 """benchmarks/method_cost.py: the medians and ratios it reports from hand-set round timings, the
-rotating order of the tags, what it refuses, and one real measurement on the synthetic data, whose
-rounds must train the sample-steps of a plain run's round of as many clients."""
+rotating order of the tags, what it refuses, and real measurements on the synthetic data, whose
+rounds must train the sample-steps of a plain run's round of as many clients, and with --round 2 a
+FedClassAvg round without its first participation's pre-training epoch."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
+import yaml
 from helpers import benchmark_script, write_sweep
 
 import fedhet
@@ -27,7 +30,7 @@ def test_medians_ratios_and_the_rotating_order_from_set_timings(script, sweep_fi
     seconds = {"fedavg": [9.0, 2.0, 4.0, 1.0], "fedprox": [9.0, 2.5, 10.0, 8.0]}
     calls: list[tuple[str, list[str]]] = []
 
-    def fake_round(job, clients, extra_set, workdir):
+    def fake_round(job, clients, extra_set, workdir, measured_round):
         calls.append((job.tag, extra_set))
         return {"samples": 400, "train": seconds[job.tag].pop(0), "aggregate": 0.25, "phases": 1}
 
@@ -59,7 +62,7 @@ def test_medians_ratios_and_the_rotating_order_from_set_timings(script, sweep_fi
 def test_set_for_reaches_only_its_tag_after_the_common_set(script, sweep_file, tmp_path, monkeypatch):
     calls: list[tuple[str, list[str]]] = []
 
-    def fake_round(job, clients, extra_set, workdir):
+    def fake_round(job, clients, extra_set, workdir, measured_round):
         calls.append((job.tag, extra_set))
         return {"samples": 400, "train": 1.0, "aggregate": 0.0, "phases": 1}
 
@@ -131,3 +134,33 @@ def test_a_real_round_trains_what_a_plain_round_of_as_many_clients_does(script, 
                                                        "run.progress=false"], out=tmp_path / "plain").rows[0]
     assert rows[0]["sample_steps"] == rows[1]["sample_steps"] == plain["samples"]
     assert (tmp_path / "res" / "method_cost_real.md").exists()
+
+
+def test_round_2_of_a_whole_federation_leaves_out_fedclassavgs_pretraining_epoch(script, small_config, tmp_path):
+    # FedClassAvg pre-trains a client for one epoch at its first participation: with all 6 clients in
+    # the round, round 1 trains two epochs of every client, round 2 one (the same batches, drop_last)
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]}
+    raw["algorithm"] = {"name": "fedclassavg"}
+    raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
+    (tmp_path / "fca.yaml").write_text(yaml.safe_dump(raw))
+    path = write_sweep(tmp_path, small_config, [(str(tmp_path / "fca.yaml"), {"tag": "fca"})])
+    steps = {}
+    for measured in (1, 2):
+        argv = [str(path), "--only", "fca", "--clients", "6", "--repeats", "1", "--out", str(tmp_path / "res"),
+                "--name", f"r{measured}", *(["--round", "2"] if measured == 2 else [])]
+        assert script.main(argv) == 0
+        record = json.loads((tmp_path / "res" / f"method_cost_r{measured}.json").read_text())
+        assert record["round"] == measured
+        steps[measured] = record["rows"][0]["sample_steps"]
+    assert steps[1] == 2 * steps[2] > 0
+    table = (tmp_path / "res" / "method_cost_r2.md").read_text()
+    assert "--round 2" in table and "Round 2 (the last, so evaluated)" in table
+
+
+def test_a_round_below_1_is_refused(script, sweep_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(script, "one_round", lambda *a: pytest.fail("measured round 0"))
+    with pytest.raises(SystemExit) as stop:
+        script.main([str(sweep_file), "--only", "fedavg", "--round", "0", "--out", str(tmp_path / "res")])
+    assert stop.value.code == 2
+    assert "--round must be at least 1" in capsys.readouterr().err
