@@ -116,6 +116,7 @@ def _cmd_sweep(args) -> int:
     try:
         outcome = run_sweep(sweep, retry_failed=args.retry_failed, only=args.only,
                             no_start_after=args.no_start_after, finish_by=args.finish_by,
+                            skip_unfinishable=args.skip_runs_that_cannot_finish,
                             log=lambda m: print(m, file=sys.stderr, flush=True))
     except KeyboardInterrupt:
         write_report(sweep)
@@ -241,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "run still going on is stopped (it records its summary and checkpoint; a later sweep "
                          "resumes it) and none starts. Stopped runs do not fail the sweep (exit status 0). The "
                          "progress lines say when each running run should end at its pace")
+    sw.add_argument("--skip-runs-that-cannot-finish", action="store_true",
+                    help="with --finish-by: start no run that would end after the limit, by the seconds a round of "
+                         "its tag's completed runs took on a machine like this one (same CPU, as many threads, "
+                         "on the CPU); the next run of the queue that fits starts instead, and a run without such "
+                         "a completed run starts. For compute windows whose stopped runs cannot be resumed later")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "

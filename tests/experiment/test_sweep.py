@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 
 import pytest
@@ -16,10 +17,13 @@ from fedhet.core.errors import CheckpointError, ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
+from fedhet.experiment.summary import cpu_fields, cpu_isa, cpu_model
 from fedhet.experiment.sweep import (
     config_mismatch,
+    expected_seconds,
     job_status,
     lane_threads,
+    like_runs,
     load_sweep,
     resumable_sets,
     rows_since,
@@ -308,6 +312,73 @@ def test_finish_by_stops_every_run_at_the_limit_and_starts_none_after_it(tmp_pat
     assert "1 run(s) not started: fedavg_s2" in err
     assert "2 run(s) stopped by --finish-by: fedavg_s0, fedavg_s1 (whatever they recorded stays in their folders" in err
     assert {j.name: job_status(j) for j in load_sweep(path).jobs}["fedavg_s2"] == "new"
+
+
+def test_expected_seconds_is_the_median_like_runs_mean_round_times_the_rounds_left():
+    like = [[timed_row(1, 1.0), timed_row(2, 3.0)],                      # 2 s a round
+            [timed_row(1, 4.0), timed_row(2, 4.0), timed_row(3, 4.0)],   # 4 s (another length: per round)
+            [timed_row(1, 10.0)]]                                         # 10 s
+    assert expected_seconds(like, 0, 10) == pytest.approx(10 * 4.0)
+    assert expected_seconds(like, 3, 10) == pytest.approx(7 * 4.0)       # a resumed run: rounds 4-10 left
+    assert expected_seconds(like, 10, 10) == 0
+    # a run whose rounds are not all timed says nothing; without a like run there is no guess
+    assert expected_seconds([[timed_row(1, 1.0), {"round": 2}]], 0, 10) is None
+    assert expected_seconds([], 0, 10) is None
+
+
+def this_machine():
+    fields = cpu_fields()
+    return {"cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count()}
+
+
+def fake_completed_run(run_dir, seconds_a_round, rounds, machine, threads, device="cpu"):
+    """A run folder that a sweep reads as completed: its summary (with the machine it ran on) and
+    its metrics rows of ``seconds_a_round`` each."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(timed_row(r, seconds_a_round)) + "\n"
+                                                   for r in range(1, rounds + 1)))
+    (run_dir / "summary.json").write_text(json.dumps({
+        "status": "completed", "rounds_completed": rounds, "device": device,
+        "machine": {**machine, "torch_threads": threads}}))
+
+
+def test_like_runs_are_the_tags_completed_runs_on_a_machine_like_this_one(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1, 2, 3, 4, 5]}), ("fedprox", {})])
+    jobs = load_sweep(path).jobs
+    by_name = {j.name: j for j in jobs}
+    here = {"cpu_model": "Xeon", "cpu_isa": "AVX512, bf16, amx; family 6 model 207", "cpus": 2}
+    fake_completed_run(by_name["fedavg_s1"].run_dir, 5.0, 3, here, threads=1)           # like
+    fake_completed_run(by_name["fedavg_s2"].run_dir, 7.0, 3, {**here, "cpu_isa": "AVX2; family 25 model 1"}, 1)
+    fake_completed_run(by_name["fedavg_s3"].run_dir, 7.0, 3, here, threads=2)           # other threads
+    fake_completed_run(by_name["fedavg_s4"].run_dir, 7.0, 3, here, threads=1, device="cuda")
+    fake_completed_run(by_name["fedprox_s0"].run_dir, 7.0, 3, here, threads=1)          # other tag
+    (by_name["fedavg_s5"].run_dir).mkdir(parents=True)                                  # not completed
+    (by_name["fedavg_s5"].run_dir / "metrics.jsonl").write_text(json.dumps(timed_row(1, 7.0)) + "\n")
+    found = like_runs(by_name["fedavg_s0"], jobs, here, threads=1)
+    assert [[r["seconds"]["total"] for r in rows] for rows in found] == [[5.0, 5.0, 5.0]]
+    assert like_runs(by_name["fedavg_s1"], jobs, here, threads=1) == []      # not itself
+
+
+def test_skip_runs_that_cannot_finish_starts_only_the_runs_that_fit(tmp_path, small_config, capsys):
+    # fedavg_s0 completed here at 1,000 s a round: its seeds 1 and 2 (3 rounds) cannot end in 600 s;
+    # fedprox has no completed run to go by, so it starts
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1, 2]}), ("fedprox", {})], lanes=1,
+                       set=["train.rounds=3"])
+    assert cli_main(["sweep", str(path), "--skip-runs-that-cannot-finish"]) == 2
+    assert "--skip-runs-that-cannot-finish needs --finish-by SECONDS" in capsys.readouterr().err
+    sweep = load_sweep(path)
+    fake_completed_run(sweep.jobs[0].run_dir, 1000.0, 3, this_machine(), threads=lane_threads(1))
+    messages = []
+    outcome = run_sweep(sweep, finish_by=600, skip_unfinishable=True, log=messages.append, poll_seconds=0.2)
+    assert outcome == {"fedprox_s0": "completed"}, messages
+    skipped = [m for m in messages if "skip   fedavg_s" in m]
+    assert len(skipped) == 2 and all("it needs about 3000 s for rounds 1-3 at the pace of 1 completed run(s) of "
+                                     "fedavg on this machine" in m for m in skipped), messages
+    assert {j.name: job_status(j) for j in load_sweep(path).jobs} == {
+        "fedavg_s0": "completed", "fedavg_s1": "new", "fedavg_s2": "new", "fedprox_s0": "completed"}
+    # without the flag, the same limit starts them (and would stop them at it)
+    assert run_sweep(load_sweep(path), finish_by=3600, log=messages.append, poll_seconds=0.2) == {
+        "fedavg_s1": "completed", "fedavg_s2": "completed"}
 
 
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):

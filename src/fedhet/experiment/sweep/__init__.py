@@ -47,6 +47,10 @@ recent speed), and say when that is after the ``--finish-by`` limit, so a run th
 shows it early. (They do not stop it early: a run's pace changes when a run
 beside it ends or a slow evaluation comes, as in the committed 200-round runs of
 benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
+``--skip-runs-that-cannot-finish`` (with ``--finish-by``) starts no run that would end after the
+limit by the pace of its tag's completed runs on a machine like this one (:func:`expected_seconds`,
+:func:`like_runs`: same CPU, as many threads, on the CPU); the queue's next run that fits starts
+instead. It is for windows whose stopped runs cannot be resumed later (a machine that starts fresh).
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -57,15 +61,15 @@ completed runs made elsewhere (a lent GPU's archive, another machine's ``--out``
 folder, only :data:`KEPT_FILES` of each.
 
 Modules: ``spec`` (the sweep file read into jobs), ``state`` (a job's status and lock from its run
-directory), ``pace`` (when a running run should end), ``lanes`` (running the jobs), ``table``
+directory), ``pace`` (when a running run should end, how long one not started should take), ``lanes`` (running the jobs), ``table``
 (``sweep.md``) and ``adopt`` (runs made elsewhere).
 """
 
 from fedhet.experiment.sweep.adopt import adopt_runs
 from fedhet.experiment.sweep.lanes import lane_threads, resumable_sets, run_sweep, sweep_threads
-from fedhet.experiment.sweep.pace import rows_since, seconds_left
+from fedhet.experiment.sweep.pace import expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, load_sweep, select_jobs
-from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, lock_holder
+from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, like_runs, lock_holder
 from fedhet.experiment.sweep.table import write_report
 
 __all__ = [
@@ -74,8 +78,10 @@ __all__ = [
     "Sweep",
     "adopt_runs",
     "config_mismatch",
+    "expected_seconds",
     "job_status",
     "lane_threads",
+    "like_runs",
     "load_sweep",
     "lock_holder",
     "resumable_sets",

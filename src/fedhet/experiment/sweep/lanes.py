@@ -14,7 +14,8 @@ from pathlib import Path
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import RESUMABLE_CHANGES, override_key, parse_value, split_override
-from fedhet.experiment.sweep.pace import clock_at, rows_since, seconds_left
+from fedhet.experiment.summary import cpu_fields, cpu_isa, cpu_model
+from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
 from fedhet.experiment.sweep.state import (
     config_mismatch,
@@ -22,6 +23,7 @@ from fedhet.experiment.sweep.state import (
     extend_rounds,
     failure_marker,
     job_status,
+    like_runs,
     lock_holder,
     lock_path,
     recorded_rows,
@@ -69,8 +71,9 @@ def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
 
 
 def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | None = None,
-              no_start_after: float | None = None, finish_by: float | None = None, poll_seconds: float = 2.0,
-              report_every: float = 60.0, log=print) -> dict[str, str]:
+              no_start_after: float | None = None, finish_by: float | None = None,
+              skip_unfinishable: bool = False, poll_seconds: float = 2.0, report_every: float = 60.0,
+              log=print) -> dict[str, str]:
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``
     (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted).
     ``only``: run just the jobs of these tags (the others are neither started nor touched).
@@ -78,11 +81,16 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     runs going on then finish, the others are left for the next sweep (a compute window's last runs
     that could not finish inside it).
     ``finish_by``: the seconds the sweep has: at the limit every run still going on is stopped and
-    no run starts."""
+    no run starts.
+    ``skip_unfinishable`` (with ``finish_by``): start no run that would end after that limit, by the
+    seconds a round of its tag's completed runs took on a machine like this one (:func:`like_runs`;
+    a run without such a run starts); the next run of the queue that fits starts instead."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
     if finish_by is not None and not 0 < finish_by < math.inf:
         raise ConfigError(f"--finish-by must be a positive number of seconds, got {finish_by:g}")
+    if skip_unfinishable and finish_by is None:
+        raise ConfigError("--skip-runs-that-cannot-finish needs --finish-by SECONDS: the time the runs must end in")
     t_start = time.monotonic()
     deadline = None if finish_by is None else t_start + finish_by
     jobs = select_jobs(sweep, only)
@@ -103,6 +111,8 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
+    fields = cpu_fields()
+    machine = {"cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count()}
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
     rows_before: dict[str, list[dict]] = {}     # what a run had recorded when this sweep started it
     outcome: dict[str, str] = {}
@@ -118,6 +128,22 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
             return len(rows), None, None
         left = seconds_left(new_rows, len(rows), cfg.train.rounds, cfg.eval.every) if len(new_rows) >= 2 else None
         return len(rows), cfg.train.rounds, left
+
+    def cannot_finish(job: Job) -> str | None:
+        """Why ``job`` would end after the --finish-by limit (None when it fits or nothing says)."""
+        try:
+            planned = current_config(job).train.rounds
+        except (ConfigError, OSError):
+            return None
+        like = like_runs(job, jobs, machine, threads)
+        recorded = rounds_done(job) if job.run_dir.is_dir() else 0
+        need = expected_seconds(like, recorded, planned)
+        left = deadline - time.monotonic() if deadline is not None else math.inf
+        if need is None or need <= left:
+            return None
+        return (f"it needs about {need:.0f} s for rounds {recorded + 1}-{planned} at the pace of {len(like)} "
+                f"completed run(s) of {job.tag} on this machine, and {max(0.0, left):.0f} s are left before "
+                "the --finish-by limit")
 
     def finish(name: str) -> None:
         """Record a run whose process has exited: completed, or failed with its log's tail."""
@@ -164,6 +190,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 todo = []
             while todo and len(running) < sweep.lanes:
                 job = todo.pop(0)
+                why = cannot_finish(job) if skip_unfinishable else None
+                if why:
+                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {why} (--skip-runs-that-cannot-finish)")
+                    continue
                 if not take_lock(job):
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
                     continue

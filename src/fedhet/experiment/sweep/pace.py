@@ -1,4 +1,5 @@
-"""When a running run should end, at the pace of the rounds it recorded in this sweep."""
+"""When a running run should end, at the pace of the rounds it recorded in this sweep; how long a run
+not started yet should take, from like runs that completed."""
 
 from __future__ import annotations
 
@@ -49,6 +50,22 @@ def seconds_left(rows: list[dict], recorded: int, planned: int, eval_every: int)
     else:
         per_round = statistics.fmean(training[recent])
     return len(rounds_left) * per_round + evaluations_left * (statistics.median(evaluations) if evaluations else 0.0)
+
+
+def expected_seconds(like_runs: list[list[dict]], recorded: int, planned: int) -> float | None:
+    """Seconds a run that has recorded ``recorded`` of ``planned`` rounds needs for the rest, from
+    ``like_runs`` (the metrics rows of completed runs like it): the median over them of their mean
+    seconds a round (each round's ``seconds.total``: training and evaluation), times the rounds left.
+    Start-up and checkpoint writes are not in the rows, so it is a little short. None without a like
+    run that timed its rounds."""
+    per_round = []
+    for rows in like_runs:
+        totals = [r["seconds"]["total"] for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
+        if totals and len(totals) == len(rows):
+            per_round.append(statistics.fmean(totals))
+    if not per_round:
+        return None
+    return max(0, planned - recorded) * statistics.median(per_round)
 
 
 def clock_at(seconds_from_now: float) -> str:

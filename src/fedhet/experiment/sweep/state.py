@@ -184,6 +184,32 @@ def recorded_rows(job: Job) -> list[dict]:
         return []
 
 
+MACHINE_KEYS = ("cpu_model", "cpu_isa", "cpus")     # what makes two machines train at about one speed
+
+
+def like_runs(job: Job, jobs: list[Job], machine: dict, threads: int) -> list[list[dict]]:
+    """The metrics rows of the completed runs of ``job``'s tag (its other seeds) that were recorded
+    on a machine like ``machine`` (its :data:`MACHINE_KEYS`) with ``threads`` threads and on its CPU:
+    a run's own seconds are a fair guess of its seeds' only there."""
+    found = []
+    for other in jobs:
+        if other.tag != job.tag or other.run_dir == job.run_dir:
+            continue
+        try:
+            summary = json.loads((other.run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            continue
+        recorded = summary.get("machine") or {}
+        if (summary.get("status") != "completed" or summary.get("device") != "cpu"
+                or recorded.get("torch_threads") != threads
+                or any(recorded.get(key) != machine.get(key) for key in MACHINE_KEYS)):
+            continue
+        rows = recorded_rows(other)
+        if rows:
+            found.append(rows)
+    return found
+
+
 def extend_rounds(job: Job) -> None:
     """Raise the recorded config's train.rounds to what the sweep asks for, when it asks for
     more, so ``--resume`` continues the run (completed or not) to that length."""
