@@ -136,7 +136,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
         except (ConfigError, OSError):
             return None
         like = like_runs(job, jobs, machine, threads)
-        recorded = rounds_done(job) if job.run_dir.is_dir() else 0
+        recorded = rounds_done(job)
         need = expected_seconds(like, recorded, planned)
         left = deadline - time.monotonic() if deadline is not None else math.inf
         if need is None or need <= left:
