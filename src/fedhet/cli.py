@@ -133,6 +133,10 @@ def _cmd_sweep(args) -> int:
     if stopped:
         print(f"fedhet: {len(stopped)} run(s) stopped by --finish-by: {', '.join(stopped)} (whatever they recorded "
               f"stays in their folders; a sweep with more time resumes them)", file=sys.stderr)
+    unstarted = [name for name, status in outcome.items() if status == "not started"]
+    if unstarted:
+        print(f"fedhet: {len(unstarted)} run(s) not started by --skip-runs-that-cannot-finish: {', '.join(unstarted)} "
+              "(they would have ended after the --finish-by limit; a sweep with more time runs them)", file=sys.stderr)
     failed = [j.name for j in jobs if job_status(j) in ("failed", "stale")]
     if failed:
         print(f"fedhet: {len(failed)} run(s) failed or stale: {', '.join(failed)} (logs: {sweep.out}/<run>.log)",
@@ -244,9 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "progress lines say when each running run should end at its pace")
     sw.add_argument("--skip-runs-that-cannot-finish", action="store_true",
                     help="with --finish-by: start no run that would end after the limit, by the seconds a round of "
-                         "its tag's completed runs took on a machine like this one (same CPU, as many threads, "
-                         "on the CPU); the next run of the queue that fits starts instead, and a run without such "
-                         "a completed run starts. For compute windows whose stopped runs cannot be resumed later")
+                         "its tag's completed runs took on a machine like this one (the same CPU model, instruction "
+                         "sets and CPU count, as many threads a run as this sweep's, recorded on the CPU, not a GPU); "
+                         "the next run of the queue that fits starts instead, and a run without such a completed "
+                         "run starts. For compute windows whose stopped runs cannot be resumed later")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "

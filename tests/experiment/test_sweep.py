@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 
 import pytest
@@ -17,7 +16,6 @@ from fedhet.core.errors import CheckpointError, ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
-from fedhet.experiment.summary import cpu_fields, cpu_isa, cpu_model
 from fedhet.experiment.sweep import (
     config_mismatch,
     expected_seconds,
@@ -26,6 +24,7 @@ from fedhet.experiment.sweep import (
     like_runs,
     load_sweep,
     resumable_sets,
+    resume_round,
     rows_since,
     run_sweep,
     seconds_left,
@@ -326,37 +325,61 @@ def test_expected_seconds_is_the_median_like_runs_mean_round_times_the_rounds_le
     assert expected_seconds([], 0, 10) is None
 
 
-def this_machine():
-    fields = cpu_fields()
-    return {"cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count()}
-
-
-def fake_completed_run(run_dir, seconds_a_round, rounds, machine, threads, device="cpu"):
-    """A run folder that a sweep reads as completed: its summary (with the machine it ran on) and
-    its metrics rows of ``seconds_a_round`` each."""
+def fake_completed_run(run_dir, seconds_a_round, rounds, cpu, threads, **summary):
+    """A run folder that a sweep reads as completed (unless ``summary`` says otherwise): its metrics
+    rows of ``seconds_a_round`` each and a summary of a run on the CPU ``cpu`` in one session."""
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(timed_row(r, seconds_a_round)) + "\n"
                                                    for r in range(1, rounds + 1)))
     (run_dir / "summary.json").write_text(json.dumps({
-        "status": "completed", "rounds_completed": rounds, "device": device,
-        "machine": {**machine, "torch_threads": threads}}))
+        "status": "completed", "rounds_completed": rounds, "device": "cpu", "engine": {"engine": "reference"},
+        "memory_format": "contiguous", "wall_seconds_this_session": seconds_a_round * rounds + 5.0,
+        "machine": {**cpu, "torch_threads": threads}, **summary}))
 
 
 def test_like_runs_are_the_tags_completed_runs_on_a_machine_like_this_one(tmp_path, small_config):
-    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1, 2, 3, 4, 5]}), ("fedprox", {})])
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": list(range(10))}), ("fedprox", {})])
     jobs = load_sweep(path).jobs
-    by_name = {j.name: j for j in jobs}
+    run_dir = {j.name: j.run_dir for j in jobs}
     here = {"cpu_model": "Xeon", "cpu_isa": "AVX512, bf16, amx; family 6 model 207", "cpus": 2}
-    fake_completed_run(by_name["fedavg_s1"].run_dir, 5.0, 3, here, threads=1)           # like
-    fake_completed_run(by_name["fedavg_s2"].run_dir, 7.0, 3, {**here, "cpu_isa": "AVX2; family 25 model 1"}, 1)
-    fake_completed_run(by_name["fedavg_s3"].run_dir, 7.0, 3, here, threads=2)           # other threads
-    fake_completed_run(by_name["fedavg_s4"].run_dir, 7.0, 3, here, threads=1, device="cuda")
-    fake_completed_run(by_name["fedprox_s0"].run_dir, 7.0, 3, here, threads=1)          # other tag
-    (by_name["fedavg_s5"].run_dir).mkdir(parents=True)                                  # not completed
-    (by_name["fedavg_s5"].run_dir / "metrics.jsonl").write_text(json.dumps(timed_row(1, 7.0)) + "\n")
-    found = like_runs(by_name["fedavg_s0"], jobs, here, threads=1)
+    fake_completed_run(run_dir["fedavg_s1"], 5.0, 3, here, threads=1)                       # like
+    fake_completed_run(run_dir["fedavg_s2"], 7.0, 3, {**here, "cpu_isa": "AVX2; family 25 model 1"}, 1)
+    fake_completed_run(run_dir["fedavg_s3"], 7.0, 3, {**here, "cpu_model": "AMD EPYC"}, 1)
+    fake_completed_run(run_dir["fedavg_s4"], 7.0, 3, {**here, "cpus": 16}, 1)
+    fake_completed_run(run_dir["fedavg_s5"], 7.0, 3, here, threads=2)
+    fake_completed_run(run_dir["fedavg_s6"], 7.0, 3, here, threads=1, device="cuda")
+    fake_completed_run(run_dir["fedavg_s7"], 7.0, 3, here, threads=1, status="interrupted")
+    # resumed: its last session (on this CPU) took 8 s of its 21 s of rounds; the rest ran elsewhere
+    fake_completed_run(run_dir["fedavg_s8"], 7.0, 3, here, threads=1, wall_seconds_this_session=8.0)
+    fake_completed_run(run_dir["fedprox_s0"], 7.0, 3, here, threads=1)                      # another tag
+    jobs_by_name = {j.name: j for j in jobs}
+    found = like_runs(jobs_by_name["fedavg_s0"], jobs, here, threads=1)
     assert [[r["seconds"]["total"] for r in rows] for rows in found] == [[5.0, 5.0, 5.0]]
-    assert like_runs(by_name["fedavg_s1"], jobs, here, threads=1) == []      # not itself
+    assert like_runs(jobs_by_name["fedavg_s1"], jobs, here, threads=1) == []       # not itself
+    # a run that asks for an engine or a memory format counts only the runs made with it
+    asking = {j.name: j for j in load_sweep(path, extra_set=["run.engine=parallel"]).jobs}
+    assert like_runs(asking["fedavg_s0"], jobs, here, threads=1) == []
+    asking = {j.name: j for j in load_sweep(path, extra_set=["run.memory_format=contiguous"]).jobs}
+    assert len(like_runs(asking["fedavg_s0"], jobs, here, threads=1)) == 1
+    asking = {j.name: j for j in load_sweep(path, extra_set=["run.memory_format=channels_last"]).jobs}
+    assert like_runs(asking["fedavg_s0"], jobs, here, threads=1) == []
+    # a run that will train on a GPU has no CPU run to go by
+    asking = {j.name: j for j in load_sweep(path, extra_set=["run.device=cuda"]).jobs}
+    assert like_runs(asking["fedavg_s0"], jobs, here, threads=1) == []
+
+
+def test_resume_round_is_the_checkpoints_round_and_0_without_a_checkpoint(tmp_path, small_config, monkeypatch):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})],
+                       set=["train.rounds=6", "run.checkpoint_every=2"])
+    avg, prox = load_sweep(path).jobs
+    assert resume_round(avg) == 0                                                # no folder yet
+    # killed in its sixth round: 5 recorded, the checkpoint of round 4 is what a resume goes on from
+    run_killed_in_round(Experiment.create(load_config(avg.config, avg.overrides), avg.run_dir), monkeypatch, 5)
+    assert len(read_metrics(avg.run_dir)) == 5 and resume_round(avg) == 4
+    (avg.run_dir / "checkpoint.pt").unlink()                                     # a committed folder
+    assert resume_round(avg) == 0
+    Experiment.create(load_config(prox.config, prox.overrides), prox.run_dir).run(progress=False)
+    assert resume_round(prox) == 6                                               # completed: its end is saved
 
 
 def test_skip_runs_that_cannot_finish_starts_only_the_runs_that_fit(tmp_path, small_config, capsys):
@@ -367,13 +390,23 @@ def test_skip_runs_that_cannot_finish_starts_only_the_runs_that_fit(tmp_path, sm
     assert cli_main(["sweep", str(path), "--skip-runs-that-cannot-finish"]) == 2
     assert "--skip-runs-that-cannot-finish needs --finish-by SECONDS" in capsys.readouterr().err
     sweep = load_sweep(path)
-    fake_completed_run(sweep.jobs[0].run_dir, 1000.0, 3, this_machine(), threads=lane_threads(1))
-    messages = []
-    outcome = run_sweep(sweep, finish_by=600, skip_unfinishable=True, log=messages.append, poll_seconds=0.2)
-    assert outcome == {"fedprox_s0": "completed"}, messages
-    skipped = [m for m in messages if "skip   fedavg_s" in m]
+    # fedavg_s0 ran here as a sweep lane runs it; then its rounds are said to have taken 1,000 s each
+    done = sweep.jobs[0]
+    Experiment.create(load_config(done.config, [*done.overrides, f"run.threads={lane_threads(1)}"]),
+                      done.run_dir).run(progress=False)
+    rows = read_metrics(done.run_dir)
+    (done.run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({**r, "seconds": {**r["seconds"], "total": 1000.0}}) + "\n" for r in rows))
+    summary = json.loads((done.run_dir / "summary.json").read_text())
+    (done.run_dir / "summary.json").write_text(json.dumps({**summary, "wall_seconds_this_session": 3005.0}))
+    assert summary["machine"]["torch_threads"] == lane_threads(1)
+    assert cli_main(["sweep", str(path), "--finish-by", "600", "--skip-runs-that-cannot-finish"]) == 0
+    err = capsys.readouterr().err
+    skipped = [m for m in err.splitlines() if "skip   fedavg_s" in m]
     assert len(skipped) == 2 and all("it needs about 3000 s for rounds 1-3 at the pace of 1 completed run(s) of "
-                                     "fedavg on this machine" in m for m in skipped), messages
+                                     "fedavg on a machine like this one" in m for m in skipped), err
+    assert "2 run(s) not started by --skip-runs-that-cannot-finish: fedavg_s1, fedavg_s2" in err
+    messages = []
     assert {j.name: job_status(j) for j in load_sweep(path).jobs} == {
         "fedavg_s0": "completed", "fedavg_s1": "new", "fedavg_s2": "new", "fedprox_s0": "completed"}
     # without the flag, the same limit starts them (and would stop them at it)

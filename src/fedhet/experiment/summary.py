@@ -69,12 +69,17 @@ def cpu_name(machine: dict) -> str:
     return f"{name} ({machine['cpu_isa']})" if machine.get("cpu_isa") else name
 
 
+def cpu_identity() -> dict:
+    """This machine's CPU as a run's ``machine`` records it: model name, :func:`cpu_isa` and count."""
+    fields = cpu_fields()                                # /proc/cpuinfo read once
+    return {"cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count()}
+
+
 def machine_info() -> dict:
     import torch  # here, not at the top: reading runs (sweep tables, compare) needs no torch
 
-    fields = cpu_fields()                                # /proc/cpuinfo read once
     return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count(), "python": platform.python_version(),
+            **cpu_identity(), "python": platform.python_version(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "fedhet": __version__,
             "commit": git_commit()}
 

@@ -49,8 +49,10 @@ beside it ends or a slow evaluation comes, as in the committed 200-round runs of
 benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
 ``--skip-runs-that-cannot-finish`` (with ``--finish-by``) starts no run that would end after the
 limit by the pace of its tag's completed runs on a machine like this one (:func:`expected_seconds`,
-:func:`like_runs`: same CPU, as many threads, on the CPU); the queue's next run that fits starts
-instead. It is for windows whose stopped runs cannot be resumed later (a machine that starts fresh).
+:func:`like_runs`: the same CPU model, instruction sets and CPU count, as many threads a run,
+recorded on the CPU); the queue's next run that fits starts instead, and a run without such a
+completed run starts. It is for windows whose stopped runs cannot be resumed later (a machine that
+starts fresh).
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -69,7 +71,7 @@ from fedhet.experiment.sweep.adopt import adopt_runs
 from fedhet.experiment.sweep.lanes import lane_threads, resumable_sets, run_sweep, sweep_threads
 from fedhet.experiment.sweep.pace import expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, load_sweep, select_jobs
-from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, like_runs, lock_holder
+from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, like_runs, lock_holder, resume_round
 from fedhet.experiment.sweep.table import write_report
 
 __all__ = [
@@ -85,6 +87,7 @@ __all__ = [
     "load_sweep",
     "lock_holder",
     "resumable_sets",
+    "resume_round",
     "rows_since",
     "run_sweep",
     "seconds_left",

@@ -14,7 +14,7 @@ from pathlib import Path
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import RESUMABLE_CHANGES, override_key, parse_value, split_override
-from fedhet.experiment.summary import cpu_fields, cpu_isa, cpu_model
+from fedhet.experiment.summary import cpu_identity
 from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
 from fedhet.experiment.sweep.state import (
@@ -28,6 +28,7 @@ from fedhet.experiment.sweep.state import (
     lock_path,
     recorded_rows,
     recorded_status,
+    resume_round,
     rounds_done,
     take_lock,
     write_lock,
@@ -75,7 +76,8 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
               skip_unfinishable: bool = False, poll_seconds: float = 2.0, report_every: float = 60.0,
               log=print) -> dict[str, str]:
     """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``
-    (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted).
+    (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted; ``not started``:
+    one ``skip_unfinishable`` left for a sweep with more time).
     ``only``: run just the jobs of these tags (the others are neither started nor touched).
     ``no_start_after``: start no run once this many seconds have passed since the sweep started; the
     runs going on then finish, the others are left for the next sweep (a compute window's last runs
@@ -83,8 +85,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     ``finish_by``: the seconds the sweep has: at the limit every run still going on is stopped and
     no run starts.
     ``skip_unfinishable`` (with ``finish_by``): start no run that would end after that limit, by the
-    seconds a round of its tag's completed runs took on a machine like this one (:func:`like_runs`;
-    a run without such a run starts); the next run of the queue that fits starts instead."""
+    seconds a round of its tag's completed runs took on a machine like this one (:func:`like_runs`,
+    from the round it would resume after: :func:`resume_round`); the next run of the queue that fits
+    starts instead. A run without such a completed run starts."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
     if finish_by is not None and not 0 < finish_by < math.inf:
@@ -111,8 +114,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
-    fields = cpu_fields()
-    machine = {"cpu_model": cpu_model(fields), "cpu_isa": cpu_isa(fields), "cpus": os.cpu_count()}
+    cpu = cpu_identity()
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
     rows_before: dict[str, list[dict]] = {}     # what a run had recorded when this sweep started it
     outcome: dict[str, str] = {}
@@ -135,15 +137,16 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
             planned = current_config(job).train.rounds
         except (ConfigError, OSError):
             return None
-        like = like_runs(job, jobs, machine, threads)
-        recorded = rounds_done(job)
-        need = expected_seconds(like, recorded, planned)
+        like = like_runs(job, jobs, cpu, threads)
+        after = resume_round(job)
+        need = expected_seconds(like, after, planned)
         left = deadline - time.monotonic() if deadline is not None else math.inf
         if need is None or need <= left:
             return None
-        return (f"it needs about {need:.0f} s for rounds {recorded + 1}-{planned} at the pace of {len(like)} "
-                f"completed run(s) of {job.tag} on this machine, and {max(0.0, left):.0f} s are left before "
-                "the --finish-by limit")
+        rounds = f"round {planned}" if after + 1 == planned else f"rounds {after + 1}-{planned}"
+        return (f"it needs about {need:.0f} s for {rounds} at the pace of {len(like)} completed run(s) of "
+                f"{job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left before the "
+                "--finish-by limit")
 
     def finish(name: str) -> None:
         """Record a run whose process has exited: completed, or failed with its log's tail."""
@@ -190,10 +193,6 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 todo = []
             while todo and len(running) < sweep.lanes:
                 job = todo.pop(0)
-                why = cannot_finish(job) if skip_unfinishable else None
-                if why:
-                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {why} (--skip-runs-that-cannot-finish)")
-                    continue
                 if not take_lock(job):
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
                     continue
@@ -201,6 +200,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 if now in ("completed", "stale") or (now == "failed" and not retry_failed):
                     lock_path(job).unlink(missing_ok=True)
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {now} meanwhile (another sweep process)")
+                    continue
+                why = cannot_finish(job) if skip_unfinishable else None
+                if why:
+                    lock_path(job).unlink(missing_ok=True)
+                    outcome[job.name] = "not started"
+                    log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {why} (--skip-runs-that-cannot-finish)")
                     continue
                 # a run directory with a config is resumed: from its checkpoint, or from round 1;
                 # with the rounds the sweep file asks for now (completed, interrupted or failed)

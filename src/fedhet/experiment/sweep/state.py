@@ -15,7 +15,7 @@ import yaml
 
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import ExperimentConfig, config_changes, load_config
-from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.rundir import CHECKPOINT, read_metrics
 from fedhet.experiment.sweep.spec import Job
 from fedhet.experiment.yaml_io import parse_yaml
 
@@ -184,28 +184,53 @@ def recorded_rows(job: Job) -> list[dict]:
         return []
 
 
-MACHINE_KEYS = ("cpu_model", "cpu_isa", "cpus")     # what makes two machines train at about one speed
+def resume_round(job: Job) -> int:
+    """The round a run of ``job`` goes on after: its checkpoint's, the last round that
+    ``run.checkpoint_every`` of its recorded config (or the run's end) saved; 0 for a run without a
+    checkpoint (a new one, or a committed folder, which keeps no checkpoint: it starts from round 1)."""
+    if not (job.run_dir / CHECKPOINT).is_file():
+        return 0
+    rows = rounds_done(job)
+    if recorded_status(job) in ("completed", "extend"):
+        return rows                                # the last round is always saved
+    try:
+        every = load_config(job.run_dir / "config.yaml").run.checkpoint_every
+    except (ConfigError, OSError):
+        return 0
+    return rows // every * every
 
 
-def like_runs(job: Job, jobs: list[Job], machine: dict, threads: int) -> list[list[dict]]:
-    """The metrics rows of the completed runs of ``job``'s tag (its other seeds) that were recorded
-    on a machine like ``machine`` (its :data:`MACHINE_KEYS`) with ``threads`` threads and on its CPU:
-    a run's own seconds are a fair guess of its seeds' only there."""
+def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> list[list[dict]]:
+    """The metrics rows of the completed runs of ``job``'s tag (its other seeds) that are a guide to
+    how long it takes here: recorded on the CPU, not a GPU, of a machine with ``cpu`` (model name,
+    instruction sets, CPU count: :func:`fedhet.experiment.summary.cpu_identity`), with ``threads``
+    threads a run, in the engine and memory format ``job`` asks for (where it names one rather than
+    ``auto``), all its rounds in one session (a resumed run's earlier rounds may have run elsewhere).
+    Machines of one model still differ (a shared one, most of all), so it is a guide, not a promise."""
+    try:
+        asked = current_config(job).run
+    except (ConfigError, OSError):
+        return []
+    if asked.device != "cpu":
+        return []
     found = []
     for other in jobs:
-        if other.tag != job.tag or other.run_dir == job.run_dir:
+        if other.tag != job.tag or other.run_dir == job.run_dir or recorded_status(other) not in ("completed", "extend"):
             continue
         try:
             summary = json.loads((other.run_dir / "summary.json").read_text())
         except (OSError, ValueError):
             continue
         recorded = summary.get("machine") or {}
-        if (summary.get("status") != "completed" or summary.get("device") != "cpu"
-                or recorded.get("torch_threads") != threads
-                or any(recorded.get(key) != machine.get(key) for key in MACHINE_KEYS)):
+        engine = (summary.get("engine") or {}).get("engine")
+        if (summary.get("device") != "cpu" or recorded.get("torch_threads") != threads
+                or any(recorded.get(key) != value for key, value in cpu.items())
+                or asked.engine not in ("auto", engine) or asked.memory_format not in ("auto", summary.get("memory_format"))):
             continue
         rows = recorded_rows(other)
-        if rows:
+        totals = [r["seconds"].get("total", 0.0) for r in rows if isinstance(r.get("seconds"), dict)]
+        one_session = sum(totals) <= float(summary.get("wall_seconds_this_session") or 0.0)
+        if rows and one_session:
             found.append(rows)
     return found
 
