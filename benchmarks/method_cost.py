@@ -12,8 +12,10 @@ The tags must share their first seed: in one federation (the same clients, parti
 participation) that seed draws the same clients for every tag, which the script checks by their
 sample-steps (a line says where they differ). ``--round N`` measures the last of N rounds instead of round 1:
 round 1 holds one-off work of some methods (FedClassAvg pre-trains a client for an epoch at its first
-participation, so its round 1 trains twice the sample-steps of a later round); with ``--clients`` as many as the
-federation has, round 2 is the steady round every later one repeats. ``--set-for TAG KEY=VALUE`` overrides one tag only: to
+participation: with one local epoch, as in its paper configs, round 1 trains twice the sample-steps of a later
+round); with ``--clients`` as many as the federation has, round 2 is its steady round. (A method whose phases
+change later, as FedFM's warm-up rounds, needs ``--set-for`` instead; see below.) Each repeat trains N rounds,
+so the script takes N times as long. ``--set-for TAG KEY=VALUE`` overrides one tag only: to
 time FedFM's matching rounds rather than its FedAvg warm-up, ``--set-for fedfm_lam5 algorithm.params.start_round=0``
 (FedAvg has no such parameter). Its figures: the training speed,
 the round's sample-steps over its training seconds (statistics passes included, evaluation not), as a
@@ -110,9 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=2, help="clients in the measured round (default 2)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--round", dest="measured_round", type=int, default=1, metavar="N",
-                        help="time the last of N rounds (default 1); round 1 holds one-off work of some methods "
-                             "(FedClassAvg's pre-training epoch), so --round 2 with all the federation's clients "
-                             "measures the round every later one repeats")
+                        help="time the last of N rounds (default 1; each repeat trains all N); round 1 holds "
+                             "one-off work of some methods (FedClassAvg's pre-training epoch), so --round 2 with "
+                             "all the federation's clients measures FedClassAvg's steady round")
     parser.add_argument("--name", default=None, help="result file name (default: the sweep's name)")
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files (default benchmarks/results)")
