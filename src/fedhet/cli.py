@@ -248,8 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "progress lines say when each running run should end at its pace")
     sw.add_argument("--skip-runs-that-cannot-finish", action="store_true",
                     help="with --finish-by: start no run that would end after the limit, by the seconds a round of "
-                         "its tag's completed runs took on a machine like this one (the same CPU model, instruction "
-                         "sets and CPU count, as many threads a run as this sweep's, recorded on the CPU, not a GPU); "
+                         "the slowest of its tag's completed runs on a machine like this one (the same CPU model, "
+                         "instruction sets and CPU count, as many threads a run as this sweep's, recorded on the CPU, not a GPU); "
                          "the next run of the queue that fits starts instead, and a run without such a completed "
                          "run starts. For compute windows whose stopped runs cannot be resumed later")
     sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")

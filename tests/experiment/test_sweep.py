@@ -313,12 +313,13 @@ def test_finish_by_stops_every_run_at_the_limit_and_starts_none_after_it(tmp_pat
     assert {j.name: job_status(j) for j in load_sweep(path).jobs}["fedavg_s2"] == "new"
 
 
-def test_expected_seconds_is_the_median_like_runs_mean_round_times_the_rounds_left():
+def test_expected_seconds_is_the_slowest_like_runs_mean_round_times_the_rounds_left():
     like = [[timed_row(1, 1.0), timed_row(2, 3.0)],                      # 2 s a round
-            [timed_row(1, 4.0), timed_row(2, 4.0), timed_row(3, 4.0)],   # 4 s (another length: per round)
-            [timed_row(1, 10.0)]]                                         # 10 s
-    assert expected_seconds(like, 0, 10) == pytest.approx(10 * 4.0)
-    assert expected_seconds(like, 3, 10) == pytest.approx(7 * 4.0)       # a resumed run: rounds 4-10 left
+            [timed_row(1, 10.0)],                                         # 10 s
+            [timed_row(1, 4.0), timed_row(2, 4.0), timed_row(3, 4.0)]]   # 4 s (another length: per round)
+    assert expected_seconds(like, 0, 10) == pytest.approx(10 * 10.0)
+    assert expected_seconds(like, 3, 10) == pytest.approx(7 * 10.0)      # a resumed run: rounds 4-10 left
+    assert expected_seconds(like[::2], 0, 10) == pytest.approx(10 * 4.0)  # a mean a run, not its slowest round
     assert expected_seconds(like, 10, 10) == 0
     # a run whose rounds are not all timed says nothing; without a like run there is no guess
     assert expected_seconds([[timed_row(1, 1.0), {"round": 2}]], 0, 10) is None
@@ -403,8 +404,8 @@ def test_skip_runs_that_cannot_finish_starts_only_the_runs_that_fit(tmp_path, sm
     assert cli_main(["sweep", str(path), "--finish-by", "600", "--skip-runs-that-cannot-finish"]) == 0
     err = capsys.readouterr().err
     skipped = [m for m in err.splitlines() if "skip   fedavg_s" in m]
-    assert len(skipped) == 2 and all("it needs about 3000 s for rounds 1-3 at the pace of 1 completed run(s) of "
-                                     "fedavg on a machine like this one" in m for m in skipped), err
+    assert len(skipped) == 2 and all("it needs about 3000 s for rounds 1-3 at the pace of the slowest of 1 "
+                                     "completed run(s) of fedavg on a machine like this one" in m for m in skipped), err
     assert "2 run(s) not started by --skip-runs-that-cannot-finish: fedavg_s1, fedavg_s2" in err
     messages = []
     assert {j.name: job_status(j) for j in load_sweep(path).jobs} == {

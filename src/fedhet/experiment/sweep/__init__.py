@@ -48,7 +48,7 @@ shows it early. (They do not stop it early: a run's pace changes when a run
 beside it ends or a slow evaluation comes, as in the committed 200-round runs of
 benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
 ``--skip-runs-that-cannot-finish`` (with ``--finish-by``) starts no run that would end after the
-limit by the pace of its tag's completed runs on a machine like this one (:func:`expected_seconds`,
+limit by the pace of the slowest of its tag's completed runs on a machine like this one (:func:`expected_seconds`,
 :func:`like_runs`: the same CPU model, instruction sets and CPU count, as many threads a run,
 recorded on the CPU); the queue's next run that fits starts instead, and a run without such a
 completed run starts. It is for windows whose stopped runs cannot be resumed later (a machine that

@@ -144,7 +144,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
         if need is None or need <= left:
             return None
         rounds = f"round {planned}" if after + 1 == planned else f"rounds {after + 1}-{planned}"
-        return (f"it needs about {need:.0f} s for {rounds} at the pace of {len(like)} completed run(s) of "
+        return (f"it needs about {need:.0f} s for {rounds} at the pace of the slowest of {len(like)} completed run(s) of "
                 f"{job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left before the "
                 "--finish-by limit")
 
