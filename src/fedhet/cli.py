@@ -94,14 +94,49 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _list_sweep(sweep, jobs) -> None:
+    """Each run's status and command; for a run not completed, how long it should take here at the
+    pace of its tag's completed runs on a machine like this one, and a total for planning a window."""
+    from fedhet.experiment.summary import cpu_identity
+    from fedhet.experiment.sweep import expected_run_seconds, job_status, sweep_threads
+
+    cpu, threads = cpu_identity(), sweep_threads(sweep)
+    left, known = 0, []
+    for job in jobs:
+        status = job_status(job)
+        guess = ""
+        if status != "completed":
+            left += 1
+            seconds, like = expected_run_seconds(job, sweep.jobs, cpu, threads)
+            if seconds is not None:
+                known.append(seconds)
+                guess = f"  [about {_duration(seconds)} here: the slowest of {like} like run(s)]"
+        print(f"{status:12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}{guess}")
+    if left and known:
+        print(f"{left} run(s) not completed; {len(known)} with completed runs of their tag on a machine like this one "
+              f"({threads} thread(s) a run): about {_duration(sum(known))} of runs, in {sweep.lanes} lane(s) at least "
+              f"{_duration(sum(known) / sweep.lanes)}" + (" (the others: no estimate)" if len(known) < left else ""),
+              file=sys.stderr)
+    elif left:
+        print(f"{left} run(s) not completed; no completed run of their tags on a machine like this one "
+              f"({threads} thread(s) a run) to say how long they take", file=sys.stderr)
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a reader plans with it: 95 s, 41 min, 1 h 31 min."""
+    minutes = round(seconds / 60)
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
 def _cmd_sweep(args) -> int:
     from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_sweep, select_jobs, write_report
 
     sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
     jobs = select_jobs(sweep, args.only)
     if args.list:
-        for job in jobs:
-            print(f"{job_status(job):12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}")
+        _list_sweep(sweep, jobs)
         return 0
     if args.adopt:
         for source in args.adopt:
@@ -252,7 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "instruction sets and CPU count, as many threads a run as this sweep's, recorded on the CPU, not a GPU); "
                          "the next run of the queue that fits starts instead, and a run without such a completed "
                          "run starts. For compute windows whose stopped runs cannot be resumed later")
-    sw.add_argument("--list", action="store_true", help="list the runs and their status; start nothing")
+    sw.add_argument("--list", action="store_true",
+                    help="list the runs and their status, and how long each run not completed should take here by "
+                         "its tag's completed runs on a machine like this one; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "
                          "e.g. what a GPU machine sent back) into its folder, config/summary/metrics/partition "

@@ -16,6 +16,7 @@ from fedhet.core.errors import CheckpointError, ConfigError
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
+from fedhet.experiment.summary import cpu_identity
 from fedhet.experiment.sweep import (
     config_mismatch,
     expected_seconds,
@@ -367,6 +368,28 @@ def test_like_runs_are_the_tags_completed_runs_on_a_machine_like_this_one(tmp_pa
     # a run that will train on a GPU has no CPU run to go by
     asking = {j.name: j for j in load_sweep(path, extra_set=["run.device=cuda"]).jobs}
     assert like_runs(asking["fedavg_s0"], jobs, here, threads=1) == []
+
+
+def test_list_says_how_long_each_run_not_completed_should_take_here(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1, 2]}), ("fedprox", {})],
+                       set=["train.rounds=3"])
+    run_dir = {j.name: j.run_dir for j in load_sweep(path).jobs}
+    here = cpu_identity()
+    fake_completed_run(run_dir["fedavg_s1"], 1000.0, 3, here, threads=lane_threads(2))
+    fake_completed_run(run_dir["fedavg_s2"], 1820.7, 3, here, threads=lane_threads(2))     # the slowest
+    assert cli_main(["sweep", str(path), "--list"]) == 0
+    captured = capsys.readouterr()
+    lines = {line.split()[1].rsplit("/", 1)[1]: line for line in captured.out.splitlines()}
+    assert lines["fedavg_s0"].endswith("  [about 1 h 31 min here: the slowest of 2 like run(s)]")     # 3 x 1,820.7 s
+    assert lines["fedavg_s1"].startswith("completed ") and "about" not in lines["fedavg_s1"]
+    assert lines["fedprox_s0"].startswith("new ") and "about" not in lines["fedprox_s0"]       # no run of its tag
+    assert (f"2 run(s) not completed; 1 with completed runs of their tag on a machine like this one ({lane_threads(2)} "
+            "thread(s) a run): about 1 h 31 min of runs, in 2 lane(s) at least 46 min (the others: no estimate)"
+            in captured.err)
+    # runs of another thread count are no guide
+    assert cli_main(["sweep", str(path), "--list", "--set", f"run.threads={lane_threads(2) + 1}"]) == 0
+    captured = capsys.readouterr()
+    assert "about" not in captured.out and "2 run(s) not completed; no completed run of their tags" in captured.err
 
 
 def test_resume_round_is_the_checkpoints_round_and_0_without_a_checkpoint(tmp_path, small_config, monkeypatch):

@@ -52,7 +52,8 @@ limit by the pace of the slowest of its tag's completed runs on a machine like t
 :func:`like_runs`: the same CPU model, instruction sets and CPU count, as many threads a run,
 recorded on the CPU); the queue's next run that fits starts instead, and a run without such a
 completed run starts. It is for windows whose stopped runs cannot be resumed later (a machine that
-starts fresh).
+starts fresh). ``--list`` shows the same estimate (:func:`expected_run_seconds`) beside each run not
+completed, and their total, to size a window before starting it.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
@@ -68,7 +69,7 @@ directory), ``pace`` (when a running run should end, how long one not started sh
 """
 
 from fedhet.experiment.sweep.adopt import adopt_runs
-from fedhet.experiment.sweep.lanes import lane_threads, resumable_sets, run_sweep, sweep_threads
+from fedhet.experiment.sweep.lanes import expected_run_seconds, lane_threads, resumable_sets, run_sweep, sweep_threads
 from fedhet.experiment.sweep.pace import expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, load_sweep, select_jobs
 from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, like_runs, lock_holder, resume_round
@@ -80,6 +81,7 @@ __all__ = [
     "Sweep",
     "adopt_runs",
     "config_mismatch",
+    "expected_run_seconds",
     "expected_seconds",
     "job_status",
     "lane_threads",

@@ -63,6 +63,18 @@ def sweep_threads(sweep: Sweep) -> int:
     return threads
 
 
+def expected_run_seconds(job: Job, jobs: list[Job], cpu: dict, threads: int) -> tuple[float | None, int]:
+    """(seconds ``job`` should take here from the round it would resume after, how many like runs say so):
+    :func:`expected_seconds` over the :func:`like_runs` among ``jobs``; None when no like run timed its
+    rounds or the config cannot be read (the run itself reports that)."""
+    try:
+        planned = current_config(job).train.rounds
+    except (ConfigError, OSError):
+        return None, 0
+    like = like_runs(job, jobs, cpu, threads)
+    return expected_seconds(like, resume_round(job), planned), len(like)
+
+
 def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
     """Return once one of ``procs`` has exited or ``seconds`` have passed (at once when none runs),
     so a lane that frees up takes its next run without waiting out the whole poll."""
@@ -85,8 +97,8 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     ``finish_by``: the seconds the sweep has: at the limit every run still going on is stopped and
     no run starts.
     ``skip_unfinishable`` (with ``finish_by``): start no run that would end after that limit, by the
-    seconds a round of its tag's completed runs took on a machine like this one (:func:`like_runs`,
-    from the round it would resume after: :func:`resume_round`); the next run of the queue that fits
+    seconds a round of the slowest of its tag's completed runs on a machine like this one
+    (:func:`expected_run_seconds`); the next run of the queue that fits
     starts instead. A run without such a completed run starts."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
@@ -133,18 +145,13 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
 
     def cannot_finish(job: Job) -> str | None:
         """Why ``job`` would end after the --finish-by limit (None when it fits or nothing says)."""
-        try:
-            planned = current_config(job).train.rounds
-        except (ConfigError, OSError):
-            return None
-        like = like_runs(job, jobs, cpu, threads)
-        after = resume_round(job)
-        need = expected_seconds(like, after, planned)
+        need, like = expected_run_seconds(job, jobs, cpu, threads)
         left = deadline - time.monotonic() if deadline is not None else math.inf
         if need is None or need <= left:
             return None
+        planned, after = current_config(job).train.rounds, resume_round(job)
         rounds = f"round {planned}" if after + 1 == planned else f"rounds {after + 1}-{planned}"
-        return (f"it needs about {need:.0f} s for {rounds} at the pace of the slowest of {len(like)} completed run(s) of "
+        return (f"it needs about {need:.0f} s for {rounds} at the pace of the slowest of {like} completed run(s) of "
                 f"{job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left before the "
                 "--finish-by limit")
 
