@@ -99,6 +99,7 @@ def _list_sweep(sweep, jobs) -> None:
     pace of its tag's completed runs on a machine like this one, and a total for planning a window."""
     from fedhet.experiment.summary import cpu_identity
     from fedhet.experiment.sweep import expected_run_seconds, job_status, sweep_threads
+    from fedhet.experiment.sweep.pace import duration
 
     cpu, threads = cpu_identity(), sweep_threads(sweep)
     left, known = 0, []
@@ -110,24 +111,16 @@ def _list_sweep(sweep, jobs) -> None:
             seconds, like = expected_run_seconds(job, sweep.jobs, cpu, threads)
             if seconds is not None:
                 known.append(seconds)
-                guess = f"  [about {_duration(seconds)} here: the slowest of {like} like run(s)]"
+                guess = f"  [about {duration(seconds)} here: the slowest of {like} like run(s)]"
         print(f"{status:12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}{guess}")
     if left and known:
         print(f"{left} run(s) not completed; {len(known)} with completed runs of their tag on a machine like this one "
-              f"({threads} thread(s) a run): about {_duration(sum(known))} of runs, in {sweep.lanes} lane(s) at least "
-              f"{_duration(sum(known) / sweep.lanes)}" + (" (the others: no estimate)" if len(known) < left else ""),
+              f"({threads} thread(s) a run): about {duration(sum(known))} of runs, in {sweep.lanes} lane(s) at least "
+              f"{duration(sum(known) / sweep.lanes)}" + (" (the others: no estimate)" if len(known) < left else ""),
               file=sys.stderr)
     elif left:
         print(f"{left} run(s) not completed; no completed run of their tags on a machine like this one "
               f"({threads} thread(s) a run) to say how long they take", file=sys.stderr)
-
-
-def _duration(seconds: float) -> str:
-    """``seconds`` as a reader plans with it: 95 s, 41 min, 1 h 31 min."""
-    minutes = round(seconds / 60)
-    if seconds < 100:
-        return f"{seconds:.0f} s"
-    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
 
 
 def _cmd_sweep(args) -> int:

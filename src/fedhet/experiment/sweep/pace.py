@@ -70,6 +70,14 @@ def expected_seconds(like_runs: list[list[dict]], recorded: int, planned: int) -
     return max(0, planned - recorded) * max(per_round)
 
 
+def duration(seconds: float) -> str:
+    """``seconds`` as one plans a compute window with them: 95 s, 41 min, 1 h 31 min."""
+    if seconds < 100:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
 def clock_at(seconds_from_now: float) -> str:
     """The wall-clock time ``seconds_from_now`` from now, HH:MM (with the date when not today)."""
     then = time.localtime(time.time() + seconds_from_now)
