@@ -94,33 +94,40 @@ def _cmd_compare(args) -> int:
     return 0
 
 
-def _list_sweep(sweep, jobs) -> None:
-    """Each run's status and command; for a run not completed, how long it should take here at the
-    pace of its tag's completed runs on a machine like this one, and a total for planning a window."""
+def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
+    """Each run's status and command; for a run the sweep would start, how long it should take here at
+    the pace of the slowest completed run of its tag on a machine like this one, and a total for
+    sizing a window."""
     from fedhet.experiment.summary import cpu_identity
-    from fedhet.experiment.sweep import expected_run_seconds, job_status, sweep_threads
+    from fedhet.experiment.sweep import expected_run_seconds, job_status, like_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
 
+    startable = ("new", "interrupted", "extend", *(("failed",) if retry_failed else ()))
     cpu, threads = cpu_identity(), sweep_threads(sweep)
-    left, known = 0, []
+    like_by_tag: dict[str, list] = {}        # the runs of a tag that would start share their like runs
+    to_run, known = 0, []
     for job in jobs:
         status = job_status(job)
         guess = ""
-        if status != "completed":
-            left += 1
-            seconds, like = expected_run_seconds(job, sweep.jobs, cpu, threads)
-            if seconds is not None:
-                known.append(seconds)
-                guess = f"  [about {duration(seconds)} here: the slowest of {like} like run(s)]"
+        if status in startable:
+            to_run += 1
+            if job.tag not in like_by_tag:
+                like_by_tag[job.tag] = like_runs(job, sweep.jobs, cpu, threads)
+            estimate = expected_run_seconds(job, like_by_tag[job.tag])
+            if estimate is not None:
+                known.append(estimate.seconds)
+                guess = f"  [about {duration(estimate.seconds)} here: the slowest of {estimate.like_runs} like run(s)]"
         print(f"{status:12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}{guess}")
-    if left and known:
-        print(f"{left} run(s) not completed; {len(known)} with completed runs of their tag on a machine like this one "
-              f"({threads} thread(s) a run): about {duration(sum(known))} of runs, in {sweep.lanes} lane(s) at least "
-              f"{duration(sum(known) / sweep.lanes)}" + (" (the others: no estimate)" if len(known) < left else ""),
+    like = f"on a machine like this one ({threads} thread(s) a run, on the CPU)"
+    if known:
+        # a run goes on one lane: the lanes take at least the longest run, and at least an even share
+        least = max(sum(known) / sweep.lanes, max(known))
+        print(f"{to_run} run(s) to run; {len(known)} with completed runs of their tag {like}: about "
+              f"{duration(sum(known))} of runs, in {sweep.lanes} lane(s) at least {duration(least)}"
+              + (" (the others: no estimate)" if len(known) < to_run else ""), file=sys.stderr)
+    elif to_run:
+        print(f"{to_run} run(s) to run; no completed run of their tags timed {like} to say how long they take",
               file=sys.stderr)
-    elif left:
-        print(f"{left} run(s) not completed; no completed run of their tags on a machine like this one "
-              f"({threads} thread(s) a run) to say how long they take", file=sys.stderr)
 
 
 def _cmd_sweep(args) -> int:
@@ -129,7 +136,7 @@ def _cmd_sweep(args) -> int:
     sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
     jobs = select_jobs(sweep, args.only)
     if args.list:
-        _list_sweep(sweep, jobs)
+        _list_sweep(sweep, jobs, args.retry_failed)
         return 0
     if args.adopt:
         for source in args.adopt:
@@ -281,8 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "the next run of the queue that fits starts instead, and a run without such a completed "
                          "run starts. For compute windows whose stopped runs cannot be resumed later")
     sw.add_argument("--list", action="store_true",
-                    help="list the runs and their status, and how long each run not completed should take here by "
-                         "its tag's completed runs on a machine like this one; start nothing")
+                    help="list the runs and their status, and how long each run the sweep would start should take "
+                         "here by the slowest completed run of its tag on a machine like this one; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "
                          "e.g. what a GPU machine sent back) into its folder, config/summary/metrics/partition "

@@ -31,6 +31,8 @@ from fedhet.experiment.sweep import (
     seconds_left,
     write_report,
 )
+from fedhet.experiment.sweep.pace import duration
+from fedhet.experiment.sweep.state import failure_marker
 
 
 def rows_without_time(run_dir):
@@ -320,7 +322,8 @@ def test_expected_seconds_is_the_slowest_like_runs_mean_round_times_the_rounds_l
             [timed_row(1, 4.0), timed_row(2, 4.0), timed_row(3, 4.0)]]   # 4 s (another length: per round)
     assert expected_seconds(like, 0, 10) == pytest.approx(10 * 10.0)
     assert expected_seconds(like, 3, 10) == pytest.approx(7 * 10.0)      # a resumed run: rounds 4-10 left
-    assert expected_seconds(like[::2], 0, 10) == pytest.approx(10 * 4.0)  # a mean a run, not its slowest round
+    uneven = [[timed_row(1, 1.0), timed_row(2, 5.0)], like[2]]          # 3 s a round, with a 5 s round
+    assert expected_seconds(uneven, 0, 10) == pytest.approx(10 * 4.0)     # a mean a run, not its slowest round
     assert expected_seconds(like, 10, 10) == 0
     # a run whose rounds are not all timed says nothing; without a like run there is no guess
     assert expected_seconds([[timed_row(1, 1.0), {"round": 2}]], 0, 10) is None
@@ -354,6 +357,10 @@ def test_like_runs_are_the_tags_completed_runs_on_a_machine_like_this_one(tmp_pa
     # resumed: its last session (on this CPU) took 8 s of its 21 s of rounds; the rest ran elsewhere
     fake_completed_run(run_dir["fedavg_s8"], 7.0, 3, here, threads=1, wall_seconds_this_session=8.0)
     fake_completed_run(run_dir["fedprox_s0"], 7.0, 3, here, threads=1)                      # another tag
+    fake_completed_run(run_dir["fedavg_s9"], 7.0, 3, here, threads=1)                       # a round untimed
+    rows = read_metrics(run_dir["fedavg_s9"])
+    (run_dir["fedavg_s9"] / "metrics.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in r.items() if k != "seconds" or r["round"] != 2}) + "\n" for r in rows))
     jobs_by_name = {j.name: j for j in jobs}
     found = like_runs(jobs_by_name["fedavg_s0"], jobs, here, threads=1)
     assert [[r["seconds"]["total"] for r in rows] for rows in found] == [[5.0, 5.0, 5.0]]
@@ -370,26 +377,42 @@ def test_like_runs_are_the_tags_completed_runs_on_a_machine_like_this_one(tmp_pa
     assert like_runs(asking["fedavg_s0"], jobs, here, threads=1) == []
 
 
-def test_list_says_how_long_each_run_not_completed_should_take_here(tmp_path, small_config, capsys):
-    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1, 2]}), ("fedprox", {})],
+def test_list_says_how_long_each_run_the_sweep_would_start_should_take_here(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1, 2, 3]}), ("fedprox", {})],
                        set=["train.rounds=3"])
-    run_dir = {j.name: j.run_dir for j in load_sweep(path).jobs}
+    jobs = {j.name: j for j in load_sweep(path).jobs}
     here = cpu_identity()
-    fake_completed_run(run_dir["fedavg_s1"], 1000.0, 3, here, threads=lane_threads(2))
-    fake_completed_run(run_dir["fedavg_s2"], 1820.7, 3, here, threads=lane_threads(2))     # the slowest
+    fake_completed_run(jobs["fedavg_s1"].run_dir, 1000.0, 3, here, threads=lane_threads(2))
+    fake_completed_run(jobs["fedavg_s2"].run_dir, 1820.7, 3, here, threads=lane_threads(2))     # the slowest
+    failure_marker(jobs["fedavg_s3"]).parent.mkdir(parents=True, exist_ok=True)
+    failure_marker(jobs["fedavg_s3"]).write_text("exit status 1\n")
     assert cli_main(["sweep", str(path), "--list"]) == 0
     captured = capsys.readouterr()
     lines = {line.split()[1].rsplit("/", 1)[1]: line for line in captured.out.splitlines()}
     assert lines["fedavg_s0"].endswith("  [about 1 h 31 min here: the slowest of 2 like run(s)]")     # 3 x 1,820.7 s
     assert lines["fedavg_s1"].startswith("completed ") and "about" not in lines["fedavg_s1"]
-    assert lines["fedprox_s0"].startswith("new ") and "about" not in lines["fedprox_s0"]       # no run of its tag
-    assert (f"2 run(s) not completed; 1 with completed runs of their tag on a machine like this one ({lane_threads(2)} "
-            "thread(s) a run): about 1 h 31 min of runs, in 2 lane(s) at least 46 min (the others: no estimate)"
-            in captured.err)
+    assert lines["fedavg_s3"].startswith("failed ") and "about" not in lines["fedavg_s3"]   # not started again
+    assert lines["fedprox_s0"].startswith("new ") and "about" not in lines["fedprox_s0"]    # no run of its tag
+    like = f"on a machine like this one ({lane_threads(2)} thread(s) a run, on the CPU)"
+    # one run cannot be split between the lanes: they take at least the longest
+    assert (f"2 run(s) to run; 1 with completed runs of their tag {like}: about 1 h 31 min of runs, in 2 lane(s) "
+            "at least 1 h 31 min (the others: no estimate)" in captured.err)
+    assert cli_main(["sweep", str(path), "--list", "--retry-failed"]) == 0
+    captured = capsys.readouterr()
+    assert "fedavg_s3  <- " in captured.out and captured.out.count("[about 1 h 31 min here") == 2
+    assert "3 run(s) to run; 2 with completed runs of their tag" in captured.err and "at least 1 h 31 min (" in captured.err
+    assert cli_main(["sweep", str(path), "--list", "--retry-failed", "--only", "fedavg"]) == 0
+    assert "about 3 h 2 min of runs, in 2 lane(s) at least 1 h 31 min\n" in capsys.readouterr().err   # all estimated
     # runs of another thread count are no guide
     assert cli_main(["sweep", str(path), "--list", "--set", f"run.threads={lane_threads(2) + 1}"]) == 0
     captured = capsys.readouterr()
-    assert "about" not in captured.out and "2 run(s) not completed; no completed run of their tags" in captured.err
+    assert "about" not in captured.out and "2 run(s) to run; no completed run of their tags timed" in captured.err
+
+
+@pytest.mark.parametrize(("seconds", "said"), [(0, "0 s"), (99.4, "99 s"), (99.6, "2 min"), (100, "2 min"),
+                                               (2460, "41 min"), (3575, "1 h 0 min"), (5462, "1 h 31 min")])
+def test_duration_reads_as_one_plans_a_window(seconds, said):
+    assert duration(seconds) == said
 
 
 def test_resume_round_is_the_checkpoints_round_and_0_without_a_checkpoint(tmp_path, small_config, monkeypatch):

@@ -52,8 +52,8 @@ limit by the pace of the slowest of its tag's completed runs on a machine like t
 :func:`like_runs`: the same CPU model, instruction sets and CPU count, as many threads a run,
 recorded on the CPU); the queue's next run that fits starts instead, and a run without such a
 completed run starts. It is for windows whose stopped runs cannot be resumed later (a machine that
-starts fresh). ``--list`` shows the same estimate (:func:`expected_run_seconds`) beside each run not
-completed, and their total, to size a window before starting it.
+starts fresh). ``--list`` shows the same estimate (:func:`expected_run_seconds`) beside each run the
+sweep would start, and their total, to size a window before starting it.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;

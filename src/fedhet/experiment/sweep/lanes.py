@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
@@ -63,16 +64,24 @@ def sweep_threads(sweep: Sweep) -> int:
     return threads
 
 
-def expected_run_seconds(job: Job, jobs: list[Job], cpu: dict, threads: int) -> tuple[float | None, int]:
-    """(seconds ``job`` should take here from the round it would resume after, how many like runs say so):
-    :func:`expected_seconds` over the :func:`like_runs` among ``jobs``; None when no like run timed its
-    rounds or the config cannot be read (the run itself reports that)."""
+class RunEstimate(NamedTuple):
+    seconds: float          # for the rounds left
+    like_runs: int          # how many completed runs it goes by
+    after: int              # the round the run would resume after (0: from the start)
+    planned: int            # its last round
+
+
+def expected_run_seconds(job: Job, like: list[list[dict]]) -> RunEstimate | None:
+    """How long ``job`` should take here from the round it would resume after (:func:`resume_round`), at
+    the pace of ``like`` (its :func:`like_runs`) by :func:`expected_seconds`. None without a like run,
+    or when its config cannot be read (the run itself reports that)."""
     try:
         planned = current_config(job).train.rounds
     except (ConfigError, OSError):
-        return None, 0
-    like = like_runs(job, jobs, cpu, threads)
-    return expected_seconds(like, resume_round(job), planned), len(like)
+        return None
+    after = resume_round(job)
+    seconds = expected_seconds(like, after, planned)
+    return None if seconds is None else RunEstimate(seconds, len(like), after, planned)
 
 
 def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
@@ -145,13 +154,14 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
 
     def cannot_finish(job: Job) -> str | None:
         """Why ``job`` would end after the --finish-by limit (None when it fits or nothing says)."""
-        need, like = expected_run_seconds(job, jobs, cpu, threads)
+        need = expected_run_seconds(job, like_runs(job, jobs, cpu, threads))
         left = deadline - time.monotonic() if deadline is not None else math.inf
-        if need is None or need <= left:
+        if need is None or need.seconds <= left:
             return None
-        planned, after = current_config(job).train.rounds, resume_round(job)
+        planned, after = need.planned, need.after
         rounds = f"round {planned}" if after + 1 == planned else f"rounds {after + 1}-{planned}"
-        return (f"it needs about {need:.0f} s for {rounds} at the pace of the slowest of {like} completed run(s) of "
+        return (f"it needs about {need.seconds:.0f} s for {rounds} at the pace of the slowest of {need.like_runs} "
+                "completed run(s) of "
                 f"{job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left before the "
                 "--finish-by limit")
 

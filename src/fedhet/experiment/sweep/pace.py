@@ -72,7 +72,7 @@ def expected_seconds(like_runs: list[list[dict]], recorded: int, planned: int) -
 
 def duration(seconds: float) -> str:
     """``seconds`` as one plans a compute window with them: 95 s, 41 min, 1 h 31 min."""
-    if seconds < 100:
+    if round(seconds) < 100:
         return f"{seconds:.0f} s"
     minutes = round(seconds / 60)
     return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"

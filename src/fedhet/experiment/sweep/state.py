@@ -205,7 +205,8 @@ def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> list[list[d
     how long it takes here: recorded on the CPU, not a GPU, of a machine with ``cpu`` (model name,
     instruction sets, CPU count: :func:`fedhet.experiment.summary.cpu_identity`), with ``threads``
     threads a run, in the engine and memory format ``job`` asks for (where it names one rather than
-    ``auto``), all its rounds in one session (a resumed run's earlier rounds may have run elsewhere).
+    ``auto``), every round timed and all in one session (a resumed run's earlier rounds may have run
+    elsewhere).
     Machines of one model still differ (a shared one, most of all), so it is a guide, not a promise."""
     try:
         asked = current_config(job).run
@@ -228,9 +229,9 @@ def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> list[list[d
                 or asked.engine not in ("auto", engine) or asked.memory_format not in ("auto", summary.get("memory_format"))):
             continue
         rows = recorded_rows(other)
-        totals = [r["seconds"].get("total", 0.0) for r in rows if isinstance(r.get("seconds"), dict)]
+        totals = [r["seconds"]["total"] for r in rows if isinstance(r.get("seconds"), dict) and "total" in r["seconds"]]
         one_session = sum(totals) <= float(summary.get("wall_seconds_this_session") or 0.0)
-        if rows and one_session:
+        if rows and len(totals) == len(rows) and one_session:        # every round timed, in one session
             found.append(rows)
     return found
 
