@@ -101,15 +101,15 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     from fedhet.experiment.summary import cpu_identity
     from fedhet.experiment.sweep import expected_run_seconds, job_status, like_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
+    from fedhet.experiment.sweep.state import would_start
 
-    startable = ("new", "interrupted", "extend", *(("failed",) if retry_failed else ()))
     cpu, threads = cpu_identity(), sweep_threads(sweep)
     like_by_tag: dict[str, list] = {}        # the runs of a tag that would start share their like runs
     to_run, known = 0, []
     for job in jobs:
         status = job_status(job)
         guess = ""
-        if status in startable:
+        if would_start(status, retry_failed):
             to_run += 1
             if job.tag not in like_by_tag:
                 like_by_tag[job.tag] = like_runs(job, sweep.jobs, cpu, threads)

@@ -32,6 +32,7 @@ from fedhet.experiment.sweep.state import (
     resume_round,
     rounds_done,
     take_lock,
+    would_start,
     write_lock,
 )
 
@@ -127,8 +128,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
         if initial[j.name] == "running":
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {lock_path(j)})")
-    todo = [j for j in jobs if initial[j.name] in ("new", "interrupted", "extend")
-            or (retry_failed and initial[j.name] == "failed")]
+    todo = [j for j in jobs if would_start(initial[j.name], retry_failed)]
     left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
     skipped = ", ".join(f"{left.count(s)} {s}{' elsewhere' if s == 'running' else ''}"
                         for s in ("completed", "failed", "stale", "running") if s in left)
@@ -158,12 +158,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
         left = deadline - time.monotonic() if deadline is not None else math.inf
         if need is None or need.seconds <= left:
             return None
-        planned, after = need.planned, need.after
-        rounds = f"round {planned}" if after + 1 == planned else f"rounds {after + 1}-{planned}"
+        rounds = f"round {need.planned}" if need.after + 1 == need.planned else f"rounds {need.after + 1}-{need.planned}"
         return (f"it needs about {need.seconds:.0f} s for {rounds} at the pace of the slowest of {need.like_runs} "
-                "completed run(s) of "
-                f"{job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left before the "
-                "--finish-by limit")
+                f"completed run(s) of {job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left "
+                "before the --finish-by limit")
 
     def finish(name: str) -> None:
         """Record a run whose process has exited: completed, or failed with its log's tail."""

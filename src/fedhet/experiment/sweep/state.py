@@ -136,6 +136,11 @@ def config_mismatch(job: Job) -> list[str]:
         return []          # the run itself reports a recorded config it cannot load
 
 
+def would_start(status: str, retry_failed: bool) -> bool:
+    """Whether a sweep starts (or resumes) a run of this :func:`job_status`."""
+    return status in ("new", "interrupted", "extend") or (retry_failed and status == "failed")
+
+
 def job_status(job: Job) -> str:
     """completed | failed | interrupted (its run directory exists: resumed) | new; ``stale`` when
     the run directory holds a run of another config than the sweep file now asks for; ``extend``
