@@ -576,6 +576,33 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
         load_sweep(path)
 
 
+def test_a_run_on_another_split_is_not_paired_with_the_baseline_of_its_seed(tmp_path, small_config):
+    """A sweep over two splits with one ``paired`` baseline (FedClassAvg's Dir(0.5) and skewed split):
+    seed 0 of the other split trained on other clients' data, so its difference from the baseline's
+    seed 0 is no paired comparison and gets no row."""
+    from fedhet.experiment.report import compare
+
+    dirs, finals = [], {}
+    for name, algo, alpha in (("fedavg", "fedavg", 0.5), ("fedprox", "fedprox", 0.5), ("fedprox_iid", "fedprox", 100.0)):
+        raw = copy.deepcopy(small_config)
+        raw.update(name=name, seed=0, algorithm={"name": algo})
+        raw["data"]["partition"]["alpha"] = alpha
+        raw["train"]["rounds"] = 1
+        exp = Experiment.create(load_config(raw=raw), tmp_path / name)
+        finals[name] = 100 * exp.run(progress=False)["metrics"]["global_acc"]["final"]
+        dirs.append(exp.run_dir)
+    text = compare(dirs, None, None, paired="fedavg")
+    d = finals["fedprox"] - finals["fedavg"]
+    assert f"| fedprox | 1 | s0: {d:+.2f} |" in text
+    assert "| fedprox_iid |" not in text.split("Paired differences")[1]
+    assert text.endswith("Not paired with fedavg at a seed where they trained on other clients' data (their "
+                         "partition.json differs from its run's): fedprox_iid.")
+    (tmp_path / "fedprox_iid" / "partition.json").unlink()
+    with pytest.raises(CheckpointError, match="partition.json is missing"):
+        compare(dirs, None, None, paired="fedavg")
+    assert "Paired differences" not in compare(dirs, None, None)       # unpaired, it needs no partition
+
+
 def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_path, small_config):
     import os
     import subprocess

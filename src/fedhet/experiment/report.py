@@ -15,7 +15,7 @@ import yaml
 from fedhet.core.errors import CheckpointError
 from fedhet.experiment.config import ExperimentConfig, flatten_config
 from fedhet.experiment.plots import plot_compare
-from fedhet.experiment.rundir import CONFIG, read_metrics
+from fedhet.experiment.rundir import CONFIG, PARTITION, read_metrics
 from fedhet.experiment.summary import cpu_name, git_commit, machine_info, selected_value
 from fedhet.experiment.yaml_io import parse_yaml
 
@@ -291,22 +291,30 @@ def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]])
 def paired_differences(run_dirs: list[Path], base: str, metric: str | None = None,
                        grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> str:
     """Markdown table of the per-seed differences ``final(group) - final(base)`` for every other
-    group, over the seeds both have (the paired comparison of a method with a baseline: the
-    partition and client sampling of a seed are the same for both); a second table gives the
-    differences at the best-validation round when the baseline's runs recorded it."""
+    group, over the seeds at which both trained on the same clients' data (the paired comparison of
+    a method with a baseline; their ``partition.json`` files are equal). A run of another partition
+    (another split in the same sweep) is not paired: a line under the table names it. A second
+    table gives the differences at the best-validation round when the baseline's runs recorded it."""
     groups, _ = grouped or group_runs(run_dirs)
     summaries = [s for runs in groups.values() for _, s in runs]
+    partitions = {(name, int(s["seed"])): _partition(d) for name, runs in groups.items() for d, s in runs}
     # One metric for every run, so each difference compares like with like: the one asked for,
     # else the baseline's headline (a personalized method is then judged on it too).
     base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
     m = metric or base_metric
     finals: dict[str, dict[int, float]] = defaultdict(dict)
     chosen: dict[str, dict[int, float]] = defaultdict(dict)
+    base_partition = {seed: part for (name, seed), part in partitions.items() if name == base}
+    other_data: set[str] = set()
     for s in summaries:
+        seed = int(s["seed"])
+        if s["name"] != base and seed in base_partition and partitions[(s["name"], seed)] != base_partition[seed]:
+            other_data.add(s["name"])       # another split: nothing to pair at this seed
+            continue
         if m and s["metrics"].get(m):
-            finals[s["name"]][int(s["seed"])] = s["metrics"][m]["final"]
+            finals[s["name"]][seed] = s["metrics"][m]["final"]
         if m and (v := selected_value(s, m)) is not None:
-            chosen[s["name"]][int(s["seed"])] = v
+            chosen[s["name"]][seed] = v
     if base not in finals:
         raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
                               f"(names: {', '.join(sorted({s['name'] for s in summaries})) or 'none'})")
@@ -314,7 +322,25 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
     if base in chosen:
         text += "\n\n" + _paired_table(chosen, base, f"Paired differences of {m} at the best-validation round "
                                                     f"against {base} (percentage points, per seed):")
+    if other_data:
+        text += (f"\n\nNot paired with {base} at a seed where they trained on other clients' data (their "
+                 f"partition.json differs from its run's): {', '.join(sorted(other_data))}.")
     return text
+
+
+def _partition(run_dir: Path) -> object:
+    """What a run's clients trained and were tested on (its ``partition.json``: label counts per
+    client), to tell whether two runs of one seed can be paired; a run without one is named."""
+    path = Path(run_dir) / PARTITION
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing, so {run_dir} cannot be paired with another run by seed (its "
+                              "clients' data is unknown): copy it back from where the run ran, or compare "
+                              "without --paired") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is damaged ({e}), so {run_dir} cannot be paired by seed: copy it back "
+                              "from where the run ran, or compare without --paired") from None
 
 
 def _paired_table(values: dict[str, dict[int, float]], base: str, title: str) -> str:
