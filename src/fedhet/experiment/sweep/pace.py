@@ -58,7 +58,7 @@ def expected_seconds(like_runs: list[list[dict]], recorded: int, planned: int) -
     round (each round's ``seconds.total``: training and evaluation), times the rounds left. The slowest,
     since a run stopped at a window's end is lost where its checkpoint does not survive, and like runs
     took up to 27% longer a round than each other on one kind of shared machine (18.4 against 23.3 s:
-    benchmarks/results/fedclassavg_fmnist_full_cnn_partial.md). Start-up and checkpoint writes are
+    benchmarks/results/fedclassavg_fmnist_full_cnn.md). Start-up and checkpoint writes are
     not in the rows, so it is a little short. None without a like run that timed its rounds."""
     per_round = []
     for rows in like_runs:
