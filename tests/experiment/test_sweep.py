@@ -578,29 +578,57 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
 
 def test_a_run_on_another_split_is_not_paired_with_the_baseline_of_its_seed(tmp_path, small_config):
     """A sweep over two splits with one ``paired`` baseline (FedClassAvg's Dir(0.5) and skewed split):
-    seed 0 of the other split trained on other clients' data, so its difference from the baseline's
-    seed 0 is no paired comparison and gets no row."""
+    seed 0 of the other split ran on other clients' data, so its difference from the baseline's seed
+    0 is no paired comparison and gets no row; the seeds left out are named under the table."""
+    import shutil
+
     from fedhet.experiment.report import compare
 
-    dirs, finals = [], {}
+    dirs, finals = {}, {}
     for name, algo, alpha in (("fedavg", "fedavg", 0.5), ("fedprox", "fedprox", 0.5), ("fedprox_iid", "fedprox", 100.0)):
         raw = copy.deepcopy(small_config)
         raw.update(name=name, seed=0, algorithm={"name": algo})
         raw["data"]["partition"]["alpha"] = alpha
         raw["train"]["rounds"] = 1
-        exp = Experiment.create(load_config(raw=raw), tmp_path / name)
+        exp = Experiment.create(load_config(raw=raw), tmp_path / f"{name}_s0")
         finals[name] = 100 * exp.run(progress=False)["metrics"]["global_acc"]["final"]
-        dirs.append(exp.run_dir)
-    text = compare(dirs, None, None, paired="fedavg")
+        dirs[name] = exp.run_dir
+    text = compare(list(dirs.values()), None, None, paired="fedavg")
     d = finals["fedprox"] - finals["fedavg"]
+    pairs = text.split("Paired differences")[1]
+    assert f"| fedprox | 1 | s0: {d:+.2f} |" in pairs and "| fedprox_iid |" not in pairs
+    assert text.endswith("Not paired with fedavg where they ran on other per-client label counts than its run "
+                         "of the seed (another partition.json): fedprox_iid (s0).")
+
+    def as_seed(name: str, seed: int):
+        """A copy of ``name``'s seed-0 run recorded as seed ``seed`` (its partition.json kept)."""
+        copied = tmp_path / f"{name}_s{seed}"
+        shutil.copytree(dirs[name], copied)
+        summary = json.loads((copied / "summary.json").read_text())
+        (copied / "summary.json").write_text(json.dumps({**summary, "seed": seed}))
+        return copied
+
+    # seed 1: fedprox on the baseline's data again, fedprox_iid now on it too, but fedprox's seed-2
+    # copy has no baseline run to pair with; seed 1 of fedprox_iid pairs, its seed 0 still does not
+    more = [as_seed("fedavg", 1), as_seed("fedprox", 1), as_seed("fedprox", 2), as_seed("fedprox_iid", 1)]
+    shutil.copy(dirs["fedavg"] / "partition.json", tmp_path / "fedprox_iid_s1" / "partition.json")
+    text = compare([*dirs.values(), *more], None, None, paired="fedavg")
+    pairs = text.split("Paired differences")[1]
+    assert f"| fedprox | 2 | s0: {d:+.2f}, s1: {d:+.2f} |" in pairs, pairs
+    iid = finals["fedprox_iid"] - finals["fedavg"]
+    assert f"| fedprox_iid | 1 | s1: {iid:+.2f} |" in pairs, pairs
+    assert "fedprox_iid (s0)." in text
+    # a run without a readable partition.json is named, not paired, and nothing else is lost
+    (tmp_path / "fedprox_s1" / "partition.json").write_text("{not json")
+    (tmp_path / "fedprox_iid_s0" / "partition.json").unlink()
+    text = compare([*dirs.values(), *more], None, None, paired="fedavg")
     assert f"| fedprox | 1 | s0: {d:+.2f} |" in text
-    assert "| fedprox_iid |" not in text.split("Paired differences")[1]
-    assert text.endswith("Not paired with fedavg at a seed where they trained on other clients' data (their "
-                         "partition.json differs from its run's): fedprox_iid.")
-    (tmp_path / "fedprox_iid" / "partition.json").unlink()
-    with pytest.raises(CheckpointError, match="partition.json is missing"):
-        compare(dirs, None, None, paired="fedavg")
-    assert "Paired differences" not in compare(dirs, None, None)       # unpaired, it needs no partition
+    assert text.endswith("Not paired with fedavg where one of the two runs has no readable partition.json to tell "
+                         "whether they ran on the same data: fedprox (s1), fedprox_iid (s0).")
+    (tmp_path / "fedavg_s0" / "partition.json").unlink()           # the baseline's own: its seed pairs nothing
+    assert "fedprox (s0, s1), fedprox_iid (s0)." in compare([*dirs.values(), *more], None, None, paired="fedavg")
+    with pytest.raises(CheckpointError, match="no completed run of that name"):
+        compare([*dirs.values(), *more], None, None, paired="fedavg_typo")
 
 
 def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_path, small_config):

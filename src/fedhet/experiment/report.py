@@ -291,56 +291,68 @@ def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]])
 def paired_differences(run_dirs: list[Path], base: str, metric: str | None = None,
                        grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> str:
     """Markdown table of the per-seed differences ``final(group) - final(base)`` for every other
-    group, over the seeds at which both trained on the same clients' data (the paired comparison of
-    a method with a baseline; their ``partition.json`` files are equal). A run of another partition
-    (another split in the same sweep) is not paired: a line under the table names it. A second
-    table gives the differences at the best-validation round when the baseline's runs recorded it."""
+    group, over the seeds at which both ran on the same per-client label counts (equal
+    ``partition.json``: the paired comparison of a method with a baseline). A run at a seed where
+    they differ (another split in the same sweep), or where either has no readable
+    ``partition.json``, is not paired there: lines under the table name it with those seeds. A
+    second table gives the differences at the best-validation round when the baseline's runs
+    recorded it."""
     groups, _ = grouped or group_runs(run_dirs)
     summaries = [s for runs in groups.values() for _, s in runs]
-    partitions = {(name, int(s["seed"])): _partition(d) for name, runs in groups.items() for d, s in runs}
+    if base not in groups:
+        raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
+                              f"(names: {', '.join(sorted(groups)) or 'none'})")
     # One metric for every run, so each difference compares like with like: the one asked for,
     # else the baseline's headline (a personalized method is then judged on it too).
     base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
     m = metric or base_metric
     finals: dict[str, dict[int, float]] = defaultdict(dict)
     chosen: dict[str, dict[int, float]] = defaultdict(dict)
-    base_partition = {seed: part for (name, seed), part in partitions.items() if name == base}
-    other_data: set[str] = set()
-    for s in summaries:
-        seed = int(s["seed"])
-        if s["name"] != base and seed in base_partition and partitions[(s["name"], seed)] != base_partition[seed]:
-            other_data.add(s["name"])       # another split: nothing to pair at this seed
-            continue
-        if m and s["metrics"].get(m):
-            finals[s["name"]][seed] = s["metrics"][m]["final"]
-        if m and (v := selected_value(s, m)) is not None:
-            chosen[s["name"]][seed] = v
+    base_partition = {int(s["seed"]): _partition(d) for d, s in groups[base]}
+    other_data: dict[str, list[int]] = defaultdict(list)        # name -> seeds on other label counts
+    unknown_data: dict[str, list[int]] = defaultdict(list)      # name -> seeds without a partition to compare
+    for name, runs in groups.items():
+        for d, s in runs:
+            seed = int(s["seed"])
+            if name != base and seed in base_partition:
+                mine, theirs = _partition(d), base_partition[seed]
+                if mine is None or theirs is None:
+                    unknown_data[name].append(seed)
+                    continue
+                if mine != theirs:
+                    other_data[name].append(seed)
+                    continue
+            if m and s["metrics"].get(m):
+                finals[name][seed] = s["metrics"][m]["final"]
+            if m and (v := selected_value(s, m)) is not None:
+                chosen[name][seed] = v
     if base not in finals:
-        raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
-                              f"(names: {', '.join(sorted({s['name'] for s in summaries})) or 'none'})")
+        raise CheckpointError(f"--paired {base}: its runs recorded no {m} to pair with (names: "
+                              f"{', '.join(sorted(groups))})")
     text = _paired_table(finals, base, f"Paired differences of final {m} against {base} (percentage points, per seed):")
     if base in chosen:
         text += "\n\n" + _paired_table(chosen, base, f"Paired differences of {m} at the best-validation round "
                                                     f"against {base} (percentage points, per seed):")
     if other_data:
-        text += (f"\n\nNot paired with {base} at a seed where they trained on other clients' data (their "
-                 f"partition.json differs from its run's): {', '.join(sorted(other_data))}.")
+        text += (f"\n\nNot paired with {base} where they ran on other per-client label counts than its run of the "
+                 f"seed (another partition.json): {_seed_list(other_data)}.")
+    if unknown_data:
+        text += (f"\n\nNot paired with {base} where one of the two runs has no readable partition.json to tell "
+                 f"whether they ran on the same data: {_seed_list(unknown_data)}.")
     return text
 
 
-def _partition(run_dir: Path) -> object:
-    """What a run's clients trained and were tested on (its ``partition.json``: label counts per
-    client), to tell whether two runs of one seed can be paired; a run without one is named."""
-    path = Path(run_dir) / PARTITION
+def _partition(run_dir: Path) -> object | None:
+    """A run's per-client label counts (its ``partition.json``), to tell whether two runs of one seed
+    can be paired; None when the file is missing or unreadable."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing, so {run_dir} cannot be paired with another run by seed (its "
-                              "clients' data is unknown): copy it back from where the run ran, or compare "
-                              "without --paired") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is damaged ({e}), so {run_dir} cannot be paired by seed: copy it back "
-                              "from where the run ran, or compare without --paired") from None
+        return json.loads((Path(run_dir) / PARTITION).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+
+
+def _seed_list(seeds_by_name: dict[str, list[int]]) -> str:
+    return ", ".join(f"{name} ({', '.join(f's{s}' for s in sorted(seeds))})" for name, seeds in sorted(seeds_by_name.items()))
 
 
 def _paired_table(values: dict[str, dict[int, float]], base: str, title: str) -> str:
