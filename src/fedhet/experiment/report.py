@@ -298,14 +298,12 @@ def paired_differences(run_dirs: list[Path], base: str, metric: str | None = Non
     second table gives the differences at the best-validation round when the baseline's runs
     recorded it."""
     groups, _ = grouped or group_runs(run_dirs)
-    summaries = [s for runs in groups.values() for _, s in runs]
     if base not in groups:
         raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
                               f"(names: {', '.join(sorted(groups)) or 'none'})")
     # One metric for every run, so each difference compares like with like: the one asked for,
     # else the baseline's headline (a personalized method is then judged on it too).
-    base_metric = next((s["headline_metric"] for s in summaries if s["name"] == base), None)
-    m = metric or base_metric
+    m = metric or groups[base][0][1]["headline_metric"]
     finals: dict[str, dict[int, float]] = defaultdict(dict)
     chosen: dict[str, dict[int, float]] = defaultdict(dict)
     base_partition = {int(s["seed"]): _partition(d) for d, s in groups[base]}
