@@ -252,10 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run_dirs", nargs="+")
     c.add_argument("--metric", help="metric to compare (default: each run's headline metric)")
     c.add_argument("--plot", help="write an overlay plot to this PNG")
-    c.add_argument("--paired", metavar="NAME", help="also list every run's per-seed difference of final against "
-                                                   "the runs of this config name (e.g. a FedAvg baseline) at "
-                                                   "the seeds where both ran on the same per-client label counts "
-                                                   "(equal partition.json)")
+    c.add_argument("--paired", metavar="NAME", action="append",
+                   help="also list every run's per-seed difference of final against the runs of this config name "
+                        "(e.g. a FedAvg baseline) at the seeds where both ran on the same per-client label counts "
+                        "(equal partition.json); give it once a split to pair each run with the baseline on its data")
     c.set_defaults(func=_cmd_compare)
 
     sw = sub.add_parser("sweep", help="run a sweep file's experiments (configs x seeds x --set grids) in parallel "

@@ -618,6 +618,8 @@ def test_a_run_on_another_split_is_not_paired_with_the_baseline_of_its_seed(tmp_
     iid = finals["fedprox_iid"] - finals["fedavg"]
     assert f"| fedprox_iid | 1 | s1: {iid:+.2f} |" in pairs, pairs
     assert "fedprox_iid (s0)." in text
+    assert ("Not paired with fedavg where fedavg has no run of the seed: fedprox (s2).\n\nNot paired with fedavg "
+            "where they ran on other") in text
     # a run without a readable partition.json is named, not paired, and nothing else is lost
     (tmp_path / "fedprox_s1" / "partition.json").write_text("{not json")
     (tmp_path / "fedprox_iid_s0" / "partition.json").unlink()
@@ -629,6 +631,42 @@ def test_a_run_on_another_split_is_not_paired_with_the_baseline_of_its_seed(tmp_
     assert "fedprox (s0, s1), fedprox_iid (s0)." in compare([*dirs.values(), *more], None, None, paired="fedavg")
     with pytest.raises(CheckpointError, match="no completed run of that name"):
         compare([*dirs.values(), *more], None, None, paired="fedavg_typo")
+
+
+def test_a_baseline_a_split_pairs_each_run_with_the_baseline_on_its_data(tmp_path, small_config):
+    """``--paired`` twice (a sweep's ``paired: [a, b]``): each run is paired at a seed with the
+    baseline that ran on its per-client label counts, one table a baseline; a run on neither's data
+    is named under the tables."""
+    from fedhet.experiment.report import compare
+
+    dirs, finals = {}, {}
+    for name, algo, alpha, seed in (("fedavg", "fedavg", 0.5, 0), ("fedprox", "fedprox", 0.5, 0),
+                                    ("fedavg_iid", "fedavg", 100.0, 0), ("fedprox_iid", "fedprox", 100.0, 0),
+                                    ("fedprox_iid", "fedprox", 100.0, 1), ("fedprox_b", "fedprox", 0.1, 0)):
+        raw = copy.deepcopy(small_config)
+        raw.update(name=name, seed=seed, algorithm={"name": algo})
+        raw["data"]["partition"]["alpha"] = alpha
+        raw["train"]["rounds"] = 1
+        exp = Experiment.create(load_config(raw=raw), tmp_path / f"{name}_s{seed}")
+        finals[name, seed] = 100 * exp.run(progress=False)["metrics"]["global_acc"]["final"]
+        dirs[name, seed] = exp.run_dir
+    text = compare(list(dirs.values()), None, None, paired=["fedavg", "fedavg_iid"])
+    first, second = text.split("Paired differences")[1:]
+    d = finals["fedprox", 0] - finals["fedavg", 0]
+    iid = finals["fedprox_iid", 0] - finals["fedavg_iid", 0]
+    assert first.startswith(" of final global_acc against fedavg ") and f"| fedprox | 1 | s0: {d:+.2f} |" in first
+    assert "fedprox_iid" not in first and "| fedavg_iid |" not in first, first
+    assert second.startswith(" of final global_acc against fedavg_iid ") and "| fedprox |" not in second
+    assert f"| fedprox_iid | 1 | s0: {iid:+.2f} |" in second and "| fedavg |" not in second, second
+    assert text.endswith("Not paired with any of fedavg, fedavg_iid where none of them has a run of the seed: "
+                         "fedprox_iid (s1).\n\nNot paired with any of fedavg, fedavg_iid where they ran on other "
+                         "per-client label counts than its run of the seed (another partition.json): fedprox_b (s0).")
+    # a sweep names them as a list; every entry must be a tag of the sweep
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], paired=["fedavg", "fedprox"])
+    assert load_sweep(path).paired == ["fedavg", "fedprox"]
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], paired=["fedavg", "fedavgg"])
+    with pytest.raises(ConfigError, match="'fedavgg' is not the tag of any run"):
+        load_sweep(path)
 
 
 def test_a_job_another_sweep_runs_is_left_alone_and_a_dead_lock_is_ignored(tmp_path, small_config):

@@ -288,56 +288,74 @@ def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]])
     return f"{text} | {diff}"
 
 
-def paired_differences(run_dirs: list[Path], base: str, metric: str | None = None,
+def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric: str | None = None,
                        grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> str:
-    """Markdown table of the per-seed differences ``final(group) - final(base)`` for every other
-    group, over the seeds at which both ran on the same per-client label counts (equal
-    ``partition.json``: the paired comparison of a method with a baseline). A run at a seed where
-    they differ (another split in the same sweep), or where either has no readable
-    ``partition.json``, is not paired there: lines under the table name it with those seeds. A
-    second table gives the differences at the best-validation round when the baseline's runs
-    recorded it."""
+    """Markdown tables of the per-seed differences ``final(group) - final(base)``: the paired
+    comparison of a method with a baseline, over the seeds at which both ran on the same per-client
+    label counts (equal ``partition.json``). Several baselines (one per split of a sweep over two
+    splits) give one table each; a run is paired at a seed with the first of them that ran on its
+    data there. A run at a seed where no baseline ran, where every baseline ran on other data, or
+    where a ``partition.json`` to compare is missing or unreadable, is not paired there: lines under
+    the tables name it with those seeds. A second table per baseline gives the differences at the
+    best-validation round when the baseline's runs recorded it."""
+    names = [bases] if isinstance(bases, str) else list(dict.fromkeys(bases))
     groups, _ = grouped or group_runs(run_dirs)
-    if base not in groups:
-        raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
-                              f"(names: {', '.join(sorted(groups)) or 'none'})")
+    for base in names:
+        if base not in groups:
+            raise CheckpointError(f"--paired {base}: no completed run of that name among the runs compared "
+                                  f"(names: {', '.join(sorted(groups)) or 'none'})")
     # One metric for every run, so each difference compares like with like: the one asked for,
-    # else the baseline's headline (a personalized method is then judged on it too).
-    m = metric or groups[base][0][1]["headline_metric"]
-    finals: dict[str, dict[int, float]] = defaultdict(dict)
-    chosen: dict[str, dict[int, float]] = defaultdict(dict)
-    base_partition = {int(s["seed"]): _partition(d) for d, s in groups[base]}
-    other_data: dict[str, list[int]] = defaultdict(list)        # name -> seeds on other label counts
-    unknown_data: dict[str, list[int]] = defaultdict(list)      # name -> seeds without a partition to compare
+    # else the first baseline's headline (a personalized method is then judged on it too).
+    m = metric or groups[names[0]][0][1]["headline_metric"]
+    base_partition = {base: {int(s["seed"]): _partition(d) for d, s in groups[base]} for base in names}
+    finals: dict[str, dict[str, dict[int, float]]] = {base: defaultdict(dict) for base in names}
+    chosen: dict[str, dict[str, dict[int, float]]] = {base: defaultdict(dict) for base in names}
+    no_baseline: dict[str, list[int]] = defaultdict(list)     # name -> seeds no baseline ran
+    other_data: dict[str, list[int]] = defaultdict(list)      # name -> seeds on other label counts
+    unknown_data: dict[str, list[int]] = defaultdict(list)    # name -> seeds without a partition to compare
     for name, runs in groups.items():
         for d, s in runs:
             seed = int(s["seed"])
-            if name != base and seed in base_partition:
-                mine, theirs = _partition(d), base_partition[seed]
-                if mine is None or theirs is None:
-                    unknown_data[name].append(seed)
+            if name in base_partition:
+                paired_with = name
+            else:
+                theirs = {base: p[seed] for base, p in base_partition.items() if seed in p}
+                mine = _partition(d) if theirs else None
+                same = [base for base, p in theirs.items() if mine is not None and p == mine]
+                if not same:
+                    if not theirs:
+                        no_baseline[name].append(seed)
+                    elif mine is None or None in theirs.values():
+                        unknown_data[name].append(seed)
+                    else:
+                        other_data[name].append(seed)
                     continue
-                if mine != theirs:
-                    other_data[name].append(seed)
-                    continue
+                paired_with = same[0]
             if m and s["metrics"].get(m):
-                finals[name][seed] = s["metrics"][m]["final"]
+                finals[paired_with][name][seed] = s["metrics"][m]["final"]
             if m and (v := selected_value(s, m)) is not None:
-                chosen[name][seed] = v
-    if base not in finals:
-        raise CheckpointError(f"--paired {base}: its runs recorded no {m} to pair with (names: "
-                              f"{', '.join(sorted(groups))})")
-    text = _paired_table(finals, base, f"Paired differences of final {m} against {base} (percentage points, per seed):")
-    if base in chosen:
-        text += "\n\n" + _paired_table(chosen, base, f"Paired differences of {m} at the best-validation round "
-                                                    f"against {base} (percentage points, per seed):")
+                chosen[paired_with][name][seed] = v
+    tables = []
+    for base in names:
+        if base not in finals[base]:
+            raise CheckpointError(f"--paired {base}: its runs recorded no {m} to pair with (names: "
+                                  f"{', '.join(sorted(groups))})")
+        tables.append(_paired_table(finals[base], base, f"Paired differences of final {m} against {base} "
+                                                         "(percentage points, per seed):"))
+        if base in chosen[base]:
+            tables.append(_paired_table(chosen[base], base, f"Paired differences of {m} at the best-validation "
+                                                            f"round against {base} (percentage points, per seed):"))
+    who = names[0] if len(names) == 1 else "any of " + ", ".join(names)
+    if no_baseline:
+        none_ran = f"{who} has no run" if len(names) == 1 else "none of them has a run"
+        tables.append(f"Not paired with {who} where {none_ran} of the seed: {_seed_list(no_baseline)}.")
     if other_data:
-        text += (f"\n\nNot paired with {base} where they ran on other per-client label counts than its run of the "
-                 f"seed (another partition.json): {_seed_list(other_data)}.")
+        tables.append(f"Not paired with {who} where they ran on other per-client label counts than its run of the "
+                      f"seed (another partition.json): {_seed_list(other_data)}.")
     if unknown_data:
-        text += (f"\n\nNot paired with {base} where one of the two runs has no readable partition.json to tell "
-                 f"whether they ran on the same data: {_seed_list(unknown_data)}.")
-    return text
+        tables.append(f"Not paired with {who} where one of the two runs has no readable partition.json to tell "
+                      f"whether they ran on the same data: {_seed_list(unknown_data)}.")
+    return "\n\n".join(tables)
 
 
 def _partition(run_dir: Path) -> object | None:
@@ -370,7 +388,8 @@ def _paired_table(values: dict[str, dict[int, float]], base: str, title: str) ->
     return "\n".join(lines)
 
 
-def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None, paired: str | None = None) -> str:
+def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None,
+            paired: str | Sequence[str] | None = None) -> str:
     grouped = group_runs(run_dirs)          # each summary read once
     table, curves = compare_table(run_dirs, metric, grouped)
     if plot_path is not None:

@@ -37,7 +37,7 @@ class Sweep:
     metric: str | None = None
     source: Path | None = None
     notes: list[str] = field(default_factory=list)
-    paired: str | None = None     # tag of the baseline for per-seed paired differences in the report
+    paired: list[str] = field(default_factory=list)  # baseline tags for per-seed paired differences (one a split)
     extra_set: list[str] = field(default_factory=list)   # the command line's --set, applied to every run
     verdicts: list[Verdict] = field(default_factory=list)  # claims fixed before the runs, decided from them
 
@@ -129,13 +129,16 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                 seen[run_dir] = where
                 overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
                 jobs.append(Job(group, int(seed), config, overrides, run_dir, tag))
-    paired = raw.get("paired")
-    if paired is not None and str(paired) not in {j.tag for j in jobs}:
-        raise ConfigError(f"{path}: paired: {paired!r} is not the tag of any run (tags: "
-                          f"{', '.join(sorted({j.tag for j in jobs}))})")
+    raw_paired = raw.get("paired")
+    # one baseline tag, or a list of them (one a split, each run paired with the one on its data)
+    paired = [str(t) for t in (raw_paired if isinstance(raw_paired, list) else [] if raw_paired is None else [raw_paired])]
+    for tag in paired:
+        if tag not in {j.tag for j in jobs}:
+            raise ConfigError(f"{path}: paired: {tag!r} is not the tag of any run (tags: "
+                              f"{', '.join(sorted({j.tag for j in jobs}))})")
     verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
-                 paired=str(paired) if paired is not None else None, extra_set=list(extra_set or []),
+                 paired=paired, extra_set=list(extra_set or []),
                  verdicts=verdicts)
 
 

@@ -24,7 +24,7 @@ def write_report(sweep: Sweep) -> str:
                        *(f"--set {item}" for item in sweep.extra_set)]), "```", ""]
     if done:
         completed_tags = {j.tag for j in sweep.jobs if status[j.name] == "completed"}
-        paired = sweep.paired if sweep.paired in completed_tags else None
+        paired = [tag for tag in sweep.paired if tag in completed_tags]
         lines.append(compare(done, sweep.metric, sweep.out / "sweep.png", paired=paired))
     else:
         lines.append("No completed runs yet.")
