@@ -255,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--paired", metavar="NAME", action="append",
                    help="also list every run's per-seed difference of final against the runs of this config name "
                         "(e.g. a FedAvg baseline) at the seeds where both ran on the same per-client label counts "
-                        "(equal partition.json); give it once a split to pair each run with the baseline on its data")
+                        "(equal partition.json), on --metric or else this baseline's headline metric; given once a "
+                        "split, each run is paired with the baselines on its data, one table a baseline")
     c.set_defaults(func=_cmd_compare)
 
     sw = sub.add_parser("sweep", help="run a sweep file's experiments (configs x seeds x --set grids) in parallel "

@@ -660,10 +660,22 @@ def test_a_baseline_a_split_pairs_each_run_with_the_baseline_on_its_data(tmp_pat
     assert f"| fedprox_iid | 1 | s0: {iid:+.2f} |" in second and "| fedavg |" not in second, second
     assert text.endswith("Not paired with any of fedavg, fedavg_iid where none of them has a run of the seed: "
                          "fedprox_iid (s1).\n\nNot paired with any of fedavg, fedavg_iid where they ran on other "
-                         "per-client label counts than its run of the seed (another partition.json): fedprox_b (s0).")
-    # a sweep names them as a list; every entry must be a tag of the sweep
+                         "per-client label counts than their runs of the seed (another partition.json): fedprox_b (s0).")
+    # two baselines on one split: a run on their data is in both tables, and each baseline in the other's
+    text = compare(list(dirs.values()), None, None, paired=["fedavg", "fedprox"])
+    first, second = text.split("Paired differences")[1:]
+    assert f"| fedprox | 1 | s0: {d:+.2f} |" in first and f"| fedavg | 1 | s0: {-d:+.2f} |" in second
+    assert "Not paired with any of fedavg, fedprox where they ran on other per-client label counts than their " \
+           "runs of the seed (another partition.json): fedavg_iid (s0), fedprox_b (s0), fedprox_iid (s0)." in text
+    (dirs["fedprox_b", 0] / "partition.json").unlink()
+    assert text.replace("fedprox_b (s0), ", "") + ("\n\nNot paired with any of fedavg, fedprox where the run or a "
+                                                 "baseline's run of the seed has no readable partition.json to "
+                                                 "tell whether they ran on the same data: fedprox_b (s0).") == \
+        compare(list(dirs.values()), None, None, paired=["fedavg", "fedprox"])
+    # a sweep names one baseline or a list of them; every entry must be a tag of the sweep
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], paired=["fedavg", "fedprox"])
     assert load_sweep(path).paired == ["fedavg", "fedprox"]
+    assert load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {})], paired="fedavg")).paired == ["fedavg"]
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], paired=["fedavg", "fedavgg"])
     with pytest.raises(ConfigError, match="'fedavgg' is not the tag of any run"):
         load_sweep(path)

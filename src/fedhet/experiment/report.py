@@ -293,12 +293,14 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
     """Markdown tables of the per-seed differences ``final(group) - final(base)``: the paired
     comparison of a method with a baseline, over the seeds at which both ran on the same per-client
     label counts (equal ``partition.json``). Several baselines (one per split of a sweep over two
-    splits) give one table each; a run is paired at a seed with the first of them that ran on its
-    data there. A run at a seed where no baseline ran, where every baseline ran on other data, or
-    where a ``partition.json`` to compare is missing or unreadable, is not paired there: lines under
-    the tables name it with those seeds. A second table per baseline gives the differences at the
-    best-validation round when the baseline's runs recorded it."""
+    splits) give one table each, and a run is paired at a seed with every baseline that ran on its
+    data there (baselines on one split with each other too). A run at a seed where no baseline ran,
+    where every baseline ran on other data, or where a ``partition.json`` to compare is missing or
+    unreadable, is not paired there: lines under the tables name it with those seeds. A second table
+    per baseline gives the differences at the best-validation round when its runs recorded it."""
     names = [bases] if isinstance(bases, str) else list(dict.fromkeys(bases))
+    if not names:
+        raise CheckpointError("--paired: no baseline named")
     groups, _ = grouped or group_runs(run_dirs)
     for base in names:
         if base not in groups:
@@ -316,44 +318,47 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
     for name, runs in groups.items():
         for d, s in runs:
             seed = int(s["seed"])
+            theirs = {base: p[seed] for base, p in base_partition.items() if base != name and seed in p}
+            mine = _partition(d) if theirs else None
+            tables_of = [base for base, p in theirs.items() if mine is not None and p == mine]
             if name in base_partition:
-                paired_with = name
-            else:
-                theirs = {base: p[seed] for base, p in base_partition.items() if seed in p}
-                mine = _partition(d) if theirs else None
-                same = [base for base, p in theirs.items() if mine is not None and p == mine]
-                if not same:
-                    if not theirs:
-                        no_baseline[name].append(seed)
-                    elif mine is None or None in theirs.values():
-                        unknown_data[name].append(seed)
-                    else:
-                        other_data[name].append(seed)
-                    continue
-                paired_with = same[0]
-            if m and s["metrics"].get(m):
-                finals[paired_with][name][seed] = s["metrics"][m]["final"]
-            if m and (v := selected_value(s, m)) is not None:
-                chosen[paired_with][name][seed] = v
+                tables_of.append(name)              # a baseline's own table holds its values
+            elif not tables_of:
+                if not theirs:
+                    no_baseline[name].append(seed)
+                elif mine is None or None in theirs.values():
+                    unknown_data[name].append(seed)
+                else:
+                    other_data[name].append(seed)
+                continue
+            for base in tables_of:
+                if m and s["metrics"].get(m):
+                    finals[base][name][seed] = s["metrics"][m]["final"]
+                if m and (v := selected_value(s, m)) is not None:
+                    chosen[base][name][seed] = v
     tables = []
     for base in names:
         if base not in finals[base]:
-            raise CheckpointError(f"--paired {base}: its runs recorded no {m} to pair with (names: "
+            where = "" if metric else f" (the headline metric of {names[0]}; choose another with --metric)"
+            raise CheckpointError(f"--paired {base}: its runs recorded no {m}{where} to pair with (names: "
                                   f"{', '.join(sorted(groups))})")
         tables.append(_paired_table(finals[base], base, f"Paired differences of final {m} against {base} "
                                                          "(percentage points, per seed):"))
         if base in chosen[base]:
             tables.append(_paired_table(chosen[base], base, f"Paired differences of {m} at the best-validation "
                                                             f"round against {base} (percentage points, per seed):"))
-    who = names[0] if len(names) == 1 else "any of " + ", ".join(names)
+    one = len(names) == 1
+    who = names[0] if one else "any of " + ", ".join(names)
     if no_baseline:
-        none_ran = f"{who} has no run" if len(names) == 1 else "none of them has a run"
+        none_ran = f"{who} has no run" if one else "none of them has a run"
         tables.append(f"Not paired with {who} where {none_ran} of the seed: {_seed_list(no_baseline)}.")
     if other_data:
-        tables.append(f"Not paired with {who} where they ran on other per-client label counts than its run of the "
-                      f"seed (another partition.json): {_seed_list(other_data)}.")
+        theirs_of_seed = "its run" if one else "their runs"
+        tables.append(f"Not paired with {who} where they ran on other per-client label counts than {theirs_of_seed} "
+                      f"of the seed (another partition.json): {_seed_list(other_data)}.")
     if unknown_data:
-        tables.append(f"Not paired with {who} where one of the two runs has no readable partition.json to tell "
+        runs_compared = "one of the two runs has" if one else "the run or a baseline's run of the seed has"
+        tables.append(f"Not paired with {who} where {runs_compared} no readable partition.json to tell "
                       f"whether they ran on the same data: {_seed_list(unknown_data)}.")
     return "\n\n".join(tables)
 

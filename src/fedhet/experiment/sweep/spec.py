@@ -129,9 +129,13 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                 seen[run_dir] = where
                 overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
                 jobs.append(Job(group, int(seed), config, overrides, run_dir, tag))
-    raw_paired = raw.get("paired")
     # one baseline tag, or a list of them (one a split, each run paired with the one on its data)
-    paired = [str(t) for t in (raw_paired if isinstance(raw_paired, list) else [] if raw_paired is None else [raw_paired])]
+    paired = raw.get("paired")
+    if paired is None:
+        paired = []
+    elif not isinstance(paired, list):
+        paired = [paired]
+    paired = [str(tag) for tag in paired]
     for tag in paired:
         if tag not in {j.tag for j in jobs}:
             raise ConfigError(f"{path}: paired: {tag!r} is not the tag of any run (tags: "
