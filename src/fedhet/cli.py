@@ -96,37 +96,39 @@ def _cmd_compare(args) -> int:
 
 def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     """Each run's status and command; for a run the sweep would start, how long it should take here at
-    the pace of the slowest completed run of its tag on a machine like this one, and a total for
+    the pace of the slowest completed run of its tag (or costs_like) on a machine like this one, and a total for
     sizing a window."""
     from fedhet.experiment.summary import cpu_identity
-    from fedhet.experiment.sweep import expected_run_seconds, job_status, like_runs, sweep_threads
+    from fedhet.experiment.sweep import expected_run_seconds, job_status, pace_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
     from fedhet.experiment.sweep.state import would_start
 
     cpu, threads = cpu_identity(), sweep_threads(sweep)
-    like_by_tag: dict[str, list] = {}        # the runs of a tag that would start share their like runs
+    pace_by_tag: dict[str, tuple[str, list]] = {}     # the runs of a tag that would start share their like runs
     to_run, known = 0, []
     for job in jobs:
         status = job_status(job)
         guess = ""
         if would_start(status, retry_failed):
             to_run += 1
-            if job.tag not in like_by_tag:
-                like_by_tag[job.tag] = like_runs(job, sweep.jobs, cpu, threads)
-            estimate = expected_run_seconds(job, like_by_tag[job.tag])
+            if job.tag not in pace_by_tag:
+                pace_by_tag[job.tag] = pace_runs(job, sweep.jobs, cpu, threads)
+            estimate = expected_run_seconds(job, pace_by_tag[job.tag])
             if estimate is not None:
                 known.append(estimate.seconds)
-                guess = f"  [about {duration(estimate.seconds)} here: the slowest of {estimate.like_runs} like run(s)]"
+                of = "" if estimate.like_tag == job.tag else f" of {estimate.like_tag} (costs_like)"
+                guess = f"  [about {duration(estimate.seconds)} here: the slowest of {estimate.like_runs} like run(s){of}]"
         print(f"{status:12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}{guess}")
     like = f"on a machine like this one ({threads} thread(s) a run, on the CPU)"
     if known:
         # a run goes on one lane: the lanes take at least the longest run, and at least an even share
         least = max(sum(known) / sweep.lanes, max(known))
-        print(f"{to_run} run(s) to run; {len(known)} with completed runs of their tag {like}: about "
+        print(f"{to_run} run(s) to run; {len(known)} with completed runs of their tag (or costs_like) {like}: about "
               f"{duration(sum(known))} of runs, in {sweep.lanes} lane(s) at least {duration(least)}"
               + (" (the others: no estimate)" if len(known) < to_run else ""), file=sys.stderr)
     elif to_run:
-        print(f"{to_run} run(s) to run; no completed run of their tags timed {like} to say how long they take",
+        print(f"{to_run} run(s) to run; no completed run of their tags (or costs_like) timed {like} to say how long "
+              "they take",
               file=sys.stderr)
 
 

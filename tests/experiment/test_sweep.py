@@ -24,6 +24,7 @@ from fedhet.experiment.sweep import (
     lane_threads,
     like_runs,
     load_sweep,
+    pace_runs,
     resumable_sets,
     resume_round,
     rows_since,
@@ -395,18 +396,47 @@ def test_list_says_how_long_each_run_the_sweep_would_start_should_take_here(tmp_
     assert lines["fedprox_s0"].startswith("new ") and "about" not in lines["fedprox_s0"]    # no run of its tag
     like = f"on a machine like this one ({lane_threads(2)} thread(s) a run, on the CPU)"
     # one run cannot be split between the lanes: they take at least the longest
-    assert (f"2 run(s) to run; 1 with completed runs of their tag {like}: about 1 h 31 min of runs, in 2 lane(s) "
+    assert (f"2 run(s) to run; 1 with completed runs of their tag (or costs_like) {like}: about 1 h 31 min of runs, in 2 lane(s) "
             "at least 1 h 31 min (the others: no estimate)" in captured.err)
     assert cli_main(["sweep", str(path), "--list", "--retry-failed"]) == 0
     captured = capsys.readouterr()
     assert "fedavg_s3  <- " in captured.out and captured.out.count("[about 1 h 31 min here") == 2
-    assert "3 run(s) to run; 2 with completed runs of their tag" in captured.err and "at least 1 h 31 min (" in captured.err
+    assert "3 run(s) to run; 2 with completed runs of their tag (or costs_like)" in captured.err and "at least 1 h 31 min (" in captured.err
     assert cli_main(["sweep", str(path), "--list", "--retry-failed", "--only", "fedavg"]) == 0
     assert "about 3 h 2 min of runs, in 2 lane(s) at least 1 h 31 min\n" in capsys.readouterr().err   # all estimated
     # runs of another thread count are no guide
     assert cli_main(["sweep", str(path), "--list", "--set", f"run.threads={lane_threads(2) + 1}"]) == 0
     captured = capsys.readouterr()
-    assert "about" not in captured.out and "2 run(s) to run; no completed run of their tags timed" in captured.err
+    assert "about" not in captured.out and "2 run(s) to run; no completed run of their tags (or costs_like) timed" in captured.err
+
+
+def test_a_run_entrys_costs_like_tag_says_how_long_it_takes_until_its_own_runs_do(tmp_path, small_config, capsys):
+    # fedprox (an ablation, say) costs what fedavg does: until a run of its own completes, --list and
+    # --skip-runs-that-cannot-finish go by fedavg's
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0, 1]}),
+                                                ("fedprox", {"seeds": [0, 1], "costs_like": "fedavg"})],
+                       set=["train.rounds=3"])
+    jobs = {j.name: j for j in load_sweep(path).jobs}
+    here, threads = cpu_identity(), lane_threads(2)
+    assert pace_runs(jobs["fedprox_s0"], list(jobs.values()), here, threads) == ("fedprox", [])     # none yet
+    fake_completed_run(jobs["fedavg_s1"].run_dir, 1000.0, 3, here, threads=threads)
+    tag, found = pace_runs(jobs["fedprox_s0"], list(jobs.values()), here, threads)
+    assert tag == "fedavg" and [[r["seconds"]["total"] for r in rows] for rows in found] == [[1000.0] * 3]
+    assert pace_runs(jobs["fedavg_s0"], list(jobs.values()), here, threads)[0] == "fedavg"   # its own tag
+    assert cli_main(["sweep", str(path), "--list"]) == 0
+    lines = {line.split()[1].rsplit("/", 1)[1]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["fedprox_s0"].endswith("  [about 50 min here: the slowest of 1 like run(s) of fedavg (costs_like)]")
+    assert lines["fedavg_s0"].endswith("  [about 50 min here: the slowest of 1 like run(s)]")
+    # once one of its own has completed, that goes
+    fake_completed_run(jobs["fedprox_s1"].run_dir, 10.0, 3, here, threads=threads)
+    assert pace_runs(jobs["fedprox_s0"], list(jobs.values()), here, threads)[0] == "fedprox"
+    assert cli_main(["sweep", str(path), "--list"]) == 0
+    assert "fedprox_s0  <- " in (out := capsys.readouterr().out) and "[about 30 s here: the slowest of 1 like run(s)]" in out
+    # it names another run entry's tag
+    for wrong in ("fedavgg", "fedprox"):
+        bad = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"costs_like": wrong})])
+        with pytest.raises(ConfigError, match=f"costs_like: '{wrong}' of the runs tagged 'fedprox' is not the tag"):
+            load_sweep(bad)
 
 
 @pytest.mark.parametrize(("seconds", "said"), [(0, "0 s"), (99.4, "99 s"), (99.6, "2 min"), (100, "2 min"),

@@ -16,6 +16,10 @@ A sweep file (YAML) names the runs::
       - config: configs/papers/fedacd/fmnist_b0.1_fedavg.yaml
         tag: b0.1_fedavg                # default: the config's file name without .yaml
       - {config: configs/papers/fedacd/fmnist_b0.1_fedacd.yaml, seeds: [0, 1], set: [eval.every=2]}
+      - {config: configs/papers/fedacd/fmnist_b0.1_fedacd_base.yaml, costs_like: fmnist_b0.1_fedacd}
+                                        # costs_like: a tag whose completed runs say how long these take
+                                        # while none of their own has completed (for --list and
+                                        # --skip-runs-that-cannot-finish)
 
 Each (run, grid point, seed) is one job with its own run directory ``<out>/<tag>[_<grid>]_s<seed>``
 and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds). The queue is the
@@ -51,8 +55,8 @@ benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict
 ``--skip-runs-that-cannot-finish`` (with ``--finish-by``) starts no run that would end after the
 limit by the pace of the slowest of its tag's completed runs on a machine like this one (:func:`expected_seconds`,
 :func:`like_runs`: the same CPU model, instruction sets and CPU count, as many threads a run,
-recorded on the CPU); the queue's next run that fits starts instead, and a run without such a
-completed run starts. It is for windows whose stopped runs cannot be resumed later (a machine that
+recorded on the CPU), or, while its tag has none, of its run entry's ``costs_like`` tag
+(:func:`pace_runs`); the queue's next run that fits starts instead, and a run with neither starts. It is for windows whose stopped runs cannot be resumed later (a machine that
 starts fresh). ``--list`` shows the same estimate (:func:`expected_run_seconds`) beside each run the
 sweep would start, and their total, to size a window before starting it.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
@@ -73,7 +77,15 @@ from fedhet.experiment.sweep.adopt import adopt_runs
 from fedhet.experiment.sweep.lanes import expected_run_seconds, lane_threads, resumable_sets, run_sweep, sweep_threads
 from fedhet.experiment.sweep.pace import expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, load_sweep, select_jobs
-from fedhet.experiment.sweep.state import KEPT_FILES, config_mismatch, job_status, like_runs, lock_holder, resume_round
+from fedhet.experiment.sweep.state import (
+    KEPT_FILES,
+    config_mismatch,
+    job_status,
+    like_runs,
+    lock_holder,
+    pace_runs,
+    resume_round,
+)
 from fedhet.experiment.sweep.table import write_report
 
 __all__ = [
@@ -87,6 +99,7 @@ __all__ = [
     "job_status",
     "lane_threads",
     "like_runs",
+    "pace_runs",
     "load_sweep",
     "lock_holder",
     "resumable_sets",

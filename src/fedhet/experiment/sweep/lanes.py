@@ -24,9 +24,9 @@ from fedhet.experiment.sweep.state import (
     extend_rounds,
     failure_marker,
     job_status,
-    like_runs,
     lock_holder,
     lock_path,
+    pace_runs,
     recorded_rows,
     recorded_status,
     resume_round,
@@ -70,19 +70,21 @@ class RunEstimate(NamedTuple):
     like_runs: int          # how many completed runs it goes by
     after: int              # the round the run would resume after (0: from the start)
     planned: int            # its last round
+    like_tag: str           # the tag of those runs: the job's own, or its run entry's costs_like
 
 
-def expected_run_seconds(job: Job, like: list[list[dict]]) -> RunEstimate | None:
+def expected_run_seconds(job: Job, pace: tuple[str, list[list[dict]]]) -> RunEstimate | None:
     """How long ``job`` should take here from the round it would resume after (:func:`resume_round`), at
-    the pace of ``like`` (its :func:`like_runs`) by :func:`expected_seconds`. None without a like run,
+    the pace of its :func:`pace_runs` ``pace`` by :func:`expected_seconds`. None without a like run,
     or when its config cannot be read (the run itself reports that)."""
+    like_tag, like = pace
     try:
         planned = current_config(job).train.rounds
     except (ConfigError, OSError):
         return None
     after = resume_round(job)
     seconds = expected_seconds(like, after, planned)
-    return None if seconds is None else RunEstimate(seconds, len(like), after, planned)
+    return None if seconds is None else RunEstimate(seconds, len(like), after, planned, like_tag)
 
 
 def _wait_for_any(procs: list[subprocess.Popen], seconds: float) -> None:
@@ -154,13 +156,13 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
 
     def cannot_finish(job: Job) -> str | None:
         """Why ``job`` would end after the --finish-by limit (None when it fits or nothing says)."""
-        need = expected_run_seconds(job, like_runs(job, jobs, cpu, threads))
+        need = expected_run_seconds(job, pace_runs(job, jobs, cpu, threads))
         left = deadline - time.monotonic() if deadline is not None else math.inf
         if need is None or need.seconds <= left:
             return None
         rounds = f"round {need.planned}" if need.after + 1 == need.planned else f"rounds {need.after + 1}-{need.planned}"
         return (f"it needs about {need.seconds:.0f} s for {rounds} at the pace of the slowest of {need.like_runs} "
-                f"completed run(s) of {job.tag} on a machine like this one, and {max(0.0, left):.0f} s are left "
+                f"completed run(s) of {need.like_tag} on a machine like this one, and {max(0.0, left):.0f} s are left "
                 "before the --finish-by limit")
 
     def finish(name: str) -> None:

@@ -22,6 +22,7 @@ class Job:
     overrides: list[str]
     run_dir: Path
     run_tag: str = ""         # the sweep file's tag of the run entry (the group name without a grid suffix)
+    costs_like: str = ""      # the group whose completed runs say how long it takes while its own has none
 
     @property
     def name(self) -> str:
@@ -107,9 +108,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
             entry = {"config": entry}
         if not isinstance(entry, dict) or "config" not in entry:
             raise ConfigError(f"{where} needs a 'config' (a path, relative to the working directory)")
-        extra = set(entry) - {"config", "tag", "seeds", "set"}
+        extra = set(entry) - {"config", "tag", "seeds", "set", "costs_like"}
         if extra:
-            raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set")
+            raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set, costs_like")
         config = Path(entry["config"])
         tag = str(entry.get("tag") or config.stem)
         run_seeds = _seeds(entry.get("seeds", seeds), where)
@@ -128,7 +129,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                                       "give the runs different tags")
                 seen[run_dir] = where
                 overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
-                jobs.append(Job(group, int(seed), config, overrides, run_dir, tag))
+                like = str(entry.get("costs_like") or "")
+                jobs.append(Job(group, int(seed), config, overrides, run_dir, tag,
+                                f"{like}_{suffix}" if like and suffix else like))
     # one baseline tag, or a list of them (one a split, each run paired with the one on its data)
     paired = raw.get("paired")
     if paired is None:
@@ -140,6 +143,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         if tag not in {j.tag for j in jobs}:
             raise ConfigError(f"{path}: paired: {tag!r} is not the tag of any run (tags: "
                               f"{', '.join(sorted({j.tag for j in jobs}))})")
+    for job in jobs:
+        if job.costs_like and job.costs_like not in {j.tag for j in jobs if j.tag != job.tag}:
+            raise ConfigError(f"{path}: costs_like: {job.costs_like!r} of the runs tagged {job.run_tag!r} is not the "
+                              f"tag of another run (tags: {', '.join(sorted({j.run_tag for j in jobs}))})")
     verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
                  paired=paired, extra_set=list(extra_set or []),

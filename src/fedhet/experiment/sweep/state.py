@@ -205,9 +205,9 @@ def resume_round(job: Job) -> int:
     return rows // every * every
 
 
-def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> list[list[dict]]:
-    """The metrics rows of the completed runs of ``job``'s tag (its other seeds) that are a guide to
-    how long it takes here: recorded on the CPU, not a GPU, of a machine with ``cpu`` (model name,
+def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int, tag: str | None = None) -> list[list[dict]]:
+    """The metrics rows of the completed runs of ``job``'s tag (its other seeds; or of ``tag``) that are a
+    guide to how long it takes here: recorded on the CPU, not a GPU, of a machine with ``cpu`` (model name,
     instruction sets, CPU count: :func:`fedhet.experiment.summary.cpu_identity`), with ``threads``
     threads a run, in the engine and memory format ``job`` asks for (where it names one rather than
     ``auto``), every round timed and all in one session (a resumed run's earlier rounds may have run
@@ -221,7 +221,7 @@ def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> list[list[d
         return []
     found = []
     for other in jobs:
-        if other.tag != job.tag or other.run_dir == job.run_dir or recorded_status(other) not in ("completed", "extend"):
+        if other.tag != (tag or job.tag) or other.run_dir == job.run_dir or recorded_status(other) not in ("completed", "extend"):
             continue
         try:
             summary = json.loads((other.run_dir / "summary.json").read_text())
@@ -239,6 +239,16 @@ def like_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> list[list[d
         if rows and len(totals) == len(rows) and one_session:        # every round timed, in one session
             found.append(rows)
     return found
+
+
+def pace_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> tuple[str, list[list[dict]]]:
+    """The tag whose runs say how long ``job`` takes here and their :func:`like_runs`: its own tag's,
+    else, while that has none, those of the tag its run entry names in ``costs_like`` (an ablation
+    that costs what the whole method does, before any run of it has completed)."""
+    own = like_runs(job, jobs, cpu, threads)
+    if not own and job.costs_like and (theirs := like_runs(job, jobs, cpu, threads, tag=job.costs_like)):
+        return job.costs_like, theirs
+    return job.tag, own
 
 
 def extend_rounds(job: Job) -> None:
