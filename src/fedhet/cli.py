@@ -289,12 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--skip-runs-that-cannot-finish", action="store_true",
                     help="with --finish-by: start no run that would end after the limit, by the seconds a round of "
                          "the slowest of its tag's completed runs on a machine like this one (the same CPU model, "
-                         "instruction sets and CPU count, as many threads a run as this sweep's, recorded on the CPU, not a GPU); "
-                         "the next run of the queue that fits starts instead, and a run without such a completed "
-                         "run starts. For compute windows whose stopped runs cannot be resumed later")
+                         "instruction sets and CPU count, as many threads a run as this sweep's, recorded on the CPU, "
+                         "not a GPU), or while its tag has none, its run entry's costs_like tag's; the next run of "
+                         "the queue that fits starts instead, and a run with neither starts. For compute windows "
+                         "whose stopped runs cannot be resumed later")
     sw.add_argument("--list", action="store_true",
                     help="list the runs and their status, and how long each run the sweep would start should take "
-                         "here by the slowest completed run of its tag on a machine like this one; start nothing")
+                         "here by the slowest completed run of its tag (or its costs_like tag) on a machine like this "
+                         "one; start nothing")
     sw.add_argument("--adopt", action="append", metavar="FOLDER_OR_ARCHIVE",
                     help="copy the sweep's runs completed elsewhere (a folder of run folders, or a .tar.gz of one, "
                          "e.g. what a GPU machine sent back) into its folder, config/summary/metrics/partition "

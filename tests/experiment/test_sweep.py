@@ -427,6 +427,12 @@ def test_a_run_entrys_costs_like_tag_says_how_long_it_takes_until_its_own_runs_d
     lines = {line.split()[1].rsplit("/", 1)[1]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["fedprox_s0"].endswith("  [about 50 min here: the slowest of 1 like run(s) of fedavg (costs_like)]")
     assert lines["fedavg_s0"].endswith("  [about 50 min here: the slowest of 1 like run(s)]")
+    # --skip-runs-that-cannot-finish goes by them too, --only leaving fedavg's runs out of the queue
+    messages: list[str] = []
+    assert run_sweep(load_sweep(path), only=["fedprox"], finish_by=600, skip_unfinishable=True,
+                     log=messages.append) == {"fedprox_s0": "not started", "fedprox_s1": "not started"}
+    assert sum("it needs about 3000 s for rounds 1-3 at the pace of the slowest of 1 completed run(s) of fedavg "
+               in m for m in messages) == 2, messages
     # once one of its own has completed, that goes
     fake_completed_run(jobs["fedprox_s1"].run_dir, 10.0, 3, here, threads=threads)
     assert pace_runs(jobs["fedprox_s0"], list(jobs.values()), here, threads)[0] == "fedprox"
@@ -435,8 +441,13 @@ def test_a_run_entrys_costs_like_tag_says_how_long_it_takes_until_its_own_runs_d
     # it names another run entry's tag
     for wrong in ("fedavgg", "fedprox"):
         bad = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"costs_like": wrong})])
-        with pytest.raises(ConfigError, match=f"costs_like: '{wrong}' of the runs tagged 'fedprox' is not the tag"):
+        with pytest.raises(ConfigError, match=rf"runs\[1\]: costs_like: '{wrong}' is not the tag of another run entry"):
             load_sweep(bad)
+    # the runs of one tag go by one tag
+    bad = write_sweep(tmp_path, small_config, [("fedavg", {"seeds": [0]}), ("fedprox", {}),
+                                               ("fedavg", {"seeds": [1], "costs_like": "fedprox"})])
+    with pytest.raises(ConfigError, match=r"runs\[2\]: tag 'fedavg' is also used by .* 'costs_like'"):
+        load_sweep(bad)
 
 
 @pytest.mark.parametrize(("seconds", "said"), [(0, "0 s"), (99.4, "99 s"), (99.6, "2 min"), (100, "2 min"),

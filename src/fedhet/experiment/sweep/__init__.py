@@ -17,9 +17,10 @@ A sweep file (YAML) names the runs::
         tag: b0.1_fedavg                # default: the config's file name without .yaml
       - {config: configs/papers/fedacd/fmnist_b0.1_fedacd.yaml, seeds: [0, 1], set: [eval.every=2]}
       - {config: configs/papers/fedacd/fmnist_b0.1_fedacd_base.yaml, costs_like: fmnist_b0.1_fedacd}
-                                        # costs_like: a tag whose completed runs say how long these take
-                                        # while none of their own has completed (for --list and
-                                        # --skip-runs-that-cannot-finish)
+                                        # costs_like: a tag whose completed runs (at the same grid point,
+                                        # filtered by these runs' own engine, threads and CPU) say how
+                                        # long these take while none of their own has completed (for
+                                        # --list and --skip-runs-that-cannot-finish)
 
 Each (run, grid point, seed) is one job with its own run directory ``<out>/<tag>[_<grid>]_s<seed>``
 and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds). The queue is the
@@ -53,10 +54,11 @@ shows it early. (They do not stop it early: a run's pace changes when a run
 beside it ends or a slow evaluation comes, as in the committed 200-round runs of
 benchmarks/runs/fedacd_fmnist_e5_r200, so a projection is a guide, not a verdict.)
 ``--skip-runs-that-cannot-finish`` (with ``--finish-by``) starts no run that would end after the
-limit by the pace of the slowest of its tag's completed runs on a machine like this one (:func:`expected_seconds`,
-:func:`like_runs`: the same CPU model, instruction sets and CPU count, as many threads a run,
-recorded on the CPU), or, while its tag has none, of its run entry's ``costs_like`` tag
-(:func:`pace_runs`); the queue's next run that fits starts instead, and a run with neither starts. It is for windows whose stopped runs cannot be resumed later (a machine that
+limit by the pace of the slowest of its tag's completed runs on a machine like this one
+(:func:`expected_seconds`, :func:`like_runs`: the same CPU model, instruction sets and CPU count, as
+many threads a run, recorded on the CPU), or, while its tag has none, of its run entry's
+``costs_like`` tag (:func:`pace_runs`); the queue's next run that fits starts instead, and a run
+with neither starts. It is for windows whose stopped runs cannot be resumed later (a machine that
 starts fresh). ``--list`` shows the same estimate (:func:`expected_run_seconds`) beside each run the
 sweep would start, and their total, to size a window before starting it.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
@@ -99,9 +101,9 @@ __all__ = [
     "job_status",
     "lane_threads",
     "like_runs",
-    "pace_runs",
     "load_sweep",
     "lock_holder",
+    "pace_runs",
     "resumable_sets",
     "resume_round",
     "rows_since",

@@ -109,9 +109,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     ``finish_by``: the seconds the sweep has: at the limit every run still going on is stopped and
     no run starts.
     ``skip_unfinishable`` (with ``finish_by``): start no run that would end after that limit, by the
-    seconds a round of the slowest of its tag's completed runs on a machine like this one
-    (:func:`expected_run_seconds`); the next run of the queue that fits
-    starts instead. A run without such a completed run starts."""
+    seconds a round of the slowest of its tag's completed runs on a machine like this one, or while
+    it has none of its run entry's ``costs_like`` tag (:func:`expected_run_seconds`, :func:`pace_runs`);
+    the next run of the queue that fits starts instead. A run with neither starts."""
     if no_start_after is not None and not 0 <= no_start_after < math.inf:
         raise ConfigError(f"--no-start-after must be 0 or more seconds, got {no_start_after:g}")
     if finish_by is not None and not 0 < finish_by < math.inf:
@@ -156,7 +156,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
 
     def cannot_finish(job: Job) -> str | None:
         """Why ``job`` would end after the --finish-by limit (None when it fits or nothing says)."""
-        need = expected_run_seconds(job, pace_runs(job, jobs, cpu, threads))
+        need = expected_run_seconds(job, pace_runs(job, sweep.jobs, cpu, threads))    # a costs_like left out by --only too
         left = deadline - time.monotonic() if deadline is not None else math.inf
         if need is None or need.seconds <= left:
             return None

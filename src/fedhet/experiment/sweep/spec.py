@@ -101,7 +101,8 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         raise ConfigError(f"{path}: 'grid' must map config keys to lists of values")
     jobs: list[Job] = []
     seen: dict[Path, str] = {}
-    tag_owner: dict[str, tuple[str, list[str], str]] = {}
+    tag_owner: dict[str, tuple[str, list[str], str, str]] = {}
+    costs_like: list[tuple[str, str, str]] = []     # (where, tag, the tag it costs like)
     for i, entry in enumerate(_as_list(raw["runs"], "runs", str(path))):
         where = f"{path}: runs[{i}]"
         if isinstance(entry, str):
@@ -116,10 +117,14 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         run_seeds = _seeds(entry.get("seeds", seeds), where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
         _refuse_threads_in_file(own, where)
-        first = tag_owner.setdefault(tag, (str(config), own, where))
-        if first[:2] != (str(config), own):
-            raise ConfigError(f"{where}: tag {tag!r} is also used by {first[2]} for another config or 'set'; "
-                              "runs of one tag are pooled as seeds of one experiment - give it another tag")
+        like = "" if entry.get("costs_like") is None else str(entry["costs_like"])
+        if like:
+            costs_like.append((where, tag, like))
+        first = tag_owner.setdefault(tag, (str(config), own, like, where))
+        if first[:3] != (str(config), own, like):
+            raise ConfigError(f"{where}: tag {tag!r} is also used by {first[3]} for another config, 'set' or "
+                              "'costs_like'; runs of one tag are pooled as seeds of one experiment - give it "
+                              "another tag")
         for suffix, grid_set in _grid_points(grid):
             group = f"{tag}_{suffix}" if suffix else tag
             for seed in run_seeds:
@@ -129,7 +134,6 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                                       "give the runs different tags")
                 seen[run_dir] = where
                 overrides = [*common, *own, *grid_set, *(extra_set or []), f"seed={seed}", f"name={group}"]
-                like = str(entry.get("costs_like") or "")
                 jobs.append(Job(group, int(seed), config, overrides, run_dir, tag,
                                 f"{like}_{suffix}" if like and suffix else like))
     # one baseline tag, or a list of them (one a split, each run paired with the one on its data)
@@ -143,10 +147,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         if tag not in {j.tag for j in jobs}:
             raise ConfigError(f"{path}: paired: {tag!r} is not the tag of any run (tags: "
                               f"{', '.join(sorted({j.tag for j in jobs}))})")
-    for job in jobs:
-        if job.costs_like and job.costs_like not in {j.tag for j in jobs if j.tag != job.tag}:
-            raise ConfigError(f"{path}: costs_like: {job.costs_like!r} of the runs tagged {job.run_tag!r} is not the "
-                              f"tag of another run (tags: {', '.join(sorted({j.run_tag for j in jobs}))})")
+    for where, tag, like in costs_like:
+        if like == tag or like not in tag_owner:
+            raise ConfigError(f"{where}: costs_like: {like!r} is not the tag of another run entry (tags: "
+                              f"{', '.join(sorted(tag_owner))})")
     verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
                  paired=paired, extra_set=list(extra_set or []),
