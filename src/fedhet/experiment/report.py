@@ -319,7 +319,9 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
         for d, s in runs:
             seed = int(s["seed"])
             theirs = {base: p[seed] for base, p in base_partition.items() if base != name and seed in p}
-            mine = _partition(d) if theirs else None
+            mine = None
+            if theirs:          # a baseline's own file was read above
+                mine = base_partition[name][seed] if name in base_partition else _partition(d)
             tables_of = [base for base, p in theirs.items() if mine is not None and p == mine]
             if name in base_partition:
                 tables_of.append(name)              # a baseline's own table holds its values

@@ -143,10 +143,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     elif not isinstance(paired, list):
         paired = [paired]
     paired = [str(tag) for tag in paired]
+    groups = {j.tag for j in jobs}
     for tag in paired:
-        if tag not in {j.tag for j in jobs}:
-            raise ConfigError(f"{path}: paired: {tag!r} is not the tag of any run (tags: "
-                              f"{', '.join(sorted({j.tag for j in jobs}))})")
+        if tag not in groups:
+            raise ConfigError(f"{path}: paired: {tag!r} is not the tag of any run (tags: {', '.join(sorted(groups))})")
     for where, tag, like in costs_like:
         if like == tag or like not in tag_owner:
             raise ConfigError(f"{where}: costs_like: {like!r} is not the tag of another run entry (tags: "
