@@ -1,0 +1,128 @@
+"""The table of ``fedhet compare`` (and the one printed after ``fedhet run`` and in a sweep's
+``sweep.md``): one row per experiment, its seeds pooled, with the paper's number where the config
+gives it; and ``compare``, which adds the plot and the paired differences."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from fedhet.core.errors import CheckpointError
+from fedhet.experiment.plots import plot_compare
+from fedhet.experiment.report.paired import paired_differences
+from fedhet.experiment.report.runs import group_runs, load_paper
+from fedhet.experiment.report.stats import format_mean_std
+from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.summary import selected_value
+
+
+def compare_table(run_dirs: list[Path], metric: str | None = None,
+                  grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> tuple[str, dict]:
+    """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting.
+
+    When a run's config carries a ``paper`` section, two columns give the paper's number and
+    the measured final minus it (mean over seeds), and the notes say which rule each side used."""
+    groups, left_out = grouped or group_runs(run_dirs)
+    if metric is not None:
+        recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
+        if metric not in recorded:
+            raise CheckpointError(f"--metric {metric}: no run compared recorded it; recorded: "
+                                  f"{', '.join(sorted(recorded)) or 'none'}")
+    papers = {name: load_paper(runs[0][0]) for name, runs in groups.items()}
+    with_paper = any(papers.values())
+    head = "| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |"
+    rule = "|---|---|---|---|---|---|---|---|"
+    metric_of = {name: metric or runs[0][1]["headline_metric"] for name, runs in groups.items()}
+    selected = {name: [v for _, s in runs if (v := selected_value(s, metric_of[name])) is not None]
+                for name, runs in groups.items()}
+    with_selected = any(selected.values())
+    if with_selected:
+        head, rule = head + " at best val (%) |", rule + "---|"
+    if with_paper:
+        head, rule = head + " paper (%) | final - paper |", rule + "---|---|"
+    lines = [head, rule]
+    curves: dict[str, list[list[tuple[int, float]]]] = {}
+    measured_rules: set[str] = set()
+    paper_notes: list[str] = []
+    unplotted: list[str] = []
+    cut: list[str] = []                # metrics.jsonl damaged after some rows: a shorter curve than the table's
+    for name, runs in groups.items():
+        m = metric_of[name]
+        stats = [s["metrics"].get(m, {}) for _, s in runs]
+        finals = [x["final"] for x in stats if x]
+        bests = [x["best"] for x in stats if x]
+        measured_rules.update(x["final_rule"] for x in stats if x.get("final_rule"))
+        rounds = sorted({s["rounds_completed"] for _, s in runs})
+        spr = [s["seconds_per_round_median"] for _, s in runs if s.get("seconds_per_round_median")]
+        spr_text = f"{statistics.median(spr):.2f}" if spr else "-"
+        row = (f"| {name} | {runs[0][1]['algorithm']} | {m} | {len(runs)} | {'/'.join(map(str, rounds))} | "
+               f"{format_mean_std(finals)} | {format_mean_std(bests)} | {spr_text} |")
+        if with_selected:
+            row += f" {format_mean_std(selected[name])} |"
+        if with_paper:
+            row += " " + _paper_cells(papers[name], m, runs) + " |"
+        lines.append(row)
+        rows_of = [read_metrics(d) for d, _ in runs]
+        curves[name] = [[(r["round"], r[m]) for r in rows if r.get(m) is not None] for rows in rows_of]
+        unplotted.extend(str(d) for (d, _), curve in zip(runs, curves[name]) if not curve)
+        cut.extend(f"{d} (rows up to round {rows[-1]['round']} of {s['rounds_completed']})"
+                   for (d, s), rows in zip(runs, rows_of) if rows and rows[-1]["round"] < s["rounds_completed"])
+        paper = papers[name]
+        if paper:
+            where = ", ".join(x for x in (paper.get("source"), paper.get("cell")) if x)
+            paper_notes.append(f"- {name}: {where}" + (f"; paper's rule: {paper['rule']}" if paper.get("rule") else ""))
+    notes = ("final = mean of the metric over the last evaluations (window in each summary"
+             + (f": {'; '.join(sorted(measured_rules))}" if measured_rules else "") + "); "
+             "best = max over evaluated rounds; ± = sample std over seeds."
+             + (" at best val = the metric at the first round with the highest validation accuracy (the "
+                "clients' held-out splits)." if with_selected else ""))
+    precisions = {name: sorted({(s.get("precision", "fp32"), s.get("eval_precision", "fp32")) for _, s in runs})
+                  for name, runs in groups.items()}
+    if len({p for ps in precisions.values() for p in ps}) > 1:     # rounding differs between the rows
+        notes += ("\n\nNot every run has the same precision (trained / evaluated): "
+                  + "; ".join(f"{name}: {', '.join(f'{t} / {e}' for t, e in ps)}" for name, ps in precisions.items()))
+    if left_out:
+        notes += "\n\nLeft out (not completed): " + "; ".join(left_out)
+    # an interrupted (or still running) run is pooled with the rounds it has, and said so
+    unfinished = [f"{d} ({s.get('status')}, {s.get('rounds_completed')} of {s.get('rounds_planned')} rounds)"
+                  for runs in groups.values() for d, s in runs if s.get("status") != "completed"]
+    if unfinished:
+        notes += ("\n\nNot finished, counted with the rounds they have (their final is not the planned run's): "
+                  + "; ".join(unfinished))
+    if unplotted:
+        notes += ("\n\nIn the table from their summaries, but not in the plot (no readable metrics.jsonl rows): "
+                  + "; ".join(unplotted))
+    if cut:
+        notes += ("\n\nIn the table from their summaries, but plotted only as far as their metrics.jsonl is readable: "
+                  + "; ".join(cut))
+    if paper_notes:
+        notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
+                  "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))
+    return "\n".join(lines) + "\n\n" + notes, curves
+
+
+def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]]) -> str:
+    if not paper:
+        return "- | -"
+    pm = paper.get("metric") or metric
+    finals = [s["metrics"][pm]["final"] for _, s in runs if s["metrics"].get(pm)]
+    value = 100 * paper["value"]
+    text = f"{value:.2f}" + (f" ± {100 * paper['std']:.2f}" if paper.get("std") is not None else "")
+    if pm != metric:
+        text += f" ({pm})"
+    diff = f"{100 * statistics.mean(finals) - value:+.2f}" if finals else "-"
+    return f"{text} | {diff}"
+
+
+def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None,
+            paired: str | Sequence[str] | None = None) -> str:
+    """The compare table of ``run_dirs`` with its notes, then the paired differences against each
+    baseline in ``paired`` (none when empty); the curves of ``metric`` plotted to ``plot_path``."""
+    grouped = group_runs(run_dirs)          # each summary read once
+    table, curves = compare_table(run_dirs, metric, grouped)
+    if plot_path is not None:
+        plot_compare(curves, metric or "headline accuracy", plot_path)
+    if paired:
+        table += "\n\n" + paired_differences(run_dirs, paired, metric, grouped)
+    return table
