@@ -144,8 +144,9 @@ class Vectorized(Transport):
                     raise
                 if key not in self._warned:
                     self._warned.add(key)
-                    warnings.warn(f"vectorized training failed ({type(e).__name__}: {e}); "
-                                  f"these clients train on the reference path", RuntimeWarning, stacklevel=2)
+                    warnings.warn(f"vectorized engine: training failed ({type(e).__name__}: {e}); these clients "
+                                  "train on the reference path, one client at a time; each is counted in "
+                                  "summary.json (engine.fallback_reasons)", RuntimeWarning, stacklevel=2)
                 # the error's type in the reason (an out-of-memory, an engine bug and a term that does not
                 # vmap count apart in summary.json) and the first one's message beside it
                 reason = f"vmap error ({type(e).__name__})"
