@@ -4,15 +4,20 @@ A method is a subclass of :class:`FedAvg` (or :class:`Algorithm`) that overrides
 a builder returning a :class:`SplitModel`; a loss term is a :class:`LossTerm`. A config names
 them by import path (``algorithm.name: mylab.methods:FedFoo``, ``model.arch: mylab.nets:tiny``;
 a dataset function and a partition function likewise, ``data.dataset``, ``data.partition.kind``),
-and every engine runs them as it runs the built-in ones (docs/extending.md). Names not listed here
-are internal and may change.
+and every engine runs them as it runs the built-in ones (docs/extending.md). The built-in methods'
+building blocks are here too: another set of weights' forward pass (``forward``), augmentations the
+vectorized engine batches (``Augmentation``), multi-phase and hand-written training
+(``concatenate_results``, ``epoch_batches``, ``total_loss``, ``check_finite``) and class statistics
+and prototypes (``class_statistics``, ``aggregate_prototypes``). Names not listed here are internal
+and may change.
 """
 
 from __future__ import annotations
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.base import Algorithm, update_reply
+from fedhet.algorithms.base import Algorithm, add_reasons, update_reply
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.prototypes import ClassStatistics, aggregate_prototypes, class_statistics
 from fedhet.core.contract import (
     Arrays,
     Batch,
@@ -26,20 +31,29 @@ from fedhet.core.contract import (
     State,
     TrainSettings,
 )
-from fedhet.core.errors import ConfigError
+from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.core.split import BODY, HEAD, linear_classifier, select
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
-from fedhet.training.augment import mixed
+from fedhet.training.augment import Augmentation, mixed
 from fedhet.training.dropout import StreamDropout
-from fedhet.training.local import trained_names
-from fedhet.training.objective import CrossEntropy, LossTerm
+from fedhet.training.local import (
+    check_finite,
+    concatenate_results,
+    epoch_batches,
+    forward,
+    trained_names,
+    trains_in_channels_last,
+)
+from fedhet.training.objective import CrossEntropy, LossTerm, total_loss
 
 __all__ = [
     "Algorithm",
     "Arrays",
+    "Augmentation",
     "BODY",
     "Batch",
+    "ClassStatistics",
     "ClientData",
     "ClientRuntime",
     "ConfigError",
@@ -50,17 +64,27 @@ __all__ = [
     "LocalResult",
     "LossTerm",
     "Message",
+    "NumericalError",
     "Replies",
     "RoundContext",
     "SplitModel",
     "State",
     "StreamDropout",
     "TrainSettings",
+    "add_reasons",
+    "aggregate_prototypes",
+    "check_finite",
+    "class_statistics",
+    "concatenate_results",
+    "epoch_batches",
+    "forward",
     "linear_classifier",
     "mixed",
     "save_arrays",
     "select",
+    "total_loss",
     "trained_names",
+    "trains_in_channels_last",
     "update_reply",
     "weighted_average",
 ]

@@ -25,7 +25,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "extending"
 def examples_on_path(monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
     yield
-    for name in ("feddamp", "nets", "broken_plugin"):
+    for name in ("feddamp", "nets", "flips", "broken_plugin"):
         sys.modules.pop(name, None)
 
 
@@ -90,6 +90,54 @@ def test_a_plugin_method_and_model_run_end_to_end_and_vmapped(small_config, exam
     par = fedhet.run(raw, {"run.engine": "parallel", "run.workers": 2}, out=tmp_path / "par", progress=False)
     assert par.summary["engine"]["engine"] == "parallel" and par.summary["status"] == "completed"
     assert par.metric("train_loss") == ref.metric("train_loss")
+
+
+def test_an_augmentation_of_ones_own_mirrors_the_drawn_images_on_every_engine(small_config, examples_on_path,
+                                                                               tmp_path):
+    """examples/extending/flips.py: RandomFlip mirrors exactly the images its draw picked (by hand: a
+    2x3 image and its mirror), and FedFlip trains with it on every engine as a built-in augmentation
+    trains: the vectorized engine vmaps it (no fallback) and ends where the reference engine does."""
+    from flips import RandomFlip
+
+    from fedhet.extend import Batch
+    x = torch.arange(12.0).view(2, 1, 2, 3)
+    batch = Batch(x, torch.tensor([0, 1]), torch.tensor([0, 1]), {})
+    out = RandomFlip(0.5).apply(batch, {"flip": torch.tensor([True, False])})
+    assert out.x[0, 0].tolist() == [[2.0, 1.0, 0.0], [5.0, 4.0, 3.0]]       # row by row, right to left
+    assert torch.equal(out.x[1], x[1]) and torch.equal(out.y, batch.y)
+    generator = torch.Generator().manual_seed(0)
+    assert RandomFlip(0.0).draw(64, generator)["flip"].sum() == 0
+    assert RandomFlip(1.0).draw(64, generator)["flip"].all()
+
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "flips:FedFlip", "params": {"flip_p": 0.5}}
+    raw["train"]["rounds"] = 2
+    ref = fedhet.run(raw, {"run.engine": "reference"}, out=tmp_path / "ref", progress=False)
+    vec = fedhet.run(raw, {"run.engine": "vectorized"}, out=tmp_path / "vec", progress=False)
+    engine = vec.summary["engine"]
+    assert engine["fallback_requests"] == 0 and engine["vectorized_requests"] > 0, engine
+    for (_, a), (_, b) in zip(ref.metric("train_loss"), vec.metric("train_loss"), strict=True):
+        assert a == pytest.approx(b, rel=1e-4)
+    plain = fedhet.run(raw, {"algorithm.params.flip_p": 0.0}, out=tmp_path / "plain", progress=False)
+    assert plain.metric("train_loss") != ref.metric("train_loss")        # the flips reached training
+
+
+def test_forward_of_other_weights_leaves_a_methods_own_entries_out():
+    """fedhet.extend.forward runs a model with weights other than its own (a teacher's, the global
+    model's), binding only the entries the network has: a method's own entry beside them is ignored."""
+    from fedhet.extend import forward
+    from fedhet.models import build_model
+
+    model = build_model("cnn2", 1, 10, 28).eval()
+    other = {k: torch.randn_like(v) if v.is_floating_point() else v for k, v in model.state_dict().items()}
+    x = torch.randn(3, 1, 28, 28)
+    out = forward(model, {**other, "mymethod.temperature": torch.ones(1)}, x)
+    reference = copy.deepcopy(model)
+    reference.load_state_dict(other)
+    features, logits = reference(x, with_features=True)
+    torch.testing.assert_close(out.logits, logits)
+    torch.testing.assert_close(out.features, features)
+    assert not torch.allclose(out.logits, model(x))        # the model's own weights were not used
 
 
 @pytest.mark.parametrize(("name", "message"), [

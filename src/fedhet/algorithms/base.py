@@ -106,7 +106,8 @@ class Algorithm:
         (Per-FedAvg's meta steps are plain SGD: no momentum). The run warns of them when it starts
         and records them in ``summary.json`` (``settings_not_applied``), so that no setting is
         dropped without a word. ``settings`` are the first round's. Call ``super()`` and add yours
-        with :func:`add_reasons`, so that a combination names every component's. Default: none."""
+        with :func:`add_reasons` (``fedhet.extend.add_reasons``), so that a combination names every
+        component's. Default: none."""
         return {}
 
     # --- server side -------------------------------------------------------------------
