@@ -238,6 +238,38 @@ def test_fedavgm_without_momentum_is_fedavg():
         torch.testing.assert_close(new["model"][k], avg["model"][k], rtol=0, atol=1e-6)
 
 
+class _WithBuffer(nn.Module):
+    """body: a Linear and a floating-point buffer ``scale`` (persistent or not); head: a Linear,
+    optionally with a buffer of its own; BatchNorm beside them."""
+
+    def __init__(self, persistent: bool, where: str = "body"):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2))
+        self.head = nn.Linear(2, 2)
+        getattr(self, where).register_buffer("scale", torch.ones(2), persistent=persistent)
+
+
+@pytest.mark.parametrize(("algorithm", "rule"), [
+    (FedAvgM(), "its server momentum"), (Scaffold(), "its control variates"), (FedDyn(), "its state h"),
+])
+def test_a_method_with_a_server_rule_over_the_weights_refuses_a_buffer_it_would_take_for_one(algorithm, rule):
+    """The server tells buffers from weights by BatchNorm's names: a model with another persistent
+    floating-point buffer is refused with the fix (a non-persistent buffer, not sent at all); BatchNorm's
+    statistics and a non-persistent buffer pass."""
+    with pytest.raises(ConfigError, match=rf"{algorithm.name} with model mine: .*'body\.scale', which {rule}.*"
+                                          r"persistent=False"):
+        algorithm.check_model("mine", _WithBuffer(persistent=True))
+    algorithm.check_model("mine", _WithBuffer(persistent=False))
+    FedAvg().check_model("mine", _WithBuffer(persistent=True))      # FedAvg averages a buffer as it is
+
+
+def test_fedbabu_refuses_only_a_buffer_in_the_head_it_freezes():
+    from fedhet.algorithms.fedbabu import FedBABU
+    FedBABU().check_model("mine", _WithBuffer(persistent=True, where="body"))
+    with pytest.raises(ConfigError, match=r"fedbabu with model mine: .*'head\.scale', which its frozen head"):
+        FedBABU().check_model("mine", _WithBuffer(persistent=True, where="head"))
+
+
 # --- SCAFFOLD -----------------------------------------------------------------------------
 def test_linear_term_sgd_step_is_corrected_gradient_step():
     torch.manual_seed(2)

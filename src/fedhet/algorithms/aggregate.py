@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from torch import nn
 
 from fedhet.core.contract import Arrays
+from fedhet.core.errors import ConfigError
 
 
 def weighted_average(models: Sequence[Arrays], weights: Sequence[float], keys: Sequence[str] | None = None) -> Arrays:
@@ -50,6 +52,24 @@ def server_trainable(weights: Arrays) -> list[str]:
     """
     return [k for k, v in weights.items()
             if v.is_floating_point() and k.rsplit(".", 1)[-1] not in BN_STATISTICS]
+
+
+def check_buffers_known_to_server(method: str, arch: str, model: nn.Module, rule: str, prefix: str = "") -> None:
+    """Refuse a model with a floating-point buffer (under ``prefix``: the part the rule acts on) the
+    server would take for a weight: it tells buffers from weights by BatchNorm's names
+    (:func:`server_trainable`), so a server ``rule`` over the weights (FedAvgM's momentum, SCAFFOLD's
+    control variates) would act on such a buffer too."""
+    kept = set(model.state_dict())           # a non-persistent buffer is not in the weights at all
+    unknown = [name for name, buffer in model.named_buffers()
+               if name in kept and name.startswith(prefix) and buffer.is_floating_point()
+               and name.rsplit(".", 1)[-1] not in BN_STATISTICS]
+    if unknown:
+        shown = ", ".join(repr(n) for n in unknown[:3]) + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else "")
+        raise ConfigError(f"{method} with model {arch}: its server tells a model's buffers from its weights by "
+                          f"BatchNorm's buffer names ({', '.join(BN_STATISTICS)}), and the model has the "
+                          f"floating-point buffer(s) {shown}, which {rule} would treat as weights. Register a "
+                          "constant buffer with register_buffer(name, tensor, persistent=False) (it is then not "
+                          "sent at all), or choose a method without that server rule")
 
 
 def zeros_for_trainable(weights: Arrays) -> Arrays:

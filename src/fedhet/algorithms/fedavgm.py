@@ -16,8 +16,9 @@ momentum step on a running variance could overshoot below zero.
 from __future__ import annotations
 
 from pydantic import Field
+from torch import nn
 
-from fedhet.algorithms.aggregate import zeros_for_trainable
+from fedhet.algorithms.aggregate import check_buffers_known_to_server, zeros_for_trainable
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, Replies, RoundContext, State
 
@@ -28,6 +29,10 @@ class FedAvgM(FedAvg):
     class Params(FedAvg.Params):
         server_momentum: float = Field(0.9, ge=0, lt=1)
         server_lr: float = Field(1.0, gt=0)
+
+    def check_model(self, arch: str, model: nn.Module) -> None:
+        super().check_model(arch, model)
+        check_buffers_known_to_server(self.name, arch, model, "its server momentum")
 
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)

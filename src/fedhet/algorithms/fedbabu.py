@@ -48,8 +48,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
+from torch import nn
 
-from fedhet.algorithms.aggregate import server_trainable
+from fedhet.algorithms.aggregate import check_buffers_known_to_server, server_trainable
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -87,6 +88,11 @@ class FedBABU(FedAvg):
     class Params(FedAvg.Params):
         finetune_epochs: int = Field(5, ge=0)        # official code ft_ep = 5 (PFLlib: 10)
         finetune_part: Literal["full", "head", "body"] = "full"
+
+    def check_model(self, arch: str, model: nn.Module) -> None:
+        super().check_model(arch, model)
+        check_buffers_known_to_server(self.name, arch, model, "its frozen head (never sent, never averaged)",
+                                      prefix=HEAD)
 
     # --- server ---------------------------------------------------------------------------
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:

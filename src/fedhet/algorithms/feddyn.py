@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import zeros_for_trainable
+from fedhet.algorithms.aggregate import check_buffers_known_to_server, zeros_for_trainable
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -52,6 +52,10 @@ class FedDyn(FedAvg):
         state = super().init_server_state(init_models)
         state["h"] = zeros_for_trainable(state["model"])
         return state
+
+    def check_model(self, arch: str, model: torch.nn.Module) -> None:
+        super().check_model(arch, model)
+        check_buffers_known_to_server(self.name, arch, model, "its state h (the sum of the clients' drifts)")
 
     def aggregation_weights(self, replies: Replies, cids: list[int]) -> list[float]:
         """Alg. 1, line 9: the uniform mean over the clients that answered."""

@@ -43,7 +43,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field
 
-from fedhet.algorithms.aggregate import zeros_for_trainable
+from fedhet.algorithms.aggregate import check_buffers_known_to_server, zeros_for_trainable
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import (
     Arrays,
@@ -98,6 +98,10 @@ class Scaffold(FedAvg):
         state = super().init_server_state(init_models)
         state["control"] = zeros_for_trainable(state["model"])
         return state
+
+    def check_model(self, arch: str, model: torch.nn.Module) -> None:
+        super().check_model(arch, model)
+        check_buffers_known_to_server(self.name, arch, model, "its control variates")
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
         msg = super().train_message(state, cid, ctx)
