@@ -157,7 +157,13 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
     (tmp_path / "broken_plugin.py").write_text(
         "from fedhet.extend import FedAvg\n\nclass Nameless(FedAvg):\n    pass\n\n"
         "def not_split(in_channels, num_classes, image_size):\n    import torch\n    return torch.nn.Linear(2, 2)\n"
-        "\nraise_on_import = False\n")
+        "\nraise_on_import = False\n"
+        "\ndef normed(in_channels, num_classes, image_size, norm='bn', hidden=8):\n"
+        "    from torch import nn\n    from fedhet.extend import SplitModel\n"
+        "    layer = nn.GroupNorm(2, hidden) if norm == 'gn' else nn.BatchNorm1d(hidden)\n"
+        "    stages = [('flat', nn.Flatten()), ('fc', nn.Sequential(nn.Linear(in_channels * image_size ** 2, hidden), "
+        "layer)),\n              ('out', nn.Linear(hidden, num_classes))]\n"
+        "    return SplitModel(stages, 'out', (in_channels, image_size, image_size))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ConfigError, match="no name of its own .*inherits 'fedavg'.*name = 'nameless'"):
         make_algorithm(cfg_of(small_config, algorithm={"name": "broken_plugin:Nameless"}))
@@ -165,9 +171,16 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
                           ("broken_plugin:raise_on_import", "it names a bool .*not a model builder"),
                           ("nets:small_mlp", None)]:
         cfg = cfg_of(small_config, model={"arch": arch, "norm": "gn"} if message is None else {"arch": arch})
-        with pytest.raises(ConfigError, match=f"model {arch}: " + (message or "model.norm applies to fedhet's "
-                                                                    "built-in models only")):
+        with pytest.raises(ConfigError, match=f"model {arch}: " + (message or "model.norm gn: this builder has no "
+                                                                    "norm parameter to receive it; add one")):
             build_loop(cfg)
+    # a builder with a norm parameter receives model.norm, as fedhet's own models do
+    for norm, layer in (("gn", torch.nn.GroupNorm), ("bn", torch.nn.BatchNorm1d)):
+        loop = build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "norm": norm}))
+        assert any(isinstance(m, layer) for m in loop.host.models["broken_plugin:normed"].modules())
+    with pytest.raises(ConfigError, match="model.options.norm: every model builder gets norm from model.norm; set "
+                                          "model.norm instead"):
+        build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "options": {"norm": "gn"}}))
 
 
 def test_a_module_that_raises_on_import_names_its_file_and_line(small_config, tmp_path, monkeypatch):

@@ -114,6 +114,19 @@ class ModelConfig(Strict):
         return self
 
     @pydantic.model_validator(mode="after")
+    def _options_leave_fedhets_arguments_alone(self) -> ModelConfig:
+        # what every builder is called with; an option of the same name would be a second value for it
+        given_by_fedhet = {"in_channels": "the data", "num_classes": "the data", "image_size": "the data",
+                           "split": "model.split", "norm": "model.norm"}
+        for where, options in [("model.options", self.options),
+                               *((f"model.arch_options.{a}", o) for a, o in self.arch_options.items())]:
+            for key in sorted(set(options) & set(given_by_fedhet)):
+                fix = (f"set {given_by_fedhet[key]} instead" if given_by_fedhet[key].startswith("model.")
+                       else "leave it out")
+                raise ValueError(f"{where}.{key}: every model builder gets {key} from {given_by_fedhet[key]}; {fix}")
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _arch_options_name_archs(self) -> ModelConfig:
         unknown = sorted(set(self.arch_options) - set(self.archs()))
         if unknown:

@@ -6,6 +6,7 @@ valid choices in the message; config-level callers turn it into ``ConfigError``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -146,15 +147,24 @@ def _user_model(
 ) -> SplitModel:
     """A model of the user's own: ``spec`` (``MODULE:FUNCTION``) names a builder called as
     ``builder(in_channels, num_classes, image_size, **options)``, plus ``split=`` when the config
-    sets ``model.split``; it must return a :class:`SplitModel` (body -> features -> head)."""
+    sets ``model.split`` and ``norm=`` (``model.norm``) when the builder has a ``norm`` parameter;
+    it must return a :class:`SplitModel` (body -> features -> head)."""
     builder = load_object(spec)
     if not callable(builder):
         raise ValueError(f"it names {describe(builder)}, not a model builder: name a function "
                          "(in_channels, num_classes, image_size, **options) -> SplitModel")
-    if norm != "bn":
-        raise ValueError("model.norm applies to fedhet's built-in models only; give your builder an option of its own "
-                         "(model.options) for its normalization")
-    model = builder(in_channels, num_classes, image_size, **({"split": split} if split is not None else {}), **options)
+    try:
+        takes_norm = "norm" in inspect.signature(builder).parameters
+    except (TypeError, ValueError):          # a builtin or C callable: no signature to read
+        takes_norm = False
+    if not takes_norm and norm != "bn":
+        raise ValueError(f"model.norm {norm}: this builder has no norm parameter to receive it; add one "
+                         "(norm='bn', as fedhet's models: 'bn' or 'gn') or give it an option of its own "
+                         "(model.options)")
+    extra = {"split": split} if split is not None else {}
+    if takes_norm:
+        extra["norm"] = norm
+    model = builder(in_channels, num_classes, image_size, **extra, **options)
     if not isinstance(model, SplitModel):
         raise ValueError(f"the builder returned {describe(model)}, not a fedhet SplitModel: build it as "
                          "SplitModel(stages, split, input_shape) so that fedhet knows its body and its head "
