@@ -124,14 +124,14 @@ def test_supcon_views_shapes_ranges_determinism_and_crop_scales():
 
 def mixed_config(small_config, clients_per_round=3, **params):
     raw = copy.deepcopy(small_config)
-    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]}
+    raw["model"] = {"arch": ["fca_tiny_a", "fca_tiny_b", "fca_tiny_c"]}
     raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
     return config(raw, "fedclassavg", params, rounds=2, clients_per_round=clients_per_round)
 
 
 def test_only_the_classifier_travels_and_bodies_never_mix(small_config):
     loop = build_loop(mixed_config(small_config, clients_per_round=6))      # everyone, every round
-    assert loop.host.client_arch[:4] == ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c", "fca_cnn_a"]
+    assert loop.host.client_arch[:4] == ["fca_tiny_a", "fca_tiny_b", "fca_tiny_c", "fca_tiny_a"]
     for rnd in range(2):
         loop.run_round(rnd)
     totals = loop.ledger.totals()
@@ -141,7 +141,7 @@ def test_only_the_classifier_travels_and_bodies_never_mix(small_config):
     # each client's body is its own: clients 0 and 3 (same architecture, same initial weights)
     # differ after training on their own data, and neither equals the initialisation
     a, b = loop.client_states[0]["model"], loop.client_states[3]["model"]
-    init = loop.host.init_models["fca_cnn_a"]
+    init = loop.host.init_models["fca_tiny_a"]
     for k in ("body.fcin.weight", "body.conv1.0.weight"):
         assert not torch.equal(a[k], b[k]) and not torch.equal(a[k], init[k]), k
 
@@ -150,7 +150,7 @@ def test_in_a_one_architecture_federation_only_the_classifier_travels_too(small_
     """Sec. 4.1: clients upload their classifiers alone, also where the bodies could be averaged (a
     federation of one architecture): the server state holds a head, and each body stays the client's."""
     raw = copy.deepcopy(small_config)
-    raw["model"] = {"arch": "fca_cnn_a"}
+    raw["model"] = {"arch": "fca_tiny_a"}
     raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
     loop = build_loop(config(raw, "fedclassavg", {}, rounds=2, clients_per_round=6))
     for rnd in range(2):
@@ -181,7 +181,7 @@ def test_the_server_averages_classifiers_by_size_and_clients_start_from_it(small
     reply, state = loop.algorithm.client_update(Message("train", {"head": glob}), None, runtime(loop, 1))
     for k, v in glob.items():
         torch.testing.assert_close(reply.arrays["head"][k], v, atol=1e-9, rtol=0)
-    init_body = {k: v for k, v in loop.host.init_models["fca_cnn_b"].items() if k.startswith("body.")}
+    init_body = {k: v for k, v in loop.host.init_models["fca_tiny_b"].items() if k.startswith("body.")}
     for k, v in init_body.items():
         torch.testing.assert_close(state["model"][k], v, atol=1e-9, rtol=0)
 
@@ -191,7 +191,7 @@ def test_the_proximal_term_touches_only_the_classifier(small_config):
     loop = build_loop(mixed_config(small_config, contrastive=False, pretrain=False, rho=10.0))
     terms = loop.algorithm.terms(loop.server_state["head"])
     prox = [t for t in terms if isinstance(t, HeadProximal)][0]
-    w = {k: (v + 0.1).requires_grad_(True) for k, v in loop.host.init_models["fca_cnn_a"].items()}
+    w = {k: (v + 0.1).requires_grad_(True) for k, v in loop.host.init_models["fca_tiny_a"].items()}
     value = prox(Forward(torch.zeros(1, 1), torch.zeros(1, 10)), Batch(torch.zeros(1, 1, 2, 2), torch.zeros(1, dtype=torch.long), torch.arange(1)), w)
     grads = torch.autograd.grad(value, list(w.values()), allow_unused=True)
     for (k, v), g in zip(w.items(), grads):

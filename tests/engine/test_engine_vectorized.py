@@ -807,10 +807,10 @@ def test_client_error_propagates_and_ends_every_client_thread(small_config):
 
 def test_mixed_architectures_are_trained_in_groups_per_architecture(small_config):
     """FedClassAvg's setting without its augmentation (which is per-client, so its rounds take the
-    reference path): clients of three architectures (fca_cnn_*) each keeping its own model
+    reference path): clients of three architectures (fca_tiny_*) each keeping its own model
     (Local-only); the vectorized engine trains one group per architecture and agrees with the reference."""
     cfg = make_config(small_config, "local", momentum=0.5, clients_per_round=6)
-    cfg.model.arch = ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]
+    cfg.model.arch = ["fca_tiny_a", "fca_tiny_b", "fca_tiny_c"]
     ref, vec = run_both(cfg)
     assert vec.transport.counters["fallback_requests"] == 0
     assert vec.transport.counters["groups"] == 3 * 2                 # one group per architecture and round

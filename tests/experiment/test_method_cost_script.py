@@ -140,7 +140,7 @@ def test_round_2_of_a_whole_federation_leaves_out_fedclassavgs_pretraining_epoch
     # FedClassAvg pre-trains a client for one epoch at its first participation: with all 6 clients in
     # the round, round 1 trains two epochs of every client, round 2 one (the same batches, drop_last)
     raw = copy.deepcopy(small_config)
-    raw["model"] = {"arch": ["fca_cnn_a", "fca_cnn_b", "fca_cnn_c"]}
+    raw["model"] = {"arch": ["fca_tiny_a", "fca_tiny_b", "fca_tiny_c"]}
     raw["algorithm"] = {"name": "fedclassavg"}
     raw["train"].update(optimizer="adam", betas=[0.5, 0.999], lr=1e-3, momentum=0.0)
     (tmp_path / "fca.yaml").write_text(yaml.safe_dump(raw))
