@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set everything up, then run the static checks and the whole test suite.
-#   bash scripts/test.sh                     # everything, as CI runs it (9-11 min on 2 quiet cores, up to 25 on slower ones: README)
+#   bash scripts/test.sh                     # everything, as CI runs it (10-13 min on 2 quiet cores, up to 25 on slower ones: README)
 #   bash scripts/test.sh -m "not deploy"     # the fast tier: no real Flower deployments
 #   bash scripts/test.sh tests/engine -n 0   # any pytest arguments (-n 0: no worker processes)
 set -euo pipefail
