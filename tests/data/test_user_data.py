@@ -167,6 +167,11 @@ def halves(labels, num_clients, rng, shift=0):
     order = np.argsort(labels, kind="stable")
     return [np.sort(part) for part in np.array_split(np.roll(order, shift), num_clients)]
 
+def writers_in_turn(labels, num_clients, rng, writers, per_client=1):
+    # client c gets the images of writers c*per_client .. (c+1)*per_client - 1, in id order
+    ids = np.unique(writers)
+    return [np.flatnonzero(np.isin(writers, ids[c * per_client:(c + 1) * per_client])) for c in range(num_clients)]
+
 def any_params(labels, num_clients, rng, **params):
     return [np.sort(p) for p in np.array_split(np.arange(len(labels)), num_clients)]
 
@@ -247,6 +252,29 @@ def test_an_error_inside_a_partition_function_keeps_its_own_traceback(small_conf
     with pytest.raises(TypeError, match="unsupported operand") as info:
         build_federation(load_config(raw=raw).data, seed=0)
     assert info.traceback[-1].name == "buggy_body"        # the user's line, not a re-worded call error
+
+
+def test_a_partition_function_of_ones_own_gets_the_writers_it_asks_for(small_config, user_module):
+    """A partition function with a ``writers`` parameter gets each pooled image's natural client, as
+    the built-in natural partition does (userdata:data's 60 training images: writers 0, 1, 2 of 20 each);
+    data without writers, and a config that sets writers itself, are refused with the fix."""
+    from fedhet.core.errors import PartitionError
+
+    raw = copy.deepcopy(small_config)
+    raw["train"]["clients_per_round"] = 1
+    raw["data"] = {"dataset": "userdata:data", "num_clients": 1, "pool": "train",
+                   "partition": {"kind": "userdata:writers_in_turn", "per_client": 2},
+                   "local_test": {"source": "test_set", "fraction": 0.2}}
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert [idx.tolist() for idx in fed.train_idx] == [list(range(0, 40))]          # writers 0 and 1
+    raw["data"]["partition"] = {"kind": "userdata:writers_in_turn", "writers": [0]}
+    with pytest.raises(PartitionError, match="writers is not a parameter to set"):
+        build_federation(load_config(raw=raw).data, seed=0)
+    raw["data"]["partition"] = {"kind": "userdata:writers_in_turn"}
+    raw["data"].update(pool="train+test", local_test={"source": "holdout", "fraction": 0.2})
+    with pytest.raises(PartitionError, match="takes writers, each sample's natural client, and this data has none.*"
+                                             "use data.pool: train"):
+        build_federation(load_config(raw=raw).data, seed=0)
 
 
 def test_a_partition_function_with_a_params_catch_all_takes_any_parameter(small_config, user_module):

@@ -170,14 +170,20 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             held = stratified_draw(labels, left_out, public_spec.size, numpy_rng(seed, "public"), "unsampled")
             public = pool.x[torch.as_tensor(held)]
         partition_seed = int(numpy_rng(seed, "partition").integers(2**31))
+
+        def writers_of(idx: np.ndarray) -> np.ndarray | None:
+            return None if pool.writers is None else pool.writers[idx]
+
         try:
-            parts = partitioners.partition(cfg.partition.kind, labels[kept], k, seed=partition_seed, **options)
+            parts = partitioners.partition(cfg.partition.kind, labels[kept], k, seed=partition_seed,
+                                           sample_writers=writers_of(kept), **options)
         except PartitionError as e:
             # name data.pool_fraction only where it is the cause: the whole pool would partition
             hint = ""
             if cfg.pool_fraction < 1:
                 try:
-                    partitioners.partition(cfg.partition.kind, labels[available], k, seed=partition_seed, **options)
+                    partitioners.partition(cfg.partition.kind, labels[available], k, seed=partition_seed,
+                                           sample_writers=writers_of(available), **options)
                     hint = _pool_hint(cfg, len(kept), k)
                 except PartitionError:
                     pass

@@ -66,13 +66,16 @@ PARTITIONS: dict[str, Callable[..., list[np.ndarray]]] = {
 
 
 def partition(
-    kind: str, labels: np.ndarray, num_clients: int, seed: int, **params: Any
+    kind: str, labels: np.ndarray, num_clients: int, seed: int, *, sample_writers: np.ndarray | None = None,
+    **params: Any
 ) -> list[np.ndarray]:
     """Split ``labels``' indices among ``num_clients`` clients with partitioner ``kind``.
 
-    ``params`` are checked against the partitioner's signature before anything runs. Returns
-    one sorted int64 index array per client; the same (kind, labels, num_clients, seed,
-    params) always gives the same arrays.
+    ``params`` are checked against the partitioner's signature before anything runs. A function
+    of one's own with a parameter named ``writers`` gets ``sample_writers``, each sample's natural client
+    (FEMNIST's writers, ``clients_train`` of data of one's own), as the built-in ``natural``
+    partition uses them; it is refused when the data has none. Returns one sorted int64 index array
+    per client; the same (kind, labels, num_clients, seed, params) always gives the same arrays.
     """
     if is_import_path(kind):
         fn = _user_partitioner(kind)
@@ -92,8 +95,19 @@ def partition(
         where = f"data.partition.kind {kind!r}" if is_import_path(kind) else f"partition {kind!r}"
         raise PartitionError(f"{where}: a partition function takes (labels, num_clients, rng, **params); "
                              f"this one's signature is ({', '.join(p.name for p in signature)})")
-    # after labels, n, rng: the named parameters (a **params of a user's function takes any others)
-    accepted = [p for p in signature[3:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    # after labels, n, rng: the named parameters (a **params of a user's function takes any others);
+    # ``writers`` is the data's to give, not the config's
+    takes_writers = is_import_path(kind) and any(
+        p.name == "writers" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in signature[3:])
+    if takes_writers and "writers" in params:
+        raise PartitionError(f"data.partition.kind {kind!r}: writers is not a parameter to set; fedhet passes each "
+                             "sample's natural client (the data's writers or clients_train) there")
+    if takes_writers and sample_writers is None:
+        raise PartitionError(f"data.partition.kind {kind!r} takes writers, each sample's natural client, and this "
+                             "data has none in the pool (femnist's writers, or clients_train of data of your own; "
+                             "data.pool: train+test has none: use data.pool: train)")
+    accepted = [p for p in signature[3:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                and not (takes_writers and p.name == "writers")]
     takes_any = any(p.kind == p.VAR_KEYWORD for p in signature)
     names = [p.name for p in accepted]
     listing = ", ".join(names) + (", and any other" if takes_any else "") if names or takes_any else "none"
@@ -113,12 +127,13 @@ def partition(
     rng = np.random.default_rng(int(seed))
     if not is_import_path(kind):
         return fn(labels, num_clients, rng, **params)
+    given = {**params, "writers": sample_writers} if takes_writers else params
     try:       # the call's shape is checked here, so an error raised inside the function keeps its traceback
-        inspect.signature(fn).bind(labels, num_clients, rng, **params)
+        inspect.signature(fn).bind(labels, num_clients, rng, **given)
     except TypeError as e:
         raise PartitionError(f"data.partition.kind {kind!r} could not be called as (labels, num_clients, rng, "
                              f"**params): {e}") from None
-    parts = fn(labels, num_clients, rng, **params)
+    parts = fn(labels, num_clients, rng, **given)
     return _checked_parts(kind, parts, len(labels), num_clients)
 
 
