@@ -5,7 +5,8 @@ An :class:`Augmentation` comes in two parts: ``draw`` makes every random choice 
 the stream it is given (so a run is reproducible per seed, round, client and epoch), and ``apply``
 is tensor arithmetic on the batch alone. ``signature`` says which instances may be applied together.
 
-    fedhet run CONFIG --set algorithm.name=flips:FedFlip --set name=fedflip --set algorithm.params.flip_p=0.5
+    PYTHONPATH=examples/extending fedhet run configs/quickstart.yaml --set algorithm.name=flips:FedFlip \
+        --set name=fedflip --set algorithm.params.flip_p=0.5
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class FedFlip(FedAvg):
     """FedAvg whose clients train on randomly mirrored images."""
 
     name = "fedflip"
+    takes_mixup = False          # the flips take the augmentation slot mixup would use: mixup is refused
 
     class Params(FedAvg.Params):
         flip_p: float = Field(0.5, ge=0, le=1)

@@ -266,7 +266,7 @@ def test_a_method_with_a_server_rule_over_the_weights_refuses_a_buffer_it_would_
 def test_fedbabu_refuses_only_a_buffer_in_the_head_it_freezes():
     from fedhet.algorithms.fedbabu import FedBABU
     FedBABU().check_model("mine", _WithBuffer(persistent=True, where="body"))
-    with pytest.raises(ConfigError, match=r"fedbabu with model mine: .*'head\.scale', which its frozen head"):
+    with pytest.raises(ConfigError, match=r"fedbabu with model mine: .*'head\.scale', which its head freezing"):
         FedBABU().check_model("mine", _WithBuffer(persistent=True, where="head"))
 
 

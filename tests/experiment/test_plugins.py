@@ -92,11 +92,12 @@ def test_a_plugin_method_and_model_run_end_to_end_and_vmapped(small_config, exam
     assert par.metric("train_loss") == ref.metric("train_loss")
 
 
-def test_an_augmentation_of_ones_own_mirrors_the_drawn_images_on_every_engine(small_config, examples_on_path,
-                                                                               tmp_path):
+def test_an_augmentation_of_ones_own_mirrors_the_drawn_images_and_is_vmapped(small_config, examples_on_path,
+                                                                             tmp_path):
     """examples/extending/flips.py: RandomFlip mirrors exactly the images its draw picked (by hand: a
-    2x3 image and its mirror), and FedFlip trains with it on every engine as a built-in augmentation
-    trains: the vectorized engine vmaps it (no fallback) and ends where the reference engine does."""
+    2x3 image and its mirror), and FedFlip trains with it as a built-in augmentation trains: the
+    vectorized engine vmaps it (no fallback) and ends where the reference engine does. FedFlip's flips
+    take the augmentation slot mixup would use, so mixup is refused when the method is made."""
     from flips import RandomFlip
 
     from fedhet.extend import Batch
@@ -120,6 +121,8 @@ def test_an_augmentation_of_ones_own_mirrors_the_drawn_images_on_every_engine(sm
         assert a == pytest.approx(b, rel=1e-4)
     plain = fedhet.run(raw, {"algorithm.params.flip_p": 0.0}, out=tmp_path / "plain", progress=False)
     assert plain.metric("train_loss") != ref.metric("train_loss")        # the flips reached training
+    with pytest.raises(ConfigError, match="algorithm.params.mixup: fedflip cannot train with mixup"):
+        make_algorithm(cfg_of(small_config, algorithm={"name": "flips:FedFlip", "params": {"mixup": True}}))
 
 
 def test_forward_of_other_weights_leaves_a_methods_own_entries_out():
@@ -158,7 +161,7 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
         "from fedhet.extend import FedAvg\n\nclass Nameless(FedAvg):\n    pass\n\n"
         "def not_split(in_channels, num_classes, image_size):\n    import torch\n    return torch.nn.Linear(2, 2)\n"
         "\nraise_on_import = False\n"
-        "\ndef normed(in_channels, num_classes, image_size, norm='bn', hidden=8):\n"
+        "\ndef normed(in_channels, num_classes, image_size, norm='gn', hidden=8):\n"
         "    from torch import nn\n    from fedhet.extend import SplitModel\n"
         "    layer = nn.GroupNorm(2, hidden) if norm == 'gn' else nn.BatchNorm1d(hidden)\n"
         "    stages = [('flat', nn.Flatten()), ('fc', nn.Sequential(nn.Linear(in_channels * image_size ** 2, hidden), "
@@ -174,10 +177,14 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
         with pytest.raises(ConfigError, match=f"model {arch}: " + (message or "model.norm gn: this builder has no "
                                                                     "norm parameter to receive it; add one")):
             build_loop(cfg)
-    # a builder with a norm parameter receives model.norm, as fedhet's own models do
-    for norm, layer in (("gn", torch.nn.GroupNorm), ("bn", torch.nn.BatchNorm1d)):
-        loop = build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "norm": norm}))
-        assert any(isinstance(m, layer) for m in loop.host.models["broken_plugin:normed"].modules())
+    # a builder with a norm parameter receives model.norm, as fedhet's own models do; where that
+    # replaces the builder's own default (here 'gn'), the run says so
+    loop = build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "norm": "gn"}))
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in loop.host.models["broken_plugin:normed"].modules())
+    with pytest.warns(UserWarning, match=r"model broken_plugin:normed: the builder's own default norm='gn' is "
+                                         r"replaced by model.norm 'bn'"):
+        loop = build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed"}))
+    assert any(isinstance(m, torch.nn.BatchNorm1d) for m in loop.host.models["broken_plugin:normed"].modules())
     with pytest.raises(ConfigError, match="model.options.norm: every model builder gets norm from model.norm; set "
                                           "model.norm instead"):
         build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "options": {"norm": "gn"}}))

@@ -91,8 +91,7 @@ class FedBABU(FedAvg):
 
     def check_model(self, arch: str, model: nn.Module) -> None:
         super().check_model(arch, model)
-        check_buffers_known_to_server(self.name, arch, model, "its frozen head (never sent, never averaged)",
-                                      prefix=HEAD)
+        check_buffers_known_to_server(self.name, arch, model, "its head freezing (frozen, never sent)", prefix=HEAD)
 
     # --- server ---------------------------------------------------------------------------
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:

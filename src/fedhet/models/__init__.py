@@ -7,6 +7,7 @@ valid choices in the message; config-level callers turn it into ``ConfigError``.
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -154,9 +155,14 @@ def _user_model(
         raise ValueError(f"it names {describe(builder)}, not a model builder: name a function "
                          "(in_channels, num_classes, image_size, **options) -> SplitModel")
     try:
-        takes_norm = "norm" in inspect.signature(builder).parameters
+        own_norm = inspect.signature(builder).parameters.get("norm")
     except (TypeError, ValueError):          # a builtin or C callable: no signature to read
-        takes_norm = False
+        own_norm = None
+    takes_norm = own_norm is not None
+    if own_norm is not None and own_norm.default is not own_norm.empty and own_norm.default != norm:
+        warnings.warn(f"model {spec}: the builder's own default norm={own_norm.default!r} is replaced by model.norm "
+                      f"{norm!r} (a builder with a norm parameter gets model.norm, 'bn' unless set); set model.norm, "
+                      "or give the parameter another name and set it in model.options", UserWarning, stacklevel=2)
     if not takes_norm and norm != "bn":
         raise ValueError(f"model.norm {norm}: this builder has no norm parameter to receive it; add one "
                          "(norm='bn', as fedhet's models: 'bn' or 'gn') or give it an option of its own "

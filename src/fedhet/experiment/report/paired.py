@@ -120,4 +120,3 @@ def _paired_table(values: dict[str, dict[int, float]], base: str, title: str) ->
         per_seed = ", ".join(f"s{s}: {d:+.2f}" for s, d in zip(seeds, diffs))
         lines.append(f"| {name} | {len(diffs)} | {per_seed} | {spread} | {sum(d > 0 for d in diffs)}/{len(diffs)} |")
     return "\n".join(lines)
-

@@ -121,7 +121,6 @@ def load_paper(run_dir: Path) -> dict | None:
     return paper
 
 
-
 def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]], list[str]]:
     """Runs grouped by config name, each group's runs being seeds of one experiment; and the
     failed runs left out (their numbers stop where they failed). Two runs of one name must be the
