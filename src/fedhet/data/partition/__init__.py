@@ -72,9 +72,9 @@ def partition(
     """Split ``labels``' indices among ``num_clients`` clients with partitioner ``kind``.
 
     ``params`` are checked against the partitioner's signature before anything runs. A function
-    of one's own with a parameter named ``writers`` gets ``sample_writers``, each sample's natural client
-    (FEMNIST's writers, ``clients_train`` of data of one's own), as the built-in ``natural``
-    partition uses them; it is refused when the data has none. Returns one sorted int64 index array
+    of one's own with a parameter named ``writers`` gets ``sample_writers``, each sample's natural
+    client numbered from 0 (FEMNIST's writers, the ``clients_train`` ids of data of one's own
+    renumbered), as the built-in ``natural`` partition uses them; it is refused when the data has none. Returns one sorted int64 index array
     per client; the same (kind, labels, num_clients, seed, params) always gives the same arrays.
     """
     if is_import_path(kind):
