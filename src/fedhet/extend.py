@@ -8,13 +8,14 @@ and every engine runs them as it runs the built-in ones (docs/extending.md). The
 building blocks are here too: another set of weights' forward pass (``forward``), augmentations the
 vectorized engine batches (``Augmentation``), multi-phase and hand-written training
 (``concatenate_results``, ``epoch_batches``, ``total_loss``, ``check_finite``) and class statistics
-and prototypes (``class_statistics``, ``aggregate_prototypes``). Names not listed here are internal
-and may change.
+and prototypes (``class_statistics``, ``aggregate_prototypes``), and the weights a server rule acts
+on (``server_trainable``, ``check_buffers_known_to_server``). Names not listed here are internal and
+may change.
 """
 
 from __future__ import annotations
 
-from fedhet.algorithms.aggregate import weighted_average
+from fedhet.algorithms.aggregate import check_buffers_known_to_server, server_trainable, weighted_average
 from fedhet.algorithms.base import Algorithm, add_reasons, update_reply
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.prototypes import ClassStatistics, aggregate_prototypes, class_statistics
@@ -73,6 +74,7 @@ __all__ = [
     "TrainSettings",
     "add_reasons",
     "aggregate_prototypes",
+    "check_buffers_known_to_server",
     "check_finite",
     "class_statistics",
     "concatenate_results",
@@ -82,6 +84,7 @@ __all__ = [
     "mixed",
     "save_arrays",
     "select",
+    "server_trainable",
     "total_loss",
     "trained_names",
     "trains_in_channels_last",
