@@ -116,14 +116,13 @@ class ModelConfig(Strict):
     @pydantic.model_validator(mode="after")
     def _options_leave_fedhets_arguments_alone(self) -> ModelConfig:
         # what every builder is called with; an option of the same name would be a second value for it
-        given_by_fedhet = {"in_channels": "the data", "num_classes": "the data", "image_size": "the data",
-                           "split": "model.split", "norm": "model.norm"}
+        given_by_fedhet = {"in_channels": "the data; leave it out", "num_classes": "the data; leave it out",
+                           "image_size": "the data; leave it out", "split": "model.split; set model.split instead",
+                           "norm": "model.norm; set model.norm instead"}
         for where, options in [("model.options", self.options),
                                *((f"model.arch_options.{a}", o) for a, o in self.arch_options.items())]:
             for key in sorted(set(options) & set(given_by_fedhet)):
-                fix = (f"set {given_by_fedhet[key]} instead" if given_by_fedhet[key].startswith("model.")
-                       else "leave it out")
-                raise ValueError(f"{where}.{key}: every model builder gets {key} from {given_by_fedhet[key]}; {fix}")
+                raise ValueError(f"{where}.{key}: every model builder gets {key} from {given_by_fedhet[key]}")
         return self
 
     @pydantic.model_validator(mode="after")

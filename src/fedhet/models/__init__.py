@@ -158,17 +158,16 @@ def _user_model(
         own_norm = inspect.signature(builder).parameters.get("norm")
     except (TypeError, ValueError):          # a builtin or C callable: no signature to read
         own_norm = None
-    takes_norm = own_norm is not None
     if own_norm is not None and own_norm.default is not own_norm.empty and own_norm.default != norm:
         warnings.warn(f"model {spec}: the builder's own default norm={own_norm.default!r} is replaced by model.norm "
                       f"{norm!r} (a builder with a norm parameter gets model.norm, 'bn' unless set); set model.norm, "
                       "or give the parameter another name and set it in model.options", UserWarning, stacklevel=2)
-    if not takes_norm and norm != "bn":
+    if own_norm is None and norm != "bn":
         raise ValueError(f"model.norm {norm}: this builder has no norm parameter to receive it; add one "
                          "(norm='bn', as fedhet's models: 'bn' or 'gn') or give it an option of its own "
                          "(model.options)")
     extra = {"split": split} if split is not None else {}
-    if takes_norm:
+    if own_norm is not None:
         extra["norm"] = norm
     model = builder(in_channels, num_classes, image_size, **extra, **options)
     if not isinstance(model, SplitModel):
