@@ -204,7 +204,53 @@ def _one_line(cls, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
+def _param_type(annotation) -> str:
+    """A parameter's type as a user writes its values: ``'adaptive' | 'forever'``, ``float``."""
+    import typing
+
+    if typing.get_origin(annotation) is typing.Literal:
+        return " | ".join(repr(v) for v in typing.get_args(annotation))
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
+
+
+def _param_bounds(metadata) -> str:
+    """A parameter's bounds from its ``Field(gt=..., le=...)``: ``> 0, < 1``."""
+    signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    return ", ".join(f"{sign} {getattr(m, key)}" for m in metadata for key, sign in signs.items()
+                     if getattr(m, key, None) is not None)
+
+
+def _describe_method(name: str) -> None:
+    """One method's parameters (``algorithm.params``): type, bounds, default and the method that
+    declares each (a FedAvg-family method inherits FedAvg's)."""
+    from fedhet.algorithms import algorithm_class
+
+    cls = algorithm_class(name)
+    parts = [p.strip() for p in name.split("+")]
+    what = (_one_line(cls, limit=200) if len(parts) == 1 else
+            f"the composition of {', '.join(parts)} (fedhet list on each part describes it)")
+    print(f"{name}: {what}")
+    fields = cls.Params.model_fields
+    if not fields:
+        print("no parameters (algorithm.params stays empty)")
+        return
+    print("parameters (algorithm.params.NAME in a config, or --set algorithm.params.NAME=VALUE):")
+    rows = []
+    for param, field in fields.items():
+        owner = next((base.__qualname__.removesuffix(".Params") for base in cls.Params.__mro__
+                      if param in base.__dict__.get("__annotations__", {})), "")
+        kind = ", ".join(filter(None, [_param_type(field.annotation), _param_bounds(field.metadata)]))
+        rows.append((param, kind, repr(field.get_default(call_default_factory=True)), owner))
+    rows.sort(key=lambda row: row[3] == "FedAvg")     # the method's own first, FedAvg's inherited ones last
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for param, kind, default, owner in rows:
+        print(f"  {param:<{widths[0]}}  {kind:<{widths[1]}}  default {default:<{widths[2]}}  ({owner})")
+
+
 def _cmd_list(args) -> int:
+    if args.method:
+        _describe_method(args.method)
+        return 0
     from fedhet.algorithms import ALGORITHMS
     from fedhet.data.datasets import DATASET_NAMES
     from fedhet.data.partition import PARTITIONS
@@ -215,6 +261,7 @@ def _cmd_list(args) -> int:
     for name in sorted(ALGORITHMS):
         print(f"  {name:<{width}}  {_one_line(ALGORITHMS[name])}")
     print("  your own method: MODULE:CLASS (docs/extending.md)")
+    print("  a method's parameters and their defaults: fedhet list METHOD")
     print("datasets:  ", ", ".join(DATASET_NAMES) + "; your own: npz:PATH, folder:PATH, MODULE:FUNCTION")
     print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural; your own: MODULE:FUNCTION")
     print("models:    ", ", ".join(MODEL_NAMES) + "; your own: MODULE:BUILDER")
@@ -350,7 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="run directory on the SuperLink host (default: runs/<name>-s<seed>-<time>-flower)")
     fl.set_defaults(func=_cmd_flower)
 
-    ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models")
+    ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models; with a method's name, "
+                                     "its parameters and their defaults")
+    ls.add_argument("method", nargs="?", help="a method (fedrema, fedprox+fedfm, MODULE:CLASS): list its parameters")
     ls.set_defaults(func=_cmd_list)
     return p
 

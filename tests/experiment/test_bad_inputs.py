@@ -682,6 +682,50 @@ def test_an_accented_comment_in_utf8_is_fine(small_config, tmp_path):
 
 
 # --- a newcomer's path ---------------------------------------------------------------------------
+def test_compare_pools_a_parameter_given_at_its_default_with_one_left_out(two_runs, capsys):
+    """config.yaml keeps algorithm.params as given; the summaries' algorithm_params (every default
+    filled in) decide whether two runs ran the same method settings."""
+    a, b = two_runs
+    assert json.loads((a / "summary.json").read_text())["algorithm_params"] == {
+        "bn_buffers": "average", "mixup": False, "mixup_alpha": 1.0}
+
+    def recorded_as(run, given, resolved):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["algorithm"]["params"] = given
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+        summary = json.loads((run / "summary.json").read_text())
+        summary["algorithm_params"] = resolved
+        (run / "summary.json").write_text(json.dumps(summary))
+
+    defaults = json.loads((a / "summary.json").read_text())["algorithm_params"]
+    recorded_as(b, {"mixup_alpha": 1.0}, defaults)            # the default, given
+    assert main(["compare", str(a), str(b)]) == 0
+    assert "| tiny | fedavg | global_acc | 2 |" in capsys.readouterr().out
+    recorded_as(b, {"mixup_alpha": 0.4}, {**defaults, "mixup_alpha": 0.4})
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "algorithm.params" in capsys.readouterr().err
+    # a run from before summaries held the parameters: the configs as given decide
+    summary = json.loads((a / "summary.json").read_text())
+    del summary["algorithm_params"]
+    (a / "summary.json").write_text(json.dumps(summary))
+    recorded_as(b, {"mixup_alpha": 1.0}, defaults)
+    assert main(["compare", str(a), str(b)]) == 2
+
+
+def test_list_a_method_gives_its_parameters_types_bounds_and_defaults(capsys):
+    assert main(["list", "fedrema"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
+    assert rows["delta"].split() == ["delta", "float,", ">", "0,", "<", "1", "default", "0.5", "(FedReMa)"]
+    assert rows["ccp"].split()[1:4] == ["'adaptive'", "|", "'forever'"] and "default 'adaptive'" in rows["ccp"]
+    assert rows["mixup"].split()[-1] == "(FedAvg)"          # inherited, listed after FedReMa's own
+    assert list(rows).index("mixup") > list(rows).index("align_weight")
+    assert main(["list", "fedprox+fedfm"]) == 0
+    out = capsys.readouterr().out
+    assert "the composition of fedprox, fedfm" in out and "(FedProx)" in out and "(FedFM)" in out
+    assert main(["list", "fedx"]) == 2
+    assert "unknown algorithm 'fedx'" in capsys.readouterr().err
+
+
 def test_partition_heatmap_goes_to_the_output_folder(small_config, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))

@@ -1,9 +1,10 @@
 """The run directory: every file a run writes, written so that a crash loses nothing recorded.
 
-  config.yaml      the resolved config (every default filled in)
+  config.yaml      the resolved config (every default filled in; algorithm.params as given)
   metrics.jsonl    one line per round, appended, flushed and fsynced as it happens
   checkpoint.pt    server + client state every ``run.checkpoint_every`` rounds (atomic replace)
-  summary.json     best/final values with the rule that chose them, speed, memory, communication
+  summary.json     best/final values with the rule that chose them, the method's parameters with
+                   their defaults, speed, memory, communication
   accuracy.png     the accuracy curves
   partition.json   per-client train/test label counts
 """

@@ -395,7 +395,9 @@ class Experiment:
         window = self.cfg.eval.final_window
         layout, apart = self.training_layout()
         summary = {
-            "name": self.cfg.name, "algorithm": self.algorithm.name, "seed": self.cfg.seed, "status": status,
+            "name": self.cfg.name, "algorithm": self.algorithm.name,
+            "algorithm_params": self.algorithm.params.model_dump(mode="json"),     # every default filled in
+            "seed": self.cfg.seed, "status": status,
             "error": error, "rounds_completed": rows[-1]["round"] if rows else 0,
             "rounds_planned": self.cfg.train.rounds,
             "headline_metric": self.metric,

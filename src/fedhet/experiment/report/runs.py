@@ -78,6 +78,13 @@ def _check_same_experiment(name: str, runs: list[tuple[Path, dict]]) -> None:
     if missing:
         raise CheckpointError(f"runs named {name!r}: {', '.join(missing)} has no readable config.yaml, so it cannot "
                               "be told whether it is the same experiment as the others; compare it alone")
+    # config.yaml holds a method's parameters as the config gave them; the summary (of runs since it
+    # records them) with every default filled in, so `server_lr: 0.5` given and left at its default 0.5 agree
+    resolved = [summary.get("algorithm_params") for _, summary in runs]
+    if all(isinstance(params, dict) for params in resolved):
+        for (_, keys), params in zip(configs, resolved):
+            assert keys is not None
+            keys["algorithm.params"] = params
     # a key one run's config lacks (recorded before the key existed) reads as its default
     defaults = flatten_config(ExperimentConfig().model_dump(mode="json"))
     first_dir, first = configs[0]
