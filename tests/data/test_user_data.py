@@ -69,6 +69,21 @@ def test_clients_train_is_the_natural_partition(small_config, tmp_path):
     assert got == sorted(tuple(np.flatnonzero(users == u).tolist()) for u in (10, 20, 30))
 
 
+def test_the_natural_partition_says_how_to_give_data_its_clients(small_config, tmp_path):
+    from fedhet.core.errors import PartitionError
+
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": write_npz(tmp_path, **arrays(), clients_train=np.repeat([0, 1, 2], 40)),
+                   "num_clients": 3, "partition": {"kind": "natural"}, "pool": "train+test",
+                   "local_test": {"source": "holdout", "fraction": 0.2}}
+    with pytest.raises(PartitionError, match=r"has none in this pool: use data.pool: train \(the test split"):
+        build_federation(load_config(raw=raw).data, seed=0)
+    raw["data"].update(dataset=write_npz(tmp_path, "no_ids.npz", **arrays()), pool="train")
+    with pytest.raises(PartitionError, match=r"has none in this pool: give data of your own its client ids "
+                                             r"\(clients_train in an npz file"):
+        build_federation(load_config(raw=raw).data, seed=0)
+
+
 def test_a_run_on_npz_data_with_a_dirichlet_partition(small_config, tmp_path):
     raw = copy.deepcopy(small_config)
     raw["data"] = {"dataset": write_npz(tmp_path, **arrays(n_train=300, n_test=100, layout="nhwc", side=16)), "num_clients": 4,

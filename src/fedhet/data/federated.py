@@ -157,6 +157,13 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         if public_spec is not None and public_spec.source != "dataset":
             raise PartitionError("data.public.source must be 'dataset' with the natural partition (carving images "
                                  "out of the pool would split writers)")
+        if pool.writers is None:
+            fix = ("use data.pool: train (the test split has no writers, so train+test has none)"
+                   if train.writers is not None else
+                   "give data of your own its client ids (clients_train in an npz file, (x, y, client_ids) from a "
+                   "function: docs/extending.md), or choose another data.partition.kind")
+            raise PartitionError(f"partition 'natural' needs data with natural clients (femnist's writers, or the "
+                                 f"client ids of data of your own), and {pool.name} has none in this pool: {fix}")
         parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
     else:
         available = np.arange(len(labels))
@@ -325,10 +332,7 @@ def pool_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -
 
 def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator) -> list[np.ndarray]:
     """One client per writer (FEMNIST); ``k`` writers chosen at random when there are more."""
-    if pool.writers is None:
-        raise PartitionError(f"partition 'natural' needs data with natural clients (femnist's writers, or the client "
-                             f"ids of data of your own: clients_train), and {pool.name} has none in this pool "
-                             "(data.pool: train+test has none: use data.pool: train)")
+    assert pool.writers is not None             # build_federation says how to give data its writers
     writers = np.unique(pool.writers)
     if k > len(writers):
         raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers")
