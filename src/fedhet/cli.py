@@ -101,14 +101,17 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     from fedhet.experiment.summary import cpu_identity
     from fedhet.experiment.sweep import expected_run_seconds, job_status, pace_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
-    from fedhet.experiment.sweep.state import would_start
+    from fedhet.experiment.sweep.state import STALE_FIX, stale_note, would_start
 
     cpu, threads = cpu_identity(), sweep_threads(sweep)
     pace_by_tag: dict[str, tuple[str, list]] = {}     # the runs of a tag that would start share their like runs
-    to_run, known = 0, []
+    to_run, known, stale = 0, [], 0
     for job in jobs:
         status = job_status(job)
         guess = ""
+        if status == "stale":
+            stale += 1
+            guess = f"  [{stale_note(job)}]"
         if would_start(status, retry_failed):
             to_run += 1
             if job.tag not in pace_by_tag:
@@ -130,10 +133,13 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
         print(f"{to_run} run(s) to run; no completed run of their tags (or costs_like) timed {like} to say how long "
               "they take",
               file=sys.stderr)
+    if stale:
+        print(f"{stale} run(s) stale: {STALE_FIX}", file=sys.stderr)
 
 
 def _cmd_sweep(args) -> int:
     from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_sweep, select_jobs, write_report
+    from fedhet.experiment.sweep.state import STALE_FIX
 
     sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
     jobs = select_jobs(sweep, args.only)
@@ -148,7 +154,13 @@ def _cmd_sweep(args) -> int:
               + (f"; not yet: {', '.join(left)}" if left else ""), file=sys.stderr)
         return 0
     if args.table:
-        print(write_report(sweep))
+        stale = [j.name for j in sweep.jobs if job_status(j) == "stale"]
+        kept = bool(stale) and (sweep.out / "sweep.md").is_file()
+        print(write_report(sweep, replace=not kept))
+        if stale:
+            print(f"fedhet: {len(stale)} run(s) stale: {STALE_FIX}" + (
+                f"; {sweep.out / 'sweep.md'} is kept as it was (this table, with stale runs left out, is only "
+                "printed)" if kept else ""), file=sys.stderr)
         return 0
     try:
         outcome = run_sweep(sweep, retry_failed=args.retry_failed, only=args.only,

@@ -118,8 +118,13 @@ def test_a_resumed_run_takes_the_set_values_of_how_it_is_carried_out(tmp_path, s
     assert load_config(run_dir / "config.yaml").run.engine == "reference"     # recorded from then on
 
 
-def test_sweep_file_errors_are_clear(tmp_path, small_config):
+def test_sweep_file_errors_are_clear(tmp_path, small_config, monkeypatch):
+    monkeypatch.chdir(tmp_path)                  # a run's config path is relative to the working directory
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(small_config))
     bad = tmp_path / "bad.yaml"
+    bad.write_text("runs: [a.yaml, nothere.yaml]\n")
+    with pytest.raises(ConfigError, match=r"runs\[1\]: config nothere.yaml does not exist \(working directory"):
+        load_sweep(bad)
     bad.write_text("name: x\nruns: []\n")
     with pytest.raises(ConfigError, match="non-empty 'runs'"):
         load_sweep(bad)
@@ -553,9 +558,10 @@ def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path
         assert sa["metrics"] == sb["metrics"] and sa["status"] == sb["status"] == "completed"
 
 
-def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, small_config):
+def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, small_config, capsys):
     path = write_sweep(tmp_path, small_config, [("fedavg", {})])
     run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)
+    good_table = write_report(load_sweep(path))
     edited = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.lr=0.01"]})])
     sweep = load_sweep(edited)
     (job,) = sweep.jobs
@@ -563,6 +569,15 @@ def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, smal
     messages = []
     assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
     assert any("train.lr: 0.05 -> 0.01" in m for m in messages)
+    # --list and --table say what differs; --table keeps the table of the runs as they were made
+    assert cli_main(["sweep", str(edited), "--list"]) == 0
+    captured = capsys.readouterr()
+    assert "[train.lr: 0.05 -> 0.01]" in captured.out and "1 run(s) stale: " in captured.err
+    assert cli_main(["sweep", str(edited), "--table"]) == 0
+    captured = capsys.readouterr()
+    assert "- `fedavg_s0`: stale (train.lr: 0.05 -> 0.01)" in captured.out
+    assert "give the --set the runs were made with" in captured.err and "is kept as it was" in captured.err
+    assert (sweep.out / "sweep.md").read_text() == good_table
     # a sweep file whose config no longer loads does not pool the existing run as its own
     broken = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.lr=-1"]})]))
     assert job_status(broken.jobs[0]) == "stale"

@@ -19,6 +19,7 @@ from fedhet.experiment.summary import cpu_identity
 from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
 from fedhet.experiment.sweep.state import (
+    STALE_FIX,
     config_mismatch,
     current_config,
     extend_rounds,
@@ -126,8 +127,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     initial = {j.name: job_status(j) for j in jobs}
     for j in jobs:
         if initial[j.name] == "stale":
-            log(f"skipped {j.name}: its run directory holds another config than the sweep file (with its --set) asks for "
-                f"({'; '.join(config_mismatch(j))}); restore the sweep file, or delete {j.run_dir} to run it anew")
+            log(f"skipped {j.name}, stale ({'; '.join(config_mismatch(j))}): {STALE_FIX} ({j.run_dir})")
         if initial[j.name] == "running":
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {lock_path(j)})")
     todo = [j for j in jobs if would_start(initial[j.name], retry_failed)]

@@ -113,6 +113,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         if extra:
             raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set, costs_like")
         config = Path(entry["config"])
+        if not config.is_file():
+            raise ConfigError(f"{where}: config {config} does not exist (working directory {Path.cwd()}); a run's "
+                              "config path is relative to the working directory: run fedhet sweep from the folder "
+                              "the sweep file's paths start from, or fix the path")
         tag = str(entry.get("tag") or config.stem)
         run_seeds = _seeds(entry.get("seeds", seeds), where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]

@@ -136,6 +136,17 @@ def config_mismatch(job: Job) -> list[str]:
         return []          # the run itself reports a recorded config it cannot load
 
 
+def stale_note(job: Job, most: int = 2) -> str:
+    """Why ``job`` is stale, short: its first ``most`` :func:`config_mismatch` entries."""
+    changes = config_mismatch(job)
+    return "; ".join(changes[:most]) + (f"; {len(changes) - most} more" if len(changes) > most else "")
+
+
+STALE_FIX = ("a stale run's folder holds a run of another config than this command asks for (the sweep file, its "
+             "set lists and the command's --set): give the --set the runs were made with, restore the sweep file, "
+             "or delete the folder to run it anew")
+
+
 def would_start(status: str, retry_failed: bool) -> bool:
     """Whether a sweep starts (or resumes) a run of this :func:`job_status`."""
     return status in ("new", "interrupted", "extend") or (retry_failed and status == "failed")

@@ -7,13 +7,14 @@ import json
 import os
 
 from fedhet.experiment.sweep.spec import Sweep
-from fedhet.experiment.sweep.state import job_status
+from fedhet.experiment.sweep.state import job_status, stale_note
 from fedhet.experiment.verdict import MissingValue, Verdict, run_value, verdict_table
 
 
-def write_report(sweep: Sweep) -> str:
+def write_report(sweep: Sweep, replace: bool = True) -> str:
     """``<out>/sweep.md`` and ``sweep.png``: the ``fedhet compare`` table of the completed runs,
-    and the list of runs that are not (yet) completed."""
+    and the list of runs that are not (yet) completed (a stale one with what differs). With
+    ``replace=False`` an existing ``sweep.md`` is kept and the text only returned."""
     from fedhet.experiment.report import compare
 
     status = {j.name: job_status(j) for j in sweep.jobs}       # each reads the run's files once
@@ -32,8 +33,13 @@ def write_report(sweep: Sweep) -> str:
         lines += ["", "Verdicts (rules fixed in the sweep file before its runs; differences in points):", "",
                   verdict_table(sweep.verdicts, _completed_value(sweep, status), sweep.metric)]
     if missing:
-        lines += ["", "Not completed:", ""] + [f"- `{name}`: {status}" for name, status in missing]
+        jobs = {j.name: j for j in sweep.jobs}
+        lines += ["", "Not completed:", ""] + [
+            f"- `{name}`: {status}" + (f" ({stale_note(jobs[name])})" if status == "stale" else "")
+            for name, status in missing]
     text = "\n".join(lines) + "\n"
+    if not replace and (sweep.out / "sweep.md").is_file():
+        return text
     sweep.out.mkdir(parents=True, exist_ok=True)       # --table before any run has made the folder
     partial = sweep.out / f".sweep.md.{os.getpid()}"   # two sweeps over one folder (--only) never tear it
     partial.write_text(text)
