@@ -4,7 +4,8 @@
     python examples/extending/toy_arrays.py data/toy.npz
     PYTHONPATH=examples/extending fedhet run configs/quickstart.yaml --set data.dataset=npz:data/toy.npz \\
         --set data.pool=train --set 'data.partition={kind: natural}' --set data.num_clients=8 \\
-        --set train.clients_per_round=8 --set algorithm.name=feddamp:FedDamp --set name=toy
+        --set train.clients_per_round=8 --set algorithm.name=feddamp:FedDamp --set train.batch_size=20 \\
+        --set name=toy
 
 Each class is a bright square at its own place on a noisy 16x16 grayscale image. Each of the
 ``users`` holds images of its own two favourite classes mostly (label skew, as real users have),
