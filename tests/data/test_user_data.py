@@ -202,6 +202,12 @@ def out_of_range(labels, num_clients, rng):
 def not_a_tuple(split):
     return {"x": 1}
 
+def no_split():
+    return None
+
+def buggy_data(split):
+    return (np.zeros((4, 8, 8)), None + 1)          # a bug of its own: TypeError inside
+
 class Opaque:                 # a callable whose signature inspect cannot read
     __signature__ = "not a signature"
 
@@ -350,6 +356,12 @@ def test_a_run_scans_a_folder_for_its_colour_mode_once(tmp_path, small_config, m
 def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_module):
     with pytest.raises(DataError, match=r"userdata:not_a_tuple\('train'\) returned a dict .*must return \(x, y\)"):
         load_dataset("userdata:not_a_tuple")
+    with pytest.raises(DataError, match=r"userdata:no_split must take one argument, the split \('train' or "
+                                        r"'test'\); its signature is \(\)"):
+        load_dataset("userdata:no_split")
+    with pytest.raises(TypeError) as info:               # the user's own bug keeps its traceback
+        load_dataset("userdata:buggy_data")
+    assert info.traceback[-1].name == "buggy_data"
 
 
 def test_arrays_in_memory_are_saved_once_and_named(tmp_path):

@@ -188,6 +188,9 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
     with pytest.raises(ConfigError, match="model.options.norm: every model builder gets norm from model.norm; set "
                                           "model.norm instead"):
         build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "options": {"norm": "gn"}}))
+    with pytest.raises(ConfigError, match=r"model broken_plugin:normed: model.split 'fc' is passed to the builder "
+                                          r"as split=, and it has no split parameter: add one"):
+        build_loop(cfg_of(small_config, model={"arch": "broken_plugin:normed", "split": "fc"}))
 
 
 def test_a_module_that_raises_on_import_names_its_file_and_line(small_config, tmp_path, monkeypatch):

@@ -22,6 +22,7 @@ read them.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,13 @@ def _read_function(spec: str, splits: tuple[str, ...]) -> dict[str, tuple[np.nda
         raise DataError(f"{where}: {e}") from e.__cause__     # a module that raised on import: its traceback
     if not callable(fn) or isinstance(fn, type):
         raise DataError(f"{where} is {describe(fn)}, not a function (split) -> (x, y) or (x, y, client_ids)")
+    try:
+        inspect.signature(fn).bind("train")
+    except TypeError:
+        raise DataError(f"{where} must take one argument, the split ('train' or 'test'); its signature is "
+                        f"{inspect.signature(fn)}") from None
+    except ValueError:                       # a builtin or C callable: no signature to read
+        pass
     arrays = {}
     for split in splits:
         out = fn(split)

@@ -155,9 +155,14 @@ def _user_model(
         raise ValueError(f"it names {describe(builder)}, not a model builder: name a function "
                          "(in_channels, num_classes, image_size, **options) -> SplitModel")
     try:
-        own_norm = inspect.signature(builder).parameters.get("norm")
+        params = inspect.signature(builder).parameters
     except (TypeError, ValueError):          # a builtin or C callable: no signature to read
-        own_norm = None
+        params = None
+    own_norm = params.get("norm") if params is not None else None
+    takes_any = params is None or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if split is not None and not takes_any and "split" not in params:
+        raise ValueError(f"model.split {split!r} is passed to the builder as split=, and it has no split parameter: "
+                         "add one (split=None, the stage its body ends at) or leave model.split out of the config")
     if own_norm is not None and own_norm.default is not own_norm.empty and own_norm.default != norm:
         warnings.warn(f"model {spec}: the builder's own default norm={own_norm.default!r} is replaced by model.norm "
                       f"{norm!r} (a builder with a norm parameter gets model.norm, 'bn' unless set); set model.norm, "
