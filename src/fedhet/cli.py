@@ -87,8 +87,16 @@ def _cmd_partition(args) -> int:
 def _cmd_compare(args) -> int:
     from fedhet.experiment.report import compare
 
-    print(compare([Path(d) for d in args.run_dirs], args.metric, Path(args.plot) if args.plot else None,
-                  paired=args.paired))
+    run_dirs = [Path(d) for d in args.run_dirs]
+    # a glob over a folder of runs (`runs/S/*`) also matches the files beside them: a sweep's logs
+    # and its table; any other file named is an error of its own
+    folders = {d.parent for d in run_dirs if d.is_dir()}
+    files = [d for d in run_dirs if d.is_file() and d.parent in folders]
+    if files:
+        run_dirs = [d for d in run_dirs if d not in files]
+        shown = ", ".join(map(str, files[:3])) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        print(f"fedhet: left out {len(files)} file(s), not run directories: {shown}", file=sys.stderr)
+    print(compare(run_dirs, args.metric, Path(args.plot) if args.plot else None, paired=args.paired))
     if args.plot:
         print(f"\noverlay plot: {args.plot}")
     return 0

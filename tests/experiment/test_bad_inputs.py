@@ -341,6 +341,21 @@ def test_compare_leaves_failed_runs_out_and_says_so(two_runs, capsys):
     assert "| tiny | fedavg | global_acc | 1 |" in out and f"Left out (not completed): {b} (failed: boom)" in out
 
 
+def test_compare_leaves_out_the_files_a_glob_over_a_folder_of_runs_matches(two_runs, capsys):
+    a, b = two_runs                                   # both in one folder, as a sweep's runs are
+    (a.parent / "a.log").write_text("a log\n")
+    (a.parent / "sweep.md").write_text("# a table\n")
+    assert main(["compare", str(a), str(a.parent / "a.log"), str(b), str(a.parent / "sweep.md")]) == 0
+    captured = capsys.readouterr()
+    assert "| tiny | fedavg | global_acc | 2 |" in captured.out
+    assert f"left out 2 file(s), not run directories: {a.parent / 'a.log'}, {a.parent / 'sweep.md'}" in captured.err
+    # the folder itself: its runs are named
+    assert main(["compare", str(a.parent)]) == 2
+    assert f"{a.parent} is a folder of runs (a, b), not a run: name its runs, e.g. {a.parent}/*" in capsys.readouterr().err
+    assert main(["compare", str(a.parent / "a.log")]) == 2          # no run beside it: the error says what it is
+    assert "a.log is a file, not a run directory" in capsys.readouterr().err
+
+
 def test_compare_says_which_pooled_runs_did_not_finish(two_runs, capsys):
     """An interrupted run counts as a seed with the rounds it has; the notes say so, with how far it got."""
     a, b = two_runs

@@ -27,6 +27,11 @@ def load_summary(run_dir: Path) -> dict:
                               "summary.json")
     path = run_dir / "summary.json"
     if not path.is_file():
+        runs = sorted(d.name for d in run_dir.iterdir() if (d / "summary.json").is_file())
+        if runs:
+            raise CheckpointError(f"{run_dir} is a folder of runs ({', '.join(runs[:3])}{', ...' if len(runs) > 3 else ''}), "
+                                  f"not a run: name its runs, e.g. {run_dir}/*, or print a sweep's table with "
+                                  "`fedhet sweep SWEEP_FILE --table`")
         raise CheckpointError(f"{run_dir} has no summary.json (not a fedhet run directory, or the run never started)")
     try:
         summary = json.loads(path.read_text(encoding="utf-8"))
