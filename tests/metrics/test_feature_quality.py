@@ -97,3 +97,16 @@ def test_features_without_checkpoint_says_what_to_do(small_config, tmp_path):
     with pytest.raises(CheckpointError, match="checkpoint_every"):
         from fedhet.experiment.features import features_report
         features_report(tmp_path / "run")
+
+
+def test_features_of_a_run_without_a_global_test_set_say_which_runs_have_one(small_config):
+    from fedhet.data.federated import build_federation
+    from fedhet.metrics.features import global_test_features
+
+    raw = copy.deepcopy(small_config)
+    raw["data"].update(pool="train+test", local_test={"source": "holdout", "fraction": 0.2})
+    fed = build_federation(load_config(raw=raw).data, seed=0)
+    assert fed.test is None
+    with pytest.raises(ConfigError, match=r"train\+test puts the test split into the clients' data\): they need a "
+                                          r"run made with data.pool: train"):
+        global_test_features(None, {}, fed)

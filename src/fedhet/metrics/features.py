@@ -45,8 +45,9 @@ def global_test_features(model: torch.nn.Module, weights: Arrays, fed: Federatio
     """``(features (n, d), labels (n,))`` of ``weights`` (eval mode) on a seeded sample of the
     global test set; the forward pass on ``device`` (where ``model`` lives)."""
     if fed.test is None:
-        raise ConfigError("feature-space metrics use the global test set, and this run has none "
-                          "(data.pool: train+test)")
+        raise ConfigError("feature-space metrics use the global test set, and this run has none (data.pool: "
+                          "train+test puts the test split into the clients' data): they need a run made with "
+                          "data.pool: train")
     pos = torch.as_tensor(sample_positions(len(fed.test.y), samples, seed))
     was_training = model.training
     model.eval()
