@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
+import yaml
 from helpers import run_killed_in_round, small_config_in
 
 from fedhet.cli import main
@@ -305,6 +306,38 @@ def test_config_errors_name_the_key(small_config):
         Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedavg", "params": {"mu": 1}}}))
     with pytest.raises(ConfigError, match="same architecture"):
         Experiment.create(load_config(raw={**small_config, "model": {"arch": ["cnn2", "simple_cnn"]}}))
+
+
+def test_config_errors_speak_of_keys_and_say_the_fix(small_config, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(small_config))
+
+    def error(*overrides):
+        with pytest.raises(ConfigError) as info:
+            load_config(path, list(overrides))
+        return str(info.value)
+
+    # a union's members each say what they take, on the key's one line (no schema names)
+    assert error("eval.clients=0").splitlines() == [
+        f"invalid config ({path} with the overrides eval.clients=0):",
+        "  eval.clients: Input should be 'all' or 'sampled'; or Input should be greater than 0"]
+    assert "train.round: unknown key (did you mean rounds?)" in error("train.round=3")
+    assert "data.local_tset: unknown key (did you mean local_test?)" in error("data.local_tset.fraction=0.1")
+    # a string YAML reads as a number or a boolean: quote it
+    assert """name: Input should be a valid string; YAML reads 2024 as a number: quote it to keep it a string, --set 'name="2024"'""" in error("name=2024")
+    assert "name: expects a string, got false; YAML reads yes, no, on, off, true and false as booleans" in error("name=no")
+    assert "train.rounds: expects a number, got true" in error("train.rounds=true")      # a section's own check, keyed
+    # a check across sections names its keys itself
+    assert error("data.pool=train+test", "data.local_test.source=test_set").splitlines()[1] == (
+        "  data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")
+    with pytest.raises(ConfigError, match=r"unknown algorithm 'FedAvg' \(did you mean fedavg\?\)"):
+        Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "FedAvg"}}))
+    with pytest.raises(ConfigError, match=r"algorithm\.params\.deltaa: unknown parameter \(did you mean delta\?\) "
+                                          r"\(accepted parameters of fedrema: .*; their defaults: fedhet list fedrema\)"):
+        Experiment.create(load_config(raw={**small_config, "algorithm": {"name": "fedrema", "params": {"deltaa": 1}}}))
+    with pytest.raises(PartitionError, match=r"unknown partition kind 'dirichle' \(did you mean dirichlet\?\)"):
+        build_federation(load_config(raw={**small_config, "data": {**small_config["data"],
+                                                                   "partition": {"kind": "dirichle"}}}).data, 0)
 
 
 def test_impossible_partition_is_a_clear_error(small_config):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.composition import compose
 from fedhet.algorithms.creff import CReFF
@@ -69,7 +71,9 @@ def algorithm_class(name: str) -> type[Algorithm]:
     parts = [p.strip() for p in name.split("+")]
     unknown = [p for p in parts if p not in ALGORITHMS and not is_import_path(p)]
     if unknown:
-        raise ConfigError(f"unknown algorithm {unknown[0]!r}; available: {', '.join(sorted(ALGORITHMS))} "
+        near = difflib.get_close_matches(unknown[0].lower(), list(ALGORITHMS), n=1)
+        raise ConfigError(f"unknown algorithm {unknown[0]!r}{f' (did you mean {near[0]}?)' if near else ''}; "
+                          f"available: {', '.join(sorted(ALGORITHMS))} "
                           f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold; a method of your own: "
                           f"MODULE:CLASS, e.g. mylab.methods:FedFoo)")
     classes = [_user_method(p) if is_import_path(p) else ALGORITHMS[p] for p in parts]

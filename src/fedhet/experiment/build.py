@@ -7,6 +7,7 @@ as the simulator does, and nothing else.
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,10 +48,16 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:
-        bad = "; ".join(f"{'.'.join(['algorithm.params', *map(str, x['loc'])])}: {x['msg'].removeprefix('Value error, ')}"
-                        for x in e.errors())
+        def problem(error: dict) -> str:
+            if error["type"] != "extra_forbidden":
+                return error["msg"].removeprefix("Value error, ")
+            near = difflib.get_close_matches(str(error["loc"][-1]), list(cls.Params.model_fields), n=1)
+            return "unknown parameter" + (f" (did you mean {near[0]}?)" if near else "")
+
+        bad = "; ".join(f"{'.'.join(['algorithm.params', *map(str, x['loc'])])}: {problem(x)}" for x in e.errors())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
-                          f"{', '.join(cls.Params.model_fields) or 'none'})") from None
+                          f"{', '.join(cls.Params.model_fields) or 'none'}; their defaults: fedhet list "
+                          f"{cfg.algorithm.name})") from None
     if cls.requires_sgd and cfg.train.optimizer != "sgd":
         raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule is derived for local SGD (the "
                           f"normalised update of SCAFFOLD / FedNova), so train.optimizer must be sgd, not "

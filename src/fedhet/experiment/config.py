@@ -6,6 +6,7 @@ A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
 
 from __future__ import annotations
 
+import difflib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -300,17 +301,49 @@ class ExperimentConfig(Strict):
         return self
 
 
+# pydantic names the member of a union that a value failed against in the error's location
+# (``eval.clients.literal['all','sampled']``, ``...constrained-int``): not a key a user writes
+_UNION_MEMBER = re.compile(r"[\[\-']|^(int|str|float|bool|list|dict|none)$")
+
+
+def _error_key(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and _UNION_MEMBER.search(p)))
+
+
+def _quote_hint(key: str, value: Any) -> str:
+    """How to give ``key`` the string a user meant where YAML read a boolean or a number."""
+    if isinstance(value, bool) or value in ("true", "false"):
+        return (f"; YAML reads yes, no, on, off, true and false as booleans: quote the value to keep it a "
+                f"string, --set '{key}=\"...\"' or {key.split('.')[-1]}: \"...\" in the file")
+    return (f"; YAML reads {value} as a number: quote it to keep it a string, --set '{key}=\"{value}\"' or "
+            f"{key.split('.')[-1]}: \"{value}\" in the file")
+
+
 def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
-    lines = [f"invalid config ({origin}):"]
+    problems: dict[str, list[str]] = {}
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        key = _error_key(e["loc"])
         msg = e["msg"].removeprefix("Value error, ")
+        # a section's own check names the field it refused: "rounds: expects ..." at train
+        field, _, rest = msg.partition(": ")
+        section = _model_at(key.split(".") if key else [])
+        if rest and section is not None and field in section.model_fields:
+            key, msg = f"{key}.{field}" if key else field, rest
+            if msg.startswith("expects a string, got "):
+                msg += _quote_hint(key, msg.removeprefix("expects a string, got "))
         if e["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; see configs/README.md for every key)"
+            parent = _model_at(key.split(".")[:-1])
+            near = difflib.get_close_matches(key.split(".")[-1], list(parent.model_fields) if parent else [], n=1)
+            msg = (f"unknown key{f' (did you mean {near[0]}?)' if near else ''}; every key: configs/README.md")
         elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = (f"expects a mapping of settings, got {e['input']!r:.60}; a setting inside it is written "
                    f"{key}.<setting> in --set, or `{key.split('.')[-1]}: {{<setting>: value}}` in YAML")
-        lines.append(f"  {key}: {msg}")
+        elif e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):
+            msg += _quote_hint(key, e["input"])
+        problems.setdefault(key, []).append(msg)
+    # the members of a union each say what they take: one line, "or" between them
+    lines = [f"invalid config ({origin}):"]
+    lines += [f"  {key}: {'; or '.join(msgs)}" if key else f"  {'; '.join(msgs)}" for key, msgs in problems.items()]
     return "\n".join(lines)
 
 
@@ -325,17 +358,23 @@ def parse_value(text: str, key: str = "") -> Any:
                           f"--set '{key}=\"{text}\"'") from None
 
 
-def _is_section(parts: list[str]) -> bool:
-    """Whether the key ``parts`` names a section of the schema (train, data.local_test, ...): a
-    mapping of settings each with its own default, not one value (such as algorithm.params)."""
+def _model_at(parts: list[str]) -> type[Strict] | None:
+    """The section of the schema the key ``parts`` names (``ExperimentConfig`` for none; train,
+    data.local_test, ...): a mapping of settings each with its own default; None for one value
+    (such as algorithm.params) or a key the schema does not have."""
     model: Any = ExperimentConfig
     for part in parts:
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
-            return False
+            return None
         kinds = [a for a in (field.annotation, *getattr(field.annotation, "__args__", ())) if isinstance(a, type)]
         model = next((k for k in kinds if issubclass(k, Strict)), None)
-    return model is not None
+    return model
+
+
+def _is_section(parts: list[str]) -> bool:
+    """Whether the key ``parts`` names a section of the schema (see :func:`_model_at`)."""
+    return _model_at(parts) is not None
 
 
 def split_override(assignment: str) -> tuple[str, str]:
@@ -380,6 +419,8 @@ def apply_override(raw: dict, assignment: str) -> None:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 raw: dict | None = None) -> ExperimentConfig:
     origin = str(path) if path else "overrides"
+    if path and overrides:
+        origin += f" with the overrides {', '.join(overrides)}"[:200]
     if raw is None:
         raw = {}
         if path is not None:

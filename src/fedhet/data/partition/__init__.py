@@ -22,6 +22,7 @@ test share out.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import numbers
 from collections.abc import Callable
@@ -80,8 +81,10 @@ def partition(
     if is_import_path(kind):
         fn = _user_partitioner(kind)
     elif kind not in PARTITIONS:
+        near = difflib.get_close_matches(kind.lower(), [*PARTITIONS, "natural"], n=1)
         raise PartitionError(
-            f"unknown partition kind {kind!r}; valid kinds: {', '.join(sorted(PARTITIONS))}; one of your own: "
+            f"unknown partition kind {kind!r}{f' (did you mean {near[0]}?)' if near else ''}; valid kinds: "
+            f"{', '.join(sorted(PARTITIONS))}, natural; one of your own: "
             "MODULE:FUNCTION (a function (labels, num_clients, rng, **params) -> one index array per client)"
         )
     else:
