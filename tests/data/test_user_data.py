@@ -199,6 +199,12 @@ def too_few(labels, num_clients, rng):
 def out_of_range(labels, num_clients, rng):
     return [np.array([0, len(labels)])] * num_clients
 
+def shared(labels, num_clients, rng):
+    return [np.arange(len(labels))] * num_clients
+
+def twice(labels, num_clients, rng):
+    return [np.array([5, 5, 6])] + [np.array([7 + c]) for c in range(num_clients - 1)]
+
 def not_a_tuple(split):
     return {"x": 1}
 
@@ -255,6 +261,9 @@ def test_a_dataset_function_and_a_partition_function_of_ones_own(small_config, u
     ("no_such_parts:fn", "no module 'no_such_parts' can be imported here"),
     ("userdata:two_args", "takes \\(labels, num_clients, rng, \\*\\*params\\); this one's signature is \\(labels, num_clients\\)"),
     ("userdata:opaque", "its signature cannot be read .* wrap it in a Python function"),
+    ("userdata:twice", "client 0 holds image 5 twice \\(1 image given more than once\\)"),
+    ("userdata:shared", "clients 0, 1, 2 all hold image 0 \\(60 images given more than once\\); a partition gives "
+                        "each image to one client at most"),
 ])
 def test_a_partition_function_that_cannot_be_used_is_a_clear_error(small_config, user_module, kind, message):
     from fedhet.core.errors import PartitionError

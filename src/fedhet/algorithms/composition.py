@@ -188,7 +188,9 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
         for field in set(cls.Params.model_fields) - set(FedAvg.Params.model_fields):
             if field in owner:
                 raise ConfigError(f"cannot combine {name}: both {owner[field]} and {cls.name} have a parameter "
-                                  f"{field!r}")
+                                  f"{field!r}, each with its own meaning, and one algorithm.params.{field} cannot "
+                                  "set the two; run them apart, or combine a method of your own whose parameter "
+                                  "has another name (docs/extending.md)")
             owner[field] = cls.name
     # A FedAvg parameter whose default a component changes (FedACD's mixup) keeps that component's
     # default in the combination, whichever side it is on; two components changing it differently clash.
