@@ -198,7 +198,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         parts = [kept[p] for p in parts]
 
     rng = numpy_rng(seed, "local_test")
-    train_idx, test_idx = [], []
+    train_idx, test_idx, held_out = [], [], []
     if cfg.local_test.source == "holdout":
         # Membership through pool-sized masks, not np.isin per client: linear in the clients' sizes,
         # so 10,000 clients cost a few passes over their indices, not 10,000 sorts of the pool.
@@ -211,6 +211,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             test_idx.append(te)
         trained = np.zeros(len(labels), dtype=bool)
         trained[np.concatenate(train_idx)] = True
+        held_out = [len(te) for te in test_idx]
         test_idx = [te[~trained[te]] for te in test_idx]      # never an image some client trains on
     else:
         test_labels = global_test.y.numpy()
@@ -236,6 +237,11 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         if len(tr) == 0:
             raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
                                  f"partition{_pool_hint(cfg, len(np.unique(np.concatenate(parts))), k)}")
+        if len(te) == 0 and cfg.local_test.source == "holdout" and held_out[cid]:
+            raise PartitionError(f"client {cid} has an empty local test split: the {held_out[cid]} image(s) held out "
+                                 "of its data are all in other clients' training data (this partition gives images "
+                                 "to more than one client), and a test image is never one some client trains on; "
+                                 "give clients images of their own, or use data.local_test.source: test_set")
         if len(te) == 0:
             raise PartitionError(f"client {cid} has an empty local test split (fraction {cfg.local_test.fraction} "
                                  f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data"

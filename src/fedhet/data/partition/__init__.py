@@ -168,19 +168,6 @@ def _checked_parts(kind: str, parts: object, n: int, num_clients: int) -> list[n
             raise PartitionError(f"{where}: client {cid} holds index {int(arr.min() if arr.min() < 0 else arr.max())}, "
                                  f"outside the {n} samples of the pool")
         out.append(np.sort(arr.astype(np.int64)))
-    # each image trains one client at most: a shared one would also sit in one client's local
-    # test split and another's training data
-    owners = np.concatenate([np.full(len(idx), cid) for cid, idx in enumerate(out)]) if out else np.array([])
-    held = np.concatenate(out) if out else np.array([], dtype=np.int64)
-    values, counts = np.unique(held, return_counts=True)
-    if (counts > 1).any():
-        image = int(values[np.argmax(counts > 1)])
-        clients = sorted(set(owners[held == image].tolist()))
-        who = f"client {clients[0]} holds image {image} twice" if len(clients) == 1 else \
-            f"clients {', '.join(map(str, clients))} all hold image {image}"
-        repeated = int((counts > 1).sum())
-        raise PartitionError(f"{where}: {who} ({repeated} image{'s' if repeated > 1 else ''} given more than once); "
-                             "a partition gives each image to one client at most")
     return out
 
 
