@@ -257,8 +257,10 @@ def _describe_method(name: str) -> None:
     print("parameters (algorithm.params.NAME in a config, or --set algorithm.params.NAME=VALUE):")
     rows = []
     for param, field in fields.items():
+        # the method whose Params declares it last (a combination's own Params only gathers its parts')
         owner = next((base.__qualname__.removesuffix(".Params") for base in cls.Params.__mro__
-                      if param in base.__dict__.get("__annotations__", {})), "")
+                      if base.__qualname__.endswith(".Params") and param in base.__dict__.get("__annotations__", {})),
+                     "")
         kind = ", ".join(filter(None, [_param_type(field.annotation), _param_bounds(field.metadata)]))
         rows.append((param, kind, repr(field.get_default(call_default_factory=True)), owner))
     rows.sort(key=lambda row: row[3] == "FedAvg")     # the method's own first, FedAvg's inherited ones last

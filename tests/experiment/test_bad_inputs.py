@@ -719,12 +719,20 @@ def test_compare_pools_a_parameter_given_at_its_default_with_one_left_out(two_ru
     recorded_as(b, {"mixup_alpha": 0.4}, {**defaults, "mixup_alpha": 0.4})
     assert main(["compare", str(a), str(b)]) == 2
     assert "algorithm.params" in capsys.readouterr().err
+    # a parameter the method gained after one run: that run's config decides (absent: the default)
+    recorded_as(b, {}, {**defaults, "gained": 3})
+    assert main(["compare", str(a), str(b)]) == 0
+    capsys.readouterr()
+    recorded_as(b, {"gained": 3}, {**defaults, "gained": 3})
+    assert main(["compare", str(a), str(b)]) == 2
+    assert "algorithm.params" in capsys.readouterr().err
     # a run from before summaries held the parameters: the configs as given decide
     summary = json.loads((a / "summary.json").read_text())
     del summary["algorithm_params"]
     (a / "summary.json").write_text(json.dumps(summary))
     recorded_as(b, {"mixup_alpha": 1.0}, defaults)
     assert main(["compare", str(a), str(b)]) == 2
+    assert "algorithm.params: {} in" in capsys.readouterr().err
 
 
 def test_list_a_method_gives_its_parameters_types_bounds_and_defaults(capsys):

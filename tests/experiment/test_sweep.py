@@ -562,6 +562,7 @@ def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, smal
     path = write_sweep(tmp_path, small_config, [("fedavg", {})])
     run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)
     good_table = write_report(load_sweep(path))
+    good_plot = (tmp_path / "out" / "sweep.png").read_bytes()
     edited = write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.lr=0.01"]})])
     sweep = load_sweep(edited)
     (job,) = sweep.jobs
@@ -578,6 +579,7 @@ def test_an_edited_sweep_file_leaves_runs_of_the_old_config_alone(tmp_path, smal
     assert "- `fedavg_s0`: stale (train.lr: 0.05 -> 0.01)" in captured.out
     assert "give the --set the runs were made with" in captured.err and "is kept as it was" in captured.err
     assert (sweep.out / "sweep.md").read_text() == good_table
+    assert (sweep.out / "sweep.png").read_bytes() == good_plot
     # a sweep file whose config no longer loads does not pool the existing run as its own
     broken = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {"set": ["train.lr=-1"]})]))
     assert job_status(broken.jobs[0]) == "stale"

@@ -113,12 +113,15 @@ def _read_function(spec: str, splits: tuple[str, ...]) -> dict[str, tuple[np.nda
     if not callable(fn) or isinstance(fn, type):
         raise DataError(f"{where} is {describe(fn)}, not a function (split) -> (x, y) or (x, y, client_ids)")
     try:
-        inspect.signature(fn).bind("train")
-    except TypeError:
-        raise DataError(f"{where} must take one argument, the split ('train' or 'test'); its signature is "
-                        f"{inspect.signature(fn)}") from None
-    except ValueError:                       # a builtin or C callable: no signature to read
-        pass
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):          # a builtin or C callable: no signature to read
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind("train")
+        except TypeError:
+            raise DataError(f"{where} must take one argument, the split ('train' or 'test'); its signature is "
+                            f"{signature}") from None
     arrays = {}
     for split in splits:
         out = fn(split)

@@ -8,6 +8,7 @@ as the simulator does, and nothing else.
 from __future__ import annotations
 
 import difflib
+import shlex
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,7 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
         bad = "; ".join(f"{'.'.join(['algorithm.params', *map(str, x['loc'])])}: {problem(x)}" for x in e.errors())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
                           f"{', '.join(cls.Params.model_fields) or 'none'}; their defaults: fedhet list "
-                          f"{cfg.algorithm.name})") from None
+                          f"{shlex.quote(cfg.algorithm.name)})") from None
     if cls.requires_sgd and cfg.train.optimizer != "sgd":
         raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule is derived for local SGD (the "
                           f"normalised update of SCAFFOLD / FedNova), so train.optimizer must be sgd, not "

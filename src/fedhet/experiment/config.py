@@ -306,8 +306,12 @@ class ExperimentConfig(Strict):
 _UNION_MEMBER = re.compile(r"[\[\-']|^(int|str|float|bool|list|dict|none)$")
 
 
-def _error_key(loc: tuple) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and _UNION_MEMBER.search(p)))
+def _error_key(error: dict) -> str:
+    """The key an error is about. An unknown key is named as the user wrote it (``train.batch-size``);
+    the location of a value's error may hold the union member it failed against, left out."""
+    if error["type"] == "extra_forbidden":
+        return ".".join(map(str, error["loc"]))
+    return ".".join(str(p) for p in error["loc"] if not (isinstance(p, str) and _UNION_MEMBER.search(p)))
 
 
 def _quote_hint(key: str, value: Any) -> str:
@@ -322,15 +326,15 @@ def _quote_hint(key: str, value: Any) -> str:
 def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
     problems: dict[str, list[str]] = {}
     for e in err.errors():
-        key = _error_key(e["loc"])
+        key = _error_key(e)
         msg = e["msg"].removeprefix("Value error, ")
         # a section's own check names the field it refused: "rounds: expects ..." at train
         field, _, rest = msg.partition(": ")
         section = _model_at(key.split(".") if key else [])
         if rest and section is not None and field in section.model_fields:
             key, msg = f"{key}.{field}" if key else field, rest
-            if msg.startswith("expects a string, got "):
-                msg += _quote_hint(key, msg.removeprefix("expects a string, got "))
+            if msg.startswith(("expects a string, got ", "expects a str | None, got ")):
+                msg += _quote_hint(key, msg.rpartition("got ")[2])
         if e["type"] == "extra_forbidden":
             parent = _model_at(key.split(".")[:-1])
             near = difflib.get_close_matches(key.split(".")[-1], list(parent.model_fields) if parent else [], n=1)
@@ -420,7 +424,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 raw: dict | None = None) -> ExperimentConfig:
     origin = str(path) if path else "overrides"
     if path and overrides:
-        origin += f" with the overrides {', '.join(overrides)}"[:200]
+        given = ", ".join(overrides)
+        origin += f" with the overrides {given if len(given) <= 160 else given[:157] + '...'}"
     if raw is None:
         raw = {}
         if path is not None:

@@ -87,9 +87,14 @@ def _check_same_experiment(name: str, runs: list[tuple[Path, dict]]) -> None:
     # records them) with every default filled in, so `server_lr: 0.5` given and left at its default 0.5 agree
     resolved = [summary.get("algorithm_params") for _, summary in runs]
     if all(isinstance(params, dict) for params in resolved):
+        common = set.intersection(*(set(params) for params in resolved))
+        partly = set.union(*(set(params) for params in resolved)) - common
         for (_, keys), params in zip(configs, resolved):
             assert keys is not None
-            keys["algorithm.params"] = params
+            given = keys.get("algorithm.params") or {}
+            # a parameter only some runs recorded (their method gained it later): as their configs gave it
+            keys["algorithm.params"] = {**{k: given.get(k, "<default>") for k in sorted(partly)},
+                                        **{k: params[k] for k in sorted(common)}}
     # a key one run's config lacks (recorded before the key existed) reads as its default
     defaults = flatten_config(ExperimentConfig().model_dump(mode="json"))
     first_dir, first = configs[0]

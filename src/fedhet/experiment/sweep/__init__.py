@@ -64,7 +64,9 @@ sweep would start, and their total, to size a window before starting it.
 Runs are resumed with the sweep's thread count: change ``lanes`` and a resumed run may differ from
 an uninterrupted one in the last float bits. The sweep ends by writing ``<out>/sweep.md`` (the ``fedhet compare``
 table of every group, then the outcome of each of the file's ``verdicts``) and ``sweep.png``;
-``fedhet sweep FILE --table`` writes and prints them from the runs there are, starting none.
+``fedhet sweep FILE --table`` writes and prints them from the runs there are, starting none (while
+a run is stale it only prints them, keeping the files as they were: a ``--set`` left out of the
+command makes every run stale).
 Run folders may be committed with their small files only (config, summary, metrics): a sweep
 started in a fresh clone skips them as completed. ``--adopt FOLDER_OR_ARCHIVE`` copies a sweep's
 completed runs made elsewhere (a lent GPU's archive, another machine's ``--out``) into its own

@@ -14,9 +14,10 @@ from fedhet.experiment.verdict import MissingValue, Verdict, run_value, verdict_
 def write_report(sweep: Sweep, replace: bool = True) -> str:
     """``<out>/sweep.md`` and ``sweep.png``: the ``fedhet compare`` table of the completed runs,
     and the list of runs that are not (yet) completed (a stale one with what differs). With
-    ``replace=False`` an existing ``sweep.md`` is kept and the text only returned."""
+    ``replace=False`` an existing ``sweep.md`` (and its ``sweep.png``) is kept and the text only returned."""
     from fedhet.experiment.report import compare
 
+    keep = not replace and (sweep.out / "sweep.md").is_file()     # then neither sweep.md nor sweep.png changes
     status = {j.name: job_status(j) for j in sweep.jobs}       # each reads the run's files once
     done = [j.run_dir for j in sweep.jobs if status[j.name] == "completed"]
     missing = [(j.name, status[j.name]) for j in sweep.jobs if status[j.name] != "completed"]
@@ -26,7 +27,7 @@ def write_report(sweep: Sweep, replace: bool = True) -> str:
     if done:
         completed_tags = {j.tag for j in sweep.jobs if status[j.name] == "completed"}
         paired = [tag for tag in sweep.paired if tag in completed_tags]
-        lines.append(compare(done, sweep.metric, sweep.out / "sweep.png", paired=paired))
+        lines.append(compare(done, sweep.metric, None if keep else sweep.out / "sweep.png", paired=paired))
     else:
         lines.append("No completed runs yet.")
     if sweep.verdicts:
@@ -38,7 +39,7 @@ def write_report(sweep: Sweep, replace: bool = True) -> str:
             f"- `{name}`: {status}" + (f" ({stale_note(jobs[name])})" if status == "stale" else "")
             for name, status in missing]
     text = "\n".join(lines) + "\n"
-    if not replace and (sweep.out / "sweep.md").is_file():
+    if keep:
         return text
     sweep.out.mkdir(parents=True, exist_ok=True)       # --table before any run has made the folder
     partial = sweep.out / f".sweep.md.{os.getpid()}"   # two sweeps over one folder (--only) never tear it
