@@ -472,9 +472,9 @@ def test_compare_names_a_damaged_recorded_config(two_runs, capsys, content):
 
 
 @pytest.mark.parametrize(("name", "params", "message"), [
-    ("fedprox", {"mu": True}, "algorithm.params: mu: expects a number, got true"),
-    ("fedcme", {"exchange": False}, "algorithm.params: exchange: expects one of .*got false"),
-    ("moon", {"tau": True}, "algorithm.params: tau: expects a number, got true"),
+    ("fedprox", {"mu": True}, "algorithm.params.mu: expects a number, got true"),
+    ("fedcme", {"exchange": False}, "algorithm.params.exchange: expects one of .*got false"),
+    ("moon", {"tau": True}, "algorithm.params.tau: expects a number, got true"),
 ])
 def test_a_boolean_is_not_a_method_parameters_number(small_config, name, params, message):
     with pytest.raises(ConfigError, match=message):
@@ -510,7 +510,7 @@ def test_a_data_root_that_does_not_exist_is_named(small_config, tmp_path):
 def test_a_non_finite_setting_is_named_not_blamed_on_the_learning_rate_later(small_config, section, key, value):
     with pytest.raises(ConfigError, match=f"{key}: expects a finite number, got {value}"):
         load_config(raw=cfg_of(small_config, **{section: {key: value}}))
-    with pytest.raises(ConfigError, match="algorithm.params: mu: expects a finite number, got inf"):
+    with pytest.raises(ConfigError, match="algorithm.params.mu: expects a finite number, got inf"):
         make_algorithm(load_config(raw=cfg_of(small_config, algorithm={"name": "fedprox",
                                                                        "params": {"mu": float("inf")}})))
 

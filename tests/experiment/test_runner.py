@@ -323,7 +323,7 @@ def test_config_errors_speak_of_keys_and_say_the_fix(small_config, tmp_path):
         "  eval.clients: Input should be 'all' or 'sampled'; or Input should be greater than 0"]
     assert "train.round: unknown key (did you mean rounds?)" in error("train.round=3")
     assert "train.batch-size: unknown key (did you mean batch_size?)" in error("train.batch-size=3")
-    assert "model.split: expects a str | None, got false; YAML reads yes, no" in error("model.split=no")
+    assert "model.split: expects a string or null, got false; YAML reads yes, no" in error("model.split=no")
     assert "data.local_tset: unknown key (did you mean local_test?)" in error("data.local_tset.fraction=0.1")
     # a string YAML reads as a number or a boolean: quote it
     assert """name: Input should be a valid string; YAML reads 2024 as a number: quote it to keep it a string, --set 'name="2024"'""" in error("name=2024")

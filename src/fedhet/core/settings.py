@@ -9,7 +9,8 @@ as a non-finite loss blamed on the learning rate.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic.fields import FieldInfo
 
@@ -37,7 +38,12 @@ def accepts_bool(annotation: Any) -> bool:
 
 
 def type_name(annotation: Any) -> str:
+    """A field's type as a config's reader says it: ``a number``, ``a string or null``."""
     if get_origin(annotation) is Literal:
         return "one of " + ", ".join(repr(a) for a in get_args(annotation))
+    if get_origin(annotation) in (Union, UnionType):
+        kinds = [type_name(a) for a in get_args(annotation) if a is not type(None)]
+        nullable = type(None) in get_args(annotation)
+        return " or ".join(dict.fromkeys(kinds)) + (" or null" if nullable else "")
     names = {int: "a number", float: "a number", str: "a string"}
     return names.get(annotation, f"a {getattr(annotation, '__name__', annotation)}")

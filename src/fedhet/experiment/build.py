@@ -50,12 +50,17 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:
         def problem(error: dict) -> str:
-            if error["type"] != "extra_forbidden":
-                return error["msg"].removeprefix("Value error, ")
-            near = difflib.get_close_matches(str(error["loc"][-1]), list(cls.Params.model_fields), n=1)
-            return "unknown parameter" + (f" (did you mean {near[0]}?)" if near else "")
+            """``algorithm.params.KEY: what is wrong`` of one validation error."""
+            key, msg = ".".join(["algorithm.params", *map(str, error["loc"])]), error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                near = difflib.get_close_matches(str(error["loc"][-1]), list(cls.Params.model_fields), n=1)
+                return f"{key}: unknown parameter" + (f" (did you mean {near[0]}?)" if near else "")
+            field, _, rest = msg.partition(": ")      # the parameters' own check names the one it refused
+            if not error["loc"] and rest and field in cls.Params.model_fields:
+                return f"{key}.{field}: {rest}"
+            return f"{key}: {msg}"
 
-        bad = "; ".join(f"{'.'.join(['algorithm.params', *map(str, x['loc'])])}: {problem(x)}" for x in e.errors())
+        bad = "; ".join(problem(x) for x in e.errors())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
                           f"{', '.join(cls.Params.model_fields) or 'none'}; their defaults: fedhet list "
                           f"{shlex.quote(cfg.algorithm.name)})") from None

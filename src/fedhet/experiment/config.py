@@ -333,7 +333,7 @@ def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
         section = _model_at(key.split(".") if key else [])
         if rest and section is not None and field in section.model_fields:
             key, msg = f"{key}.{field}" if key else field, rest
-            if msg.startswith(("expects a string, got ", "expects a str | None, got ")):
+            if msg.startswith(("expects a string, got ", "expects a string or null, got ")):
                 msg += _quote_hint(key, msg.rpartition("got ")[2])
         if e["type"] == "extra_forbidden":
             parent = _model_at(key.split(".")[:-1])
