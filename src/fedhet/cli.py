@@ -9,7 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-from fedhet.core.errors import FedhetError
+from fedhet.core.errors import ConfigError, FedhetError
 
 
 def _positive_int(text: str) -> int:
@@ -109,18 +109,22 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     from fedhet.experiment.summary import cpu_identity
     from fedhet.experiment.sweep import expected_run_seconds, job_status, pace_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
-    from fedhet.experiment.sweep.state import STALE_FIX, stale_note, would_start
+    from fedhet.experiment.sweep.state import STALE_FIX, config_error, first_problem, stale_note, would_start
 
     cpu, threads = cpu_identity(), sweep_threads(sweep)
     pace_by_tag: dict[str, tuple[str, list]] = {}     # the runs of a tag that would start share their like runs
-    to_run, known, stale = 0, [], 0
+    to_run, known, stale, broken = 0, [], 0, []
     for job in jobs:
         status = job_status(job)
         guess = ""
         if status == "stale":
             stale += 1
             guess = f"  [{stale_note(job)}]"
-        if would_start(status, retry_failed):
+        why = config_error(job) if would_start(status, retry_failed) else None
+        if why:
+            broken.append(job.name)
+            guess = f"  [its config does not load: {first_problem(why)}]"
+        elif would_start(status, retry_failed):
             to_run += 1
             if job.tag not in pace_by_tag:
                 pace_by_tag[job.tag] = pace_runs(job, sweep.jobs, cpu, threads)
@@ -143,6 +147,9 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
               file=sys.stderr)
     if stale:
         print(f"{stale} run(s) stale: {STALE_FIX}", file=sys.stderr)
+    if broken:
+        raise ConfigError(f"{len(broken)} run(s) have a config that does not load ({', '.join(broken[:3])}"
+                          f"{', ...' if len(broken) > 3 else ''}): the sweep would start none")
 
 
 def _cmd_sweep(args) -> int:

@@ -154,7 +154,7 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config, monkeypatch):
 
 def test_only_runs_the_named_tags_and_the_table_shows_every_completed_run(tmp_path, small_config, capsys):
     path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {"seeds": [0, 1]}),
-                                                ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})],
+                                                ("fedavg", {"tag": "broken", "set": ["algorithm.params.nope=1"]})],
                        set=["train.rounds=1"])
     assert cli_main(["sweep", str(path), "--only", "fedpac"]) == 2
     assert "--only fedpac: no run of sweep 'tiny' has this tag; its tags and groups: broken, fedavg, fedprox" \
@@ -507,18 +507,35 @@ def test_skip_runs_that_cannot_finish_starts_only_the_runs_that_fit(tmp_path, sm
         "fedavg_s1": "completed", "fedavg_s2": "completed"}
 
 
-def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
-    # the third run has an invalid override: reported as failed, the other two complete
-    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),
+def test_a_sweep_with_a_config_that_does_not_load_starts_no_run(tmp_path, small_config, capsys):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}),
                                                 ("fedavg", {"tag": "broken", "set": ["train.rounds=-1"]})],
                        set=["train.rounds=1"])       # the run's own set comes after the file's: still -1
+    assert cli_main(["sweep", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "1 run(s) of the sweep have a config that does not load, so none starts; broken_s0: invalid config" in err
+    assert "train.rounds: Input should be greater than or equal to 1" in err
+    assert not (tmp_path / "out").exists()
+    assert cli_main(["sweep", str(path), "--list"]) == 2
+    captured = capsys.readouterr()
+    assert "broken_s0  <- " in captured.out and "[its config does not load: train.rounds: Input should be greater " \
+        "than or equal to 1]" in captured.out
+    assert "1 run(s) have a config that does not load (broken_s0): the sweep would start none" in captured.err
+
+
+def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
+    # the third run has a parameter its method does not take, found when the run builds it: reported
+    # as failed, the other two complete
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),
+                                                ("fedavg", {"tag": "broken", "set": ["algorithm.params.nope=1"]})],
+                       set=["train.rounds=1"])
     assert cli_main(["sweep", str(path)]) == 1
     captured = capsys.readouterr()
     assert "1 run(s) failed or stale: broken_s0" in captured.err
     sweep = load_sweep(path)
     status = {j.name: job_status(j) for j in sweep.jobs}
     assert status == {"fedavg_s0": "completed", "fedprox_s0": "completed", "broken_s0": "failed"}
-    assert "train.rounds" in (sweep.out / "broken_s0.failed").read_text()
+    assert "algorithm.params.nope: unknown parameter" in (sweep.out / "broken_s0.failed").read_text()
     table = (sweep.out / "sweep.md").read_text()
     assert "| fedavg | fedavg |" in table and "| fedprox | fedprox |" in table and "`broken_s0`: failed" in table
     assert (sweep.out / "sweep.png").is_file()
@@ -527,8 +544,14 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
     before = {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
     messages = []
     outcome = run_sweep(load_sweep(path), log=messages.append, poll_seconds=0.2)
-    assert outcome == {} and "3 runs, 2 completed, 1 failed left alone, 0 to run" in messages[0]
+    assert outcome == {} and "3 runs, 2 completed, 1 failed (--retry-failed runs them again) left alone, 0 to run" \
+        in messages[0]
     assert before == {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
+    # the failure is of that config: a sweep asking for another one starts the run anew
+    fixed = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),
+                                                            ("fedavg", {"tag": "broken", "set": ["train.lr=0.01"]})],
+                                   set=["train.rounds=1"]))
+    assert job_status(fixed.jobs[2]) == "new"
 
 
 def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path, small_config, monkeypatch):

@@ -20,6 +20,7 @@ from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since,
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
 from fedhet.experiment.sweep.state import (
     STALE_FIX,
+    config_error,
     config_mismatch,
     current_config,
     extend_rounds,
@@ -34,6 +35,7 @@ from fedhet.experiment.sweep.state import (
     rounds_done,
     take_lock,
     would_start,
+    write_failure_marker,
     write_lock,
 )
 
@@ -123,8 +125,14 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     deadline = None if finish_by is None else t_start + finish_by
     jobs = select_jobs(sweep, only)
     threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
-    sweep.out.mkdir(parents=True, exist_ok=True)
     initial = {j.name: job_status(j) for j in jobs}
+    broken = [(j.name, why) for j in jobs if would_start(initial[j.name], retry_failed) and (why := config_error(j))]
+    if broken:
+        # refused before any run starts: every run would fail the same way in its first second
+        others = f" (also {', '.join(name for name, _ in broken[1:])})" if len(broken) > 1 else ""
+        raise ConfigError(f"{len(broken)} run(s) of the sweep have a config that does not load, so none starts; "
+                          f"{broken[0][0]}{others}: {broken[0][1]}")
+    sweep.out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         if initial[j.name] == "stale":
             log(f"skipped {j.name}, stale ({'; '.join(config_mismatch(j))}): {STALE_FIX} ({j.run_dir})")
@@ -133,6 +141,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     todo = [j for j in jobs if would_start(initial[j.name], retry_failed)]
     left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
     skipped = ", ".join(f"{left.count(s)} {s}{' elsewhere' if s == 'running' else ''}"
+                        f"{' (--retry-failed runs them again)' if s == 'failed' else ''}"
                         for s in ("completed", "failed", "stale", "running") if s in left)
     chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
@@ -177,7 +186,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
         if status != "completed":
             status = "failed"
             tail = _log_tail(job.run_dir.parent / f"{name}.log")
-            failure_marker(job).write_text(f"exit status {rc}\n{tail}\n")
+            write_failure_marker(job, f"exit status {rc}\n{tail}\n")
             log(f"{time.strftime('%H:%M:%S')} FAILED {name} (exit {rc}): {tail.splitlines()[-1] if tail else ''}")
         else:
             log(f"{time.strftime('%H:%M:%S')} done   {name} in {time.monotonic() - t0:.0f} s")

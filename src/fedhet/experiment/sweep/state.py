@@ -28,6 +28,40 @@ def failure_marker(job: Job) -> Path:
     return job.run_dir.parent / f"{job.name}.failed"
 
 
+def job_command(job: Job) -> str:
+    """The config and overrides a job runs with, as a failure marker records them."""
+    return " ".join([str(job.config), *job.overrides])
+
+
+def write_failure_marker(job: Job, text: str) -> None:
+    failure_marker(job).write_text(f"config: {job_command(job)}\n{text}")
+
+
+def _failed_as_asked_now(job: Job) -> bool:
+    """Whether the failure marker of ``job`` is of the config and overrides it has now (a marker from
+    before markers named them counts as such): a failure of another config does not hold it back."""
+    try:
+        first = failure_marker(job).read_text().split("\n", 1)[0]
+    except OSError:
+        return False
+    return not first.startswith("config: ") or first == f"config: {job_command(job)}"
+
+
+def first_problem(error: str) -> str:
+    """The first problem of a config error: the line under ``invalid config (...):``, else its first line."""
+    lines = error.splitlines()
+    return lines[1].strip() if len(lines) > 1 and lines[0].startswith("invalid config") else lines[0]
+
+
+def config_error(job: Job) -> str | None:
+    """Why the config the sweep file asks of ``job`` does not load (None when it does)."""
+    try:
+        current_config(job)
+    except (ConfigError, OSError) as e:
+        return str(e)
+    return None
+
+
 def lock_path(job: Job) -> Path:
     return job.run_dir.parent / f"{job.name}.lock"
 
@@ -129,7 +163,7 @@ def config_mismatch(job: Job) -> list[str]:
         current = current_config(job)
     except (ConfigError, OSError) as e:
         # a run exists, but what the sweep file asks for now cannot be read: not the same run
-        return [f"the sweep file's config cannot be loaded ({str(e).splitlines()[0]})"]
+        return [f"the sweep file's config cannot be loaded ({first_problem(str(e))})"]
     try:
         return config_changes(_parsed_yaml(recorded.read_text()) or {}, current)
     except (OSError, yaml.YAMLError):
@@ -178,7 +212,7 @@ def recorded_status(job: Job) -> str:
         if wanted is not None and int(recorded.get("rounds_completed", wanted)) < wanted:
             return "extend"
         return "completed"
-    if status == "failed" or failure_marker(job).is_file():
+    if status == "failed" or _failed_as_asked_now(job):
         return "failed"
     if (job.run_dir / "config.yaml").is_file():
         return "interrupted"
