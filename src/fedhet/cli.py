@@ -311,9 +311,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", nargs="?", help="YAML config (see configs/)")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config value, e.g. --set train.rounds=5 (repeatable); with --resume only "
-                        "how the run is carried out, e.g. --set run.device=cpu")
+                        "how the run is carried out, e.g. --set run.device=cpu, and a raised train.rounds, which "
+                        "extends a finished run")
     r.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>)")
-    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint (or "
+                                                        "extend a finished one: --set train.rounds=N)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--threads", type=_positive_int,
                    help="run.threads: torch intra-op threads and the CPU budget engine: auto picks workers "

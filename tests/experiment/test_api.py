@@ -19,6 +19,15 @@ def test_run_from_a_dict_with_overrides_returns_the_recorded_metrics(small_confi
     assert [r for r, _ in accs] == [1, 2] and accs[-1][1] == res.rows[-1]["global_acc"]
     # chance on the 10 synthetic classes is 0.1; two rounds of FedAvg learn the blocks far beyond it
     assert res.summary["headline"]["best"] > 0.5
+    with pytest.raises(KeyError, match=r"recorded 'global_accc'; it recorded: .*global_acc, "):
+        res.metric("global_accc")
+    assert repr(res) == (f"Results({str(tmp_path / 'r')!r}, fedavg, completed, 2 rounds, global_acc, "
+                         f"final {res.summary['headline']['final']:.4f})")
+    # a finished run extended from Python, as `fedhet run --resume DIR --set train.rounds=3`
+    more = fedhet.resume(tmp_path / "r", {"train.rounds": 3}, progress=False)
+    assert [r for r, _ in more.metric("global_acc")] == [1, 2, 3] and more.rows[:2] == res.rows
+    with pytest.raises(ConfigError, match="a resumed run takes --set only for how it is carried out"):
+        fedhet.resume(tmp_path / "r", {"train.lr": 0.5})
 
 
 def test_run_from_a_yaml_path_with_set_style_overrides(small_config, tmp_path):

@@ -5,6 +5,7 @@
     print(res.summary["headline"])                 # best / final with the rules that chose them
     accs = res.metric("global_acc")                # [(round, value), ...]
     res.rows[-1]["comm"]                           # every metrics.jsonl record, as dicts
+    more = fedhet.resume(res.run_dir, {"train.rounds": 10})   # extend it (or go on after a crash)
 
 The run is the same as ``fedhet run``: a run directory with config.yaml, metrics.jsonl,
 summary.json, checkpoints and plots; ``metrics.jsonl`` stays the source of truth.
@@ -22,7 +23,7 @@ from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.runner import Experiment
 
 
-@dataclass
+@dataclass(repr=False)
 class Results:
     """What one run produced: the summary, the per-round records and where they are on disk."""
 
@@ -31,8 +32,21 @@ class Results:
     rows: list[dict[str, Any]]
 
     def metric(self, name: str) -> list[tuple[int, float]]:
-        """``(round, value)`` of ``name`` over the rounds that recorded it."""
-        return [(r["round"], r[name]) for r in self.rows if r.get(name) is not None]
+        """``(round, value)`` of ``name`` over the rounds that recorded it; a KeyError naming the
+        metrics the run recorded when no round recorded ``name``."""
+        values = [(r["round"], r[name]) for r in self.rows if r.get(name) is not None]
+        if not values:
+            recorded = sorted({k for r in self.rows for k, v in r.items() if isinstance(v, (int, float))
+                               and not isinstance(v, bool)} - {"round"})
+            raise KeyError(f"no round of {self.run_dir} recorded {name!r}; it recorded: {', '.join(recorded)}")
+        return values
+
+    def __repr__(self) -> str:
+        # a notebook shows this: the run and its headline, not every row
+        head = self.summary.get("headline") or {}
+        final = f", final {head['final']:.4f}" if isinstance(head.get("final"), (int, float)) else ""
+        return (f"Results({str(self.run_dir)!r}, {self.summary.get('algorithm')}, {self.summary.get('status')}, "
+                f"{self.summary.get('rounds_completed')} rounds, {self.summary.get('headline_metric')}{final})")
 
 
 def _plain(value: Any, where: str) -> Any:
@@ -52,8 +66,8 @@ def _plain(value: Any, where: str) -> Any:
                       "number, a string, a list or a mapping of those")
 
 
-def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] | list[str] | None
-               ) -> ExperimentConfig:
+def _assignments(overrides: dict[str, Any] | list[str] | None) -> list[str]:
+    """``overrides`` as ``--set`` items (``["train.rounds=5"]``)."""
     assignments: list[str]
     if overrides is None:
         assignments = []
@@ -77,6 +91,12 @@ def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str
         one = " (one string: wrap it in a list)" if isinstance(overrides, str) else ""
         raise ConfigError(f"fedhet.run: overrides must be a dict {{'train.rounds': 5}} or a list of 'key=value' "
                           f"strings, not {type(overrides).__name__}{one}")
+    return assignments
+
+
+def _as_config(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] | list[str] | None
+               ) -> ExperimentConfig:
+    assignments = _assignments(overrides)
     if isinstance(config, ExperimentConfig):
         raw = config.model_dump(mode="json")
         return load_config(overrides=assignments, raw=raw) if assignments else config
@@ -102,8 +122,11 @@ def run(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] 
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))
 
 
-def resume(run_dir: str | Path, *, progress: bool | None = None) -> Results:
-    """Continue an interrupted run from its last checkpoint (``fedhet run --resume``)."""
-    exp = Experiment.resume(run_dir)
+def resume(run_dir: str | Path, overrides: dict[str, Any] | list[str] | None = None, *,
+           progress: bool | None = None) -> Results:
+    """Continue an interrupted run from its last checkpoint (``fedhet run --resume``).
+    ``overrides`` as ``fedhet run --resume --set`` takes them: how the run is carried out
+    (``{"run.device": "cpu"}``), or a raised ``train.rounds``, which extends a finished run."""
+    exp = Experiment.resume(run_dir, run_settings=_assignments(overrides))
     summary = exp.run(progress=progress)
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))
