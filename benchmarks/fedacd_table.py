@@ -28,6 +28,7 @@ from fedhet.experiment.report import (
     format_value,
     provenance_lines,
     read_run_folder,
+    run_table_script,
     unfinished_lines,
     write_result_files,
 )
@@ -213,4 +214,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_table_script(main))

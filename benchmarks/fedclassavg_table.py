@@ -22,7 +22,13 @@ import statistics
 from pathlib import Path
 
 from fedhet.experiment.config import load_config
-from fedhet.experiment.report import format_value, load_summary, provenance_lines, write_result_files
+from fedhet.experiment.report import (
+    format_value,
+    load_summary,
+    provenance_lines,
+    run_table_script,
+    write_result_files,
+)
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import machine_info, summarize_metrics
 from fedhet.experiment.sweep import load_sweep
@@ -114,4 +120,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_table_script(main))

@@ -22,6 +22,7 @@ from fedhet.experiment.report import (
     format_mean_std,
     provenance_lines,
     read_run_folder,
+    run_table_script,
     unfinished_lines,
     write_result_files,
 )
@@ -108,4 +109,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_table_script(main))

@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         help="training speed over every timed round, or rounds FIRST-LAST (repeatable)",
     )
     args = p.parse_args(argv)
+    for run in args.run_dirs:
+        if not (Path(run) / "metrics.jsonl").is_file():
+            p.error(f"{run}: not a run folder (no metrics.jsonl there)")
     for span in args.speed or []:
         if len(span) not in (0, 2):
             p.error(f"--speed takes no rounds or two (FIRST LAST), not {len(span)}")

@@ -420,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     flr.add_argument("--resume", metavar="RUN_DIR",
                      help="continue a Flower run from its last checkpoint (run.checkpoint_every): the server's "
                           "state from RUN_DIR/checkpoint.pt, the clients' from the nodes' commits in RUN_DIR/node-state")
-    flr.add_argument("--timeout", type=float, default=24 * 3600, help="stop the run after this many seconds")
+    flr.add_argument("--timeout", type=float, default=24 * 3600,
+                     help="stop the run after this many seconds (default: 86400, a day)")
     flr.add_argument("--keep-logs", action="store_true",
                      help="keep the Flower logs and FLWR_HOME (temporary directory)")
     fla.add_argument("--out", required=True, help="directory to write the app into")

@@ -39,3 +39,10 @@ def test_seeds_pool_and_communication_is_relative_to_fedavg(tmp_path):
     text = (out / "fedfm_fmnist_test.md").read_text()
     assert "| niid1 | FedAvg | 2 | 65.00 ± 7.07 | 64.00 ± 2.83 |" in text
     assert "| niid1 | FedFM (CG, lambda 50) | 1 | 75.00 | 70.00 | 70.00 | 300 (1.500) | 3.0 | 72.89 |" in text
+
+
+def test_a_folder_that_is_not_there_is_one_line_of_error(tmp_path, capsys, monkeypatch):
+    script = benchmark_script("fedfm_table")
+    monkeypatch.setattr("sys.argv", ["fedfm_table.py", str(tmp_path / "nothere")])
+    assert script.run_table_script(script.main) == 2
+    assert f"fedfm_table.py: error: {tmp_path / 'nothere'} is not a folder of runs" in capsys.readouterr().err

@@ -132,3 +132,9 @@ def test_speed_without_timed_rounds_or_with_one_round_is_a_clear_error(per_round
     with pytest.raises(SystemExit):
         per_round.main([str(timed_run), "--metric", "global_acc", *span])
     assert message in capsys.readouterr().err
+
+
+def test_a_folder_without_metrics_is_named(per_round, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        per_round.main([str(tmp_path / "nothere"), "--at", "1"])
+    assert f"{tmp_path / 'nothere'}: not a run folder (no metrics.jsonl there)" in capsys.readouterr().err

@@ -97,6 +97,8 @@ def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, sm
     for job in sweep.jobs:
         assert len(read_metrics(job.run_dir)) == 1      # the command line's value won over both files' sets
     assert "fedhet sweep " + str(path) + " --set train.rounds=1" in (sweep.out / "sweep.md").read_text()
+    elsewhere = load_sweep(path, out=tmp_path / "elsewhere", extra_set=["train.rounds=1"])
+    assert f"fedhet sweep {path} --out {tmp_path / 'elsewhere'} --set train.rounds=1" in write_report(elsewhere)
     # A resumed run takes the --set values of how it is carried out (not run.threads: the sweep's own),
     # so a run stopped on a GPU may go on on the CPU; other settings make a recorded run stale
     job = sweep.jobs[0]

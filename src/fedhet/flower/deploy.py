@@ -74,7 +74,8 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
             run_id = lb.submit(app, rc)
             seconds["submit"] = time.monotonic() - t1
             if echo:
-                echo(f"run {run_id} submitted ({seconds['submit']:.1f} s); logs in {lb.logs}")
+                kept = "" if keep_workdir or not own_tmp else " (removed when the run completes; --keep-logs keeps them)"
+                echo(f"run {run_id} submitted ({seconds['submit']:.1f} s); logs in {lb.logs}{kept}")
             if on_submitted:
                 on_submitted(lb, run_id)
             t2 = time.monotonic()
@@ -188,7 +189,8 @@ def cli(args) -> int:
         say(f"fedhet: interrupted; every Flower process was stopped; recorded metrics are kept in the run directory; "
             f"continue with `fedhet flower run --resume {run_dir}`")
         return 130
-    say(f"loopback: start {result.seconds['start']:.1f} s, submit {result.seconds['submit']:.1f} s, "
+    say(f"{'simulation runtime' if args.simulation else 'loopback'}: start {result.seconds['start']:.1f} s, "
+        f"submit {result.seconds['submit']:.1f} s, "
         f"run {result.seconds['run']:.1f} s, stop {result.seconds['stop']:.1f} s")
     print(compare([result.run_dir], None, None))
     print(f"\nresults: {result.run_dir}/summary.json, metrics.jsonl, accuracy.png")

@@ -10,6 +10,7 @@ from fedhet.experiment.report.paired import paired_differences
 from fedhet.experiment.report.result_files import (
     provenance_lines,
     read_run_folder,
+    run_table_script,
     unfinished_lines,
     write_result_files,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "paired_differences",
     "provenance_lines",
     "read_run_folder",
+    "run_table_script",
     "unfinished_lines",
     "write_result_files",
 ]

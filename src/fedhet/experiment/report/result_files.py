@@ -5,20 +5,35 @@ and numbers."""
 from __future__ import annotations
 
 import json
+import sys
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from fedhet.core.errors import CheckpointError, FedhetError
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.report.runs import load_summary
 from fedhet.experiment.rundir import CONFIG, read_metrics
 from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
 
+def run_table_script(main: Callable[[], int]) -> int:
+    """A table script's exit status: ``main()``'s, or 2 with fedhet's error on one line (a folder
+    that is not there, a sweep file that does not load), as the fedhet command reports it."""
+    try:
+        return main()
+    except FedhetError as e:
+        print(f"{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        return 2
+
+
 def read_run_folder(folder: Path) -> tuple[list[tuple[Path, dict]], list[tuple[str, int, str]]]:
     """The run directories directly under ``folder``, by name: the completed ones with their
     summaries, and the others as (name, rounds recorded, why): the summary's error or status, or
     "no summary.json" (rounds counted in its metrics.jsonl)."""
+    if not Path(folder).is_dir():
+        raise CheckpointError(f"{folder} is not a folder of runs (working directory {Path.cwd()}): name the folder "
+                              "a sweep wrote its runs to (its out), e.g. benchmarks/runs/<sweep>")
     completed: list[tuple[Path, dict]] = []
     unfinished: list[tuple[str, int, str]] = []
     for d in sorted(p for p in Path(folder).iterdir() if p.is_dir()):

@@ -41,6 +41,7 @@ class Sweep:
     paired: list[str] = field(default_factory=list)  # baseline tags for per-seed paired differences (one a split)
     extra_set: list[str] = field(default_factory=list)   # the command line's --set, applied to every run
     verdicts: list[Verdict] = field(default_factory=list)  # claims fixed before the runs, decided from them
+    out_given: bool = False      # out came from the command line (--out), not the sweep file
 
 
 def _as_list(value: Any, what: str, where: str) -> list:
@@ -158,7 +159,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
     return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
                  paired=paired, extra_set=list(extra_set or []),
-                 verdicts=verdicts)
+                 verdicts=verdicts, out_given=out is not None)
 
 
 def _refuse_threads_in_file(items: list[str], where: str) -> None:

@@ -23,6 +23,7 @@ def write_report(sweep: Sweep, replace: bool = True) -> str:
     missing = [(j.name, status[j.name]) for j in sweep.jobs if status[j.name] != "completed"]
     lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
              " ".join(["fedhet sweep", *([str(sweep.source)] if sweep.source else []),
+                       *([f"--out {sweep.out}"] if sweep.out_given else []),
                        *(f"--set {item}" for item in sweep.extra_set)]), "```", ""]
     if done:
         completed_tags = {j.tag for j in sweep.jobs if status[j.name] == "completed"}
