@@ -132,3 +132,24 @@ def test_provenance_names_the_instruction_set_where_a_run_recorded_it(tmp_path):
     assert ("Machine: AMD EPYC, 2 CPUs, torch 2; runs at ccc on AMD EPYC (AVX2; family 25 model 1) (1 run); "
             "ccc on AMD EPYC (AVX512, bf16; family 26 model 2) (1 run); table at commit") in lines[1]
     assert lines[lines.index("```yaml") + 1] == "name: r0"
+
+
+def test_the_recorded_commit_says_when_the_source_differs_from_it(tmp_path):
+    import subprocess
+
+    from fedhet.experiment.summary import git_commit
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", "code.py")
+    git("commit", "-q", "-m", "one")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    assert git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(tmp_path) == f"{head}-dirty"
+    assert git_commit(tmp_path.parent / "not_a_checkout_here") is None

@@ -15,10 +15,19 @@ from fedhet import __version__
 SUMMARIZED_METRICS = ("global_acc", "global_labeldist_acc", "global_val_acc", "personal_acc", "personal_acc_pooled")
 
 
-def git_commit() -> str | None:
+def git_commit(source: Path | None = None) -> str | None:
+    """The short commit of the checkout fedhet runs from, with ``-dirty`` when the package's source
+    (or the folder ``source``) differs from it: the code that ran is not that commit's. None
+    outside a git checkout."""
+    package = source or Path(__file__).resolve().parents[1]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or None
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=package, timeout=5).stdout.strip()
+        if not commit:
+            return None
+        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=package, timeout=5,
+                                 capture_output=True).returncode == 1
+        return f"{commit}-dirty" if changed else commit
     except (OSError, subprocess.SubprocessError):
         return None
 
