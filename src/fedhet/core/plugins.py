@@ -20,6 +20,17 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
+def _its_own(value: object, module: object) -> bool:
+    """Whether a module's global is its own, not an import: a module (torch), a class or function
+    defined elsewhere (pydantic's Field), a type alias (``dict[str, Tensor]``, mostly imported), a
+    ``from __future__`` feature."""
+    if inspect.ismodule(value) or type(value).__module__ in ("__future__", "typing", "types"):
+        return False
+    if inspect.isclass(value) or inspect.isroutine(value):
+        return getattr(value, "__module__", None) == getattr(module, "__name__", None)
+    return True
+
+
 def load_object(spec: str) -> object:
     """The object ``spec`` (``package.module:Name``, ``Name`` may be dotted) names; ``ValueError``
     with what is wrong and how to fix it when it cannot be imported (the caller names the key and
@@ -46,7 +57,7 @@ def load_object(spec: str) -> object:
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            names = sorted(n for n in vars(module) if not n.startswith("_"))
+            names = sorted(n for n, v in vars(module).items() if not n.startswith("_") and _its_own(v, module))
             raise ValueError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
                              f"{attr!r}; it defines: {', '.join(names) or 'nothing public'}")
         obj = getattr(obj, part)

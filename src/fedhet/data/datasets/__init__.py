@@ -155,6 +155,7 @@ def _missing_error(name: str, split: str, dirs: list[Path], download: bool) -> D
     return DataError(
         f"{name} ({split} split) not found.\nExpected files:\n{expected}\nSearched directories:\n{searched}\n"
         f"How to get it: {_how_to_get(name)}.\n"
-        f"Set data.root in the config (root=... in Python) or FEDHET_DATA to use another directory.{note}"
+        f"Set data.root in the config ({{\"data.root\": ...}} among fedhet.run's overrides, root=... for "
+        f"load_dataset) or FEDHET_DATA to use another directory.{note}"
     )
 
