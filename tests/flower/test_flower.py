@@ -546,7 +546,7 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
     cases = [(["flower", "run"], "give a CONFIG file, or --resume RUN_DIR"),
              (["flower", "run", "--resume", str(tmp_path / "none")], "none does not exist"),
              (["flower", "run", "--resume", str(tmp_path / "empty")], "is not a fedhet run directory"),
-             (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG or --set")]
+             (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG or --set (a deployment cannot be moved")]
     for argv, message in cases:
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err, argv

@@ -135,7 +135,9 @@ def cli(args) -> int:
 
     if getattr(args, "resume", None) is not None:
         if args.config or args.set:
-            raise FedhetError("--resume continues a run with the config in its directory: give no CONFIG or --set")
+            raise FedhetError("--resume continues a run with the config in its directory, unchanged: give no CONFIG "
+                              "or --set (a deployment cannot be moved to another device or extended with more "
+                              "rounds; start a new run for that)")
         if args.out:
             raise FedhetError("--resume RUN_DIR writes to RUN_DIR: give no --out")
         from fedhet.experiment.rundir import CONFIG
