@@ -24,7 +24,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from fedhet.experiment.rundir import read_metrics
+from fedhet.experiment.rundir import METRICS, read_metrics
 
 
 def by_round(rows: list[dict], key: str) -> dict[int, Any]:
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = p.parse_args(argv)
     for run in args.run_dirs:
-        if not (Path(run) / "metrics.jsonl").is_file():
-            p.error(f"{run}: not a run folder (no metrics.jsonl there)")
+        if not (Path(run) / METRICS).is_file():
+            p.error(f"{run}: not a run folder (no {METRICS} there)")
     for span in args.speed or []:
         if len(span) not in (0, 2):
             p.error(f"--speed takes no rounds or two (FIRST LAST), not {len(span)}")

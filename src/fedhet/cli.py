@@ -109,21 +109,28 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     from fedhet.experiment.summary import cpu_identity
     from fedhet.experiment.sweep import expected_run_seconds, job_status, pace_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
-    from fedhet.experiment.sweep.state import STALE_FIX, config_error, first_problem, stale_note, would_start
+    from fedhet.experiment.sweep.state import (
+        STALE_FIX,
+        first_problem,
+        stale_note,
+        unloadable_jobs,
+        unloadable_message,
+        would_start,
+    )
 
     cpu, threads = cpu_identity(), sweep_threads(sweep)
     pace_by_tag: dict[str, tuple[str, list]] = {}     # the runs of a tag that would start share their like runs
-    to_run, known, stale, broken = 0, [], 0, []
+    to_run, known, stale = 0, [], 0
+    broken = unloadable_jobs(jobs, retry_failed)
+    why_broken = {job.name: why for job, why in broken}
     for job in jobs:
         status = job_status(job)
         guess = ""
         if status == "stale":
             stale += 1
             guess = f"  [{stale_note(job)}]"
-        why = config_error(job) if would_start(status, retry_failed) else None
-        if why:
-            broken.append(job.name)
-            guess = f"  [its config does not load: {first_problem(why)}]"
+        if job.name in why_broken:
+            guess = f"  [its config does not load: {first_problem(why_broken[job.name])}]"
         elif would_start(status, retry_failed):
             to_run += 1
             if job.tag not in pace_by_tag:
@@ -148,8 +155,7 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     if stale:
         print(f"{stale} run(s) stale: {STALE_FIX}", file=sys.stderr)
     if broken:
-        raise ConfigError(f"{len(broken)} run(s) have a config that does not load ({', '.join(broken[:3])}"
-                          f"{', ...' if len(broken) > 3 else ''}): the sweep would start none")
+        raise ConfigError(unloadable_message(broken))
 
 
 def _cmd_sweep(args) -> int:

@@ -280,3 +280,17 @@ def test_the_tutorials_data_sweep_and_compare_run_as_written(tmp_path):
     assert rows == {"fedavg": "3", "feddamp": "3"}, table          # the seeds column
     difference = next(line for line in paired.splitlines() if line.startswith("| feddamp"))
     assert all(f"s{seed}: " in difference for seed in range(3)), table
+
+
+def test_a_missing_name_lists_the_modules_own_names_not_its_imports(tmp_path, monkeypatch):
+    from fedhet.core.plugins import load_object
+
+    package = tmp_path / "lab_pkg"
+    package.mkdir()
+    (package / "methods.py").write_text("class FedX:\n    pass\n")
+    (package / "__init__.py").write_text(
+        "from __future__ import annotations\nimport json\nfrom pathlib import Path\nfrom typing import Any\n"
+        "from .methods import FedX\nAlias = dict[str, Any]\nRATE = 0.5\ndef build():\n    return Path('.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"has no 'Nope'; it defines: FedX, RATE, build$"):
+        load_object("lab_pkg:Nope")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -134,22 +135,35 @@ def test_provenance_names_the_instruction_set_where_a_run_recorded_it(tmp_path):
     assert lines[lines.index("```yaml") + 1] == "name: r0"
 
 
-def test_the_recorded_commit_says_when_the_source_differs_from_it(tmp_path):
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_the_recorded_commit_says_when_the_source_differs_from_it(tmp_path, monkeypatch):
     import subprocess
 
     from fedhet.experiment.summary import git_commit
 
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))     # no checkout above tmp_path counts
+    repo, outside = tmp_path / "repo", tmp_path / "outside"
+    repo.mkdir(), outside.mkdir()
+
     def git(*args):
-        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
-                       capture_output=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+                       cwd=repo, check=True, capture_output=True)
+
+    def commit_of(folder):
+        git_commit.cache_clear()                 # read once per process: clear it for each state here
+        return git_commit(folder)
 
     git("init", "-q")
-    (tmp_path / "code.py").write_text("x = 1\n")
+    (repo / "code.py").write_text("x = 1\n")
     git("add", "code.py")
     git("commit", "-q", "-m", "one")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
                           text=True).stdout.strip()
-    assert git_commit(tmp_path) == head
-    (tmp_path / "code.py").write_text("x = 2\n")
-    assert git_commit(tmp_path) == f"{head}-dirty"
-    assert git_commit(tmp_path.parent / "not_a_checkout_here") is None
+    assert commit_of(repo) == head
+    (repo / "new.py").write_text("y = 1\n")                      # a new file counts
+    assert commit_of(repo) == f"{head}-dirty"
+    (repo / "new.py").unlink()
+    (repo / "code.py").write_text("x = 2\n")
+    assert commit_of(repo) == f"{head}-dirty"
+    assert commit_of(outside) is None
+    git_commit.cache_clear()

@@ -515,14 +515,15 @@ def test_a_sweep_with_a_config_that_does_not_load_starts_no_run(tmp_path, small_
                        set=["train.rounds=1"])       # the run's own set comes after the file's: still -1
     assert cli_main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "1 run(s) of the sweep have a config that does not load, so none starts; broken_s0: invalid config" in err
+    assert "1 run(s) of the sweep have a config that does not load (broken_s0), so none starts; broken_s0: " \
+           "invalid config" in err
     assert "train.rounds: Input should be greater than or equal to 1" in err
     assert not (tmp_path / "out").exists()
     assert cli_main(["sweep", str(path), "--list"]) == 2
     captured = capsys.readouterr()
     assert "broken_s0  <- " in captured.out and "[its config does not load: train.rounds: Input should be greater " \
         "than or equal to 1]" in captured.out
-    assert "1 run(s) have a config that does not load (broken_s0): the sweep would start none" in captured.err
+    assert "1 run(s) of the sweep have a config that does not load (broken_s0), so none starts" in captured.err
 
 
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
@@ -549,7 +550,9 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
     assert outcome == {} and "3 runs, 2 completed, 1 failed (--retry-failed runs them again) left alone, 0 to run" \
         in messages[0]
     assert before == {j.name: (j.run_dir / "metrics.jsonl").stat().st_mtime_ns for j in sweep.jobs[:2]}
-    # the failure is of that config: a sweep asking for another one starts the run anew
+    # the failure is of that config, however the run is carried out (a GPU, other threads) ...
+    assert job_status(load_sweep(path, extra_set=["run.device=cpu", "run.threads=1"]).jobs[2]) == "failed"
+    # ... and a sweep asking for another one starts the run anew
     fixed = load_sweep(write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {}),
                                                             ("fedavg", {"tag": "broken", "set": ["train.lr=0.01"]})],
                                    set=["train.rounds=1"]))

@@ -20,14 +20,19 @@ def is_import_path(name: str) -> bool:
     return ":" in name
 
 
-def _its_own(value: object, module: object) -> bool:
-    """Whether a module's global is its own, not an import: a module (torch), a class or function
-    defined elsewhere (pydantic's Field), a type alias (``dict[str, Tensor]``, mostly imported), a
-    ``from __future__`` feature."""
+def _its_own(name: str, value: object, module: object) -> bool:
+    """Whether a module's global is its own, not an import: not a module (torch), a class or function
+    of another package (pydantic's Field), a type alias (``dict[str, Tensor]``, mostly imported) or a
+    ``from __future__`` feature. What it exports (``__all__``) and takes from its own package's
+    modules (an ``__init__`` re-exporting its methods) is its own."""
+    own = getattr(module, "__name__", "")
+    if name in (getattr(module, "__all__", None) or ()):
+        return True
     if inspect.ismodule(value) or type(value).__module__ in ("__future__", "typing", "types"):
         return False
     if inspect.isclass(value) or inspect.isroutine(value):
-        return getattr(value, "__module__", None) == getattr(module, "__name__", None)
+        where = getattr(value, "__module__", None) or ""
+        return where == own or where.startswith(own + ".")
     return True
 
 
@@ -57,7 +62,7 @@ def load_object(spec: str) -> object:
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            names = sorted(n for n, v in vars(module).items() if not n.startswith("_") and _its_own(v, module))
+            names = sorted(n for n, v in vars(module).items() if not n.startswith("_") and _its_own(n, v, module))
             raise ValueError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no "
                              f"{attr!r}; it defines: {', '.join(names) or 'nothing public'}")
         obj = getattr(obj, part)

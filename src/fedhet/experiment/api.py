@@ -38,7 +38,8 @@ class Results:
         if not values:
             recorded = sorted({k for r in self.rows for k, v in r.items() if isinstance(v, (int, float))
                                and not isinstance(v, bool)} - {"round"})
-            raise KeyError(f"no round of {self.run_dir} recorded {name!r}; it recorded: {', '.join(recorded)}")
+            raise KeyError(f"no round of {self.run_dir} recorded {name!r}; it recorded: "
+                           f"{', '.join(recorded) or 'nothing'}")
         return values
 
     def __repr__(self) -> str:
@@ -66,8 +67,8 @@ def _plain(value: Any, where: str) -> Any:
                       "number, a string, a list or a mapping of those")
 
 
-def _assignments(overrides: dict[str, Any] | list[str] | None) -> list[str]:
-    """``overrides`` as ``--set`` items (``["train.rounds=5"]``)."""
+def _assignments(overrides: dict[str, Any] | list[str] | None, caller: str = "fedhet.run") -> list[str]:
+    """``overrides`` as ``--set`` items (``["train.rounds=5"]``); errors name ``caller``."""
     assignments: list[str]
     if overrides is None:
         assignments = []
@@ -89,7 +90,7 @@ def _assignments(overrides: dict[str, Any] | list[str] | None) -> list[str]:
         assignments = list(overrides)
     else:
         one = " (one string: wrap it in a list)" if isinstance(overrides, str) else ""
-        raise ConfigError(f"fedhet.run: overrides must be a dict {{'train.rounds': 5}} or a list of 'key=value' "
+        raise ConfigError(f"{caller}: overrides must be a dict {{'train.rounds': 5}} or a list of 'key=value' "
                           f"strings, not {type(overrides).__name__}{one}")
     return assignments
 
@@ -127,6 +128,6 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | list[str] | None = N
     """Continue an interrupted run from its last checkpoint (``fedhet run --resume``).
     ``overrides`` as ``fedhet run --resume --set`` takes them: how the run is carried out
     (``{"run.device": "cpu"}``), or a raised ``train.rounds``, which extends a finished run."""
-    exp = Experiment.resume(run_dir, run_settings=_assignments(overrides))
+    exp = Experiment.resume(run_dir, run_settings=_assignments(overrides, "fedhet.resume"))
     summary = exp.run(progress=progress)
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))

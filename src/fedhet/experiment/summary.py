@@ -3,6 +3,7 @@ machine and commit."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import resource
@@ -15,18 +16,22 @@ from fedhet import __version__
 SUMMARIZED_METRICS = ("global_acc", "global_labeldist_acc", "global_val_acc", "personal_acc", "personal_acc_pooled")
 
 
+@functools.cache
 def git_commit(source: Path | None = None) -> str | None:
     """The short commit of the checkout fedhet runs from, with ``-dirty`` when the package's source
-    (or the folder ``source``) differs from it: the code that ran is not that commit's. None
-    outside a git checkout."""
+    (or the folder ``source``) differs from it, new files included: the code that ran is not that
+    commit's. None where the package is not tracked by git (an installed copy, no git). Read once
+    per process, so a run's records all name the code it started with."""
     package = source or Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "--no-optional-locks", *args], cwd=package, capture_output=True, text=True,
+                              timeout=5)
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=package, timeout=5).stdout.strip()
-        if not commit:
+        commit = git("rev-parse", "--short", "HEAD").stdout.strip()
+        if not commit or not git("ls-files", "--", ".").stdout.strip():
             return None
-        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=package, timeout=5,
-                                 capture_output=True).returncode == 1
+        changed = git("status", "--porcelain", "--", ".").stdout.strip()
         return f"{commit}-dirty" if changed else commit
     except (OSError, subprocess.SubprocessError):
         return None

@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from fedhet.core.errors import CheckpointError, FedhetError
+from fedhet.core.errors import FedhetError
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.report.runs import load_summary
 from fedhet.experiment.rundir import CONFIG, read_metrics
@@ -32,8 +32,8 @@ def read_run_folder(folder: Path) -> tuple[list[tuple[Path, dict]], list[tuple[s
     summaries, and the others as (name, rounds recorded, why): the summary's error or status, or
     "no summary.json" (rounds counted in its metrics.jsonl)."""
     if not Path(folder).is_dir():
-        raise CheckpointError(f"{folder} is not a folder of runs (working directory {Path.cwd()}): name the folder "
-                              "a sweep wrote its runs to (its out), e.g. benchmarks/runs/<sweep>")
+        raise FedhetError(f"{folder} is not a folder of runs (working directory {Path.cwd()}): name the folder "
+                          "a sweep wrote its runs to (its out), e.g. benchmarks/runs/<sweep>")
     completed: list[tuple[Path, dict]] = []
     unfinished: list[tuple[str, int, str]] = []
     for d in sorted(p for p in Path(folder).iterdir() if p.is_dir()):

@@ -27,11 +27,13 @@ and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds). The 
 sweep file plus the run directories: a job whose ``summary.json`` says ``completed`` is skipped, one
 with a checkpoint is resumed (``fedhet run --resume``), the others start fresh. So a killed sweep
 continues where it stopped when started again, and no completed run is ever re-run. A config
-that does not load (an unknown key, a value out of range) stops the sweep before any run starts
-(``--list`` marks it). A job that fails while it runs (a method parameter it does not take, a
-diverged run) is reported, marked ``<out>/<run>.failed`` with its config and its log's tail, and
-the others go on; ``--retry-failed`` runs the failed ones again, and a sweep that asks the job for
-another config starts it anew. Each job's output is
+of a run the sweep would start that does not load (an unknown key, a value out of range) stops the
+sweep before any run starts (``--list`` marks it). A job that fails while it runs (a method
+parameter it does not take, a diverged run) is reported, marked ``<out>/<run>.failed`` with its
+config and its log's tail, and the others go on; ``--retry-failed`` runs the failed ones again.
+A failure before the run wrote its folder holds the job back only while the sweep asks for that
+config (how the run is carried out aside); a failed run's folder is compared like any other
+(stale under another config). Each job's output is
 in ``<out>/<run>.log``. A run directory whose recorded config differs from what the sweep file now
 asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
 A completed run with fewer rounds than the sweep now asks for (a raised ``train.rounds``) is

@@ -20,7 +20,6 @@ from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since,
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
 from fedhet.experiment.sweep.state import (
     STALE_FIX,
-    config_error,
     config_mismatch,
     current_config,
     extend_rounds,
@@ -34,6 +33,8 @@ from fedhet.experiment.sweep.state import (
     resume_round,
     rounds_done,
     take_lock,
+    unloadable_jobs,
+    unloadable_message,
     would_start,
     write_failure_marker,
     write_lock,
@@ -102,7 +103,8 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
               no_start_after: float | None = None, finish_by: float | None = None,
               skip_unfinishable: bool = False, poll_seconds: float = 2.0, report_every: float = 60.0,
               log=print) -> dict[str, str]:
-    """Run every job not completed yet, ``sweep.lanes`` at a time; return ``{run dir name: status}``
+    """Run every job not completed yet, ``sweep.lanes`` at a time (a ConfigError before any starts
+    when the config of one it would start does not load); return ``{run dir name: status}``
     (``stopped``: a run ``finish_by`` stopped; its folder holds it as interrupted; ``not started``:
     one ``skip_unfinishable`` left for a sweep with more time).
     ``only``: run just the jobs of these tags (the others are neither started nor touched).
@@ -125,13 +127,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     deadline = None if finish_by is None else t_start + finish_by
     jobs = select_jobs(sweep, only)
     threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
+    broken = unloadable_jobs(jobs, retry_failed)
+    if broken:       # refused before any run starts: each would fail the same way in its first second
+        raise ConfigError(unloadable_message(broken))
     initial = {j.name: job_status(j) for j in jobs}
-    broken = [(j.name, why) for j in jobs if would_start(initial[j.name], retry_failed) and (why := config_error(j))]
-    if broken:
-        # refused before any run starts: every run would fail the same way in its first second
-        others = f" (also {', '.join(name for name, _ in broken[1:])})" if len(broken) > 1 else ""
-        raise ConfigError(f"{len(broken)} run(s) of the sweep have a config that does not load, so none starts; "
-                          f"{broken[0][0]}{others}: {broken[0][1]}")
     sweep.out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         if initial[j.name] == "stale":

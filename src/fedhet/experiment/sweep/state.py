@@ -28,23 +28,34 @@ def failure_marker(job: Job) -> Path:
     return job.run_dir.parent / f"{job.name}.failed"
 
 
-def job_command(job: Job) -> str:
-    """The config and overrides a job runs with, as a failure marker records them."""
-    return " ".join([str(job.config), *job.overrides])
+# A failure marker's first line: the config the run failed with (what config.yaml would record).
+_MARKER_CONFIG = "config: "
 
 
 def write_failure_marker(job: Job, text: str) -> None:
-    failure_marker(job).write_text(f"config: {job_command(job)}\n{text}")
+    try:
+        recorded = json.dumps(current_config(job).model_dump(mode="json"))
+    except (ConfigError, OSError):         # the config was read when the run started; gone since
+        recorded = ""
+    failure_marker(job).write_text(f"{_MARKER_CONFIG}{recorded}\n{text}")
 
 
 def _failed_as_asked_now(job: Job) -> bool:
-    """Whether the failure marker of ``job`` is of the config and overrides it has now (a marker from
-    before markers named them counts as such): a failure of another config does not hold it back."""
+    """Whether ``job`` has a failure marker of the config the sweep asks of it now, compared as a
+    run's recorded config is (:func:`config_changes`: how a run is carried out may differ). A marker
+    that names no config (written before markers did) counts as of this one; a failure of another
+    config does not hold the job back."""
     try:
         first = failure_marker(job).read_text().split("\n", 1)[0]
     except OSError:
         return False
-    return not first.startswith("config: ") or first == f"config: {job_command(job)}"
+    if not first.startswith(_MARKER_CONFIG) or not first.removeprefix(_MARKER_CONFIG):
+        return True
+    try:
+        recorded = json.loads(first.removeprefix(_MARKER_CONFIG))
+        return not config_changes(recorded, current_config(job))
+    except (ValueError, ConfigError, OSError):     # a damaged marker, or a config that no longer loads
+        return True
 
 
 def first_problem(error: str) -> str:
@@ -60,6 +71,19 @@ def config_error(job: Job) -> str | None:
     except (ConfigError, OSError) as e:
         return str(e)
     return None
+
+
+def unloadable_jobs(jobs: list[Job], retry_failed: bool) -> list[tuple[Job, str]]:
+    """The jobs a sweep would start whose config does not load, each with why."""
+    return [(job, why) for job in jobs if would_start(job_status(job), retry_failed) and (why := config_error(job))]
+
+
+def unloadable_message(broken: list[tuple[Job, str]]) -> str:
+    """One error for a sweep with ``broken`` jobs (:func:`unloadable_jobs`): none starts."""
+    names = [job.name for job, _ in broken]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (f"{len(broken)} run(s) of the sweep have a config that does not load ({shown}), so none starts; "
+            f"{broken[0][0].name}: {broken[0][1]}")
 
 
 def lock_path(job: Job) -> Path:

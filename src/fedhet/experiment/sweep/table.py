@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 
 from fedhet.experiment.sweep.spec import Sweep
 from fedhet.experiment.sweep.state import job_status, stale_note
@@ -23,8 +24,8 @@ def write_report(sweep: Sweep, replace: bool = True) -> str:
     missing = [(j.name, status[j.name]) for j in sweep.jobs if status[j.name] != "completed"]
     lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
              " ".join(["fedhet sweep", *([str(sweep.source)] if sweep.source else []),
-                       *([f"--out {sweep.out}"] if sweep.out_given else []),
-                       *(f"--set {item}" for item in sweep.extra_set)]), "```", ""]
+                       *([f"--out {shlex.quote(str(sweep.out))}"] if sweep.out_given else []),
+                       *(f"--set {shlex.quote(item)}" for item in sweep.extra_set)]), "```", ""]
     if done:
         completed_tags = {j.tag for j in sweep.jobs if status[j.name] == "completed"}
         paired = [tag for tag in sweep.paired if tag in completed_tags]
