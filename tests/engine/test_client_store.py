@@ -62,6 +62,8 @@ def test_disk_mode_spills_every_state(tmp_path):
     assert_identical(copy.deepcopy(store), {5: state(5.0)})       # a copy is a plain dict of the states
     assert_identical(dict(store), {5: state(5.0)}) and assert_identical({**store}, {5: state(5.0)})
     assert store.popitem()[0] == 5 and len(store) == 0 and not list((tmp_path / "s").iterdir())
+    store[6] = {"seen": 3, "mean_loss": 0.25}              # no tensor: written all the same
+    assert isinstance(raw(store, 6), Spilled) and store[6] == {"seen": 3, "mean_loss": 0.25}
 
 
 def test_a_state_that_would_not_load_back_is_refused_when_spilled(tmp_path):
@@ -72,6 +74,11 @@ def test_a_state_that_would_not_load_back_is_refused_when_spilled(tmp_path):
     store = ClientStates(tmp_path / "s", "disk")
     with pytest.raises(ConfigError, match=r"client 4's state\['stats'\]\['n'\] is a numpy.int64"):
         store[4] = {"stats": {"n": np.int64(3)}, "w": torch.zeros(2)}
+    # a numpy float is a Python float too, but does not load back; refused as the method returns it,
+    # though the budget of auto would keep it in memory for now
+    store = ClientStates(tmp_path / "a", "auto", memory_budget=10**9)
+    with pytest.raises(ConfigError, match=r"client 2's state\['seen'\] is a numpy.float64"):
+        store[2] = {"seen": np.float64(0.5)}
 
 
 def test_a_snapshot_names_files_that_stay_valid_until_the_next_one(tmp_path):

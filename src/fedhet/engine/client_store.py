@@ -16,7 +16,8 @@ dependency beyond torch. One file per state means a write touches that client al
 tens of kB to tens of MB, for which a file system is a good key-value store.
 
 A state must load with ``weights_only=True``: tensors, Python numbers, strings, None, and dicts,
-lists and tuples of them (a numpy value is refused when it is spilled, with the key that holds it).
+lists and tuples of them (in ``disk`` and ``auto`` mode a numpy value is refused as soon as a
+method returns it, with the key that holds it).
 
 Checkpoints: a file is never rewritten. A state written again gets a new file (a version number
 in its name), so the files a checkpoint names stay valid until the next checkpoint is on disk:
@@ -69,7 +70,8 @@ def state_size(obj: Any) -> tuple[int, int]:
 
 def _refuse_unloadable(obj: Any, where: str) -> None:
     """Raise ConfigError at the first value of ``obj`` that ``torch.load(weights_only=True)`` refuses."""
-    if isinstance(obj, torch.Tensor) or obj is None or isinstance(obj, (bool, int, float, str)):
+    # exact types: a numpy float is a float subclass that torch.load(weights_only=True) refuses
+    if isinstance(obj, torch.Tensor) or obj is None or type(obj) in (bool, int, float, str):
         return
     if isinstance(obj, dict):
         for k, v in obj.items():
@@ -209,10 +211,13 @@ class ClientStates(dict):
         self._forget(cid)
         super().__setitem__(cid, state)
         if self.mode != "memory":
+            # checked as the method returns it, not hours later when the budget first spills it
+            _refuse_unloadable(state, f"client {cid}'s state")
             nbytes, _ = state_size(state)
             self._in_memory[cid] = nbytes
             self._memory_bytes += nbytes
-            while self._in_memory and self._memory_bytes > self.memory_budget:
+            # disk: every state, also one without tensors (its bytes count 0)
+            while self._in_memory and (self.mode == "disk" or self._memory_bytes > self.memory_budget):
                 oldest, size = self._in_memory.popitem(last=False)
                 self._memory_bytes -= size
                 super().__setitem__(oldest, self._spill(oldest, super().__getitem__(oldest)))
