@@ -100,7 +100,8 @@ def test_public_set_from_another_dataset(synth_root, tmp_path, data_root):
 def test_public_config_errors():
     with pytest.raises(ConfigError, match="needs data.public.dataset"):
         load_config(raw={"data": {"public": {"source": "dataset"}}, "train": {"clients_per_round": 4}})
-    with pytest.raises(ConfigError, match="only apply with data.public.source: dataset"):
+    with pytest.raises(ConfigError, match=r"only apply with data.public.source: dataset; with source 'holdout' leave "
+                                          r"them out \(--set data.public.dataset=null over a config that sets it\)"):
         load_config(raw={"data": {"public": {"source": "holdout", "dataset": "mnist"}}})
     with pytest.raises(ConfigError, match="size"):
         load_config(raw={"data": {"public": {"size": 0}}})

@@ -63,7 +63,11 @@ class PublicConfig(Strict):
         if self.source == "dataset" and not self.dataset:
             raise ValueError("data.public.source 'dataset' needs data.public.dataset (e.g. mnist)")
         if self.source != "dataset" and (self.dataset is not None or self.classes is not None):
-            raise ValueError("data.public.dataset and .classes only apply with data.public.source: dataset")
+            given = [k for k in ("dataset", "classes") if getattr(self, k) is not None]
+            raise ValueError(f"data.public.dataset and .classes only apply with data.public.source: dataset; with "
+                             f"source {self.source!r} leave them out "
+                             f"({', '.join(f'--set data.public.{k}=null' for k in given)} over a config that sets "
+                             f"{'them' if len(given) > 1 else 'it'})")
         return self
 
 
