@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 
 from fedhet.core.errors import ConfigError, FedhetError
@@ -446,8 +447,20 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """fedhet's own warnings as one line, ``fedhet: warning: ...`` (not the source line that
+    raised them); other packages' as Python prints them."""
+    if Path(filename).resolve().is_relative_to(Path(__file__).resolve().parent):
+        return f"fedhet: warning: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+_python_format_warning = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    warnings.formatwarning = _format_warning
     # SIGTERM (kill, a scheduler, a sweep stopping its runs) stops like Ctrl-C: the run records
     # its status and keeps its checkpoints. SIGINT alone is not enough: a job started with `&`
     # ignores it.
@@ -467,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     finally:
+        warnings.formatwarning = _python_format_warning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

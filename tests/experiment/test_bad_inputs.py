@@ -841,3 +841,22 @@ def test_local_risk_of_fedbabu_judges_the_shared_part_with_its_frozen_initial_he
     assert exp.local_models and all(set(m) == set(init) for m in exp.local_models.values())
     assert all(torch.equal(m[k], init[k]) for m in exp.local_models.values() for k in init if k.startswith("head."))
     assert exp.summary["status"] == "completed" and 0 <= exp.read_metrics()[-1]["local_risk"] <= 1
+
+
+def test_the_command_line_prints_fedhets_warnings_as_one_line(small_config, tmp_path):
+    """fedhet's own warnings read `fedhet: warning: ...`, not Python's file:line and source line (a
+    process of its own: pytest records warnings instead of printing them)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg_of(small_config, algorithm={"name": "perfedavg"},
+                                          train={**small_config["train"], "rounds": 1, "momentum": 0.5})))
+    done = subprocess.run([sys.executable, "-m", "fedhet.cli", "run", str(path), "--out", str(tmp_path / "r"),
+                           "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "fedhet: warning: perfedavg does not apply train.momentum" in done.stderr
+    assert "UserWarning" not in done.stderr and "runner.py" not in done.stderr
+
+    from fedhet.cli import _format_warning
+    assert "UserWarning" in _format_warning("theirs", UserWarning, "/elsewhere/lib.py", 3)   # another package's
