@@ -53,12 +53,15 @@ def test_a_model_too_large_for_memory_is_a_config_error(small_config):
                                                 r"besides its Linear"),
     ("creff", {"arch": "cnn2", "split": "fc1"}, r"CReFF needs a linear classifier: model cnn2's head \(from model.split on\)"),
     ("fednh", {"arch": "cnn2"}, r"FedNH's class prototypes are a bias-free classifier, and model cnn2's head has a bias"),
+    ("fednh", {"arch": "cnn2", "split": "fc1"}, r"FedNH needs a linear classifier: .*\('fc2'\).*; its Linear must also "
+                                                r"have no bias \(simple_cnn: model.split fc3\)$"),
     ("fedproto", {"arch": "fca_tiny_a"}, r"FedProto's nearest-prototype evaluation needs a linear classifier: model "
                                          r"fca_tiny_a's head applies ReLU .*relu_features: true.*; or evaluate each client with its own "
                                          r"classifier: algorithm.params.proto_eval: classifier$"),
     ("fedproto", {"arch": "simple_cnn"}, r"FedProto's nearest-prototype evaluation puts -\|\|C_c\|\|\^2 in the "
                                          r"classifier's bias, and model simple_cnn's head has none"),
-], ids=["fedrod_deep", "fedprox+fedrod_deep", "fedrs_relu", "creff_deep", "fednh_bias", "fedproto_relu", "fedproto_no_bias"])
+], ids=["fedrod_deep", "fedprox+fedrod_deep", "fedrs_relu", "creff_deep", "fednh_bias", "fednh_deep", "fedproto_relu",
+        "fedproto_no_bias"])
 def test_a_method_refuses_a_head_it_cannot_use_before_round_1(small_config, tmp_path, method, model, message):
     """Algorithm.check_model, called once per architecture when the client host is made: these failed in round 1
     (FedROD, CReFF), trained a model other than the one evaluated (an activation before the Linear), or

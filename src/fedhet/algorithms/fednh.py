@@ -120,7 +120,11 @@ class FedNH(FedAvg):
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)
-        if linear_classifier(model, "FedNH", arch)[1] is not None:
+        try:
+            bias = linear_classifier(model, "FedNH", arch)[1]
+        except ConfigError as e:      # both needs in one message: fixing the split alone meets the bias next
+            raise ConfigError(f"{e}; its Linear must also have no bias (simple_cnn: model.split fc3)") from None
+        if bias is not None:
             raise ConfigError(f"FedNH's class prototypes are a bias-free classifier, and model {arch}'s head has a "
                               "bias: use simple_cnn (its head has none), or a model of one's own whose head is "
                               "nn.Linear(..., bias=False)")
