@@ -7,7 +7,6 @@ as the simulator does, and nothing else.
 
 from __future__ import annotations
 
-import difflib
 import shlex
 import warnings
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from fedhet.core.plugins import is_import_path
 from fedhet.core.seeding import derive_seed
 from fedhet.data.federated import Federation, build_federation
 from fedhet.engine import ClientHost, ClientStates
-from fedhet.experiment.config import ExperimentConfig, RunConfig
+from fedhet.experiment.config import ExperimentConfig, RunConfig, validation_problems
 from fedhet.models import build_model
 from fedhet.training.determinism import use_deterministic_algorithms
 from fedhet.training.precision import auto_precision
@@ -49,18 +48,8 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:
-        def problem(error: dict) -> str:
-            """``algorithm.params.KEY: what is wrong`` of one validation error."""
-            key, msg = ".".join(["algorithm.params", *map(str, error["loc"])]), error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                near = difflib.get_close_matches(str(error["loc"][-1]), list(cls.Params.model_fields), n=1)
-                return f"{key}: unknown parameter" + (f" (did you mean {near[0]}?)" if near else "")
-            field, _, rest = msg.partition(": ")      # the parameters' own check names the one it refused
-            if not error["loc"] and rest and field in cls.Params.model_fields:
-                return f"{key}.{field}: {rest}"
-            return f"{key}: {msg}"
-
-        bad = "; ".join(problem(x) for x in e.errors())
+        problems = validation_problems(e, cls.Params, "algorithm.params", unknown="parameter")
+        bad = "; ".join(f"{key}: {'; or '.join(msgs)}" for key, msgs in problems.items())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
                           f"{', '.join(cls.Params.model_fields) or 'none'}; their defaults: fedhet list "
                           f"{shlex.quote(cfg.algorithm.name)})") from None

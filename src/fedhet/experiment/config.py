@@ -327,31 +327,42 @@ def _quote_hint(key: str, value: Any) -> str:
             f"{key.split('.')[-1]}: \"{value}\" in the file")
 
 
-def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
+def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], prefix: str = "",
+                        unknown: str = "key; every key: configs/README.md") -> dict[str, list[str]]:
+    """``{key: [what is wrong, ...]}`` of ``err``, an error validating ``model`` (the whole config, or
+    a method's parameters under ``prefix``): keys as a user writes them, the members of a union
+    each saying what they take, a check that names the field it refused keyed by that field, a
+    "did you mean" for an unknown key (``unknown``: what it is called, and where every one is
+    listed), and how to quote a string that YAML read as a number or a boolean."""
     problems: dict[str, list[str]] = {}
     for e in err.errors():
         key = _error_key(e)
         msg = e["msg"].removeprefix("Value error, ")
         # a section's own check names the field it refused: "rounds: expects ..." at train
         field, _, rest = msg.partition(": ")
-        section = _model_at(key.split(".") if key else [])
+        section = _model_at(key.split(".") if key else [], model)
         if rest and section is not None and field in section.model_fields:
             key, msg = f"{key}.{field}" if key else field, rest
             if msg.startswith(("expects a string, got ", "expects a string or null, got ")):
-                msg += _quote_hint(key, msg.rpartition("got ")[2])
+                msg += _quote_hint(".".join(filter(None, [prefix, key])), msg.rpartition("got ")[2])
         if e["type"] == "extra_forbidden":
-            parent = _model_at(key.split(".")[:-1])
+            parent = _model_at(key.split(".")[:-1], model)
             near = difflib.get_close_matches(key.split(".")[-1], list(parent.model_fields) if parent else [], n=1)
-            msg = (f"unknown key{f' (did you mean {near[0]}?)' if near else ''}; every key: configs/README.md")
+            what, _, listed = unknown.partition(";")
+            msg = f"unknown {what}{f' (did you mean {near[0]}?)' if near else ''}{';' + listed if listed else ''}"
         elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = (f"expects a mapping of settings, got {e['input']!r:.60}; a setting inside it is written "
                    f"{key}.<setting> in --set, or `{key.split('.')[-1]}: {{<setting>: value}}` in YAML")
         elif e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):
-            msg += _quote_hint(key, e["input"])
-        problems.setdefault(key, []).append(msg)
-    # the members of a union each say what they take: one line, "or" between them
+            msg += _quote_hint(".".join(filter(None, [prefix, key])), e["input"])
+        problems.setdefault(".".join(filter(None, [prefix, key])), []).append(msg)
+    return problems
+
+
+def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
     lines = [f"invalid config ({origin}):"]
-    lines += [f"  {key}: {'; or '.join(msgs)}" if key else f"  {'; '.join(msgs)}" for key, msgs in problems.items()]
+    lines += [f"  {key}: {'; or '.join(msgs)}" if key else f"  {'; '.join(msgs)}"
+              for key, msgs in validation_problems(err, ExperimentConfig).items()]
     return "\n".join(lines)
 
 
@@ -366,11 +377,11 @@ def parse_value(text: str, key: str = "") -> Any:
                           f"--set '{key}=\"{text}\"'") from None
 
 
-def _model_at(parts: list[str]) -> type[Strict] | None:
-    """The section of the schema the key ``parts`` names (``ExperimentConfig`` for none; train,
+def _model_at(parts: list[str], root: type[BaseModel] = ExperimentConfig) -> type[BaseModel] | None:
+    """The section of the schema ``root`` that the key ``parts`` names (``root`` for none; train,
     data.local_test, ...): a mapping of settings each with its own default; None for one value
     (such as algorithm.params) or a key the schema does not have."""
-    model: Any = ExperimentConfig
+    model: Any = root
     for part in parts:
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
