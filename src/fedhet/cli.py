@@ -122,10 +122,11 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     cpu, threads = cpu_identity(), sweep_threads(sweep)
     pace_by_tag: dict[str, tuple[str, list]] = {}     # the runs of a tag that would start share their like runs
     to_run, known, stale = 0, [], 0
-    broken = unloadable_jobs(jobs, retry_failed)
+    statuses = {job.name: job_status(job) for job in jobs}
+    broken = unloadable_jobs(jobs, statuses, retry_failed)
     why_broken = {job.name: why for job, why in broken}
     for job in jobs:
-        status = job_status(job)
+        status = statuses[job.name]
         guess = ""
         if status == "stale":
             stale += 1
@@ -176,9 +177,10 @@ def _cmd_sweep(args) -> int:
               + (f"; not yet: {', '.join(left)}" if left else ""), file=sys.stderr)
         return 0
     if args.table:
-        stale = [j.name for j in sweep.jobs if job_status(j) == "stale"]
+        status = {j.name: job_status(j) for j in sweep.jobs}
+        stale = [name for name, now in status.items() if now == "stale"]
         kept = bool(stale) and (sweep.out / "sweep.md").is_file()
-        print(write_report(sweep, replace=not kept))
+        print(write_report(sweep, replace=not kept, status=status))
         if stale:
             print(f"fedhet: {len(stale)} run(s) stale: {STALE_FIX}" + (
                 f"; {sweep.out / 'sweep.md'} is kept as it was (this table, with stale runs left out, is only "

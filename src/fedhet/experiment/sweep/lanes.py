@@ -127,10 +127,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     deadline = None if finish_by is None else t_start + finish_by
     jobs = select_jobs(sweep, only)
     threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
-    broken = unloadable_jobs(jobs, retry_failed)
+    initial = {j.name: job_status(j) for j in jobs}
+    broken = unloadable_jobs(jobs, initial, retry_failed)
     if broken:       # refused before any run starts: each would fail the same way in its first second
         raise ConfigError(unloadable_message(broken))
-    initial = {j.name: job_status(j) for j in jobs}
     sweep.out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         if initial[j.name] == "stale":

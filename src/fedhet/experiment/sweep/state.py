@@ -73,9 +73,11 @@ def config_error(job: Job) -> str | None:
     return None
 
 
-def unloadable_jobs(jobs: list[Job], retry_failed: bool) -> list[tuple[Job, str]]:
-    """The jobs a sweep would start whose config does not load, each with why."""
-    return [(job, why) for job in jobs if would_start(job_status(job), retry_failed) and (why := config_error(job))]
+def unloadable_jobs(jobs: list[Job], status: dict[str, str], retry_failed: bool) -> list[tuple[Job, str]]:
+    """The jobs a sweep would start (by their ``status``, :func:`job_status` by name) whose config
+    does not load, each with why."""
+    return [(job, why) for job in jobs
+            if would_start(status[job.name], retry_failed) and (why := config_error(job))]
 
 
 def unloadable_message(broken: list[tuple[Job, str]]) -> str:

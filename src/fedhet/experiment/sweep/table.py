@@ -12,14 +12,16 @@ from fedhet.experiment.sweep.state import job_status, stale_note
 from fedhet.experiment.verdict import MissingValue, Verdict, run_value, verdict_table
 
 
-def write_report(sweep: Sweep, replace: bool = True) -> str:
+def write_report(sweep: Sweep, replace: bool = True, status: dict[str, str] | None = None) -> str:
     """``<out>/sweep.md`` and ``sweep.png``: the ``fedhet compare`` table of the completed runs,
     and the list of runs that are not (yet) completed (a stale one with what differs). With
-    ``replace=False`` an existing ``sweep.md`` (and its ``sweep.png``) is kept and the text only returned."""
+    ``replace=False`` an existing ``sweep.md`` (and its ``sweep.png``) is kept and the text only
+    returned. ``status``: every job's :func:`job_status` by name, where the caller has read them."""
     from fedhet.experiment.report import compare
 
     keep = not replace and (sweep.out / "sweep.md").is_file()     # then neither sweep.md nor sweep.png changes
-    status = {j.name: job_status(j) for j in sweep.jobs}       # each reads the run's files once
+    if status is None:
+        status = {j.name: job_status(j) for j in sweep.jobs}   # each reads the run's files once
     done = [j.run_dir for j in sweep.jobs if status[j.name] == "completed"]
     missing = [(j.name, status[j.name]) for j in sweep.jobs if status[j.name] != "completed"]
     lines = [f"# Sweep {sweep.name}", "", "Command:", "", "```bash",
