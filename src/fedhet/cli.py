@@ -240,15 +240,6 @@ def _one_line(cls, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
-def _param_type(annotation) -> str:
-    """A parameter's type as a user writes its values: ``'adaptive' | 'forever'``, ``float``."""
-    import typing
-
-    if typing.get_origin(annotation) is typing.Literal:
-        return " | ".join(repr(v) for v in typing.get_args(annotation))
-    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
-
-
 def _param_bounds(metadata) -> str:
     """A parameter's bounds from its ``Field(gt=..., le=...)``: ``> 0, < 1``."""
     signs = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
@@ -260,6 +251,7 @@ def _describe_method(name: str) -> None:
     """One method's parameters (``algorithm.params``): type, bounds, default and the method that
     declares each (a FedAvg-family method inherits FedAvg's)."""
     from fedhet.algorithms import algorithm_class
+    from fedhet.core.settings import type_name
 
     cls = algorithm_class(name)
     parts = [p.strip() for p in name.split("+")]
@@ -277,7 +269,7 @@ def _describe_method(name: str) -> None:
         owner = next((base.__qualname__.removesuffix(".Params") for base in cls.Params.__mro__
                       if base.__qualname__.endswith(".Params") and param in base.__dict__.get("__annotations__", {})),
                      "")
-        kind = ", ".join(filter(None, [_param_type(field.annotation), _param_bounds(field.metadata)]))
+        kind = ", ".join(filter(None, [type_name(field.annotation), _param_bounds(field.metadata)]))
         rows.append((param, kind, repr(field.get_default(call_default_factory=True)), owner))
     rows.sort(key=lambda row: row[3] == "FedAvg")     # the method's own first, FedAvg's inherited ones last
     widths = [max(len(r[i]) for r in rows) for i in range(3)]

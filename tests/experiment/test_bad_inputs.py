@@ -191,7 +191,7 @@ def test_exponent_partition_parameters_reach_the_partitioner(small_config, tmp_p
 
 @pytest.mark.parametrize("value", [True, False])
 def test_a_boolean_is_not_a_number_of_rounds(small_config, value):
-    with pytest.raises(ConfigError, match=f"rounds: expects a number, got {str(value).lower()}"):
+    with pytest.raises(ConfigError, match=f"rounds: expects a whole number, got {str(value).lower()}"):
         load_config(raw=cfg_of(small_config, train={"rounds": value}))
 
 
@@ -741,8 +741,9 @@ def test_compare_pools_a_parameter_given_at_its_default_with_one_left_out(two_ru
 def test_list_a_method_gives_its_parameters_types_bounds_and_defaults(capsys):
     assert main(["list", "fedrema"]) == 0
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[2:]}
-    assert rows["delta"].split() == ["delta", "float,", ">", "0,", "<", "1", "default", "0.5", "(FedReMa)"]
-    assert rows["ccp"].split()[1:4] == ["'adaptive'", "|", "'forever'"] and "default 'adaptive'" in rows["ccp"]
+    assert rows["delta"].split() == ["delta", "a", "number,", ">", "0,", "<", "1", "default", "0.5", "(FedReMa)"]
+    assert rows["ccp"].split()[1:5] == ["one", "of", "'adaptive',", "'forever'"] and "default 'adaptive'" in rows["ccp"]
+    assert rows["alternating"].split()[1:4] == ["true", "or", "false"]
     assert rows["mixup"].split()[-1] == "(FedAvg)"          # inherited, listed after FedReMa's own
     assert list(rows).index("mixup") > list(rows).index("align_weight")
     assert main(["list", "fedprox+fedfm"]) == 0

@@ -328,7 +328,7 @@ def test_config_errors_speak_of_keys_and_say_the_fix(small_config, tmp_path):
     # a string YAML reads as a number or a boolean: quote it
     assert """name: Input should be a valid string; YAML reads 2024 as a number: quote it to keep it a string, --set 'name="2024"'""" in error("name=2024")
     assert "name: expects a string, got false; YAML reads yes, no, on, off, true and false as booleans" in error("name=no")
-    assert "train.rounds: expects a number, got true" in error("train.rounds=true")      # a section's own check, keyed
+    assert "train.rounds: expects a whole number, got true" in error("train.rounds=true")      # a section's own check, keyed
     # a check across sections names its keys itself
     assert error("data.pool=train+test", "data.local_test.source=test_set").splitlines()[1] == (
         "  data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")

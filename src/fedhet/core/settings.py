@@ -45,5 +45,5 @@ def type_name(annotation: Any) -> str:
         kinds = [type_name(a) for a in get_args(annotation) if a is not type(None)]
         nullable = type(None) in get_args(annotation)
         return " or ".join(dict.fromkeys(kinds)) + (" or null" if nullable else "")
-    names = {int: "a number", float: "a number", str: "a string"}
+    names = {int: "a whole number", float: "a number", str: "a string", bool: "true or false"}
     return names.get(annotation, f"a {getattr(annotation, '__name__', annotation)}")
