@@ -79,8 +79,9 @@ def test_the_natural_partition_says_how_to_give_data_its_clients(small_config, t
     with pytest.raises(PartitionError, match=r"has none in this pool: use data.pool: train \(the test split"):
         build_federation(load_config(raw=raw).data, seed=0)
     raw["data"].update(dataset=write_npz(tmp_path, "no_ids.npz", **arrays()), pool="train")
-    with pytest.raises(PartitionError, match=r"has none in this pool: give data of your own its client ids "
-                                             r"\(clients_train in an npz file"):
+    with pytest.raises(PartitionError, match=r"natural clients \(femnist's writers, or the client ids of data of your "
+                                             r"own: clients_train in an npz file.*has none in this pool: give the "
+                                             r"data them, or choose another data.partition.kind"):
         build_federation(load_config(raw=raw).data, seed=0)
 
 
@@ -313,8 +314,9 @@ def test_a_partition_function_of_ones_own_gets_the_writers_it_asks_for(small_con
         build_federation(load_config(raw=raw).data, seed=0)
     raw["data"]["partition"] = {"kind": "userdata:writers_in_turn"}
     raw["data"].update(pool="train+test", local_test={"source": "holdout", "fraction": 0.2})
-    with pytest.raises(PartitionError, match="takes writers, each sample's natural client, and this data has none.*"
-                                             "use data.pool: train"):
+    with pytest.raises(PartitionError, match=r"takes writers, each sample's natural client \(femnist's writers, .*\), "
+                                             r"and this pool has none \(the test split has no writers: a pool of "
+                                             r"data.pool: train\+test has none either\)"):
         build_federation(load_config(raw=raw).data, seed=0)
 
 

@@ -159,11 +159,9 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                                  "out of the pool would split writers)")
         if pool.writers is None:
             fix = ("use data.pool: train (the test split has no writers, so train+test has none)"
-                   if train.writers is not None else
-                   "give data of your own its client ids (clients_train in an npz file, (x, y, client_ids) from a "
-                   "function: docs/extending.md), or choose another data.partition.kind")
-            raise PartitionError(f"partition 'natural' needs data with natural clients (femnist's writers, or the "
-                                 f"client ids of data of your own), and {pool.name} has none in this pool: {fix}")
+                   if train.writers is not None else "give the data them, or choose another data.partition.kind")
+            raise PartitionError(f"partition 'natural' needs data with natural clients ({partitioners.WRITERS_SOURCES}), "
+                                 f"and {pool.name} has none in this pool: {fix}")
         parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
     else:
         available = np.arange(len(labels))

@@ -66,6 +66,11 @@ PARTITIONS: dict[str, Callable[..., list[np.ndarray]]] = {
 }
 
 
+# Where a pool's natural clients (writers) come from, for the errors of a partition that needs them.
+WRITERS_SOURCES = ("femnist's writers, or the client ids of data of your own: clients_train in an npz file, "
+                   "(x, y, client_ids) from a function (docs/extending.md)")
+
+
 def partition(
     kind: str, labels: np.ndarray, num_clients: int, seed: int, *, sample_writers: np.ndarray | None = None,
     **params: Any
@@ -106,9 +111,9 @@ def partition(
         raise PartitionError(f"data.partition.kind {kind!r}: writers is not a parameter to set; fedhet passes each "
                              "sample's natural client (the data's writers or clients_train) there")
     if takes_writers and sample_writers is None:
-        raise PartitionError(f"data.partition.kind {kind!r} takes writers, each sample's natural client, and this "
-                             "data has none in the pool (femnist's writers, or clients_train of data of your own; "
-                             "data.pool: train+test has none: use data.pool: train)")
+        raise PartitionError(f"data.partition.kind {kind!r} takes writers, each sample's natural client "
+                             f"({WRITERS_SOURCES}), and this pool has none (the test split has no writers: a pool "
+                             "of data.pool: train+test has none either)")
     accepted = [p for p in signature[3:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                 and not (takes_writers and p.name == "writers")]
     takes_any = any(p.kind == p.VAR_KEYWORD for p in signature)
