@@ -26,9 +26,10 @@ def write_configs(folder: Path, files: dict[str, str], check: bool) -> int:
 
 
 def paper_section(source: str, cell: str, number: str, rule: str, metric: str | None = None,
-                  percent: bool = True) -> str:
+                  percent: bool = True, measured_as: str = "final", rounds: int | None = None) -> str:
     """The config's ``paper:`` section (``fedhet compare`` prints it beside the measured numbers)
-    from a table entry such as ``"64.08±0.41"`` (percent) or ``"0.9303"`` (``percent=False``)."""
+    from a table entry such as ``"64.08±0.41"`` (percent) or ``"0.9303"`` (``percent=False``);
+    ``measured_as`` names the measured statistic that follows ``rule``, ``rounds`` the paper's T."""
     value, _, std = number.partition("±")
     scale = 100 if percent else 1
 
@@ -42,6 +43,10 @@ def paper_section(source: str, cell: str, number: str, rule: str, metric: str | 
     if std:
         fields.append(f"std: {frac(std)}")
     fields.append(f"rule: {_quote(rule)}")
+    if measured_as != "final":
+        fields.append(f"measured_as: {measured_as}")
+    if rounds is not None:
+        fields.append(f"rounds: {rounds}")
     return "paper:\n" + "".join(f"  {f}\n" for f in fields)
 
 

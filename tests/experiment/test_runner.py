@@ -391,6 +391,36 @@ def test_compare_prints_the_papers_number_and_the_difference(small_config, tmp_p
         load_config(raw={**raw, "paper": {"source": "x"}})
 
 
+@pytest.mark.parametrize("measured_as, cell", [("final", "| 50.00 | -10.00 |"), ("best", "| 50.00 | +5.00 (best) |"),
+                                                 ("at_best_val", "| 50.00 | +2.00 (at best val) |")])
+def test_compare_sets_the_paper_against_the_statistic_its_rule_names(small_config, tmp_path, capsys, measured_as,
+                                                                      cell):
+    """final 40%, best 55% and 52% at the best-validation round (written into the summary):
+    against a paper's 50%, each rule picks its own column; a run shorter than the paper's T is said."""
+    raw = {**small_config, "train": {**small_config["train"], "rounds": 1},
+           "paper": {"source": "Some paper", "value": 0.5, "measured_as": measured_as, "rounds": 3}}
+    run(raw, tmp_path / "r1")
+    summary_path = tmp_path / "r1" / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary["metrics"]["global_acc"].update(final=0.40, best=0.55)
+    summary["model_selection"] = {"value": 0.52, "round": 1, "validation": 0.6, "metric": "global_acc",
+                                  "rule": "global_acc at the first evaluated round with the highest global_val_acc"}
+    summary_path.write_text(json.dumps(summary))
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "r1")]) == 0
+    out = capsys.readouterr().out
+    assert "| paper (%) | measured - paper |" in out and cell in out
+    assert "ran 1 of the paper's 3 rounds, so the difference is not like for like" in out
+    del summary["model_selection"]                       # no validation round recorded: no number, and why
+    summary_path.write_text(json.dumps(summary))
+    assert main(["compare", str(tmp_path / "r1")]) == 0
+    out = capsys.readouterr().out
+    if measured_as == "at_best_val":
+        assert "| 50.00 | - |" in out and "1 of 1 runs recorded no validation accuracy" in out
+    else:
+        assert cell in out and "recorded no" not in out
+
+
 def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tmp_path):
     """The evaluator batches clients and reuses the global pass; the numbers must equal the
     obvious per-client computation."""

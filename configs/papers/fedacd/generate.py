@@ -152,7 +152,7 @@ def paper_entry(dataset: str, beta: str, method: str, desc: str) -> str:
     table, _, number = found
     return paper_section(f"FedACD (Zhou et al.) {table}", f"{dataset} beta={beta}: {desc}",
                          f"{number:.2f}", "global test accuracy after T=200 rounds (the paper says neither best "
-                         "nor final)", metric="global_acc")
+                         "nor final)", metric="global_acc", rounds=200)
 
 
 def main() -> int:

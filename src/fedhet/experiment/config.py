@@ -263,6 +263,10 @@ class PaperResult(Strict):
     value: float                       # as fedhet reports the metric: a fraction, 0.9303 for 93.03%
     std: float | None = Field(None, ge=0)
     rule: str = ""                     # how the paper chose the number, e.g. "mean of the last 5 rounds"
+    # Which measured statistic follows the paper's rule, so that compare's difference sets like
+    # against like: the final window (default), the best round, or the round of best validation.
+    measured_as: Literal["final", "best", "at_best_val"] = "final"
+    rounds: int | None = Field(None, ge=1)   # the paper's T where it states it: fewer rounds run are said
 
 
 class ExperimentConfig(Strict):

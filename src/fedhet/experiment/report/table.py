@@ -21,8 +21,10 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
                   grouped: tuple[dict[str, list[tuple[Path, dict]]], list[str]] | None = None) -> tuple[str, dict]:
     """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting.
 
-    When a run's config carries a ``paper`` section, two columns give the paper's number and
-    the measured final minus it (mean over seeds), and the notes say which rule each side used."""
+    When a run's config carries a ``paper`` section, two columns give the paper's number and the
+    measured mean over seeds minus it, measured as the section's ``measured_as`` says (final, best
+    or at best val, to follow the paper's rule); the notes say which rule each side used and where
+    the runs are shorter than the paper's."""
     groups, left_out = grouped or group_runs(run_dirs)
     if metric is not None:
         recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
@@ -40,7 +42,7 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     if with_selected:
         head, rule = head + " at best val (%) |", rule + "---|"
     if with_paper:
-        head, rule = head + " paper (%) | final - paper |", rule + "---|---|"
+        head, rule = head + " paper (%) | measured - paper |", rule + "---|---|"
     lines = [head, rule]
     curves: dict[str, list[list[tuple[int, float]]]] = {}
     measured_rules: set[str] = set()
@@ -71,7 +73,8 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         paper = papers[name]
         if paper:
             where = ", ".join(x for x in (paper.get("source"), paper.get("cell")) if x)
-            paper_notes.append(f"- {name}: {where}" + (f"; paper's rule: {paper['rule']}" if paper.get("rule") else ""))
+            paper_notes.append(f"- {name}: {where}" + (f"; paper's rule: {paper['rule']}" if paper.get("rule") else "")
+                               + _paper_gaps(paper, m, runs))
     notes = ("final = mean of the metric over the last evaluations (window in each summary"
              + (f": {'; '.join(sorted(measured_rules))}" if measured_rules else "") + "); "
              "best = max over evaluated rounds; ± = sample std over seeds."
@@ -97,22 +100,49 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         notes += ("\n\nIn the table from their summaries, but plotted only as far as their metrics.jsonl is readable: "
                   + "; ".join(cut))
     if paper_notes:
-        notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); final - paper "
-                  "uses the measured mean of the same metric.\n" + "\n".join(paper_notes))
+        notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); measured - "
+                  "paper uses the measured mean over seeds of the same metric, taken as the section's "
+                  "`measured_as` says (final unless the cell names best or at best val).\n" + "\n".join(paper_notes))
     return "\n".join(lines) + "\n\n" + notes, curves
+
+
+def _measured_for_paper(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> list[float]:
+    """Each run's value of the paper's metric, taken the way the paper's rule takes it."""
+    pm = paper.get("metric") or metric
+    how = paper.get("measured_as") or "final"        # configs recorded before measured_as: final
+    if how == "at_best_val":
+        return [v for _, s in runs if (v := selected_value(s, pm)) is not None]
+    return [s["metrics"][pm][how] for _, s in runs if s["metrics"].get(pm)]
 
 
 def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]]) -> str:
     if not paper:
         return "- | -"
     pm = paper.get("metric") or metric
-    finals = [s["metrics"][pm]["final"] for _, s in runs if s["metrics"].get(pm)]
+    measured = _measured_for_paper(paper, metric, runs)
     value = 100 * paper["value"]
     text = f"{value:.2f}" + (f" ± {100 * paper['std']:.2f}" if paper.get("std") is not None else "")
     if pm != metric:
         text += f" ({pm})"
-    diff = f"{100 * statistics.mean(finals) - value:+.2f}" if finals else "-"
+    how = paper.get("measured_as") or "final"
+    diff = (f"{100 * statistics.mean(measured) - value:+.2f}" + ("" if how == "final" else f" ({how.replace('_', ' ')})")
+            if measured else "-")
     return f"{text} | {diff}"
+
+
+def _paper_gaps(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> str:
+    """What keeps the difference from being like for like, for the row's paper note: runs shorter
+    than the paper's T, and runs without the statistic the paper's rule needs."""
+    gaps = ""
+    ran = max(s["rounds_completed"] for _, s in runs)
+    if paper.get("rounds") and ran < paper["rounds"]:
+        gaps += f"; ran {ran} of the paper's {paper['rounds']} rounds, so the difference is not like for like"
+    missing = len(runs) - len(_measured_for_paper(paper, metric, runs))
+    if missing:
+        what = ("no validation accuracy to select by (that needs data.local_test.source: holdout)"
+                if paper.get("measured_as") == "at_best_val" else f"no {paper.get('metric') or metric}")
+        gaps += f"; {missing} of {len(runs)} runs recorded {what} and are left out of the difference"
+    return gaps
 
 
 def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None,
