@@ -524,6 +524,25 @@ def test_sgd_derived_server_rules_refuse_adam(small_config, name):
     assert make_algorithm(load_config(raw=raw)).requires_sgd
 
 
+def test_auto_optimizer_state_with_a_method_that_keeps_it_is_refused_for_sgd_derived_server_rules(small_config):
+    """scaffold+fedrema: FedReMa keeps each client's optimizer state under train.optimizer_state
+    auto, so SCAFFOLD's control variates would meet momentum from earlier rounds; the check reads
+    the policy as the client host does."""
+    from helpers import build_loop
+
+    from fedhet.experiment.build import make_algorithm
+
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "scaffold+fedrema"}
+    raw["train"].update(optimizer="sgd", momentum=0.9, optimizer_state="auto")
+    with pytest.raises(ConfigError, match="train.optimizer_state: auto, which keeps it"):
+        make_algorithm(load_config(raw=raw))
+    raw["train"]["momentum"] = 0.0                       # nothing carried that the rule does not count
+    assert build_loop(load_config(raw=raw)).host.keeps_optimizer_state
+    raw["train"].update(momentum=0.9, optimizer_state="reset")
+    assert not build_loop(load_config(raw=raw)).host.keeps_optimizer_state
+
+
 def test_eval_clients_needs_personalized_metrics(small_config):
     raw = copy.deepcopy(small_config)
     raw["eval"] = {**raw["eval"], "clients": "sampled", "personalized": False}

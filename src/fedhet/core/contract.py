@@ -184,6 +184,14 @@ class TrainSettings:
 MEMORY_FORMATS = ("auto", "contiguous", "channels_last")
 
 
+def optimizer_state_kept(policy: str, method_keeps: bool) -> bool:
+    """Whether clients' optimizer states persist across rounds under ``train.optimizer_state``
+    ``policy``: "keep", or "auto" with a method that keeps them (``Algorithm.keeps_optimizer_state``,
+    FedReMa's). The one reading of the policy: the client host acts on it, the config check
+    refuses what it must not meet."""
+    return policy == "keep" or (policy == "auto" and method_keeps)
+
+
 @dataclass
 class LocalResult:
     weights: Arrays                    # trained weights and buffers (detached copies)

@@ -45,6 +45,7 @@ from fedhet.core.contract import (
     Message,
     State,
     TrainSettings,
+    optimizer_state_kept,
     to_device,
 )
 from fedhet.core.seeding import torch_generator
@@ -218,8 +219,7 @@ class ClientHost:
     def keeps_optimizer_state(self) -> bool:
         """Whether clients' optimizer states persist across rounds: ``train.optimizer_state``
         "keep", or "auto" with a method that keeps them (FedReMa)."""
-        policy = self.settings.optimizer_state
-        return policy == "keep" or (policy == "auto" and self.algorithm.keeps_optimizer_state)
+        return optimizer_state_kept(self.settings.optimizer_state, self.algorithm.keeps_optimizer_state)
 
     def run(self, rnd: int, job: Job, runtime: SimClient | None = None) -> JobResult:
         """``algorithm.client_update`` of one job. ``runtime`` (default: this host's) must carry a

@@ -17,7 +17,7 @@ import torch
 
 from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.base import Algorithm
-from fedhet.core.contract import Arrays, TrainSettings
+from fedhet.core.contract import Arrays, TrainSettings, optimizer_state_kept
 from fedhet.core.errors import ConfigError
 from fedhet.core.plugins import is_import_path
 from fedhet.core.seeding import derive_seed
@@ -57,11 +57,14 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
         raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule is derived for local SGD (the "
                           f"normalised update of SCAFFOLD / FedNova), so train.optimizer must be sgd, not "
                           f"{cfg.train.optimizer}")
-    if cls.requires_sgd and cfg.train.optimizer_state == "keep" and cfg.train.momentum:
+    if cls.requires_sgd and cfg.train.momentum and optimizer_state_kept(cfg.train.optimizer_state,
+                                                                          cls.keeps_optimizer_state):
+        how = ("train.optimizer_state: keep" if cfg.train.optimizer_state == "keep" else
+               "train.optimizer_state: auto, which keeps it for a composition with a method that keeps it")
         raise ConfigError(f"algorithm {cfg.algorithm.name}: its server rule counts each round's local SGD steps "
                           f"from zero momentum (FedNova's a_i, SCAFFOLD's c_i), so momentum carried across rounds "
-                          f"would move the model by amounts it does not count; use train.optimizer_state: reset "
-                          f"(or auto), or train.momentum: 0")
+                          f"({how}) would move the model by amounts it does not count; use "
+                          f"train.optimizer_state: reset, or train.momentum: 0")
     algorithm = cls(params)
     algorithm.check_schedule(cfg.train.rounds, cfg.train.local_epochs)
     algorithm.check_round_size(cfg.train.clients_per_round)
