@@ -99,6 +99,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.split import HEAD, linear_classifier, linear_head_names
 from fedhet.training.local import forward
+from fedhet.training.mode import in_mode
 
 HEAD_GROUP = "creff_head"      # down: the re-trained classifier the clients take gradients at
 GRAD_GROUP = "creff_grads"     # up: per-class classifier gradients
@@ -132,9 +133,7 @@ def class_gradients(model: torch.nn.Module, weights: Arrays, data: ClientData, n
     g_w = torch.zeros(num_classes, *w.shape, dtype=torch.float64, device=w.device)
     g_b = torch.zeros(num_classes, w.shape[0], dtype=torch.float64, device=w.device)
     counts = torch.zeros(num_classes, dtype=torch.int64, device=w.device)
-    was_training = model.training
-    model.eval()
-    try:
+    with in_mode(model, training=False):
         for i in range(0, n, batch_size):
             batch = data.batch(torch.arange(i, min(i + batch_size, n)))
             h = forward(model, weights, batch.x).features.float()
@@ -145,8 +144,6 @@ def class_gradients(model: torch.nn.Module, weights: Arrays, data: ClientData, n
             g_w += torch.einsum("bc,bk,bd->ckd", member, err, h.double())
             g_b += member.T @ err
             counts += torch.bincount(y, minlength=num_classes)
-    finally:
-        model.train(was_training)
     denom = counts.clamp(min=1).double()
     g_w = (g_w / denom.view(-1, 1, 1)).float()
     return g_w, ((g_b / denom.view(-1, 1)).float() if b is not None else None), counts

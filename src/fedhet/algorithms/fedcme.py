@@ -110,6 +110,7 @@ from fedhet.core.contract import (
 from fedhet.core.errors import ConfigError
 from fedhet.core.split import select
 from fedhet.training.local import forward
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
 
 Vectors = dict[int, "torch.Tensor | None"]
@@ -287,9 +288,7 @@ def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData,
     correct = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
     total = torch.zeros(num_classes, dtype=torch.float64, device=data.y.device)
     positions = positions.to(data.train_idx.device)
-    was_training = model.training
-    model.eval()
-    try:
+    with in_mode(model, training=False):
         # Counts by index_add_, not bincount or a boolean mask: on a device those wait for it.
         for i in range(0, len(positions), batch_size):
             idx = data.train_idx[positions[i:i + batch_size]]
@@ -297,8 +296,6 @@ def evaluation_vector(model: torch.nn.Module, weights: Arrays, data: ClientData,
             pred = forward(model, weights, data.inputs(idx)).logits.argmax(1)
             total.index_add_(0, y, torch.ones_like(y, dtype=torch.float64))
             correct.index_add_(0, y, (pred == y).double())
-    finally:
-        model.train(was_training)
     return torch.where(total > 0, correct / total.clamp(min=1), torch.zeros_like(total)).float()
 
 

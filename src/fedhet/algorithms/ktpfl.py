@@ -115,6 +115,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.errors import ConfigError
 from fedhet.training.local import forward
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
 
 # --- server-side pieces (pure functions, tested by hand) ------------------------------------
@@ -192,16 +193,12 @@ def soft_predictions(model: torch.nn.Module, weights: Arrays, data: ClientData, 
                      batch_size: int = 1024) -> torch.Tensor:
     """``softmax(z / T)`` of ``weights`` on every sample of ``data``'s split, in eval mode
     (both codes' ``predict``); the model's mode is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
+    with in_mode(model, training=False):
         out = []
         n = len(data.train_idx)
         for i in range(0, n, batch_size):
             x = data.inputs(data.train_idx[i:i + batch_size])
             out.append(torch.softmax(forward(model, weights, x).logits.float() / temperature, dim=1))
-    finally:
-        model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0)
 
 

@@ -37,6 +37,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.training.local import forward
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
 
 
@@ -63,14 +64,10 @@ class ModelContrastive(LossTerm):
         self.tau = tau
 
     def __call__(self, out: Forward, batch: Batch, weights: Arrays) -> torch.Tensor:
-        was_training = self.model.training
-        self.model.eval()  # frozen reference models; BatchNorm must not touch their statistics
-        try:
-            with torch.no_grad():
-                z_glob = forward(self.model, self.global_weights, batch.x).features.float()
-                z_prev = forward(self.model, self.prev_weights, batch.x).features.float()
-        finally:
-            self.model.train(was_training)
+        # frozen reference models, in eval mode: BatchNorm must not touch their statistics
+        with in_mode(self.model, training=False), torch.no_grad():
+            z_glob = forward(self.model, self.global_weights, batch.x).features.float()
+            z_prev = forward(self.model, self.prev_weights, batch.x).features.float()
         return self.mu * contrastive_loss(out.features, z_glob, z_prev, self.tau)
 
 

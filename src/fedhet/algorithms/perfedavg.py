@@ -89,6 +89,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.errors import NumericalError
 from fedhet.training.local import check_finite, epoch_batches, forward, trained_names
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm, total_loss
 
 ADAPTED = "perfedavg_adapted"    # client-state key of the adapted (personalized) model
@@ -163,12 +164,8 @@ def adapt_one_step(model: torch.nn.Module, weights: Arrays, terms: list[LossTerm
     """The personalized model w - alpha * grad f(w; batch): one SGD step (PFLlib ``train_one_step``)
     on the trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head)."""
     params, buffers = split_trained(model, weights, trainable)
-    was_training = model.training
-    model.train()
-    try:
+    with in_mode(model, training=True):
         _, _, g = _loss_and_grads(model, _leaves(params), buffers, terms, batch)
-    finally:
-        model.train(was_training)
     adapted = {k: (params[k].detach() - alpha * g[k]).detach() for k in params}
     return {k: adapted.get(k, buffers.get(k)) for k in weights}
 

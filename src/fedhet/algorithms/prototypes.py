@@ -33,6 +33,7 @@ import torch
 from fedhet.core.contract import Arrays, Batch, ClientData, Forward, Message
 from fedhet.training.inference import channels_last, pass_rows
 from fedhet.training.local import forward
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
 
 # The array group that carries prototypes, both ways: down {"mean", "defined"}, up {"mean", "count"}.
@@ -75,9 +76,7 @@ def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, 
     rows = pass_rows(batch_size, data.y.device) if fast else batch_size
     if fast:
         weights = {k: channels_last(v) for k, v in weights.items()}
-    was_training = model.training
-    model.eval()
-    try:
+    with in_mode(model, training=False):
         for i in range(0, len(positions), rows):
             batch = data.batch(positions[i:i + rows])
             out = forward(model, weights, channels_last(batch.x) if fast else batch.x)
@@ -88,8 +87,6 @@ def class_statistics(model: torch.nn.Module, weights: Arrays, data: ClientData, 
             sums.index_add_(0, batch.y, h)
             sq.index_add_(0, batch.y, (h * h).sum(1))
             counts += torch.bincount(batch.y, minlength=num_classes)
-    finally:
-        model.train(was_training)
     if sums is None:
         raise ValueError("class_statistics needs at least one sample")
     have = counts > 0

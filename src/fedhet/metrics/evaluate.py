@@ -49,6 +49,7 @@ from fedhet.data.federated import Federation
 from fedhet.engine.loop import RoundLoop
 from fedhet.training.inference import channels_last, pass_rows
 from fedhet.training.local import model_entries
+from fedhet.training.mode import in_mode
 
 
 @torch.inference_mode()       # lighter than no_grad: no autograd bookkeeping at all
@@ -69,7 +70,6 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"evaluation precision must be 'fp32' or 'bf16', got {precision!r}")
     device = torch.device(device)
-    model.eval()
     rows = pass_rows(batch_size, device)
     weights = model_entries(model, weights)
     if device.type == "cpu":
@@ -77,15 +77,16 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
     else:
         weights = to_device(weights, device)
     hits, losses = [], []
-    for i in range(0, len(y), rows):
-        xb = x_uint8[i:i + rows].to(device)
-        x = channels_last(normalize(xb)) if device.type == "cpu" else normalize(xb)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-            logits = functional_call(model, weights, (x,), strict=False)
-        logits = logits.float()
-        yb = y[i:i + rows].to(device)
-        losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none"))
-        hits.append(logits.argmax(1) == yb)
+    with in_mode(model, training=False):
+        for i in range(0, len(y), rows):
+            xb = x_uint8[i:i + rows].to(device)
+            x = channels_last(normalize(xb)) if device.type == "cpu" else normalize(xb)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                logits = functional_call(model, weights, (x,), strict=False)
+            logits = logits.float()
+            yb = y[i:i + rows].to(device)
+            losses.append(torch.nn.functional.cross_entropy(logits, yb, reduction="none"))
+            hits.append(logits.argmax(1) == yb)
     if not hits:
         return torch.zeros(0, dtype=torch.bool), torch.zeros(0)
     return torch.cat(hits).cpu(), torch.cat(losses).cpu()

@@ -21,6 +21,7 @@ from fedhet.core.contract import Arrays, to_device
 from fedhet.core.errors import ConfigError
 from fedhet.data.federated import Federation
 from fedhet.training.local import forward
+from fedhet.training.mode import in_mode
 
 
 def _sklearn():
@@ -49,17 +50,12 @@ def global_test_features(model: torch.nn.Module, weights: Arrays, fed: Federatio
                           "train+test puts the test split into the clients' data): they need a run made with "
                           "data.pool: train")
     pos = torch.as_tensor(sample_positions(len(fed.test.y), samples, seed))
-    was_training = model.training
-    model.eval()
     feats = []
     weights = to_device(weights, device)
-    try:
-        with torch.no_grad():
-            for i in range(0, len(pos), batch_size):
-                x = fed.normalize(fed.test.x[pos[i:i + batch_size]].to(device))
-                feats.append(forward(model, weights, x).features.float())
-    finally:
-        model.train(was_training)
+    with in_mode(model, training=False), torch.no_grad():
+        for i in range(0, len(pos), batch_size):
+            x = fed.normalize(fed.test.x[pos[i:i + batch_size]].to(device))
+            feats.append(forward(model, weights, x).features.float())
     return torch.cat(feats).cpu().numpy(), fed.test.y[pos].numpy()
 
 

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from fedhet.training.mode import in_mode
+
 _UNFLATTEN = "unflatten"
 _PARTS = ("body", "head")
 
@@ -94,11 +96,9 @@ class SplitModel(nn.Module):
         self.feature_dim = dim
 
     def _body_output_shape(self) -> tuple[int, ...]:
-        was_training = self.body.training
-        self.body.eval()  # the dummy forward must not update BatchNorm running statistics
-        with torch.no_grad():
+        # eval mode: the dummy forward must not update BatchNorm running statistics
+        with in_mode(self.body, training=False), torch.no_grad():
             out = self.body(torch.zeros(1, *self.input_shape))
-        self.body.train(was_training)
         return tuple(out.shape[1:])
 
     def features(self, x: Tensor) -> Tensor:

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from fedhet.training.mode import in_mode
+
 # Draw names of the masks among a batch's draws (beside the augmentation's own).
 MASK_PREFIX = "dropout."
 
@@ -82,14 +84,11 @@ def dropout_layers(model: nn.Module, sample_shape: tuple[int, ...]) -> list[tupl
             shapes[module.mask_key] = tuple(args[0].shape[1:])
 
         hooks = [m.register_forward_pre_hook(record) for _, m in named]
-        was_training = model.training
         param = next(model.parameters(), None)
         try:
-            model.eval()
-            with torch.no_grad():
+            with in_mode(model, training=False), torch.no_grad():
                 model(torch.zeros((1, *sample_shape), device=param.device if param is not None else None))
         finally:
-            model.train(was_training)
             for h in hooks:
                 h.remove()
     layers = [(name, float(m.p), shapes[name]) for name, m in named if name in shapes]
