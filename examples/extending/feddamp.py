@@ -8,7 +8,8 @@ Two changes from FedAvg, each one hook:
 
 Run it by its import path, with this folder on PYTHONPATH (or installed):
 
-    PYTHONPATH=examples/extending fedhet run configs/quickstart.yaml --set algorithm.name=feddamp:FedDamp
+    PYTHONPATH=examples/extending fedhet run configs/quickstart.yaml --set algorithm.name=feddamp:FedDamp \
+        --set name=feddamp
 """
 
 from __future__ import annotations

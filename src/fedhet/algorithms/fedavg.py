@@ -3,13 +3,16 @@
 Every other generic method in fedhet is a delta from this class, made by overriding hooks:
 
   server:  ``train_message`` (what each client receives), ``aggregate`` (the server rule),
-           or ``round`` itself for extra phases;
+           ``aggregation_weights`` (each reply's weight in the average), or ``round`` itself
+           for extra phases;
   client:  ``start_weights`` (what training starts from), ``local_training`` (how the round's
            epochs run), ``data_terms`` (the supervised term, cross-entropy by default),
            ``local_terms`` (regularisers added to it), ``train_options`` (frozen parameters,
            kept optimizer state, augmentation), ``after_training`` (new client state),
            ``uploaded_model`` (what of the model is sent back), ``uploads`` (extra tensors sent
-           back), ``upload_scalars`` (extra numbers).
+           back), ``upload_scalars`` (extra numbers);
+  evaluation: ``local_model`` (the whole trained model an upload stands for, which
+           ``eval.local_risk`` judges).
 
 Hooks call ``super()`` so methods compose by multiple inheritance (``fedprox+scaffold``: see
 :func:`fedhet.algorithms.compose`). A method that wraps ``client_update`` acts on ``"train"``

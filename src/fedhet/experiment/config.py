@@ -99,7 +99,8 @@ class DataConfig(Strict):
 class ModelConfig(Strict):
     # One architecture, or a list assigned round-robin (client i gets arch[i % len]) as in FedClassAvg.
     arch: str | list[str] = "cnn2"
-    split: str | None = None           # first head stage; default: the model's last Linear
+    # First head stage; default: the model's own (its last Linear; alexnet_fedrema: fc1).
+    split: str | None = None
     norm: Literal["bn", "gn"] = "bn"
     options: dict[str, Any] = Field(default_factory=dict)          # builder options of every arch
     # Options of one architecture only, over `options`: e.g. {fca_googlenet: {dropout: 0.2}}.

@@ -35,7 +35,7 @@ class LoopbackResult:
 
 
 def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool = False, auth: bool = False,
-                 simulation: bool = False, resume: bool = False, timeout: float = 3600.0,
+                 simulation: bool = False, resume: bool = False, timeout: float = 24 * 3600.0,
                  workdir: str | Path | None = None, keep_workdir: bool = False,
                  echo: Callable[[str], None] | None = None, on_submitted: Callable[[Loopback, int], None] | None = None,
                  **settings: Any) -> LoopbackResult:
