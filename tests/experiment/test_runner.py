@@ -421,6 +421,20 @@ def test_compare_sets_the_paper_against_the_statistic_its_rule_names(small_confi
         assert cell in out and "recorded no" not in out
 
 
+def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_over_it(small_config, tmp_path,
+                                                                                         monkeypatch):
+    from fedhet.algorithms.fedavg import FedAvg
+
+    monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {"global_acc": 1.0, "fedavg_extra": 2})
+    raw = {**small_config, "train": {**small_config["train"], "rounds": 1}}
+    with pytest.raises(ConfigError, match="round_metrics returns global_acc, which fedhet records itself"):
+        run(raw, tmp_path / "r1")
+    monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {"fedavg_extra": 2})
+    run(raw, tmp_path / "r2")
+    row = read_metrics(tmp_path / "r2")[-1]
+    assert row["fedavg_extra"] == 2 and row["global_acc"] < 1.0
+
+
 def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tmp_path):
     """The evaluator batches clients and reuses the global pass; the numbers must equal the
     obvious per-client computation."""

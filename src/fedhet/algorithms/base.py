@@ -156,7 +156,9 @@ class Algorithm:
         return state
 
     def round_metrics(self, state: State) -> dict[str, Any]:
-        """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs)."""
+        """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs), named
+        apart from fedhet's own metrics (a name fedhet records too stops the run): call ``super()``
+        and add yours, so that a combination records every component's."""
         return {}
 
 

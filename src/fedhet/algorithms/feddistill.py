@@ -165,4 +165,4 @@ class FedDistill(Algorithm):
 
     def round_metrics(self, state: State) -> dict:
         d = state.get("defined")
-        return {"feddistill_classes_defined": int(d.sum()) if d is not None else 0}
+        return {**super().round_metrics(state), "feddistill_classes_defined": int(d.sum()) if d is not None else 0}

@@ -322,7 +322,12 @@ class Experiment:
                 t1 = time.perf_counter()
                 row.update(self.evaluator(self, rnd))
                 t_eval = time.perf_counter() - t1
-            row.update(self.algorithm.round_metrics(self.loop.server_state))
+            own = self.algorithm.round_metrics(self.loop.server_state)
+            if clash := sorted(set(own) & {*row, "seconds"}):      # a method's value must not pass for fedhet's
+                raise ConfigError(f"algorithm {self.algorithm.name}: round_metrics returns {', '.join(clash)}, "
+                                  f"which fedhet records itself each round; name the method's own values "
+                                  f"apart, e.g. {self.algorithm.name}_{clash[0]}")
+            row.update(own)
             row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
                               "evaluate": t_eval, "total": time.perf_counter() - t0}
             for cb in callbacks:
