@@ -6,10 +6,13 @@ them by import path (``algorithm.name: mylab.methods:FedFoo``, ``model.arch: myl
 a dataset function and a partition function likewise, ``data.dataset``, ``data.partition.kind``),
 and every engine runs them as it runs the built-in ones (docs/extending.md). The built-in methods'
 building blocks are here too: another set of weights' forward pass (``forward``), augmentations the
-vectorized engine batches (``Augmentation``), multi-phase and hand-written training
-(``concatenate_results``, ``epoch_batches``, ``total_loss``, ``check_finite``) and class statistics
-and prototypes (``class_statistics``, ``aggregate_prototypes``), and the weights a server rule acts
-on (``server_trainable``, ``check_buffers_known_to_server``). Names not listed here are internal and
+vectorized engine batches (``Augmentation``), labels read the way a mixed batch needs them
+(``mixed``, ``label_weights``), multi-phase and hand-written training (``train_head_then_body``,
+``concatenate_results``, ``epoch_batches``, ``total_loss``, ``check_finite``, ``in_mode``), the
+loss terms several built-in methods share (``Proximal``, ``Linear``, ``OffsetCrossEntropy``), class
+statistics and prototypes (``class_statistics``, ``aggregate_prototypes``), a server's extra phases
+(``RoundGenerator``, what ``round`` returns), and the weights a server rule acts on
+(``server_trainable``, ``check_buffers_known_to_server``). Names not listed here are internal and
 may change.
 """
 
@@ -29,6 +32,7 @@ from fedhet.core.contract import (
     Message,
     Replies,
     RoundContext,
+    RoundGenerator,
     State,
     TrainSettings,
 )
@@ -36,7 +40,7 @@ from fedhet.core.errors import ConfigError, NumericalError
 from fedhet.core.split import BODY, HEAD, linear_classifier, select
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
-from fedhet.training.augment import Augmentation, mixed
+from fedhet.training.augment import Augmentation, label_weights, mixed
 from fedhet.training.dropout import StreamDropout
 from fedhet.training.local import (
     check_finite,
@@ -46,7 +50,10 @@ from fedhet.training.local import (
     trained_names,
     trains_in_channels_last,
 )
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import CrossEntropy, LossTerm, total_loss
+from fedhet.training.phases import train_head_then_body
+from fedhet.training.terms import Linear, OffsetCrossEntropy, Proximal
 
 __all__ = [
     "Algorithm",
@@ -62,12 +69,16 @@ __all__ = [
     "FedAvg",
     "Forward",
     "HEAD",
+    "Linear",
     "LocalResult",
     "LossTerm",
     "Message",
     "NumericalError",
+    "OffsetCrossEntropy",
+    "Proximal",
     "Replies",
     "RoundContext",
+    "RoundGenerator",
     "SplitModel",
     "State",
     "StreamDropout",
@@ -80,12 +91,15 @@ __all__ = [
     "concatenate_results",
     "epoch_batches",
     "forward",
+    "in_mode",
+    "label_weights",
     "linear_classifier",
     "mixed",
     "save_arrays",
     "select",
     "server_trainable",
     "total_loss",
+    "train_head_then_body",
     "trained_names",
     "trains_in_channels_last",
     "update_reply",

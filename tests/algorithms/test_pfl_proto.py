@@ -19,7 +19,7 @@ from fedhet.algorithms.fedpac import (
     head_objective,
     simplex_qp,
 )
-from fedhet.algorithms.fedper import FedPer, train_head_then_body
+from fedhet.algorithms.fedper import FedPer
 from fedhet.algorithms.fedproto import FedProto, nearest_prototype_head
 from fedhet.algorithms.fedrep import FedRep
 from fedhet.algorithms.prototypes import (
@@ -45,6 +45,7 @@ from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.models.base import SplitModel
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
+from fedhet.training.phases import train_head_then_body
 
 
 # --- tiny fixtures ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ its first participation - and the global prototypes):
 
        V_k = sum_c [ p_c * E_c||h||^2 - p_c^2 * ||mu_c||^2 ] / n,     H_k[c] = p_c * mu_c.
 
-2. Alternating training (Algorithm 1; :func:`fedhet.algorithms.fedper.train_head_then_body`):
+2. Alternating training (Algorithm 1; :func:`fedhet.training.phases.train_head_then_body`):
    ``pac_head_epochs`` (1) epoch(s) on the classifier with the body frozen, on CE; then E epochs
    (``train.local_epochs``) on the body with the new classifier frozen, on
    ``CE + pac_proto_weight * MSE(h, proto[y])`` (:meth:`FedPAC.alignment_terms`).
@@ -56,7 +56,7 @@ Decisions where the references disagree or are silent:
 * Local prototypes after training in eval mode (PFLlib ``collect_protos``; the official code's
   ``get_local_protos`` runs in train mode, which differs only with BatchNorm or dropout).
 
-Reusable pieces (FedReMa's +F / +A&F variants): :func:`train_head_then_body`,
+Reusable pieces (FedReMa's +F / +A&F variants): :func:`fedhet.training.phases.train_head_then_body`,
 :class:`fedhet.algorithms.prototypes.PrototypeAlignment` and the prototype helpers,
 :func:`feature_statistics`, :func:`head_objective`, :func:`simplex_qp`,
 :func:`classifier_weights`, :func:`combine_heads`.
@@ -72,7 +72,7 @@ import torch
 from pydantic import Field
 
 from fedhet.algorithms.aggregate import weighted_average
-from fedhet.algorithms.fedper import FedPer, train_head_then_body
+from fedhet.algorithms.fedper import FedPer
 from fedhet.algorithms.prototypes import (
     GROUP,
     ClassStatistics,
@@ -97,9 +97,10 @@ from fedhet.core.errors import NumericalError
 from fedhet.core.split import HEAD, select
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
+from fedhet.training.phases import train_head_then_body
 
 __all__ = ["FedPAC", "feature_statistics", "head_objective", "simplex_qp", "classifier_weights",
-           "combine_heads", "train_head_then_body"]
+           "combine_heads"]
 
 
 # --- client statistics ----------------------------------------------------------------------

@@ -70,7 +70,6 @@ from torch.func import functional_call
 
 from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedper import train_head_then_body
 from fedhet.algorithms.prototypes import (
     GROUP,
     PrototypeAlignment,
@@ -93,6 +92,7 @@ from fedhet.core.contract import (
 from fedhet.core.split import BODY, HEAD, select, strip_prefix
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
+from fedhet.training.phases import train_head_then_body
 
 
 # --- relevance (server) --------------------------------------------------------------------

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from fedhet.algorithms.fedper import FedPer, train_head_then_body
+from fedhet.algorithms.fedper import FedPer
 from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State
+from fedhet.training.phases import train_head_then_body
 
 
 class FedRep(FedPer):

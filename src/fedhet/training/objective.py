@@ -62,7 +62,7 @@ def check_terms_take_mixup(terms: list[LossTerm], augment: object, where: str = 
         raise ValueError(f"mixup{' ' + where if where else ''}: the loss terms {', '.join(refused)} do not say "
                          "they take mixed batches (LossTerm.takes_mixup); one that reads the labels as they are "
                          "would learn only the first image's label of each mixed pair. Turn algorithm.params.mixup "
-                         "off for this method, or read the labels through fedhet.extend.mixed (or none) "
+                         "off for this method, or read the labels through fedhet.extend.mixed or label_weights (or none) "
                          "and set takes_mixup = True")
 
 
