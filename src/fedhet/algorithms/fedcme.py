@@ -108,7 +108,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError
-from fedhet.core.split import select
+from fedhet.core.split import BODY, HEAD, select
 from fedhet.training.local import forward
 from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
@@ -406,9 +406,9 @@ class FedCME(FedAvg):
     def exchange_part(self, weights: Arrays) -> Arrays:
         """The mid-round part handed to the counterpart (Algorithm 2 lines 22-24)."""
         if self.params.exchange == "classifier":
-            return select(weights, "head.")
+            return select(weights, HEAD)
         if self.params.exchange == "extractor":
-            return select(weights, "body.")
+            return select(weights, BODY)
         return dict(weights)
 
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
