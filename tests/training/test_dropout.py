@@ -64,31 +64,58 @@ def dropout_model(channels: int = 1, size: int = 28) -> SplitModel:
     return SplitModel(stages, "fc2", (channels, size, size))
 
 
-def config(small_config, algorithm="fedavg", **train):
+def config(small_config, algorithm="fedavg", params=None, **train):
     raw = copy.deepcopy(small_config)
     raw["data"]["partition"] = {"kind": "quantity_skew", "alpha": 0.3, "min_size": 5}
-    raw["algorithm"] = {"name": algorithm}
+    raw["algorithm"] = {"name": algorithm, "params": params or {}}
     raw["train"].update({"momentum": 0.5, "lr": 0.05, "clients_per_round": 6, **train})
     return load_config(raw=raw)
 
 
-def test_a_run_with_dropout_does_not_depend_on_the_global_generator(small_config):
-    cfg = config(small_config)
+def _weights(loop) -> dict[str, torch.Tensor]:
+    """Every tensor the round left: the server's and each client's state, flattened by name."""
+    out = {f"server.{k}": v for k, v in loop.server_state.items() if isinstance(v, torch.Tensor)}
+    out.update({f"server.model.{k}": v for k, v in loop.server_state["model"].items()})
+
+    def walk(prefix, obj):
+        if isinstance(obj, torch.Tensor):
+            out[prefix] = obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(f"{prefix}.{k}", v)
+    for cid, state in loop.client_states.items():
+        walk(f"client{cid}", state)
+    return out
+
+
+@pytest.mark.parametrize(("algorithm", "params", "train"), [
+    ("fedavg", None, {}),
+    # their own training-mode passes: Per-FedAvg's meta-steps (FO, HF with both Hessian-vector
+    # products) and its evaluation-time adaptation; FedRoD's generic features for the personal head
+    ("perfedavg", None, {"momentum": 0.0}),
+    ("perfedavg", {"perfedavg_variant": "hf"}, {"momentum": 0.0}),
+    ("perfedavg", {"perfedavg_variant": "hf", "perfedavg_hvp": "finite_difference"}, {"momentum": 0.0}),
+    ("fedrod", None, {}),
+], ids=["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-hf-fd", "fedrod"])
+def test_a_run_with_dropout_does_not_depend_on_the_global_generator(small_config, algorithm, params, train):
+    cfg = config(small_config, algorithm, params, **train)
     fed = build_federation(cfg.data, cfg.seed)
     finals = []
     for global_seed in (1, 2):
         loop = build_loop(cfg, fed=fed, models={"cnn2": dropout_model()})
         torch.manual_seed(global_seed)
-        loop.run_round(0)
-        finals.append(loop.server_state["model"])
-    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0])
+        loop.run_round(0, evaluating=True)
+        finals.append(_weights(loop))
+    assert finals[0].keys() == finals[1].keys()
+    assert all(torch.equal(finals[0][k], finals[1][k]) for k in finals[0]), \
+        [k for k in finals[0] if not torch.equal(finals[0][k], finals[1][k])][:5]
     # and the masks act: without them (dropout off) the round ends elsewhere
     off = build_loop(cfg, fed=fed, models={"cnn2": dropout_model().eval()})
     for m in off.host.models["cnn2"].modules():
         if isinstance(m, StreamDropout):
             m.p = 0.0
-    off.run_round(0)
-    assert not all(torch.equal(finals[0][k], off.server_state["model"][k]) for k in finals[0])
+    off.run_round(0, evaluating=True)
+    assert not all(torch.equal(finals[0][k], _weights(off)[k]) for k in finals[0])
 
 
 @pytest.mark.parametrize(("algorithm", "wide", "optimizer"), [("fedavg", None, "sgd"), ("fedavg", True, "sgd"),

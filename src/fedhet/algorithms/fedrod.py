@@ -34,6 +34,7 @@ from fedhet.algorithms.base import add_reasons
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.core.contract import Arrays, ClientRuntime, LocalResult, Message, State, TrainSettings
 from fedhet.core.split import HEAD, linear_classifier, select
+from fedhet.training.dropout import batch_masks, masks_applied
 from fedhet.training.local import epoch_batches, forward
 from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
@@ -102,8 +103,13 @@ class FedROD(FedAvg):
         # Train mode as the reference (BatchNorm uses batch statistics, in chunks of the batch size),
         # on a copy of the running statistics so that the uploaded model is not changed.
         generic = {k: v.clone() if k in client.buffer_names else v for k, v in result.weights.items()}
+        generator = client.generator("fedrod_generic")          # the chunks' dropout masks, if any
+        outs = []
         with torch.no_grad(), in_mode(model, training=True):
-            outs = [forward(model, generic, data.batch(torch.arange(i, min(i + chunk, n))).x) for i in range(0, n, chunk)]
+            for i in range(0, n, chunk):
+                x = data.batch(torch.arange(i, min(i + chunk, n))).x
+                with masks_applied(batch_masks(model, x, generator)):
+                    outs.append(forward(model, generic, x))
         features = torch.cat([o.features for o in outs]).float()
         logits = torch.cat([o.logits for o in outs]).float()
         y = data.y[data.train_idx]

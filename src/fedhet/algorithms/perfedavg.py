@@ -88,6 +88,7 @@ from fedhet.core.contract import (
     TrainSettings,
 )
 from fedhet.core.errors import NumericalError
+from fedhet.training.dropout import batch_masks, masks_applied
 from fedhet.training.local import check_finite, epoch_batches, forward, trained_names
 from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm, total_loss
@@ -96,11 +97,13 @@ ADAPTED = "perfedavg_adapted"    # client-state key of the adapted (personalized
 
 
 def _loss_and_grads(model: torch.nn.Module, params: Arrays, buffers: Arrays, terms: list[LossTerm],
-                    batch: Batch, create_graph: bool = False):
-    """f(params; batch) and its gradient with respect to every tensor of ``params``."""
+                    batch: Batch, create_graph: bool = False, masks: dict[str, torch.Tensor] | None = None):
+    """f(params; batch) and its gradient with respect to every tensor of ``params``; ``masks``: the
+    batch's dropout masks (:func:`fedhet.training.dropout.batch_masks`), for the forward and the loss."""
     weights = {**params, **buffers}
-    out = forward(model, weights, batch.x)
-    loss, parts = total_loss(terms, out, batch, weights)
+    with masks_applied(masks):
+        out = forward(model, weights, batch.x)
+        loss, parts = total_loss(terms, out, batch, weights)
     grads = torch.autograd.grad(loss, list(params.values()), create_graph=create_graph, allow_unused=True)
     grads = {k: (g if g is not None else torch.zeros_like(params[k])) for k, g in zip(params, grads)}
     return loss, parts, grads
@@ -111,12 +114,14 @@ def _leaves(params: Arrays) -> Arrays:
 
 
 def hessian_vector_product(model: torch.nn.Module, params: Arrays, buffers: Arrays, terms: list[LossTerm],
-                           batch: Batch, vector: Arrays, method: str = "exact", delta: float = 1e-3) -> Arrays:
+                           batch: Batch, vector: Arrays, method: str = "exact", delta: float = 1e-3,
+                           masks: dict[str, torch.Tensor] | None = None) -> Arrays:
     """H(params; batch) @ vector, exactly (double backward) or by the Hessian-free central difference
-    (grad f(w + delta v) - grad f(w - delta v)) / (2 delta) (Per-FedAvg (HF))."""
+    (grad f(w + delta v) - grad f(w - delta v)) / (2 delta) (Per-FedAvg (HF)); both sides of the
+    difference with the batch's dropout ``masks``."""
     if method == "exact":
         w = _leaves(params)
-        _, _, g = _loss_and_grads(model, w, buffers, terms, batch, create_graph=True)
+        _, _, g = _loss_and_grads(model, w, buffers, terms, batch, create_graph=True, masks=masks)
         dot = sum((g[k] * vector[k]).sum() for k in w if g[k].requires_grad)
         if not isinstance(dot, torch.Tensor) or not dot.requires_grad:
             return {k: torch.zeros_like(v) for k, v in params.items()}
@@ -125,24 +130,27 @@ def hessian_vector_product(model: torch.nn.Module, params: Arrays, buffers: Arra
     if method == "finite_difference":
         plus = _leaves({k: params[k].detach() + delta * vector[k] for k in params})
         minus = _leaves({k: params[k].detach() - delta * vector[k] for k in params})
-        _, _, gp = _loss_and_grads(model, plus, buffers, terms, batch)
-        _, _, gm = _loss_and_grads(model, minus, buffers, terms, batch)
+        _, _, gp = _loss_and_grads(model, plus, buffers, terms, batch, masks=masks)
+        _, _, gm = _loss_and_grads(model, minus, buffers, terms, batch, masks=masks)
         return {k: (gp[k] - gm[k]) / (2.0 * delta) for k in params}
     raise ValueError(f"unknown Hessian-vector product method {method!r}")
 
 
 def meta_step(model: torch.nn.Module, params: Arrays, buffers: Arrays, terms: list[LossTerm],
               batches: list[Batch], alpha: float, beta: float, variant: str = "fo",
-              hvp: str = "exact", delta: float = 1e-3) -> tuple[Arrays, torch.Tensor, dict]:
-    """One local Per-FedAvg step (the paper's Algorithm 1, local update) from ``params`` on (D, D'[, D''])."""
+              hvp: str = "exact", delta: float = 1e-3,
+              masks: list[dict[str, torch.Tensor]] | None = None) -> tuple[Arrays, torch.Tensor, dict]:
+    """One local Per-FedAvg step (the paper's Algorithm 1, local update) from ``params`` on (D, D'[, D'']),
+    each batch with its dropout masks (``masks``, one dict a batch; none: no masks)."""
+    masks = masks or [{} for _ in batches]
     w = _leaves(params)
-    _, _, g1 = _loss_and_grads(model, w, buffers, terms, batches[0])
+    _, _, g1 = _loss_and_grads(model, w, buffers, terms, batches[0], masks=masks[0])
     w_tmp = _leaves({k: w[k].detach() - alpha * g1[k] for k in w})               # w - alpha grad f(w; D)
-    loss, parts, g2 = _loss_and_grads(model, w_tmp, buffers, terms, batches[1])   # grad f(w_tmp; D')
+    loss, parts, g2 = _loss_and_grads(model, w_tmp, buffers, terms, batches[1], masks=masks[1])   # grad f(w_tmp; D')
     if variant == "fo":
         direction = g2
     elif variant == "hf":
-        hv = hessian_vector_product(model, params, buffers, terms, batches[2], g2, hvp, delta)
+        hv = hessian_vector_product(model, params, buffers, terms, batches[2], g2, hvp, delta, masks[2])
         direction = {k: g2[k] - alpha * hv[k] for k in g2}                        # (I - alpha H(w; D'')) g2
     else:
         raise ValueError(f"unknown Per-FedAvg variant {variant!r}")
@@ -160,12 +168,14 @@ def split_trained(model: torch.nn.Module, weights: Arrays,
 
 
 def adapt_one_step(model: torch.nn.Module, weights: Arrays, terms: list[LossTerm], batch: Batch,
-                   alpha: float, trainable: Callable[[str], bool] | None = None) -> Arrays:
+                   alpha: float, trainable: Callable[[str], bool] | None = None,
+                   masks: dict[str, torch.Tensor] | None = None) -> Arrays:
     """The personalized model w - alpha * grad f(w; batch): one SGD step (PFLlib ``train_one_step``)
-    on the trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head)."""
+    on the trained entries (``trainable``: a combined method's restriction, e.g. FedNH's frozen head),
+    with the batch's dropout ``masks``."""
     params, buffers = split_trained(model, weights, trainable)
     with in_mode(model, training=True):
-        _, _, g = _loss_and_grads(model, _leaves(params), buffers, terms, batch)
+        _, _, g = _loss_and_grads(model, _leaves(params), buffers, terms, batch, masks=masks)
     adapted = {k: (params[k].detach() - alpha * g[k]).detach() for k in params}
     return {k: adapted.get(k, buffers.get(k)) for k in weights}
 
@@ -254,14 +264,18 @@ class PerFedAvg(FedAvg):
         part_sums: dict[str, float] = {}
         model.train()
         for e in range(s.epochs):
-            batches = epoch_batches(n, s.batch_size, s.drop_last, client.generator("batches", e))
+            # One stream an epoch, as train_local's: the batch order, then each batch's dropout masks
+            # (none drawn for a model without dropout).
+            generator = client.generator("batches", e)
+            batches = epoch_batches(n, s.batch_size, s.drop_last, generator)
             if not batches:
                 continue
             for i in range(max(1, len(batches) // group)):
                 chosen = [data.batch(batches[(i * group + j) % len(batches)]) for j in range(group)]
+                masks = [batch_masks(model, b.x, generator) for b in chosen]
                 params, loss, parts = meta_step(model, params, buffers, terms, chosen, alpha, beta,
                                                 self.params.perfedavg_variant, self.params.perfedavg_hvp,
-                                                self.params.perfedavg_delta)
+                                                self.params.perfedavg_delta, masks)
                 value = float(loss)
                 if not math.isfinite(value):
                     raise NumericalError(
@@ -284,10 +298,11 @@ class PerFedAvg(FedAvg):
         reply = Message("adapted", scalars={"num_samples": n})
         if n == 0:
             return reply, state
-        positions = epoch_batches(n, client.settings.batch_size, False, client.generator("perfedavg_adapt"))[0]
-        adapted = adapt_one_step(client.model, weights, self.data_terms(msg, state, client),
-                                 client.data.batch(positions), self.alpha(client),
-                                 self.meta_train_restriction(msg, state, client))
+        generator = client.generator("perfedavg_adapt")
+        batch = client.data.batch(epoch_batches(n, client.settings.batch_size, False, generator)[0])
+        adapted = adapt_one_step(client.model, weights, self.data_terms(msg, state, client), batch,
+                                 self.alpha(client), self.meta_train_restriction(msg, state, client),
+                                 batch_masks(client.model, batch.x, generator))
         return reply, {**(state or {}), ADAPTED: adapted}
 
     # --- evaluation -----------------------------------------------------------------------

@@ -11,10 +11,11 @@ masks from the same streams on the host, with its schedule, and applies them per
 ``vmap``; both engines compute ``x * keep / (1 - p)``, so they agree to float tolerance and a run
 is reproducible for a seed.
 
-Outside ``train_local`` and the vectorized engine (no masks in the context: a method's own training
-loop or forward pass in training mode, such as Per-FedAvg's meta-steps or FedRoD's generic head) a
-``StreamDropout`` is torch's dropout, from the global generator. Within them, a loss term that runs
-the model again in training mode (a teacher with other weights) gets the batch's masks again.
+A method's own training loop or forward pass in training mode (Per-FedAvg's meta-steps, FedRoD's
+generic features) draws its batches' masks from a stream of the client too (:func:`batch_masks`)
+and applies them the same way. With no masks in the context a ``StreamDropout`` is torch's
+dropout, from the global generator. Within them, a loss term that runs the model again in training
+mode (a teacher with other weights) gets the batch's masks again.
 """
 
 from __future__ import annotations
@@ -105,6 +106,12 @@ def draw_masks(model: nn.Module, sample_shape: tuple[int, ...], rows: int,
     for name, p, shape in dropout_layers(model, sample_shape):
         masks[MASK_PREFIX + name] = torch.rand((rows, *shape), generator=generator) >= p
     return masks
+
+
+def batch_masks(model: nn.Module, x: torch.Tensor, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """:func:`draw_masks` for the batch of inputs ``x``, on ``x``'s device: what a training-mode pass
+    of a method's own applies with :func:`masks_applied`."""
+    return {k: v.to(x.device) for k, v in draw_masks(model, tuple(x.shape[1:]), len(x), generator).items()}
 
 
 @contextmanager
