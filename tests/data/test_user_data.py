@@ -399,3 +399,18 @@ def test_arrays_in_memory_are_saved_once_and_named(tmp_path):
     with pytest.raises(DataError, match="y_test: labels must be 0..num_classes-1"):      # the test split too
         save_arrays(tmp_path / "bad2.npz", arrs["x_train"], arrs["y_train"], arrs["x_test"], -arrs["y_test"] - 1)
     assert save_arrays(tmp_path / "plain", **arrs) == f"npz:{tmp_path / 'plain.npz'}"   # numpy's own suffix
+
+
+def test_channel_mean_and_std_are_numpys_computed_a_chunk_at_a_time():
+    """Two channels by hand: [0, 255] -> mean 0.5, std 0.5; [51, 51] -> mean 0.2, std 0. Then a
+    larger pool in chunks that do not divide it, against numpy's whole-pool float64 result."""
+    from fedhet.data.user_data import channel_mean_std
+
+    x = np.array([[[[0]], [[51]]], [[[255]], [[51]]]], dtype=np.uint8)        # (2, 2, 1, 1)
+    mean, std = channel_mean_std(x, rows=1)
+    assert mean == pytest.approx((0.5, 0.2), abs=1e-15) and std == pytest.approx((0.5, 1e-6), abs=1e-15)
+    pool = np.random.default_rng(3).integers(0, 256, (1001, 3, 5, 4), dtype=np.uint8)
+    mean, std = channel_mean_std(pool, rows=64)
+    scaled = pool.astype(np.float64) / 255.0
+    assert mean == pytest.approx(tuple(scaled.mean(axis=(0, 2, 3))), rel=1e-12)
+    assert std == pytest.approx(tuple(scaled.std(axis=(0, 2, 3))), rel=1e-12)

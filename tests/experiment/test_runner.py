@@ -453,6 +453,48 @@ def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tm
     assert got["global_acc"] == pytest.approx(float(hits.float().mean()))
 
 
+def test_personalized_evaluation_holds_a_chunk_of_client_models_at_a_time(small_config, tmp_path, monkeypatch):
+    """Each client's own model (Local-only) may come from a state spilled to disk: evaluation holds
+    EVAL_CLIENTS_PER_CHUNK of them at once (one more while the next is read), not every client's,
+    and the numbers are those of one pass over all."""
+    import weakref
+
+    from fedhet.metrics import evaluate as evaluation
+
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "local"}
+    raw["train"]["rounds"] = 1
+    exp = run(raw, tmp_path / "r")
+    loop, host = exp.loop, exp.loop.host
+
+    class Held(dict):
+        """A client's weights whose life the test can watch (a dict cannot be weakly referenced)."""
+
+        __hash__ = object.__hash__                       # by identity, for the WeakSet
+
+    alive: weakref.WeakSet = weakref.WeakSet()
+    most = [0]
+
+    def client_model(cid):
+        most[0] = max(most[0], len(alive))
+        weights = Held(loop.client_model(cid))
+        alive.add(weights)
+        return weights
+
+    def metrics():
+        return evaluation.evaluate(loop.algorithm, loop.server_state, client_model, host.client_models,
+                                   host.client_arch, host.federation)
+
+    whole = metrics()
+    assert most[0] == 5                                  # 6 clients, one chunk: all held at once
+    monkeypatch.setattr(evaluation, "EVAL_CLIENTS_PER_CHUNK", 2)
+    most[0] = 0
+    chunked = metrics()
+    assert most[0] <= 2
+    assert chunked["personal_acc_by_client"] == whole["personal_acc_by_client"]
+    assert chunked["personal_loss"] == whole["personal_loss"]
+
+
 def test_eval_clients_restricts_the_personalized_metrics(small_config, tmp_path):
     """eval.clients: the round's sampled clients, or a fixed subset; the same numbers as 'all' for them."""
 

@@ -146,12 +146,27 @@ def _class_count(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | No
     return int(max(y.max(initial=0) for _, y, _ in arrays.values())) + 1
 
 
+def channel_mean_std(x: np.ndarray, rows: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (population) std of uint8 images ``x`` (N, C, H, W) scaled to [0, 1],
+    in float64 over ``rows`` images at a time: two passes (the mean, then the squared deviations),
+    so that memory beyond ``x`` stays that of one chunk in float64, not 8x the whole pool."""
+    channels, count = x.shape[1], x.shape[0] * x.shape[2] * x.shape[3]
+    sums = np.zeros(channels)
+    for i in range(0, len(x), rows):
+        sums += x[i:i + rows].sum(axis=(0, 2, 3), dtype=np.float64)
+    mean = sums / 255.0 / max(count, 1)
+    squares = np.zeros(channels)
+    for i in range(0, len(x), rows):
+        deviation = x[i:i + rows].astype(np.float64) / 255.0 - mean.reshape(1, -1, 1, 1)
+        squares += np.square(deviation).sum(axis=(0, 2, 3))
+    std = np.sqrt(squares / max(count, 1))
+    return tuple(float(m) for m in mean), tuple(max(float(s), 1e-6) for s in std)
+
+
 def _image_data(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, clients: np.ndarray | None):
     from fedhet.data.datasets import ImageData
 
-    scaled = x.astype(np.float64) / 255.0
-    mean = tuple(float(m) for m in scaled.mean(axis=(0, 2, 3)))
-    std = tuple(max(float(s), 1e-6) for s in scaled.std(axis=(0, 2, 3)))
+    mean, std = channel_mean_std(x)
     return ImageData(torch.from_numpy(np.ascontiguousarray(x)), torch.from_numpy(y.astype(np.int64)), num_classes,
                      mean, std, writers=clients, name=name)
 

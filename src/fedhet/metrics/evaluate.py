@@ -99,6 +99,11 @@ def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.
     return (pi @ correct) / (pi @ total)
 
 
+# Clients whose evaluation models are held at once (``evaluate``): the memory of personalized
+# evaluation stays that of this many models, however many clients are evaluated.
+EVAL_CLIENTS_PER_CHUNK = 64
+
+
 def evaluation_clients(which: str | int, num_clients: int, sampled: list[int], seed: int) -> list[int]:
     """The clients whose local test splits are evaluated (``eval.clients``): all of them, the
     round's ``sampled`` ones, or a fixed subset of ``which`` clients drawn once from the run seed."""
@@ -150,44 +155,59 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         val_offsets = np.cumsum([0] + [len(t) for t in ys])
 
     if personalized:
-        # Clients evaluated with the same weights object are tested in one batched pass; clients
-        # evaluated with the global model on test-set splits reuse the global pass.
-        groups: dict[tuple[int, str], list[int]] = defaultdict(list)
-        weights_of = {}
-        for cid in evaluated:
-            w = client_model(cid)
-            key = (id(w), client_arch[cid])
-            groups[key].append(cid)
-            weights_of[key] = w
         correct_k = np.zeros(fed.num_clients)
         count_k = np.zeros(fed.num_clients)
         loss_k = np.zeros(fed.num_clients)          # summed cross-entropy (the tensors are on the CPU)
-        for key, cids in groups.items():
-            if (weights_of[key] is global_weights and global_hits is not None and global_losses is not None
+
+        def test(weights: Arrays, cids: list[int]) -> None:
+            """Clients ``cids``, all evaluated with ``weights`` (one architecture), into the sums."""
+            if (weights is global_weights and global_hits is not None and global_losses is not None
                     and fed.local_test_source == "test_set"):
-                for cid in cids:
+                for cid in cids:                      # the global pass above tested their splits
                     correct_k[cid] = float(global_hits[fed.test_idx[cid]].sum())
                     loss_k[cid] = float(global_losses[fed.test_idx[cid]].double().sum())
                     count_k[cid] = len(fed.test_idx[cid])
-                continue
-            if weights_of[key] is global_weights and val_hits is not None and val_losses is not None:
+                return
+            if weights is global_weights and val_hits is not None and val_losses is not None:
                 for cid in cids:                      # the validation pass above tested exactly these
                     correct_k[cid] = float(val_hits[val_offsets[cid]:val_offsets[cid + 1]].sum())
                     loss_k[cid] = float(val_losses[val_offsets[cid]:val_offsets[cid + 1]].double().sum())
                     count_k[cid] = val_offsets[cid + 1] - val_offsets[cid]
-                continue
+                return
             xs, ys, owner = [], [], []
             for cid in cids:
                 x, y = fed.local_test(cid)
                 xs.append(x)
                 ys.append(y)
                 owner.append(torch.full((len(y),), cid, dtype=torch.long))
-            x, y, owner = torch.cat(xs), torch.cat(ys), torch.cat(owner)
-            hits, losses = predict(models[client_arch[cids[0]]], weights_of[key], x, y, fed.normalize, batch_size,
+            x, y, who = torch.cat(xs), torch.cat(ys), torch.cat(owner)
+            hits, losses = predict(models[client_arch[cids[0]]], weights, x, y, fed.normalize, batch_size,
                                    precision, device)
-            correct_k += torch.bincount(owner[hits], minlength=fed.num_clients).numpy()
-            loss_k += torch.bincount(owner, weights=losses.double(), minlength=fed.num_clients).numpy()
-            count_k += torch.bincount(owner, minlength=fed.num_clients).numpy()
+            correct_k[:] += torch.bincount(who[hits], minlength=fed.num_clients).numpy()
+            loss_k[:] += torch.bincount(who, weights=losses.double(), minlength=fed.num_clients).numpy()
+            count_k[:] += torch.bincount(who, minlength=fed.num_clients).numpy()
+
+        # Clients evaluated with the same weights object are tested in one batched pass; those
+        # evaluated with the global model reuse the global pass. A chunk of clients' weights at a
+        # time: a client's model may come from a state the store spilled to disk, and holding every
+        # client's at once would grow with the clients evaluated.
+        on_global: dict[str, list[int]] = defaultdict(list)
+        for start in range(0, len(evaluated), EVAL_CLIENTS_PER_CHUNK):
+            groups: dict[tuple[int, str], list[int]] = defaultdict(list)
+            weights_of: dict[tuple[int, str], Arrays] = {}
+            for cid in evaluated[start:start + EVAL_CLIENTS_PER_CHUNK]:
+                w = client_model(cid)
+                if w is global_weights:
+                    on_global[client_arch[cid]].append(cid)
+                    continue
+                key = (id(w), client_arch[cid])       # ids are unique while weights_of holds them
+                groups[key].append(cid)
+                weights_of[key] = w
+            for key, cids in groups.items():
+                test(weights_of[key], cids)
+            del groups, weights_of
+        for cids in on_global.values():
+            test(global_weights, cids)
         out.update(personal_metrics(correct_k, count_k, loss_k, evaluated))
     return out
 
