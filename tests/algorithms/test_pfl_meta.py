@@ -398,13 +398,34 @@ def test_feddistill_client_uploads_mean_logits_and_keeps_its_model():
 
 
 # --- end to end ---------------------------------------------------------------------------
-def e2e(small_config, tmp_path, name, params):
+def e2e(small_config, tmp_path, name, params, evaluation=None):
     cfg = copy.deepcopy(small_config)
     cfg["algorithm"] = {"name": name, "params": params}
     cfg["train"]["rounds"] = 2
+    cfg["eval"] = {**cfg["eval"], **(evaluation or {})}
     exp = Experiment.create(load_config(raw=cfg), tmp_path / name)
     exp.run(progress=False)
     return exp, read_metrics(exp.run_dir)
+
+
+@pytest.mark.parametrize("name,params", [("perfedavg", {}), ("fedbabu", {"finetune_epochs": 1})])
+def test_the_adaptation_before_an_evaluation_serves_the_evaluated_clients_only(small_config, tmp_path, name,
+                                                                               params):
+    """eval.clients: sampled: only the round's sampled clients adapt (the ledger's eval_model
+    traffic, the states that hold an adapted model); without personalized metrics nobody does."""
+    exp, rows = e2e(small_config, tmp_path / "sampled", name, params, {"clients": "sampled"})
+    n = sum(v.numel() for k, v in exp.loop.server_state["model"].items()
+            if name == "perfedavg" or not k.startswith("head."))
+    key = ADAPTED if name == "perfedavg" else FINETUNED
+    for row in rows:
+        assert row["phases"] == 2 and row["personal_clients"] == len(row["clients"]) == 3
+        assert row["comm"]["down/eval_model"]["floats"] == 3 * n
+    # an adapted model stays in a state until that client trains again: those of both rounds' evaluations
+    assert {c for c, s in exp.loop.client_states.items() if key in s} == {c for r in rows for c in r["clients"]} != \
+        set(range(small_config["data"]["num_clients"]))
+    exp, rows = e2e(small_config, tmp_path / "global_only", name, params, {"personalized": False})
+    assert all(row["phases"] == 1 and "down/eval_model" not in row["comm"] for row in rows)
+    assert not any(key in s for s in exp.loop.client_states.values())
 
 
 @pytest.mark.parametrize("name,params", [

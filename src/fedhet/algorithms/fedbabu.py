@@ -18,8 +18,10 @@ Delta from FedAvg:
 * ``aggregate``: FedAvg of the shared part; the head parameters of the server state are kept as
   they are (bitwise the initialisation; averaging identical copies would not be bitwise exact).
 * Personalized evaluation: only when the engine evaluates after this round
-  (``RoundContext.evaluating``) the server adds a phase that sends the new shared part to ALL
-  clients (group ``"eval_model"``, so the ledger shows this evaluation-only traffic apart).
+  (``RoundContext.evaluating``) the server adds a phase that sends the new shared part to the
+  clients the evaluation tests (``RoundContext.eval_clients``: all of them under ``eval.clients:
+  all``, none without personalized metrics; group ``"eval_model"``, so the ledger shows this
+  evaluation-only traffic apart).
   Each client fine-tunes ``finetune_epochs`` epochs of SGD with the run's lr, momentum, batch
   size and a fresh optimizer, on its training data, updating ``finetune_part``: ``full``
   (default: the paper's and PFLlib's ``fine_tune(['base', 'head'])``), ``head`` or ``body``.
@@ -30,7 +32,7 @@ Delta from FedAvg:
   it. Fine-tuning never reaches the server, and the next training starts from the received
   global model (the stored fine-tuned model is dropped then). Being client compute, it is
   counted in the round's statistics: ``samples`` and ``train_loss`` of an evaluated round include
-  the fine-tuning steps of all K clients.
+  the fine-tuning steps of the evaluated clients.
 
 Defaults and where the references disagree:
 
@@ -98,7 +100,8 @@ class FedBABU(FedAvg):
         state = yield from super().round(state, ctx)
         if ctx.evaluating and self.params.finetune_epochs > 0:
             shared = shared_part(state["model"])
-            yield {cid: Message("finetune", {"eval_model": shared}) for cid in range(ctx.num_clients)}
+            if chosen := ctx.evaluated_clients():      # the clients the evaluation tests
+                yield {cid: Message("finetune", {"eval_model": shared}) for cid in chosen}
         return state
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:

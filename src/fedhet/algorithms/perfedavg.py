@@ -55,9 +55,9 @@ Defaults and where the references disagree:
   by training-set size - identical when clients are equally sized (FedReMa's partition).
 
 Personalized evaluation: only when the engine evaluates after this round
-(``RoundContext.evaluating``) the server adds a phase that sends the new global model to ALL
-clients (array group ``"eval_model"``, so the ledger shows this evaluation-only traffic apart
-from ``"model"``). Each client takes one plain SGD step of size alpha on one batch of its
+(``RoundContext.evaluating``) the server adds a phase that sends the new global model to the
+clients the evaluation tests (``RoundContext.eval_clients``; array group ``"eval_model"``, so
+the ledger shows this evaluation-only traffic apart from ``"model"``). Each client takes one plain SGD step of size alpha on one batch of its
 training data (``client.generator("perfedavg_adapt")``), keeps the result in its client state
 (``perfedavg_adapted``) and replies with its sample count only; :meth:`client_model` returns
 it. The adaptation is evaluation only: it is not counted as training (``account``), the server
@@ -219,8 +219,10 @@ class PerFedAvg(FedAvg):
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
         state = yield from super().round(state, ctx)
         if ctx.evaluating:
-            # Evaluation-only phase: every client adapts the new global model (the replies carry no tensors).
-            yield {cid: Message("adapt", {"eval_model": state["model"]}) for cid in range(ctx.num_clients)}
+            # Evaluation-only phase: each client the evaluation tests adapts the new global model
+            # (the replies carry no tensors).
+            if chosen := ctx.evaluated_clients():
+                yield {cid: Message("adapt", {"eval_model": state["model"]}) for cid in chosen}
         return state
 
     # --- client ---------------------------------------------------------------------------

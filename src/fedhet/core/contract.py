@@ -106,6 +106,14 @@ class RoundContext:
     evaluating: bool = False
     # Rounds the run is planned to last (None when unknown): FedFM-Lite uploads models in the last.
     num_rounds: int | None = None
+    # The clients whose own models the evaluation after this round tests (``eval.clients``; empty
+    # without personalized metrics); None when the engine does not say: then every client. Only
+    # they need an adaptation phase (:meth:`evaluated_clients`).
+    eval_clients: list[int] | None = None
+
+    def evaluated_clients(self) -> list[int]:
+        """The clients an evaluation-only phase of this round serves: ``eval_clients``, or all."""
+        return list(range(self.num_clients)) if self.eval_clients is None else list(self.eval_clients)
 
 
 @dataclass

@@ -102,6 +102,9 @@ class RoundLoop:
             {a: {k: v.clone() for k, v in w.items()} for a, w in host.init_models.items()})
         self.client_states: ClientStates = client_states if client_states is not None else ClientStates()
         self.ledger = CommLedger()
+        # round -> the clients whose own models the evaluation after it tests (the runner's
+        # eval.clients); None: every client (RoundContext.eval_clients)
+        self.evaluated_clients: Callable[[int], list[int]] | None = None
 
     def sample_clients(self, rnd: int) -> list[int]:
         rng = numpy_rng(self.seed, "sample", rnd)
@@ -114,7 +117,8 @@ class RoundLoop:
             num_classes=self.federation.num_classes,
             client_sizes=self.federation.client_sizes(),
             rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating,
-            num_rounds=num_rounds)
+            num_rounds=num_rounds,
+            eval_clients=self.evaluated_clients(rnd) if evaluating and self.evaluated_clients else None)
 
     def run_round(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None,
                   on_reply: Callable[[int, Message], None] | None = None) -> RoundStats:

@@ -131,6 +131,8 @@ class Experiment:
             except ValueError as e:     # e.g. a method's init_server_state refusing the model; chained, so a
                 raise ConfigError(f"algorithm {cfg.algorithm.name}: {e}") from e   # method of one's own keeps its line
         self.loop = loop
+        # an adaptation before evaluation (FedBABU's fine-tuning, Per-FedAvg's step) serves these only
+        loop.evaluated_clients = self.eval_clients if cfg.eval.personalized else (lambda rnd: [])
         self.rundir = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
         self.evaluator = evaluator or Experiment.evaluate_round
