@@ -28,8 +28,12 @@ from fedhet.experiment.rundir import METRICS, read_metrics
 
 
 def by_round(rows: list[dict], key: str) -> dict[int, Any]:
-    """``key``'s value (a number, or a mapping client id -> number for ``*_by_client``) in each round that recorded it."""
-    return {row["round"]: row[key] for row in rows if key in row}
+    """``key``'s value (a number, or a mapping client id -> number for ``*_by_client``) in each round
+    that recorded it. Runs recorded before ``personal_*_by_client`` became a mapping hold a list over
+    all clients (None where not tested): read as the mapping."""
+    def value(v: Any) -> Any:
+        return {str(c): x for c, x in enumerate(v) if x is not None} if isinstance(v, list) else v
+    return {row["round"]: value(row[key]) for row in rows if key in row}
 
 
 def lower_is_better(metric: str) -> bool:

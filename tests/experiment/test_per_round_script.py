@@ -138,3 +138,13 @@ def test_a_folder_without_metrics_is_named(per_round, tmp_path, capsys):
     with pytest.raises(SystemExit):
         per_round.main([str(tmp_path / "nothere"), "--at", "1"])
     assert f"{tmp_path / 'nothere'}: not a run folder (no metrics.jsonl there)" in capsys.readouterr().err
+
+
+def test_client_by_client_reads_a_list_recorded_by_older_runs_as_the_mapping(per_round, tmp_path, capsys):
+    """personal_acc_by_client: a list over all clients (None: not tested) in runs recorded before it
+    became a mapping of the tested clients; one run of each kind compare client by client."""
+    old = write_run(tmp_path / "old", [{"round": 5, "personal_acc": 0.5, "personal_acc_by_client": [0.4, None, 0.6]}])
+    new = write_run(tmp_path / "new", [{"round": 5, "personal_acc": 0.6, "personal_acc_by_client": {"0": 0.5, "2": 0.5}}])
+    per_round.main([str(old), str(new), "--range", "5", "5", "--by-client"])
+    # client 0: 0.4 < 0.5 (below); client 2: 0.6 > 0.5 (above); client 1 tested by neither
+    assert "first run below at 1, above at 1 client evaluations" in capsys.readouterr().out

@@ -211,7 +211,7 @@ def test_supernode_killed_mid_round(small_config, tmp_path):
     r1, r2 = read_metrics(tmp_path / "flower")
     assert set(r1["flower"]["dropped"]) == {"2"} and set(r2["flower"]["dropped"]) == {"2"}
     assert r1["flower"]["phases"][0]["answered"] == 2 and r2["flower"]["phases"][0]["answered"] == 2
-    assert r2["personal_acc_by_client"][2] is None and r2["personal_acc_by_client"][0] is not None
+    assert "2" not in r2["personal_acc_by_client"] and "0" in r2["personal_acc_by_client"]
     print(f"\nkilled node: {res.seconds}; round 1 dropped: {r1['flower']['dropped']}; "
           f"round 2 dropped: {r2['flower']['dropped']}")
 

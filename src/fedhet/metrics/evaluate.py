@@ -10,7 +10,9 @@
   ``personal_acc_pooled`` is sum(correct)/sum(samples) over all clients (FedReMa's metric).
   ``eval.clients`` may restrict them to the round's sampled clients or a fixed random subset
   (:func:`evaluation_clients`); ``personal_clients`` records how many were tested, and
-  ``personal_acc_by_client`` has None for the others.
+  ``personal_acc_by_client`` maps each of them (its id) to its accuracy (a JSON object in
+  ``metrics.jsonl``, keys as strings; runs recorded before it hold a list over all clients, None
+  for those not tested).
 * ``personal_loss`` - each client's mean cross-entropy on its own local test split (the same
   passes), mean over clients: FedClassAvg's selection rule (the round of minimum mean local test
   loss, the authors' ``best_val_loss``); ``personal_loss_by_client`` as for the accuracy.
@@ -216,10 +218,9 @@ def personal_metrics(correct: np.ndarray, count: np.ndarray, loss: np.ndarray | 
     """The ``personal_*`` metrics (module docstring) from per-client correct counts, sample counts
     and summed cross-entropies (arrays over all clients; only ``clients`` are read; ``loss`` None
     leaves the loss metrics out): the simulator's and the Flower server's one formula."""
-    chosen = set(clients)
-
-    def by_client(num: np.ndarray) -> list[float | None]:
-        return [round(float(num[c] / count[c]), 5) if c in chosen else None for c in range(len(count))]
+    def by_client(num: np.ndarray) -> dict[int, float]:
+        # the evaluated clients only: a row's size follows them, not the federation's
+        return {c: round(float(num[c] / count[c]), 5) for c in sorted(clients)}
 
     acc = correct[clients] / count[clients]
     out = {"personal_acc": float(acc.mean()), "personal_acc_std": float(acc.std()),
