@@ -85,7 +85,7 @@ def test_a_term_that_reads_only_the_first_label_is_refused_under_mixup_and_named
     message = ("mixup (somewhere): the loss terms first_label_only (FirstLabelOnly) do not say they take mixed "
                "batches (LossTerm.takes_mixup); one that reads the labels as they are would learn only the first "
                "image's label of each mixed pair. Turn algorithm.params.mixup off for this method, or read the "
-               "labels through fedhet.extend.mixed (or none) and set takes_mixup = True")
+               "labels through fedhet.extend.mixed or label_weights (or none) and set takes_mixup = True")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         check_terms_take_mixup(terms, Mixup(1.0), "(somewhere)")
     with pytest.raises(ValueError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\) do not say"):
