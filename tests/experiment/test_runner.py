@@ -620,13 +620,13 @@ def test_cli_threads_is_the_runs_cpu_budget(small_config, tmp_path, monkeypatch)
                  "--no-progress"]) == 0
     assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["run"]["threads"] == 1
     engine = json.loads((tmp_path / "r" / "summary.json").read_text())["engine"]
-    assert engine["engine"] == "reference" and "1 usable CPU" in engine["reason"], engine
+    assert engine["engine"] == "reference" and "1 CPU(s) of run.threads" in engine["reason"], engine
     main(["run", str(path), "--set", "train.rounds=2", "--out", str(tmp_path / "free"), "--no-progress"])
-    assert "1 usable CPU" not in json.loads((tmp_path / "free" / "summary.json").read_text())["engine"]["reason"]
+    assert "run.threads" not in json.loads((tmp_path / "free" / "summary.json").read_text())["engine"]["reason"]
     # a resume with another budget: allowed (speed only), and the engine plans for it
     (tmp_path / "r" / "summary.json").unlink()
     exp = Experiment.resume(tmp_path / "r", threads=3)
-    assert exp.cfg.run.threads == 3 and exp.engine_choice is not None and "1 usable CPU" not in exp.engine_choice.reason
+    assert exp.cfg.run.threads == 3 and exp.engine_choice is not None and "1 CPU(s)" not in exp.engine_choice.reason
     with pytest.raises(SystemExit):
         main(["run", str(path), "--threads", "0"])
 

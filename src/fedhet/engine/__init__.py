@@ -59,7 +59,8 @@ def _is_cuda(device: str | None) -> bool:
     return str(device or "cpu").startswith("cuda")
 
 
-def _explicit_workers(workers: int, cpus: int, clients_per_round: int, how: str) -> EngineChoice:
+def _explicit_workers(workers: int, cpus: int, clients_per_round: int, how: str,
+                      usable: str = "usable CPU(s)") -> EngineChoice:
     """``run.workers: N``: no more workers than clients a round (the others would only start and
     wait; results do not depend on the count), and a reason that says so and when they share cores."""
     n = min(workers, clients_per_round)
@@ -67,7 +68,7 @@ def _explicit_workers(workers: int, cpus: int, clients_per_round: int, how: str)
     if n < workers:
         reason += f"; {workers} workers asked for, {clients_per_round} clients a round: {n} started"
     if n > cpus:
-        reason += f"; {n} workers share {cpus} usable CPU(s), which slows every worker"
+        reason += f"; {n} workers share {cpus} {usable}, which slows every worker"
     if n == 1 and how.startswith("auto"):
         return EngineChoice("reference", 1, reason + "; one worker is the reference engine")
     return EngineChoice("parallel", n, reason)
@@ -91,8 +92,9 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
     if workers != "auto" and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise ConfigError(f"run.workers: expected 'auto' or a positive integer, got {workers!r}")
     cpus = cpus or usable_cpus()
-    if threads:
-        cpus = min(cpus, threads)
+    usable = "usable CPU(s)"                 # what the reasons below call the budget
+    if threads and threads < cpus:
+        cpus, usable = threads, "CPU(s) of run.threads"
     cuda = _is_cuda(device)
     if engine in ("reference", "vectorized"):
         if workers != "auto" and workers > 1:
@@ -107,9 +109,9 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
             raise ConfigError("run.engine: parallel needs the 'fork' start method (Linux); use reference")
         if workers == "auto":
             n = max(1, min(cpus, clients_per_round))
-            return EngineChoice("parallel", n, f"requested; workers = min(usable CPUs {cpus}, clients per "
+            return EngineChoice("parallel", n, f"requested; workers = min({usable} {cpus}, clients per "
                                                f"round {clients_per_round})")
-        return _explicit_workers(workers, cpus, clients_per_round, "requested")
+        return _explicit_workers(workers, cpus, clients_per_round, "requested", usable)
     # auto
     if cuda:
         why = vectorized_unavailable()
@@ -123,16 +125,16 @@ def choose_engine(engine: str = "auto", workers: int | str = "auto", device: str
     if workers != "auto":
         if workers == 1:
             return EngineChoice("reference", 1, "auto: workers 1")
-        return _explicit_workers(workers, cpus, clients_per_round, "auto: workers requested")
+        return _explicit_workers(workers, cpus, clients_per_round, "auto: workers requested", usable)
     n = min(cpus, clients_per_round)
     if not fork_available():
         return EngineChoice("reference", 1, "auto: this platform cannot fork worker processes")
     if n < 2:
-        return EngineChoice("reference", 1, f"auto: {cpus} usable CPU(s), {clients_per_round} client(s) per round")
+        return EngineChoice("reference", 1, f"auto: {cpus} {usable}, {clients_per_round} client(s) per round")
     if round_samples is not None and round_samples < AUTO_PARALLEL_MIN_ROUND_SAMPLES:
         return EngineChoice("reference", 1, f"auto: a round trains about {round_samples:.0f} sample-steps "
                                             f"(< {AUTO_PARALLEL_MIN_ROUND_SAMPLES}), too little to gain from workers")
-    return EngineChoice("parallel", n, f"auto: {cpus} usable CPUs, {clients_per_round} clients per round")
+    return EngineChoice("parallel", n, f"auto: {cpus} {usable}, {clients_per_round} clients per round")
 
 
 def round_sample_estimate(federation, settings, clients_per_round: int) -> float:
