@@ -74,6 +74,12 @@ class Transport:
         """What summary.json records as the run's engine."""
         return {"engine": self.name, "workers": 1}
 
+    def training_layout(self, channels_last: bool) -> tuple[str, int]:
+        """The layout local training's convolutions ran in, given whether the run's settings ask
+        for channels_last (``run.memory_format`` resolved), and how many training calls ran in the
+        other one: the clients train as the settings say (the vectorized engine differs)."""
+        return ("channels_last" if channels_last else "contiguous"), 0
+
 
 class InProcess(Transport):
     """The reference transport: every job in this process, one after another."""

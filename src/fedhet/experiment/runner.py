@@ -380,27 +380,12 @@ class Experiment:
             info["reason"] = self.engine_choice.reason
         return info
 
-    def training_layout(self) -> tuple[str, int]:
-        """The layout local training's convolutions ran in (``run.memory_format`` resolved), and how
-        many of the vectorized engine's requests trained in the other one: its vmapped groups train
-        in the default layout whatever "auto" means, its requests on the reference path (counted by
-        this process) in the layout the reference engine would take."""
-        info = self.loop.transport.info()
-        channels_last = trains_in_channels_last(self.built.host.settings)
-        if info.get("engine") != "vectorized":
-            return ("channels_last" if channels_last else "contiguous"), 0
-        trained_apart = sum(n for reason, n in (info.get("fallback_reasons") or {}).items() if reason != "zero steps")
-        if not channels_last or not trained_apart:
-            return "contiguous", 0
-        if not info.get("vectorized_requests"):
-            return "channels_last", 0
-        return "contiguous", trained_apart
-
     def write_summary(self, status: str, error: str | None, wall: float,
                       callbacks: list[Callback] | None = None) -> None:
         rows = self.read_metrics()
         window = self.cfg.eval.final_window
-        layout, apart = self.training_layout()
+        # the layout local training's convolutions ran in, and how many calls ran in the other one
+        layout, apart = self.loop.transport.training_layout(trains_in_channels_last(self.built.host.settings))
         summary = {
             "name": self.cfg.name, "algorithm": self.algorithm.name,
             "algorithm_params": self.algorithm.params.model_dump(mode="json"),     # every default filled in

@@ -70,12 +70,16 @@ def num_steps(req: TrainRequest) -> int:
     return s.epochs * steps_per_epoch(len(req.data.train_idx), s.batch_size, s.drop_last)
 
 
+# The reason of a training call with no step: counted, but not trained on the reference path either.
+ZERO_STEPS = "zero steps"
+
+
 def group_key(req: TrainRequest) -> tuple | str:
     """The group ``req`` trains in, or why it cannot be vmapped (the reason it is counted under)."""
     if req.augment is not None and not isinstance(req.augment, Augmentation):
         return "augmentation"
     if num_steps(req) == 0:
-        return "zero steps"
+        return ZERO_STEPS
     if req.settings.optimizer not in ("sgd", "adam"):
         return f"optimizer {req.settings.optimizer}"
     if req.settings.optimizer == "adam" and req.optimizer_state:

@@ -25,7 +25,7 @@ from fedhet.engine.vectorized.graphs import (
     narrow_kinds,
     step_kind,
 )
-from fedhet.engine.vectorized.grouping import Group, KeptGroups, build_group, group_key
+from fedhet.engine.vectorized.grouping import ZERO_STEPS, Group, KeptGroups, build_group, group_key
 from fedhet.engine.vectorized.kernels import adam_table
 from fedhet.engine.vectorized.results import unstack
 from fedhet.engine.vectorized.schedule import ClientBatch, Schedule, plan
@@ -82,6 +82,18 @@ class Vectorized(Transport):
         return {**super().info(), "device": str(self.device), "keep_graphs": self._keep_on(), **self.counters,
                 "fallback_reasons": dict(self.fallback_reasons), "fallback_errors": dict(self.fallback_errors),
                 "eager_reasons": dict(self.eager_reasons)}
+
+    def training_layout(self, channels_last: bool) -> tuple[str, int]:
+        """Its vmapped groups train in the default layout whatever ``run.memory_format: auto``
+        means; its requests on the reference path (counted in this process) in the layout the
+        reference engine takes. So: the layout most requests trained in, and how many trained in
+        the other one."""
+        trained_apart = sum(n for reason, n in self.fallback_reasons.items() if reason != ZERO_STEPS)
+        if not channels_last or not trained_apart:
+            return "contiguous", 0
+        if not self.counters.get("vectorized_requests"):
+            return "channels_last", 0
+        return "contiguous", trained_apart
 
     def close(self) -> None:
         """Free the device copies of the data and the kept groups (the runner calls this at the end of a run)."""
@@ -169,7 +181,7 @@ class Vectorized(Transport):
     def _name_reason_once(self, reason: str) -> None:
         """Name a reason a request cannot be vmapped in a warning when it first occurs, not only in
         summary.json (a call with no step costs nothing)."""
-        if reason == "zero steps" or reason in self._warned:
+        if reason == ZERO_STEPS or reason in self._warned:
             return
         self._warned.add(reason)
         why = {"augmentation": "an augment callable that is not an Augmentation"}.get(reason, reason)
