@@ -44,7 +44,7 @@ def paper_section(source: str, cell: str, number: str, rule: str, metric: str | 
         fields.append(f"std: {frac(std)}")
     fields.append(f"rule: {_quote(rule)}")
     if measured_as != "final":
-        fields.append(f"measured_as: {measured_as}")
+        fields.append(f"measured_as: {_quote(measured_as)}")
     if rounds is not None:
         fields.append(f"rounds: {rounds}")
     return "paper:\n" + "".join(f"  {f}\n" for f in fields)

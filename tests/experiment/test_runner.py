@@ -391,34 +391,41 @@ def test_compare_prints_the_papers_number_and_the_difference(small_config, tmp_p
         load_config(raw={**raw, "paper": {"source": "x"}})
 
 
-@pytest.mark.parametrize("measured_as, cell", [("final", "| 50.00 | -10.00 |"), ("best", "| 50.00 | +5.00 (best) |"),
-                                                 ("at_best_val", "| 50.00 | +2.00 (at best val) |")])
-def test_compare_sets_the_paper_against_the_statistic_its_rule_names(small_config, tmp_path, capsys, measured_as,
-                                                                      cell):
-    """final 40%, best 55% and 52% at the best-validation round (written into the summary):
-    against a paper's 50%, each rule picks its own column; a run shorter than the paper's T is said."""
+@pytest.mark.parametrize("measured_as, cell", [
+    ("final", "| 50.00 | -10.00 |"), ("best", "| 50.00 | +5.00 (best) |"),
+    ("highest:global_val_acc", "| 50.00 | +2.00 (at highest global_val_acc) |"),
+    ("lowest:personal_loss", "| 50.00 | -20.00 (at lowest personal_loss) |")])
+def test_compare_sets_the_paper_against_the_value_its_rule_names(small_config, tmp_path, capsys, measured_as, cell):
+    """Written into the run by hand: final 40%, best 55%; three evaluated rounds of global_acc 30,
+    52, 40 with validation 0.5, 0.7, 0.6 and personal loss 0.9, 1.2, 1.0. Against a paper's 50%,
+    each rule picks its own number; a run shorter than the paper's T is said."""
     raw = {**small_config, "train": {**small_config["train"], "rounds": 1},
-           "paper": {"source": "Some paper", "value": 0.5, "measured_as": measured_as, "rounds": 3}}
+           "paper": {"source": "Some paper", "value": 0.5, "measured_as": measured_as, "rounds": 5}}
     run(raw, tmp_path / "r1")
-    summary_path = tmp_path / "r1" / "summary.json"
+    summary_path, metrics_path = tmp_path / "r1" / "summary.json", tmp_path / "r1" / "metrics.jsonl"
     summary = json.loads(summary_path.read_text())
     summary["metrics"]["global_acc"].update(final=0.40, best=0.55)
-    summary["model_selection"] = {"value": 0.52, "round": 1, "validation": 0.6, "metric": "global_acc",
-                                  "rule": "global_acc at the first evaluated round with the highest global_val_acc"}
     summary_path.write_text(json.dumps(summary))
+    rows = [{"round": r, "global_acc": acc, "global_val_acc": val, "personal_loss": loss}
+            for r, acc, val, loss in ((1, 0.30, 0.5, 0.9), (2, 0.52, 0.7, 1.2), (3, 0.40, 0.6, 1.0))]
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "r1")]) == 0
     out = capsys.readouterr().out
     assert "| paper (%) | measured - paper |" in out and cell in out
-    assert "ran 1 of the paper's 3 rounds, so the difference is not like for like" in out
-    del summary["model_selection"]                       # no validation round recorded: no number, and why
-    summary_path.write_text(json.dumps(summary))
+    assert "ran 1 of the paper's 5 rounds, so the difference is not like for like" in out
+    # a run that did not record what its rule selects by: no number, and why
+    metrics_path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "global_val_acc"}) + "\n"
+                                    for r in rows))
     assert main(["compare", str(tmp_path / "r1")]) == 0
     out = capsys.readouterr().out
-    if measured_as == "at_best_val":
-        assert "| 50.00 | - |" in out and "1 of 1 runs recorded no validation accuracy" in out
+    if measured_as == "highest:global_val_acc":
+        assert "| 50.00 | - |" in out and "1 of 1 runs recorded no global_acc or no global_val_acc" in out
+        assert "needs data.local_test.source: holdout" in out
     else:
         assert cell in out and "recorded no" not in out
+    with pytest.raises(ConfigError, match="paper.measured_as"):
+        load_config(raw={**raw, "paper": {**raw["paper"], "measured_as": "at_best_val"}})
 
 
 def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_over_it(small_config, tmp_path,

@@ -134,7 +134,8 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
                             if (table, dataset, partition, method, clients) in STD else ""),
                         "the authors' code: the round of minimum mean local test loss (its best_val_loss, "
                         "up to 1000 rounds, patience 100); mean over clients, ± = std over clients",
-                        metric="personal_acc", percent=False) if number is not None else "")
+                        metric="personal_acc", percent=False, measured_as="lowest:personal_loss")
+          if number is not None else "")
 
 
 def main() -> int:

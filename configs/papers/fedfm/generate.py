@@ -111,7 +111,7 @@ def render(dataset: str, partition: str, method: str) -> str:
         "",
     ]) + (paper_section(f"FedFM (Ye et al.) {table}", f"{dataset} {part_desc}: {desc}", f"{number}",
                         "test accuracy of the global model at the round of best validation accuracy, T=100",
-                        metric="global_acc", measured_as="at_best_val", rounds=100) if table else "")
+                        metric="global_acc", measured_as="highest:global_val_acc", rounds=100) if table else "")
 
 
 def main() -> int:

@@ -254,6 +254,11 @@ class RunConfig(Strict):
         return value
 
 
+# A run's number for a claim or a paper's rule (fedhet.experiment.verdict.run_value): its final or
+# best value of a metric, or the metric at the first evaluated round where another is lowest/highest.
+RUN_VALUE_PATTERN = r"final|best|(lowest|highest):\w+"
+
+
 class PaperResult(Strict):
     """What a paper reports for the experiment a config describes; ``fedhet compare`` prints it
     beside the measured numbers. Never read by a run (editing it does not make a run stale)."""
@@ -264,9 +269,10 @@ class PaperResult(Strict):
     value: float                       # as fedhet reports the metric: a fraction, 0.9303 for 93.03%
     std: float | None = Field(None, ge=0)
     rule: str = ""                     # how the paper chose the number, e.g. "mean of the last 5 rounds"
-    # Which measured statistic follows the paper's rule, so that compare's difference sets like
-    # against like: the final window (default), the best round, or the round of best validation.
-    measured_as: Literal["final", "best", "at_best_val"] = "final"
+    # How the measured number follows the paper's rule, so that compare's difference sets like
+    # against like: final (default), best, or the metric at the round where another metric is
+    # lowest or highest (lowest:personal_loss, highest:global_val_acc), as a sweep's verdicts take it.
+    measured_as: str = Field("final", pattern=f"^({RUN_VALUE_PATTERN})$")
     rounds: int | None = Field(None, ge=1)   # the paper's T where it states it: fewer rounds run are said
 
 

@@ -40,12 +40,14 @@ round with the highest validation accuracy (the FedFM paper's selection rule).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedhet.core.errors import ConfigError
+from fedhet.experiment.config import RUN_VALUE_PATTERN
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import model_selection
 
@@ -104,8 +106,7 @@ def parse_verdicts(raw: Any, where: str, runs: set[tuple[str, int]]) -> list[Ver
             raise ConfigError(f"{at}: the sweep runs no {', '.join(absent)}; list those seeds in its runs, or claim "
                               "fewer seeds")
         value = str(entry.get("value", "final"))
-        by, _, by_metric = value.partition(":")
-        if value not in ("final", "best") and not (by in ("lowest", "highest") and by_metric):
+        if not re.fullmatch(RUN_VALUE_PATTERN, value):
             raise ConfigError(f"{at}: value {value!r} is not final, best, lowest:METRIC or highest:METRIC")
         margin = entry.get("margin", 0.0)
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or margin < 0:

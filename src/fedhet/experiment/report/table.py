@@ -15,6 +15,7 @@ from fedhet.experiment.report.runs import group_runs, load_paper
 from fedhet.experiment.report.stats import format_mean_std
 from fedhet.experiment.rundir import read_metrics
 from fedhet.experiment.summary import selected_value
+from fedhet.experiment.verdict import run_value
 
 
 def compare_table(run_dirs: list[Path], metric: str | None = None,
@@ -22,9 +23,9 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     """Markdown table grouping runs by config name (seeds pooled), and the curves for plotting.
 
     When a run's config carries a ``paper`` section, two columns give the paper's number and the
-    measured mean over seeds minus it, measured as the section's ``measured_as`` says (final, best
-    or at best val, to follow the paper's rule); the notes say which rule each side used and where
-    the runs are shorter than the paper's."""
+    measured mean over seeds minus it, measured as the section's ``measured_as`` says (final, best,
+    or at the round where another metric is lowest or highest, to follow the paper's rule); the
+    notes say which rule each side used and where the runs are shorter than the paper's."""
     groups, left_out = grouped or group_runs(run_dirs)
     if metric is not None:
         recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
@@ -102,17 +103,25 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     if paper_notes:
         notes += ("\n\nPaper columns: the number the config's `paper` section gives (± its std); measured - "
                   "paper uses the measured mean over seeds of the same metric, taken as the section's "
-                  "`measured_as` says (final unless the cell names best or at best val).\n" + "\n".join(paper_notes))
+                  "`measured_as` says (final unless the cell names best, or the round where another metric "
+                  "is lowest or highest).\n" + "\n".join(paper_notes))
     return "\n".join(lines) + "\n\n" + notes, curves
 
 
 def _measured_for_paper(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> list[float]:
-    """Each run's value of the paper's metric, taken the way the paper's rule takes it."""
+    """Each run's value of the paper's metric, taken the way the paper's rule takes it (as a
+    sweep's verdicts take a run's value); runs without it are left out."""
     pm = paper.get("metric") or metric
     how = paper.get("measured_as") or "final"        # configs recorded before measured_as: final
-    if how == "at_best_val":
-        return [v for _, s in runs if (v := selected_value(s, pm)) is not None]
-    return [s["metrics"][pm][how] for _, s in runs if s["metrics"].get(pm)]
+    return [v for d, s in runs if (v := run_value(d, s, pm, how)) is not None]
+
+
+def _measured_label(how: str) -> str:
+    """How a difference was measured, for its cell: nothing for final, "best", "at lowest personal_loss"."""
+    if how == "final":
+        return ""
+    extreme, _, by = how.partition(":")
+    return f" (at {extreme} {by})" if by else f" ({how})"
 
 
 def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]]) -> str:
@@ -124,9 +133,8 @@ def _paper_cells(paper: dict | None, metric: str, runs: list[tuple[Path, dict]])
     text = f"{value:.2f}" + (f" ± {100 * paper['std']:.2f}" if paper.get("std") is not None else "")
     if pm != metric:
         text += f" ({pm})"
-    how = paper.get("measured_as") or "final"
-    diff = (f"{100 * statistics.mean(measured) - value:+.2f}" + ("" if how == "final" else f" ({how.replace('_', ' ')})")
-            if measured else "-")
+    label = _measured_label(paper.get("measured_as") or "final")
+    diff = f"{100 * statistics.mean(measured) - value:+.2f}{label}" if measured else "-"
     return f"{text} | {diff}"
 
 
@@ -139,8 +147,10 @@ def _paper_gaps(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> str:
         gaps += f"; ran {ran} of the paper's {paper['rounds']} rounds, so the difference is not like for like"
     missing = len(runs) - len(_measured_for_paper(paper, metric, runs))
     if missing:
-        what = ("no validation accuracy to select by (that needs data.local_test.source: holdout)"
-                if paper.get("measured_as") == "at_best_val" else f"no {paper.get('metric') or metric}")
+        by = (paper.get("measured_as") or "final").partition(":")[2]
+        what = f"no {paper.get('metric') or metric}" + (f" or no {by}" if by else "")
+        if by == "global_val_acc":
+            what += " (global_val_acc needs data.local_test.source: holdout)"
         gaps += f"; {missing} of {len(runs)} runs recorded {what} and are left out of the difference"
     return gaps
 
