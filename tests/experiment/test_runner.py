@@ -433,9 +433,11 @@ def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_
     from fedhet.algorithms.fedavg import FedAvg
 
     monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {"global_acc": 1.0, "fedavg_extra": 2})
-    raw = {**small_config, "train": {**small_config["train"], "rounds": 1}}
-    with pytest.raises(ConfigError, match="round_metrics returns global_acc, which fedhet records itself"):
+    raw = {**small_config, "train": {**small_config["train"], "rounds": 2},      # round 1 is not evaluated
+           "eval": {**small_config["eval"], "every": 2}}
+    with pytest.raises(ConfigError, match="round_metrics returns global_acc, a name of fedhet's own metrics"):
         run(raw, tmp_path / "r1")
+    assert read_metrics(tmp_path / "r1") == []                  # stopped in round 1, before any row
     monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {"fedavg_extra": 2})
     run(raw, tmp_path / "r2")
     row = read_metrics(tmp_path / "r2")[-1]

@@ -353,7 +353,7 @@ class KTpFL(Algorithm):
     def round_metrics(self, state: State) -> dict:
         c = state.get("coef")
         if c is None:
-            return {}
+            return super().round_metrics(state)
         k = c.shape[0]
-        return {"ktpfl_c_self": float(c.diagonal().mean()),
+        return {**super().round_metrics(state), "ktpfl_c_self": float(c.diagonal().mean()),
                 "ktpfl_c_max_dev": float((c - 1.0 / k).abs().max())}

@@ -91,6 +91,17 @@ def already_holds_a_run(run_dir: str | Path) -> str:
             f"fedhet.resume({str(run_dir)!r})), or choose another --out (out=...)")
 
 
+# What fedhet records under its own names in a metrics row, in every round or only in evaluated ones
+# (the evaluation's metrics, a Flower run's "flower"): a method's round_metrics may not use them.
+FEDHET_ROW_KEYS = frozenset({"round", "clients", "phases", "train_loss", "samples", "comm", "client_state_floats",
+                             "seconds", "flower"})
+FEDHET_METRIC_PREFIXES = ("global_", "personal_", "local_", "feature_")
+
+
+def is_fedhet_metric(key: str) -> bool:
+    return key in FEDHET_ROW_KEYS or key.startswith(FEDHET_METRIC_PREFIXES)
+
+
 class Experiment:
     """One run of one config, in one run directory."""
 
@@ -325,10 +336,11 @@ class Experiment:
                 row.update(self.evaluator(self, rnd))
                 t_eval = time.perf_counter() - t1
             own = self.algorithm.round_metrics(self.loop.server_state)
-            if clash := sorted(set(own) & {*row, "seconds"}):      # a method's value must not pass for fedhet's
+            if clash := sorted(k for k in own if k in row or is_fedhet_metric(k)):   # not passed off as fedhet's
                 raise ConfigError(f"algorithm {self.algorithm.name}: round_metrics returns {', '.join(clash)}, "
-                                  f"which fedhet records itself each round; name the method's own values "
-                                  f"apart, e.g. {self.algorithm.name}_{clash[0]}")
+                                  f"a name of fedhet's own metrics (the row's fixed keys and global_*, personal_*, "
+                                  f"local_*, feature_*); name the method's values apart, e.g. "
+                                  f"{self.algorithm.name}_{clash[0]}")
             row.update(own)
             row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
                               "evaluate": t_eval, "total": time.perf_counter() - t0}
