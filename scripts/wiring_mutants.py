@@ -85,8 +85,10 @@ SWAPS = [
     # FedACD (Zhou et al.)
     Swap("fedacd", "epoch 0's P: the received model on the client's data", "Sec. 4.1",
          "the identity matrix (no estimate)", ACD,
-         "P, _ = local_probability_matrix(client.model, weights, client.data, num_classes)\n        options",
-         "P = torch.eye(num_classes, dtype=torch.float64, device=labels.device)\n        options", ACD_TESTS),
+         "P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,\n"
+         "                                            fast_passes=trains_in_channels_last(client.settings))\n"
+         "        options",
+         "P = torch.eye(num_classes, dtype=torch.float64, device=present.device)\n        options", ACD_TESTS),
     Swap("fedacd", "each later epoch's P: the previous epoch's estimate", "Sec. 4.1",
          "epoch 0's P all round", ACD,
          'P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])',
@@ -137,8 +139,10 @@ SWAPS = [
     Swap("fedrema", "s_k, client k's own relevance vector", "Alg. 2 line 12", "the first uploaded client's row",
          REMA, "members, gap = mds(sim[pos], pos)", "members, gap = mds(sim[0], pos)", REMA_TESTS),
     Swap("fedrema", "the feature extractors' weights |D_i|", "Eq. 6", "uniform weights", REMA,
-         "body = weighted_average([select(models[c], BODY) for c in cids], [sizes[c] for c in cids])",
-         "body = weighted_average([select(models[c], BODY) for c in cids], [1.0 for c in cids])", REMA_TESTS),
+         "body = weighted_average([select(models[c], BODY) for c in cids],\n"
+         "                                self.aggregation_weights(replies, cids))",
+         "body = weighted_average([select(models[c], BODY) for c in cids],\n"
+         "                                [1.0 for c in cids])", REMA_TESTS),
     Swap("fedrema", "theta^(t): the round's averaged feature extractor", "Eq. 6, Alg. 2 line 23",
          "the previous round's extractor kept", REMA, 'state["model"] = {**state["model"], **body}',
          'state["model"] = {**body, **state["model"]}', REMA_TESTS),
@@ -169,8 +173,8 @@ SWAPS = [
          REMA, "keeps_optimizer_state = True", "keeps_optimizer_state = False", REMA_TESTS),
     Swap("fedrema", "+F: the uploaded class means: of the locally trained model", "Eq. 11 (FedPAC)",
          "of the received model", REMA,
-         "means, counts = class_means(client.model, result.weights, client.data, client.num_classes)",
-         'means, counts = class_means(client.model, msg.arrays["model"], client.data, client.num_classes)',
+         "means, counts = class_means(client.model, result.weights, client.data, client.num_classes,",
+         'means, counts = class_means(client.model, msg.arrays["model"], client.data, client.num_classes,',
          REMA_TESTS),
     Swap("fedrema", "+F: the prototypes' average: uniform over clients with the class", "Sec. 5 (the code)",
          "weighted by class counts", REMA, 'agg = aggregate_prototypes(uploads, "uniform")',
@@ -206,7 +210,7 @@ SWAPS = [
          'result, stats = self.train_phase(weights, train_msg, state, client, E - E // 2, 0, mid.get("acc"))',
          CME_TESTS),
     Swap("fedcme", "the part handed over: the classifier", "Alg. 2 lines 22-24", "the feature extractor", CME,
-         'return select(weights, "head.")', 'return select(weights, "body.")', CME_TESTS),
+         "return select(weights, HEAD)", "return select(weights, BODY)", CME_TESTS),
     Swap("fedcme", "the part received: the counterpart j's", "Alg. 2 line 24", "the client's own", CME,
          'part = replies[j].arrays.get("exchange") if j is not None and j in replies else None',
          'part = replies[k].arrays.get("exchange") if j is not None and j in replies else None', CME_TESTS),
