@@ -90,13 +90,15 @@ def _weights(loop) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(("algorithm", "params", "train"), [
     ("fedavg", None, {}),
-    # their own training-mode passes: Per-FedAvg's meta-steps (FO, HF with both Hessian-vector
-    # products) and its evaluation-time adaptation; FedRoD's generic features for the personal head
+    # their own passes with the model in training mode or left in it: Per-FedAvg's meta-steps (FO,
+    # HF with both Hessian-vector products) and its evaluation-time adaptation; FedRoD's generic
+    # features for the personal head; SCAFFOLD's full gradient
     ("perfedavg", None, {"momentum": 0.0}),
     ("perfedavg", {"perfedavg_variant": "hf"}, {"momentum": 0.0}),
     ("perfedavg", {"perfedavg_variant": "hf", "perfedavg_hvp": "finite_difference"}, {"momentum": 0.0}),
     ("fedrod", None, {}),
-], ids=["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-hf-fd", "fedrod"])
+    ("scaffold", {"option": "I"}, {"momentum": 0.0}),    # its full gradient over the client's data
+], ids=["fedavg", "perfedavg-fo", "perfedavg-hf", "perfedavg-hf-fd", "fedrod", "scaffold-I"])
 def test_a_run_with_dropout_does_not_depend_on_the_global_generator(small_config, algorithm, params, train):
     cfg = config(small_config, algorithm, params, **train)
     fed = build_federation(cfg.data, cfg.seed)
@@ -116,6 +118,25 @@ def test_a_run_with_dropout_does_not_depend_on_the_global_generator(small_config
             m.p = 0.0
     off.run_round(0, evaluating=True)
     assert not all(torch.equal(finals[0][k], _weights(off)[k]) for k in finals[0])
+
+
+def test_fedremas_probe_of_a_classifier_with_dropout_is_a_measurement_without_noise():
+    """The soft logits of the probe feature (FedReMa Sec. 4.1) come from the head in eval mode,
+    whatever mode local training left the model in, and leave that mode as it was."""
+    from fedhet.algorithms.fedrema import probe_feature, soft_logits
+    from fedhet.core.split import HEAD, select
+
+    model = dropout_model().train()
+    head = select(dict(model.state_dict()), HEAD)
+    probe = probe_feature(3, model.feature_dim)
+    seen = []
+    for global_seed in (1, 2):
+        torch.manual_seed(global_seed)
+        seen.append(soft_logits(model, head, probe, temperature=0.5))
+    assert torch.equal(seen[0], seen[1]) and model.head.training
+    with torch.no_grad():
+        expected = torch.softmax(model.eval().head(probe.unsqueeze(0)).double() / 0.5, dim=1).squeeze(0)
+    torch.testing.assert_close(seen[0], expected)
 
 
 @pytest.mark.parametrize(("algorithm", "wide", "optimizer"), [("fedavg", None, "sgd"), ("fedavg", True, "sgd"),

@@ -91,6 +91,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.split import BODY, HEAD, select, strip_prefix
 from fedhet.training.local import trains_in_channels_last
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm
 from fedhet.training.phases import train_head_then_body
 
@@ -104,9 +105,10 @@ def probe_feature(seed: int, dim: int) -> torch.Tensor:
 
 
 def soft_logits(model: torch.nn.Module, head: Arrays, probe: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``softmax(phi(h~) / M)`` of a classifier (paper Sec. 4.1)."""
+    """``softmax(phi(h~) / M)`` of a classifier (paper Sec. 4.1), in eval mode: a measurement of the
+    classifier, so a head with dropout or BatchNorm gives it for its one probe without noise."""
     weights = strip_prefix(head, HEAD)
-    with torch.no_grad():
+    with torch.no_grad(), in_mode(model.head, training=False):
         probe = probe.to(next(iter(weights.values())).device) if weights else probe
         logits = functional_call(model.head, weights, (probe.unsqueeze(0),), strict=False)
     return torch.softmax(logits.double() / temperature, dim=1).squeeze(0)

@@ -86,6 +86,7 @@ from fedhet.core.contract import (
     RoundGenerator,
     State,
     TrainSettings,
+    optimizer_state_kept,
 )
 from fedhet.core.errors import NumericalError
 from fedhet.training.dropout import batch_masks, masks_applied
@@ -201,7 +202,7 @@ class PerFedAvg(FedAvg):
         dropped = {"train.optimizer": settings.optimizer != "sgd", "train.momentum": settings.momentum != 0,
                    "train.weight_decay": settings.weight_decay != 0, "train.nesterov": settings.nesterov,
                    "train.dampening": settings.dampening != 0, "train.clip_grad_norm": settings.clip_grad_norm is not None,
-                   "train.optimizer_state": settings.optimizer_state == "keep"}
+                   "train.optimizer_state": optimizer_state_kept(settings.optimizer_state, self.keeps_optimizer_state)}
         out = add_reasons(super().settings_not_applied(settings), [key for key, on in dropped.items() if on], why)
         if settings.precision != "fp32":
             out = add_reasons(out, ["run.precision"], "Per-FedAvg's meta steps run in fp32")

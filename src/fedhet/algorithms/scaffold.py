@@ -54,7 +54,9 @@ from fedhet.core.contract import (
     RoundContext,
     State,
 )
+from fedhet.training.dropout import batch_masks, masks_applied
 from fedhet.training.local import forward, trained_names
+from fedhet.training.mode import in_mode
 from fedhet.training.objective import CrossEntropy, LossTerm
 from fedhet.training.steps import normalizing_factor
 from fedhet.training.terms import Linear
@@ -64,8 +66,9 @@ def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batc
     """Mean cross-entropy gradient over the client's whole training split at ``weights``.
 
     Batches are weighted by their size, so the result does not depend on ``batch_size`` for
-    models without BatchNorm. The model runs in training mode like local training does; the
-    BatchNorm statistics it updates belong to private copies and are discarded.
+    models without BatchNorm. The model runs in training mode like local training does, its dropout
+    masks drawn from the client's stream; the BatchNorm statistics it updates belong to private
+    copies and are discarded.
     """
     work = {k: v.detach().clone() for k, v in weights.items()}
     leaves = [k for k in names if k in work]
@@ -73,15 +76,17 @@ def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batc
         work[k].requires_grad_(True)
     grads = {k: torch.zeros_like(work[k]) for k in leaves}
     n = len(client.data.train_idx)
-    client.model.train()
     ce = CrossEntropy()
-    for start in range(0, n, batch_size):
-        positions = torch.arange(start, min(n, start + batch_size))
-        batch = client.data.batch(positions)
-        loss = ce(forward(client.model, work, batch.x), batch, work) * (len(positions) / n)
-        for k, g in zip(leaves, torch.autograd.grad(loss, [work[k] for k in leaves], allow_unused=True)):
-            if g is not None:
-                grads[k] += g
+    generator = client.generator("scaffold_full_gradient")          # the batches' dropout masks, if any
+    with in_mode(client.model, training=True):
+        for start in range(0, n, batch_size):
+            positions = torch.arange(start, min(n, start + batch_size))
+            batch = client.data.batch(positions)
+            with masks_applied(batch_masks(client.model, batch.x, generator)):
+                loss = ce(forward(client.model, work, batch.x), batch, work) * (len(positions) / n)
+            for k, g in zip(leaves, torch.autograd.grad(loss, [work[k] for k in leaves], allow_unused=True)):
+                if g is not None:
+                    grads[k] += g
     return grads
 
 

@@ -24,7 +24,7 @@ from fedhet.core.contract import (
     TrainSettings,
 )
 from fedhet.core.errors import NumericalError
-from fedhet.training.dropout import draw_masks, masks_applied
+from fedhet.training.dropout import batch_masks, masks_applied
 from fedhet.training.inference import channels_last
 from fedhet.training.objective import LossTerm, accumulate_statistics, total_loss
 from fedhet.training.optim import clip_grad_norm, make_optimizer
@@ -160,8 +160,7 @@ def train_local(
                 if augment is not None:
                     batch = augment(batch, generator)
                 # dropout masks from the same stream, after the augmentation's draws (training/dropout.py)
-                masks = {k: m.to(batch.x.device) for k, m in
-                         draw_masks(model, tuple(batch.x.shape[1:]), len(batch.x), generator).items()}
+                masks = batch_masks(model, batch.x, generator)
                 x = channels_last(batch.x) if in_channels_last else batch.x
                 with masks_applied(masks):
                     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_bf16):
