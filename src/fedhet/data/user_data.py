@@ -149,7 +149,9 @@ def _class_count(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | No
 def channel_mean_std(x: np.ndarray, rows: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and (population) std of uint8 images ``x`` (N, C, H, W) scaled to [0, 1],
     in float64 over ``rows`` images at a time: two passes (the mean, then the squared deviations),
-    so that memory beyond ``x`` stays that of one chunk in float64, not 8x the whole pool."""
+    so that memory beyond ``x`` stays that of one chunk in float64, not 8x the whole pool. (The
+    mean is the exact integer sum over 255 and the count, which may differ from numpy's mean of
+    ``x / 255`` in the last float64 bit; inputs are normalised in float32.)"""
     channels, count = x.shape[1], x.shape[0] * x.shape[2] * x.shape[3]
     sums = np.zeros(channels)
     for i in range(0, len(x), rows):

@@ -192,7 +192,9 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         # Clients evaluated with the same weights object are tested in one batched pass; those
         # evaluated with the global model reuse the global pass. A chunk of clients' weights at a
         # time: a client's model may come from a state the store spilled to disk, and holding every
-        # client's at once would grow with the clients evaluated.
+        # client's at once would grow with the clients evaluated. (A weights object other than the
+        # global model's shared by clients of several chunks is tested in one pass a chunk, whose
+        # losses may differ from one pass's in the last bits; no built-in method shares one.)
         on_global: dict[str, list[int]] = defaultdict(list)
         for start in range(0, len(evaluated), EVAL_CLIENTS_PER_CHUNK):
             groups: dict[tuple[int, str], list[int]] = defaultdict(list)
