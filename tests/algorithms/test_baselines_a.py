@@ -670,7 +670,7 @@ def test_a_method_that_trains_without_its_train_options_is_refused_when_mixup_is
 
     model, data = TinyNet(), tiny_data()
     client = Runtime(model, data, TrainSettings(epochs=1, batch_size=5, lr=0.1))
-    client.trained_with_mixup = False
+    client.train_augmentations = []
     message = ("algorithm.params.mixup: own_call's local training does not pass its train_options to client.train, "
                "so it would run without mixup; turn mixup off for this method")
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):

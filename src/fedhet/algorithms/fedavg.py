@@ -135,7 +135,8 @@ class FedAvg(Algorithm):
         """Raise when ``mixup`` is on but the local training just run never passed ``train_options``
         to ``client.train`` (a method of one's own that builds its own call): it would have trained
         without mixup. A ``client_update`` of one's own calls this after its local training."""
-        if self.params.mixup and not client.trained_with_mixup and result.steps:
+        if (self.params.mixup and result.steps
+                and not any(isinstance(a, Mixup) for a in client.train_augmentations)):
             raise ValueError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
                              "to client.train, so it would run without mixup; turn mixup off for this method")
 

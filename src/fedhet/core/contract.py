@@ -228,7 +228,9 @@ class ClientRuntime(Protocol):
     num_samples: int                 # size of the client's training split
     data: ClientData
     settings: TrainSettings          # epochs, batch size, lr, momentum, ...
-    trained_with_mixup: bool         # whether a ``train`` call of this update had a mixup augmentation
+    # The augmentations this update's ``train`` calls were given, in call order (a method checks
+    # that its own is among them: FedAvg's mixup).
+    train_augmentations: list[Callable[..., Batch]]
 
     def train(self, weights: Arrays, terms: list[Any] | None = None, *, epochs: int | None = None,
               start_epoch: int = 0, trainable: Callable[[str], bool] | None = None,

@@ -50,7 +50,6 @@ from fedhet.core.contract import (
 )
 from fedhet.core.seeding import torch_generator
 from fedhet.data.federated import Federation
-from fedhet.training.augment import Mixup
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy, LossTerm, check_terms_take_mixup
 
@@ -106,7 +105,7 @@ class SimClient:
         self.tally = tally
         # The optimizer state carried across rounds when the run keeps it (None: not kept).
         self.kept_optimizer_state: Arrays | None = None
-        self.trained_with_mixup = False
+        self.train_augmentations: list[Callable[..., Batch]] = []
 
     def where(self, stream: str = "batches") -> str:
         """Where an error happened; a training apart from the client's own names its stream."""
@@ -121,7 +120,8 @@ class SimClient:
               stream: str = "batches") -> LocalResult:
         terms = terms if terms is not None else [CrossEntropy()]
         check_terms_take_mixup(terms, augment, f"({self.where(stream)})")
-        self.trained_with_mixup |= isinstance(augment, Mixup)
+        if augment is not None:
+            self.train_augmentations.append(augment)
         s = settings if settings is not None else self.settings
         if epochs is not None:
             s = replace(s, epochs=epochs)
