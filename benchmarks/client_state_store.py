@@ -12,7 +12,10 @@ with ``run.client_state_store`` memory (every state in RAM), auto with ``--budge
 memory). It reports the process's peak RSS (VmHWM), the states held and spilled, the bytes of the
 states, the median round time, and the store's own time (``ClientStates.seconds``: its reads, writes
 and snapshots) with its share of the rounds' time. ``--stores`` takes ``auto:MB`` for an auto store
-with its own budget. Writes benchmarks/results/client_state_store.{md,json} (``--out``).
+with its own budget. ``--eval-clients`` adds the personalized evaluation after the last round
+(``all``, ``sampled`` or a number: ``eval.clients``), which reads the evaluated clients' states
+back; by default (``none``) only the global model is evaluated. Writes
+benchmarks/results/client_state_store.{md,json} (``--out``).
 """
 
 from __future__ import annotations
@@ -67,7 +70,9 @@ def one(a: argparse.Namespace) -> dict:
                "algorithm": {"name": a.method},
                "train": {"rounds": a.rounds, "clients_per_round": a.cohort, "local_epochs": 1,
                          "batch_size": a.samples, "lr": 0.01},
-               "eval": {"every": a.rounds, "personalized": False},
+               "eval": {"every": a.rounds, "personalized": a.eval_clients != "none",
+                        **({} if a.eval_clients == "none" else
+                           {"clients": int(a.eval_clients) if a.eval_clients.isdigit() else a.eval_clients})},
                "run": {"engine": "reference", "progress": False, "checkpoint_every": a.rounds,
                        "client_state_store": a.store,
                        **({"client_state_memory_mb": a.budget_mb} if a.store == "auto" else {})}}
@@ -88,6 +93,7 @@ def one(a: argparse.Namespace) -> dict:
                 "state_mb": state_size(one_state)[0] / 2**20 if one_state is not None else 0.0,
                 "states_mb": store.tensor_floats() * 4 / 2**20, "disk_mb": disk / 2**20,
                 "round_s": statistics.median(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
+                "eval_clients": a.eval_clients, "evaluate_s": sum(r["seconds"]["evaluate"] for r in rows),
                 "store_s": store_s, "store_counters": counters,
                 "store_share": store_s / sum(r["seconds"]["total"] - r["seconds"]["evaluate"] for r in rows),
                 "wall_s": wall, "peak_rss_mb": peak}
@@ -103,6 +109,9 @@ def main() -> int:
     p.add_argument("--methods", default="scaffold,local")
     p.add_argument("--stores", default="memory,auto,disk")
     p.add_argument("--budget-mb", type=int, default=256)
+    p.add_argument("--eval-clients", default="none",
+                   help="personalized evaluation after the last round: all, sampled or a number (default: none, "
+                        "the global model only)")
     p.add_argument("--out", default="client_state_store")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--method", help=argparse.SUPPRESS)
@@ -119,7 +128,8 @@ def main() -> int:
             store, _, budget = spec.partition(":")            # auto:MB, an auto store with its own budget
             cmd = [sys.executable, __file__, "--one", "--method", method, "--store", store,
                    "--clients", str(a.clients), "--samples", str(a.samples), "--cohort", str(a.cohort),
-                   "--rounds", str(a.rounds), "--arch", a.arch, "--budget-mb", budget or str(a.budget_mb)]
+                   "--rounds", str(a.rounds), "--arch", a.arch, "--budget-mb", budget or str(a.budget_mb),
+                   "--eval-clients", a.eval_clients]
             out = subprocess.run(cmd, capture_output=True, text=True)
             if out.returncode != 0:
                 print(out.stderr[-3000:], file=sys.stderr)
@@ -135,19 +145,22 @@ def main() -> int:
                             text=True).stdout.strip()
     command = (f"python benchmarks/client_state_store.py --clients {a.clients} --samples {a.samples} "
                f"--cohort {a.cohort} --rounds {a.rounds} --arch {a.arch} --methods {a.methods} "
-               f"--stores {a.stores} --budget-mb {a.budget_mb}")
+               f"--stores {a.stores} --budget-mb {a.budget_mb}"
+               + (f" --eval-clients {a.eval_clients}" if a.eval_clients != "none" else ""))
     lines = [f"# Client states in bounded memory ({a.clients:,} clients, {a.arch})", "",
              f"Machine: {machine['cpu_model']} ({machine['cpus']} CPUs); commit {commit}; `{command}`; "
              f"{time.strftime('%Y-%m-%d')}. Data: {results[0]['data']}; {a.rounds} rounds of {a.cohort} clients "
-             f"of {a.samples} images, one local epoch; reference engine.", "",
+             f"of {a.samples} images, one local epoch; reference engine; evaluated after the last round: "
+             + ("the global model only" if a.eval_clients == "none" else
+                f"the global model and the clients' own (eval.clients: {a.eval_clients})") + ".", "",
              "| method | store | states | spilled | one state (MB) | all states (MB) | on disk (MB) | "
-             "round (s, median) | store (s, all rounds) | store / rounds | peak RSS (MB) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "round (s, median) | store (s, all rounds) | store / rounds | evaluation (s) | peak RSS (MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         store = r["store"] + (f" ({r['budget_mb']} MB)" if r["budget_mb"] is not None else "")
         lines.append(f"| {r['method']} | {store} | {r['states']} | {r['spilled']} | {r['state_mb']:.2f} | "
                      f"{r['states_mb']:.0f} | {r['disk_mb']:.0f} | {r['round_s']:.2f} | {r['store_s']:.2f} | "
-                     f"{100 * r['store_share']:.1f}% | {r['peak_rss_mb']:.0f} |")
+                     f"{100 * r['store_share']:.1f}% | {r['evaluate_s']:.2f} | {r['peak_rss_mb']:.0f} |")
     lines += ["", "store = the seconds spent in the client state store's reads, writes and snapshots (bookkeeping, "
               "spilling, loading), measured inside the run; store / rounds = their share of the rounds' time in the "
               "same run."]
