@@ -8,7 +8,8 @@ and every engine runs them as it runs the built-in ones (docs/extending.md). The
 building blocks are here too: another set of weights' forward pass (``forward``), augmentations the
 vectorized engine batches (``Augmentation``), labels read the way a mixed batch needs them
 (``mixed``, ``label_weights``), multi-phase and hand-written training (``train_head_then_body``,
-``concatenate_results``, ``epoch_batches``, ``total_loss``, ``check_finite``, ``in_mode``), the
+``concatenate_results``, ``epoch_batches``, ``total_loss``, ``check_finite``, ``in_mode``, and a
+training pass's dropout masks from the client's stream, ``batch_masks`` and ``masks_applied``), the
 loss terms several built-in methods share (``Proximal``, ``Linear``, ``OffsetCrossEntropy``), class
 statistics and prototypes (``class_statistics``, ``aggregate_prototypes``), a server's extra phases
 (``RoundGenerator``, what ``round`` returns), and the weights a server rule acts on
@@ -41,7 +42,7 @@ from fedhet.core.split import BODY, HEAD, linear_classifier, select
 from fedhet.data.user_data import save_arrays
 from fedhet.models.base import SplitModel
 from fedhet.training.augment import Augmentation, label_weights, mixed
-from fedhet.training.dropout import StreamDropout
+from fedhet.training.dropout import StreamDropout, batch_masks, masks_applied
 from fedhet.training.local import (
     check_finite,
     concatenate_results,
@@ -85,6 +86,7 @@ __all__ = [
     "TrainSettings",
     "add_reasons",
     "aggregate_prototypes",
+    "batch_masks",
     "check_buffers_known_to_server",
     "check_finite",
     "class_statistics",
@@ -94,6 +96,7 @@ __all__ = [
     "in_mode",
     "label_weights",
     "linear_classifier",
+    "masks_applied",
     "mixed",
     "save_arrays",
     "select",

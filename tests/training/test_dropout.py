@@ -165,3 +165,20 @@ def test_dropout_models_train_vectorized_and_equal_reference(small_config, algor
         assert engine.counters["idle_rows"] > 0
     assert_close(ref.server_state, vec.server_state, 1e-6 if DEVICE == "cpu" else 1e-4, 1e-5, "server_state")
     assert_close(ref.client_states, vec.client_states, 1e-6 if DEVICE == "cpu" else 1e-4, 1e-5, "client_states")
+
+
+def test_a_training_pass_without_masks_says_once_that_it_draws_from_the_global_generator():
+    """A method's own loop that draws no masks: torch's dropout, named once a layer, not silently."""
+    import warnings
+
+    layer = StreamDropout(0.5)
+    layer.mask_key = "head.unmasked_for_this_test"
+    x = torch.ones(4, 8)
+    with pytest.warns(RuntimeWarning, match="dropout layer head.unmasked_for_this_test ran in training mode "
+                                            "without masks .* fedhet.extend.batch_masks"):
+        layer(x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer(x)                                          # said once
+        with masks_applied({MASK_PREFIX + layer.mask_key: torch.ones(4, 8, dtype=torch.bool)}):
+            assert torch.equal(layer(x), x * 2)           # with masks: none said, the masks applied

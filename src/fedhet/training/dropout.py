@@ -21,6 +21,7 @@ mode (a teacher with other weights) gets the batch's masks again.
 from __future__ import annotations
 
 import contextvars
+import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,7 +50,10 @@ class StreamDropout(nn.Dropout):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         masks = _MASKS.get()
-        if not self.training or self.p == 0 or masks is None:
+        if not self.training or self.p == 0:
+            return super().forward(x)
+        if masks is None:
+            _warn_unmasked(self.mask_key)
             return super().forward(x)
         keep = masks.get(MASK_PREFIX + self.mask_key)
         if keep is None or keep.shape != x.shape:
@@ -58,6 +62,21 @@ class StreamDropout(nn.Dropout):
                 f"for an input of shape {tuple(x.shape)}: the masks were drawn for another model or batch (an "
                 f"augmentation that changes the number of rows must say so in Augmentation.rows)")
         return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
+
+
+_warned_unmasked: set[str] = set()
+
+
+def _warn_unmasked(layer: str) -> None:
+    """A training-mode pass without masks (a method's own loop that draws none): say so once a layer,
+    as its draws come from torch's global generator and the run will not repeat for its seed."""
+    if layer in _warned_unmasked:
+        return
+    _warned_unmasked.add(layer)
+    warnings.warn(f"dropout layer {layer or '(unnamed)'} ran in training mode without masks from a client's stream, "
+                  "so its masks come from torch's global generator and the run does not repeat for its seed; "
+                  "in a training pass of your own, draw them with fedhet.extend.batch_masks and apply them with "
+                  "fedhet.extend.masks_applied", RuntimeWarning, stacklevel=3)
 
 
 # model -> {input shape: [(name, p, shape of one sample's mask)]}
