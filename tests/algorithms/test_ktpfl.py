@@ -246,7 +246,7 @@ def test_the_distillation_goes_through_the_engine_which_counts_it(small_config, 
     assert vectorized.summary["status"] == "completed", vectorized.summary.get("error")
     counters = vectorized.summary["engine"]
     updates = 2 * raw["train"]["clients_per_round"]                         # rounds x clients
-    assert counters["fallback_reasons"] == {"loss term distill": updates}
+    assert counters["fallback_reasons"] == {"loss term distill (not declared vectorizable)": updates}
     assert counters["vectorized_requests"] == updates
     assert reference.summary["status"] == "completed", reference.summary.get("error")
     # rel 1e-3: run_both's bound for a kink flip in vmapped training (tests/engine/test_engine_vectorized.py);

@@ -1034,3 +1034,27 @@ def test_the_device_pool_follows_a_data_view_with_other_labels():
     assert engine._pool(second)[1].cpu().tolist() == [0, 0, 0, 0]
     assert engine._pool(first)[1].cpu().tolist() == [0, 1, 2, 3]
     assert engine._pool(second)[0] is engine._pool(first)[0]                 # one copy of the images
+
+
+def test_a_term_the_engine_cannot_stack_is_counted_under_why():
+    """The fallback's reason says what keeps a term off the vmapped path: not declared, or the
+    attribute whose type the engine cannot stack."""
+    from fedhet.engine.vectorized.grouping import term_layout, unstackable
+    from fedhet.training.objective import LossTerm
+
+    class Listed(LossTerm):
+        name = "listed"
+        vectorizable = True
+
+        def __init__(self):
+            self.anchors = [torch.zeros(2)]
+
+        def __call__(self, out, batch, weights):
+            return out.logits.sum() * 0
+
+    class Undeclared(Listed):
+        vectorizable = False
+
+    assert term_layout(Listed()) is None and term_layout(Undeclared()) is None
+    assert unstackable(Listed()).startswith("its attribute 'anchors' holds a list; a vectorizable term's attributes")
+    assert unstackable(Undeclared()) == "not declared vectorizable"

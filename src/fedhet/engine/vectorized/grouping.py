@@ -57,6 +57,18 @@ def term_layout(term: LossTerm):
     return (type(term), tuple(static), shapes), leaves
 
 
+def unstackable(term: LossTerm) -> str:
+    """Why :func:`term_layout` refuses ``term``, for the fallback's reason and warning."""
+    if not term.vectorizable:
+        return "not declared vectorizable"
+    for attr, value in sorted(vars(term).items()):
+        if not (isinstance(value, (torch.Tensor, nn.Module, bool, int, float, str)) or value is None
+                or (isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()))):
+            return (f"its attribute {attr!r} holds a {type(value).__name__}; a vectorizable term's attributes are "
+                    "tensors, dicts of tensors, numbers, strings, None or modules")
+    return "not stackable"
+
+
 def _leaves(term: LossTerm) -> list:
     """The tensor leaves of a term that :func:`group_key` has let into a group (so it has a layout)."""
     layout = term_layout(term)
@@ -85,9 +97,9 @@ def group_key(req: TrainRequest) -> tuple | str:
     if req.settings.optimizer == "adam" and req.optimizer_state:
         return "optimizer adam with carried state"
     layouts = [term_layout(t) for t in req.terms]
-    impure = [t.name for t, lay in zip(req.terms, layouts) if lay is None]
+    impure = [t for t, lay in zip(req.terms, layouts) if lay is None]
     if impure:
-        return f"loss term {impure[0]}"
+        return f"loss term {impure[0].name} ({unstackable(impure[0])})"
     c = req.client
     leaves = tuple(trained_names(c.model, req.weights, req.trainable))
     carried: tuple = ()

@@ -185,8 +185,6 @@ class Vectorized(Transport):
             return
         self._warned.add(reason)
         why = {"augmentation": "an augment callable that is not an Augmentation"}.get(reason, reason)
-        if reason.startswith("loss term "):
-            why += " (not declared vectorizable)"
         warnings.warn(f"vectorized engine: training calls with {why} run on the reference path, one client at "
                       "a time; each is counted in summary.json (engine.fallback_reasons)", RuntimeWarning,
                       stacklevel=2)
