@@ -673,7 +673,7 @@ def test_a_method_that_trains_without_its_train_options_is_refused_when_mixup_is
     client.train_augmentations = []
     message = ("algorithm.params.mixup: own_call's local training does not pass its train_options to client.train, "
                "so it would run without mixup; turn mixup off for this method")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         OwnCall(FedAvg.Params(mixup=True)).client_update(Message("train", {"model": weights_of(model)}), None, client)
     OwnCall().client_update(Message("train", {"model": weights_of(model)}), None, client)     # mixup off: trains
 

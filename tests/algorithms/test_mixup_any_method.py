@@ -86,13 +86,13 @@ def test_a_term_that_reads_only_the_first_label_is_refused_under_mixup_and_named
                "batches (LossTerm.takes_mixup); one that reads the labels as they are would learn only the first "
                "image's label of each mixed pair. Turn algorithm.params.mixup off for this method, or read the "
                "labels through fedhet.extend.mixed or label_weights (or none) and set takes_mixup = True")
-    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         check_terms_take_mixup(terms, Mixup(1.0), "(somewhere)")
-    with pytest.raises(ValueError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\) do not say"):
+    with pytest.raises(ConfigError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\) do not say"):
         check_terms_take_mixup(terms, Mixup(1.0))                 # no place named
     check_terms_take_mixup(terms, None)                       # no mixup: any term
     check_terms_take_mixup(terms[:2], Mixup(1.0))             # both opt in
-    with pytest.raises(ValueError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\), "
+    with pytest.raises(ConfigError, match=r"^mixup: the loss terms first_label_only \(FirstLabelOnly\), "
                                          r"first_label_only \(FirstLabelOnly\) do not say"):
         check_terms_take_mixup([*terms, FirstLabelOnly()], Mixup(1.0))   # two refused: each named, comma-separated
 
@@ -123,7 +123,7 @@ class WithAFirstLabelTerm(FedAvg):
 def test_a_method_whose_term_reads_only_the_first_label_stops_at_its_first_client(small_config):
     loop = build_loop(config(small_config, "fedavg"))
     algorithm = WithAFirstLabelTerm(WithAFirstLabelTerm.Params(mixup=True))
-    with pytest.raises(ValueError, match=r"mixup \(in round 1, client 0, algorithm fedavg\): the loss terms "
+    with pytest.raises(ConfigError, match=r"mixup \(in round 1, client 0, algorithm fedavg\): the loss terms "
                                          r"first_label_only \(FirstLabelOnly\) do not say"):
         algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
 
@@ -194,7 +194,7 @@ def test_a_method_of_ones_own_that_drops_train_options_is_refused_not_run_withou
     cfg = config(small_config, "fedavg")
     loop = build_loop(cfg)
     algorithm = method(method.Params(mixup=True))
-    with pytest.raises(ValueError, match=f"{method.name}'s local training does not pass its train_options"):
+    with pytest.raises(ConfigError, match=f"{method.name}'s local training does not pass its train_options"):
         algorithm.client_update(Message("train", {"model": loop.server_state["model"]}), None, runtime(loop, 0))
 
 

@@ -137,7 +137,7 @@ class FedAvg(Algorithm):
         without mixup. A ``client_update`` of one's own calls this after its local training."""
         if (self.params.mixup and result.steps
                 and not any(isinstance(a, Mixup) for a in client.train_augmentations)):
-            raise ValueError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
+            raise ConfigError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
                              "to client.train, so it would run without mixup; turn mixup off for this method")
 
     def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:

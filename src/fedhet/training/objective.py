@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from fedhet.core.contract import Arrays, Batch, Forward
+from fedhet.core.errors import ConfigError
 from fedhet.training.augment import Mixup, mixed_cross_entropy
 
 
@@ -54,12 +55,13 @@ class CrossEntropy(LossTerm):
 
 
 def check_terms_take_mixup(terms: list[LossTerm], augment: object, where: str = "") -> None:
-    """Refuse mixup with a term that would read only the first image's label (``LossTerm.takes_mixup``)."""
+    """Refuse mixup with a term that would read only the first image's label (``LossTerm.takes_mixup``):
+    a ConfigError, so the command line says it in one line (the setting to change is the config's)."""
     if not isinstance(augment, Mixup):
         return
     refused = [f"{term.name} ({type(term).__name__})" for term in terms if not term.takes_mixup]
     if refused:
-        raise ValueError(f"mixup{' ' + where if where else ''}: the loss terms {', '.join(refused)} do not say "
+        raise ConfigError(f"mixup{' ' + where if where else ''}: the loss terms {', '.join(refused)} do not say "
                          "they take mixed batches (LossTerm.takes_mixup); one that reads the labels as they are "
                          "would learn only the first image's label of each mixed pair. Turn algorithm.params.mixup "
                          "off for this method, or read the labels through fedhet.extend.mixed or label_weights (or none) "
