@@ -15,8 +15,9 @@ from pathlib import Path
 
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.report import compare_table, load_summary
+from fedhet.experiment.report.result_files import runs_made_at
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
 
 def main() -> int:
@@ -54,8 +55,9 @@ def main() -> int:
         lines.append(f"| {Path(d).name} | " + " | ".join(f"{c * 100:.2f} (r{round(k * t / 5)})" if c is not None else "-"
                                                       for k, c in enumerate(cells, 1)) + " |")
     m = next(iter(summaries.values()))["machine"]
-    lines += ["", f"Machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']} ({m['torch_threads']} threads), "
-              f"python {m['python']}; run commit {m['commit']}; collected at commit {git_commit()}.", ""]
+    lines += ["", f"Runs made at {runs_made_at(dirs)}; the first with torch {m['torch']} ({m['torch_threads']} "
+              f"threads), python {m['python']}; collected on {cpu_name(machine_info())} at commit {git_commit()}.",
+              ""]
     if a.notes:
         lines += [a.notes, ""]
     out = Path(a.out)

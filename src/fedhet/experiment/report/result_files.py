@@ -58,18 +58,23 @@ def unfinished_lines(unfinished: list[tuple[str, int, str]]) -> list[str]:
             *(f"- `{name}`: {rounds} rounds recorded; {why}" for name, rounds, why in unfinished)]
 
 
-def provenance_lines(runs: Sequence[Path], others_differ_in: str, machine: dict | None = None) -> list[str]:
-    """Markdown lines closing a result file: the machine the table is made on (``machine``, default
-    this one's ``machine_info``), the commits and CPUs the ``runs`` were made at (their summaries)
-    and the table's commit, and the first run's config, the others differing in ``others_differ_in``."""
-    m = machine or machine_info()
+def runs_made_at(runs: Sequence[Path]) -> str:
+    """Where ``runs`` were made, from their summaries: each commit and CPU with its number of runs,
+    e.g. "cc8170f on Intel Xeon (AVX512, bf16, amx) (3 runs); 4e8e146 on AMD EPYC (AVX2) (1 run)"."""
     made: dict[tuple[str, str], int] = defaultdict(int)
     for run in runs:
         recorded = load_summary(run).get("machine") or {}
         made[str(recorded.get("commit")), cpu_name(recorded)] += 1
-    where = "; ".join(f"{commit} on {cpu} ({n} run{'s' if n > 1 else ''})" for (commit, cpu), n in made.items())
-    return ["", f"Machine: {cpu_name(m)}, {m['cpus']} CPUs, torch {m['torch']}; runs at {where}; table at commit "
-            f"{git_commit()}.", "",
+    return "; ".join(f"{commit} on {cpu} ({n} run{'s' if n > 1 else ''})" for (commit, cpu), n in made.items())
+
+
+def provenance_lines(runs: Sequence[Path], others_differ_in: str, machine: dict | None = None) -> list[str]:
+    """Markdown lines closing a result file: the commits and CPUs the ``runs`` were made at (their
+    summaries), the machine and commit the table is made on (``machine``, default this one's
+    ``machine_info``), and the first run's config, the others differing in ``others_differ_in``."""
+    m = machine or machine_info()
+    return ["", f"Runs made at {runs_made_at(runs)}; the table made on {cpu_name(m)}, {m['cpus']} CPUs, torch "
+            f"{m['torch']}, at commit {git_commit()}.", "",
             f"Config of the first run (the others differ in {others_differ_in}):", "", "```yaml",
             (Path(runs[0]) / CONFIG).read_text().strip(), "```", ""]
 
