@@ -120,7 +120,7 @@ def main() -> int:
     if a.one:
         print(json.dumps(one(a)))
         return 0
-    from fedhet.experiment.summary import machine_info
+    from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
     results = []
     for method in a.methods.split(","):
@@ -141,14 +141,13 @@ def main() -> int:
                   f"store {r['store_s']:6.2f} s ({100 * r['store_share']:.1f}% of the rounds)  "
                   f"peak RSS {r['peak_rss_mb']:7.0f} MB", flush=True)
     machine = machine_info()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()          # the package's, "-dirty" where its source differs from it
     command = (f"python benchmarks/client_state_store.py --clients {a.clients} --samples {a.samples} "
                f"--cohort {a.cohort} --rounds {a.rounds} --arch {a.arch} --methods {a.methods} "
                f"--stores {a.stores} --budget-mb {a.budget_mb}"
                + (f" --eval-clients {a.eval_clients}" if a.eval_clients != "none" else ""))
     lines = [f"# Client states in bounded memory ({a.clients:,} clients, {a.arch})", "",
-             f"Machine: {machine['cpu_model']} ({machine['cpus']} CPUs); commit {commit}; `{command}`; "
+             f"Machine: {cpu_name(machine)} ({machine['cpus']} CPUs); commit {commit}; `{command}`; "
              f"{time.strftime('%Y-%m-%d')}. Data: {results[0]['data']}; {a.rounds} rounds of {a.cohort} clients "
              f"of {a.samples} images, one local epoch; reference engine; evaluated after the last round: "
              + ("the global model only" if a.eval_clients == "none" else

@@ -29,7 +29,6 @@ import argparse
 import json
 import pickle
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -44,7 +43,7 @@ from fedhet.data.datasets import load_dataset
 from fedhet.experiment.callbacks import Callback
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
 
@@ -198,8 +197,7 @@ def main() -> int:
         return profile(a.profile, a.rounds or 3, a.device)
     rounds = a.rounds or (FULL_ROUNDS if a.device == "cuda" else 20)
     modes = a.modes.split(",") if a.modes else (GPU_MODES if a.device == "cuda" else CPU_MODES)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()          # the package's, "-dirty" where its source differs from it
     command = "python benchmarks/cross_device.py " + " ".join(
         x for x in [f"--device {a.device}", f"--rounds {rounds}", f"--modes {','.join(modes)}",
                     f"--limit {a.limit:g}" if a.limit is not None else ""] if x)
@@ -230,7 +228,7 @@ def main() -> int:
              f"Setting: `{CONFIG.relative_to(ROOT)}`; data: {data_note}; {rounds} rounds per mode"
              f"{f', each stopped after about {a.limit:g} s (rounds done: the table)' if a.limit is not None else ''}"
              f"{' (whole run projected to 1,500 rounds: start-up + rounds + evaluations)' if any(r['projected'] for r in results) else ''}.",
-             f"Machine: {machine['cpu_model']} ({machine['cpus']} CPUs), {machine['gpu']}; commit {commit}; "
+             f"Machine: {cpu_name(machine)} ({machine['cpus']} CPUs), {machine['gpu']}; commit {commit}; "
              f"`{command}`; {time.strftime('%Y-%m-%d')}.", "",
              "| mode | rounds | wall (s) | whole run (s) | train samples/s | x ceiling | train / aggregate / evaluate "
              "per round (s, median) | fallbacks |", "|---|---|---|---|---|---|---|---|"]

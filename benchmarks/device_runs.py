@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
 RUNS = {
     "fedcme_t2": [
@@ -100,7 +100,7 @@ def one_run(label: str, config: str, sets: list[str], rounds: int, device: str, 
 def report(result: dict) -> str:
     m = result["machine"]
     lines = ["# Whole runs on a device", "", "```bash", result["command"], "```", "",
-             f"Machine: {m.get('gpu', 'no GPU')}; torch {m.get('torch')}; commit {m.get('commit')}.", "",
+             f"Machine: {m.get('gpu', 'no GPU')}, CPU {cpu_name(m)}; torch {m.get('torch')}; commit {m.get('commit')}.", "",
              "| run | rounds done | wall s | rounds s (sum) | outside the rounds s | s/round (median, after round 1) | "
              "train s | evaluate s | evaluate share | round 1 s | 100 rounds, extrapolated s | samples/s | last acc | "
              "engine counters |",

@@ -57,7 +57,7 @@ from fedhet.core.cpus import usable_cpus  # noqa: E402
 from fedhet.core.seeding import torch_generator  # noqa: E402
 from fedhet.experiment.config import load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment  # noqa: E402
-from fedhet.experiment.summary import cpu_model, machine_info  # noqa: E402
+from fedhet.experiment.summary import cpu_model, cpu_name, machine_info  # noqa: E402
 from fedhet.training.precision import tf32_allowed  # noqa: E402
 
 RESULTS = engine_speed.RESULTS
@@ -144,7 +144,7 @@ def sgd_passes(model, opt, x, y, order, batch: int, target: int, bf16: bool, dev
 def report(result: dict) -> str:
     m = result["machine"]
     lines = ["# The vectorized engine on a GPU", "", "Command:", "", "```bash", result["command"], "```", "",
-             f"Machine: {m.get('gpu', 'no GPU')}; CPU {m['cpu_model']}, {m['usable_cpus']} usable CPUs; torch "
+             f"Machine: {m.get('gpu', 'no GPU')}; CPU {cpu_name(m)}, {m['usable_cpus']} usable CPUs; torch "
              f"{m['torch']}; commit {m['commit']}; total {result['wall_s'] / 60:.1f} min.", "",
              "## Ceiling on the device (plain SGD, one batch of clients_per_round x B)", "",
              "Median of 3 passes (best in brackets).", "",

@@ -50,7 +50,7 @@ from fedhet.core.seeding import torch_generator
 from fedhet.engine import choose_engine, round_sample_estimate
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
-from fedhet.experiment.summary import cpu_model, machine_info
+from fedhet.experiment.summary import cpu_model, cpu_name, machine_info
 from fedhet.training.local import train_local
 from fedhet.training.objective import CrossEntropy
 from fedhet.training.precision import bf16_native
@@ -224,7 +224,7 @@ def fmt(x, spec=".0f"):
 def report(result: dict) -> str:
     lines = [f"# Engine speed{' (quick: E=1, not the acceptance figures)' if result['quick'] else ''}", "",
              "Command:", "", "```bash", result["command"], "```", "",
-             f"Machine: {result['machine']['cpu_model']}, {result['machine']['usable_cpus']} usable CPUs, "
+             f"Machine: {cpu_name(result['machine'])}, {result['machine']['usable_cpus']} usable CPUs, "
              f"bf16 native: {result['machine']['bf16_native']}, torch {result['machine']['torch']}, "
              f"commit {result['machine']['commit']}; load average before/after: "
              f"{result['load_before']} / {result['load_after']}; total {result['wall_s'] / 60:.1f} min.", ""]

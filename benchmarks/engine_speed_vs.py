@@ -14,6 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
+from fedhet.experiment.summary import cpu_name
+
 
 def load(folder: Path, side: str, rev: str) -> dict[str, list[dict]]:
     runs: dict[str, list[dict]] = {}
@@ -74,7 +76,7 @@ def main() -> int:
     command = a.command or f"bash benchmarks/engine_speed_vs.sh {' '.join(a.base)}"
     lines = ["# Engine speed: head vs base commits, one sitting", "",
              "Command:", "", "```bash", command, "```", "",
-             f"Head {a.head}; bases {', '.join(a.base)}. Machine: {any_run['machine']['cpu_model']}, "
+             f"Head {a.head}; bases {', '.join(a.base)}. Machine: {cpu_name(any_run['machine'])}, "
              f"{any_run['machine']['usable_cpus']} usable CPUs, torch {any_run['machine']['torch']}. "
              f"Each side ran {repeats} time(s) per setting, the order of the sides rotating from one setting "
              "to the next; samples/s are medians over those runs, and each side's ceiling is the fp32 "

@@ -24,7 +24,7 @@ import torch
 from fedhet.experiment.build import build
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import CHECKPOINT, CONFIG
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, machine_info
 from fedhet.metrics.evaluate import predict
 from fedhet.training.precision import bf16_native
 
@@ -80,7 +80,7 @@ def main() -> None:
              ".venv/bin/python benchmarks/eval_precision.py " + " ".join(str(r) for r in args.runs)
              + f" --repeats {args.repeats} --threads {args.threads}"
              + ("" if args.name == "eval_precision" else f" --name {args.name}"), "```", "",
-             f"Commit {info['commit']}, {info['cpu_model']}, bf16 native: {info['bf16_native']}, "
+             f"Commit {info['commit']}, {cpu_name(info)}, bf16 native: {info['bf16_native']}, "
              f"torch {info['torch']}, {args.threads} thread(s); seconds are medians of {args.repeats} "
              "passes over the whole global test set, the order of the two precisions swapping each repeat.", ""]
     if args.note:

@@ -49,7 +49,7 @@ from fedhet.data.federated import build_federation
 from fedhet.engine.host import ClientHost, Tally
 from fedhet.experiment.build import build_models, make_algorithm, train_settings
 from fedhet.experiment.config import load_config
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 from fedhet.training.local import forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -217,7 +217,7 @@ def main() -> int:
               + " (the floor: how far the authors' own procedure moves when its starting weights change by "
               f"{NUDGE:g} of their value, largest of {NUDGES} draws)."]
     m = out["machine"]
-    lines += ["", f"Machine: {m.get('cpu_model', '?')}, torch {m.get('torch', '?')}; commit {out['commit']}.", ""]
+    lines += ["", f"Machine: {cpu_name(m)}, torch {m.get('torch', '?')}; commit {out['commit']}.", ""]
     (a.out / "fedclassavg_vs_authors.md").write_text("\n".join(lines))
     print(f"wrote {a.out / 'fedclassavg_vs_authors.md'}")
     return 0

@@ -499,12 +499,14 @@ def run_side(label: str, src: Path, argv: list[str]) -> dict:
 
 
 def markdown(result: dict) -> str:
+    from fedhet.experiment.summary import cpu_name
+
     m = result["machine"]
     sides = result["sides"]
     labels = list(sides)
     lines = ["# Federation scale: the bookkeeping of many clients", "",
              f"Command: `{result['command']}`  ",
-             f"Machine: {m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}, {sides[labels[-1]]['torch_threads']} torch "
+             f"Machine: {cpu_name(m)}, {m['cpus']} CPUs, torch {m['torch']}, {sides[labels[-1]]['torch_threads']} torch "
              "thread(s) in the measuring processes; "
              f"commit {result['commit']}; {result['date']}; load average before/after: {result['load_before']} / "
              f"{result['load_after']}.  ",

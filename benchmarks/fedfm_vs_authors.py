@@ -61,7 +61,7 @@ from fedhet.data.federated import build_federation
 from fedhet.engine.host import ClientHost, Tally
 from fedhet.experiment.build import build_models, make_algorithm, train_settings
 from fedhet.experiment.config import load_config
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from authors_check import (  # noqa: E402
@@ -330,7 +330,7 @@ def report(out: dict) -> str:
               + " (the floor: how far the authors' own training moves when its starting weights change by "
               f"{NUDGE:g} of their value, largest of {NUDGES} draws)."]
     m = out["machine"]
-    lines += ["", f"Machine: {m.get('cpu_model', '?')}, torch {m.get('torch', '?')}; commit {out['commit']}.", ""]
+    lines += ["", f"Machine: {cpu_name(m)}, torch {m.get('torch', '?')}; commit {out['commit']}.", ""]
     return "\n".join(lines)
 
 

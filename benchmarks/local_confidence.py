@@ -55,7 +55,7 @@ from fedhet.engine import RoundLoop
 from fedhet.experiment.build import build
 from fedhet.experiment.config import load_config
 from fedhet.experiment.rundir import CONFIG
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, machine_info
 
 
 def mass_split(P: torch.Tensor, present: torch.Tensor) -> dict[str, float]:
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.name}.json").write_text(json.dumps(record, indent=1) + "\n")
     lines = [f"# Where the local models' mass goes on their own data ({args.name})", "",
-             f"`{command}`; machine: {record['machine']['cpu_model']}, commit {record['machine']['commit']}, "
+             f"`{command}`; machine: {cpu_name(record['machine'])}, commit {record['machine']['commit']}, "
              f"{record['date']}. Start: {args.start_rounds} round(s) of {names[0]}; measured: round "
              f"{args.start_rounds + 1} (as metrics.jsonl counts) of each run from that start, the same clients.", "",
              "| run | clients | local KL | P_yy (true) | other present classes | absent classes |",

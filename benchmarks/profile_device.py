@@ -35,7 +35,7 @@ from torch.profiler import ProfilerActivity, profile
 from fedhet.experiment.callbacks import Callback
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment
-from fedhet.experiment.summary import git_commit, machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
 DEFAULT_CONFIG = "configs/papers/fedcme/fmnist_a0.5_k50_m10_fedavg.yaml"
 
@@ -134,7 +134,7 @@ def main() -> int:
               "device_busy_share": busy / sum(profiled) if profiled and cuda else None, **counts}
     (a.out / "profile_device.json").write_text(json.dumps(result, indent=2, default=str))
     md = ["# Profile of whole rounds on a device", "", "```bash", result["command"], "```", "",
-          f"Machine: {info.get('gpu', 'no GPU')}; torch {info.get('torch')}; commit {info.get('commit')}.", "",
+          f"Machine: {info.get('gpu', 'no GPU')}, CPU {cpu_name(info)}; torch {info.get('torch')}; commit {info.get('commit')}.", "",
           f"Rounds (s): {', '.join(f'{s:.2f}' for s in steps.round_seconds)}; profiled: the last {a.rounds}, "
           f"{sum(profiled):.2f} s.", "",
           f"- kernels: {counts['kernels']}, {counts['kernel_s']:.3f} s; copies and memsets: {counts['copies']}, "

@@ -35,7 +35,7 @@ import torch
 
 from fedhet.experiment.config import load_config
 from fedhet.experiment.runner import Experiment, read_metrics
-from fedhet.experiment.summary import machine_info
+from fedhet.experiment.summary import cpu_name, git_commit, machine_info
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "papers" / "fedacd" / "fmnist_b0.1_fedavg.yaml"
@@ -173,7 +173,7 @@ def write(stem: Path, header: dict, results: list[dict]) -> None:
     lines = [f"# Repeatability on {header['device']}", "",
              f"Config `{header['config']}` with {', '.join(f'`{o}`' for o in header['overrides'])}; "
              f"{header['repeats']} repeats per mode, one after the other in a process of the mode's own. Machine: "
-             f"{header['machine']['cpu_model']}, {header['gpu']}; torch {header['machine']['torch']}; "
+             f"{cpu_name(header['machine'])}, {header['gpu']}; torch {header['machine']['torch']}; "
              f"commit {header['commit']}; {header['date']}.", "", f"Command: `{header['command']}`", "",
              "| mode | runs done | final server state bit-identical | every recorded number identical | "
              "max abs diff of a recorded number (where) | max abs diff of a server-state value (where) | "
@@ -226,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"run.checkpoint_every={a.rounds}", *a.overrides]
     if a.worker:
         return worker(a, overrides)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    commit = git_commit()          # the package's, "-dirty" where its source differs from it
     config = a.config.resolve()
     header = {"device": a.device, "config": str(config.relative_to(ROOT)) if config.is_relative_to(ROOT) else str(config),
               "overrides": overrides, "repeats": a.repeats, "machine": machine_info(), "commit": commit,
