@@ -279,6 +279,7 @@ def main() -> int:
     p.add_argument("--threads", type=int, help="torch threads of the main process (default: torch's choice); "
                                                 "1 gives usable figures on a busy machine")
     p.add_argument("--memory-probe", nargs=2, metavar=("CLIENTS", "ENGINE"), help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files (default: benchmarks/results, the committed record)")
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -356,10 +357,10 @@ def main() -> int:
     text = report(result)
     print("\n" + text)
     stem = "engine_speed_quick" if a.quick else "engine_speed"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{stem}.md").write_text(text)
-    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
-    print(f"wrote {RESULTS / stem}.md and .json")
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / f"{stem}.md").write_text(text)
+    (a.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str))
+    print(f"wrote {a.out / stem}.md and .json")
     return 0
 
 

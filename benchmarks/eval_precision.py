@@ -63,7 +63,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
     parser.add_argument("--name", default="eval_precision",
-                        help="result files benchmarks/results/NAME.{md,json} (another name keeps the earlier ones)")
+                        help="result files OUT/NAME.{md,json} (another name keeps the earlier ones)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files (default: benchmarks/results, the committed record)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
@@ -74,8 +75,8 @@ def main() -> None:
               f"bf16 {100 * row['bf16_acc']:.2f}% ({row['seconds']['bf16']:.2f} s), {row['flipped']} flipped",
               flush=True)
     info = {**machine_info(), "bf16_native": bf16_native("cpu"), "threads": args.threads, "repeats": args.repeats}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
     lines = ["# Evaluation in fp32 and in bf16 (eval.precision)", "", "Command:", "", "```bash",
              ".venv/bin/python benchmarks/eval_precision.py " + " ".join(str(r) for r in args.runs)
              + f" --repeats {args.repeats} --threads {args.threads}"
@@ -92,8 +93,8 @@ def main() -> None:
                      f"{100 * (r['bf16_acc'] - r['fp32_acc']):+.2f} | {r['flipped']} of {r['images']} | "
                      f"{r['fp32_loss']:.5f} | {r['bf16_loss']:.5f} | {r['seconds']['fp32']:.2f} | "
                      f"{r['seconds']['bf16']:.2f} | {r['seconds']['bf16'] / r['seconds']['fp32']:.2f} |")
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / f'{args.name}.md'}")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / f'{args.name}.md'}")
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
     parser.add_argument("--name", default="memory_format",
                         help="result file name, without suffix (one per machine: the layouts' speed-up differs by CPU)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files (default: benchmarks/results, the committed record)")
     args = parser.parse_args()
     out = []
     for threads in args.threads:
@@ -94,8 +95,8 @@ def main() -> None:
                   f"{r['ratio_max']:.2f}); weights' largest relative distance {r['max_relative_distance']:.1e}",
                   flush=True)
     info = machine_info()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out}, indent=1))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out}, indent=1))
     command = (f".venv/bin/python benchmarks/memory_format.py --archs {' '.join(args.archs)} --batch {args.batch} "
                f"--threads {' '.join(map(str, args.threads))} --rows {args.rows} --repeats {args.repeats}"
                + (f" --name {args.name}" if args.name != "memory_format" else ""))
@@ -113,7 +114,7 @@ def main() -> None:
         lines.append(f"| {r['arch']} | {r['batch']} | {r['threads']} | {s['contiguous']:.0f} | {s['channels_last']:.0f} | "
                      f"{r['speedup']:.2f}x | {r['ratio_min']:.2f}-{r['ratio_max']:.2f} | "
                      f"{'yes' if r['bit_identical'] else 'no'} | {r['max_relative_distance']:.1e} |")
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--note", default="", help="a line added to the result file (e.g. what else ran)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder of the result files (default: benchmarks/results, the committed record)")
     args = parser.parse_args()
     out = []
     for threads in args.threads:
@@ -143,8 +144,8 @@ def main() -> None:
             print(f"{arch}, {threads} thread(s), evaluation: " + ", ".join(f"{m} {ev['seconds'][m]:.3f} s" for m in PREDICT)
                   + f" ({ev['flipped']} flipped)", flush=True)
     info = machine_info()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "no_grad_passes.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out},
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "no_grad_passes.json").write_text(json.dumps({"machine": info, "note": args.note, "rows": out},
                                                             indent=1))
     command = (f".venv/bin/python benchmarks/no_grad_passes.py --archs {' '.join(args.archs)} "
                f"--rows {' '.join(map(str, args.rows))} --test-rows {args.test_rows} "
@@ -175,8 +176,8 @@ def main() -> None:
         lines.append(f"| {r['arch']} | {r['threads']} | {p[PREDICT[0]]:.3f} | {p[PREDICT[1]]:.3f} | "
                      f"{p[PREDICT[0]] / p[PREDICT[1]]:.2f}x | {ev['flipped']} of {args.test_rows} | "
                      f"{ev['loss_max_diff']:.1e} |")
-    (RESULTS / "no_grad_passes.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {RESULTS / 'no_grad_passes.md'}")
+    (args.out / "no_grad_passes.md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out / 'no_grad_passes.md'}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 # survives. Which files and tests: pyproject.toml's [tool.mutmut]. Result: the score table and
 # every survivor in benchmarks/results/mutation.md and .json, by scripts/mutation_score.py;
 # mutants that cannot change behaviour are set apart in scripts/mutation_equivalent.yaml.
-#   bash scripts/mutation.sh             # about 2,000 mutants: 1.5-2 h on 2 cores; re-running
+#   bash scripts/mutation.sh             # about 2,000 mutants: hours on 2 cores; re-running
 #                                        # re-checks only what changed (mutmut's cache in mutants/)
 #   bash scripts/mutation.sh NAME ...    # re-check these mutants only (e.g. after adding a test)
 set -euo pipefail

@@ -28,9 +28,15 @@ from collections import Counter
 from pathlib import Path
 
 import yaml
-from mutmut.__main__ import SourceFileMutationData, walk_mutatable_files
-from mutmut.mutation.diff_apply import get_diff_for_mutant
-from mutmut.stats import status_by_exit_code
+
+try:  # installed by scripts/mutation.sh; --help needs none of it
+    from mutmut.__main__ import SourceFileMutationData, walk_mutatable_files
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+except ImportError:
+    MUTMUT_MISSING = True
+else:
+    MUTMUT_MISSING = False
 
 EQUIVALENT = Path(__file__).with_name("mutation_equivalent.yaml")
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -63,6 +69,9 @@ def main() -> int:
     ap.add_argument("--mark", nargs="+", default=[], metavar="NAME", help="add these survivors to the equivalent list")
     ap.add_argument("--why", help="with --mark: why they cannot change behaviour")
     args = ap.parse_args()
+    if MUTMUT_MISSING:
+        raise SystemExit("mutation_score.py reads mutmut's results and needs mutmut: pip install -e '.[mutation]', "
+                         "then bash scripts/mutation.sh")
     if not Path("mutants").is_dir():
         sys.exit("mutation_score.py: no mutants/ folder here; run `bash scripts/mutation.sh` from the repository root")
     results = load_results()

@@ -2,8 +2,8 @@
 # The main job: set everything up, then a real FL experiment on real Fashion-MNIST showing what label
 # skew does to FedAvg and what a personalized seed method recovers: FedAvg vs Local-only vs FedReMa in
 # the FedReMa paper's setting (20 clients, 600 samples each, 5 groups of 3 dominant classes), 20 rounds
-# of 2 local epochs (the paper: 500 of 5). Three runs of 2-5 minutes each on 2 CPU cores after set-up
-# (7 minutes in all measured on an idle machine, 15 beside other work).
+# of 2 local epochs (the paper: 500 of 5). Three runs on 2 CPU cores after set-up
+# (about 5 minutes in all on a quiet machine, README's first command; longer beside other work).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
