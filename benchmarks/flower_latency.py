@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -156,6 +157,10 @@ def report(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -205,4 +210,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # SIGTERM (timeout, kill) stops like Ctrl-C, so the deployments' finally blocks stop their processes
+    signal.signal(signal.SIGTERM, _stop)
     sys.exit(main())
