@@ -142,7 +142,7 @@ def _paper_gaps(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> str:
     """What keeps the difference from being like for like, for the row's paper note: runs shorter
     than the paper's T, and runs without the statistic the paper's rule needs."""
     gaps = ""
-    ran = max(s["rounds_completed"] for _, s in runs)
+    ran = min(s["rounds_completed"] for _, s in runs)      # the shortest run decides
     if paper.get("rounds") and ran < paper["rounds"]:
         gaps += f"; ran {ran} of the paper's {paper['rounds']} rounds, so the difference is not like for like"
     missing = len(runs) - len(_measured_for_paper(paper, metric, runs))
