@@ -414,3 +414,18 @@ def test_channel_mean_and_std_are_numpys_computed_a_chunk_at_a_time():
     scaled = pool.astype(np.float64) / 255.0
     assert mean == pytest.approx(tuple(scaled.mean(axis=(0, 2, 3))), rel=1e-12)
     assert std == pytest.approx(tuple(scaled.std(axis=(0, 2, 3))), rel=1e-12)
+
+
+@pytest.mark.parametrize("writers", [[3, 1, 3, 2, 1, 3], ["b", "a", "b", "c", "a", "b"]])
+def test_the_natural_partition_gives_each_chosen_writer_its_samples_in_order(writers):
+    """By hand: writer 1 (or "a") holds samples 1 and 4, 2 ("c") sample 3, 3 ("b") samples 0, 2, 5;
+    all three writers chosen, each client gets its writer's samples in increasing order."""
+    from types import SimpleNamespace
+
+    from fedhet.data.federated import _natural_partition
+
+    pool = SimpleNamespace(writers=np.array(writers))
+    parts = _natural_partition(pool, 3, np.random.default_rng(0))
+    expected = {3: [0, 2, 5], 1: [1, 4], 2: [3], "b": [0, 2, 5], "a": [1, 4], "c": [3]}
+    got = {writers[int(p[0])]: p.tolist() for p in parts}
+    assert got == {w: expected[w] for w in set(writers)}

@@ -341,4 +341,8 @@ def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator) -> lis
     if k > len(writers):
         raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers")
     chosen = np.sort(rng.choice(writers, size=k, replace=False))
-    return [np.flatnonzero(pool.writers == w) for w in chosen]
+    # One stable sort, not a scan of the pool per writer: each writer's indices, increasing.
+    order = np.argsort(pool.writers, kind="stable")
+    by_writer = pool.writers[order]
+    starts, ends = np.searchsorted(by_writer, chosen, "left"), np.searchsorted(by_writer, chosen, "right")
+    return [order[s:e] for s, e in zip(starts, ends)]
