@@ -444,6 +444,25 @@ def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_
     assert row["fedavg_extra"] == 2 and row["global_acc"] < 1.0
 
 
+def test_a_checkpoint_whose_client_states_live_with_the_clients_resumes_only_where_they_do(small_config, tmp_path,
+                                                                                          monkeypatch):
+    """A transport that keeps client states with its clients (a Flower deployment's SuperNodes) writes
+    that into its checkpoints; the simulator, whose states are in the file, refuses to go on from one
+    and names the command that can."""
+    from fedhet.engine.loop import InProcess
+
+    raw = {**small_config, "train": {**small_config["train"], "rounds": 1}}
+    monkeypatch.setattr(InProcess, "keeps_client_state", True)
+    run(raw, tmp_path / "r")
+    (tmp_path / "r" / "summary.json").unlink()
+    monkeypatch.setattr(InProcess, "keeps_client_state", False)
+    with pytest.raises(CheckpointError, match=r"client states are with its clients .*: continue it with "
+                                              r"`fedhet flower run --resume"):
+        Experiment.resume(tmp_path / "r")
+    monkeypatch.setattr(InProcess, "keeps_client_state", True)
+    assert Experiment.resume(tmp_path / "r").start_round == 1         # where they are: it goes on
+
+
 def test_personal_accuracy_equals_a_client_by_client_evaluation(small_config, tmp_path):
     """The evaluator batches clients and reuses the global pass; the numbers must equal the
     obvious per-client computation."""

@@ -246,13 +246,15 @@ class Experiment:
                     f"(run.precision: {cfg.run.precision}, run.device: {cfg.run.device}): resume it where it "
                     f"resolves to {trained_in}, or start a new run")
             if snap is not None and isinstance(snap, dict):
-                # A Flower run's client state is on its SuperNodes, the simulator's in the file.
-                flower_file, flower_loop = snap.get("engine") == "flower", exp.loop.transport.name == "flower"
-                if flower_file != flower_loop:
-                    how = f"fedhet flower run --resume {run_dir}" if flower_file else f"fedhet run --resume {run_dir}"
-                    raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a {'Flower' if flower_file else 'simulator'} "
-                                          f"run, whose client state is {'on its SuperNodes' if flower_file else 'in the file'}: "
-                                          f"continue it with `{how}`")
+                # Client states live where the transport keeps them: in the file (the simulator's
+                # engines) or with the clients (a Flower deployment's SuperNodes). Checkpoints from
+                # before the flag name their engine.
+                elsewhere = snap.get("client_states_elsewhere", snap.get("engine") == "flower")
+                if elsewhere != exp.loop.transport.keeps_client_state:
+                    how = f"fedhet flower run --resume {run_dir}" if elsewhere else f"fedhet run --resume {run_dir}"
+                    where = "with its clients (a Flower deployment's SuperNodes)" if elsewhere else "in the file"
+                    raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a run whose client states are "
+                                          f"{where}: continue it with `{how}`")
             if snap is not None:
                 try:
                     exp.loop.restore(snap["sim"])
@@ -284,7 +286,7 @@ class Experiment:
         """``extra``: what else a resume needs (the Flower runner's node commits)."""
         self.rundir.save_checkpoint({"round": done_rounds, "sim": self.loop.snapshot(),
                                       "config": self.cfg.model_dump(mode="json"), "precision": self.built.precision,
-                                      **extra})
+                                      "client_states_elsewhere": self.loop.transport.keeps_client_state, **extra})
         self.loop.snapshot_saved()
 
     # --- the loop -----------------------------------------------------------------------
