@@ -15,10 +15,14 @@ from fedhet.experiment.runner import Experiment, read_metrics
 
 BANDWIDTH = {"fedavg": 1, "fedavgm": 1, "fedprox": 1, "feddyn": 1, "fednova": 1, "moon": 1, "fedrs": 1, "scaffold": 2}
 STATE_MODELS = {"fedavg": 0, "fedavgm": 0, "fedprox": 0, "feddyn": 1, "fednova": 0, "moon": 1, "fedrs": 0, "scaffold": 1}
+# The server's: the global model, and one more model-sized tensor set for FedAvgM's momentum, FedDyn's
+# h and SCAFFOLD's global control variate.
+SERVER_MODELS = {"fedavg": 1, "fedavgm": 2, "fedprox": 1, "feddyn": 2, "fednova": 1, "moon": 1, "fedrs": 1, "scaffold": 2}
 
 
 @pytest.mark.parametrize("name", sorted(BANDWIDTH))
 def test_bandwidth_and_client_memory_match_table_vi(name, small_config, tmp_path):
+    """And the server's memory, model-sized units of it."""
     raw = copy.deepcopy(small_config)
     raw["algorithm"] = {"name": name}
     raw["train"].update(rounds=1, local_epochs=1)
@@ -31,3 +35,4 @@ def test_bandwidth_and_client_memory_match_table_vi(name, small_config, tmp_path
     assert per_client == BANDWIDTH[name] * 2 * n_params        # down + up
     # parameters only (no BatchNorm buffers in cnn2), so one model of state = n_params floats
     assert row["client_state_floats"] == STATE_MODELS[name] * n_params * len(row["clients"])
+    assert row["server_state_floats"] == SERVER_MODELS[name] * n_params

@@ -94,7 +94,7 @@ def already_holds_a_run(run_dir: str | Path) -> str:
 # What fedhet records under its own names in a metrics row, in every round or only in evaluated ones
 # (the evaluation's metrics, a Flower run's "flower"): a method's round_metrics may not use them.
 FEDHET_ROW_KEYS = frozenset({"round", "clients", "phases", "train_loss", "samples", "comm", "client_state_floats",
-                             "seconds", "flower"})
+                             "server_state_floats", "seconds", "flower"})
 FEDHET_METRIC_PREFIXES = ("global_", "personal_", "local_", "feature_")
 
 
@@ -331,7 +331,9 @@ class Experiment:
                    "train_loss": stats.mean_train_loss(),
                    "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),
                    # persistent per-client memory (SCAFFOLD c_i, FedDyn state, MOON previous model, ...)
-                   "client_state_floats": tensor_floats(self.loop.client_states)}
+                   "client_state_floats": tensor_floats(self.loop.client_states),
+                   # the server's, per-client parts included (FedReMa's and FedPAC's heads, KT-pFL's matrix)
+                   "server_state_floats": tensor_floats(self.loop.server_state)}
             t_eval = 0.0
             if evaluating:
                 t1 = time.perf_counter()
