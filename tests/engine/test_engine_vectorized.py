@@ -1058,3 +1058,5 @@ def test_a_term_the_engine_cannot_stack_is_counted_under_why():
     assert term_layout(Listed()) is None and term_layout(Undeclared()) is None
     assert unstackable(Listed()).startswith("its attribute 'anchors' holds a list; a vectorizable term's attributes")
     assert unstackable(Undeclared()) == "not declared vectorizable"
+    Listed.__init__ = lambda self: setattr(self, "anchors", {"a": torch.zeros(2)})    # a dict of tensors: stacked
+    assert unstackable(Listed()) is None and term_layout(Listed()) is not None

@@ -426,6 +426,18 @@ def test_compare_sets_the_paper_against_the_value_its_rule_names(small_config, t
         assert cell in out and "recorded no" not in out
     with pytest.raises(ConfigError, match="paper.measured_as"):
         load_config(raw={**raw, "paper": {**raw["paper"], "measured_as": "at_best_val"}})
+    if measured_as == "highest:global_val_acc":
+        # the summary's best-validation choice, made from every row, is the run's number where it has one
+        summary["model_selection"] = {"value": 0.58, "round": 2, "validation": 0.7, "metric": "global_acc",
+                                      "rule": "global_acc at the first evaluated round with the highest global_val_acc"}
+        summary_path.write_text(json.dumps(summary))
+        assert main(["compare", str(tmp_path / "r1")]) == 0
+        assert "| 50.00 | +8.00 (at highest global_val_acc) |" in capsys.readouterr().out
+    if measured_as == "best":                            # a recorded config edited by hand into nonsense
+        config_path = tmp_path / "r1" / "config.yaml"
+        config_path.write_text(config_path.read_text().replace("measured_as: best", "measured_as: at_best_val"))
+        assert main(["compare", str(tmp_path / "r1")]) == 2
+        assert "paper.measured_as 'at_best_val' is not final, best" in capsys.readouterr().err
 
 
 def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_over_it(small_config, tmp_path,
@@ -442,6 +454,9 @@ def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_
     run(raw, tmp_path / "r2")
     row = read_metrics(tmp_path / "r2")[-1]
     assert row["fedavg_extra"] == 2 and row["global_acc"] < 1.0
+    # every name fedhet itself wrote in the row is one a method may not take
+    from fedhet.experiment.runner import is_fedhet_metric
+    assert [k for k in row if not is_fedhet_metric(k)] == ["fedavg_extra"]
 
 
 def test_a_checkpoint_whose_client_states_live_with_the_clients_resumes_only_where_they_do(small_config, tmp_path,

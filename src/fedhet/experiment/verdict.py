@@ -49,7 +49,7 @@ from typing import Any
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import RUN_VALUE_PATTERN
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import model_selection
+from fedhet.experiment.summary import model_selection, selected_value
 
 RULES = ("every_seed", "most_seeds", "best_at_seed")
 KEYS = {"claim", "rule", "better", "than", "seeds", "metric", "value", "margin"}
@@ -123,7 +123,9 @@ def run_value(run_dir: Path, summary: dict, metric: str, value: str) -> float | 
         entry = (summary.get("metrics") or {}).get(metric)
         return None if not entry else entry[value]
     extreme, by = value.split(":", 1)
-    if extreme == "highest":                              # the run summary's own best-validation rule
+    if extreme == "highest" and by == "global_val_acc" and (chosen := selected_value(summary, metric)) is not None:
+        return chosen          # the summary's own best-validation rule, from every row (a cut metrics.jsonl too)
+    if extreme == "highest":
         return model_selection(read_metrics(run_dir), selected_by=by, report=metric).get("value")
     rows = [r for r in read_metrics(run_dir) if r.get(by) is not None and r.get(metric) is not None]
     if not rows:

@@ -12,10 +12,11 @@ masks from the same streams on the host, with its schedule, and applies them per
 is reproducible for a seed.
 
 A method's own training loop or forward pass in training mode (Per-FedAvg's meta-steps, FedRoD's
-generic features) draws its batches' masks from a stream of the client too (:func:`batch_masks`)
-and applies them the same way. With no masks in the context a ``StreamDropout`` is torch's
-dropout, from the global generator. Within them, a loss term that runs the model again in training
-mode (a teacher with other weights) gets the batch's masks again.
+generic features, SCAFFOLD's full gradient) draws its batches' masks from a stream of the client
+too (:func:`batch_masks`) and applies them the same way. With no masks in the context a
+``StreamDropout`` is torch's dropout, from the global generator, and says so once per layer (a
+warning). Within them, a loss term that runs the model again in training mode (a teacher with other
+weights) gets the batch's masks again.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class StreamDropout(nn.Dropout):
 
     # Its qualified name in the model it belongs to (set by :func:`dropout_layers`).
     mask_key: str = ""
+    _warned_unmasked: bool = False
 
     def __init__(self, p: float = 0.5) -> None:
         super().__init__(p)
@@ -53,7 +55,13 @@ class StreamDropout(nn.Dropout):
         if not self.training or self.p == 0:
             return super().forward(x)
         if masks is None:
-            _warn_unmasked(self.mask_key)
+            if not self._warned_unmasked:          # once a layer: its draws are torch's global generator's
+                self._warned_unmasked = True
+                warnings.warn(f"dropout layer {self.mask_key or '(unnamed)'} ran in training mode without masks from "
+                              "a client's stream, so its masks come from torch's global generator and the run does "
+                              "not repeat for its seed; in a training pass of your own, draw them with "
+                              "fedhet.extend.batch_masks and apply them with fedhet.extend.masks_applied",
+                              RuntimeWarning, stacklevel=2)
             return super().forward(x)
         keep = masks.get(MASK_PREFIX + self.mask_key)
         if keep is None or keep.shape != x.shape:
@@ -62,21 +70,6 @@ class StreamDropout(nn.Dropout):
                 f"for an input of shape {tuple(x.shape)}: the masks were drawn for another model or batch (an "
                 f"augmentation that changes the number of rows must say so in Augmentation.rows)")
         return x * keep.to(x.dtype) * (1.0 / (1.0 - self.p))
-
-
-_warned_unmasked: set[str] = set()
-
-
-def _warn_unmasked(layer: str) -> None:
-    """A training-mode pass without masks (a method's own loop that draws none): say so once a layer,
-    as its draws come from torch's global generator and the run will not repeat for its seed."""
-    if layer in _warned_unmasked:
-        return
-    _warned_unmasked.add(layer)
-    warnings.warn(f"dropout layer {layer or '(unnamed)'} ran in training mode without masks from a client's stream, "
-                  "so its masks come from torch's global generator and the run does not repeat for its seed; "
-                  "in a training pass of your own, draw them with fedhet.extend.batch_masks and apply them with "
-                  "fedhet.extend.masks_applied", RuntimeWarning, stacklevel=3)
 
 
 # model -> {input shape: [(name, p, shape of one sample's mask)]}

@@ -37,36 +37,46 @@ def term_layout(term: LossTerm):
     values of dict-of-tensor attributes; everything else must be a plain value or a module and
     becomes part of the signature, so grouped clients' terms differ only in tensor values.
     """
-    if not term.vectorizable:
+    if unstackable(term) is not None:
         return None
     static: list[tuple] = []
     leaves: list = []
     for attr, value in sorted(vars(term).items()):
-        if isinstance(value, torch.Tensor):
+        kind = _attribute_kind(value)
+        if kind == "tensor":
             leaves.append(((attr, None), value))
-        elif isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
+        elif kind == "tensors":
             static.append((attr, "dict", tuple(value)))
             leaves.extend(((attr, k), v) for k, v in value.items())
-        elif value is None or isinstance(value, (bool, int, float, str)):
+        elif kind == "plain":
             static.append((attr, value))
-        elif isinstance(value, nn.Module):
-            static.append((attr, "module", id(value)))
         else:
-            return None
+            static.append((attr, "module", id(value)))
     shapes = tuple((path, tuple(t.shape), t.dtype) for path, t in leaves)
     return (type(term), tuple(static), shapes), leaves
 
 
-def unstackable(term: LossTerm) -> str:
-    """Why :func:`term_layout` refuses ``term``, for the fallback's reason and warning."""
+def _attribute_kind(value: object) -> str | None:
+    """How a term's attribute enters a group: a tensor or a dict of tensors (stacked over clients),
+    a plain value or a module (part of the signature), or None: not at all."""
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()):
+        return "tensors"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return "plain"
+    return "module" if isinstance(value, nn.Module) else None
+
+
+def unstackable(term: LossTerm) -> str | None:
+    """Why the engine cannot stack ``term`` (None: it can), for the fallback's reason and warning."""
     if not term.vectorizable:
         return "not declared vectorizable"
     for attr, value in sorted(vars(term).items()):
-        if not (isinstance(value, (torch.Tensor, nn.Module, bool, int, float, str)) or value is None
-                or (isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()))):
+        if _attribute_kind(value) is None:
             return (f"its attribute {attr!r} holds a {type(value).__name__}; a vectorizable term's attributes are "
                     "tensors, dicts of tensors, numbers, strings, None or modules")
-    return "not stackable"
+    return None
 
 
 def _leaves(term: LossTerm) -> list:

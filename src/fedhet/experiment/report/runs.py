@@ -4,13 +4,14 @@ and runs grouped by config name (each group's runs being seeds of one experiment
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import yaml
 
 from fedhet.core.errors import CheckpointError
-from fedhet.experiment.config import ExperimentConfig, flatten_config
+from fedhet.experiment.config import RUN_VALUE_PATTERN, ExperimentConfig, flatten_config
 from fedhet.experiment.rundir import CONFIG
 from fedhet.experiment.yaml_io import parse_yaml
 
@@ -135,6 +136,10 @@ def load_paper(run_dir: Path) -> dict | None:
                                   and (paper.get("std") is None or _is_number(paper["std"]))):
         raise CheckpointError(f"{path}: its paper section ({paper!r:.80}) is not a paper result (a mapping with a "
                               f"numeric value): restore the file, or leave {run_dir} out")
+    how = (paper or {}).get("measured_as", "final")
+    if not (isinstance(how, str) and re.fullmatch(RUN_VALUE_PATTERN, how)):
+        raise CheckpointError(f"{path}: its paper.measured_as {how!r} is not final, best, lowest:METRIC or "
+                              f"highest:METRIC: correct it (e.g. highest:global_val_acc), or leave {run_dir} out")
     return paper
 
 
