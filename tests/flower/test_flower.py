@@ -530,10 +530,11 @@ def test_resume_refuses_nodes_without_their_commits(small_config, tmp_path):
 def test_flower_and_simulator_checkpoints_resume_only_on_their_own_engine(small_config, tmp_path):
     cfg = resumable(small_config, rounds=2)
     flower_run(cfg, tmp_path / "flower", node_state_dir=str(tmp_path / "node-state"))
-    with pytest.raises(FedhetError, match="Flower run.*fedhet flower run --resume"):
+    with pytest.raises(FedhetError, match=r"client states are with its clients \(a Flower deployment's SuperNodes\): "
+                                          r"continue it with `fedhet flower run --resume"):
         Experiment.resume(tmp_path / "flower")
     reference_run(cfg, tmp_path / "sim")
-    with pytest.raises(FedhetError, match=r"simulator run.*fedhet run --resume"):
+    with pytest.raises(FedhetError, match=r"client states are in the file: continue it with `fedhet run --resume"):
         flower_run(cfg, tmp_path / "sim", resume=True)
 
 
