@@ -108,29 +108,29 @@ class RoundLoop:
             {a: {k: v.clone() for k, v in w.items()} for a, w in host.init_models.items()})
         self.client_states: ClientStates = client_states if client_states is not None else ClientStates()
         self.ledger = CommLedger()
-        # round -> the clients whose own models the evaluation after it tests (the runner's
-        # eval.clients); None: every client (RoundContext.eval_clients)
-        self.evaluated_clients: Callable[[int], list[int]] | None = None
 
     def sample_clients(self, rnd: int) -> list[int]:
         rng = numpy_rng(self.seed, "sample", rnd)
         k = self.federation.num_clients
         return [int(c) for c in rng.choice(k, size=self.clients_per_round, replace=False)]
 
-    def round_context(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None) -> RoundContext:
+    def round_context(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None,
+                      eval_clients: list[int] | None = None) -> RoundContext:
         return RoundContext(
             round=rnd, clients=self.sample_clients(rnd), num_clients=self.federation.num_clients,
             num_classes=self.federation.num_classes,
             client_sizes=self.federation.client_sizes(),
             rng=numpy_rng(self.seed, "server", rnd), evaluating=evaluating,
-            num_rounds=num_rounds,
-            eval_clients=self.evaluated_clients(rnd) if evaluating and self.evaluated_clients else None)
+            num_rounds=num_rounds, eval_clients=eval_clients)
 
     def run_round(self, rnd: int, evaluating: bool = False, num_rounds: int | None = None,
-                  on_reply: Callable[[int, Message], None] | None = None) -> RoundStats:
+                  on_reply: Callable[[int, Message], None] | None = None,
+                  eval_clients: list[int] | None = None) -> RoundStats:
         """One round. ``on_reply(cid, reply)`` sees each reply of its phases as the loop applies it
-        (the runner keeps the local models that ``eval.local_risk`` tests)."""
-        ctx = self.round_context(rnd, evaluating, num_rounds)
+        (the runner keeps the local models that ``eval.local_risk`` tests); ``eval_clients``: the
+        clients whose own models the evaluation after it tests (None: every client), which an
+        evaluation-only phase serves (``RoundContext.eval_clients``)."""
+        ctx = self.round_context(rnd, evaluating, num_rounds, eval_clients)
         stats = RoundStats(rnd, ctx.clients)
         gen = self.algorithm.round(self.server_state, ctx)
         replies: Replies | None = None

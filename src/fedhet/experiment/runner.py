@@ -142,8 +142,6 @@ class Experiment:
             except ValueError as e:     # e.g. a method's init_server_state refusing the model; chained, so a
                 raise ConfigError(f"algorithm {cfg.algorithm.name}: {e}") from e   # method of one's own keeps its line
         self.loop = loop
-        # an adaptation before evaluation (FedBABU's fine-tuning, Per-FedAvg's step) serves these only
-        loop.evaluated_clients = self.eval_clients if cfg.eval.personalized else (lambda rnd: [])
         self.rundir = RunDir(run_dir)
         self.callbacks: list[Callback] = list(callbacks or [])
         self.evaluator = evaluator or Experiment.evaluate_round
@@ -326,7 +324,9 @@ class Experiment:
             self.local_models = {}
             # checked every round (a partial upload stops the run at round 1), kept when evaluated
             keep = functools.partial(self.keep_local_model, evaluating=evaluating) if cfg.eval.local_risk else None
-            stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds, keep)
+            # an adaptation before the evaluation (FedBABU's fine-tuning, Per-FedAvg's step) serves these only
+            tested = (self.eval_clients(rnd) if cfg.eval.personalized else []) if evaluating else None
+            stats = self.loop.run_round(rnd, evaluating, cfg.train.rounds, keep, tested)
             row = {"round": done, "clients": stats.clients, "phases": stats.phases,
                    "train_loss": stats.mean_train_loss(),
                    "samples": stats.samples, "comm": self.loop.ledger.take_round(rnd),

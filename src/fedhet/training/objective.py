@@ -62,10 +62,10 @@ def check_terms_take_mixup(terms: list[LossTerm], augment: object, where: str = 
     refused = [f"{term.name} ({type(term).__name__})" for term in terms if not term.takes_mixup]
     if refused:
         raise ConfigError(f"mixup{' ' + where if where else ''}: the loss terms {', '.join(refused)} do not say "
-                         "they take mixed batches (LossTerm.takes_mixup); one that reads the labels as they are "
-                         "would learn only the first image's label of each mixed pair. Turn algorithm.params.mixup "
-                         "off for this method, or read the labels through fedhet.extend.mixed or label_weights (or none) "
-                         "and set takes_mixup = True")
+                          "they take mixed batches (LossTerm.takes_mixup); one that reads the labels as they are "
+                          "would learn only the first image's label of each mixed pair. Turn algorithm.params.mixup "
+                          "off for this method, or read the labels through fedhet.extend.mixed or label_weights "
+                          "(or none) and set takes_mixup = True")
 
 
 def total_loss(terms: list[LossTerm], out: Forward, batch: Batch, weights: Arrays) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -37,12 +37,14 @@ def term_layout(term: LossTerm):
     values of dict-of-tensor attributes; everything else must be a plain value or a module and
     becomes part of the signature, so grouped clients' terms differ only in tensor values.
     """
-    if unstackable(term) is not None:
+    if not term.vectorizable:
         return None
     static: list[tuple] = []
     leaves: list = []
     for attr, value in sorted(vars(term).items()):
         kind = _attribute_kind(value)
+        if kind is None:                      # unstackable() says which attribute, for the reason
+            return None
         if kind == "tensor":
             leaves.append(((attr, None), value))
         elif kind == "tensors":
