@@ -199,7 +199,8 @@ def _cmd_sweep(args) -> int:
         if sweep.out.is_dir():        # the table of what finished, then the error (none before the folder)
             write_report(sweep)
         raise
-    report = write_report(sweep)
+    status = {j.name: job_status(j) for j in sweep.jobs}      # read once, after the runs
+    report = write_report(sweep, status=status)
     print(report)
     print(f"table: {sweep.out / 'sweep.md'}, plot: {sweep.out / 'sweep.png'}")
     stopped = [name for name, status in outcome.items() if status == "stopped"]
@@ -210,7 +211,7 @@ def _cmd_sweep(args) -> int:
     if unstarted:
         print(f"fedhet: {len(unstarted)} run(s) not started by --skip-runs-that-cannot-finish: {', '.join(unstarted)} "
               "(they would have ended after the --finish-by limit; a sweep with more time runs them)", file=sys.stderr)
-    failed = [j.name for j in jobs if job_status(j) in ("failed", "stale")]
+    failed = [j.name for j in jobs if status[j.name] in ("failed", "stale")]
     if failed:
         print(f"fedhet: {len(failed)} run(s) failed or stale: {', '.join(failed)} (logs: {sweep.out}/<run>.log)",
               file=sys.stderr)

@@ -862,5 +862,7 @@ def test_the_command_line_prints_fedhets_warnings_as_one_line(small_config, tmp_
     assert "fedhet: warning: perfedavg does not apply train.momentum" in done.stderr
     assert "UserWarning" not in done.stderr and "runner.py" not in done.stderr
 
+    import fedhet.experiment.runner
     from fedhet.cli import _format_warning
     assert "UserWarning" in _format_warning("theirs", UserWarning, "/elsewhere/lib.py", 3)   # another package's
+    assert _format_warning("ours", UserWarning, fedhet.experiment.runner.__file__, 3) == "fedhet: warning: ours\n"

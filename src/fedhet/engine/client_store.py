@@ -130,7 +130,8 @@ class ClientStates(dict):
             raise ValueError(f"a client state store in mode {mode!r} needs a folder to spill to")
         self.mode = mode
         self.folder = Path(folder) if folder is not None else None
-        self.memory_budget = 0 if mode == "disk" else (memory_budget if memory_budget is not None else default_budget())
+        # disk: a budget below any state's size (0 bytes included), so every state spills as it is set
+        self.memory_budget = -1 if mode == "disk" else (memory_budget if memory_budget is not None else default_budget())
         self._in_memory: OrderedDict[int, int] = OrderedDict()     # cid -> bytes, least recently written first
         self._memory_bytes = 0
         self._version = 0
@@ -216,8 +217,7 @@ class ClientStates(dict):
             nbytes, _ = state_size(state)
             self._in_memory[cid] = nbytes
             self._memory_bytes += nbytes
-            # disk: every state, also one without tensors (its bytes count 0)
-            while self._in_memory and (self.mode == "disk" or self._memory_bytes > self.memory_budget):
+            while self._in_memory and self._memory_bytes > self.memory_budget:
                 oldest, size = self._in_memory.popitem(last=False)
                 self._memory_bytes -= size
                 super().__setitem__(oldest, self._spill(oldest, super().__getitem__(oldest)))

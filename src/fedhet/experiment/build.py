@@ -48,7 +48,7 @@ def make_algorithm(cfg: ExperimentConfig) -> Algorithm:
     try:
         params = cls.Params.model_validate(cfg.algorithm.params)
     except pydantic.ValidationError as e:
-        problems = validation_problems(e, cls.Params, "algorithm.params", unknown="parameter")
+        problems = validation_problems(e, cls.Params, "algorithm.params", unknown="parameter", listed="")
         bad = "; ".join(f"{key}: {'; or '.join(msgs)}" for key, msgs in problems.items())
         raise ConfigError(f"{bad} (accepted parameters of {cls.name}: "
                           f"{', '.join(cls.Params.model_fields) or 'none'}; their defaults: fedhet list "

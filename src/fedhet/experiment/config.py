@@ -339,12 +339,13 @@ def _quote_hint(key: str, value: Any) -> str:
 
 
 def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], prefix: str = "",
-                        unknown: str = "key; every key: configs/README.md") -> dict[str, list[str]]:
+                        unknown: str = "key", listed: str = "every key: configs/README.md") -> dict[str, list[str]]:
     """``{key: [what is wrong, ...]}`` of ``err``, an error validating ``model`` (the whole config, or
     a method's parameters under ``prefix``): keys as a user writes them, the members of a union
-    each saying what they take, a check that names the field it refused keyed by that field, a
-    "did you mean" for an unknown key (``unknown``: what it is called, and where every one is
-    listed), and how to quote a string that YAML read as a number or a boolean."""
+    each saying what they take (the caller joins them), a check that names the field it refused
+    keyed by that field, a "did you mean" for an unknown key (``unknown``: what it is called;
+    ``listed``: where every one is, or ""), and how to quote a string that YAML read as a number or
+    a boolean."""
     problems: dict[str, list[str]] = {}
     for e in err.errors():
         key = _error_key(e)
@@ -352,21 +353,22 @@ def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], p
         # a section's own check names the field it refused: "rounds: expects ..." at train
         field, _, rest = msg.partition(": ")
         section = _model_at(key.split(".") if key else [], model)
-        if rest and section is not None and field in section.model_fields:
+        keyed = bool(rest) and section is not None and field in section.model_fields
+        if keyed:
             key, msg = f"{key}.{field}" if key else field, rest
-            if msg.startswith(("expects a string, got ", "expects a string or null, got ")):
-                msg += _quote_hint(".".join(filter(None, [prefix, key])), msg.rpartition("got ")[2])
+        full = ".".join(filter(None, [prefix, key]))          # as the user writes it
+        if keyed and msg.startswith(("expects a string, got ", "expects a string or null, got ")):
+            msg += _quote_hint(full, msg.rpartition("got ")[2])
         if e["type"] == "extra_forbidden":
             parent = _model_at(key.split(".")[:-1], model)
             near = difflib.get_close_matches(key.split(".")[-1], list(parent.model_fields) if parent else [], n=1)
-            what, _, listed = unknown.partition(";")
-            msg = f"unknown {what}{f' (did you mean {near[0]}?)' if near else ''}{';' + listed if listed else ''}"
+            msg = f"unknown {unknown}{f' (did you mean {near[0]}?)' if near else ''}{'; ' + listed if listed else ''}"
         elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = (f"expects a mapping of settings, got {e['input']!r:.60}; a setting inside it is written "
                    f"{key}.<setting> in --set, or `{key.split('.')[-1]}: {{<setting>: value}}` in YAML")
         elif e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):
-            msg += _quote_hint(".".join(filter(None, [prefix, key])), e["input"])
-        problems.setdefault(".".join(filter(None, [prefix, key])), []).append(msg)
+            msg += _quote_hint(full, e["input"])
+        problems.setdefault(full, []).append(msg)
     return problems
 
 
