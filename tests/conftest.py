@@ -33,6 +33,18 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def sweep_lanes_plan_for_one_cpu(monkeypatch):
+    """A sweep's lanes split the usable CPUs between them and pass each run ``--threads`` (past
+    OMP_NUM_THREADS above): a one-lane sweep's runs took both cores and spun against the other test
+    workers (a 3-round run: 5.5-10 CPU s on two threads beside two busy cores, 3.3 s on one). In
+    tests a sweep plans for one CPU; tests of the split set ``usable_cpus`` themselves, and sweeps
+    started as processes pass ``--set run.threads=1``."""
+    import fedhet.experiment.sweep.lanes as lanes
+
+    monkeypatch.setattr(lanes, "usable_cpus", lambda: 1)
+
+
 @pytest.fixture
 def determinism_restored():
     """Torch's deterministic-algorithm settings and CUBLAS_WORKSPACE_CONFIG put back after a test that

@@ -19,6 +19,10 @@ from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_swee
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_sweeps.sh"
 
+# the sweep is pinned to every CPU of this machine and would give its one lane all of them, beside
+# the other test workers (tests/conftest.py, sweep_lanes_plan_for_one_cpu)
+ONE_THREAD = "--set run.threads=1"
+
 pytestmark = pytest.mark.skipif(shutil.which("taskset") is None, reason="gpu_sweeps.sh pins sweeps with taskset")
 
 
@@ -46,7 +50,7 @@ def test_a_device_sweep_brings_back_the_missing_runs_and_never_undoes_a_committe
     committed = load_sweep(path).jobs[0].run_dir / "metrics.jsonl"
     before = committed.read_bytes()
 
-    done = dry_run(f"--lanes 1 {path}", tmp_path / "device_out")          # options before the file too
+    done = dry_run(f"--lanes 1 {path} {ONE_THREAD}", tmp_path / "device_out")     # options before the file too
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "device_out" / "sweep0.log").read_text()
     assert "2 runs, 1 completed left alone, 1 to run" in log, log
@@ -72,7 +76,7 @@ def test_a_device_sweep_brings_back_the_missing_runs_and_never_undoes_a_committe
     with tarfile.open(tmp_path / "sweep0.tar.gz", "w:gz") as tar:
         tar.add(unfinished, arcname="sweep0")
 
-    done = dry_run(f"{path} --lanes 1 --from={tmp_path / 'sweep0.tar.gz'}", tmp_path / "device_out2")
+    done = dry_run(f"{path} --lanes 1 --from={tmp_path / 'sweep0.tar.gz'} {ONE_THREAD}", tmp_path / "device_out2")
     assert done.returncode == 0, done.stdout + done.stderr
     log = (tmp_path / "device_out2" / "sweep0.log").read_text()
     assert "2 runs, 2 completed left alone, 0 to run" in log, log

@@ -835,7 +835,9 @@ def test_sigterm_stops_a_background_sweep_and_its_runs_like_ctrl_c(tmp_path, sma
             "runs": [{"config": str(tmp_path / "long.yaml"), "tag": "fedavg"}]}
     (tmp_path / "long.sweep.yaml").write_text(yaml.safe_dump(spec))
     (job,) = load_sweep(tmp_path / "long.sweep.yaml").jobs
-    sweep = subprocess.Popen([sys.executable, "-m", "fedhet.cli", "sweep", str(tmp_path / "long.sweep.yaml")],
+    # one thread for its run, as the sweeps of this file plan (tests/conftest.py, sweep_lanes_plan_for_one_cpu)
+    sweep = subprocess.Popen([sys.executable, "-m", "fedhet.cli", "sweep", str(tmp_path / "long.sweep.yaml"),
+                              "--set", "run.threads=1"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
