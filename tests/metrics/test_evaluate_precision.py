@@ -235,4 +235,5 @@ def test_personal_loss_of_clients_with_their_own_weights(monkeypatch):
     pooled = sum(map(sum, per_client)) / sum(map(len, per_client))
     assert out["personal_loss"] == pytest.approx(sum(means) / 2, abs=1e-6)
     assert abs(out["personal_loss"] - pooled) > 1e-2
-    assert set(out["personal_loss_by_client"]) == {0, 1} and passes == [len(SPLITS[0]) + len(SPLITS[1])]
+    assert out["personal_loss_by_client"] == pytest.approx(dict(enumerate(means)), abs=1e-5)   # split back by client
+    assert passes == [len(SPLITS[0]) + len(SPLITS[1])]
