@@ -403,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     flr.add_argument("config", nargs="?", help="YAML config (see configs/); none with --resume")
     fla.add_argument("config", help="YAML config (see configs/)")
     for q in (flr, fla):
-        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config value")
+        q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value" + ("; with --resume only how the run is carried out and a "
+                                                         "raised train.rounds, which extends a finished run"
+                                                         if q is flr else ""))
         q.add_argument("--min-clients", type=int, help="fewest answers a phase needs, else the run fails (default 1)")
         q.add_argument("--phase-timeout", type=float, help="seconds to wait for a phase's replies (default 600)")
         q.add_argument("--node-timeout", type=float,
@@ -420,8 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="Flower's simulation runtime instead of SuperNode processes: a --simulation SuperLink "
                           "runs --nodes virtual SuperNodes on Ray (needs pip install -e .[flower-sim])")
     flr.add_argument("--resume", metavar="RUN_DIR",
-                     help="continue a Flower run from its last checkpoint (run.checkpoint_every): the server's "
-                          "state from RUN_DIR/checkpoint.pt, the clients' from the nodes' commits in RUN_DIR/node-state")
+                     help="continue a Flower run from its last checkpoint (run.checkpoint_every), or extend a "
+                          "finished one (--set train.rounds=N): the server's state from RUN_DIR/checkpoint.pt, the "
+                          "clients' from the nodes' commits in RUN_DIR/node-state")
     flr.add_argument("--timeout", type=float, default=24 * 3600,
                      help="stop the run after this many seconds (default: 86400, a day)")
     flr.add_argument("--keep-logs", action="store_true",

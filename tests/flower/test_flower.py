@@ -511,6 +511,30 @@ def test_resumed_run_equals_uninterrupted(small_config, tmp_path, monkeypatch, c
     assert sorted(p.name for p in nodes.rglob("round-*.pt")) == ["round-2.pt"] * 6 + ["round-4.pt"] * 6
 
 
+def test_a_finished_run_extended_with_more_rounds_equals_an_uninterrupted_one(small_config, tmp_path,
+                                                                            resumable_reference):
+    """`fedhet flower run --resume RUN_DIR --set train.rounds=4` on a finished 2-round SCAFFOLD run:
+    the nodes reload their clients' c_i of its last round, and the run ends with the metrics and
+    server state of a 4-round run; config.yaml records the new rounds, so a later resume goes by them."""
+    sim_rows, ref_state = resumable_reference
+    nodes = str(tmp_path / "node-state")
+    flower_run(resumable(small_config, rounds=2), tmp_path / "flower", node_state_dir=nodes)
+    assert json.loads((tmp_path / "flower" / "summary.json").read_text())["status"] == "completed"
+    flower_run(resumable(small_config), tmp_path / "flower", resume=True, node_state_dir=nodes)
+    fl_rows = read_metrics(tmp_path / "flower")
+    assert [r["round"] for r in fl_rows] == [1, 2, 3, 4]
+    assert_rows_match_simulator(sim_rows, fl_rows)
+    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref_state)
+    assert load_config(tmp_path / "flower" / "config.yaml").train.rounds == 4
+    # fewer rounds than recorded, or another value of what the run computes: refused, nothing lost
+    other = resumable(small_config)
+    other.algorithm.name = "fedavg"
+    for cfg in (resumable(small_config, rounds=3), other):
+        with pytest.raises(FedhetError, match=r"differs from its config.yaml: (train.rounds: 4 -> 3|algorithm.name)"):
+            flower_run(cfg, tmp_path / "flower", resume=True, node_state_dir=nodes)
+    assert [r["round"] for r in read_metrics(tmp_path / "flower")] == [1, 2, 3, 4]
+
+
 def test_resume_refuses_nodes_without_their_commits(small_config, tmp_path):
     """A node whose state directory lacks the commit its clients need is refused, naming the
     missing file; the run's rows up to the checkpoint are kept."""
@@ -547,10 +571,36 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
     cases = [(["flower", "run"], "give a CONFIG file, or --resume RUN_DIR"),
              (["flower", "run", "--resume", str(tmp_path / "none")], "none does not exist"),
              (["flower", "run", "--resume", str(tmp_path / "empty")], "is not a fedhet run directory"),
-             (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG or --set (a deployment cannot be moved")]
+             (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG (--set only for how"),
+             (["flower", "run", "--resume", str(tmp_path), "--set", "train.lr=0.1"],
+              "a resumed run takes --set only for how it is carried out")]
     for argv, message in cases:
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err, argv
+
+
+def test_flower_run_resume_hands_the_deployment_the_recorded_config_with_its_set_values(small_config, tmp_path,
+                                                                                     monkeypatch):
+    """--resume RUN_DIR --set train.rounds=N: the deployment gets config.yaml with the raised rounds
+    (the server checks and records them: the test above)."""
+    from fedhet.cli import main as cli_main
+    from fedhet.flower import deploy
+
+    cfg = tiny(small_config, "fedavg")
+    reference_run(cfg, tmp_path / "run")
+    handed = []
+
+    def deployment(cfg, run_dir, **kwargs):
+        handed.append((cfg, run_dir, kwargs["resume"]))
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(deploy, "run_loopback", deployment)
+    monkeypatch.setattr(deploy, "flower_bin", lambda: None)
+    assert cli_main(["flower", "run", "--resume", str(tmp_path / "run"), "--set", "train.rounds=5",
+                     "--set", "run.device=cpu"]) == 130
+    ((given, run_dir, resume),) = handed
+    assert resume and run_dir == tmp_path / "run" and given.train.rounds == 5
+    assert given.model_copy(update={"train": cfg.train}) == load_config(tmp_path / "run" / "config.yaml")
 
 
 def test_flower_evaluates_in_the_precision_eval_precision_names(small_config, tmp_path, monkeypatch):

@@ -482,6 +482,16 @@ RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.deterministic", "run.wo
                      "run.mlflow_tracking_uri")
 
 
+def check_resume_settings(run_settings: list[str] | None) -> None:
+    """``--set`` items a resumed run takes: how it is carried out (:data:`RESUMABLE_CHANGES`) and
+    ``train.rounds`` (raised: the checkpoint check refuses fewer); ConfigError naming the others."""
+    allowed = (*RESUMABLE_CHANGES, "train.rounds")
+    fixed = [k for k in map(override_key, run_settings or []) if k not in allowed]
+    if fixed:
+        raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
+                          f"{', '.join(fixed)} would change what it computes: start a new run for that")
+
+
 # Mappings that are one value each: compared and recorded whole (a method's or partitioner's own keys).
 OPAQUE_SECTIONS = ("algorithm.params", "data.partition", "model.options")
 

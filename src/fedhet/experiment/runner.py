@@ -36,12 +36,11 @@ from fedhet.experiment.build import (
 )
 from fedhet.experiment.callbacks import Callback, RunView
 from fedhet.experiment.config import (
-    RESUMABLE_CHANGES,
     ExperimentConfig,
+    check_resume_settings,
     config_changes,
     dump_config,
     load_config,
-    override_key,
 )
 from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
@@ -204,23 +203,21 @@ class Experiment:
         recorded values, and config.yaml records them from then on; a run whose precision would
         resolve otherwise on the new device (``run.precision: auto``) is refused. The Flower runner
         passes the ``config`` its run config holds (checked against config.yaml and the
-        checkpoint like a changed file) and its loop, callbacks... as ``kwargs``; the checkpoint
-        read is kept as ``restored``."""
+        checkpoint like a changed file, and recorded in config.yaml where it differs in those
+        keys) and its loop, callbacks... as ``kwargs``; the checkpoint read is kept as ``restored``."""
         rundir = RunDir(checked_run_dir(run_dir, resume=True))
         # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
-        allowed = (*RESUMABLE_CHANGES, "train.rounds")
-        fixed = [k for k in map(override_key, run_settings or []) if k not in allowed]
-        if fixed:
-            raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
-                              f"{', '.join(fixed)} would change what it computes: start a new run for that")
+        check_resume_settings(run_settings)
         cfg = load_config(rundir.path / CONFIG, run_settings)
         recorded = cfg                      # what config.yaml records from here on (--threads aside)
+        record = bool(run_settings)
         if config is not None:
             changed = config_changes(cfg.model_dump(mode="json"), config)
             if changed:
                 raise CheckpointError(f"the config given to resume {run_dir} differs from its {CONFIG}: "
                                       + "; ".join(changed) + ". Resume with the run's own config")
-            cfg = config
+            record = record or config.model_dump(mode="json") != cfg.model_dump(mode="json")
+            cfg = recorded = config
         if threads:
             cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": threads})})
         snap = rundir.load_checkpoint()
@@ -270,7 +267,7 @@ class Experiment:
                                       f"{exp.start_round} has done: resumed, the run would end 'completed' without "
                                       f"them. Restore {METRICS} from a copy, or start the run anew in another folder")
             rundir.truncate_metrics(exp.start_round)
-            if run_settings:
+            if record:
                 rundir.write_text(CONFIG, dump_config(recorded))
         except BaseException:
             exp.rundir.unlock()        # a refused resume leaves the folder free

@@ -130,18 +130,19 @@ def resume_hint(run_dir: Path) -> str:
 # --- command line (fedhet flower run | app) ------------------------------------------------
 def cli(args) -> int:
     """``fedhet flower run`` and ``fedhet flower app`` (parsers in fedhet/cli.py)."""
-    from fedhet.experiment.config import dump_config, load_config
+    from fedhet.experiment.config import check_resume_settings, dump_config, load_config
     from fedhet.experiment.rundir import checked_run_dir
 
     if getattr(args, "resume", None) is not None:
-        if args.config or args.set:
-            raise FedhetError("--resume continues a run with the config in its directory, unchanged: give no CONFIG "
-                              "or --set (a deployment cannot be moved to another device or extended with more "
-                              "rounds; start a new run for that)")
+        if args.config:
+            raise FedhetError("--resume continues a run with the config in its directory: give no CONFIG (--set "
+                              "only for how the run is carried out, and a raised train.rounds to extend it)")
         if args.out:
             raise FedhetError("--resume RUN_DIR writes to RUN_DIR: give no --out")
         from fedhet.experiment.rundir import CONFIG
-        cfg = load_config(checked_run_dir(args.resume, resume=True) / CONFIG)
+        check_resume_settings(args.set)
+        # the server checks these against config.yaml and the checkpoint, and records them (Experiment.resume)
+        cfg = load_config(checked_run_dir(args.resume, resume=True) / CONFIG, args.set)
     elif not args.config:
         raise FedhetError("fedhet flower: give a CONFIG file, or --resume RUN_DIR")
     else:
