@@ -254,10 +254,12 @@ class FedReMa(FedAvg):
         return state
 
     def round_metrics(self, state: State) -> dict[str, Any]:
+        # The round's relevant sets only: the dependency map G is their count over the CCP rounds
+        # so far (G[k][i]: the rows whose fedrema_relevant[k] holds i), which a row does not repeat
+        # (up to K x K entries in every row of a long run)
         return {**super().round_metrics(state), "fedrema_ccp": state["ccp"], "fedrema_ccp_end_round": state["ccp_end_round"],
                 "fedrema_mean_gap": state["mean_gap"],
-                "fedrema_relevant": {str(k): v for k, v in state["relevant"].items()},
-                "fedrema_G": {str(k): {str(i): n for i, n in sorted(row.items())} for k, row in sorted(state["G"].items())}}
+                "fedrema_relevant": {str(k): v for k, v in state["relevant"].items()}}
 
     # --- client ---------------------------------------------------------------------------
     def local_terms(self, msg: Message, state: State | None, client: ClientRuntime) -> list[LossTerm]:
