@@ -200,3 +200,37 @@ def test_a_spilling_run_equals_an_in_memory_one_and_resumes_exactly(small_config
     assert memory.summary["client_states"] == {"mode": "memory", "states": len(memory.loop.client_states),
                                                "spilled_now": 0, "spilled": 0, "loaded": 0,
                                                "seconds": memory.summary["client_states"]["seconds"]}
+
+
+def test_evaluation_loads_a_clients_state_only_for_a_method_whose_client_model_reads_it(small_config, tmp_path):
+    """SCAFFOLD evaluates every client with the global model: its c_i (on disk here) are not read
+    back for the evaluation. FedAvg's local BatchNorm statistics are, and so is the state of any
+    method with a client_model of its own (here SCAFFOLD's, unread)."""
+    from helpers import bn_model, build_loop
+
+    from fedhet.algorithms.scaffold import Scaffold
+    from fedhet.metrics.evaluate import evaluate_loop
+
+    class OwnView(Scaffold):
+        name = "own_view"
+
+        def client_model(self, cid, state, client_state):
+            return super().client_model(cid, state, client_state)
+
+    def loads_in_evaluation(algorithm_name, params=None, algorithm=None) -> int:
+        raw = copy.deepcopy(small_config)
+        raw["algorithm"] = {"name": algorithm_name, "params": params or {}}
+        raw["train"].update(rounds=1, clients_per_round=6)
+        loop = build_loop(load_config(raw=raw), algorithm=algorithm, models={"cnn2": bn_model()})   # BN buffers
+        loop.client_states = ClientStates(tmp_path / algorithm_name / "states", "disk")
+        loop.run_round(0)
+        assert len(loop.client_states) == 6
+        loads = []
+        real_get = loop.client_states.get
+        loop.client_states.get = lambda cid, default=None: loads.append(cid) or real_get(cid, default)
+        assert evaluate_loop(loop)["personal_clients"] == 6
+        return len(loads)
+
+    assert loads_in_evaluation("scaffold") == 0
+    assert loads_in_evaluation("fedavg", {"bn_buffers": "local"}) == 6
+    assert loads_in_evaluation("scaffold", algorithm=OwnView()) == 6

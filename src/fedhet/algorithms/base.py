@@ -148,6 +148,13 @@ class Algorithm:
         """
         return self.global_model(state)
 
+    def client_model_reads_state(self) -> bool:
+        """Whether :meth:`client_model` reads its ``client_state``. When False the evaluator passes
+        None and does not load the client's state (a store may keep it on disk: one file a client
+        an evaluation). True for any method with a ``client_model`` of its own; one that reads no
+        state there may say so by overriding this too."""
+        return type(self).client_model is not Algorithm.client_model
+
     def client_view(self, state: State, cid: int) -> State:
         """The part of the server state that ``client_model(cid, ...)`` reads. A distributed engine
         sends this (not the whole state) to the node that evaluates client ``cid``; methods that

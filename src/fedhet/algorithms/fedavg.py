@@ -193,3 +193,10 @@ class FedAvg(Algorithm):
         if model is not None and self.params.bn_buffers == "local" and client_state and "buffers" in client_state:
             return {**model, **client_state["buffers"]}
         return model
+
+    def client_model_reads_state(self) -> bool:
+        # this client_model reads only the local BatchNorm statistics; SCAFFOLD's c_i, MOON's previous
+        # model... stay where the store keeps them. A method's own client_model may read anything.
+        if type(self).client_model is not FedAvg.client_model:
+            return True
+        return self.params.bn_buffers == "local"

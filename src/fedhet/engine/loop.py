@@ -182,7 +182,8 @@ class RoundLoop:
     def client_model(self, cid: int) -> Arrays:
         # The server state is on the CPU; a client state kept on the device (run.client_state:
         # device) joins it there, so a method may combine the two (FedRoD adds its personal head).
-        state = to_device(self.client_states.get(cid), "cpu")
+        # a state the method does not read to evaluate is not loaded (the store may hold it on disk)
+        state = to_device(self.client_states.get(cid), "cpu") if self.algorithm.client_model_reads_state() else None
         weights = self.algorithm.client_model(cid, self.server_state, state)
         return weights if weights is not None else self.host.init_models[self.host.client_arch[cid]]
 

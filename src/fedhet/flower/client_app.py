@@ -366,7 +366,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     correct, total, loss = [], [], []
     for cid in cids:
         node.check_hosts(cid)
-        weights = node.algorithm.client_model(cid, views[cid], load_state(context, cid))
+        state = load_state(context, cid) if node.algorithm.client_model_reads_state() else None
+        weights = node.algorithm.client_model(cid, views[cid], state)
         arch = host.client_arch[cid]
         if weights is None:                # never trained: the common initialisation (RoundLoop.client_model)
             weights = host.init_models[arch]
