@@ -266,6 +266,33 @@ def test_lite_schedule_and_floats_per_round(small_config, every):
         assert changed == bool(up_model), rnd                       # the global model moves only on uploads
 
 
+def test_a_lite_run_whose_last_round_uploaded_only_as_the_last_is_not_extended(small_config, tmp_path):
+    """model_every 2 from round 0: rounds 2, 4, 6 (1-based) upload. A 3-round run's round 3 uploaded
+    only as its last; extended to 4 it would have averaged a model a 4-round run never does: refused,
+    nothing touched. A run that ended on an upload round extends."""
+    import copy
+
+    from fedhet.core.errors import CheckpointError
+    from fedhet.experiment.config import load_config
+    from fedhet.experiment.runner import Experiment, read_metrics
+
+    lite = FedFMLite(FedFMLite.Params(start_round=0, model_every=2))
+    assert lite.extension_problem(3, 4) and lite.extension_problem(2, 4) is None
+    assert lite.extension_problem(3, 3) is None                         # not extended: nothing to say
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "fedfm_lite", "params": {"start_round": 0, "model_every": 2, "lam": 1.0}}
+    raw["train"]["rounds"] = 3
+    raw["data"]["pool_fraction"] = 0.25
+    Experiment.create(load_config(raw=raw), tmp_path / "r").run(progress=False)
+    before = (tmp_path / "r" / "metrics.jsonl").read_bytes()
+    with pytest.raises(CheckpointError, match=r"cannot be extended to 4 rounds: fedfm_lite \(model_every 2, "
+                                              r"start_round 0\): round 3 uploaded and averaged the models only"):
+        Experiment.resume(tmp_path / "r", run_settings=["train.rounds=4"])
+    assert (tmp_path / "r" / "metrics.jsonl").read_bytes() == before
+    assert load_config(tmp_path / "r" / "config.yaml").train.rounds == 3
+    assert [r["round"] for r in read_metrics(tmp_path / "r")] == [1, 2, 3]
+
+
 def test_lite_warm_up_is_fedavg_and_anchors_come_from_the_trained_models(small_config):
     k = small_config["data"]["num_clients"]
     fedavg = build_loop(config(small_config, "fedavg", clients_per_round=k))

@@ -177,6 +177,32 @@ def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config
     assert json.loads((exp.run_dir / "summary.json").read_text())["engine"]["engine"] == "reference"
 
 
+def test_an_extended_run_sets_aside_its_old_last_rounds_evaluation_and_summarizes_as_the_longer_run(
+        small_config, tmp_path, capsys):
+    """eval.every 2: a 3-round run evaluates round 3 only as its last. Extended to 6 rounds, its
+    rows and summary are those of a 6-round run (rounds 2, 4, 6 evaluated); round 3's evaluation
+    stays in its row under evaluated_as_last_round, read by no summary."""
+    raw = copy.deepcopy(small_config)
+    raw["eval"].update(every=2, final_window=2)
+    raw["train"]["rounds"] = 3
+    Experiment.create(load_config(raw=raw), tmp_path / "extended").run(progress=False)
+    assert main(["run", "--resume", str(tmp_path / "extended"), "--set", "train.rounds=6", "--no-progress"]) == 0
+    assert "round 3 was evaluated as the last round; a run of 6 rounds evaluates every 2" in capsys.readouterr().err
+    raw["train"]["rounds"] = 6
+    Experiment.create(load_config(raw=raw), tmp_path / "fresh").run(progress=False)
+    rows = {name: [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / name)]
+            for name in ("extended", "fresh")}
+    kept = rows["extended"][2].pop("evaluated_as_last_round")
+    assert kept["personal_acc"] > 0 and "global_acc" in kept and "global_acc" not in rows["extended"][2]
+    assert rows["extended"] == rows["fresh"]
+    summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("extended", "fresh")]
+    for key in ("headline", "metrics", "model_selection", "rounds_completed"):
+        assert summaries[0][key] == summaries[1][key], key
+    # a crash-resume of the longer run (its checkpoint of round 4 is on the schedule) sets nothing aside
+    assert main(["run", "--resume", str(tmp_path / "fresh"), "--no-progress"]) == 0
+    assert "evaluated as the last round" not in capsys.readouterr().err
+
+
 def test_resume_refuses_a_run_whose_precision_would_resolve_otherwise(finished_run):
     """run.precision: auto resolves by device (bf16 where the hardware runs it natively): a run
     moved to another device must not go on in another precision. The checkpoint records the

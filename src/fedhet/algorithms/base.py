@@ -155,6 +155,12 @@ class Algorithm:
         state there may say so by overriding this too."""
         return type(self).client_model is not Algorithm.client_model
 
+    def extension_problem(self, done_rounds: int, rounds: int) -> str | None:
+        """Why a run that ended after ``done_rounds`` rounds, extended to ``rounds``, would not
+        compute what a run of ``rounds`` rounds does (its last round acted as the last, e.g. an
+        upload made only then), or None. A resume that raises train.rounds refuses the run then."""
+        return None
+
     def client_view(self, state: State, cid: int) -> State:
         """The part of the server state that ``client_model(cid, ...)`` reads. A distributed engine
         sends this (not the whole state) to the node that evaluates client ``cid``; methods that

@@ -282,6 +282,15 @@ class FedFMLite(FedFM):
         after = rnd - self.params.start_round
         return rnd < self.params.start_round or (after + 1) % self.params.model_every == 0 or last
 
+    def extension_problem(self, done_rounds: int, rounds: int) -> str | None:
+        last = done_rounds - 1
+        if done_rounds < rounds and self.model_up(last, done_rounds) and not self.model_up(last, None):
+            return (f"fedfm_lite (model_every {self.params.model_every}, start_round {self.params.start_round}): "
+                    f"round {done_rounds} uploaded and averaged the models only because it was the last, which a run "
+                    f"of {rounds} rounds does not, so the extended run would train another model; start a new run "
+                    f"of {rounds} rounds")
+        return None
+
     def round(self, state: State, ctx: RoundContext) -> RoundGenerator:
         previous = set(state.get("lite_participants", []))
         upload = self.model_up(ctx.round, ctx.num_rounds)

@@ -27,6 +27,8 @@ METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.yaml"
 PARTITION = "partition.json"
+# A row's evaluation made only because its round was the last of a run since extended (set_aside_evaluation)
+EVALUATED_AS_LAST = "evaluated_as_last_round"
 LOCK = ".lock"          # held (flock) by the process writing the run; the kernel frees it when that process dies
 
 
@@ -158,10 +160,22 @@ class RunDir:
     def truncate_metrics(self, done_rounds: int) -> None:
         """Drop metric lines of rounds after the checkpoint: they will be recomputed identically."""
         rows = self.read_metrics()
-        with open(self.path / METRICS, "w") as f:
-            for row in rows:
-                if row["round"] <= done_rounds:
-                    f.write(json.dumps(row) + "\n")
+        self.write_text(METRICS, "".join(json.dumps(row) + "\n" for row in rows if row["round"] <= done_rounds))
+
+    def set_aside_evaluation(self, rnd: int, is_evaluation: Callable[[str], bool]) -> bool:
+        """Move round ``rnd``'s evaluated metrics (the keys ``is_evaluation`` names) into the row's
+        :data:`EVALUATED_AS_LAST` mapping, kept but read by no summary, table or plot: a run extended
+        past its last round evaluates on the schedule of the longer run, which evaluates no such
+        round. Whether a row changed."""
+        rows = self.read_metrics()
+        changed = False
+        for row in rows:
+            if row["round"] == rnd and (moved := {k: row.pop(k) for k in list(row) if is_evaluation(k)}):
+                row[EVALUATED_AS_LAST] = moved
+                changed = True
+        if changed:
+            self.write_text(METRICS, "".join(json.dumps(row) + "\n" for row in rows))
+        return changed
 
     # --- checkpoints --------------------------------------------------------------------
     def save_checkpoint(self, obj: Any) -> None:

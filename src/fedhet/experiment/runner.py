@@ -101,6 +101,11 @@ def is_fedhet_metric(key: str) -> bool:
     return key in FEDHET_ROW_KEYS or key.startswith(FEDHET_METRIC_PREFIXES)
 
 
+def is_evaluation_key(key: str) -> bool:
+    """A row's key that an evaluation writes (global_*, personal_*, local_*, feature_*)."""
+    return key.startswith(FEDHET_METRIC_PREFIXES)
+
+
 class Experiment:
     """One run of one config, in one run directory."""
 
@@ -147,6 +152,8 @@ class Experiment:
         self.checkpointer = checkpointer or Experiment.checkpoint
         self.start_round = 0                        # rounds already done (set by resume)
         self.restored: dict | None = None           # the checkpoint a resume continues from
+        # an extended run's old last round, whose evaluation its row keeps under EVALUATED_AS_LAST
+        self.evaluation_set_aside: int | None = None
         self.summary: dict = {}
         # The "model" each client uploaded in the round just run, kept when eval.local_risk
         # evaluates it (FedACD Table 3's risk of local models); not checkpointed.
@@ -266,7 +273,17 @@ class Experiment:
                 raise CheckpointError(f"{rundir.path / METRICS} lacks round(s) {span}, which the checkpoint of round "
                                       f"{exp.start_round} has done: resumed, the run would end 'completed' without "
                                       f"them. Restore {METRICS} from a copy, or start the run anew in another folder")
+            planned = snap.get("config", {}).get("train", {}).get("rounds") if isinstance(snap, dict) else None
+            if planned == exp.start_round < cfg.train.rounds:            # a finished run, extended
+                problem = exp.algorithm.extension_problem(exp.start_round, cfg.train.rounds)
+                if problem:
+                    raise CheckpointError(f"{run_dir} cannot be extended to {cfg.train.rounds} rounds: {problem}")
             rundir.truncate_metrics(exp.start_round)
+            if exp.start_round < cfg.train.rounds and exp.start_round % cfg.eval.every:
+                # extended: the old last round was evaluated only as the last; a run of the new
+                # length evaluates no such round, and its summary must not count one
+                if rundir.set_aside_evaluation(exp.start_round, is_evaluation_key):
+                    exp.evaluation_set_aside = exp.start_round
             if record:
                 rundir.write_text(CONFIG, dump_config(recorded))
         except BaseException:

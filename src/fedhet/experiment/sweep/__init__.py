@@ -40,9 +40,10 @@ asks for (an edited ``set``, say) is ``stale``: reported and left alone, never m
 A completed run with fewer rounds than the sweep now asks for (a raised ``train.rounds``) is
 ``extend``: its recorded config gets the new round count and the run continues from its last
 checkpoint. (An interrupted run is resumed with the new count as well.) The extended run equals
-one made at the new length from the start, except where the old last round acted as the last:
-it was evaluated whatever ``eval.every`` says, and FedFM-Lite uploaded the models there
-(``model_every``). While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
+one made at the new length from the start (``Experiment.resume``): an evaluation the old last
+round had only as the last stays in its row under ``evaluated_as_last_round``, outside the
+summary; a method whose last round acted otherwise (FedFM-Lite's upload, ``model_every``) refuses
+the extension, and the run fails with that reason. While a sweep runs a job, ``<out>/<run>.lock`` holds the run's process id; another
 sweep over the same folder sees the job as ``running`` and leaves it alone (a lock whose process
 is gone is ignored).
 ``--only TAG`` (repeatable) starts, resumes or retries just the runs of that tag (a run entry's tag,
