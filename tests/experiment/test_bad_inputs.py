@@ -322,6 +322,23 @@ def two_runs(two_runs_once, tmp_path):
     return copies
 
 
+@pytest.mark.parametrize("left", ["config.yaml", "summary.json", "checkpoint.pt"])
+def test_a_run_folder_that_lost_its_metrics_is_still_a_run_and_never_written_over(small_config, two_runs, left,
+                                                                                   capsys):
+    """--out on a run folder whose metrics.jsonl is gone (a bad copy, a merge): any of the run's own
+    files marks it, and the new run is refused before anything is written."""
+    a, _ = two_runs
+    (a / "metrics.jsonl").unlink()
+    for name in {"config.yaml", "summary.json", "checkpoint.pt"} - {left}:
+        (a / name).unlink()
+    before = {p.name: p.read_bytes() for p in a.iterdir() if p.is_file()}
+    path = a.parent / "new.yaml"
+    path.write_text(yaml.safe_dump(cfg_of(small_config, train={"lr": 0.07})))
+    assert main(["run", str(path), "--out", str(a)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in a.iterdir() if p.is_file()} == before
+
+
 def test_compare_refuses_one_run_given_twice(two_runs, capsys):
     a, _ = two_runs
     assert main(["compare", str(a), str(a)]) == 2

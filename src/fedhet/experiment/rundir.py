@@ -82,7 +82,8 @@ class RunDir:
         self._lock_fd: int | None = None       # the open .lock while this process holds the folder
 
     def holds_run(self) -> bool:
-        return (self.path / METRICS).exists()
+        """Whether any of a run's own files is here (one lost from a run folder still marks it)."""
+        return any((self.path / name).exists() for name in (METRICS, CONFIG, SUMMARY, CHECKPOINT))
 
     def lock(self) -> None:
         """Hold the run directory for this process until :meth:`unlock` (or the process's end):

@@ -56,7 +56,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     run_dir = Path(run_dir).resolve()
     if resume and not (run_dir / METRICS).exists():
         raise FedhetError(f"{run_dir} holds no run to resume (no {METRICS})")
-    if not resume and (run_dir / METRICS).exists():
+    if not resume and RunDir(run_dir).holds_run():
         raise FedhetError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose another --out")
     RunDir(run_dir).create()             # a path under a file or unwritable: say so before starting Flower
     settings.setdefault("node_state_dir", str(run_dir / NODE_STATE))
