@@ -216,10 +216,10 @@ def _cmd_sweep(args) -> int:
     if unstarted:
         print(f"fedhet: {len(unstarted)} run(s) not started by --skip-runs-that-cannot-finish: {', '.join(unstarted)} "
               "(they would have ended after the --finish-by limit; a sweep with more time runs them)", file=sys.stderr)
-    failed = [j.name for j in jobs if status[j.name] in ("failed", "stale")]
+    failed = [j.name for j in jobs if status[j.name] in ("failed", "stale", "damaged")]
     if failed:
-        print(f"fedhet: {len(failed)} run(s) failed or stale: {', '.join(failed)} (logs: {sweep.out}/<run>.log)",
-              file=sys.stderr)
+        print(f"fedhet: {len(failed)} run(s) failed, stale or damaged: {', '.join(failed)} (logs: "
+              f"{sweep.out}/<run>.log)", file=sys.stderr)
         return 1
     return 0
 

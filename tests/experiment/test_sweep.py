@@ -535,7 +535,7 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
                        set=["train.rounds=1"])
     assert cli_main(["sweep", str(path)]) == 1
     captured = capsys.readouterr()
-    assert "1 run(s) failed or stale: broken_s0" in captured.err
+    assert "1 run(s) failed, stale or damaged: broken_s0" in captured.err
     sweep = load_sweep(path)
     status = {j.name: job_status(j) for j in sweep.jobs}
     assert status == {"fedavg_s0": "completed", "broken_s0": "failed"}
@@ -558,6 +558,21 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
                                                             ("fedavg", {"tag": "broken", "set": ["train.lr=0.01"]})],
                                    set=["train.rounds=1"]))
     assert job_status(fixed.jobs[1]) == "new"
+
+    # a finished run that lost its summary.json and keeps no checkpoint (a committed folder after a bad
+    # merge): left alone, not started again from round 1 over the rounds it holds
+    done = sweep.jobs[0]
+    (done.run_dir / "checkpoint.pt").unlink()
+    (done.run_dir / "checkpoint.sha256").unlink()
+    (done.run_dir / "summary.json").write_text('{"status": "comp')
+    assert job_status(done) == "damaged"
+    messages = []
+    assert run_sweep(load_sweep(path), only=["fedavg"], log=messages.append, poll_seconds=0.2) == {}
+    assert any("skipped fedavg_s0, damaged: its summary.json is missing or unreadable" in m for m in messages)
+    assert before == (done.run_dir / "metrics.jsonl").stat().st_mtime_ns
+    assert "`fedavg_s0`: damaged (its summary.json is missing" in write_report(load_sweep(path))
+    (done.run_dir / "metrics.jsonl").write_text("")          # nothing recorded: an interrupted run, resumed
+    assert job_status(done) == "interrupted"
 
 
 def test_a_killed_sweep_resumes_and_ends_with_the_uninterrupted_results(tmp_path, small_config, monkeypatch):

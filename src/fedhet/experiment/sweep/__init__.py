@@ -37,6 +37,9 @@ config (how the run is carried out aside); a failed run's folder is compared lik
 (stale under another config). Each job's output is
 in ``<out>/<run>.log``. A run directory whose recorded config differs from what the sweep file now
 asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
+A folder whose metrics.jsonl holds every round but whose summary.json is lost or unreadable, with
+no checkpoint to finish from (a committed run after a bad merge), is ``damaged``: reported and left
+alone rather than run again from round 1 over the rounds it holds.
 A completed run with fewer rounds than the sweep now asks for (a raised ``train.rounds``) is
 ``extend``: its recorded config gets the new round count and the run continues from its last
 checkpoint. (An interrupted run is resumed with the new count as well.) The extended run equals

@@ -19,6 +19,7 @@ from fedhet.experiment.summary import cpu_identity
 from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
 from fedhet.experiment.sweep.state import (
+    DAMAGED_FIX,
     STALE_FIX,
     config_mismatch,
     current_config,
@@ -135,13 +136,15 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     for j in jobs:
         if initial[j.name] == "stale":
             log(f"skipped {j.name}, stale ({'; '.join(config_mismatch(j))}): {STALE_FIX} ({j.run_dir})")
+        if initial[j.name] == "damaged":
+            log(f"skipped {j.name}, damaged: {DAMAGED_FIX} ({j.run_dir})")
         if initial[j.name] == "running":
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {lock_path(j)})")
     todo = [j for j in jobs if would_start(initial[j.name], retry_failed)]
     left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
     skipped = ", ".join(f"{left.count(s)} {s}{' elsewhere' if s == 'running' else ''}"
                         f"{' (--retry-failed runs them again)' if s == 'failed' else ''}"
-                        for s in ("completed", "failed", "stale", "running") if s in left)
+                        for s in ("completed", "failed", "stale", "damaged", "running") if s in left)
     chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
@@ -222,7 +225,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: another sweep process started it")
                     continue
                 now = recorded_status(job)     # another sweep may have run it since this one started
-                if now in ("completed", "stale") or (now == "failed" and not retry_failed):
+                if now in ("completed", "stale", "damaged") or (now == "failed" and not retry_failed):
                     lock_path(job).unlink(missing_ok=True)
                     log(f"{time.strftime('%H:%M:%S')} skip   {job.name}: {now} meanwhile (another sweep process)")
                     continue

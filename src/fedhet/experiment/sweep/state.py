@@ -215,7 +215,9 @@ def would_start(status: str, retry_failed: bool) -> bool:
 def job_status(job: Job) -> str:
     """completed | failed | interrupted (its run directory exists: resumed) | new; ``stale`` when
     the run directory holds a run of another config than the sweep file now asks for; ``extend``
-    when it completed fewer rounds than now asked for; ``running`` while a live sweep runs it."""
+    when it completed fewer rounds than now asked for; ``damaged`` when every round is recorded but
+    the summary is lost and no checkpoint is left (:data:`DAMAGED_FIX`); ``running`` while a live
+    sweep runs it."""
     if lock_holder(job) is not None:
         return "running"
     return recorded_status(job)
@@ -240,9 +242,26 @@ def recorded_status(job: Job) -> str:
         return "completed"
     if status == "failed" or _failed_as_asked_now(job):
         return "failed"
+    if not recorded and _all_rounds_recorded_without_checkpoint(job):
+        return "damaged"
     if (job.run_dir / "config.yaml").is_file():
         return "interrupted"
     return "new"
+
+
+DAMAGED_FIX = ("its summary.json is missing or unreadable while its metrics.jsonl holds every round, and it has no "
+               "checkpoint to finish from: restore summary.json from where the run is kept (git checkout, a copy), "
+               "or delete the folder to run it again; a sweep leaves it alone rather than recompute recorded rounds")
+
+
+def _all_rounds_recorded_without_checkpoint(job: Job) -> bool:
+    """A finished run's folder that lost its summary.json (a bad copy, a merge): resumed, it would
+    start again from round 1 and throw away the rows it holds."""
+    if (job.run_dir / CHECKPOINT).is_file() or not (job.run_dir / "config.yaml").is_file():
+        return False
+    wanted = _requested_rounds(job)
+    rounds = [r["round"] for r in recorded_rows(job)]
+    return wanted is not None and rounds == list(range(1, len(rounds) + 1)) and len(rounds) >= wanted
 
 
 def rounds_done(job: Job) -> int:

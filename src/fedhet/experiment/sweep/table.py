@@ -8,7 +8,7 @@ import os
 import shlex
 
 from fedhet.experiment.sweep.spec import Sweep
-from fedhet.experiment.sweep.state import job_status, stale_note
+from fedhet.experiment.sweep.state import DAMAGED_FIX, job_status, stale_note
 from fedhet.experiment.verdict import MissingValue, Verdict, run_value, verdict_table
 
 
@@ -40,7 +40,8 @@ def write_report(sweep: Sweep, replace: bool = True, status: dict[str, str] | No
     if missing:
         jobs = {j.name: j for j in sweep.jobs}
         lines += ["", "Not completed:", ""] + [
-            f"- `{name}`: {status}" + (f" ({stale_note(jobs[name])})" if status == "stale" else "")
+            f"- `{name}`: {status}" + (f" ({stale_note(jobs[name])})" if status == "stale" else
+                                        f" ({DAMAGED_FIX})" if status == "damaged" else "")
             for name, status in missing]
     text = "\n".join(lines) + "\n"
     if keep:
