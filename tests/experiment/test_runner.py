@@ -153,8 +153,11 @@ def test_resume_refuses_a_changed_config_but_allows_more_rounds(finished_run):
     resumed.run(progress=False)
     assert [r["round"] for r in read_metrics(run_dir)] == [1, 2, 3, 4]
     config_file.write_text(original)                                    # fewer rounds than done: refused
-    with pytest.raises(CheckpointError, match="train.rounds: 4 -> 3"):
+    with pytest.raises(CheckpointError, match="train.rounds 3 is below the 4 rounds .* has done: a resumed run can "
+                                              "be extended, not cut"):
         Experiment.resume(run_dir)
+    with pytest.raises(ConfigError, match=r"--set train.rouns: unknown key \(did you mean train.rounds\?\)"):
+        Experiment.resume(run_dir, run_settings=["train.rouns=5"])     # a typo is named as one
 
 
 def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config, tmp_path, monkeypatch, capsys):

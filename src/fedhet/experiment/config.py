@@ -487,6 +487,16 @@ def check_resume_settings(run_settings: list[str] | None) -> None:
     ``train.rounds`` (raised: the checkpoint check refuses fewer); ConfigError naming the others."""
     allowed = (*RESUMABLE_CHANGES, "train.rounds")
     fixed = [k for k in map(override_key, run_settings or []) if k not in allowed]
+    for key in fixed:                  # a misspelt key is named as one, not as a change of the run
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            section = _model_at(parts[:i])
+            if section is None:        # inside one value (algorithm.params...): any key
+                break
+            if part not in section.model_fields:
+                near = difflib.get_close_matches(part, list(section.model_fields), n=1)
+                hint = f" (did you mean {'.'.join([*parts[:i], near[0]])}?)" if near else ""
+                raise ConfigError(f"--set {key}: unknown key{hint}; every key: configs/README.md")
     if fixed:
         raise ConfigError(f"a resumed run takes --set only for how it is carried out ({', '.join(allowed)}); "
                           f"{', '.join(fixed)} would change what it computes: start a new run for that")

@@ -228,6 +228,10 @@ class Experiment:
         if threads:
             cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": threads})})
         snap = rundir.load_checkpoint()
+        done = snap.get("round") if isinstance(snap, dict) else None
+        if isinstance(done, int) and cfg.train.rounds < done:
+            raise CheckpointError(f"train.rounds {cfg.train.rounds} is below the {done} rounds {run_dir} has done: a "
+                                  "resumed run can be extended, not cut (its rows of every round stay in metrics.jsonl)")
         if snap is not None and isinstance(snap, dict) and isinstance(snap.get("config"), dict):
             changed = config_changes(snap["config"], cfg)
             if changed:
