@@ -74,13 +74,19 @@ def test_resumed_run_continues_its_mlflow_run_and_tensorboard_curves(small_confi
     exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
     run_killed_in_round(exp, monkeypatch, 3)
     first_id = (exp.run_dir / "mlflow_run_id").read_text()
-    resumed = Experiment.resume(exp.run_dir)
+    resumed = Experiment.resume(exp.run_dir, run_settings=["train.rounds=5"])      # extended too
     resumed.run(progress=False)
     assert (exp.run_dir / "mlflow_run_id").read_text() == first_id
     acc = EventAccumulator(str(exp.run_dir / "tensorboard"))
     acc.Reload()
     steps = [e.step for e in acc.Scalars("accuracy/global_acc")]
-    assert steps == [1, 2, 3, 4]                # round 3, recomputed after the checkpoint, is not doubled
+    assert steps == [1, 2, 3, 4, 5]             # round 3, recomputed after the checkpoint, is not doubled
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{(exp.run_dir / 'mlflow.db').resolve()}")
+    run_id = first_id.strip()
+    assert [m.step for m in client.get_metric_history(run_id, "global_acc")] == [1, 2, 3, 4, 5]    # nor here
+    assert client.get_run(run_id).data.tags["fedhet.rounds_planned"] == "5"
 
 
 def test_unknown_logger_is_a_config_error(small_config):

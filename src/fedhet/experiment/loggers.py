@@ -94,9 +94,14 @@ class MlflowLogger(Callback):
             location = None if exp.cfg.run.mlflow_tracking_uri else (run_dir / "mlflow-artifacts").as_uri()
             experiment_id = self.client.create_experiment(name, artifact_location=location)
         id_file = run_dir / MLFLOW_RUN_ID
+        # MLflow keeps every point logged, none can be removed: the rounds a resumed run recomputes
+        # after its checkpoint (logged before the crash, with the same values) are not logged again
+        self.logged_through = 0
         if exp.start_round and id_file.is_file():          # a resumed run continues its MLflow run
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
+            self.logged_through = max((m.step for m in self.client.get_metric_history(self.run_id, "train_loss")),
+                                      default=0)
         else:
             run = self.client.create_run(experiment_id, run_name=run_dir.name,
                                          tags={"fedhet.run_dir": str(run_dir), "fedhet.algorithm": exp.algorithm.name})
@@ -108,10 +113,14 @@ class MlflowLogger(Callback):
             params = [Param(k, (v if isinstance(v, str) else json.dumps(v))[:6000]) for k, v in flat.items()]
             for i in range(0, len(params), 100):
                 self.client.log_batch(self.run_id, params=params[i:i + 100])
+        # params cannot change: the rounds an extended run plans now are a tag
+        self.client.set_tag(self.run_id, "fedhet.rounds_planned", str(exp.cfg.train.rounds))
 
     def on_row_written(self, exp: RunView, row: dict) -> None:
         from mlflow.entities import Metric
 
+        if row["round"] <= self.logged_through:
+            return
         now = int(time.time() * 1000)
         metrics = [Metric(name.replace("/", "."), value, now, row["round"]) for name, value in row_scalars(row).items()]
         for i in range(0, len(metrics), 500):
