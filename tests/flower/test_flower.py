@@ -579,6 +579,34 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
         assert message in capsys.readouterr().err, argv
 
 
+def test_flower_app_writes_the_app_and_run_config_and_never_a_project_of_ones_own(small_config, tmp_path, capsys):
+    """`fedhet flower app CONFIG --out DIR`: DIR/pyproject.toml (fedhet's ServerApp and ClientApp) and
+    DIR/run-config.toml holding the config; again into the same folder rewrites them; a folder holding
+    a pyproject.toml of another project, or a file, is refused and left as it was."""
+    import tomllib
+
+    from fedhet.cli import main as cli_main
+
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(dump_config(tiny(small_config, "fedavg")))
+    for _ in range(2):
+        assert cli_main(["flower", "app", str(cfg_path), "--out", str(tmp_path / "app"), "--set", "train.rounds=7"]) == 0
+    app = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    assert app["tool"]["flwr"]["app"]["components"]["serverapp"] == "fedhet.flower.server_app:app"
+    rc = tomllib.loads((tmp_path / "app" / "run-config.toml").read_text())
+    assert load_config(raw=__import__("yaml").safe_load(rc["fedhet-config"])).train.rounds == 7
+    capsys.readouterr()
+    own = tmp_path / "project"
+    own.mkdir()
+    (own / "pyproject.toml").write_text('[project]\nname = "mine"\n')
+    (tmp_path / "afile").write_text("x")
+    for out, said in ((own, "is not fedhet's Flower app"), (tmp_path / "afile", "is a file")):
+        assert cli_main(["flower", "app", str(cfg_path), "--out", str(out)]) == 2
+        assert said in capsys.readouterr().err
+    assert (own / "pyproject.toml").read_text() == '[project]\nname = "mine"\n' and sorted(own.iterdir()) == [
+        own / "pyproject.toml"]
+
+
 def test_flower_run_resume_hands_the_deployment_the_recorded_config_with_its_set_values(small_config, tmp_path,
                                                                                      monkeypatch):
     """--resume RUN_DIR --set train.rounds=N: the deployment gets config.yaml with the raised rounds

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedhet.core.errors import FedhetError
+from fedhet.core.errors import ConfigError, FedhetError
 
 APP_NAME = "fedhet-flower"
 
@@ -29,9 +29,22 @@ def toml_value(v: Any) -> str:
 
 
 def write_app(app_dir: str | Path) -> Path:
-    """Write the Flower app directory (``pyproject.toml`` only) that ``flwr run`` bundles."""
+    """Write the Flower app directory (``pyproject.toml`` only) that ``flwr run`` bundles; a
+    ConfigError for a path that is a file, and for a pyproject.toml there that fedhet did not write
+    (a project of one's own is never written over)."""
     app_dir = Path(app_dir)
-    app_dir.mkdir(parents=True, exist_ok=True)
+    if app_dir.exists() and not app_dir.is_dir():
+        raise ConfigError(f"--out {app_dir} is a file: name a folder for the Flower app (a new one, or one this "
+                          "command wrote before)")
+    existing = app_dir / "pyproject.toml"
+    if existing.is_file() and f'name = "{APP_NAME}"' not in existing.read_text(errors="replace"):
+        raise ConfigError(f"{existing} exists and is not fedhet's Flower app: choose another --out (the app is one "
+                          "pyproject.toml, written into a folder of its own)")
+    try:
+        app_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot make the Flower app folder {app_dir}: {e.strerror or e}; choose another --out") \
+            from None
     config = "\n".join(f"{k} = {toml_value(v)}" for k, v in RUN_CONFIG_DEFAULTS.items())
     text = f"""# The fedhet Flower app; its apps come from the installed fedhet package (docs/deployment.md).
 [build-system]
