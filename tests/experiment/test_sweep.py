@@ -136,6 +136,13 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config, monkeypatch):
     bad.write_text("runs: [a.yaml, a.yaml]\n")
     with pytest.raises(ConfigError, match="different tags"):
         load_sweep(bad)
+    bad.write_text("runs: [{config: [a.yaml]}]\n")
+    with pytest.raises(ConfigError, match=r"runs\[0\] needs a 'config': a path, .*, got \['a.yaml'\]"):
+        load_sweep(bad)
+    (tmp_path / "afile").write_text("")
+    bad.write_text("out: afile\nruns: [a.yaml]\n")
+    with pytest.raises(ConfigError, match="bad.yaml: out afile is a file: name a folder"):
+        load_sweep(bad)
     with pytest.raises(ConfigError, match="does not exist"):
         load_sweep(tmp_path / "missing.yaml")
     for lanes in ("null", "two", "0", "2.5", "true"):

@@ -91,6 +91,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                           "known: name, out, lanes, seeds, set, grid, runs, metric, paired, verdicts")
     name = str(raw.get("name") or path.stem)
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
+    if out_dir.exists() and not out_dir.is_dir():
+        given = "--out" if out else f"{path}: out" if raw.get("out") else f"{path}: the output folder runs/<name>"
+        raise ConfigError(f"{given} {out_dir} is a file: name a folder for the sweep's runs")
     lanes_from, n_lanes = ("--lanes", lanes) if lanes is not None else (f"{path}: lanes", raw.get("lanes", 1))
     if isinstance(n_lanes, bool) or not isinstance(n_lanes, int) or n_lanes < 1:
         raise ConfigError(f"{lanes_from} must be a whole number of at least 1, got {n_lanes!r}")
@@ -108,8 +111,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
         where = f"{path}: runs[{i}]"
         if isinstance(entry, str):
             entry = {"config": entry}
-        if not isinstance(entry, dict) or "config" not in entry:
-            raise ConfigError(f"{where} needs a 'config' (a path, relative to the working directory)")
+        if not isinstance(entry, dict) or not isinstance(entry.get("config"), str) or not entry["config"]:
+            raise ConfigError(f"{where} needs a 'config': a path, relative to the working directory"
+                              + (f", got {entry['config']!r}" if isinstance(entry, dict) and "config" in entry else ""))
         extra = set(entry) - {"config", "tag", "seeds", "set", "costs_like"}
         if extra:
             raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set, costs_like")
