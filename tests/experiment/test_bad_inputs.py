@@ -22,7 +22,7 @@ from fedhet.core.split import BODY, select
 from fedhet.data.federated import build_federation
 from fedhet.experiment.build import build, build_models, make_algorithm
 from fedhet.experiment.config import load_config
-from fedhet.experiment.runner import Experiment
+from fedhet.experiment.runner import Experiment, read_metrics
 from fedhet.experiment.yaml_io import parse_yaml
 
 
@@ -646,11 +646,19 @@ def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(stopped_run):
     for damage in (b"\xff\xfe\n", b"[1, 2]\n"):
         damaged = rows[0] + damage + b"".join(rows[1:])
         (run / "metrics.jsonl").write_bytes(damaged)
-        with pytest.raises(CheckpointError, match="lacks round\\(s\\) 2-3"):
+        with pytest.raises(CheckpointError, match="lacks round\\(s\\) 2-3 \\(its line 2 is damaged or out of place\\)"):
             Experiment.resume(run)
         assert (run / "metrics.jsonl").read_bytes() == damaged          # nothing dropped by the refusal
     (run / "metrics.jsonl").write_bytes(b"".join(rows) + b"\xff{\"round\": 4")   # damage after the rows
-    assert Experiment.resume(run).start_round == 3
+    resumed = Experiment.resume(run)
+    assert resumed.start_round == 3
+    resumed.rundir.unlock()
+    # a stray row after the rounds (a round already recorded) is read as the end of the file: the
+    # resumed run goes on after round 3 and writes its summary
+    (run / "metrics.jsonl").write_bytes(b"".join(rows) + b'{"round": 2, "x": 1}\n')
+    resumed = Experiment.resume(run, run_settings=["train.rounds=4"])
+    assert resumed.start_round == 3 and resumed.run(progress=False)["rounds_completed"] == 4
+    assert [r["round"] for r in read_metrics(run)] == [1, 2, 3, 4]
 
 
 def test_a_damaged_digest_file_is_not_blamed_on_the_checkpoint(stopped_run):

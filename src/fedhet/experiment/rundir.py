@@ -33,25 +33,35 @@ LOCK = ".lock"          # held (flock) by the process writing the run; the kerne
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The rows of ``run_dir``'s metrics.jsonl up to the first line that is not a round's record:
-    a line cut off by a kill, bytes that are not UTF-8 or not JSON, or JSON that is not a mapping
-    with a whole-number ``round`` (a damaged file). Every row before it is intact and returned; a
-    resume then refuses a file that lacks rounds its checkpoint has done."""
-    path = Path(run_dir) / METRICS
+    """The rows of ``run_dir``'s metrics.jsonl up to the first line that is not the next round's
+    record: a line cut off by a kill, bytes that are not UTF-8 or not JSON, JSON that is not a
+    mapping with a whole-number ``round``, or a round not after the one before (a run writes 1, 2,
+    3, ...): a damaged file (:func:`first_damaged_line` says where). Every row before it
+    is intact and returned; a resume then refuses a file that lacks rounds its checkpoint has done."""
+    return _read_rows(Path(run_dir) / METRICS)[0]
+
+
+def first_damaged_line(run_dir: str | Path) -> int | None:
+    """The number (from 1) of the line of metrics.jsonl where :func:`read_metrics` stopped, or None."""
+    return _read_rows(Path(run_dir) / METRICS)[1]
+
+
+def _read_rows(path: Path) -> tuple[list[dict], int | None]:
     rows: list[dict] = []
     if not path.is_file():
-        return rows
-    for raw in path.read_bytes().splitlines():
+        return rows, None
+    for number, raw in enumerate(path.read_bytes().splitlines(), 1):
         if not raw.strip():
             continue
         try:
             row = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            break
-        if not isinstance(row, dict) or type(row.get("round")) is not int:
-            break
+            return rows, number
+        if (not isinstance(row, dict) or type(row.get("round")) is not int
+                or row["round"] <= (rows[-1]["round"] if rows else 0)):
+            return rows, number
         rows.append(row)
-    return rows
+    return rows, None
 
 
 def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:

@@ -51,6 +51,7 @@ from fedhet.experiment.rundir import (
     SUMMARY,
     RunDir,
     checked_run_dir,
+    first_damaged_line,
     read_metrics,
 )
 from fedhet.experiment.summary import (
@@ -274,9 +275,12 @@ class Experiment:
             if lost:
                 span = f"{lost[0]}" if len(lost) == 1 else f"{lost[0]}-{lost[-1]}" if lost == list(
                     range(lost[0], lost[-1] + 1)) else ", ".join(map(str, lost))
-                raise CheckpointError(f"{rundir.path / METRICS} lacks round(s) {span}, which the checkpoint of round "
-                                      f"{exp.start_round} has done: resumed, the run would end 'completed' without "
-                                      f"them. Restore {METRICS} from a copy, or start the run anew in another folder")
+                damaged = first_damaged_line(rundir.path)
+                where = f" (its line {damaged} is damaged or out of place)" if damaged else ""
+                raise CheckpointError(f"{rundir.path / METRICS} lacks round(s) {span}{where}, which the checkpoint "
+                                      f"of round {exp.start_round} has done: resumed, the run would end 'completed' "
+                                      f"without them. Restore {METRICS} from a copy (or mend that line), or start "
+                                      "the run anew in another folder")
             planned = snap.get("config", {}).get("train", {}).get("rounds") if isinstance(snap, dict) else None
             if planned == exp.start_round < cfg.train.rounds:            # a finished run, extended
                 problem = exp.algorithm.extension_problem(exp.start_round, cfg.train.rounds)
