@@ -161,6 +161,7 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
         "from fedhet.extend import FedAvg\n\nclass Nameless(FedAvg):\n    pass\n\n"
         "def not_split(in_channels, num_classes, image_size):\n    import torch\n    return torch.nn.Linear(2, 2)\n"
         "\nraise_on_import = False\n"
+        "\ndef two_arguments(num_classes, in_channels):\n    pass\n"
         "\ndef normed(in_channels, num_classes, image_size, norm='gn', hidden=8):\n"
         "    from torch import nn\n    from fedhet.extend import SplitModel\n"
         "    layer = nn.GroupNorm(2, hidden) if norm == 'gn' else nn.BatchNorm1d(hidden)\n"
@@ -172,6 +173,9 @@ def test_a_method_class_without_a_name_of_its_own_is_refused(small_config, examp
         make_algorithm(cfg_of(small_config, algorithm={"name": "broken_plugin:Nameless"}))
     for arch, message in [("broken_plugin:not_split", "the builder returned a Linear \\(Linear\\(in_features=2.*not a fedhet SplitModel"),
                           ("broken_plugin:raise_on_import", "it names a bool .*not a model builder"),
+                          ("broken_plugin:two_arguments", r"the builder is called as builder\(in_channels, num_classes, "
+                                                          r"image_size\) \(too many positional arguments\); its "
+                                                          r"signature is \(num_classes, in_channels\)"),
                           ("nets:small_mlp", None)]:
         cfg = cfg_of(small_config, model={"arch": arch, "norm": "gn"} if message is None else {"arch": arch})
         with pytest.raises(ConfigError, match=f"model {arch}: " + (message or "model.norm gn: this builder has no "

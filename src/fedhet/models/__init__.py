@@ -174,6 +174,14 @@ def _user_model(
     extra = {"split": split} if split is not None else {}
     if own_norm is not None:
         extra["norm"] = norm
+    if params is not None:
+        try:
+            inspect.signature(builder).bind(in_channels, num_classes, image_size, **extra, **options)
+        except TypeError as e:
+            given = ", ".join(["in_channels", "num_classes", "image_size", *extra, *options])
+            raise ValueError(f"the builder is called as builder({given}) ({e}); its signature is "
+                             f"{inspect.signature(builder)}: take (in_channels, num_classes, image_size, **options) "
+                             "as docs/extending.md shows, or set model.options to its own parameters") from None
     model = builder(in_channels, num_classes, image_size, **extra, **options)
     if not isinstance(model, SplitModel):
         raise ValueError(f"the builder returned {describe(model)}, not a fedhet SplitModel: build it as "
