@@ -573,10 +573,15 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
              (["flower", "run", "--resume", str(tmp_path / "empty")], "is not a fedhet run directory"),
              (["flower", "run", str(cfg_path), "--resume", str(tmp_path)], "give no CONFIG (--set only for how"),
              (["flower", "run", "--resume", str(tmp_path), "--set", "train.lr=0.1"],
-              "a resumed run takes --set only for how it is carried out")]
+              "a resumed run takes --set only for how it is carried out"),
+             (["flower", "run", str(cfg_path), "--min-clients", "0"], "--min-clients must be at least 1, got 0"),
+             (["flower", "app", str(cfg_path), "--out", str(tmp_path / "app"), "--phase-timeout", "-1"],
+              "--phase-timeout must be more than 0 seconds, got -1.0"),
+             (["flower", "run", str(cfg_path), "--node-timeout", "nan"], "--node-timeout must be 0 or more seconds")]
     for argv, message in cases:
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "app").exists()                 # refused before the app is written
 
 
 def test_flower_app_writes_the_app_and_run_config_and_never_a_project_of_ones_own(small_config, tmp_path, capsys):

@@ -7,6 +7,7 @@ itself (same machine), so the run directory is complete when the run has finishe
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import sys
@@ -149,6 +150,12 @@ def cli(args) -> int:
         cfg = load_config(args.config, args.set)
     if args.flower_command == "run" and args.out is not None:
         checked_run_dir(args.out)
+    # checked here, not only by the ServerApp once the SuperLink and the nodes are up
+    for flag, value, ok, needs in (("--min-clients", args.min_clients, lambda v: v >= 1, "at least 1"),
+                                   ("--phase-timeout", args.phase_timeout, lambda v: v > 0, "more than 0 seconds"),
+                                   ("--node-timeout", args.node_timeout, lambda v: v >= 0, "0 or more seconds")):
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise FedhetError(f"{flag} must be {needs}, got {value}")
     settings = {"min_clients": args.min_clients, "phase_timeout": args.phase_timeout,
                 "node_timeout": args.node_timeout}
     if args.min_clients is not None and args.min_clients > cfg.train.clients_per_round:
