@@ -116,6 +116,7 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     from fedhet.experiment.sweep import expected_run_seconds, job_status, pace_runs, sweep_threads
     from fedhet.experiment.sweep.pace import duration
     from fedhet.experiment.sweep.state import (
+        DAMAGED_FIX,
         STALE_FIX,
         first_problem,
         stale_note,
@@ -136,6 +137,8 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
         if status == "stale":
             stale += 1
             guess = f"  [{stale_note(job)}]"
+        if status == "damaged":
+            guess = f"  [{DAMAGED_FIX}]"
         if job.name in why_broken:
             guess = f"  [its config does not load: {first_problem(why_broken[job.name])}]"
         elif would_start(status, retry_failed):

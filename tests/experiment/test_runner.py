@@ -181,7 +181,7 @@ def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config
 
 
 def test_an_extended_run_sets_aside_its_old_last_rounds_evaluation_and_summarizes_as_the_longer_run(
-        small_config, tmp_path, capsys):
+        small_config, tmp_path, capsys, monkeypatch):
     """eval.every 2: a 3-round run evaluates round 3 only as its last. Extended to 6 rounds, its
     rows and summary are those of a 6-round run (rounds 2, 4, 6 evaluated); round 3's evaluation
     stays in its row under evaluated_as_last_round, read by no summary."""
@@ -201,9 +201,15 @@ def test_an_extended_run_sets_aside_its_old_last_rounds_evaluation_and_summarize
     summaries = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("extended", "fresh")]
     for key in ("headline", "metrics", "model_selection", "rounds_completed"):
         assert summaries[0][key] == summaries[1][key], key
-    # a crash-resume of the longer run (its checkpoint of round 4 is on the schedule) sets nothing aside
-    assert main(["run", "--resume", str(tmp_path / "fresh"), "--no-progress"]) == 0
+    # a crash-resume from a checkpoint off the evaluation schedule (round 3 of 6: not evaluated, not
+    # the last) sets nothing aside and ends as the uninterrupted run
+    raw["run"]["checkpoint_every"] = 3
+    run_killed_in_round(Experiment.create(load_config(raw=raw), tmp_path / "killed"), monkeypatch, 5)
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(tmp_path / "killed"), "--no-progress"]) == 0
     assert "evaluated as the last round" not in capsys.readouterr().err
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / "killed")] == rows["fresh"]
 
 
 def test_resume_refuses_a_run_whose_precision_would_resolve_otherwise(finished_run):

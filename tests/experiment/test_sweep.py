@@ -578,6 +578,8 @@ def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tm
     assert any("skipped fedavg_s0, damaged: its summary.json is missing or unreadable" in m for m in messages)
     assert before == (done.run_dir / "metrics.jsonl").stat().st_mtime_ns
     assert "`fedavg_s0`: damaged (its summary.json is missing" in write_report(load_sweep(path))
+    assert cli_main(["sweep", str(path), "--list", "--only", "fedavg"]) == 0
+    assert "[its summary.json is missing or unreadable" in capsys.readouterr().out
     (done.run_dir / "metrics.jsonl").write_text("")          # nothing recorded: an interrupted run, resumed
     assert job_status(done) == "interrupted"
 
@@ -827,6 +829,32 @@ def test_a_raised_round_count_extends_completed_runs(tmp_path, small_config):
     Experiment.create(cfg, tmp_path / "fresh").run(progress=False)
     assert rows_without_time(job.run_dir) == rows_without_time(tmp_path / "fresh")
     assert [r["round"] for r in read_metrics(job.run_dir)] == [1, 2, 3]
+
+
+def test_an_extension_the_run_refuses_fails_once_and_leaves_the_run_as_it_was(tmp_path, small_config):
+    """FedFM-Lite (model_every 2) whose 3-round run uploaded in round 3 only as its last refuses
+    to be extended to 4 (Algorithm.extension_problem): the sweep reports it failed with the reason,
+    the run's config.yaml still says 3 rounds (the run records a raise only once it accepts it), and
+    the next sweep does not start it again."""
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "fedfm_lite", "params": {"start_round": 0, "model_every": 2, "lam": 1.0}}
+    raw["data"]["pool_fraction"] = 0.25
+    (tmp_path / "lite.yaml").write_text(yaml.safe_dump(raw))
+    spec = {"name": "lite", "out": str(tmp_path / "out"), "seeds": [0], "set": ["train.rounds=3"],
+            "runs": [{"config": str(tmp_path / "lite.yaml"), "tag": "lite"}]}
+    (tmp_path / "lite.sweep.yaml").write_text(yaml.safe_dump(spec))
+    (job,) = load_sweep(tmp_path / "lite.sweep.yaml").jobs
+    Experiment.create(load_config(job.config, [*job.overrides, "run.threads=1"]), job.run_dir).run(progress=False)
+    spec["set"] = ["train.rounds=4"]
+    (tmp_path / "lite.sweep.yaml").write_text(yaml.safe_dump(spec))
+    (job,) = load_sweep(tmp_path / "lite.sweep.yaml").jobs
+    assert job_status(job) == "extend"
+    assert run_sweep(load_sweep(tmp_path / "lite.sweep.yaml"), log=lambda m: None, poll_seconds=0.2) == {
+        job.name: "failed"}
+    assert "uploaded and averaged the models only because it was the last" in (
+        job.run_dir.parent / f"{job.name}.log").read_text()
+    assert load_config(job.run_dir / "config.yaml").train.rounds == 3 and job_status(job) == "failed"
+    assert run_sweep(load_sweep(tmp_path / "lite.sweep.yaml"), log=lambda m: None, poll_seconds=0.2) == {}
 
 
 def test_a_raised_round_count_reaches_interrupted_runs_too(tmp_path, small_config, monkeypatch):

@@ -530,7 +530,8 @@ def test_a_finished_run_extended_with_more_rounds_equals_an_uninterrupted_one(sm
     other = resumable(small_config)
     other.algorithm.name = "fedavg"
     for cfg in (resumable(small_config, rounds=3), other):
-        with pytest.raises(FedhetError, match=r"differs from its config.yaml: (train.rounds: 4 -> 3|algorithm.name)"):
+        with pytest.raises(FedhetError, match=r"train.rounds 3 is below the 4 rounds .* has done: a resumed run can "
+                                              r"be extended, not cut|differs from its config.yaml: algorithm.name"):
             flower_run(cfg, tmp_path / "flower", resume=True, node_state_dir=nodes)
     assert [r["round"] for r in read_metrics(tmp_path / "flower")] == [1, 2, 3, 4]
 

@@ -95,12 +95,14 @@ class MlflowLogger(Callback):
             experiment_id = self.client.create_experiment(name, artifact_location=location)
         id_file = run_dir / MLFLOW_RUN_ID
         # MLflow keeps every point logged, none can be removed: the rounds a resumed run recomputes
-        # after its checkpoint (logged before the crash, with the same values) are not logged again
+        # after its checkpoint (logged before the crash) are not logged again; metrics.jsonl holds
+        # their recomputed values (which differ in the last bits where the run moved device or threads)
         self.logged_through = 0
         if exp.start_round and id_file.is_file():          # a resumed run continues its MLflow run
             self.run_id = id_file.read_text().strip()
             self.client.update_run(self.run_id, status="RUNNING")
-            self.logged_through = max((m.step for m in self.client.get_metric_history(self.run_id, "train_loss")),
+            # seconds.total: every row has it (a row's train_loss may be None, and None is not logged)
+            self.logged_through = max((m.step for m in self.client.get_metric_history(self.run_id, "seconds.total")),
                                       default=0)
         else:
             run = self.client.create_run(experiment_id, run_name=run_dir.name,

@@ -170,8 +170,10 @@ class RunDir:
 
     def truncate_metrics(self, done_rounds: int) -> None:
         """Drop metric lines of rounds after the checkpoint: they will be recomputed identically."""
-        rows = self.read_metrics()
-        self.write_text(METRICS, "".join(json.dumps(row) + "\n" for row in rows if row["round"] <= done_rounds))
+        self._write_rows([row for row in self.read_metrics() if row["round"] <= done_rounds])
+
+    def _write_rows(self, rows: list[dict]) -> None:
+        self.write_text(METRICS, "".join(json.dumps(row) + "\n" for row in rows))
 
     def set_aside_evaluation(self, rnd: int, is_evaluation: Callable[[str], bool]) -> bool:
         """Move round ``rnd``'s evaluated metrics (the keys ``is_evaluation`` names) into the row's
@@ -185,7 +187,7 @@ class RunDir:
                 row[EVALUATED_AS_LAST] = moved
                 changed = True
         if changed:
-            self.write_text(METRICS, "".join(json.dumps(row) + "\n" for row in rows))
+            self._write_rows(rows)
         return changed
 
     # --- checkpoints --------------------------------------------------------------------

@@ -217,6 +217,12 @@ class Experiment:
         # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
         check_resume_settings(run_settings)
         cfg = load_config(rundir.path / CONFIG, run_settings)
+        snap = rundir.load_checkpoint()
+        done = snap.get("round") if isinstance(snap, dict) else None
+        asked = (config or cfg).train.rounds
+        if isinstance(done, int) and asked < done:
+            raise CheckpointError(f"train.rounds {asked} is below the {done} rounds {run_dir} has done: a resumed "
+                                  "run can be extended, not cut (its rows of every round stay in metrics.jsonl)")
         recorded = cfg                      # what config.yaml records from here on (--threads aside)
         record = bool(run_settings)
         if config is not None:
@@ -228,11 +234,6 @@ class Experiment:
             cfg = recorded = config
         if threads:
             cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"threads": threads})})
-        snap = rundir.load_checkpoint()
-        done = snap.get("round") if isinstance(snap, dict) else None
-        if isinstance(done, int) and cfg.train.rounds < done:
-            raise CheckpointError(f"train.rounds {cfg.train.rounds} is below the {done} rounds {run_dir} has done: a "
-                                  "resumed run can be extended, not cut (its rows of every round stay in metrics.jsonl)")
         if snap is not None and isinstance(snap, dict) and isinstance(snap.get("config"), dict):
             changed = config_changes(snap["config"], cfg)
             if changed:

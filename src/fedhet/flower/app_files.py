@@ -37,14 +37,9 @@ def write_app(app_dir: str | Path) -> Path:
         raise ConfigError(f"--out {app_dir} is a file: name a folder for the Flower app (a new one, or one this "
                           "command wrote before)")
     existing = app_dir / "pyproject.toml"
-    if existing.is_file() and f'name = "{APP_NAME}"' not in existing.read_text(errors="replace"):
+    if existing.exists() and _project_name(existing) != APP_NAME:
         raise ConfigError(f"{existing} exists and is not fedhet's Flower app: choose another --out (the app is one "
                           "pyproject.toml, written into a folder of its own)")
-    try:
-        app_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"cannot make the Flower app folder {app_dir}: {e.strerror or e}; choose another --out") \
-            from None
     config = "\n".join(f"{k} = {toml_value(v)}" for k, v in RUN_CONFIG_DEFAULTS.items())
     text = f"""# The fedhet Flower app; its apps come from the installed fedhet package (docs/deployment.md).
 [build-system]
@@ -69,8 +64,22 @@ clientapp = "fedhet.flower.client_app:app"
 [tool.flwr.app.config]
 {config}
 """
-    (app_dir / "pyproject.toml").write_text(text)
+    try:
+        app_dir.mkdir(parents=True, exist_ok=True)
+        existing.write_text(text)
+    except OSError as e:
+        raise ConfigError(f"cannot write the Flower app {existing}: {e.strerror or e}; choose another --out") from None
     return app_dir
+
+
+def _project_name(pyproject: Path) -> str | None:
+    """``[project] name`` of a pyproject.toml, None where it is not a readable TOML file that has one."""
+    import tomllib
+
+    try:
+        return tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        return None
 
 
 def write_run_config(path: str | Path, config_text: str, run_dir: str | Path | None = None,

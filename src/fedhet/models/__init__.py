@@ -155,9 +155,10 @@ def _user_model(
         raise ValueError(f"it names {describe(builder)}, not a model builder: name a function "
                          "(in_channels, num_classes, image_size, **options) -> SplitModel")
     try:
-        params = inspect.signature(builder).parameters
+        signature: inspect.Signature | None = inspect.signature(builder)
     except (TypeError, ValueError):          # a builtin or C callable: no signature to read
-        params = None
+        signature = None
+    params = signature.parameters if signature is not None else None
     own_norm = params.get("norm") if params is not None else None
     takes_any = params is None or any(p.kind is p.VAR_KEYWORD for p in params.values())
     if split is not None and not takes_any and "split" not in params:
@@ -174,13 +175,13 @@ def _user_model(
     extra = {"split": split} if split is not None else {}
     if own_norm is not None:
         extra["norm"] = norm
-    if params is not None:
+    if signature is not None:
         try:
-            inspect.signature(builder).bind(in_channels, num_classes, image_size, **extra, **options)
+            signature.bind(in_channels, num_classes, image_size, **extra, **options)
         except TypeError as e:
             given = ", ".join(["in_channels", "num_classes", "image_size", *extra, *options])
             raise ValueError(f"the builder is called as builder({given}) ({e}); its signature is "
-                             f"{inspect.signature(builder)}: take (in_channels, num_classes, image_size, **options) "
+                             f"{signature}: take (in_channels, num_classes, image_size, **options) "
                              "as docs/extending.md shows, or set model.options to its own parameters") from None
     model = builder(in_channels, num_classes, image_size, **extra, **options)
     if not isinstance(model, SplitModel):

@@ -23,7 +23,6 @@ from fedhet.experiment.sweep.state import (
     STALE_FIX,
     config_mismatch,
     current_config,
-    extend_rounds,
     failure_marker,
     job_status,
     lock_holder,
@@ -33,6 +32,7 @@ from fedhet.experiment.sweep.state import (
     recorded_status,
     resume_round,
     rounds_done,
+    rounds_to_extend,
     take_lock,
     unloadable_jobs,
     unloadable_message,
@@ -42,12 +42,14 @@ from fedhet.experiment.sweep.state import (
 )
 
 
-def _command(job: Job, threads: int, resume: bool, extra_set: list[str] = ()) -> list[str]:
+def _command(job: Job, threads: int, resume: bool, extra_set: list[str] = (), rounds: int | None = None) -> list[str]:
     base = [sys.executable, "-m", "fedhet.cli", "run"]
     if resume:
         # the command line's settings of how runs are carried out (run.device, run.engine...) apply
-        # to resumed runs too: a run stopped on a lent GPU goes on on the CPU with --set run.device=cpu
-        sets = [x for item in resumable_sets(extra_set) for x in ("--set", item)]
+        # to resumed runs too: a run stopped on a lent GPU goes on on the CPU with --set run.device=cpu;
+        # ``rounds``: more than it recorded, which the run checks before it records them
+        more = [f"train.rounds={rounds}"] if rounds is not None else []
+        sets = [x for item in [*resumable_sets(extra_set), *more] for x in ("--set", item)]
         return [*base, "--resume", str(job.run_dir), *sets, "--no-progress", "--threads", str(threads)]
     sets = [x for o in job.overrides for x in ("--set", o)]
     return [*base, str(job.config), *sets, "--out", str(job.run_dir), "--no-progress", "--threads", str(threads)]
@@ -238,13 +240,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 # a run directory with a config is resumed: from its checkpoint, or from round 1;
                 # with the rounds the sweep file asks for now (completed, interrupted or failed)
                 resume = (job.run_dir / "config.yaml").is_file()
-                if resume:
-                    extend_rounds(job)
                 failure_marker(job).unlink(missing_ok=True)
                 job.run_dir.parent.mkdir(parents=True, exist_ok=True)
                 logf = open(job.run_dir.parent / f"{job.name}.log", "a" if resume else "w")
                 rows_before[job.name] = recorded_rows(job)      # before a resumed run cuts them back
-                proc = subprocess.Popen(_command(job, threads, resume, sweep.extra_set), stdout=logf,
+                proc = subprocess.Popen(_command(job, threads, resume, sweep.extra_set,
+                                                 rounds_to_extend(job) if resume else None), stdout=logf,
                                         stderr=subprocess.STDOUT)
                 logf.close()
                 write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep

@@ -238,7 +238,8 @@ def recorded_status(job: Job) -> str:
     if status == "completed":
         wanted = _requested_rounds(job)
         if wanted is not None and int(recorded.get("rounds_completed", wanted)) < wanted:
-            return "extend"
+            # an extension that failed (refused, say) is not started again by every sweep
+            return "failed" if _failed_as_asked_now(job) else "extend"
         return "completed"
     if status == "failed" or _failed_as_asked_now(job):
         return "failed"
@@ -259,9 +260,9 @@ def _all_rounds_recorded_without_checkpoint(job: Job) -> bool:
     start again from round 1 and throw away the rows it holds."""
     if (job.run_dir / CHECKPOINT).is_file() or not (job.run_dir / "config.yaml").is_file():
         return False
-    wanted = _requested_rounds(job)
+    planned = _recorded_rounds(job)          # the run's own, whatever the sweep asks for now
     rounds = [r["round"] for r in recorded_rows(job)]
-    return wanted is not None and rounds == list(range(1, len(rounds) + 1)) and len(rounds) >= wanted
+    return bool(planned) and rounds == list(range(1, len(rounds) + 1)) and len(rounds) >= planned
 
 
 def rounds_done(job: Job) -> int:
@@ -341,17 +342,19 @@ def pace_runs(job: Job, jobs: list[Job], cpu: dict, threads: int) -> tuple[str, 
     return job.tag, own
 
 
-def extend_rounds(job: Job) -> None:
-    """Raise the recorded config's train.rounds to what the sweep asks for, when it asks for
-    more, so ``--resume`` continues the run (completed or not) to that length."""
-    wanted = _requested_rounds(job)
-    path = job.run_dir / "config.yaml"
+def rounds_to_extend(job: Job) -> int | None:
+    """The train.rounds the sweep asks for, where it is more than the run's recorded config has:
+    its resume gets ``--set train.rounds=N`` and continues the run (completed or not) to that
+    length; the run checks the extension and records it (Experiment.resume), so a refused one
+    leaves config.yaml as it was."""
+    have, wanted = _recorded_rounds(job), _requested_rounds(job)
+    return wanted if have is not None and wanted is not None and wanted > have else None
+
+
+def _recorded_rounds(job: Job) -> int | None:
+    """train.rounds of the config recorded in the job's run directory (None: none readable)."""
     try:
-        recorded = parse_yaml(path.read_text()) or {}
-        have = int(recorded.get("train", {}).get("rounds", 0))
+        recorded = parse_yaml((job.run_dir / "config.yaml").read_text()) or {}
+        return int(recorded.get("train", {}).get("rounds", 0))
     except (OSError, yaml.YAMLError, TypeError, ValueError, AttributeError):
-        return             # the run itself reports a config it cannot load
-    if wanted is None or have >= wanted:
-        return
-    recorded.setdefault("train", {})["rounds"] = wanted
-    path.write_text(yaml.safe_dump(recorded, sort_keys=False))
+        return None          # the run itself reports a config it cannot load
