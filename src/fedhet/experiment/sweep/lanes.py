@@ -143,7 +143,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
         if initial[j.name] == "running":
             log(f"skipped {j.name}: another sweep process runs it (pid {lock_holder(j)}, lock {lock_path(j)})")
     todo = [j for j in jobs if would_start(initial[j.name], retry_failed)]
-    left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, running
+    left = [initial[j.name] for j in jobs if j not in todo]      # skipped: completed, failed, stale, damaged, running
     skipped = ", ".join(f"{left.count(s)} {s}{' elsewhere' if s == 'running' else ''}"
                         f"{' (--retry-failed runs them again)' if s == 'failed' else ''}"
                         for s in ("completed", "failed", "stale", "damaged", "running") if s in left)
