@@ -36,10 +36,10 @@ def one_intra_op_thread():
 @pytest.fixture(autouse=True)
 def sweep_lanes_plan_for_one_cpu(monkeypatch):
     """A sweep's lanes split the usable CPUs between them and pass each run ``--threads`` (past
-    OMP_NUM_THREADS above): a one-lane sweep's runs took both cores and spun against the other test
-    workers (a 3-round run: 5.5-10 CPU s on two threads beside two busy cores, 3.3 s on one). In
-    tests a sweep plans for one CPU; tests of the split set ``usable_cpus`` themselves, and sweeps
-    started as processes pass ``--set run.threads=1``."""
+    OMP_NUM_THREADS above): a one-lane sweep's runs took both cores and spun at their thread
+    barriers against the other test workers (test_sweep's CPU seconds:
+    benchmarks/results/test_suite_time.md). In tests a sweep plans for one CPU; tests of the split
+    set ``usable_cpus`` themselves, and sweeps started as processes pass ``--set run.threads=1``."""
     import fedhet.experiment.sweep.lanes as lanes
 
     monkeypatch.setattr(lanes, "usable_cpus", lambda: 1)
