@@ -24,7 +24,8 @@ A sweep file (YAML) names the runs::
                                         # --list and --skip-runs-that-cannot-finish)
 
 Each (run, grid point, seed) is one job with its own run directory ``<out>/<tag>[_<grid>]_s<seed>``
-and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds). The queue is the
+and config name ``<tag>[_<grid>]`` (so ``fedhet compare`` pools its seeds; a name, tag or grid
+value holds no slash, and a name or tag starts with no dot). The queue is the
 sweep file plus the run directories: a job whose ``summary.json`` says ``completed`` is skipped, one
 with a checkpoint is resumed (``fedhet run --resume``), the others start fresh. So a killed sweep
 continues where it stopped when started again, and no completed run is ever re-run. A config

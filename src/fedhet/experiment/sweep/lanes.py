@@ -36,6 +36,7 @@ from fedhet.experiment.sweep.state import (
     take_lock,
     unloadable_jobs,
     unloadable_message,
+    unrecorded_metric,
     would_start,
     write_failure_marker,
     write_lock,
@@ -134,6 +135,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     broken = unloadable_jobs(jobs, initial, retry_failed)
     if broken:       # refused before any run starts: each would fail the same way in its first second
         raise ConfigError(unloadable_message(broken))
+    every = {j.name: initial.get(j.name) or job_status(j) for j in sweep.jobs}     # --only: the others' too
+    if (why := unrecorded_metric(sweep, every)) is not None:
+        raise ConfigError(f"{why}; fix the sweep file's metric before its runs")
     sweep.out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         if initial[j.name] == "stale":

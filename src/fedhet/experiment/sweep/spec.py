@@ -59,7 +59,21 @@ def _seeds(value: Any, where: str) -> list[int]:
     bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int)]
     if bad:
         raise ConfigError(f"{where}: seeds must be whole numbers, e.g. seeds: [0, 1, 2]; got {bad!r}")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:
+        raise ConfigError(f"{where}: seeds {seeds} list seed(s) {twice} more than once; a seed is one run - "
+                          "list each once")
     return seeds
+
+
+def _folder_name(value: Any, what: str, where: str, part: bool = False) -> str:
+    """A sweep's name or a run entry's tag (or, ``part``, a grid value inside one): each becomes a
+    folder's name, so it may not leave the sweep's folder (``../x``) or make nested ones (``a/b``)."""
+    text = str(value)
+    if "/" in text or "\\" in text or not part and (not text or text.startswith(".")):
+        raise ConfigError(f"{where}: {what} {text!r} names a folder, so it may not be empty, start with a dot "
+                          "or hold a slash; use letters, digits, '-' and '_'")
+    return text
 
 
 def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
@@ -70,6 +84,8 @@ def _grid_points(grid: dict[str, list]) -> list[tuple[str, list[str]]]:
     for k in keys:
         if not isinstance(grid[k], list) or not grid[k]:
             raise ConfigError(f"sweep grid: '{k}' needs a non-empty list of values")
+        for v in grid[k]:
+            _folder_name(v, "value", f"sweep grid: '{k}'", part=True)   # a part of its runs' folder names
     points = []
     for values in itertools.product(*(grid[k] for k in keys)):
         suffix = "_".join(f"{k.rsplit('.', 1)[-1]}{v}" for k, v in zip(keys, values))
@@ -89,7 +105,10 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
     if unknown:
         raise ConfigError(f"{path}: unknown sweep keys {sorted(unknown)}; "
                           "known: name, out, lanes, seeds, set, grid, runs, metric, paired, verdicts")
-    name = str(raw.get("name") or path.stem)
+    name = _folder_name(raw.get("name") or path.stem, "name", str(path))
+    metric = raw.get("metric")
+    if metric is not None and (not isinstance(metric, str) or not metric):
+        raise ConfigError(f"{path}: metric must be a metric's name, e.g. metric: global_acc; got {metric!r}")
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
     if out_dir.exists() and not out_dir.is_dir():
         given = "--out" if out else f"{path}: out" if raw.get("out") else f"{path}: the output folder runs/<name>"
@@ -122,7 +141,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
             raise ConfigError(f"{where}: config {config} does not exist (working directory {Path.cwd()}); a run's "
                               "config path is relative to the working directory: run fedhet sweep from the folder "
                               "the sweep file's paths start from, or fix the path")
-        tag = str(entry.get("tag") or config.stem)
+        tag = _folder_name(entry.get("tag") or config.stem, "tag", where)
         run_seeds = _seeds(entry.get("seeds", seeds), where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
         _refuse_threads_in_file(own, where)
@@ -161,7 +180,7 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
             raise ConfigError(f"{where}: costs_like: {like!r} is not the tag of another run entry (tags: "
                               f"{', '.join(sorted(tag_owner))})")
     verdicts = parse_verdicts(raw.get("verdicts"), str(path), {(j.tag, j.seed) for j in jobs})
-    return Sweep(name, out_dir, n_lanes, jobs, raw.get("metric"), path,
+    return Sweep(name, out_dir, n_lanes, jobs, metric, path,
                  paired=paired, extra_set=list(extra_set or []),
                  verdicts=verdicts, out_given=out is not None)
 
