@@ -153,7 +153,10 @@ def test_runs_kept_as_small_files_elsewhere_are_adopted_skipped_and_decide_the_v
     messages = []
     assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {}
     assert "2 completed left alone, 0 to run" in messages[0]
-    assert adopt_runs(sweep, archive, log=lambda m: None) == []          # already there: left alone
+    said = []
+    assert adopt_runs(sweep, archive, log=said.append) == []          # already there: left alone
+    assert said == [f"--adopt {archive}: 0 run(s) adopted; 2 already completed here, 0 there not completed or of "
+                    "another config, 0 not there"]
 
     capsys.readouterr()
     assert cli_main(["sweep", str(path), "--table"]) == 0
@@ -174,8 +177,15 @@ def test_a_run_of_another_config_is_not_adopted(tmp_path, small_config):
     other = load_sweep(path, out=tmp_path / "elsewhere", extra_set=["train.lr=0.01"])
     run_sweep(other, log=lambda m: None, poll_seconds=0.2)
     sweep = load_sweep(path)
-    assert adopt_runs(sweep, other.out, log=lambda m: None) == []
+    said = []
+    assert adopt_runs(sweep, other.out, log=said.append) == []
     assert not sweep.jobs[0].run_dir.exists()
+    assert said == [f"--adopt {other.out}: 0 run(s) adopted; 0 already completed here, 1 there not completed or of "
+                    "another config (fedavg_s0 (stale)), 0 not there"]
+    said.clear()            # a folder one level off (the sweeps' parent) holds none of its runs: said so
+    assert adopt_runs(sweep, tmp_path, log=said.append) == []
+    assert said == [f"--adopt {tmp_path}: 0 run(s) adopted; 0 already completed here, 0 there not completed or of "
+                    "another config, 1 not there: it holds no folder named like a run of sweep 'tiny', e.g. fedavg_s0"]
     with pytest.raises(ConfigError, match="not a readable .tar.gz"):
         bad = tmp_path / "bad.tar.gz"
         bad.write_text("not an archive")

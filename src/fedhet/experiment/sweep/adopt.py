@@ -32,9 +32,17 @@ def adopt_runs(sweep: Sweep, source: str | Path, log=print) -> list[str]:
                 raise ConfigError(f"--adopt {source}: not a readable .tar.gz of run folders ({e})") from e
             inner = [p for p in Path(scratch).iterdir() if p.is_dir()]
             folder = inner[0] if len(inner) == 1 else Path(scratch)
+        here_done: list[str] = []
+        not_done: list[str] = []        # "name (status)" of those there but not completed or of another config
         for job in sweep.jobs:
             there = Job(job.tag, job.seed, job.config, job.overrides, folder / job.name, job.run_tag)
-            if job_status(job) == "completed" or not there.run_dir.is_dir() or job_status(there) != "completed":
+            if job_status(job) == "completed":
+                here_done.append(job.name)
+                continue
+            if not there.run_dir.is_dir():
+                continue
+            if (status := job_status(there)) != "completed":
+                not_done.append(f"{job.name} ({status})")
                 continue
             job.run_dir.mkdir(parents=True, exist_ok=True)
             for name in KEPT_FILES:
@@ -42,4 +50,11 @@ def adopt_runs(sweep: Sweep, source: str | Path, log=print) -> list[str]:
                     shutil.copy2(there.run_dir / name, job.run_dir / name)
             adopted.append(job.name)
             log(f"adopted {job.name} from {source}")
+        absent = len(sweep.jobs) - len(adopted) - len(here_done) - len(not_done)
+        shown = f" ({', '.join(not_done[:5])}{' and more' if len(not_done) > 5 else ''})" if not_done else ""
+        # a folder with none of the sweep's run folders is likely another sweep's, or one level off
+        hint = (f": it holds no folder named like a run of sweep {sweep.name!r}, e.g. {sweep.jobs[0].name}"
+                if absent and not adopted and not not_done else "")
+        log(f"--adopt {source}: {len(adopted)} run(s) adopted; {len(here_done)} already completed here, "
+            f"{len(not_done)} there not completed or of another config{shown}, {absent} not there{hint}")
     return adopted
