@@ -158,6 +158,8 @@ def test_resume_refuses_a_changed_config_but_allows_more_rounds(finished_run):
         Experiment.resume(run_dir)
     with pytest.raises(ConfigError, match=r"--set train.rouns: unknown key \(did you mean train.rounds\?\)"):
         Experiment.resume(run_dir, run_settings=["train.rouns=5"])     # a typo is named as one
+    with pytest.raises(ConfigError, match="--set run.out_dir: a resumed run goes on in the folder it is resumed from"):
+        Experiment.resume(run_dir, run_settings=["run.out_dir=elsewhere"])   # else silently without effect
 
 
 def test_resume_takes_set_values_of_how_the_run_is_carried_out_only(small_config, tmp_path, monkeypatch, capsys):

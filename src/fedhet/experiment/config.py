@@ -483,10 +483,15 @@ RESUMABLE_CHANGES = ("run.progress", "run.threads", "run.deterministic", "run.wo
 
 
 def check_resume_settings(run_settings: list[str] | None) -> None:
-    """``--set`` items a resumed run takes: how it is carried out (:data:`RESUMABLE_CHANGES`) and
-    ``train.rounds`` (raised: the checkpoint check refuses fewer); ConfigError naming the others."""
-    allowed = (*RESUMABLE_CHANGES, "train.rounds")
-    fixed = [k for k in map(override_key, run_settings or []) if k not in allowed]
+    """``--set`` items a resumed run takes: how it is carried out (:data:`RESUMABLE_CHANGES` but
+    ``run.out_dir``: the folder it goes on in is the one resumed) and ``train.rounds`` (raised: the
+    checkpoint check refuses fewer); ConfigError naming the others."""
+    allowed = (*(k for k in RESUMABLE_CHANGES if k != "run.out_dir"), "train.rounds")
+    keys = list(map(override_key, run_settings or []))
+    if "run.out_dir" in keys:       # recorded as a setting of how a run is carried out, yet the folder is given
+        raise ConfigError("--set run.out_dir: a resumed run goes on in the folder it is resumed from; to go on "
+                          "elsewhere, copy that folder there and resume the copy")
+    fixed = [k for k in keys if k not in allowed]
     for key in fixed:                  # a misspelt key is named as one, not as a change of the run
         parts = key.split(".")
         for i, part in enumerate(parts):
