@@ -649,7 +649,13 @@ def test_a_run_whose_metrics_file_is_damaged_is_refused_and_kept(stopped_run):
         with pytest.raises(CheckpointError, match="lacks round\\(s\\) 2-3 \\(its line 2 is damaged or out of place\\)"):
             Experiment.resume(run)
         assert (run / "metrics.jsonl").read_bytes() == damaged          # nothing dropped by the refusal
+        with pytest.warns(RuntimeWarning, match=r"metrics.jsonl: line 2 is damaged \(not the next round's record\), "
+                                                r"so its 2 later line\(s\) are not read; .*rounds up to 1"):
+            assert [r["round"] for r in read_metrics(run)] == [1]
     (run / "metrics.jsonl").write_bytes(b"".join(rows) + b"\xff{\"round\": 4")   # damage after the rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # a last line cut off by a kill is no news: no warning
+        assert [r["round"] for r in read_metrics(run)] == [1, 2, 3]
     resumed = Experiment.resume(run)
     assert resumed.start_round == 3
     resumed.rundir.unlock()

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,26 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     record: a line cut off by a kill, bytes that are not UTF-8 or not JSON, JSON that is not a
     mapping with a whole-number ``round``, or a round not after the one before (a run writes 1, 2,
     3, ...): a damaged file (:func:`first_damaged_line` says where). Every row before it
-    is intact and returned; a resume then refuses a file that lacks rounds its checkpoint has done."""
-    return _read_rows(Path(run_dir) / METRICS)[0]
+    is intact and returned; a resume then refuses a file that lacks rounds its checkpoint has done.
+    A RuntimeWarning names a damaged line that has rows after it (left unread); the last line cut
+    off by a kill, the common case, passes without one."""
+    path = Path(run_dir) / METRICS
+    rows, damaged = _read_rows(path)
+    if damaged is not None and (later := _rows_after(path, damaged)):
+        warnings.warn(f"{path}: line {damaged} is damaged (not the next round's record), so its {later} later "
+                      f"line(s) are not read; the rows before it are (rounds up to "
+                      f"{rows[-1]['round'] if rows else 'none'})", RuntimeWarning, stacklevel=2)
+    return rows
 
 
 def first_damaged_line(run_dir: str | Path) -> int | None:
     """The number (from 1) of the line of metrics.jsonl where :func:`read_metrics` stopped, or None."""
     return _read_rows(Path(run_dir) / METRICS)[1]
+
+
+def _rows_after(path: Path, number: int) -> int:
+    """How many non-empty lines of ``path`` follow its line ``number``."""
+    return sum(1 for raw in path.read_bytes().splitlines()[number:] if raw.strip())
 
 
 def _read_rows(path: Path) -> tuple[list[dict], int | None]:
