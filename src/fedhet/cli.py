@@ -35,7 +35,6 @@ def _feature_samples(text: str) -> int:
 def _cmd_run(args) -> int:
     from fedhet.experiment.config import load_config
     from fedhet.experiment.report import compare
-    from fedhet.experiment.rundir import EVALUATED_AS_LAST
     from fedhet.experiment.runner import Experiment
 
     if args.resume is not None:
@@ -45,10 +44,8 @@ def _cmd_run(args) -> int:
         exp = Experiment.resume(args.resume, threads=args.threads, run_settings=args.set)
         print(f"resuming {exp.run_dir} after round {exp.start_round}" if exp.start_round else
               f"{exp.run_dir} has no checkpoint: the run starts again from round 1", file=sys.stderr)
-        if exp.evaluation_set_aside is not None:
-            print(f"round {exp.evaluation_set_aside} was evaluated as the last round; a run of "
-                  f"{exp.cfg.train.rounds} rounds evaluates every {exp.cfg.eval.every} (and the last), so its "
-                  f"metrics stay in its row under {EVALUATED_AS_LAST!r}, outside the summary", file=sys.stderr)
+        if (note := exp.set_aside_note()) is not None:
+            print(note, file=sys.stderr)
     else:
         if not args.config:
             raise FedhetError("fedhet run needs a CONFIG file (see configs/) or --resume RUN_DIR")

@@ -46,6 +46,7 @@ from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
     CHECKPOINT,
     CONFIG,
+    EVALUATED_AS_LAST,
     METRICS,
     PARTITION,
     SUMMARY,
@@ -200,6 +201,15 @@ class Experiment:
         rundir.write_text(PARTITION, json.dumps({
             "train_counts": fed.train_counts().tolist(), "test_counts": fed.test_counts().tolist(),
             "local_test_source": fed.local_test_source}))
+
+    def set_aside_note(self) -> str | None:
+        """What a resume that extended the run did with its old last round's evaluation, for the
+        user (``fedhet run --resume`` and a Flower server print it); None when it set none aside."""
+        if self.evaluation_set_aside is None:
+            return None
+        return (f"round {self.evaluation_set_aside} was evaluated as the last round; a run of "
+                f"{self.cfg.train.rounds} rounds evaluates every {self.cfg.eval.every} (and the last), so its "
+                f"metrics stay in its row under {EVALUATED_AS_LAST!r}, outside the summary")
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, threads: int | None = None, config: ExperimentConfig | None = None,

@@ -42,6 +42,8 @@ def run_server(grid: Grid, run_config) -> Experiment:
     exp = flower_experiment(cfg, run_config.get("run-dir") or None, grid, flower, resume=resume)
     if exp.start_round:
         log.info("fedhet: resuming after round %d", exp.start_round)
+    if (note := exp.set_aside_note()) is not None:
+        log.info("fedhet: %s", note)
     log.info("fedhet: %s (%s, %d rounds) -> run directory %s", cfg.name, cfg.algorithm.name, cfg.train.rounds,
              exp.run_dir.resolve())
     summary = exp.run(progress=False)
