@@ -575,12 +575,13 @@ def test_personalized_evaluation_holds_a_chunk_of_client_models_at_a_time(small_
     assert chunked["personal_loss"] == whole["personal_loss"]
 
 
-def test_eval_clients_restricts_the_personalized_metrics(small_config, tmp_path):
+def test_eval_clients_restricts_the_personalized_metrics(small_config, tmp_path, monkeypatch):
     """eval.clients: the round's sampled clients, or a fixed subset; the same numbers as 'all' for them."""
-
-
+    import fedhet.experiment.runner as runner
     from fedhet.metrics.evaluate import evaluation_clients
 
+    drawn = []          # the clients are drawn once per evaluated round, though training and evaluation ask
+    monkeypatch.setattr(runner, "evaluation_clients", lambda *a: drawn.append(a) or evaluation_clients(*a))
     rows = {}
     for which in ("all", "sampled", 4):
         raw = copy.deepcopy(small_config)
@@ -588,6 +589,7 @@ def test_eval_clients_restricts_the_personalized_metrics(small_config, tmp_path)
         exp = Experiment.create(load_config(raw=raw), tmp_path / str(which))
         exp.run(progress=False)
         rows[which] = read_metrics(exp.run_dir)
+    assert len(drawn) == 3 * len(rows["all"]) == 3 * small_config["train"]["rounds"]
     subset = evaluation_clients(4, 6, [], small_config["seed"])
     assert len(subset) == 4 and subset == evaluation_clients(4, 6, [0], small_config["seed"])
     for everyone, sampled, fixed in zip(rows["all"], rows["sampled"], rows[4]):

@@ -156,6 +156,7 @@ class Experiment:
         self.restored: dict | None = None           # the checkpoint a resume continues from
         # an extended run's old last round, whose evaluation its row keeps under EVALUATED_AS_LAST
         self.evaluation_set_aside: int | None = None
+        self._eval_clients: tuple[int, list[int]] | None = None     # (round, its eval_clients)
         self.summary: dict = {}
         # The "model" each client uploaded in the round just run, kept when eval.local_risk
         # evaluates it (FedACD Table 3's risk of local models); not checkpointed.
@@ -419,9 +420,12 @@ class Experiment:
         return out
 
     def eval_clients(self, rnd: int) -> list[int]:
-        """The clients whose local splits round ``rnd`` evaluates (``eval.clients``)."""
-        return evaluation_clients(self.cfg.eval.clients, self.federation.num_clients,
-                                  self.loop.sample_clients(rnd), self.cfg.seed)
+        """The clients whose local splits round ``rnd`` evaluates (``eval.clients``); drawn once per
+        round (the adaptation before an evaluation and the evaluation both ask)."""
+        if self._eval_clients is None or self._eval_clients[0] != rnd:
+            self._eval_clients = (rnd, evaluation_clients(self.cfg.eval.clients, self.federation.num_clients,
+                                                          self.loop.sample_clients(rnd), self.cfg.seed))
+        return list(self._eval_clients[1])
 
     def engine_info(self) -> dict:
         info = self.loop.transport.info()
