@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
+from typing import get_args
 
+from fedhet.core.choices import EngineName
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.engine.client_store import ClientStates
@@ -25,7 +27,7 @@ from fedhet.engine.host import ClientHost
 from fedhet.engine.loop import InProcess, RoundLoop, Transport
 from fedhet.engine.parallel import Forked, fork_available
 
-ENGINES = ("auto", "reference", "parallel", "vectorized")
+ENGINES: tuple[str, ...] = get_args(EngineName)
 
 # ``auto`` uses worker processes only when a round trains at least this many sample-steps:
 # below it (test-sized runs) the fork and the per-client message transport cost more than the

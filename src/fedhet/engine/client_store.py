@@ -36,14 +36,13 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
 import torch
 
+from fedhet.core.choices import StoreMode
 from fedhet.core.contract import State, to_device
 from fedhet.core.errors import CheckpointError, ConfigError
-
-StoreMode = Literal["auto", "memory", "disk"]
 
 
 @dataclass(frozen=True)
@@ -124,8 +123,8 @@ class ClientStates(dict):
     def __init__(self, folder: str | os.PathLike | None = None, mode: StoreMode = "memory",
                  memory_budget: int | None = None):
         super().__init__()
-        if mode not in ("auto", "memory", "disk"):
-            raise ValueError(f"client state store mode must be auto, memory or disk, not {mode!r}")
+        if mode not in get_args(StoreMode):
+            raise ValueError(f"client state store mode must be one of {', '.join(get_args(StoreMode))}, not {mode!r}")
         if mode != "memory" and folder is None:
             raise ValueError(f"a client state store in mode {mode!r} needs a folder to spill to")
         self.mode = mode

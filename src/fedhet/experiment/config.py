@@ -15,6 +15,7 @@ import pydantic
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from fedhet.core.choices import EngineName, StoreMode
 from fedhet.core.errors import ConfigError
 from fedhet.core.settings import refuse_quiet_values
 from fedhet.experiment.yaml_io import parse_yaml, read_yaml
@@ -214,7 +215,7 @@ class RunConfig(Strict):
     memory_format: Literal["auto", "contiguous", "channels_last"] = "auto"
     # Engine: auto | reference | parallel | vectorized, and worker processes for parallel
     # (auto = one per usable CPU); the auto rule is fedhet.engine.choose_engine (docs/performance.md).
-    engine: Literal["auto", "reference", "parallel", "vectorized"] = "auto"
+    engine: EngineName = "auto"
     workers: Literal["auto"] | pydantic.PositiveInt = "auto"
     threads: int | None = Field(None, ge=1)        # torch intra-op threads; default: torch's choice
     # torch's deterministic kernels (fedhet.training.determinism), process-wide like threads: for a
@@ -239,7 +240,7 @@ class RunConfig(Strict):
     # most recently written ones in memory up to client_state_memory_mb and writes the others to
     # RUN_DIR/client_states (one torch.save file each); "memory" never writes them, "disk" writes
     # every one. Default budget: a quarter of the machine's RAM.
-    client_state_store: Literal["auto", "memory", "disk"] = "auto"
+    client_state_store: StoreMode = "auto"
     client_state_memory_mb: int | None = Field(None, ge=0)
     progress: bool = True
     # Experiment tracking beside metrics.jsonl (fedhet.experiment.loggers; pip install -e .[tracking])
