@@ -552,6 +552,19 @@ def test_a_sweep_with_a_config_that_does_not_load_starts_no_run(tmp_path, small_
     assert "1 run(s) of the sweep have a config that does not load (broken_s0), so none starts" in captured.err
 
 
+def test_a_sweeps_runs_import_a_users_method_as_fedhet_run_does(tmp_path, small_config, monkeypatch):
+    """A method module in the working directory but not on PYTHONPATH: `fedhet run` cannot import
+    it, so neither can the runs a sweep starts (else such a run could not be resumed by hand)."""
+    (tmp_path / "lab_here.py").write_text("from fedhet.algorithms.fedavg import FedAvg\n\n\n"
+                                          "class Mine(FedAvg):\n    name = 'mine'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"tag": "mine", "set": ["algorithm.name=lab_here:Mine"]})],
+                       set=["train.rounds=1"])
+    assert run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2) == {"mine_s0": "failed"}
+    assert "no module 'lab_here' can be imported here" in (tmp_path / "out" / "mine_s0.failed").read_text()
+
+
 def test_sweep_runs_everything_then_skips_completed_runs_and_reports_failures(tmp_path, small_config, capsys):
     # the second run has a parameter its method does not take, found when the run builds it: reported
     # as failed, the other completes

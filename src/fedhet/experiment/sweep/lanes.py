@@ -44,7 +44,9 @@ from fedhet.experiment.sweep.state import (
 
 
 def _command(job: Job, threads: int, resume: bool, extra_set: list[str] = (), rounds: int | None = None) -> list[str]:
-    base = [sys.executable, "-m", "fedhet.cli", "run"]
+    # -P: the working directory is not put on sys.path, as for `fedhet run`, so a run of a user's
+    # method imports it here only where `fedhet run --resume` can (PYTHONPATH or installed)
+    base = [sys.executable, "-P", "-m", "fedhet.cli", "run"]
     if resume:
         # the command line's settings of how runs are carried out (run.device, run.engine...) apply
         # to resumed runs too: a run stopped on a lent GPU goes on on the CPU with --set run.device=cpu;
