@@ -299,3 +299,48 @@ def test_a_missing_name_lists_the_modules_own_names_not_its_imports(tmp_path, mo
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError, match=r"has no 'Nope'; it defines: FedX, RATE, build$"):
         load_object("lab_pkg:Nope")
+
+
+def test_a_resume_refuses_a_run_whose_users_code_or_data_changed_since_its_checkpoint(small_config, tmp_path,
+                                                                                       monkeypatch):
+    """The config names a user's method, partition and data, not what they compute: a resume finds
+    a changed default of the method's parameters, a changed split and changed images through the
+    checkpoint's record of what the run was built from, and refuses; the rounds done are kept."""
+    import numpy as np
+
+    from fedhet.core.errors import CheckpointError
+    from fedhet.data.user_data import save_arrays
+    from fedhet.experiment.runner import Experiment, read_metrics
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    method = "from fedhet.algorithms.fedavg import FedAvg\n\n\nclass Mine(FedAvg):\n    name = 'mine'\n\n" \
+             "    class Params(FedAvg.Params):\n        damp: float = {}\n"
+    split = "import numpy as np\n\n\ndef halves(labels, num_clients, rng):\n" \
+            "    return np.array_split(np.arange(len(labels)){}, num_clients)\n"
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(0, 256, (160, 28, 28), dtype=np.uint8), np.arange(160) % 4
+
+    def write(damp: str, order: str, labels: np.ndarray) -> str:
+        (tmp_path / "lab_resume.py").write_text(method.format(damp))
+        (tmp_path / "lab_split.py").write_text(split.format(order))
+        for name in ("lab_resume", "lab_split"):
+            sys.modules.pop(name, None)              # the edited file is imported anew, as by a new process
+        return save_arrays(tmp_path / "arrays.npz", x, labels, x[:40], y[:40])
+
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": write("1.0", "", y), "num_clients": 4, "partition": {"kind": "lab_split:halves"},
+                   "local_test": {"source": "holdout", "fraction": 0.25}}
+    raw["algorithm"] = {"name": "lab_resume:Mine"}
+    raw["train"].update(rounds=1, clients_per_round=2, batch_size=10)
+    exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
+    exp.run(progress=False)
+    rows = read_metrics(exp.run_dir)
+    for change, said in [(("0.5", "", y), r"the method's parameters resolve otherwise than then \(damp: 1.0 -> 0.5\)"),
+                         (("1.0", "[::-1]", y), "the clients' data split differs from the one it trained on"),
+                         (("1.0", "", (y + 1) % 4), "the images or labels loaded differ from those it trained on")]:
+        write(*change)
+        with pytest.raises(CheckpointError, match=f"cannot go on from its checkpoint of round 1: {said}"):
+            Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"])
+        assert read_metrics(exp.run_dir) == rows
+    write("1.0", "", y)                                          # as it was: it goes on
+    assert Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"]).run(progress=False)["rounds_completed"] == 2

@@ -120,6 +120,27 @@ class Federation:
         src = self.pool if self.local_test_source == "holdout" else self.test
         return partitioners.class_counts([i.numpy() for i in self.test_idx], src.y.numpy(), self.num_classes)
 
+    def fingerprint(self) -> dict[str, str]:
+        """sha256 digests of what the federation is built from: ``data`` (the pool's, the global test
+        set's and the public images and labels, as loaded) and ``partition`` (each client's train and
+        local-test indices and their source). Whole numbers and bytes only, so equal on every machine
+        and device; a resume compares them with its checkpoint's (a dataset file, a user's data or
+        partition function changed since)."""
+        import hashlib
+
+        def digest(parts: list[torch.Tensor | None], word: str = "") -> str:
+            h = hashlib.sha256(word.encode())
+            for t in parts:
+                h.update(b"-" if t is None else f"{tuple(t.shape)}{t.dtype}".encode())
+                if t is not None:
+                    h.update(t.detach().cpu().contiguous().numpy().tobytes())
+            return h.hexdigest()
+
+        test = [self.test.x, self.test.y] if self.test is not None else [None, None]
+        indices = [i.to(torch.int64) for pair in zip(self.train_idx, self.test_idx) for i in pair]
+        return {"data": digest([self.pool.x, self.pool.y, *test, self.public]),
+                "partition": digest(indices, self.local_test_source)}
+
     def normalize(self, x_uint8: torch.Tensor) -> torch.Tensor:
         """Normalised float inputs, computed on ``x_uint8``'s device (evaluation on a GPU)."""
         if x_uint8.device == self.mean.device:

@@ -108,6 +108,24 @@ def is_evaluation_key(key: str) -> bool:
     return key.startswith(FEDHET_METRIC_PREFIXES)
 
 
+def built_differently(then: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between two :meth:`Experiment.built_from` records, in words; None if nothing."""
+    problems = []
+    old_params, new_params = then.get("algorithm_params"), now.get("algorithm_params")
+    if isinstance(old_params, dict) and old_params != new_params:
+        changed = [f"{k}: {old_params.get(k, '<absent>')!r} -> {new_params.get(k, '<absent>')!r}"
+                   for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
+        problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
+                        + "): a default in the method's code changed")
+    if then.get("data") not in (None, now.get("data")):
+        problems.append("the images or labels loaded differ from those it trained on (the dataset's files, "
+                        "or a user's data function, changed)")
+    elif then.get("partition") not in (None, now.get("partition")):
+        problems.append("the clients' data split differs from the one it trained on (a user's partition "
+                        "function, or the code that splits, changed)")
+    return "; ".join(problems) or None
+
+
 class Experiment:
     """One run of one config, in one run directory."""
 
@@ -157,6 +175,7 @@ class Experiment:
         # an extended run's old last round, whose evaluation its row keeps under EVALUATED_AS_LAST
         self.evaluation_set_aside: int | None = None
         self._eval_clients: tuple[int, list[int]] | None = None     # (round, its eval_clients)
+        self._built_from: dict[str, Any] | None = None
         self.summary: dict = {}
         # The "model" each client uploaded in the round just run, kept when eval.local_risk
         # evaluates it (FedACD Table 3's risk of local models); not checkpointed.
@@ -274,6 +293,11 @@ class Experiment:
                     where = "with its clients (a Flower deployment's SuperNodes)" if elsewhere else "in the file"
                     raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a run whose client states are "
                                           f"{where}: continue it with `{how}`")
+            if snap is not None and isinstance(snap, dict) and isinstance(snap.get("built_from"), dict):
+                if problem := built_differently(snap["built_from"], exp.built_from()):
+                    raise CheckpointError(f"{run_dir} cannot go on from its checkpoint of round {snap.get('round')}: "
+                                          f"{problem}. A resumed run must compute what it started computing: "
+                                          "restore them, or start a new run")
             if snap is not None:
                 try:
                     exp.loop.restore(snap["sim"])
@@ -318,8 +342,19 @@ class Experiment:
         """``extra``: what else a resume needs (the Flower runner's node commits)."""
         self.rundir.save_checkpoint({"round": done_rounds, "sim": self.loop.snapshot(),
                                       "config": self.cfg.model_dump(mode="json"), "precision": self.built.precision,
-                                      "client_states_elsewhere": self.loop.transport.keeps_client_state, **extra})
+                                      "client_states_elsewhere": self.loop.transport.keeps_client_state,
+                                      "built_from": self.built_from(), **extra})
         self.loop.snapshot_saved()
+
+    def built_from(self) -> dict[str, Any]:
+        """What the config alone does not fix and a resume must find unchanged: the method's
+        parameters with every default filled in (a user's code may change a default) and the
+        federation's :meth:`~fedhet.data.federated.Federation.fingerprint` (dataset files, a user's
+        data or partition function). Computed once per run."""
+        if self._built_from is None:
+            self._built_from = {"algorithm_params": self.algorithm.params.model_dump(mode="json"),
+                                **self.federation.fingerprint()}
+        return self._built_from
 
     # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:
