@@ -487,13 +487,20 @@ def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_
     with pytest.raises(ConfigError, match="round_metrics returns global_acc, a name of fedhet's own metrics"):
         run(raw, tmp_path / "r1")
     assert read_metrics(tmp_path / "r1") == []                  # stopped in round 1, before any row
-    monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {"fedavg_extra": 2})
+    # a method's values as it naturally has them (a 0-d tensor, NumPy numbers) are recorded as numbers
+    monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {
+        "fedavg_extra": 2, "fedavg_norm": torch.tensor(1.5), "fedavg_np": {3: np.float32(0.25), "v": np.arange(2)}})
     run(raw, tmp_path / "r2")
     row = read_metrics(tmp_path / "r2")[-1]
     assert row["fedavg_extra"] == 2 and row["global_acc"] < 1.0
+    assert row["fedavg_norm"] == 1.5 and row["fedavg_np"] == {"3": 0.25, "v": [0, 1]}
+    monkeypatch.setattr(FedAvg, "round_metrics", lambda self, state: {"fedavg_when": {"at": object()}})
+    with pytest.raises(ConfigError, match=r"algorithm fedavg: round_metrics\(\)\['fedavg_when'\]\['at'\] is of type object, "
+                                          "which a metrics row cannot hold"):
+        run(raw, tmp_path / "r3")
     # every name fedhet itself wrote in the row is one a method may not take
     from fedhet.experiment.runner import is_fedhet_metric
-    assert [k for k in row if not is_fedhet_metric(k)] == ["fedavg_extra"]
+    assert [k for k in row if not is_fedhet_metric(k)] == ["fedavg_extra", "fedavg_norm", "fedavg_np"]
 
 
 def test_a_checkpoint_whose_client_states_live_with_the_clients_resumes_only_where_they_do(small_config, tmp_path,

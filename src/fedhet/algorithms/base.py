@@ -171,8 +171,9 @@ class Algorithm:
     def round_metrics(self, state: State) -> dict[str, Any]:
         """Method-specific values to record each round (FedReMa's CCP flag, FedCME's pairs), named
         apart from fedhet's own metrics (``global_*``, ``personal_*``, ``local_*``, ``feature_*`` and a
-        row's fixed keys: such a name stops the run). Call ``super()`` and add yours, so that a
-        combination records every component's."""
+        row's fixed keys: such a name stops the run). Values: numbers, strings, None, tensors and
+        NumPy values (recorded as Python numbers and lists), and lists and dicts of them. Call
+        ``super()`` and add yours, so that a combination records every component's."""
         return {}
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedhet.core.contract import Arrays, Message
@@ -106,6 +107,21 @@ def is_fedhet_metric(key: str) -> bool:
 def is_evaluation_key(key: str) -> bool:
     """A row's key that an evaluation writes (global_*, personal_*, local_*, feature_*)."""
     return key.startswith(FEDHET_METRIC_PREFIXES)
+
+
+def recordable(value: Any, where: str) -> Any:
+    """``value`` as a metrics row holds it (JSON): a tensor or NumPy value as Python numbers (a norm
+    is naturally a 0-d tensor), dicts and lists walked; a ConfigError at ``where`` for anything else."""
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        return value.tolist() if not isinstance(value, np.generic) else value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict):
+        return {str(k): recordable(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [recordable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise ConfigError(f"{where} is of type {type(value).__name__}, which a metrics row cannot hold: return numbers, "
+                      "strings, tensors or lists and dicts of them")
 
 
 def built_differently(then: dict[str, Any], now: dict[str, Any]) -> str | None:
@@ -414,7 +430,8 @@ class Experiment:
                                   f"a name of fedhet's own metrics (the row's fixed keys and global_*, personal_*, "
                                   f"local_*, feature_*); name the method's values apart, e.g. "
                                   f"{self.algorithm.name}_{clash[0]}")
-            row.update(own)
+            row.update({k: recordable(v, f"algorithm {self.algorithm.name}: round_metrics()[{k!r}]")
+                        for k, v in own.items()})
             row["seconds"] = {"train": stats.train_seconds, "aggregate": stats.aggregate_seconds,
                               "evaluate": t_eval, "total": time.perf_counter() - t0}
             for cb in callbacks:
