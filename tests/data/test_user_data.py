@@ -401,6 +401,18 @@ def test_arrays_in_memory_are_saved_once_and_named(tmp_path):
     assert save_arrays(tmp_path / "plain", **arrs) == f"npz:{tmp_path / 'plain.npz'}"   # numpy's own suffix
 
 
+def test_arrays_saved_under_a_relative_path_are_named_by_an_absolute_one_in_a_folder_made_for_them(tmp_path,
+                                                                                                  monkeypatch):
+    """A run's config.yaml records the name, and its resume may start in another working directory."""
+    from fedhet.extend import save_arrays
+
+    monkeypatch.chdir(tmp_path)
+    name = save_arrays("data/mine", **arrays())
+    assert name == f"npz:{tmp_path / 'data' / 'mine.npz'}" and (tmp_path / "data" / "mine.npz").is_file()
+    monkeypatch.chdir(tmp_path.parent)
+    assert load_dataset(name).x.shape[0] == 120
+
+
 def test_channel_mean_and_std_are_numpys_computed_a_chunk_at_a_time():
     """Two channels by hand: [0, 255] -> mean 0.5, std 0.5; [51, 51] -> mean 0.2, std 0. Then a
     larger pool in chunks that do not divide it, against numpy's whole-pool float64 result."""

@@ -81,15 +81,18 @@ def _load_stored(name: str, splits: tuple[str, ...]) -> list:
 
 def save_arrays(path: str | Path, x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray, y_test: np.ndarray,
                 clients_train: np.ndarray | None = None, num_classes: int | None = None) -> str:
-    """Write arrays held in memory as a dataset file; returns ``"npz:PATH"`` for ``data.dataset``."""
+    """Write arrays held in memory as a dataset file (its folder made where missing); returns
+    ``"npz:PATH"`` for ``data.dataset``, PATH absolute, so that the run (and its resume, from any
+    working directory) finds the file."""
     extra: dict[str, np.ndarray] = {}
     if clients_train is not None:
         extra["clients_train"] = np.asarray(clients_train)
     if num_classes is not None:
         extra["num_classes"] = np.asarray(num_classes)
-    path = Path(path)
+    path = Path(path).expanduser().absolute()
     if path.suffix != ".npz":              # numpy.savez adds it anyway: name the file it writes
         path = path.with_name(path.name + ".npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, x_train=np.asarray(x_train), y_train=np.asarray(y_train), x_test=np.asarray(x_test),
              y_test=np.asarray(y_test), **extra)
     name = f"npz:{path}"
