@@ -258,6 +258,28 @@ def test_an_empty_client_is_named_as_such_with_test_set_local_splits(small_confi
         build_federation(cfg.data, cfg.seed)
 
 
+def test_an_empty_client_of_a_users_partition_names_it_and_the_images_it_split(small_config, tmp_path, monkeypatch):
+    """The partition function is the cause, and data.pool_fraction's count is of the images kept."""
+    (tmp_path / "lab_empty.py").write_text(
+        "import numpy as np\nSEEN = []\n\n\ndef leave_one_empty(labels, num_clients, rng):\n"
+        "    SEEN.append(len(labels))\n"
+        "    return [*np.array_split(np.arange(len(labels)), num_clients - 1), np.array([], dtype=int)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import lab_empty
+
+    for source in ("test_set", "holdout"):
+        raw = cfg_of(small_config, data={"partition": {"kind": "lab_empty:leave_one_empty"}, "pool_fraction": 0.5,
+                                          "local_test": {"source": source, "fraction": 0.2}})
+        cfg = load_config(raw=raw)
+        with pytest.raises(PartitionError) as info:
+            build_federation(cfg.data, cfg.seed)
+        kept = lab_empty.SEEN[-1]
+        assert str(info.value).startswith("client 5 received no training samples from partition "
+                                          "'lab_empty:leave_one_empty'; use fewer clients or another partition")
+        assert f"data.pool_fraction 0.5 keeps {kept} images for 6 clients (about {kept // 6} each)" in str(info.value)
+    sys.modules.pop("lab_empty", None)
+
+
 def test_an_undrawable_local_test_split_names_data_local_test(small_config):
     raw = cfg_of(small_config, data={"num_clients": 2, "partition": {"kind": "iid"},
                                       "local_test": {"source": "test_set", "fraction": 0.9}})

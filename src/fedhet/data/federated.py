@@ -184,6 +184,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             raise PartitionError(f"partition 'natural' needs data with natural clients ({partitioners.WRITERS_SOURCES}), "
                                  f"and {pool.name} has none in this pool: {fix}")
         parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
+        seen = len(labels)               # the images the partition split (for the errors below)
     else:
         available = np.arange(len(labels))
         if public_spec is not None and public_spec.source == "holdout":
@@ -215,6 +216,7 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                     pass
             raise PartitionError(f"{e}{hint}") from None
         parts = [kept[p] for p in parts]
+        seen = len(kept)
 
     rng = numpy_rng(seed, "local_test")
     train_idx, test_idx, held_out = [], [], []
@@ -237,9 +239,9 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
         like: LikeSampler | None = None      # sample_like, the test set split by class once
         for cid, part in enumerate(parts):
             if len(part) == 0:
-                raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
-                                     f"partition (for dirichlet, a min_size of at least 1)"
-                                     f"{_pool_hint(cfg, len(labels), k)}")
+                raise PartitionError(f"client {cid} received no training samples from partition "
+                                     f"{cfg.partition.kind!r}; use fewer clients or another partition (for "
+                                     f"dirichlet, a min_size of at least 1){_pool_hint(cfg, seen, k)}")
             size = max(1, round(cfg.local_test.fraction * len(part)))
             try:
                 if like is None:
@@ -250,12 +252,13 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                     f"data.local_test (source test_set, fraction {cfg.local_test.fraction}): client {cid}'s local "
                     f"test split of {size} images with its label proportions cannot be drawn from the global "
                     f"test set ({str(e).removeprefix('sample_like: ')}); lower data.local_test.fraction, or use "
-                    f"data.local_test.source: holdout{_pool_hint(cfg, len(labels), k)}") from None
+                    f"data.local_test.source: holdout{_pool_hint(cfg, seen, k)}") from None
             train_idx.append(part)
     for cid, (tr, te) in enumerate(zip(train_idx, test_idx)):
         if len(tr) == 0:
-            raise PartitionError(f"client {cid} received no training samples; use fewer clients or another "
-                                 f"partition{_pool_hint(cfg, len(np.unique(np.concatenate(parts))), k)}")
+            why = "from partition" if not len(parts[cid]) else "once its local test images were held out, of"
+            raise PartitionError(f"client {cid} received no training samples {why} {cfg.partition.kind!r}; use "
+                                 f"fewer clients or another partition{_pool_hint(cfg, seen, k)}")
         if len(te) == 0 and cfg.local_test.source == "holdout" and held_out[cid]:
             raise PartitionError(f"client {cid} has an empty local test split: the {held_out[cid]} image(s) held out "
                                  "of its data are all in other clients' training data (this partition gives images "
