@@ -63,6 +63,24 @@ def test_a_hook_without_super_may_not_cut_off_a_hook_named_after_it():
     assert [t.name for t in both.local_terms(None, None, None)] == ["replacing", "chaining"]
 
 
+class ChainingThroughHelper(FedAvg):
+    """local_terms that reaches super() through a helper of its own, which may call it by name."""
+    name = "chaining_helper"
+
+    def local_terms(self, msg, state, client):
+        return self._with_mine(msg, state, client)
+
+    def _with_mine(self, msg, state, client):
+        return [*super().local_terms(msg, state, client), Named("chaining_helper")]
+
+
+def test_a_hook_that_calls_super_through_its_own_helper_chains():
+    both = compose([ChainingThroughHelper, Chaining])()
+    assert [t.name for t in both.local_terms(None, None, None)] == ["chaining", "chaining_helper"]
+    with pytest.raises(ConfigError, match="replacing's local_terms does not call super"):   # a helper not calling it
+        compose([Replacing, ChainingThroughHelper])
+
+
 def test_a_client_update_that_never_calls_local_training_cuts_off_every_local_training():
     for classes in ([OwnLoop, OwnTraining], [OwnTraining, OwnLoop]):
         with pytest.raises(ConfigError, match="own_loop's client_update does not call local_training as FedAvg's "

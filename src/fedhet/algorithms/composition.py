@@ -90,9 +90,23 @@ def _reached(cls: type, fn: Any) -> frozenset[str]:
     return frozenset(seen)
 
 
-def _chains(fn: Any, hook: str) -> bool:
-    calls = _calls(fn)
-    return calls is not None and ("super", hook) in calls
+def _chains(cls: type, fn: Any, hook: str) -> bool:
+    """Whether ``fn`` (``cls``'s ``hook``) calls ``super().hook``, itself or through its own helpers
+    on ``self`` (an ``aggregate`` that returns ``self._clipped(...)``, which calls the super's)."""
+    seen: set[str] = set()
+    todo = [fn]
+    while todo:
+        calls = _calls(todo.pop())
+        if calls is None:
+            continue
+        if ("super", hook) in calls:
+            return True
+        for receiver, name in calls:
+            helper = _function(inspect.getattr_static(cls, name, None))
+            if receiver == "self" and name not in seen and name not in _hooks() and inspect.isfunction(helper):
+                seen.add(name)
+                todo.append(helper)
+    return False
 
 
 def _owner(cls: type, classes: list[type[Algorithm]]) -> str:
@@ -120,13 +134,13 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
     for hook in _hooks():
         definers = [k for k in mro if defines(k, hook)]
         for i, k in enumerate(definers):
-            if _chains(vars(k)[hook], hook):
+            if _chains(k, vars(k)[hook], hook):
                 continue
             terminal[hook] = k
             lost = lost_to(k, definers[i + 1:])
             if lost:
                 (d, other), owner = lost[0], _owner(k, classes)
-                hint = (f"; name {other} first (its {hook} calls super())" if _chains(vars(d)[hook], hook)
+                hint = (f"; name {other} first (its {hook} calls super())" if _chains(d, vars(d)[hook], hook)
                         else "")
                 why = (f"does not call super().{hook}" if _calls(vars(k)[hook]) is not None
                        else f"has no source to read (counted as not calling super().{hook})")
