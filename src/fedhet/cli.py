@@ -237,11 +237,14 @@ def _cmd_features(args) -> int:
 
 def _one_line(cls, limit: int = 100) -> str:
     """What a method is, from its docstrings: the class's first sentence where it describes a variant
-    of the module's method (``Name: ...``), else the module's first paragraph."""
+    of the module's method (``Name: ...``) or where the class is a user's (outside fedhet: one of its
+    modules may hold several methods), else the module's first paragraph."""
     import inspect
 
     own = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
-    text = own if ":" in own.split(". ")[0] else " ".join((inspect.getmodule(cls).__doc__ or "").split("\n\n")[0].split())
+    users = own and not cls.__module__.startswith("fedhet.")
+    text = own if users or ":" in own.split(". ")[0] else " ".join(
+        (inspect.getmodule(cls).__doc__ or "").split("\n\n")[0].split())
     text = text.split(". ")[0].rstrip(".")
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 

@@ -806,6 +806,21 @@ def test_list_a_method_gives_its_parameters_types_bounds_and_defaults(capsys):
     assert "unknown algorithm 'fedx'" in capsys.readouterr().err
 
 
+
+def test_list_a_users_method_describes_it_by_its_class_where_it_has_a_docstring(capsys, tmp_path, monkeypatch):
+    """One module of a user's may hold several methods: each is described by its own docstring."""
+    (tmp_path / "lab_two.py").write_text(
+        '"""The methods of my lab."""\nfrom fedhet.algorithms.fedavg import FedAvg\n\n\nclass Damped(FedAvg):\n'
+        '    """FedAvg with a damped server step. More."""\n    name = "damped"\n\n\nclass Plain(FedAvg):\n'
+        '    name = "plain"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["list", "lab_two:Damped"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("FedAvg with a damped server step")
+    assert main(["list", "lab_two:Plain"]) == 0                      # no docstring of its own: the module's
+    assert capsys.readouterr().out.splitlines()[0].endswith("The methods of my lab")
+    sys.modules.pop("lab_two", None)
+
+
 def test_partition_heatmap_goes_to_the_output_folder(small_config, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))
