@@ -107,6 +107,10 @@ def test_a_run_on_npz_data_with_a_dirichlet_partition(small_config, tmp_path):
     (lambda a: a.update(y_train=np.zeros(7, np.int64)), r"one whole number per image \(120\)"),
     (lambda a: a.update(num_classes=np.array(2)), "num_classes is 2 but a label is 3"),
     (lambda a: a.update(clients_train=np.zeros(3, np.int64)), r"one whole-number client id per training image \(120\)"),
+    (lambda a: a.update(num_classes=np.array(4.7)), r"num_classes must be one whole number, got float64 \(\)"),
+    (lambda a: a.update(num_classes=np.array([4, 5])), r"num_classes must be one whole number, got int64 \(2,\)"),
+    (lambda a: a.update(x_train=np.where(np.arange(120)[:, None, None] == 5, np.nan, a["x_train"] / 255.0)),
+     r"float images hold 144 NaN or infinite values; they must lie in \[0, 1\]"),      # one 12x12 image
 ])
 def test_bad_arrays_are_clear_errors(tmp_path, change, message):
     arrs = arrays()
@@ -122,6 +126,15 @@ def test_missing_files_and_paths_say_what_to_write(tmp_path):
     (tmp_path / "bad.npz").write_text("not numpy")
     with pytest.raises(DataError, match="not a readable .npz file"):
         load_dataset(f"npz:{tmp_path}/bad.npz")
+    whole = (tmp_path / write_npz(tmp_path, **arrays()).removeprefix(f"npz:{tmp_path}/")).read_bytes()
+    for damaged in (b"", whole[: len(whole) // 2]):              # an empty file, a copy cut in half
+        (tmp_path / "cut.npz").write_bytes(damaged)
+        with pytest.raises(DataError, match=r"cut.npz: not a readable .npz file \((EOFError|BadZipFile)"):
+            load_dataset(f"npz:{tmp_path}/cut.npz")
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "one.npy").rename(tmp_path / "one.npz")
+    with pytest.raises(DataError, match=r"one.npz: holds one array \(a .npy file\?\), not the arrays of a .npz"):
+        load_dataset(f"npz:{tmp_path}/one.npz")
     with pytest.raises(DataError, match="names no path; write npz:PATH"):
         load_dataset("npz:")
     with pytest.raises(DataError, match="data of your own: npz:PATH .*, folder:PATH .* or MODULE:FUNCTION"):
@@ -160,10 +173,32 @@ def test_a_folder_with_mixed_sizes_or_no_test_split_is_a_clear_error(tmp_path):
 
     write_folder(tmp_path)
     Image.fromarray(np.zeros((8, 8), np.uint8), "L").save(tmp_path / "train" / "cat" / "odd.png")
-    with pytest.raises(DataError, match="odd.png is 8x8, but the images must all be one square size"):
+    with pytest.raises(DataError, match=r"odd.png is 8x8 \(width x height\), but the images must all be one square "
+                                        r"size \(the first, 0.png, is 10x10\)"):
         load_dataset(f"folder:{tmp_path}")
     with pytest.raises(DataError, match="needs .*train and .*test, each with one folder of images per class"):
         load_dataset(f"folder:{tmp_path / 'train'}")
+
+
+def test_a_folders_16_bit_grayscale_images_are_scaled_to_8_bits_and_a_broken_one_is_named(tmp_path):
+    """Pillow's convert("L") clips 16-bit pixels (65535 -> 255, 300 -> 255): nearly all white."""
+    from PIL import Image
+
+    write_folder(tmp_path)
+    wide = np.array([[0, 257, 300], [65535, 32896, 1000], [514, 0, 0]], dtype=np.uint16)
+    for cls in ("cat", "dog"):
+        for i, path in enumerate(sorted((tmp_path / "train" / cls).glob("*.png"))):
+            Image.fromarray(wide if i == 0 else np.full((3, 3), 771, np.uint16)).save(path)
+        for path in (tmp_path / "test" / cls).glob("*.png"):
+            Image.fromarray(np.full((3, 3), 65535, np.uint16)).save(path)
+    with Image.open(tmp_path / "train" / "cat" / "0.png") as im:
+        assert im.mode.startswith("I")                       # Pillow reads it as 16-bit, not L
+    train = load_dataset(f"folder:{tmp_path}")
+    assert train.x[0, 0].tolist() == [[0, 1, 1], [255, 128, 4], [2, 0, 0]]        # round(v / 257)
+    assert train.x[1, 0].tolist() == [[3] * 3] * 3
+    (tmp_path / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n")
+    with pytest.raises(DataError, match=r"folder:.*: cannot read image .*broken.png"):
+        load_dataset(f"folder:{tmp_path}")
 
 
 PLUGIN = '''
@@ -202,6 +237,9 @@ def out_of_range(labels, num_clients, rng):
 
 def shared(labels, num_clients, rng):
     return [np.arange(len(labels))] * num_clients
+
+def ragged(split):
+    return [np.zeros((16, 16), np.uint8)] * 3 + [np.zeros((18, 18), np.uint8)], [0, 1, 0, 1]
 
 def not_a_tuple(split):
     return {"x": 1}
@@ -365,7 +403,7 @@ def test_a_run_scans_a_folder_for_its_colour_mode_once(tmp_path, small_config, m
 
     scans = []
     real_scan = user_data._all_grayscale
-    monkeypatch.setattr(user_data, "_all_grayscale", lambda paths: scans.append(len(paths)) or real_scan(paths))
+    monkeypatch.setattr(user_data, "_all_grayscale", lambda paths, where: scans.append(len(paths)) or real_scan(paths, where))
     write_folder(tmp_path, per_class=(6, 2))
     raw = copy.deepcopy(small_config)
     raw["data"] = {"dataset": f"folder:{tmp_path}", "num_clients": 3, "partition": {"kind": "iid"},
@@ -381,6 +419,9 @@ def test_a_dataset_function_returning_the_wrong_thing_is_a_clear_error(user_modu
     with pytest.raises(DataError, match=r"userdata:no_split must take one argument, the split \('train' or "
                                         r"'test'\); its signature is \(\)"):
         load_dataset("userdata:no_split")
+    with pytest.raises(DataError, match=r"userdata:ragged: x of train: the images have 2 shapes \(\(16, 16\), "
+                                        r"\(18, 18\)\); they must all have one"):
+        load_dataset("userdata:ragged")
     with pytest.raises(TypeError) as info:               # the user's own bug keeps its traceback
         load_dataset("userdata:buggy_data")
     assert info.traceback[-1].name == "buggy_data"
@@ -414,13 +455,13 @@ def test_arrays_saved_under_a_relative_path_are_named_by_an_absolute_one_in_a_fo
 
 
 def test_channel_mean_and_std_are_numpys_computed_a_chunk_at_a_time():
-    """Two channels by hand: [0, 255] -> mean 0.5, std 0.5; [51, 51] -> mean 0.2, std 0. Then a
+    """Two channels by hand: [0, 255] -> mean 0.5, std 0.5; [51, 51] -> mean 0.2, std 0, taken as 1. Then a
     larger pool in chunks that do not divide it, against numpy's whole-pool float64 result."""
     from fedhet.data.user_data import channel_mean_std
 
     x = np.array([[[[0]], [[51]]], [[[255]], [[51]]]], dtype=np.uint8)        # (2, 2, 1, 1)
     mean, std = channel_mean_std(x, rows=1)
-    assert mean == pytest.approx((0.5, 0.2), abs=1e-15) and std == pytest.approx((0.5, 1e-6), abs=1e-15)
+    assert mean == pytest.approx((0.5, 0.2), abs=1e-15) and std == (0.5, 1.0)      # constant: std 1
     pool = np.random.default_rng(3).integers(0, 256, (1001, 3, 5, 4), dtype=np.uint8)
     mean, std = channel_mean_std(pool, rows=64)
     scaled = pool.astype(np.float64) / 255.0
@@ -441,3 +482,28 @@ def test_the_natural_partition_gives_each_chosen_writer_its_samples_in_order(wri
     expected = {3: [0, 2, 5], 1: [1, 4], 2: [3], "b": [0, 2, 5], "a": [1, 4], "c": [3]}
     got = {writers[int(p[0])]: p.tolist() for p in parts}
     assert got == {w: expected[w] for w in set(writers)}
+
+
+def test_what_only_both_splits_show_a_single_class_an_error_a_test_split_that_is_training_gaps_and_a_flat_channel(
+        tmp_path):
+    from fedhet.data.datasets import load_splits
+
+    arrs = arrays(layout="nchw")
+    with pytest.raises(DataError, match="every label is 0, one class; a classifier needs at least two"):
+        load_splits(write_npz(tmp_path, "one.npz", **{**arrs, "y_train": 0 * arrs["y_train"],
+                                                      "y_test": 0 * arrs["y_test"]}))
+    with pytest.warns(UserWarning, match="the test split is the training split"):
+        load_splits(write_npz(tmp_path, "same.npz", **{**arrs, "x_test": arrs["x_train"], "y_test": arrs["y_train"]}))
+    with pytest.warns(UserWarning, match=r"2 of the class numbers 0..4 \(the largest label\) have no image in "
+                                         r"either split \(1, 3\)"):
+        load_splits(write_npz(tmp_path, "gaps.npz", **{**arrs, "y_train": (arrs["y_train"] % 2) * 4,
+                                                       "y_test": arrs["y_test"] % 2 * 2}))
+    flat = arrs["x_train"].copy()
+    flat[:, 1] = 7
+    with pytest.warns(UserWarning, match=r"channel\(s\) \[1\] of the training images are constant"):
+        train, test = load_splits(write_npz(tmp_path, "flat.npz", **{**arrs, "x_train": flat}))
+    assert train.std[1] == 1.0
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")            # ordinary data: none of these
+        load_splits(write_npz(tmp_path, "fine.npz", **arrs, num_classes=np.array(9)))   # 4..8 on purpose

@@ -23,7 +23,10 @@ read them.
 from __future__ import annotations
 
 import inspect
+import warnings
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,11 +60,41 @@ def load_user_splits(name: str):
     and an ``.npz`` is read once."""
     if name.startswith(PREFIXES):
         train, test = _load_stored(name, ("train", "test"))
-        return train, test
-    arrays = _read_function(name, ("train", "test"))
-    num_classes = _class_count(arrays)
-    (x, y, clients), (x_test, y_test, _) = arrays["train"], arrays["test"]
-    return _image_data(name, x, y, num_classes, clients), _image_data(name, x_test, y_test, num_classes, None)
+    else:
+        arrays = _read_function(name, ("train", "test"))
+        num_classes = _class_count(arrays)
+        (x, y, clients), (x_test, y_test, _) = arrays["train"], arrays["test"]
+        train, test = _image_data(name, x, y, num_classes, clients), _image_data(name, x_test, y_test, num_classes, None)
+    _check_splits(name, train, test)
+    return train, test
+
+
+def _check_splits(name: str, train, test) -> None:
+    """What only the two splits together show: a single class (an error), and (warnings) a test
+    split that is the training split, class numbers no image has, a constant training channel."""
+    where = f"data.dataset {name}"
+    if train.num_classes < 2:
+        raise DataError(f"{where}: every label is 0, one class; a classifier needs at least two")
+    if train.x.shape == test.x.shape and torch.equal(train.y, test.y) and torch.equal(train.x, test.x):
+        warnings.warn(f"{where}: the test split is the training split (the same images and labels), so every "
+                      "test accuracy is measured on training images; return the test images for 'test'",
+                      UserWarning, stacklevel=3)
+    if not name.startswith("folder:"):      # a folder's classes are its folders, an empty one included
+        # below the largest label only: classes above it are a num_classes given on purpose
+        top = int(max(train.y.max(), test.y.max() if len(test.y) else 0)) + 1
+        present = torch.zeros(top, dtype=torch.bool)
+        present[train.y] = True
+        present[test.y] = True
+        if not present.all():
+            empty = torch.nonzero(~present).flatten().tolist()
+            warnings.warn(f"{where}: {len(empty)} of the class numbers 0..{top - 1} (the largest label) have no "
+                          f"image in either split ({', '.join(map(str, empty[:5]))}"
+                          f"{'...' if len(empty) > 5 else ''}), yet the model gets an output for each and a "
+                          "partition counts them; number the classes 0..K-1", UserWarning, stacklevel=3)
+    constant = [c for c, s in enumerate(train.std) if s == 1.0 and train.x[:, c].min() == train.x[:, c].max()]
+    if constant:
+        warnings.warn(f"{where}: channel(s) {constant} of the training images are constant, so they carry "
+                      "nothing to learn from (normalised with std 1)", UserWarning, stacklevel=3)
 
 
 def _load_stored(name: str, splits: tuple[str, ...]) -> list:
@@ -131,7 +164,7 @@ def _read_function(spec: str, splits: tuple[str, ...]) -> dict[str, tuple[np.nda
         if not isinstance(out, tuple) or len(out) not in (2, 3):
             raise DataError(f"{where}({split!r}) returned {describe(out)}; it must return (x, y) or "
                             "(x, y, client_ids)")
-        x = _images(np.asarray(out[0]), f"{where}: x of {split}")
+        x = _images(_stacked(out[0], f"{where}: x of {split}"), f"{where}: x of {split}")
         y = _labels(np.asarray(out[1]), len(x), f"{where}: y of {split}")
         clients = None
         if split == "train" and len(out) == 3:
@@ -144,6 +177,16 @@ def _read_function(spec: str, splits: tuple[str, ...]) -> dict[str, tuple[np.nda
     return arrays
 
 
+def _stacked(images: Any, where: str) -> np.ndarray:
+    """``images`` (an array, or a list of one array per image) as one array."""
+    try:
+        return np.asarray(images)
+    except ValueError:           # numpy's "inhomogeneous shape": images of several sizes
+        shapes = sorted({np.shape(im) for im in images}, key=str)
+        raise DataError(f"{where}: the images have {len(shapes)} shapes ({', '.join(map(str, shapes[:3]))}"
+                        f"{'...' if len(shapes) > 3 else ''}); they must all have one, resize them first") from None
+
+
 def _class_count(arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray | None]]) -> int:
     """Classes of a function's dataset: its largest label over both splits, plus one."""
     return int(max(y.max(initial=0) for _, y, _ in arrays.values())) + 1
@@ -154,7 +197,8 @@ def channel_mean_std(x: np.ndarray, rows: int = 4096) -> tuple[tuple[float, ...]
     in float64 over ``rows`` images at a time: two passes (the mean, then the squared deviations),
     so that memory beyond ``x`` stays that of one chunk in float64, not 8x the whole pool. (The
     mean is the exact integer sum over 255 and the count, which may differ from numpy's mean of
-    ``x / 255`` in the last float64 bit; inputs are normalised in float32.)"""
+    ``x / 255`` in the last float64 bit; inputs are normalised in float32.) A constant channel's std
+    is 1."""
     channels, count = x.shape[1], x.shape[0] * x.shape[2] * x.shape[3]
     sums = np.zeros(channels)
     for i in range(0, len(x), rows):
@@ -165,7 +209,9 @@ def channel_mean_std(x: np.ndarray, rows: int = 4096) -> tuple[tuple[float, ...]
         deviation = x[i:i + rows].astype(np.float64) / 255.0 - mean.reshape(1, -1, 1, 1)
         squares += np.square(deviation).sum(axis=(0, 2, 3))
     std = np.sqrt(squares / max(count, 1))
-    return tuple(float(m) for m in mean), tuple(max(float(s), 1e-6) for s in std)
+    # a constant channel carries nothing: std 1 leaves it centred and keeps another split's (the
+    # test images') deviations from it at their own scale, where a tiny floor would blow them up
+    return tuple(float(m) for m in mean), tuple(float(s) if s >= 1e-6 else 1.0 for s in std)
 
 
 def _image_data(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, clients: np.ndarray | None):
@@ -188,8 +234,12 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except (OSError, ValueError) as e:
-        raise DataError(f"{where}: not a readable .npz file ({e})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise DataError(f"{where}: not a readable .npz file ({type(e).__name__}: {e}); write it again with "
+                        "numpy.savez") from None
+    except (TypeError, AttributeError):      # np.load gave one array: a .npy file named .npz
+        raise DataError(f"{where}: holds one array (a .npy file?), not the arrays of a .npz; write it with "
+                        "numpy.savez(PATH, x_train=..., y_train=..., x_test=..., y_test=...)") from None
     missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in arrays]
     if missing:
         raise DataError(f"{where}: missing arrays {missing} (it has {sorted(arrays)}); it needs x_train, y_train, "
@@ -204,7 +254,11 @@ def _npz_split(path: Path, arrays: dict[str, np.ndarray], split: str) -> StoredS
     top = int(max(arrays["y_train"].max(initial=0), arrays["y_test"].max(initial=0))) + 1
     num_classes = top
     if "num_classes" in arrays:
-        num_classes = int(arrays["num_classes"])
+        given = arrays["num_classes"]
+        if given.shape != () or not np.issubdtype(given.dtype, np.integer):
+            raise DataError(f"{where}: num_classes must be one whole number, got {given.dtype} {given.shape} "
+                            f"({given.tolist()!r:.40})")
+        num_classes = int(given)
         if num_classes < top:
             raise DataError(f"{where}: num_classes is {num_classes} but a label is {top - 1}; labels must be "
                             f"0..num_classes-1")
@@ -227,7 +281,10 @@ def _images(x: np.ndarray, where: str) -> np.ndarray:
         raise DataError(f"{where}: images must be (N, H, W), (N, H, W, C) or (N, C, H, W) with C 1 or 3, square "
                         f"and at least one; got shape {x.shape}")
     if np.issubdtype(x.dtype, np.floating):
-        if not np.isfinite(x).all() or x.min() < 0 or x.max() > 1:
+        if not np.isfinite(x).all():
+            raise DataError(f"{where}: float images hold {int((~np.isfinite(x)).sum())} NaN or infinite values; "
+                            "they must lie in [0, 1] (or give uint8 pixels 0..255)")
+        if x.min() < 0 or x.max() > 1:
             raise DataError(f"{where}: float images must lie in [0, 1] (got {x.min()}..{x.max()}); or give uint8 "
                             "pixels 0..255")
         return np.round(x * 255).astype(np.uint8)
@@ -256,7 +313,7 @@ def _read_folder(root: Path, splits: tuple[str, ...]) -> list[StoredSplit]:
     if not classes:
         raise DataError(f"{where}: no class folders under train/ and test/")
     # Both splits decode to the train split's colour mode, so a model sees one channel count.
-    grayscale = _all_grayscale(sorted((root / "train").rglob("*")))
+    grayscale = _all_grayscale(sorted((root / "train").rglob("*")), where)
     parts: list[StoredSplit] = []
     for split in splits:
         paths, labels = [], []
@@ -279,14 +336,34 @@ def _pil():
     return Image
 
 
-def _all_grayscale(paths: list[Path]) -> bool:
+def _all_grayscale(paths: list[Path], where: str) -> bool:
     image = _pil()
     modes = set()
     for p in paths:
         if p.suffix.lower() in IMAGE_SUFFIXES:
-            with image.open(p) as im:
-                modes.add(im.mode)
-    return bool(modes) and modes <= {"1", "L", "I", "I;16"}
+            try:
+                with image.open(p) as im:
+                    modes.add(im.mode)
+            except (OSError, ValueError, SyntaxError) as e:
+                raise DataError(f"{where}: cannot read image {p} ({e})") from None
+    return bool(modes) and modes <= GRAYSCALE_MODES
+
+
+# grayscale modes of Pillow: 1- and 8-bit, and 16-bit (a PNG's) read as I;16* or I
+GRAYSCALE_MODES = {"1", "L", "I", "I;16", "I;16B", "I;16L"}
+WIDE_MODES = {"I", "I;16", "I;16B", "I;16L"}
+
+
+def _pixels(im: Any, grayscale: bool, path: Path, where: str) -> np.ndarray:
+    """8-bit pixels of one image: a 16-bit grayscale image scaled (65535 -> 255), which Pillow's
+    convert("L") would clip, turning nearly every pixel white."""
+    if grayscale and im.mode in WIDE_MODES:
+        wide = np.asarray(im, dtype=np.int64)
+        if wide.size and (wide.min() < 0 or wide.max() > 65535):
+            raise DataError(f"{where}: {path} holds {im.mode} pixels {wide.min()}..{wide.max()}, beyond 16 bits; "
+                            "save it as 8- or 16-bit grayscale")
+        return np.round(wide / 257.0).astype(np.uint8)
+    return np.asarray(im.convert("L" if grayscale else "RGB"))
 
 
 def _decode(paths: list[Path], grayscale: bool, where: str) -> np.ndarray:
@@ -296,13 +373,14 @@ def _decode(paths: list[Path], grayscale: bool, where: str) -> np.ndarray:
     for p in paths:
         try:
             with image.open(p) as im:
-                pixels = np.asarray(im.convert("L" if grayscale else "RGB"))
+                pixels = _pixels(im, grayscale, p, where)
         except (OSError, ValueError, SyntaxError) as e:
             raise DataError(f"{where}: cannot read image {p} ({e})") from None
         size = size or pixels.shape[:2]
         if pixels.shape[:2] != size or size[0] != size[1]:
-            raise DataError(f"{where}: {p} is {pixels.shape[1]}x{pixels.shape[0]}, but the images must all be one "
-                            f"square size ({size[1]}x{size[0]} first); resize them first")
+            first = f"the first, {paths[0].name}, is {size[1]}x{size[0]}"
+            raise DataError(f"{where}: {p} is {pixels.shape[1]}x{pixels.shape[0]} (width x height), but the images "
+                            f"must all be one square size ({first}); resize them first")
         out.append(pixels)
     x = np.stack(out)
     return x[:, None] if grayscale else x.transpose(0, 3, 1, 2)
