@@ -159,6 +159,24 @@ def test_fedhet_data_env_and_home_cache_are_searched(tmp_path, monkeypatch):
     assert torch.equal(load_dataset("mnist").x[:, 0], torch.from_numpy(x_env))
 
 
+def test_both_splits_come_from_the_folder_that_holds_the_training_files(tmp_path, monkeypatch):
+    """A copy of the training files in FEDHET_DATA and the test files elsewhere (the system's): a
+    run must not train on one copy and test on another, so the split is refused, naming the folder."""
+    from fedhet.data.datasets import load_splits
+
+    x_tr, _ = write_mnist(tmp_path / "env" / "mnist", "train", seed=5)
+    write_mnist(tmp_path / "home" / ".cache" / "fedhet" / "data" / "mnist", "train", seed=6)
+    x_te, _ = write_mnist(tmp_path / "home" / ".cache" / "fedhet" / "data" / "mnist", "test", n=5, seed=7)
+    monkeypatch.setenv("FEDHET_DATA", str(tmp_path / "env"))
+    with pytest.raises(DataError, match=r"mnist: .*env/mnist holds its training files but not its test files "
+                                        r"\(t10k-images-idx3-ubyte \(or t10k-images-idx3-ubyte.gz\)"):
+        load_splits("mnist")
+    write_mnist(tmp_path / "env" / "mnist", "test", n=5, seed=8)
+    train, test = load_splits("mnist")
+    assert torch.equal(train.x[:, 0], torch.from_numpy(x_tr)) and len(test) == 5
+    assert not torch.equal(test.x[:, 0], torch.from_numpy(x_te))                 # the env copy's own
+
+
 # --------------------------------------------------------------------------- IDX
 
 

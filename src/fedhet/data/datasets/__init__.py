@@ -26,6 +26,9 @@ Where files are looked for (first hit wins, see :func:`data_search_dirs`)::
     <root>/<name>, <root>, $FEDHET_DATA/<name>, ~/.cache/fedhet/data/<name>
     (+ /usr/share/datasets/fashion-mnist for fashion_mnist, Debian's dataset-fashion-mnist)
 
+:func:`load_splits` (a run's) takes the test split from the folder that holds the training split,
+and refuses one that lacks it, rather than mixing two copies.
+
 Expected layout inside such a directory:
 
 =================  ===========================================================================
@@ -50,6 +53,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from fedhet.core.errors import DataError
 from fedhet.data.datasets.catalogue import (
@@ -115,21 +119,31 @@ def load_dataset(
     """
     if is_user_dataset(name):
         return load_user_dataset(name, train)
-    _check_name(name)
     split = "train" if train else "test"
+    return _load_found(name, split, _find(name, split, root, download)[0], verify)
+
+
+def _find(name: str, split: str, root: str | os.PathLike | None, download: bool) -> tuple[Any, Path]:
+    """(what the format's finder found, the search directory it is in): the first directory that
+    has ``split``'s files (downloading them there where allowed)."""
+    _check_name(name)
     dirs = data_search_dirs(name, root)
-    verify = verify and os.environ.get("FEDHET_SKIP_CHECKSUM", "").strip().lower() not in ("1", "true", "yes")
-    finder, loader, _ = _FORMATS[name]
+    finder = _FORMATS[name][0]
     for d in dirs:
         found = finder(name, d, split)
         if found is not None:
-            return loader(name, found, split, verify)
+            return found, d
     if download and name in _DOWNLOADS:
         target = _download(name, root)
         found = finder(name, target, split)
         if found is not None:
-            return loader(name, found, split, verify)
+            return found, target
     raise _missing_error(name, split, dirs, download)
+
+
+def _load_found(name: str, split: str, found: Any, verify: bool) -> ImageData:
+    verify = verify and os.environ.get("FEDHET_SKIP_CHECKSUM", "").strip().lower() not in ("1", "true", "yes")
+    return _FORMATS[name][1](name, found, split, verify)
 
 
 def load_splits(
@@ -142,8 +156,14 @@ def load_splits(
     ``MODULE:FUNCTION`` dataset is called once per split."""
     if is_user_dataset(name):
         return load_user_splits(name)
-    return (load_dataset(name, root, train=True, download=download, verify=verify),
-            load_dataset(name, root, train=False, download=download, verify=verify))
+    found, where = _find(name, "train", root, download)
+    test = _FORMATS[name][0](name, where, "test")       # from the same folder: never two copies mixed
+    if test is None:
+        expected = ", ".join(_FORMATS[name][2](name, "test"))
+        raise DataError(f"{name}: {where} holds its training files but not its test files ({expected}); a run "
+                        "takes both splits from one folder, so that they are of one copy: put the test files "
+                        "beside the training files")
+    return _load_found(name, "train", found, verify), _load_found(name, "test", test, verify)
 
 
 def _missing_error(name: str, split: str, dirs: list[Path], download: bool) -> DataError:
