@@ -457,6 +457,19 @@ def test_cifar_wrong_shape(tmp_path):
         load_dataset("cifar100", tmp_path, train=False, verify=False)
 
 
+@pytest.mark.parametrize(("labels", "got"), [([0.0, 1.7], r"float64 of shape \(2,\)"),
+                                             ([[0], [1]], r"int64 of shape \(2, 1\)"),
+                                             (["cat", "dog"], r"<U3 of shape \(2,\)"), (3, "int"),
+                                             (None, "missing")])
+def test_cifar_labels_that_are_not_one_whole_number_per_image_are_named(tmp_path, labels, got):
+    """Unchecked (verify=False), float labels would be cut to whole numbers, other shapes a numpy error."""
+    write_pickle(tmp_path / "cifar-100-python" / "test", {b"data": np.zeros((2, 3072), np.uint8),
+                                                          **({} if labels is None else {b"fine_labels": labels})})
+    with pytest.raises(DataError, match=r"cifar-100-python/test: 'fine_labels' must be one whole-number label per "
+                                        rf"image \(2\), got {got}"):
+        load_dataset("cifar100", tmp_path, train=False, verify=False)
+
+
 def test_cifar_checksum_table_used(tmp_path):
     write_cifar10(tmp_path / "cifar-10-batches-py")
     with pytest.raises(DataError, match="40351d587109b95175f43aff81a1287e"):  # the official test_batch md5
@@ -602,6 +615,13 @@ def test_femnist_malformed(tmp_path):
     path.write_text('{"users": ["u1"], "user_data": {}}')
     with pytest.raises(DataError, match="not a valid LEAF FEMNIST file"):
         load_dataset("femnist", tmp_path)
+    nan = np.full((1, 784), 0.5)
+    nan[0, 3] = np.nan
+    for user, message in [((np.zeros((1, 784)), [1.5]), "user 'u1': labels must be whole numbers, got float64"),
+                          ((nan, [1]), "user 'u1': 1 pixel values are NaN or infinite")]:
+        leaf_file(path, {"u1": user})
+        with pytest.raises(DataError, match=message):
+            load_dataset("femnist", tmp_path)
 
 
 # --------------------------------------------------------------------------- ImageData

@@ -129,9 +129,13 @@ def _load_cifar(name: str, folder: Path, split: str, verify: bool) -> ImageData:
         pixels = 3 * info.image_size**2
         if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != pixels:
             raise DataError(f"{path}: 'data' must be a uint8 array of shape (N, {pixels})")
-        if labels is None or len(labels) != len(data):
-            raise DataError(f"{path}: '{label_key}' missing or not one label per image")
-        y = np.asarray(labels, dtype=np.int64)
+        y = np.asarray(labels) if isinstance(labels, (list, tuple, np.ndarray)) else None
+        if y is None or y.shape != (len(data),) or not (np.issubdtype(y.dtype, np.integer) or y.size == 0):
+            got = "missing" if labels is None else (
+                f"{type(labels).__name__}" if y is None else f"{y.dtype} of shape {y.shape}")
+            raise DataError(f"{path}: '{label_key}' must be one whole-number label per image ({len(data)}), got "
+                            f"{got}")
+        y = y.astype(np.int64)
         _check_labels(y, 0, info.num_classes - 1, path)
         xs.append(data.reshape(-1, 3, info.image_size, info.image_size))
         ys.append(y)

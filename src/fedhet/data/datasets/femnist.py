@@ -55,9 +55,15 @@ def _load_femnist(name: str, folder: Path, split: str, verify: bool) -> ImageDat
             for user in doc["users"]:
                 record = doc["user_data"][user]
                 x = np.asarray(record["x"], dtype=np.float32)
-                y = np.asarray(record["y"], dtype=np.int64)
+                y = np.asarray(record["y"])
                 if x.ndim != 2 or x.shape[1] != 28 * 28 or y.shape != (len(x),):
                     raise DataError(f"{path}: user {user!r}: expected x of shape (n, 784) and n labels")
+                if len(y) and not np.issubdtype(y.dtype, np.integer):
+                    raise DataError(f"{path}: user {user!r}: labels must be whole numbers, got {y.dtype}")
+                if not np.isfinite(x).all():
+                    raise DataError(f"{path}: user {user!r}: {int((~np.isfinite(x)).sum())} pixel values are "
+                                    "NaN or infinite; they must lie in [0, 1]")
+                y = y.astype(np.int64)
                 xs.append(x)
                 ys.append(y)
                 owners.append((user, len(y)))
