@@ -132,7 +132,7 @@ def built_differently(then: dict[str, Any], now: dict[str, Any]) -> str | None:
         changed = [f"{k}: {old_params.get(k, '<absent>')!r} -> {new_params.get(k, '<absent>')!r}"
                    for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
         problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
-                        + "): a default in the method's code changed")
+                        + "): a default in the method's code changed (yours, or fedhet's in another version)")
     if then.get("data") not in (None, now.get("data")):
         problems.append("the images or labels loaded differ from those it trained on (the dataset's files, "
                         "or a user's data function, changed)")
