@@ -106,3 +106,30 @@ def test_like_sampler_draws_what_sample_like_draws_client_after_client():
                  lambda: LikeSampler(pool, 5)(np.array([0]), 4, np.random.default_rng(0))):
         with pytest.raises(PartitionError, match="^sample_like: "):
             call()
+
+
+def test_local_tests_shrunk_to_a_few_images_by_shared_training_images_are_warned_of(small_config, tmp_path,
+                                                                                    monkeypatch):
+    """Clients whose data overlap by half: most of each client's held-out images are others' training
+    images, so they leave its local test; the warning says how many are left, and plain splits
+    say nothing."""
+    import sys
+    import warnings
+
+    (tmp_path / "lab_overlap.py").write_text(
+        "import numpy as np\n\n\ndef halves(labels, num_clients, rng):\n    n = len(labels)\n"
+        "    return [np.sort((np.arange(n // 2) + c * n // num_clients) % n) for c in range(num_clients)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = {**small_config, "data": {**small_config["data"], "partition": {"kind": "lab_overlap:halves"},
+                                    "local_test": {"source": "holdout", "fraction": 0.2}}}
+    cfg = load_config(raw=raw)
+    with pytest.warns(UserWarning, match=r"data.local_test \(holdout, fraction 0.2\): \d+ of the \d+ images held out "
+                                         r"for the clients' local tests are images other clients train on") as said:
+        fed = build_federation(cfg.data, cfg.seed)
+    kept = sum(len(te) for te in fed.test_idx)
+    assert f"the local tests hold {kept} images" in str(said[0].message)
+    sys.modules.pop("lab_overlap", None)
+    plain = load_config(raw={**raw, "data": {**raw["data"], "partition": {"kind": "iid"}}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_federation(plain.data, plain.seed)

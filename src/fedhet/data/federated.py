@@ -16,6 +16,7 @@ another dataset of the same image shape (``dataset``).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -268,6 +269,16 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             raise PartitionError(f"client {cid} has an empty local test split (fraction {cfg.local_test.fraction} "
                                  f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data"
                                  f"{_pool_hint(cfg, len(np.unique(np.concatenate(parts))), k)}")
+    if held_out and sum(held_out) > 2 * sum(len(te) for te in test_idx):
+        # most held-out images are also other clients' training images (a partition that shares
+        # images, or draws with replacement): the personal metrics rest on the few left
+        kept = [len(te) for te in test_idx]
+        warnings.warn(f"data.local_test (holdout, fraction {cfg.local_test.fraction}): {sum(held_out) - sum(kept)} "
+                      f"of the {sum(held_out)} images held out for the clients' local tests are images other "
+                      f"clients train on, so they were left out; the local tests hold {sum(kept)} images (median "
+                      f"{int(np.median(kept))} a client), and personal metrics rest on them. Give clients images of "
+                      "their own (e.g. a smaller samples_per_client), or use data.local_test.source: test_set",
+                      UserWarning, stacklevel=2)
 
     c = train.x.shape[1]
     mean, std = train.mean, train.std
