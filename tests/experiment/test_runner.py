@@ -366,6 +366,11 @@ def test_config_errors_speak_of_keys_and_say_the_fix(small_config, tmp_path):
     assert """name: Input should be a valid string; YAML reads 2024 as a number: quote it to keep it a string, --set 'name="2024"'""" in error("name=2024")
     assert "name: expects a string, got false; YAML reads yes, no, on, off, true and false as booleans" in error("name=no")
     assert "train.rounds: expects a whole number, got true" in error("train.rounds=true")      # a section's own check, keyed
+    # a date where a string goes, and null where a value goes: what YAML read, and the fix
+    assert ("""name: Input should be a valid string; YAML reads 2024-01-31 as a date or time: quote it to keep it a """
+            """string, --set 'name="2024-01-31"'""") in error("name=2024-01-31")
+    assert ("train.lr: Input should be a valid number; YAML reads an empty value, ~ and null as null: give train.lr "
+            "a value, or leave the key out for its default") in error("train.lr=~")
     # a check across sections names its keys itself
     assert error("data.pool=train+test", "data.local_test.source=test_set").splitlines()[1] == (
         "  data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")

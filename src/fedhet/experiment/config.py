@@ -6,6 +6,7 @@ A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import re
 from pathlib import Path
@@ -369,6 +370,12 @@ def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], p
                    f"{key}.<setting> in --set, or `{key.split('.')[-1]}: {{<setting>: value}}` in YAML")
         elif e["type"] == "string_type" and isinstance(e["input"], (bool, int, float)):
             msg += _quote_hint(full, e["input"])
+        elif e["type"] == "string_type" and isinstance(e["input"], (datetime.date, datetime.time)):
+            msg += (f"; YAML reads {e['input']} as a date or time: quote it to keep it a string, --set "
+                    f"'{full}=\"{e['input']}\"' or {full.split('.')[-1]}: \"{e['input']}\" in the file")
+        elif e["input"] is None and e["type"].endswith(("_type", "_parsing")):
+            msg += (f"; YAML reads an empty value, ~ and null as null: give {full} a value, or leave the key out "
+                    "for its default")
         problems.setdefault(full, []).append(msg)
     return problems
 
