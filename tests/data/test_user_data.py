@@ -54,6 +54,8 @@ def test_float_images_in_unit_range_and_an_explicit_class_count(tmp_path):
     name = write_npz(tmp_path, **arrs, num_classes=np.array(7))
     data = load_dataset(name)
     assert data.x.dtype == torch.uint8 and data.num_classes == 7
+    for seven in (np.array([7]), np.array(7.0)):        # as numpy may have saved a count: still seven classes
+        assert load_dataset(write_npz(tmp_path, "other.npz", **arrs, num_classes=seven)).num_classes == 7
     assert torch.equal(data.x, torch.from_numpy(arrays()["x_train"][:, None]))
 
 
@@ -109,6 +111,7 @@ def test_a_run_on_npz_data_with_a_dirichlet_partition(small_config, tmp_path):
     (lambda a: a.update(clients_train=np.zeros(3, np.int64)), r"one whole-number client id per training image \(120\)"),
     (lambda a: a.update(num_classes=np.array(4.7)), r"num_classes must be one whole number, got float64 \(\)"),
     (lambda a: a.update(num_classes=np.array([4, 5])), r"num_classes must be one whole number, got int64 \(2,\)"),
+    (lambda a: a.update(num_classes=np.array(np.nan)), r"num_classes must be one whole number, got float64 \(\)"),
     (lambda a: a.update(x_train=np.where(np.arange(120)[:, None, None] == 5, np.nan, a["x_train"] / 255.0)),
      r"float images hold 144 NaN or infinite values; they must lie in \[0, 1\]"),      # one 12x12 image
 ])
@@ -196,6 +199,17 @@ def test_a_folders_16_bit_grayscale_images_are_scaled_to_8_bits_and_a_broken_one
     train = load_dataset(f"folder:{tmp_path}")
     assert train.x[0, 0].tolist() == [[0, 1, 1], [255, 128, 4], [2, 0, 0]]        # round(v / 257)
     assert train.x[1, 0].tolist() == [[3] * 3] * 3
+    for path in (tmp_path / "test").rglob("*.png"):             # beyond the training images' range
+        Image.fromarray(np.full((3, 3), 65535, np.uint16)).save(path)
+    # 16-bit files that hold 8-bit values (a uint16 array of 0..255 saved as is): kept as they are
+    for path in (tmp_path / "train").rglob("*.png"):
+        Image.fromarray(np.full((3, 3), 200, np.uint16)).save(path)
+    with pytest.raises(DataError, match=r"test/.*png holds I.* pixels beyond what the training images' range maps "
+                                        r"to 0..255 \(here 65535..65535 after dividing by 1\)"):
+        load_dataset(f"folder:{tmp_path}", train=False)
+    for path in (tmp_path / "test").rglob("*.png"):
+        Image.fromarray(np.full((3, 3), 100, np.uint16)).save(path)
+    assert load_dataset(f"folder:{tmp_path}", train=False).x.flatten().tolist() == [100] * 36
     (tmp_path / "train" / "dog" / "broken.png").write_bytes(b"\x89PNG\r\n")
     with pytest.raises(DataError, match=r"folder:.*: cannot read image .*broken.png"):
         load_dataset(f"folder:{tmp_path}")
@@ -402,8 +416,8 @@ def test_a_run_scans_a_folder_for_its_colour_mode_once(tmp_path, small_config, m
     from fedhet.data import user_data
 
     scans = []
-    real_scan = user_data._all_grayscale
-    monkeypatch.setattr(user_data, "_all_grayscale", lambda paths, where: scans.append(len(paths)) or real_scan(paths, where))
+    real_scan = user_data._scan_train
+    monkeypatch.setattr(user_data, "_scan_train", lambda paths, where: scans.append(len(paths)) or real_scan(paths, where))
     write_folder(tmp_path, per_class=(6, 2))
     raw = copy.deepcopy(small_config)
     raw["data"] = {"dataset": f"folder:{tmp_path}", "num_clients": 3, "partition": {"kind": "iid"},

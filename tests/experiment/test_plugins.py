@@ -344,3 +344,29 @@ def test_a_resume_refuses_a_run_whose_users_code_or_data_changed_since_its_check
         assert read_metrics(exp.run_dir) == rows
     write("1.0", "", y)                                          # as it was: it goes on
     assert Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"]).run(progress=False)["rounds_completed"] == 2
+
+
+def test_recorded_parameters_are_compared_as_the_method_reads_them_not_as_dumped():
+    """A set dumps in the order of its hashes, which changes from one process to the next, and a
+    parameter added since (a newer version) takes its default: neither is a change; a value is."""
+    from pydantic import Field
+
+    from fedhet.algorithms.fedavg import FedAvg
+    from fedhet.experiment.runner import built_differently
+
+    class Params(FedAvg.Params):
+        damp: float = 1.0
+        layers: set[str] = Field(default_factory=lambda: {"conv1", "fc1", "fc2"})
+        added_since: int = 3
+
+    now = Params()
+    dumped = now.model_dump(mode="json")
+    then = {k: v for k, v in dumped.items() if k != "added_since"}
+    then["layers"] = sorted(dumped["layers"], reverse=True)
+    assert built_differently({"algorithm_params": then}, {"algorithm_params": dumped}, now) is None
+    then["damp"] = 0.5
+    assert built_differently({"algorithm_params": then}, {"algorithm_params": dumped}, now).startswith(
+        "the method's parameters resolve otherwise than then (added_since: '<absent>' -> 3; damp: 0.5 -> 1.0")
+    then["damp"] = "not a number"                                   # no longer valid: a change too
+    assert "damp: 'not a number' -> 1.0" in built_differently({"algorithm_params": then},
+                                                              {"algorithm_params": dumped}, now)

@@ -503,6 +503,10 @@ def test_a_method_value_named_as_one_of_fedhets_metrics_is_refused_not_recorded_
     with pytest.raises(ConfigError, match=r"algorithm fedavg: round_metrics\(\)\['fedavg_when'\]\['at'\] is of type object, "
                                           "which a metrics row cannot hold"):
         run(raw, tmp_path / "r3")
+    from fedhet.experiment.runner import recordable  # what an array holds is checked in turn
+    with pytest.raises(ConfigError, match=r"x\[1\] is of type object"):
+        recordable(np.array([1, object()], dtype=object), "x")
+    assert recordable(np.array([[1.5], [2.0]], dtype=np.float32), "x") == [[1.5], [2.0]]
     # every name fedhet itself wrote in the row is one a method may not take
     from fedhet.experiment.runner import is_fedhet_metric
     assert [k for k in row if not is_fedhet_metric(k)] == ["fedavg_extra", "fedavg_norm", "fedavg_np"]

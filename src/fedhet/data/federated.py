@@ -134,7 +134,7 @@ class Federation:
             for t in parts:
                 h.update(b"-" if t is None else f"{tuple(t.shape)}{t.dtype}".encode())
                 if t is not None:
-                    h.update(t.detach().cpu().contiguous().numpy().tobytes())
+                    h.update(t.detach().cpu().contiguous().numpy())      # its buffer: no copy of the pool
             return h.hexdigest()
 
         test = [self.test.x, self.test.y] if self.test is not None else [None, None]
@@ -272,11 +272,11 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
     if held_out and sum(held_out) > 2 * sum(len(te) for te in test_idx):
         # most held-out images are also other clients' training images (a partition that shares
         # images, or draws with replacement): the personal metrics rest on the few left
-        kept = [len(te) for te in test_idx]
-        warnings.warn(f"data.local_test (holdout, fraction {cfg.local_test.fraction}): {sum(held_out) - sum(kept)} "
+        sizes = [len(te) for te in test_idx]
+        warnings.warn(f"data.local_test (holdout, fraction {cfg.local_test.fraction}): {sum(held_out) - sum(sizes)} "
                       f"of the {sum(held_out)} images held out for the clients' local tests are images other "
-                      f"clients train on, so they were left out; the local tests hold {sum(kept)} images (median "
-                      f"{int(np.median(kept))} a client), and personal metrics rest on them. Give clients images of "
+                      f"clients train on, so they were left out; the local tests hold {sum(sizes)} images (median "
+                      f"{int(np.median(sizes))} a client), and personal metrics rest on them. Give clients images of "
                       "their own (e.g. a smaller samples_per_client), or use data.local_test.source: test_set",
                       UserWarning, stacklevel=2)
 

@@ -255,10 +255,12 @@ def _npz_split(path: Path, arrays: dict[str, np.ndarray], split: str) -> StoredS
     num_classes = top
     if "num_classes" in arrays:
         given = arrays["num_classes"]
-        if given.shape != () or not np.issubdtype(given.dtype, np.integer):
+        numeric = given.size == 1 and (np.issubdtype(given.dtype, np.integer) or np.issubdtype(given.dtype, np.floating))
+        whole = numeric and bool(np.isfinite(given.item())) and float(given.item()).is_integer()
+        if not whole:                      # 10, [10] and 10.0 are ten classes
             raise DataError(f"{where}: num_classes must be one whole number, got {given.dtype} {given.shape} "
                             f"({given.tolist()!r:.40})")
-        num_classes = int(given)
+        num_classes = int(given.item())
         if num_classes < top:
             raise DataError(f"{where}: num_classes is {num_classes} but a label is {top - 1}; labels must be "
                             f"0..num_classes-1")
@@ -313,7 +315,7 @@ def _read_folder(root: Path, splits: tuple[str, ...]) -> list[StoredSplit]:
     if not classes:
         raise DataError(f"{where}: no class folders under train/ and test/")
     # Both splits decode to the train split's colour mode, so a model sees one channel count.
-    grayscale = _all_grayscale(sorted((root / "train").rglob("*")), where)
+    grayscale, wide_scale = _scan_train(sorted((root / "train").rglob("*")), where)
     parts: list[StoredSplit] = []
     for split in splits:
         paths, labels = [], []
@@ -324,7 +326,8 @@ def _read_folder(root: Path, splits: tuple[str, ...]) -> list[StoredSplit]:
             labels += [label] * len(files)
         if not paths:
             raise DataError(f"{where}: no images ({', '.join(IMAGE_SUFFIXES)}) under {root / split}")
-        parts.append((_decode(paths, grayscale, where), np.asarray(labels, dtype=np.int64), len(classes), None))
+        parts.append((_decode(paths, grayscale, wide_scale, where), np.asarray(labels, dtype=np.int64), len(classes),
+                      None))
     return parts
 
 
@@ -336,17 +339,23 @@ def _pil():
     return Image
 
 
-def _all_grayscale(paths: list[Path], where: str) -> bool:
+def _scan_train(paths: list[Path], where: str) -> tuple[bool, int]:
+    """(whether every training image is grayscale, what 16-bit grayscale pixels are divided by):
+    257 (65535 -> 255) where a training image's 16-bit pixels exceed 255, else 1 (16-bit files that
+    hold 8-bit values). One rule for both splits, so that a pixel value means one brightness."""
     image = _pil()
     modes = set()
+    wide_max = 0
     for p in paths:
         if p.suffix.lower() in IMAGE_SUFFIXES:
             try:
                 with image.open(p) as im:
                     modes.add(im.mode)
+                    if im.mode in WIDE_MODES:
+                        wide_max = max(wide_max, int(np.asarray(im, dtype=np.int64).max(initial=0)))
             except (OSError, ValueError, SyntaxError) as e:
                 raise DataError(f"{where}: cannot read image {p} ({e})") from None
-    return bool(modes) and modes <= GRAYSCALE_MODES
+    return bool(modes) and modes <= GRAYSCALE_MODES, 257 if wide_max > 255 else 1
 
 
 # grayscale modes of Pillow: 1- and 8-bit, and 16-bit (a PNG's) read as I;16* or I
@@ -354,26 +363,27 @@ GRAYSCALE_MODES = {"1", "L", "I", "I;16", "I;16B", "I;16L"}
 WIDE_MODES = {"I", "I;16", "I;16B", "I;16L"}
 
 
-def _pixels(im: Any, grayscale: bool, path: Path, where: str) -> np.ndarray:
-    """8-bit pixels of one image: a 16-bit grayscale image scaled (65535 -> 255), which Pillow's
-    convert("L") would clip, turning nearly every pixel white."""
+def _pixels(im: Any, grayscale: bool, wide_scale: int, path: Path, where: str) -> np.ndarray:
+    """8-bit pixels of one image: 16-bit grayscale divided by ``wide_scale`` (:func:`_scan_train`),
+    where Pillow's convert("L") would clip it, turning nearly every pixel white."""
     if grayscale and im.mode in WIDE_MODES:
-        wide = np.asarray(im, dtype=np.int64)
-        if wide.size and (wide.min() < 0 or wide.max() > 65535):
-            raise DataError(f"{where}: {path} holds {im.mode} pixels {wide.min()}..{wide.max()}, beyond 16 bits; "
-                            "save it as 8- or 16-bit grayscale")
-        return np.round(wide / 257.0).astype(np.uint8)
+        wide = np.round(np.asarray(im, dtype=np.int64) / wide_scale)
+        if wide.size and (wide.min() < 0 or wide.max() > 255):
+            raise DataError(f"{where}: {path} holds {im.mode} pixels beyond what the training images' range "
+                            f"maps to 0..255 (here {int(wide.min())}..{int(wide.max())} after dividing by "
+                            f"{wide_scale}); save every image as 8- or 16-bit grayscale of one range")
+        return wide.astype(np.uint8)
     return np.asarray(im.convert("L" if grayscale else "RGB"))
 
 
-def _decode(paths: list[Path], grayscale: bool, where: str) -> np.ndarray:
+def _decode(paths: list[Path], grayscale: bool, wide_scale: int, where: str) -> np.ndarray:
     image = _pil()
     out = []
     size = None
     for p in paths:
         try:
             with image.open(p) as im:
-                pixels = _pixels(im, grayscale, p, where)
+                pixels = _pixels(im, grayscale, wide_scale, p, where)
         except (OSError, ValueError, SyntaxError) as e:
             raise DataError(f"{where}: cannot read image {p} ({e})") from None
         size = size or pixels.shape[:2]

@@ -112,8 +112,8 @@ def is_evaluation_key(key: str) -> bool:
 def recordable(value: Any, where: str) -> Any:
     """``value`` as a metrics row holds it (JSON): a tensor or NumPy value as Python numbers (a norm
     is naturally a 0-d tensor), dicts and lists walked; a ConfigError at ``where`` for anything else."""
-    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
-        return value.tolist() if not isinstance(value, np.generic) else value.item()
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):     # as Python values, checked in turn
+        return recordable(value.tolist() if not isinstance(value, np.generic) else value.item(), where)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, dict):
@@ -124,15 +124,23 @@ def recordable(value: Any, where: str) -> Any:
                       "strings, tensors or lists and dicts of them")
 
 
-def built_differently(then: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What differs between two :meth:`Experiment.built_from` records, in words; None if nothing."""
+def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) -> str | None:
+    """What differs between two :meth:`Experiment.built_from` records, in words; None if nothing.
+    ``params``: the method's parameters now, against which the recorded ones are validated again
+    (a set dumps in no fixed order, and a key the recorded ones lack takes its default)."""
     problems = []
-    old_params, new_params = then.get("algorithm_params"), now.get("algorithm_params")
-    if isinstance(old_params, dict) and old_params != new_params:
-        changed = [f"{k}: {old_params.get(k, '<absent>')!r} -> {new_params.get(k, '<absent>')!r}"
-                   for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
-        problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
-                        + "): a default in the method's code changed (yours, or fedhet's in another version)")
+    old_params = then.get("algorithm_params")
+    if isinstance(old_params, dict):
+        try:
+            same = type(params).model_validate(old_params) == params
+        except ValueError:          # pydantic's ValidationError: the recorded values no longer validate
+            same = False
+        if not same:
+            new_params = now.get("algorithm_params") or {}
+            changed = [f"{k}: {old_params.get(k, '<absent>')!r} -> {new_params.get(k, '<absent>')!r}"
+                       for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
+            problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
+                            + "): a default in the method's code changed (yours, or fedhet's in another version)")
     if then.get("data") not in (None, now.get("data")):
         problems.append("the images or labels loaded differ from those it trained on (the dataset's files, "
                         "or a user's data function, changed)")
@@ -310,7 +318,7 @@ class Experiment:
                     raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a run whose client states are "
                                           f"{where}: continue it with `{how}`")
             if snap is not None and isinstance(snap, dict) and isinstance(snap.get("built_from"), dict):
-                if problem := built_differently(snap["built_from"], exp.built_from()):
+                if problem := built_differently(snap["built_from"], exp.built_from(), exp.algorithm.params):
                     raise CheckpointError(f"{run_dir} cannot go on from its checkpoint of round {snap.get('round')}: "
                                           f"{problem}. A resumed run must compute what it started computing: "
                                           "restore them, or start a new run")

@@ -36,7 +36,6 @@ from fedhet.experiment.sweep.state import (
     take_lock,
     unloadable_jobs,
     unloadable_message,
-    unrecorded_metric,
     would_start,
     write_failure_marker,
     write_lock,
@@ -137,9 +136,6 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     broken = unloadable_jobs(jobs, initial, retry_failed)
     if broken:       # refused before any run starts: each would fail the same way in its first second
         raise ConfigError(unloadable_message(broken))
-    every = {j.name: initial.get(j.name) or job_status(j) for j in sweep.jobs}     # --only: the others' too
-    if (why := unrecorded_metric(sweep, every)) is not None:
-        raise ConfigError(f"{why}; fix the sweep file's metric before its runs")
     sweep.out.mkdir(parents=True, exist_ok=True)
     for j in jobs:
         if initial[j.name] == "stale":
@@ -292,9 +288,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
 
 def resumable_sets(extra_set: list[str]) -> list[str]:
     """The command line's ``--set`` values that a resumed run takes (``RESUMABLE_CHANGES``: device,
-    engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane).
+    engine, workers, checkpointing...), but ``run.threads``, the sweep's own (one share per lane), and
+    ``run.out_dir``, which a resume refuses (a sweep names each run's folder itself).
     Other settings are part of what a run is: a run recorded with other values is stale and left alone."""
-    taken = set(RESUMABLE_CHANGES) - {"run.threads"}
+    taken = set(RESUMABLE_CHANGES) - {"run.threads", "run.out_dir"}
     return [item for item in extra_set if override_key(item) in taken]
 
 

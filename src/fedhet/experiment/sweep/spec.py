@@ -10,6 +10,7 @@ from typing import Any
 
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import override_key
+from fedhet.experiment.summary import SUMMARIZED_METRICS
 from fedhet.experiment.verdict import Verdict, parse_verdicts
 from fedhet.experiment.yaml_io import read_yaml
 
@@ -71,8 +72,10 @@ def _folder_name(value: Any, what: str, where: str, part: bool = False) -> str:
     folder's name, so it may not leave the sweep's folder (``../x``) or make nested ones (``a/b``)."""
     text = str(value)
     if "/" in text or "\\" in text or not part and (not text or text.startswith(".")):
-        raise ConfigError(f"{where}: {what} {text!r} names a folder, so it may not be empty, start with a dot "
-                          "or hold a slash; use letters, digits, '-' and '_'")
+        names = "is part of its runs' folder names" if part else "names a folder"
+        raise ConfigError(f"{where}: {what} {text!r} {names}, so it may not hold a slash"
+                          + ("" if part else ", be empty or start with a dot") + "; use letters, digits, '-' and '_'"
+                          + (" (or give such values as separate run entries with their own tags)" if part else ""))
     return text
 
 
@@ -107,8 +110,9 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
                           "known: name, out, lanes, seeds, set, grid, runs, metric, paired, verdicts")
     name = _folder_name(raw.get("name") or path.stem, "name", str(path))
     metric = raw.get("metric")
-    if metric is not None and (not isinstance(metric, str) or not metric):
-        raise ConfigError(f"{path}: metric must be a metric's name, e.g. metric: global_acc; got {metric!r}")
+    if metric is not None and metric not in SUMMARIZED_METRICS:     # the table reads the runs' summaries
+        raise ConfigError(f"{path}: metric {metric!r} is not one a run's summary holds; one of: "
+                          f"{', '.join(SUMMARIZED_METRICS)}")
     out_dir = Path(out or raw.get("out") or Path("runs") / name)
     if out_dir.exists() and not out_dir.is_dir():
         given = "--out" if out else f"{path}: out" if raw.get("out") else f"{path}: the output folder runs/<name>"

@@ -16,7 +16,7 @@ import yaml
 from fedhet.core.errors import ConfigError
 from fedhet.experiment.config import ExperimentConfig, config_changes, load_config
 from fedhet.experiment.rundir import CHECKPOINT, read_metrics
-from fedhet.experiment.sweep.spec import Job, Sweep
+from fedhet.experiment.sweep.spec import Job
 from fedhet.experiment.yaml_io import parse_yaml
 
 # What a completed run folder needs to count as completed and to be compared: the files a
@@ -71,23 +71,6 @@ def config_error(job: Job) -> str | None:
     except (ConfigError, OSError) as e:
         return str(e)
     return None
-
-
-def unrecorded_metric(sweep: Sweep, status: dict[str, str]) -> str | None:
-    """Why the sweep file's ``metric`` cannot make its table, known before any run starts: its
-    completed runs (by ``status``, :func:`job_status` by name) record no such metric. None when
-    it has no metric, no completed run, or one that records it."""
-    if sweep.metric is None:
-        return None
-    recorded: set[str] = set()
-    for job in sweep.jobs:
-        if status.get(job.name) == "completed":
-            summary = json.loads((job.run_dir / "summary.json").read_text())
-            recorded |= {m for m, v in (summary.get("metrics") or {}).items() if v}
-    if not recorded or sweep.metric in recorded:
-        return None
-    return (f"{sweep.source or sweep.name}: metric {sweep.metric!r} is recorded by none of the sweep's completed "
-            f"runs, so its table could not be made; they record: {', '.join(sorted(recorded))}")
 
 
 def unloadable_jobs(jobs: list[Job], status: dict[str, str], retry_failed: bool) -> list[tuple[Job, str]]:
