@@ -143,7 +143,7 @@ def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) ->
                             + "): a default in the method's code changed (yours, or fedhet's in another version)")
     if then.get("data") not in (None, now.get("data")):
         problems.append("the images or labels loaded differ from those it trained on (the dataset's files, "
-                        "or a user's data function, changed)")
+                        "a user's data function, or the decoder of its image files, Pillow, changed)")
     elif then.get("partition") not in (None, now.get("partition")):
         problems.append("the clients' data split differs from the one it trained on (a user's partition "
                         "function, or the code that splits, changed)")
