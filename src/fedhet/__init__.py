@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Results", "resume", "run"]
+__all__ = ["Results", "load", "resume", "run"]
 
 
 def __getattr__(name: str) -> Any:

@@ -69,3 +69,35 @@ def test_overrides_of_the_wrong_shape_say_what_to_give(small_config, tmp_path):
     with pytest.raises(ConfigError, match="'train' holds 5, not a section of settings"):
         fedhet.run({**small_config, "train": 5}, {"train.rounds": 1}, out=tmp_path / "e")
     assert not any((tmp_path / n).exists() for n in "abcde")
+
+
+def test_a_plot_that_cannot_be_written_is_a_warning_and_the_run_stays_completed_and_free(small_config, tmp_path):
+    (tmp_path / "r" / "accuracy.png").mkdir(parents=True)        # the plot's path taken by a folder
+    with pytest.warns(RuntimeWarning, match=r"cannot write the plot .*accuracy.png.*; the run's summary.json and "
+                                            r"metrics.jsonl are written"):
+        res = fedhet.run(small_config, {"train.rounds": 1}, out=tmp_path / "r")
+    assert res.summary["status"] == "completed" and [r["round"] for r in res.rows] == [1]
+    with pytest.warns(RuntimeWarning, match="cannot write the plot"):   # the folder is free: it goes on
+        assert fedhet.resume(tmp_path / "r", {"train.rounds": 2}).summary["rounds_completed"] == 2
+
+
+def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_to_load(small_config, tmp_path,
+                                                                                      monkeypatch):
+    from fedhet.core.errors import NumericalError
+    from fedhet.experiment.rundir import RunDir
+    from fedhet.experiment.runner import Experiment
+
+    def summary_fails_too(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Experiment, "write_summary", summary_fails_too)
+    with pytest.warns(RuntimeWarning, match="recording the failed run's summary failed too: OSError"):
+        with pytest.raises(NumericalError) as info:             # the run's error, not the summary's
+            fedhet.run(small_config, {"train.lr": 1e6, "train.rounds": 2}, out=tmp_path / "r")
+    assert f"run directory: {tmp_path / 'r'} (fedhet.load reads what it recorded" in info.value.__notes__[0]
+    RunDir(tmp_path / "r").lock()                                # not held by this process any more
+    monkeypatch.undo()
+    loaded = fedhet.load(tmp_path / "r")
+    assert loaded.summary == {} and loaded.rows == read_metrics(tmp_path / "r")
+    with pytest.raises(Exception, match="holds no run|does not exist"):
+        fedhet.load(tmp_path / "nothing")

@@ -6,6 +6,7 @@
     accs = res.metric("global_acc")                # [(round, value), ...]
     res.rows[-1]["comm"]                           # every metrics.jsonl record, as dicts
     more = fedhet.resume(res.run_dir, {"train.rounds": 10})   # extend it (or go on after a crash)
+    old = fedhet.load("runs/try")                  # a run on disk, finished or not
 
 The run is the same as ``fedhet run``: a run directory with config.yaml, metrics.jsonl,
 summary.json, checkpoints and plots; ``metrics.jsonl`` stays the source of truth.
@@ -121,6 +122,22 @@ def run(config: str | Path | dict | ExperimentConfig, overrides: dict[str, Any] 
     exp = Experiment.create(cfg, out)
     summary = exp.run(progress=progress)
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))
+
+
+def load(run_dir: str | Path) -> Results:
+    """The :class:`Results` of a run already on disk (finished, failed, interrupted, or one going on
+    elsewhere): its summary (empty where summary.json is missing or unreadable: a killed run, or one
+    still going) and every round its metrics.jsonl holds."""
+    import json
+
+    from fedhet.experiment.rundir import SUMMARY, checked_run_dir
+
+    path = checked_run_dir(run_dir, resume=True)
+    try:
+        summary = json.loads((path / SUMMARY).read_text())
+    except (OSError, ValueError):
+        summary = {}
+    return Results(path, summary if isinstance(summary, dict) else {}, read_metrics(path))
 
 
 def resume(run_dir: str | Path, overrides: dict[str, Any] | list[str] | None = None, *,

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from fedhet.core.contract import Arrays, Message
-from fedhet.core.errors import CheckpointError, ConfigError, FedhetError
+from fedhet.core.errors import CheckpointError, ConfigError, FedhetError, OutputError
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.client_store import ClientStates
 from fedhet.engine.ledger import tensor_floats
@@ -393,19 +393,34 @@ class Experiment:
                 self.run_rounds(callbacks)
         except FedhetError as e:
             status, error = "failed", str(e)
+            e.add_note(self._where_note())
             raise
         except KeyboardInterrupt:
             status, error = "interrupted", "interrupted by the user"
             raise
         except Exception as e:  # a bug or an unexpected failure: never recorded as "completed"
             status, error = "failed", f"{type(e).__name__}: {e}"
+            e.add_note(self._where_note())
             raise
         finally:
-            bar.close()
-            self.loop.close()               # worker processes, device copies
-            self.write_summary(status, error, time.perf_counter() - t_run, callbacks)
-            self.rundir.unlock()
+            try:
+                bar.close()
+                self.loop.close()               # worker processes, device copies
+                self.write_summary(status, error, time.perf_counter() - t_run, callbacks)
+            except Exception as e:
+                if status == "completed":
+                    raise
+                # the run's own error is the one to raise; this one is said beside it
+                warnings.warn(f"{self.run_dir}: recording the {status} run's summary failed too: "
+                              f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+            finally:
+                self.rundir.unlock()        # whatever failed above: the folder is free to resume
         return self.summary
+
+    def _where_note(self) -> str:
+        # a run started from Python with the default, time-stamped folder: where its rounds are
+        return (f"run directory: {self.run_dir} (fedhet.load reads what it recorded; fedhet.resume goes on from "
+                "its last checkpoint)")
 
     def run_rounds(self, callbacks: list[Callback]) -> None:
         """The rounds still to run: train, evaluate when due, record, checkpoint."""
@@ -533,6 +548,10 @@ class Experiment:
         self.rundir.write_json(SUMMARY, summary)
         if rows:
             from fedhet.experiment.plots import plot_run
-            plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
+            try:
+                plot_run(rows, self.run_dir / "accuracy.png", title=f"{self.cfg.name} (seed {self.cfg.seed})")
+            except OutputError as e:         # a picture of what summary.json and metrics.jsonl hold
+                warnings.warn(f"{e}; the run's summary.json and metrics.jsonl are written", RuntimeWarning,
+                              stacklevel=2)
         for cb in callbacks:
             cb.on_finished(self, summary)
