@@ -10,7 +10,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from fedhet.core.errors import ConfigError, FedhetError
+from fedhet.core.errors import ConfigError, FedhetError, OutputError
 
 
 def _positive_int(text: str) -> int:
@@ -65,9 +65,18 @@ def _cmd_partition(args) -> int:
 
     from fedhet.data.federated import build_federation
     from fedhet.experiment.config import load_config
-    from fedhet.experiment.plots import plot_partition
+    from fedhet.experiment.plots import plot_partition, plot_path
 
     cfg = load_config(args.config, args.set)
+    if args.out is None:
+        out = Path(cfg.run.out_dir) / f"{cfg.name}-partition.png"
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"cannot make run.out_dir {out.parent} for the heatmap ({e.strerror or e}); "
+                              "give --out PATH, or another run.out_dir") from None
+    else:
+        out = plot_path(args.out, "--out")
     fed = build_federation(cfg.data, cfg.seed)
     train, test = fed.train_counts(), fed.test_counts()
     header = "client | " + " ".join(f"{c:>5}" for c in range(fed.num_classes)) + " |  train   test"
@@ -79,15 +88,13 @@ def _cmd_partition(args) -> int:
     present = (train > 0).sum(1)
     print(f"\n{fed.num_clients} clients, {sizes.sum()} training samples (min {sizes.min()}, median {int(np.median(sizes))}, "
           f"max {sizes.max()}); classes per client: mean {present.mean():.1f}; local test: {fed.local_test_source}")
-    out = Path(args.out) if args.out else Path(cfg.run.out_dir) / f"{cfg.name}-partition.png"
-    if not args.out:
-        out.parent.mkdir(parents=True, exist_ok=True)
     plot_partition(train, out, f"{cfg.data.dataset}: {cfg.data.partition.kind} {cfg.data.partition.options()}")
     print(f"heatmap: {out}")
     return 0
 
 
 def _cmd_compare(args) -> int:
+    from fedhet.experiment.plots import plot_path
     from fedhet.experiment.report import compare
 
     run_dirs = [Path(d) for d in args.run_dirs]
@@ -99,9 +106,10 @@ def _cmd_compare(args) -> int:
         run_dirs = [d for d in run_dirs if d not in files]
         shown = ", ".join(map(str, files[:3])) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
         print(f"fedhet: left out {len(files)} file(s), not run directories: {shown}", file=sys.stderr)
-    print(compare(run_dirs, args.metric, Path(args.plot) if args.plot else None, paired=args.paired))
-    if args.plot:
-        print(f"\noverlay plot: {args.plot}")
+    plot = plot_path(args.plot, "--plot") if args.plot is not None else None     # checked before any work
+    print(compare(run_dirs, args.metric, plot, paired=args.paired))
+    if plot is not None:
+        print(f"\noverlay plot: {plot}")
     return 0
 
 

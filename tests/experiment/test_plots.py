@@ -51,3 +51,29 @@ def test_a_run_without_accuracies_is_plotted_without_a_legend_warning(tmp_path, 
     plot_run([{"round": 1, "train_loss": 0.5}, {"round": 2, "train_loss": 0.4}], tmp_path / "run.png", "a run")
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [str(w.message) for w in recwarn.list if "legend" in str(w.message)]
+
+
+def test_a_plots_path_is_checked_before_any_work_and_named_as_written(tmp_path):
+    from fedhet.experiment.plots import plot_path
+
+    assert plot_path(str(tmp_path / "c"), "--plot") == tmp_path / "c.png"          # matplotlib's own default
+    assert plot_path(str(tmp_path / "c.svg"), "--plot") == tmp_path / "c.svg"
+    for given, said in [("", "--plot is empty: name the plot's file"),
+                        (str(tmp_path), "is a folder: name a file in it"),
+                        (str(tmp_path / "c.xyz"), "matplotlib writes no .xyz files; name a .png"),
+                        (str(tmp_path / "no" / "c.png"), "cannot write there, .*no is not a folder")]:
+        with pytest.raises(OutputError, match=said):
+            plot_path(given, "--plot")
+
+
+def test_a_seed_without_rows_leaves_its_group_plotted_and_one_round_shows(tmp_path, monkeypatch):
+    import fedhet.experiment.plots as plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "save", lambda fig, path: drawn.append(fig.axes[0]))
+    plot_compare({"fedavg": [[(1, 0.5), (2, 0.6)], []], "local": [[(1, 0.4)]]}, "global_acc", tmp_path / "c.png")
+    lines = {line.get_label(): line for line in drawn[0].lines}
+    assert list(lines) == ["fedavg (n=1)", "local (n=1)"]                 # n: the seeds drawn
+    assert list(lines["fedavg (n=1)"].get_xdata()) == [1, 2] and lines["local (n=1)"].get_marker() == "o"
+    plot_run([{"round": 3, "global_acc": 0.5}], tmp_path / "r.png", "one round")
+    assert drawn[1].lines[0].get_marker() == "o" and tuple(drawn[1].get_xlim()) == (2, 4)

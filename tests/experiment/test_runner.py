@@ -404,6 +404,11 @@ def test_cli_run_partition_compare(small_config, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| tiny | fedavg | global_acc | 2 | 2 |" in out and "±" in out
     assert (tmp_path / "cmp.png").exists()
+    assert main(["compare", str(tmp_path / "r1"), "--plot", str(tmp_path / "cmp.xyz")]) == 2      # before the table
+    captured = capsys.readouterr()
+    assert "matplotlib writes no .xyz files" in captured.err and captured.out == ""
+    assert main(["compare", str(tmp_path / "r1"), "--plot", str(tmp_path / "bare")]) == 0
+    assert f"overlay plot: {tmp_path / 'bare.png'}" in capsys.readouterr().out and (tmp_path / "bare.png").exists()
     assert main(["partition", str(path), "--out", str(tmp_path / "p.png")]) == 0
     out = capsys.readouterr().out
     assert "6 clients" in out and (tmp_path / "p.png").exists()
