@@ -89,6 +89,13 @@ def test_run_records_validation_and_features_and_the_cli_reports_them(small_conf
     assert "NMI" in capsys.readouterr().out
     assert cli_main(["features", str(tmp_path / "run"), "--round", "1", "--no-plot"]) == 2   # only round 2 is kept
     assert "round 2 only" in capsys.readouterr().err
+    # a plot that cannot be written keeps the numbers: the JSON is written before it
+    (tmp_path / "run" / "features_round2.json").unlink()
+    (tmp_path / "run" / "features_round2.png").unlink()
+    (tmp_path / "run" / "features_round2.png").mkdir()
+    assert cli_main(["features", str(tmp_path / "run"), "--samples", "60"]) == 2
+    assert "cannot write the plot" in capsys.readouterr().err
+    assert json.loads((tmp_path / "run" / "features_round2.json").read_text())["feature_nmi"] == report["feature_nmi"]
 
 
 def test_features_without_checkpoint_says_what_to_do(small_config, tmp_path):

@@ -48,6 +48,7 @@ def features_report(run_dir: str | Path, samples: int = 2000, seed: int = 0, plo
               "rule": "k-means (k = classes, 10 inits) NMI against the classes; silhouette with the classes as "
                       "clusters; features = the model's body output on a seeded sample of the global test set"}
     stem = f"features_round{rnd}"
+    rundir.write_json(f"{stem}.json", report)          # the numbers first: a plot that fails loses none
     if plot:
         from fedhet.experiment.plots import plot_features
 
@@ -55,5 +56,5 @@ def features_report(run_dir: str | Path, samples: int = 2000, seed: int = 0, plo
                       f"{built.cfg.name}, round {rnd}: t-SNE of test features "
                       f"(NMI {report['feature_nmi']:.3f}, silhouette {report['feature_silhouette']:.3f})")
         report["plot"] = str(rundir.path / f"{stem}.png")
-    rundir.write_json(f"{stem}.json", report)
+        rundir.write_json(f"{stem}.json", report)
     return report
