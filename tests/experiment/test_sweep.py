@@ -710,6 +710,17 @@ def test_paired_differences_per_seed_against_a_baseline(tmp_path, small_config):
     assert "| 55.00 ± 7.07 |" in text.split("\n")[2] and "| 56.50 ± 2.12 |" in text.split("\n")[3], text
     tail = text.split("at the best-validation round against fedavg")[1]
     assert "| fedprox | 2 | s0: +5.00, s1: -2.00 | +1.50 ± 4.95 | 1/2 |" in tail, tail
+    # a run of another length is paired with a line that says so; one without the metric is named
+    edit = {"fedprox_s1": lambda s: {**s, "rounds_completed": 2},
+            "fedprox_s0": lambda s: {**s, "metrics": {**s["metrics"], "global_acc": {}}}}
+    for run, change in edit.items():
+        path = tmp_path / run / "summary.json"
+        path.write_text(json.dumps(change(json.loads(path.read_text()))))
+    text = compare(dirs, None, None, paired="fedavg")
+    assert "| fedprox | 1 | s1: " in text
+    assert text.endswith("Not paired where the run recorded no global_acc: fedprox (s0).\n\nPaired runs of different "
+                         "lengths, whose final values come from different rounds: fedprox s1 (2 rounds against "
+                         "fedavg's 1)."), text
     with pytest.raises(CheckpointError, match="no completed run of that name"):
         compare(dirs, None, None, paired="scaffold")
     with pytest.raises(CheckpointError, match="is given twice"):

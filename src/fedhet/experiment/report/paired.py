@@ -42,6 +42,9 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
     no_baseline: dict[str, list[int]] = defaultdict(list)     # name -> seeds no baseline ran
     other_data: dict[str, list[int]] = defaultdict(list)      # name -> seeds on other label counts
     unknown_data: dict[str, list[int]] = defaultdict(list)    # name -> seeds without a partition to compare
+    no_metric: dict[str, list[int]] = defaultdict(list)       # name -> seeds whose run recorded no m
+    rounds = {(name, int(s["seed"])): s.get("rounds_completed") for name, runs in groups.items() for _, s in runs}
+    uneven: list[str] = []                                    # pairs of runs of different lengths
     for name, runs in groups.items():
         for d, s in runs:
             seed = int(s["seed"])
@@ -60,11 +63,16 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
                 else:
                     other_data[name].append(seed)
                 continue
+            if m and not s["metrics"].get(m):
+                no_metric[name].append(seed)
+                continue
             for base in tables_of:
-                if m and s["metrics"].get(m):
-                    finals[base][name][seed] = s["metrics"][m]["final"]
-                if m and (v := selected_value(s, m)) is not None:
+                finals[base][name][seed] = s["metrics"][m]["final"]
+                if (v := selected_value(s, m)) is not None:
                     chosen[base][name][seed] = v
+                if base != name and rounds[(name, seed)] != rounds[(base, seed)]:
+                    uneven.append(f"{name} s{seed} ({rounds[(name, seed)]} rounds against {base}'s "
+                                  f"{rounds[(base, seed)]})")
     tables = []
     for base in names:
         if base not in finals[base]:
@@ -89,6 +97,11 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
         runs_compared = "one of the two runs has" if one else "the run or a baseline's run of the seed has"
         tables.append(f"Not paired with {who} where {runs_compared} no readable partition.json to tell "
                       f"whether they ran on the same data: {_seed_list(unknown_data)}.")
+    if no_metric:
+        tables.append(f"Not paired where the run recorded no {m}: {_seed_list(no_metric)}.")
+    if uneven:
+        tables.append("Paired runs of different lengths, whose final values come from different rounds: "
+                      + ", ".join(uneven) + ".")
     return "\n\n".join(tables)
 
 
