@@ -3,6 +3,7 @@ each case here once crashed with a raw traceback, ran silently as something else
 
 import copy
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -381,6 +382,25 @@ def test_compare_leaves_failed_runs_out_and_says_so(two_runs, capsys):
     assert main(["compare", str(a), str(b)]) == 0
     out = capsys.readouterr().out
     assert "| tiny | fedavg | global_acc | 1 |" in out and f"Left out (not completed): {b} (failed: boom)" in out
+
+
+def test_compare_leaves_out_a_run_without_a_summary_yet_saying_whether_it_goes_on(two_runs, capsys):
+    """`fedhet compare runs/S/*` while a sweep runs: a run going on, or one killed before its summary."""
+    from fedhet.experiment.rundir import RunDir
+
+    a, b = two_runs
+    (b / "summary.json").unlink()                        # killed (SIGKILL) before writing it
+    assert main(["compare", str(a), str(b)]) == 0
+    rows = len(read_metrics(b))
+    assert (f"Left out (not completed): {b} (no summary yet: {rows} round(s) recorded; stopped before its summary: "
+            f"fedhet run --resume {b})") in capsys.readouterr().out
+    going_on = RunDir(b)
+    going_on.lock()                                      # as the process writing it holds it
+    try:
+        assert main(["compare", str(a), str(b)]) == 0
+        assert f"(no summary yet: {rows} round(s) recorded; going on, pid {os.getpid()})" in capsys.readouterr().out
+    finally:
+        going_on.unlock()
 
 
 def test_compare_leaves_out_the_files_a_glob_over_a_folder_of_runs_matches(two_runs, capsys):

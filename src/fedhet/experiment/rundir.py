@@ -133,6 +133,23 @@ class RunDir:
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
 
+    def held_by(self) -> str | None:
+        """The pid (as written) of the process writing this run now, or None when none is: a run
+        going on holds the lock; a finished, failed or killed one does not (the kernel frees it)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        finally:
+            os.close(fd)
+        return None
+
     def unlock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)

@@ -12,7 +12,7 @@ import yaml
 
 from fedhet.core.errors import CheckpointError
 from fedhet.experiment.config import RUN_VALUE_PATTERN, ExperimentConfig, flatten_config
-from fedhet.experiment.rundir import CONFIG
+from fedhet.experiment.rundir import CONFIG, SUMMARY, RunDir, read_metrics
 from fedhet.experiment.yaml_io import parse_yaml
 
 
@@ -155,6 +155,12 @@ def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]]
         if real in seen:
             raise CheckpointError(f"{d} is given twice (also as {seen[real]}): one run would count as two seeds")
         seen[real] = d
+        if d.is_dir() and not (d / SUMMARY).is_file() and RunDir(d).holds_run():
+            # a run going on (a sweep's), or one killed before its summary: its rows so far are no result
+            rows, holder = len(read_metrics(d)), RunDir(d).held_by()
+            left_out.append(f"{d} (no summary yet: {rows} round(s) recorded; " + (
+                f"going on, pid {holder})" if holder else f"stopped before its summary: fedhet run --resume {d})"))
+            continue
         s = load_summary(d)
         problems = _summary_problems(s)
         if problems:
