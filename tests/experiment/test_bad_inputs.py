@@ -434,7 +434,10 @@ def test_compare_refuses_a_metric_no_run_recorded(two_runs, capsys):
     a, b = two_runs
     assert main(["compare", str(a), str(b), "--metric", "global_accc"]) == 2
     err = capsys.readouterr().err
-    assert "--metric global_accc: no run compared recorded it" in err and "global_acc" in err
+    assert "--metric global_accc: no run compared has it in its summary (compare reads" in err and "global_acc" in err
+    assert main(["compare", str(a), str(b), "--metric", "global_loss"]) == 2       # a row's metric, said where it is
+    assert "any other, such as a loss, is in each round's row of metrics.jsonl: fedhet.load(RUN_DIR).metric(" \
+           "'global_loss')" in capsys.readouterr().err
 
 
 def test_compare_refuses_to_pool_runs_that_differ_in_more_than_the_seed(small_config, two_runs, tmp_path, capsys):
@@ -468,9 +471,13 @@ def test_compare_names_a_damaged_summary_and_how_to_go_on(two_runs, capsys, cont
 
 def test_compare_says_which_runs_it_cannot_plot(two_runs, capsys):
     a, b = two_runs
+    rows = [{k: v for k, v in r.items() if k != "global_acc"} for r in read_metrics(b)]
+    (b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["compare", str(a), str(b)]) == 0
+    assert f"not in the plot: {b} (its rows record no global_acc)" in capsys.readouterr().out
     (b / "metrics.jsonl").unlink()
     assert main(["compare", str(a), str(b)]) == 0
-    assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
+    assert f"not in the plot: {b} (no readable metrics.jsonl rows)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("edit", "message"), [
@@ -505,7 +512,7 @@ def test_compare_reads_a_damaged_metrics_file_as_far_as_it_is_intact(two_runs, c
     intact = (b / "metrics.jsonl").read_bytes()
     (b / "metrics.jsonl").write_bytes(content)
     assert main(["compare", str(a), str(b)]) == 0
-    assert f"not in the plot (no readable metrics.jsonl rows): {b}" in capsys.readouterr().out
+    assert f"not in the plot: {b} (no readable metrics.jsonl rows)" in capsys.readouterr().out
     (b / "metrics.jsonl").write_bytes(intact + content)          # damage after the rows: all of them plotted
     assert main(["compare", str(a), str(b)]) == 0
     assert "metrics.jsonl" not in capsys.readouterr().out

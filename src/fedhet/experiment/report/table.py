@@ -14,7 +14,7 @@ from fedhet.experiment.report.paired import paired_differences
 from fedhet.experiment.report.runs import group_runs, load_paper
 from fedhet.experiment.report.stats import format_mean_std
 from fedhet.experiment.rundir import read_metrics
-from fedhet.experiment.summary import selected_value
+from fedhet.experiment.summary import SUMMARIZED_METRICS, selected_value
 from fedhet.experiment.verdict import run_value
 
 
@@ -30,8 +30,12 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     if metric is not None:
         recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
         if metric not in recorded:
-            raise CheckpointError(f"--metric {metric}: no run compared recorded it; recorded: "
-                                  f"{', '.join(sorted(recorded)) or 'none'}")
+            per_round = "" if metric in SUMMARIZED_METRICS else (
+                f" (compare reads the metrics the runs' summaries hold: {', '.join(SUMMARIZED_METRICS)}; any "
+                f"other, such as a loss, is in each round's row of metrics.jsonl: fedhet.load(RUN_DIR)"
+                f".metric({metric!r}))")
+            raise CheckpointError(f"--metric {metric}: no run compared has it in its summary{per_round}; theirs "
+                                  f"hold: {', '.join(sorted(recorded)) or 'none'}")
     papers = {name: load_paper(runs[0][0]) for name, runs in groups.items()}
     with_paper = any(papers.values())
     head = "| run | algorithm | metric | seeds | rounds | final (%) | best (%) | s/round |"
@@ -68,7 +72,8 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         lines.append(row)
         rows_of = [read_metrics(d) for d, _ in runs]
         curves[name] = [[(r["round"], r[m]) for r in rows if r.get(m) is not None] for rows in rows_of]
-        unplotted.extend(str(d) for (d, _), curve in zip(runs, curves[name]) if not curve)
+        unplotted.extend(f"{d} ({f'its rows record no {m}' if rows else 'no readable metrics.jsonl rows'})"
+                         for (d, _), curve, rows in zip(runs, curves[name], rows_of) if not curve)
         cut.extend(f"{d} (rows up to round {rows[-1]['round']} of {s['rounds_completed']})"
                    for (d, s), rows in zip(runs, rows_of) if rows and rows[-1]["round"] < s["rounds_completed"])
         paper = papers[name]
@@ -95,8 +100,7 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
         notes += ("\n\nNot finished, counted with the rounds they have (their final is not the planned run's): "
                   + "; ".join(unfinished))
     if unplotted:
-        notes += ("\n\nIn the table from their summaries, but not in the plot (no readable metrics.jsonl rows): "
-                  + "; ".join(unplotted))
+        notes += "\n\nIn the table from their summaries, but not in the plot: " + "; ".join(unplotted)
     if cut:
         notes += ("\n\nIn the table from their summaries, but plotted only as far as their metrics.jsonl is readable: "
                   + "; ".join(cut))
