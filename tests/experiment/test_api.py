@@ -40,8 +40,12 @@ def test_run_from_a_yaml_path_with_set_style_overrides(small_config, tmp_path):
 def test_run_refuses_what_is_not_a_config(tmp_path):
     with pytest.raises(ConfigError, match="config must be"):
         fedhet.run(42, out=tmp_path / "x")
-    with pytest.raises(ConfigError, match="train.nonsense"):
+    with pytest.raises(ConfigError, match=r"invalid config \(the config given with the overrides "
+                                          r"train.nonsense=1\):\n  train.nonsense"):
         fedhet.run({}, {"train.nonsense": 1}, out=tmp_path / "y")
+    with pytest.raises(ConfigError, match=r"invalid config \(the config given\):\n  trian: unknown key \(did you "
+                                          r"mean train\?\)"):                  # no overrides to blame
+        fedhet.run({"trian": {}}, out=tmp_path / "z")
 
 
 def test_numpy_values_are_plain_values(small_config, tmp_path):

@@ -458,8 +458,8 @@ def apply_override(raw: dict, assignment: str) -> None:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None,
                 raw: dict | None = None) -> ExperimentConfig:
-    origin = str(path) if path else "overrides"
-    if path and overrides:
+    origin = str(path) if path else ("the config given" if raw is not None else "overrides")
+    if overrides and (path or raw is not None):
         given = ", ".join(overrides)
         origin += f" with the overrides {given if len(given) <= 160 else given[:157] + '...'}"
     if raw is None:
