@@ -21,6 +21,11 @@ def test_run_from_a_dict_with_overrides_returns_the_recorded_metrics(small_confi
     assert res.summary["headline"]["best"] > 0.5
     with pytest.raises(KeyError, match=r"recorded 'global_accc'; it recorded: .*global_acc, "):
         res.metric("global_accc")
+    for not_numbers in ("comm", "round"):             # a mapping per round, the round itself
+        with pytest.raises(KeyError, match=f"'{not_numbers}' is not a metric of numbers by round"):
+            res.metric(not_numbers)
+    from fedhet.experiment.report import compare
+    assert compare(str(tmp_path / "r"), None, None).startswith("| run |")      # one run's path, as a string
     assert repr(res) == (f"Results({str(tmp_path / 'r')!r}, fedavg, completed, 2 rounds, global_acc, "
                          f"final {res.summary['headline']['final']:.4f})")
     # a finished run extended from Python, as `fedhet run --resume DIR --set train.rounds=3`
@@ -40,6 +45,8 @@ def test_run_from_a_yaml_path_with_set_style_overrides(small_config, tmp_path):
 def test_run_refuses_what_is_not_a_config(tmp_path):
     with pytest.raises(ConfigError, match="config must be"):
         fedhet.run(42, out=tmp_path / "x")
+    with pytest.raises(ConfigError, match="--out 123 is of type int: name the run directory as a path"):
+        fedhet.run({}, out=123)
     with pytest.raises(ConfigError, match=r"invalid config \(the config given with the overrides "
                                           r"train.nonsense=1\):\n  train.nonsense"):
         fedhet.run({}, {"train.nonsense": 1}, out=tmp_path / "y")
@@ -105,3 +112,16 @@ def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_t
     assert loaded.summary == {} and loaded.rows == read_metrics(tmp_path / "r")
     with pytest.raises(Exception, match="holds no run|does not exist"):
         fedhet.load(tmp_path / "nothing")
+
+
+def test_resuming_from_python_warns_where_the_command_line_says_so(small_config, tmp_path):
+    from fedhet.experiment.config import load_config
+    from fedhet.experiment.runner import Experiment
+
+    Experiment.create(load_config(raw=small_config), tmp_path / "r").rundir.unlock()     # made, never run
+    with pytest.warns(UserWarning, match="has no checkpoint: the run starts again from round 1"):
+        fedhet.resume(tmp_path / "r", {"train.rounds": 1})
+    raw = {**small_config, "eval": {**small_config["eval"], "every": 2}}
+    fedhet.run(raw, {"train.rounds": 1}, out=tmp_path / "s")
+    with pytest.warns(UserWarning, match="round 1 was evaluated as the last round"):
+        fedhet.resume(tmp_path / "s", {"train.rounds": 2})

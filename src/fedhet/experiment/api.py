@@ -36,6 +36,10 @@ class Results:
         """``(round, value)`` of ``name`` over the rounds that recorded it; a KeyError naming the
         metrics the run recorded when no round recorded ``name``."""
         values = [(r["round"], r[name]) for r in self.rows if r.get(name) is not None]
+        if name == "round" or any(isinstance(v, bool) or not isinstance(v, (int, float)) for _, v in values):
+            raise KeyError(f"{name!r} is not a metric of numbers by round (its values are "
+                           f"{type(values[0][1]).__name__ if values else 'rounds'}): read it from the rows, "
+                           f"[row[{name!r}] for row in results.rows]")
         if not values:
             recorded = sorted({k for r in self.rows for k, v in r.items() if isinstance(v, (int, float))
                                and not isinstance(v, bool)} - {"round"})
@@ -145,6 +149,12 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | list[str] | None = N
     """Continue an interrupted run from its last checkpoint (``fedhet run --resume``).
     ``overrides`` as ``fedhet run --resume --set`` takes them: how the run is carried out
     (``{"run.device": "cpu"}``), or a raised ``train.rounds``, which extends a finished run."""
+    import warnings
+
     exp = Experiment.resume(run_dir, run_settings=_assignments(overrides, "fedhet.resume"))
+    if not exp.start_round:               # as `fedhet run --resume` says it
+        warnings.warn(f"{exp.run_dir} has no checkpoint: the run starts again from round 1", UserWarning, stacklevel=2)
+    if (note := exp.set_aside_note()) is not None:
+        warnings.warn(note, UserWarning, stacklevel=2)
     summary = exp.run(progress=progress)
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))

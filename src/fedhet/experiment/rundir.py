@@ -83,6 +83,9 @@ def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:
     (``--resume``); a ConfigError when it is empty (an empty string would be the current folder)
     or a file, and for a resume a CheckpointError when it does not exist or holds no run."""
     option = "--resume" if resume else "--out"
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"{option} {path!r} is of type {type(path).__name__}: name the run directory as a path, e.g. "
+                          "'runs/try'")
     if not str(path).strip():
         raise ConfigError(f"{option} is empty: name the run directory" + (
             " to continue (the folder holding its config.yaml)" if resume else

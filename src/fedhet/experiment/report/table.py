@@ -159,10 +159,12 @@ def _paper_gaps(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> str:
     return gaps
 
 
-def compare(run_dirs: list[Path], metric: str | None, plot_path: Path | None,
+def compare(run_dirs: Sequence[str | Path] | str | Path, metric: str | None, plot_path: Path | None,
             paired: str | Sequence[str] | None = None) -> str:
-    """The compare table of ``run_dirs`` with its notes, then the paired differences against each
-    baseline in ``paired`` (none when empty); the curves of ``metric`` plotted to ``plot_path``."""
+    """The compare table of ``run_dirs`` (a list, or one run's path) with its notes, then the paired
+    differences against each baseline in ``paired`` (none when empty); the curves of ``metric``
+    plotted to ``plot_path``."""
+    run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
     grouped = group_runs(run_dirs)          # each summary read once
     table, curves = compare_table(run_dirs, metric, grouped)
     if plot_path is not None:
