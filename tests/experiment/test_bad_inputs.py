@@ -961,3 +961,21 @@ def test_the_command_line_prints_fedhets_warnings_as_one_line(small_config, tmp_
     from fedhet.cli import _format_warning
     assert "UserWarning" in _format_warning("theirs", UserWarning, "/elsewhere/lib.py", 3)   # another package's
     assert _format_warning("ours", UserWarning, fedhet.experiment.runner.__file__, 3) == "fedhet: warning: ours\n"
+
+
+def test_a_resume_writes_a_lost_partition_json_again(stopped_run):
+    """A run's partition.json pairs it with the baseline of its seed; a partial copy that lost it gets it back."""
+    before = (stopped_run / "partition.json").read_text()
+    (stopped_run / "partition.json").unlink()
+    Experiment.resume(stopped_run).rundir.unlock()
+    assert (stopped_run / "partition.json").read_text() == before
+
+
+def test_compare_names_a_summary_whose_final_is_not_a_finite_number(two_runs, capsys):
+    a, b = two_runs
+    summary = json.loads((b / "summary.json").read_text())
+    summary["metrics"]["global_acc"]["final"] = float("nan")
+    (b / "summary.json").write_text(json.dumps(summary))
+    assert main(["compare", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert f"{b / 'summary.json'} is damaged" in err and "global_acc" in err and "Traceback" not in err

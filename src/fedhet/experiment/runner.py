@@ -241,8 +241,12 @@ class Experiment:
         rundir, cfg = self.rundir, self.cfg
         rundir.write_text(CONFIG, dump_config(cfg))
         (rundir.path / METRICS).touch()
+        self.write_partition()
+
+    def write_partition(self) -> None:
+        """partition.json: the clients' label counts, by which runs of one seed are paired."""
         fed = self.federation
-        rundir.write_text(PARTITION, json.dumps({
+        self.rundir.write_text(PARTITION, json.dumps({
             "train_counts": fed.train_counts().tolist(), "test_counts": fed.test_counts().tolist(),
             "local_test_source": fed.local_test_source}))
 
@@ -354,6 +358,8 @@ class Experiment:
                     exp.evaluation_set_aside = exp.start_round
             if record:
                 rundir.write_text(CONFIG, dump_config(recorded))
+            if not (rundir.path / PARTITION).is_file():     # lost (a partial copy): the same split, written again
+                exp.write_partition()
         except BaseException:
             exp.rundir.unlock()        # a refused resume leaves the folder free
             raise

@@ -4,6 +4,7 @@ and runs grouped by config name (each group's runs being seeds of one experiment
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -45,7 +46,8 @@ def load_summary(run_dir: Path) -> dict:
 
 
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite number (a summary's NaN, written by hand, would end the table in a statistics error)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _summary_problems(summary: dict) -> list[str]:
