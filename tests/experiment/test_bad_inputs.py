@@ -979,3 +979,17 @@ def test_compare_names_a_summary_whose_final_is_not_a_finite_number(two_runs, ca
     assert main(["compare", str(a), str(b)]) == 2
     err = capsys.readouterr().err
     assert f"{b / 'summary.json'} is damaged" in err and "global_acc" in err and "Traceback" not in err
+
+
+def test_a_compare_plot_of_groups_with_different_headlines_names_each_lines_metric(two_runs, tmp_path, monkeypatch):
+    import fedhet.experiment.report.table as table
+
+    a, b = two_runs
+    summary = json.loads((b / "summary.json").read_text())
+    (b / "summary.json").write_text(json.dumps({**summary, "name": "other", "headline_metric": "personal_acc"}))
+    drawn = []
+    monkeypatch.setattr(table, "plot_compare", lambda curves, label, path: drawn.append((sorted(curves), label)))
+    table.compare([a, b], None, tmp_path / "c.png")
+    assert drawn == [(["other: personal_acc", "tiny: global_acc"], "headline metric")]
+    table.compare([a], None, tmp_path / "c.png")                     # one headline: named on the axis
+    assert drawn[1] == (["tiny"], "global_acc")

@@ -168,7 +168,11 @@ def compare(run_dirs: Sequence[str | Path] | str | Path, metric: str | None, plo
     grouped = group_runs(run_dirs)          # each summary read once
     table, curves = compare_table(run_dirs, metric, grouped)
     if plot_path is not None:
-        plot_compare(curves, metric or "headline accuracy", plot_path)
+        headlines = {name: runs[0][1]["headline_metric"] for name, runs in grouped[0].items()}
+        if metric is None and len(set(headlines.values())) > 1:      # each line names what it plots
+            curves = {f"{name}: {headlines[name]}": curve for name, curve in curves.items()}
+        label = metric or (next(iter(headlines.values())) if len(set(headlines.values())) == 1 else "headline metric")
+        plot_compare(curves, label, plot_path)
     if paired:
         table += "\n\n" + paired_differences(run_dirs, paired, metric, grouped)
     return table
