@@ -9,7 +9,9 @@ A sweep file (YAML) names the runs::
     seeds: [0]                          # default seeds of every run
     set: [data.pool_fraction=0.1, train.rounds=20]    # overrides of every run
     grid: {algorithm.params.margin_weight: [0.5, 1.0]}   # optional: every run once per combination
-    metric: global_acc                  # optional: the table's and the verdicts' metric (default: each run's headline)
+    metric: global_acc                  # optional: the table's and the verdicts' metric, one a summary holds
+                                        # (global_acc, global_labeldist_acc, global_val_acc, personal_acc,
+                                        # personal_acc_pooled; default: each run's headline)
     paired: b0.1_fedavg                 # optional: per-seed differences against this tag's runs (same data only;
                                         # a list, one baseline a split, pairs each run with the one on its data)
     verdicts: [...]                     # optional: claims decided from the completed runs (fedhet.experiment.verdict)
