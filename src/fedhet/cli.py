@@ -417,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     flr = flc.add_parser("run", help="one-machine deployment: SuperLink + one SuperNode per client on 127.0.0.1")
     fla = flc.add_parser("app", help="write the Flower app directory and a run-config file for `flwr run`")
     flr.add_argument("config", nargs="?", help="YAML config (see configs/); none with --resume")
-    fla.add_argument("config", help="YAML config (see configs/)")
+    fla.add_argument("config", nargs="?", help="YAML config (see configs/); none with --resume")
     for q in (flr, fla):
         q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value" + ("; with --resume only how the run is carried out and a "
@@ -448,7 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep the Flower logs and FLWR_HOME (temporary directory)")
     fla.add_argument("--out", required=True, help="directory to write the app into")
     fla.add_argument("--run-dir",
-                     help="run directory on the SuperLink host (default: runs/<name>-s<seed>-<time>-flower)")
+                     help="run directory on the SuperLink host (default: runs/<name>-s<seed>-<time>-flower; with "
+                          "--resume, RUN_DIR)")
+    fla.add_argument("--resume", metavar="RUN_DIR",
+                     help="write the run config that continues the run in RUN_DIR (its config.yaml, resume = true; "
+                          "--set as for flower run --resume), to submit to the deployment it ran on")
     fl.set_defaults(func=_cmd_flower)
 
     ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models; with a method's name, "

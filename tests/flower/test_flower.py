@@ -35,7 +35,7 @@ from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 from helpers import assert_identical, deliver, small_config_in  # noqa: E402
 
-from fedhet.core.errors import FedhetError  # noqa: E402
+from fedhet.core.errors import ConfigError, FedhetError  # noqa: E402
 from fedhet.engine.loop import RoundStats  # noqa: E402
 from fedhet.experiment.config import dump_config, load_config  # noqa: E402
 from fedhet.experiment.runner import Experiment, read_metrics  # noqa: E402
@@ -578,7 +578,13 @@ def test_flower_run_resume_arguments_are_checked(small_config, tmp_path, capsys)
              (["flower", "run", str(cfg_path), "--min-clients", "0"], "--min-clients must be at least 1, got 0"),
              (["flower", "app", str(cfg_path), "--out", str(tmp_path / "app"), "--phase-timeout", "-1"],
               "--phase-timeout must be more than 0 seconds, got -1.0"),
-             (["flower", "run", str(cfg_path), "--node-timeout", "nan"], "--node-timeout must be 0 or more seconds")]
+             (["flower", "run", str(cfg_path), "--node-timeout", "nan"], "--node-timeout must be 0 or more seconds"),
+             (["flower", "run", str(cfg_path), "--timeout", "0"], "--timeout must be more than 0 seconds, got 0.0"),
+             (["flower", "run", str(cfg_path), "--timeout", "nan"], "--timeout must be more than 0 seconds"),
+             (["flower", "run", str(cfg_path), "--auth", "--simulation"], "give one of the two"),
+             (["flower", "app", str(cfg_path), "--out", ""], "--out is empty: name a folder"),
+             (["flower", "app", str(cfg_path), "--out", str(tmp_path / "app"), "--run-dir", " "],
+              "--run-dir is empty: name a folder")]
     for argv, message in cases:
         assert cli_main(argv) == 2
         assert message in capsys.readouterr().err, argv
@@ -611,6 +617,45 @@ def test_flower_app_writes_the_app_and_run_config_and_never_a_project_of_ones_ow
         assert said in capsys.readouterr().err
     assert (own / "pyproject.toml").read_text() == '[project]\nname = "mine"\n' and sorted(own.iterdir()) == [
         own / "pyproject.toml"]
+
+
+def test_flower_app_resume_writes_the_run_config_that_continues_the_run(small_config, tmp_path, capsys):
+    """A real deployment resumes from a run config with its recorded config, its run-dir and
+    resume = true (Flower takes no key=value beside a TOML file)."""
+    import tomllib
+
+    from fedhet.cli import main as cli_main
+
+    cfg = tiny(small_config, "fedavg")
+    reference_run(cfg, tmp_path / "run")
+    assert cli_main(["flower", "app", "--resume", str(tmp_path / "run"), "--out", str(tmp_path / "app"),
+                     "--set", "train.rounds=5"]) == 0
+    assert "(resumes the run)" in capsys.readouterr().out
+    rc = tomllib.loads((tmp_path / "app" / "run-config.toml").read_text())
+    assert rc["resume"] is True and rc["run-dir"] == str((tmp_path / "run").resolve())
+    given = load_config(raw=__import__("yaml").safe_load(rc["fedhet-config"]))
+    assert given.train.rounds == 5 and given.model_copy(update={"train": cfg.train}) == load_config(
+        tmp_path / "run" / "config.yaml")
+    assert cli_main(["flower", "app", "--resume", str(tmp_path / "run"), "--out", str(tmp_path / "app"),
+                     "--set", "train.lr=0.3"]) == 2                      # what it computes: refused
+    assert "a resumed run takes --set only for how it is carried out" in capsys.readouterr().err
+
+
+def test_hand_edited_run_config_settings_are_checked(small_config):
+    from fedhet.flower.engine import FlowerSettings
+
+    assert FlowerSettings.from_run_config({"min-clients": 2, "poll-interval": "0.5"}).min_clients == 2
+    for key, value, said in [("node-timeout", float("nan"), "expected a finite number"),
+                             ("phase-timeout", "inf", "expected a finite number"),
+                             ("min-clients", 2.9, "expected a whole number"), ("min-clients", True, "whole number"),
+                             ("min-clients", float("inf"), "whole number"),
+                             ("poll-interval", 200, r"poll-interval in \(0, 10\] seconds"),
+                             ("phase-timeout", "ten", "expected a finite number")]:
+        with pytest.raises(ConfigError, match=said):
+            FlowerSettings.from_run_config({key: value})
+    from fedhet.flower.client_app import parse_config
+    with pytest.raises(ConfigError, match="run config 'fedhet-config' is not valid YAML"):
+        parse_config("train: {rounds: [")
 
 
 def test_flower_run_resume_hands_the_deployment_the_recorded_config_with_its_set_values(small_config, tmp_path,
@@ -704,3 +749,68 @@ def test_flower_run_refuses_a_model_the_method_cannot_use_before_starting_flower
     err = capsys.readouterr().err
     assert "FedROD needs a linear classifier: model cnn2's head" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_node_state_dir_that_is_a_file_is_named_as_the_fix_says(tmp_path):
+    from types import SimpleNamespace
+
+    from fedhet.core.errors import CheckpointError
+    from fedhet.flower.client_app import commit_states
+
+    (tmp_path / "state").write_text("a file where the folder goes")
+    context = SimpleNamespace(node_config={"state-dir": str(tmp_path / "state")}, run_config={}, state={})
+    node = SimpleNamespace(clients=[], partition_id=0, num_partitions=1, fingerprint=lambda: "x")
+    with pytest.raises(CheckpointError, match="cannot write the node state .*; give the SuperNode a writable"):
+        commit_states(context, node, "run-key", 1, None)
+
+
+def test_a_loopback_resume_takes_the_nodes_the_run_ran_on_and_says_an_old_error_is_not_its_own(
+        small_config, tmp_path, monkeypatch):
+    """Nodes commit by partition count: a resume on another count would find none of their commits.
+    A resume that fails before writing a summary reports its own cause, not the summary of the
+    run it resumes."""
+    from fedhet.flower import deploy
+
+    cfg = tiny(small_config, "fedavg")
+    run_dir = tmp_path / "run"
+    reference_run(cfg, run_dir)
+    (run_dir / deploy.LOOPBACK_NODES).write_text('{"nodes": 2}\n')
+    with pytest.raises(FedhetError, match=r"--nodes 3: .*committed their clients' state as 2 partitions"):
+        deploy.run_loopback(cfg, run_dir, nodes=3, resume=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "status": "interrupted",
+                                                      "error": "interrupted by the user"}))
+    started = []
+
+    class Deployment:              # a deployment whose server fails before its summary
+        def __init__(self, n, work, **kwargs):
+            started.append(n)
+            self.logs = work / "logs"
+            self.logs.mkdir(parents=True, exist_ok=True)
+            (self.logs / "run.log").write_text("fedhet.core.errors.CheckpointError: changed data\n")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, app, rc):
+            return 1
+
+        def follow(self, run_id, timeout, done_marker):
+            return "finished:failed"
+
+    monkeypatch.setattr(deploy, "Loopback", Deployment)
+    with pytest.raises(deploy.DeploymentError) as info:
+        deploy.run_loopback(cfg, run_dir, resume=True, workdir=tmp_path / "work")
+    assert started == [2] and "CheckpointError: changed data" in str(info.value)
+    assert "interrupted by the user" not in str(info.value)
+
+
+def test_a_run_config_submitted_again_over_its_run_says_how_a_deployment_resumes(small_config, tmp_path):
+    cfg = tiny(small_config, "fedavg")
+    reference_run(cfg, tmp_path / "run")                      # a run in the run-dir the config names
+    with pytest.raises(ConfigError, match=r"already holds a run: to continue it, submit the run config of "
+                                          r"`fedhet flower app --resume .*run --out APP`"):
+        flower_run(cfg, tmp_path / "run")

@@ -57,6 +57,7 @@ PROCESS_STARTED = _process_started()
 IMPORTS_STARTED = time.time()
 
 import torch  # noqa: E402
+import yaml  # noqa: E402
 
 from fedhet.core.errors import CheckpointError, ConfigError  # noqa: E402
 from fedhet.engine.host import ClientHost, Job, Tally  # noqa: E402
@@ -88,7 +89,11 @@ def parse_config(config_text: str, data_root: str | None = None, device: str | N
     given), and the in-process engine set to ``reference``: Flower carries the clients, so worker
     processes or vmap (``run.engine``) have nothing to do here (and a node trains its clients one
     after another)."""
-    raw = parse_yaml(config_text)
+    try:
+        raw = parse_yaml(config_text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"run config {CONFIG_KEY!r} is not valid YAML ({str(e).splitlines()[0]}); write it with "
+                          "fedhet flower app, or fix the text by hand") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"run config {CONFIG_KEY!r} must hold a fedhet YAML config")
     if data_root:
@@ -261,7 +266,10 @@ def commit_states(context: Context, node: Node, run_key: str, rnd: int, keep: in
         torch.save({"round": rnd, "run_key": run_key, "fingerprint": node.fingerprint(), "states": states}, tmp)
         os.replace(tmp, path)
     except (OSError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:           # its folder is not one (a file in the way): nothing was written
+            pass
         raise CheckpointError(f"cannot write the node state {path}: {getattr(e, 'strerror', None) or e}; give the "
                               f"SuperNode a writable --node-config \"{STATE_DIR_KEY}='DIR'\"") from None
     for old in path.parent.glob("round-*.pt"):

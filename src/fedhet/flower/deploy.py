@@ -49,17 +49,25 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     from fedhet.experiment.config import dump_config
     from fedhet.experiment.rundir import CHECKPOINT, METRICS, RunDir
 
-    n = nodes or cfg.data.num_clients
+    run_dir = Path(run_dir).resolve()
+    recorded = _recorded_nodes(run_dir) if resume else None
+    if recorded is not None and nodes is not None and nodes != recorded:
+        raise FedhetError(f"--nodes {nodes}: {run_dir}'s nodes committed their clients' state as {recorded} "
+                          f"partitions, which only {recorded} nodes find again; resume with --nodes {recorded} (the "
+                          "default), or start a new run")
+    n = nodes or recorded or cfg.data.num_clients
     if not 1 <= n <= cfg.data.num_clients:
         raise FedhetError(f"--nodes must be between 1 and data.num_clients={cfg.data.num_clients}, got {n}")
     if simulation:
         require_simulation_runtime()
-    run_dir = Path(run_dir).resolve()
     if resume and not (run_dir / METRICS).exists():
         raise FedhetError(f"{run_dir} holds no run to resume (no {METRICS})")
     if not resume and RunDir(run_dir).holds_run():
         raise FedhetError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose another --out")
     RunDir(run_dir).create()             # a path under a file or unwritable: say so before starting Flower
+    (run_dir / LOOPBACK_NODES).write_text(json.dumps({"nodes": n}) + "\n")
+    summary_path = run_dir / "summary.json"
+    summary_before = summary_path.stat().st_mtime_ns if summary_path.exists() else None
     settings.setdefault("node_state_dir", str(run_dir / NODE_STATE))
     own_tmp = workdir is None
     work = Path(tempfile.mkdtemp(prefix="fedhet-flower-")) if own_tmp else Path(workdir)
@@ -91,13 +99,26 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
         seconds["total"] = time.monotonic() - t0
         if own_tmp and not keep_workdir and status == "finished:completed":
             shutil.rmtree(work, ignore_errors=True)
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    written = summary_path.exists() and summary_path.stat().st_mtime_ns != summary_before
+    summary = json.loads(summary_path.read_text()) if written else None      # this run's, not an earlier one's
     if status != "finished:completed":
         cause = (summary or {}).get("error") or logged_error(work / "logs") or f"see {work / 'logs'}"
-        hint = f"; {resume_hint(run_dir)}" if (run_dir / CHECKPOINT).exists() else ""
+        # a cause that says how to go on (a checkpoint of the simulator's) is not contradicted by the hint
+        hint = f"; {resume_hint(run_dir)}" if (run_dir / CHECKPOINT).exists() and "--resume" not in cause else ""
         raise DeploymentError(f"Flower run ended {status}: {cause}{hint}")
     return LoopbackResult(run_dir, status, summary, seconds, work)
+
+
+LOOPBACK_NODES = "loopback-nodes.json"    # how many SuperNodes a loopback run's clients were spread over
+
+
+def _recorded_nodes(run_dir: Path) -> int | None:
+    """The SuperNodes a loopback run ran on (its nodes commit by partition count), or None."""
+    try:
+        nodes = json.loads((run_dir / LOOPBACK_NODES).read_text())["nodes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else None
 
 
 TRACEBACK_END = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception|Interrupt): .*")
@@ -138,7 +159,7 @@ def cli(args) -> int:
         if args.config:
             raise FedhetError("--resume continues a run with the config in its directory: give no CONFIG (--set "
                               "only for how the run is carried out, and a raised train.rounds to extend it)")
-        if args.out:
+        if args.flower_command == "run" and args.out:
             raise FedhetError("--resume RUN_DIR writes to RUN_DIR: give no --out")
         from fedhet.experiment.rundir import CONFIG
         check_resume_settings(args.set)
@@ -156,6 +177,12 @@ def cli(args) -> int:
                                    ("--node-timeout", args.node_timeout, lambda v: v >= 0, "0 or more seconds")):
         if value is not None and not (math.isfinite(value) and ok(value)):
             raise FedhetError(f"{flag} must be {needs}, got {value}")
+    if args.flower_command == "run":
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise FedhetError(f"--timeout must be more than 0 seconds, got {args.timeout}")
+        if args.auth and args.simulation:
+            raise FedhetError("--auth authenticates SuperNodes, and --simulation runs none (virtual nodes on Ray): "
+                              "give one of the two")
     settings = {"min_clients": args.min_clients, "phase_timeout": args.phase_timeout,
                 "node_timeout": args.node_timeout}
     if args.min_clients is not None and args.min_clients > cfg.train.clients_per_round:
@@ -165,10 +192,20 @@ def cli(args) -> int:
     default_run_dir = Path(cfg.run.out_dir) / f"{cfg.name}-s{cfg.seed}-{stamp}-flower"
 
     if args.flower_command == "app":
+        for flag, value in (("--out", args.out), ("--run-dir", args.run_dir)):
+            if value is not None and not value.strip():
+                raise FedhetError(f"{flag} is empty: name a folder")
         out = write_app(args.out)
-        rc = write_run_config(out / "run-config.toml", dump_config(cfg), args.run_dir or default_run_dir, **settings)
-        print(f"Flower app: {out}/pyproject.toml\nrun config: {rc}\n"
-              f"submit with: flwr run {out} <SUPERLINK-CONNECTION> --run-config {rc}   (docs/deployment.md)")
+        # --resume: the run config that continues RUN_DIR (its config.yaml, resume = true); --run-dir
+        # where the SuperLink's host sees that folder, when not at the same path
+        run_dir = args.run_dir or args.resume or default_run_dir
+        try:
+            rc = write_run_config(out / "run-config.toml", dump_config(cfg), run_dir,
+                                  **({"resume": True} if args.resume else {}), **settings)
+        except OSError as e:
+            raise FedhetError(f"cannot write {out / 'run-config.toml'}: {e.strerror or e}; choose another --out") from None
+        print(f"Flower app: {out}/pyproject.toml\nrun config: {rc}" + (" (resumes the run)" if args.resume else "")
+              + f"\nsubmit with: flwr run {out} <SUPERLINK-CONNECTION> --run-config {rc}   (docs/deployment.md)")
         return 0
 
     from fedhet.experiment.build import algorithm_and_federation, build_models, check_local_risk

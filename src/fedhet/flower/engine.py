@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import uuid
@@ -53,7 +54,7 @@ from fedhet.engine import ClientHost, RoundLoop, Transport
 from fedhet.engine.host import Job, JobResult, Tally
 from fedhet.experiment.build import build
 from fedhet.experiment.config import ExperimentConfig
-from fedhet.experiment.rundir import CHECKPOINT, read_metrics
+from fedhet.experiment.rundir import CHECKPOINT, RunDir, read_metrics
 from fedhet.experiment.runner import Callback, Experiment, RunView
 from fedhet.flower import require_flower
 from fedhet.metrics.evaluate import evaluate_loop, personal_metrics
@@ -95,16 +96,26 @@ class FlowerSettings:
 
     @classmethod
     def from_run_config(cls, rc) -> FlowerSettings:
+        """The settings a (possibly hand-edited) run config gives: whole numbers where counts go,
+        finite numbers of seconds, each in its range; a ConfigError names the key otherwise."""
         s = cls()
         for attr, key in cls.KEYS.items():
-            if key in rc and rc[key] != "":
+            if key not in rc or rc[key] == "":
+                continue
+            value = rc[key]
+            whole = attr == "min_clients"
+            number = None
+            if not isinstance(value, bool):
                 try:
-                    setattr(s, attr, type(getattr(s, attr))(rc[key]))
+                    number = float(value)
                 except (TypeError, ValueError):
-                    raise ConfigError(f"run config {key}={rc[key]!r}: expected a number") from None
-        if s.min_clients < 1 or s.phase_timeout <= 0 or s.node_timeout < 0 or s.poll_interval <= 0:
+                    pass
+            if number is None or not math.isfinite(number) or (whole and not number.is_integer()):
+                raise ConfigError(f"run config {key}={value!r}: expected a {'whole' if whole else 'finite'} number")
+            setattr(s, attr, int(number) if whole else number)
+        if s.min_clients < 1 or s.phase_timeout <= 0 or s.node_timeout < 0 or not 0 < s.poll_interval <= 10:
             raise ConfigError(f"run config: min-clients >= 1, phase-timeout > 0, node-timeout >= 0 and "
-                              f"poll-interval > 0 are required; got {asdict(s)}")
+                              f"poll-interval in (0, 10] seconds are required; got {asdict(s)}")
         return s
 
     def run_config(self) -> dict[str, Any]:
@@ -529,6 +540,10 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
     parts: dict[str, Any] = dict(built=built, loop=loop, callbacks=[FlowerCallback(transport, flower)],
                                  evaluator=evaluate_round, checkpointer=checkpoint)
     if not resume:
+        if run_dir and RunDir(run_dir).holds_run():       # the simulator's advice would not fit a deployment
+            raise ConfigError(f"{run_dir} already holds a run: to continue it, submit the run config of "
+                              f"`fedhet flower app --resume {run_dir} --out APP` (resume = true; on one machine: "
+                              f"`fedhet flower run --resume {run_dir}`), or give another run-dir")
         return Experiment.create(cfg, run_dir, **parts)
     if not run_dir:
         raise ConfigError("resuming a Flower run needs its run directory (run-config key run-dir)")

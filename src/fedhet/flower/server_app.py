@@ -38,7 +38,10 @@ def run_server(grid: Grid, run_config) -> Experiment:
     if not text:
         raise ConfigError(f"the run config has no {CONFIG_KEY!r} (the fedhet YAML config)")
     cfg = parse_config(text, run_config.get("data-root") or None)
-    resume = str(run_config.get("resume", "")).lower() in ("true", "1", "yes")
+    given = run_config.get("resume", False)
+    if str(given).lower() not in ("true", "1", "yes", "false", "0", "no", ""):
+        raise ConfigError(f"run config resume={given!r}: expected true or false")
+    resume = str(given).lower() in ("true", "1", "yes")
     exp = flower_experiment(cfg, run_config.get("run-dir") or None, grid, flower, resume=resume)
     if exp.start_round:
         log.info("fedhet: resuming after round %d", exp.start_round)
