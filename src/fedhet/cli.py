@@ -420,9 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     fla.add_argument("config", nargs="?", help="YAML config (see configs/); none with --resume")
     for q in (flr, fla):
         q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config value" + ("; with --resume only how the run is carried out and a "
-                                                         "raised train.rounds, which extends a finished run"
-                                                         if q is flr else ""))
+                       help="override a config value; with --resume only how the run is carried out and a "
+                            "raised train.rounds, which extends a finished run")
         q.add_argument("--min-clients", type=int, help="fewest answers a phase needs, else the run fails (default 1)")
         q.add_argument("--phase-timeout", type=float, help="seconds to wait for a phase's replies (default 600)")
         q.add_argument("--node-timeout", type=float,

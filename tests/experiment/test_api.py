@@ -21,9 +21,12 @@ def test_run_from_a_dict_with_overrides_returns_the_recorded_metrics(small_confi
     assert res.summary["headline"]["best"] > 0.5
     with pytest.raises(KeyError, match=r"recorded 'global_accc'; it recorded: .*global_acc, "):
         res.metric("global_accc")
-    for not_numbers in ("comm", "round"):             # a mapping per round, the round itself
-        with pytest.raises(KeyError, match=f"'{not_numbers}' is not a metric of numbers by round"):
+    for not_numbers, holds in (("comm", "values of type dict"), ("round", "the round itself")):
+        with pytest.raises(KeyError, match=f"'{not_numbers}' is not a metric of numbers by round \\(it holds {holds}"):
             res.metric(not_numbers)
+    res.rows[0]["fedavg_flag"] = True                   # a method's flag by round (FedReMa's CCP) is one
+    assert res.metric("fedavg_flag") == [(1, True)]
+    del res.rows[0]["fedavg_flag"]
     from fedhet.experiment.report import compare
     assert compare(str(tmp_path / "r"), None, None).startswith("| run |")      # one run's path, as a string
     assert repr(res) == (f"Results({str(tmp_path / 'r')!r}, fedavg, completed, 2 rounds, global_acc, "
@@ -102,7 +105,7 @@ def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_t
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Experiment, "write_summary", summary_fails_too)
-    with pytest.warns(RuntimeWarning, match="recording the failed run's summary failed too: OSError"):
+    with pytest.warns(RuntimeWarning, match="recording the summary of the failed run failed too: OSError"):
         with pytest.raises(NumericalError) as info:             # the run's error, not the summary's
             fedhet.run(small_config, {"train.lr": 1e6, "train.rounds": 2}, out=tmp_path / "r")
     assert f"run directory: {tmp_path / 'r'} (fedhet.load reads what it recorded" in info.value.__notes__[0]
@@ -110,8 +113,11 @@ def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_t
     monkeypatch.undo()
     loaded = fedhet.load(tmp_path / "r")
     assert loaded.summary == {} and loaded.rows == read_metrics(tmp_path / "r")
-    with pytest.raises(Exception, match="holds no run|does not exist"):
+    assert repr(loaded) == f"Results({str(tmp_path / 'r')!r}, no summary, {len(loaded.rows)} rounds recorded)"
+    with pytest.raises(Exception, match="fedhet.load .*nothing does not exist"):
         fedhet.load(tmp_path / "nothing")
+    with pytest.raises(ConfigError, match="fedhet.load None is of type NoneType"):
+        fedhet.load(None)
 
 
 def test_resuming_from_python_warns_where_the_command_line_says_so(small_config, tmp_path):

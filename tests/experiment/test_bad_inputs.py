@@ -393,7 +393,7 @@ def test_compare_leaves_out_a_run_without_a_summary_yet_saying_whether_it_goes_o
     assert main(["compare", str(a), str(b)]) == 0
     rows = len(read_metrics(b))
     assert (f"Left out (not completed): {b} (no summary yet: {rows} round(s) recorded; stopped before its summary: "
-            f"fedhet run --resume {b})") in capsys.readouterr().out
+            f"fedhet run --resume {b}, or fedhet flower run --resume for a Flower run)") in capsys.readouterr().out
     going_on = RunDir(b)
     going_on.lock()                                      # as the process writing it holds it
     try:

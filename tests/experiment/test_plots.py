@@ -61,7 +61,8 @@ def test_a_plots_path_is_checked_before_any_work_and_named_as_written(tmp_path):
     for given, said in [("", "--plot is empty: name the plot's file"),
                         (str(tmp_path), "is a folder: name a file in it"),
                         (str(tmp_path / "c.xyz"), "matplotlib writes no .xyz files; name a .png"),
-                        (str(tmp_path / "no" / "c.png"), "cannot write there, .*no is not a folder")]:
+                        (str(tmp_path / "no" / "c.png"), "cannot write there, .*no is not a folder"),
+                        (str(tmp_path / "out") + "/", "names a folder, and it does not exist: name a file")]:
         with pytest.raises(OutputError, match=said):
             plot_path(given, "--plot")
 

@@ -627,7 +627,7 @@ def test_flower_app_resume_writes_the_run_config_that_continues_the_run(small_co
     from fedhet.cli import main as cli_main
 
     cfg = tiny(small_config, "fedavg")
-    reference_run(cfg, tmp_path / "run")
+    flower_run(cfg, tmp_path / "run")
     assert cli_main(["flower", "app", "--resume", str(tmp_path / "run"), "--out", str(tmp_path / "app"),
                      "--set", "train.rounds=5"]) == 0
     assert "(resumes the run)" in capsys.readouterr().out
@@ -639,6 +639,14 @@ def test_flower_app_resume_writes_the_run_config_that_continues_the_run(small_co
     assert cli_main(["flower", "app", "--resume", str(tmp_path / "run"), "--out", str(tmp_path / "app"),
                      "--set", "train.lr=0.3"]) == 2                      # what it computes: refused
     assert "a resumed run takes --set only for how it is carried out" in capsys.readouterr().err
+    # what the server would refuse only once deployed: fewer rounds than done, a simulator's checkpoint
+    assert cli_main(["flower", "app", "--resume", str(tmp_path / "run"), "--out", str(tmp_path / "app"),
+                     "--set", "train.rounds=1"]) == 2
+    assert "train.rounds 1 is below the 2 rounds" in capsys.readouterr().err
+    reference_run(cfg, tmp_path / "sim")
+    assert cli_main(["flower", "run", "--resume", str(tmp_path / "sim")]) == 2
+    assert "is a run of the simulator (its clients' states are in its checkpoint): continue it with `fedhet run " \
+           "--resume" in capsys.readouterr().err
 
 
 def test_hand_edited_run_config_settings_are_checked(small_config):
@@ -666,7 +674,7 @@ def test_flower_run_resume_hands_the_deployment_the_recorded_config_with_its_set
     from fedhet.flower import deploy
 
     cfg = tiny(small_config, "fedavg")
-    reference_run(cfg, tmp_path / "run")
+    flower_run(cfg, tmp_path / "run")
     handed = []
 
     def deployment(cfg, run_dir, **kwargs):
@@ -774,6 +782,10 @@ def test_a_loopback_resume_takes_the_nodes_the_run_ran_on_and_says_an_old_error_
     cfg = tiny(small_config, "fedavg")
     run_dir = tmp_path / "run"
     reference_run(cfg, run_dir)
+    # a run from before the record: its nodes' commits say how many there were
+    (run_dir / deploy.NODE_STATE / "run-key" / "partition-1-of-2").mkdir(parents=True)
+    with pytest.raises(FedhetError, match=r"--nodes 3: .*committed their clients' state as 2 partitions"):
+        deploy.run_loopback(cfg, run_dir, nodes=3, resume=True)
     (run_dir / deploy.LOOPBACK_NODES).write_text('{"nodes": 2}\n')
     with pytest.raises(FedhetError, match=r"--nodes 3: .*committed their clients' state as 2 partitions"):
         deploy.run_loopback(cfg, run_dir, nodes=3, resume=True)

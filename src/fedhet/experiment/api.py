@@ -36,10 +36,11 @@ class Results:
         """``(round, value)`` of ``name`` over the rounds that recorded it; a KeyError naming the
         metrics the run recorded when no round recorded ``name``."""
         values = [(r["round"], r[name]) for r in self.rows if r.get(name) is not None]
-        if name == "round" or any(isinstance(v, bool) or not isinstance(v, (int, float)) for _, v in values):
-            raise KeyError(f"{name!r} is not a metric of numbers by round (its values are "
-                           f"{type(values[0][1]).__name__ if values else 'rounds'}): read it from the rows, "
-                           f"[row[{name!r}] for row in results.rows]")
+        odd = next((v for _, v in values if not isinstance(v, (int, float))), None)    # a flag (bool) counts
+        if name == "round" or odd is not None:
+            what = "the round itself" if name == "round" else f"values of type {type(odd).__name__}"
+            raise KeyError(f"{name!r} is not a metric of numbers by round (it holds {what}): read it from the "
+                           f"rows, [row[{name!r}] for row in results.rows]")
         if not values:
             recorded = sorted({k for r in self.rows for k, v in r.items() if isinstance(v, (int, float))
                                and not isinstance(v, bool)} - {"round"})
@@ -49,6 +50,8 @@ class Results:
 
     def __repr__(self) -> str:
         # a notebook shows this: the run and its headline, not every row
+        if not self.summary:              # fedhet.load of a run without one (killed, or going on)
+            return f"Results({str(self.run_dir)!r}, no summary, {len(self.rows)} rounds recorded)"
         head = self.summary.get("headline") or {}
         final = f", final {head['final']:.4f}" if isinstance(head.get("final"), (int, float)) else ""
         return (f"Results({str(self.run_dir)!r}, {self.summary.get('algorithm')}, {self.summary.get('status')}, "
@@ -136,7 +139,7 @@ def load(run_dir: str | Path) -> Results:
 
     from fedhet.experiment.rundir import SUMMARY, checked_run_dir
 
-    path = checked_run_dir(run_dir, resume=True)
+    path = checked_run_dir(run_dir, resume=True, option="fedhet.load")
     try:
         summary = json.loads((path / SUMMARY).read_text())
     except (OSError, ValueError):
@@ -152,9 +155,14 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | list[str] | None = N
     import warnings
 
     exp = Experiment.resume(run_dir, run_settings=_assignments(overrides, "fedhet.resume"))
-    if not exp.start_round:               # as `fedhet run --resume` says it
-        warnings.warn(f"{exp.run_dir} has no checkpoint: the run starts again from round 1", UserWarning, stacklevel=2)
-    if (note := exp.set_aside_note()) is not None:
-        warnings.warn(note, UserWarning, stacklevel=2)
+    try:
+        if not exp.start_round:               # as `fedhet run --resume` says it
+            warnings.warn(f"{exp.run_dir} has no checkpoint: the run starts again from round 1", UserWarning,
+                          stacklevel=2)
+        if (note := exp.set_aside_note()) is not None:
+            warnings.warn(note, UserWarning, stacklevel=2)
+    except BaseException:                     # warnings made errors: the folder is left free
+        exp.rundir.unlock()
+        raise
     summary = exp.run(progress=progress)
     return Results(exp.run_dir, summary, read_metrics(exp.run_dir))

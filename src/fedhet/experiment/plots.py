@@ -48,7 +48,10 @@ def plot_path(given: str, option: str) -> Path:
     if not given.strip():
         raise OutputError(f"{option} is empty: name the plot's file, e.g. {option} compare.png")
     path = Path(given)
-    if path.is_dir():
+    if path.is_dir() or given.endswith(("/", "\\")):
+        if not path.is_dir():
+            raise OutputError(f"{option} {given} names a folder, and it does not exist: name a file, e.g. "
+                              f"{option} {path / 'plot.png'}")
         raise OutputError(f"{option} {path} is a folder: name a file in it, e.g. {option} {path / 'plot.png'}")
     if not path.suffix:
         path = path.with_name(path.name + ".png")

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -78,17 +79,17 @@ def _read_rows(path: Path) -> tuple[list[dict], int | None]:
     return rows, None
 
 
-def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:
+def checked_run_dir(path: str | Path, *, resume: bool = False, option: str | None = None) -> Path:
     """``path`` as a run directory to create (``--out``) or, with ``resume``, to continue
     (``--resume``); a ConfigError when it is empty (an empty string would be the current folder)
     or a file, and for a resume a CheckpointError when it does not exist or holds no run."""
-    option = "--resume" if resume else "--out"
+    option = option or ("--resume" if resume else "--out")
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"{option} {path!r} is of type {type(path).__name__}: name the run directory as a path, e.g. "
                           "'runs/try'")
     if not str(path).strip():
         raise ConfigError(f"{option} is empty: name the run directory" + (
-            " to continue (the folder holding its config.yaml)" if resume else
+            " (the folder holding its config.yaml)" if resume else
             ", e.g. --out runs/try (out='runs/try' from Python), or leave it out for run.out_dir/<name>-s<seed>-<time>"))
     p = Path(path)
     if p.exists() and not p.is_dir():
@@ -96,8 +97,8 @@ def checked_run_dir(path: str | Path, *, resume: bool = False) -> Path:
             "name the folder of the run (the one holding config.yaml)" if resume else
             "name a folder (a new path, or an existing folder that holds no run)"))
     if resume and not p.exists():
-        raise CheckpointError(f"--resume {p} does not exist: name the folder of the run to continue (the one "
-                              "holding its config.yaml)")
+        raise CheckpointError(f"{option} {p} does not exist: name the folder of the run (the one holding its "
+                              "config.yaml)")
     if resume and not (p / CONFIG).is_file():
         raise CheckpointError(f"{p} is not a fedhet run directory (no {CONFIG})")
     return p
@@ -125,9 +126,14 @@ class RunDir:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise OutputError(f"cannot write {path}: {e.strerror or e}; choose another --out") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        for attempt in range(5):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if attempt < 4:         # a reader's look (held_by) holds it for a moment only
+                    time.sleep(0.02)
+        else:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             raise ConfigError(f"{self.path} is in use by another fedhet process (pid {holder}); two runs cannot "

@@ -401,8 +401,9 @@ class Experiment:
             status, error = "failed", str(e)
             e.add_note(self._where_note())
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             status, error = "interrupted", "interrupted by the user"
+            e.add_note(self._where_note())
             raise
         except Exception as e:  # a bug or an unexpected failure: never recorded as "completed"
             status, error = "failed", f"{type(e).__name__}: {e}"
@@ -410,23 +411,27 @@ class Experiment:
             raise
         finally:
             try:
-                bar.close()
-                self.loop.close()               # worker processes, device copies
-                self.write_summary(status, error, time.perf_counter() - t_run, callbacks)
-            except Exception as e:
-                if status == "completed":
-                    raise
-                # the run's own error is the one to raise; this one is said beside it
-                warnings.warn(f"{self.run_dir}: recording the {status} run's summary failed too: "
-                              f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
+                # each step apart: a failure of one (said beside the run's own error) leaves the others to run
+                for step, what in ((bar.close, "closing the progress bar"),
+                                   (self.loop.close, "closing the engine"),      # worker processes, device copies
+                                   (lambda: self.write_summary(status, error, time.perf_counter() - t_run, callbacks),
+                                    "recording the summary")):
+                    try:
+                        step()
+                    except Exception as e:
+                        if status == "completed":
+                            raise
+                        warnings.warn(f"{self.run_dir}: {what} of the {status} run failed too: "
+                                      f"{type(e).__name__}: {e}", RuntimeWarning, stacklevel=2)
             finally:
                 self.rundir.unlock()        # whatever failed above: the folder is free to resume
         return self.summary
 
     def _where_note(self) -> str:
         # a run started from Python with the default, time-stamped folder: where its rounds are
-        return (f"run directory: {self.run_dir} (fedhet.load reads what it recorded; fedhet.resume goes on from "
-                "its last checkpoint)")
+        go_on = (f"fedhet flower run --resume {self.run_dir}, or on a deployment fedhet flower app --resume"
+                 if self.loop.transport.keeps_client_state else "fedhet.resume")
+        return f"run directory: {self.run_dir} (fedhet.load reads what it recorded; {go_on} goes on from its last checkpoint)"
 
     def run_rounds(self, callbacks: list[Callback]) -> None:
         """The rounds still to run: train, evaluate when due, record, checkpoint."""

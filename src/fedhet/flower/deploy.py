@@ -65,9 +65,10 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     if not resume and RunDir(run_dir).holds_run():
         raise FedhetError(f"{run_dir} already holds a run; continue it with --resume {run_dir}, or choose another --out")
     RunDir(run_dir).create()             # a path under a file or unwritable: say so before starting Flower
-    (run_dir / LOOPBACK_NODES).write_text(json.dumps({"nodes": n}) + "\n")
+    if not resume:
+        (run_dir / LOOPBACK_NODES).write_text(json.dumps({"nodes": n}) + "\n")
     summary_path = run_dir / "summary.json"
-    summary_before = summary_path.stat().st_mtime_ns if summary_path.exists() else None
+    summary_before = _identity(summary_path)
     settings.setdefault("node_state_dir", str(run_dir / NODE_STATE))
     own_tmp = workdir is None
     work = Path(tempfile.mkdtemp(prefix="fedhet-flower-")) if own_tmp else Path(workdir)
@@ -99,7 +100,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
         seconds["total"] = time.monotonic() - t0
         if own_tmp and not keep_workdir and status == "finished:completed":
             shutil.rmtree(work, ignore_errors=True)
-    written = summary_path.exists() and summary_path.stat().st_mtime_ns != summary_before
+    written = summary_path.exists() and _identity(summary_path) != summary_before
     summary = json.loads(summary_path.read_text()) if written else None      # this run's, not an earlier one's
     if status != "finished:completed":
         cause = (summary or {}).get("error") or logged_error(work / "logs") or f"see {work / 'logs'}"
@@ -113,12 +114,44 @@ LOOPBACK_NODES = "loopback-nodes.json"    # how many SuperNodes a loopback run's
 
 
 def _recorded_nodes(run_dir: Path) -> int | None:
-    """The SuperNodes a loopback run ran on (its nodes commit by partition count), or None."""
+    """The SuperNodes a loopback run ran on (its nodes commit by partition count): as recorded when
+    it started, else as its nodes' commits under node-state name it (a run from before the record);
+    None when neither says."""
     try:
         nodes = json.loads((run_dir / LOOPBACK_NODES).read_text())["nodes"]
+        if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1:
+            return nodes
     except (OSError, ValueError, KeyError, TypeError):
+        pass
+    counts = {int(m.group(1)) for d in (run_dir / NODE_STATE).glob("*/partition-*-of-*")
+              if (m := re.fullmatch(r"partition-\d+-of-(\d+)", d.name))}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _check_checkpoint(run_dir: Path, rounds: int) -> None:
+    """What the server would refuse in a Flower resume, said before any deployment starts: a
+    checkpoint of the simulator's, and fewer rounds than done."""
+    from fedhet.experiment.rundir import RunDir
+
+    snap = RunDir(run_dir).load_checkpoint()
+    if not isinstance(snap, dict):
+        return                       # no checkpoint: the run starts again from round 1
+    if not snap.get("client_states_elsewhere", snap.get("engine") == "flower"):
+        raise FedhetError(f"{run_dir} is a run of the simulator (its clients' states are in its checkpoint): "
+                          f"continue it with `fedhet run --resume {run_dir}`")
+    done = snap.get("round")
+    if isinstance(done, int) and rounds < done:
+        raise FedhetError(f"train.rounds {rounds} is below the {done} rounds {run_dir} has done: a resumed run can "
+                          "be extended, not cut")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime) of a file, or None: a summary written again (atomically, so a new inode) differs."""
+    try:
+        st = path.stat()
+    except OSError:
         return None
-    return nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else None
+    return st.st_ino, st.st_mtime_ns
 
 
 TRACEBACK_END = re.compile(r"^(?:\w+\.)*\w*(?:Error|Exception|Interrupt): .*")
@@ -165,6 +198,7 @@ def cli(args) -> int:
         check_resume_settings(args.set)
         # the server checks these against config.yaml and the checkpoint, and records them (Experiment.resume)
         cfg = load_config(checked_run_dir(args.resume, resume=True) / CONFIG, args.set)
+        _check_checkpoint(Path(args.resume), cfg.train.rounds)
     elif not args.config:
         raise FedhetError("fedhet flower: give a CONFIG file, or --resume RUN_DIR")
     else:

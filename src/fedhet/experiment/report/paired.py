@@ -70,7 +70,14 @@ def paired_differences(run_dirs: list[Path], bases: str | Sequence[str], metric:
                 finals[base][name][seed] = s["metrics"][m]["final"]
                 if (v := selected_value(s, m)) is not None:
                     chosen[base][name][seed] = v
-                if base != name and rounds[(name, seed)] != rounds[(base, seed)]:
+
+    seen_pairs: set[frozenset] = set()       # a pair of baselines is one pair, in either table
+    for base in names:
+        for name, by_seed in finals[base].items():
+            for seed in sorted(set(by_seed) & set(finals[base].get(base, {}))):
+                pair = frozenset({(name, seed), (base, seed)})
+                if name != base and pair not in seen_pairs and rounds[(name, seed)] != rounds[(base, seed)]:
+                    seen_pairs.add(pair)
                     uneven.append(f"{name} s{seed} ({rounds[(name, seed)]} rounds against {base}'s "
                                   f"{rounds[(base, seed)]})")
     tables = []

@@ -161,7 +161,8 @@ def group_runs(run_dirs: list[Path]) -> tuple[dict[str, list[tuple[Path, dict]]]
             # a run going on (a sweep's), or one killed before its summary: its rows so far are no result
             rows, holder = len(read_metrics(d)), RunDir(d).held_by()
             left_out.append(f"{d} (no summary yet: {rows} round(s) recorded; " + (
-                f"going on, pid {holder})" if holder else f"stopped before its summary: fedhet run --resume {d})"))
+                f"going on, pid {holder})" if holder else
+                f"stopped before its summary: fedhet run --resume {d}, or fedhet flower run --resume for a Flower run)"))
             continue
         s = load_summary(d)
         problems = _summary_problems(s)
