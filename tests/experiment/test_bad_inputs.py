@@ -833,7 +833,6 @@ def test_list_a_method_gives_its_parameters_types_bounds_and_defaults(capsys):
     assert "unknown algorithm 'fedx'" in capsys.readouterr().err
 
 
-
 def test_list_a_users_method_describes_it_by_its_class_where_it_has_a_docstring(capsys, tmp_path, monkeypatch):
     """One module of a user's may hold several methods: each is described by its own docstring."""
     (tmp_path / "lab_two.py").write_text(
