@@ -98,4 +98,13 @@ def test_status_of_a_recorded_run_follows_edits_of_its_config_and_of_the_sweeps(
     assert job_status(job) == "extend"
     (job.run_dir / "config.yaml").write_text(dump_config(load_config(config, ["seed=0", "train.lr=0.3"])))
     assert job_status(job) == "stale"
+    # a method's default stated in the sweep's config is the same run; another value is not
+    (job.run_dir / "config.yaml").write_text(dump_config(load_config(config, job.overrides)))
+    config.write_text("name: x\ntrain: {rounds: 3, lr: 0.1}\nalgorithm: {name: fedprox, params: {mu: 0.01}}\n")
+    (job.run_dir / "config.yaml").write_text(dump_config(load_config(config, job.overrides)).replace(
+        "params:\n    mu: 0.01", "params: {}"))
+    assert "params: {}" in (job.run_dir / "config.yaml").read_text()
+    assert job_status(job) == "completed" and config_mismatch(job) == []
+    config.write_text("name: x\ntrain: {rounds: 3, lr: 0.1}\nalgorithm: {name: fedprox, params: {mu: 0.1}}\n")
+    assert config_mismatch(job) == ["algorithm.params: {} -> {'mu': 0.1}"]
     assert _parsed_yaml.cache_info().currsize <= 4096

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from fedhet.core.choices import EngineName, StoreMode
-from fedhet.core.errors import ConfigError
+from fedhet.core.errors import ConfigError, FedhetError
 from fedhet.core.settings import refuse_quiet_values
 from fedhet.experiment.yaml_io import parse_yaml, read_yaml
 
@@ -547,8 +547,25 @@ def config_changes(recorded: dict, current: ExperimentConfig) -> list[str]:
             continue
         if key == "train.rounds" and isinstance(a, int) and isinstance(b, int) and b >= a:
             continue
+        if key == "algorithm.params" and _same_params(new.get("algorithm.name"), old.get("algorithm.name"), a, b):
+            continue                 # a default stated, or left out: the method reads the same values
         changes.append(f"{key}: {a!r} -> {b!r}")
     return changes
+
+
+def _same_params(name: Any, recorded_name: Any, a: Any, b: Any) -> bool:
+    """Whether two ``algorithm.params`` mappings of method ``name`` are the same parameters once
+    the method fills in its defaults. Reached only where the mappings differ as written, so the
+    method's class (and torch) is loaded only then; False where it cannot be loaded."""
+    if name != recorded_name or not isinstance(a, dict) or not isinstance(b, dict) or not isinstance(name, str):
+        return False
+    try:
+        from fedhet.algorithms import algorithm_class
+
+        params = algorithm_class(name).Params
+        return params.model_validate(a) == params.model_validate(b)
+    except (FedhetError, ValueError, ImportError):   # not loadable here, or values it refuses: a change, as written
+        return False
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

@@ -39,7 +39,8 @@ A failure before the run wrote its folder holds the job back only while the swee
 config (how the run is carried out aside); a failed run's folder is compared like any other
 (stale under another config). Each job's output is
 in ``<out>/<run>.log``. A run directory whose recorded config differs from what the sweep file now
-asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group.
+asks for (an edited ``set``, say) is ``stale``: reported and left alone, never mixed into a group
+(a method's parameters are compared with their defaults filled in: a default stated is no change).
 A folder whose metrics.jsonl holds every round but whose summary.json is lost or unreadable, with
 no checkpoint to finish from (a committed run after a bad merge), is ``damaged``: reported and left
 alone rather than run again from round 1 over the rounds it holds.
