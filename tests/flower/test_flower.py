@@ -826,3 +826,12 @@ def test_a_run_config_submitted_again_over_its_run_says_how_a_deployment_resumes
     with pytest.raises(ConfigError, match=r"already holds a run: to continue it, submit the run config of "
                                           r"`fedhet flower app --resume .*run --out APP`"):
         flower_run(cfg, tmp_path / "run")
+
+
+def test_certificates_for_no_host_or_a_too_long_common_name_are_refused(tmp_path):
+    from fedhet.flower.credentials import make_certificates
+
+    for hosts in ((), "localhost", ("x" * 65,)):
+        with pytest.raises(ConfigError, match="hosts must be one or more IPs or DNS names"):
+            make_certificates(tmp_path, hosts)
+    assert make_certificates(tmp_path, ("localhost", "a" * 70 + ".example"))["cert"].is_file()

@@ -21,6 +21,12 @@ def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = ("127.0.0.1"
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
+    from fedhet.core.errors import ConfigError
+
+    if (isinstance(hosts, str) or not hosts or not all(isinstance(h, str) and h for h in hosts)
+            or len(hosts[0]) > 64):      # the first is the certificate's common name: X.509 holds 64 characters
+        raise ConfigError(f"make_certificates: hosts must be one or more IPs or DNS names, the first of at most 64 "
+                          f"characters, e.g. ('127.0.0.1', 'localhost'); got {hosts!r:.80}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
