@@ -645,8 +645,8 @@ def test_flower_app_resume_writes_the_run_config_that_continues_the_run(small_co
     assert "train.rounds 1 is below the 2 rounds" in capsys.readouterr().err
     reference_run(cfg, tmp_path / "sim")
     assert cli_main(["flower", "run", "--resume", str(tmp_path / "sim")]) == 2
-    assert "is a run of the simulator (its clients' states are in its checkpoint): continue it with `fedhet run " \
-           "--resume" in capsys.readouterr().err
+    assert "was written by a run whose client states are in the file: continue it with `fedhet run --resume" \
+           in capsys.readouterr().err
 
 
 def test_hand_edited_run_config_settings_are_checked(small_config):

@@ -553,19 +553,30 @@ def config_changes(recorded: dict, current: ExperimentConfig) -> list[str]:
     return changes
 
 
+def params_alike(params_type: type[BaseModel], recorded: dict, current: dict | BaseModel) -> bool:
+    """Whether ``recorded`` (a method's parameters as dumped) and ``current`` are the same values
+    once ``params_type`` fills in its defaults: a default stated or left out, a key added since
+    (it takes its default) and a set's order are no difference; values it refuses are one."""
+    try:
+        return params_type.model_validate(recorded) == (
+            current if isinstance(current, BaseModel) else params_type.model_validate(current))
+    except ValueError:            # pydantic's ValidationError
+        return False
+
+
 def _same_params(name: Any, recorded_name: Any, a: Any, b: Any) -> bool:
-    """Whether two ``algorithm.params`` mappings of method ``name`` are the same parameters once
-    the method fills in its defaults. Reached only where the mappings differ as written, so the
-    method's class (and torch) is loaded only then; False where it cannot be loaded."""
+    """Whether two ``algorithm.params`` mappings of method ``name`` are alike (:func:`params_alike`).
+    Reached only where the mappings differ as written, so the method's class (and torch) is loaded
+    only then; False where it cannot be loaded."""
     if name != recorded_name or not isinstance(a, dict) or not isinstance(b, dict) or not isinstance(name, str):
         return False
     try:
         from fedhet.algorithms import algorithm_class
 
-        params = algorithm_class(name).Params
-        return params.model_validate(a) == params.model_validate(b)
-    except (FedhetError, ValueError, ImportError):   # not loadable here, or values it refuses: a change, as written
+        params_type = algorithm_class(name).Params
+    except (FedhetError, ValueError, ImportError):   # not loadable here: a change, as written
         return False
+    return params_alike(params_type, a, b)
 
 
 def dump_config(cfg: ExperimentConfig) -> str:

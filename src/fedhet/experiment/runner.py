@@ -42,6 +42,7 @@ from fedhet.experiment.config import (
     config_changes,
     dump_config,
     load_config,
+    params_alike,
 )
 from fedhet.experiment.loggers import make_loggers
 from fedhet.experiment.rundir import (
@@ -124,6 +125,26 @@ def recordable(value: Any, where: str) -> Any:
                       "strings, tensors or lists and dicts of them")
 
 
+def checkpoint_refusal(run_dir: Path, snap: Any, rounds: int, keeps_client_state: bool | None = None) -> str | None:
+    """Why the checkpoint ``snap`` of ``run_dir`` cannot go on as a run of ``rounds`` rounds on a
+    transport that keeps the clients' states with them (``keeps_client_state``; None: not asked),
+    or None: fewer rounds than done (a run is extended, not cut), or client states kept elsewhere
+    than that transport keeps them (in the file: the simulator's engines; with the clients: a Flower
+    deployment's SuperNodes; checkpoints from before the flag name their engine)."""
+    if not isinstance(snap, dict):
+        return None
+    done = snap.get("round")
+    if isinstance(done, int) and rounds < done:
+        return (f"train.rounds {rounds} is below the {done} rounds {run_dir} has done: a resumed run can be "
+                "extended, not cut (its rows of every round stay in metrics.jsonl)")
+    elsewhere = snap.get("client_states_elsewhere", snap.get("engine") == "flower")
+    if keeps_client_state is not None and elsewhere != keeps_client_state:
+        how = f"fedhet flower run --resume {run_dir}" if elsewhere else f"fedhet run --resume {run_dir}"
+        where = "with its clients (a Flower deployment's SuperNodes)" if elsewhere else "in the file"
+        return f"{run_dir / CHECKPOINT} was written by a run whose client states are {where}: continue it with `{how}`"
+    return None
+
+
 def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) -> str | None:
     """What differs between two :meth:`Experiment.built_from` records, in words; None if nothing.
     ``params``: the method's parameters now, against which the recorded ones are validated again
@@ -131,11 +152,7 @@ def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) ->
     problems = []
     old_params = then.get("algorithm_params")
     if isinstance(old_params, dict):
-        try:
-            same = type(params).model_validate(old_params) == params
-        except ValueError:          # pydantic's ValidationError: the recorded values no longer validate
-            same = False
-        if not same:
+        if not params_alike(type(params), old_params, params):
             new_params = now.get("algorithm_params") or {}
             changed = [f"{k}: {old_params.get(k, '<absent>')!r} -> {new_params.get(k, '<absent>')!r}"
                        for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
@@ -276,11 +293,8 @@ class Experiment:
         check_resume_settings(run_settings)
         cfg = load_config(rundir.path / CONFIG, run_settings)
         snap = rundir.load_checkpoint()
-        done = snap.get("round") if isinstance(snap, dict) else None
-        asked = (config or cfg).train.rounds
-        if isinstance(done, int) and asked < done:
-            raise CheckpointError(f"train.rounds {asked} is below the {done} rounds {run_dir} has done: a resumed "
-                                  "run can be extended, not cut (its rows of every round stay in metrics.jsonl)")
+        if problem := checkpoint_refusal(rundir.path, snap, (config or cfg).train.rounds):
+            raise CheckpointError(problem)
         recorded = cfg                      # what config.yaml records from here on (--threads aside)
         record = bool(run_settings)
         if config is not None:
@@ -311,16 +325,8 @@ class Experiment:
                     f"{run_dir} trained in {trained_in} and would go on in {exp.built.precision} here "
                     f"(run.precision: {cfg.run.precision}, run.device: {cfg.run.device}): resume it where it "
                     f"resolves to {trained_in}, or start a new run")
-            if snap is not None and isinstance(snap, dict):
-                # Client states live where the transport keeps them: in the file (the simulator's
-                # engines) or with the clients (a Flower deployment's SuperNodes). Checkpoints from
-                # before the flag name their engine.
-                elsewhere = snap.get("client_states_elsewhere", snap.get("engine") == "flower")
-                if elsewhere != exp.loop.transport.keeps_client_state:
-                    how = f"fedhet flower run --resume {run_dir}" if elsewhere else f"fedhet run --resume {run_dir}"
-                    where = "with its clients (a Flower deployment's SuperNodes)" if elsewhere else "in the file"
-                    raise CheckpointError(f"{rundir.path / CHECKPOINT} was written by a run whose client states are "
-                                          f"{where}: continue it with `{how}`")
+            if problem := checkpoint_refusal(rundir.path, snap, cfg.train.rounds, exp.loop.transport.keeps_client_state):
+                raise CheckpointError(problem)
             if snap is not None and isinstance(snap, dict) and isinstance(snap.get("built_from"), dict):
                 if problem := built_differently(snap["built_from"], exp.built_from(), exp.algorithm.params):
                     raise CheckpointError(f"{run_dir} cannot go on from its checkpoint of round {snap.get('round')}: "

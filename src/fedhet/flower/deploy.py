@@ -104,8 +104,7 @@ def run_loopback(cfg, run_dir: str | Path, nodes: int | None = None, tls: bool =
     summary = json.loads(summary_path.read_text()) if written else None      # this run's, not an earlier one's
     if status != "finished:completed":
         cause = (summary or {}).get("error") or logged_error(work / "logs") or f"see {work / 'logs'}"
-        # a cause that says how to go on (a checkpoint of the simulator's) is not contradicted by the hint
-        hint = f"; {resume_hint(run_dir)}" if (run_dir / CHECKPOINT).exists() and "--resume" not in cause else ""
+        hint = f"; {resume_hint(run_dir)}" if (run_dir / CHECKPOINT).exists() else ""
         raise DeploymentError(f"Flower run ended {status}: {cause}{hint}")
     return LoopbackResult(run_dir, status, summary, seconds, work)
 
@@ -126,23 +125,6 @@ def _recorded_nodes(run_dir: Path) -> int | None:
     counts = {int(m.group(1)) for d in (run_dir / NODE_STATE).glob("*/partition-*-of-*")
               if (m := re.fullmatch(r"partition-\d+-of-(\d+)", d.name))}
     return counts.pop() if len(counts) == 1 else None
-
-
-def _check_checkpoint(run_dir: Path, rounds: int) -> None:
-    """What the server would refuse in a Flower resume, said before any deployment starts: a
-    checkpoint of the simulator's, and fewer rounds than done."""
-    from fedhet.experiment.rundir import RunDir
-
-    snap = RunDir(run_dir).load_checkpoint()
-    if not isinstance(snap, dict):
-        return                       # no checkpoint: the run starts again from round 1
-    if not snap.get("client_states_elsewhere", snap.get("engine") == "flower"):
-        raise FedhetError(f"{run_dir} is a run of the simulator (its clients' states are in its checkpoint): "
-                          f"continue it with `fedhet run --resume {run_dir}`")
-    done = snap.get("round")
-    if isinstance(done, int) and rounds < done:
-        raise FedhetError(f"train.rounds {rounds} is below the {done} rounds {run_dir} has done: a resumed run can "
-                          "be extended, not cut")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -198,7 +180,12 @@ def cli(args) -> int:
         check_resume_settings(args.set)
         # the server checks these against config.yaml and the checkpoint, and records them (Experiment.resume)
         cfg = load_config(checked_run_dir(args.resume, resume=True) / CONFIG, args.set)
-        _check_checkpoint(Path(args.resume), cfg.train.rounds)
+        # what the server would refuse, said before any deployment starts
+        from fedhet.experiment.rundir import RunDir
+        from fedhet.experiment.runner import checkpoint_refusal
+        resumed = Path(args.resume)
+        if problem := checkpoint_refusal(resumed, RunDir(resumed).load_checkpoint(), cfg.train.rounds, True):
+            raise FedhetError(problem)
     elif not args.config:
         raise FedhetError("fedhet flower: give a CONFIG file, or --resume RUN_DIR")
     else:
