@@ -473,3 +473,17 @@ def conv_layouts(model: nn.Module, of: str = "input") -> list[bool]:
             m.register_forward_pre_hook(lambda mod, args: seen.append(
                 (args[0] if of == "input" else mod.weight).stride(1) == 1))
     return seen
+
+
+def module_of_ones_own(tmp_path: Path, monkeypatch, name: str, source: str) -> Path:
+    """A user's module ``name`` written into ``tmp_path`` and importable for the test (its folder on
+    sys.path); imported anew, and gone from sys.modules when the test ends."""
+    import sys
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # setitem records the module as absent, so monkeypatch's undo removes whatever the test imported
+    monkeypatch.setitem(sys.modules, name, None)
+    del sys.modules[name]
+    return path

@@ -113,13 +113,13 @@ def test_local_tests_shrunk_to_a_few_images_by_shared_training_images_are_warned
     """Clients whose data overlap by half: most of each client's held-out images are others' training
     images, so they leave its local test; the warning says how many are left, and plain splits
     say nothing."""
-    import sys
     import warnings
 
-    (tmp_path / "lab_overlap.py").write_text(
-        "import numpy as np\n\n\ndef halves(labels, num_clients, rng):\n    n = len(labels)\n"
-        "    return [np.sort((np.arange(n // 2) + c * n // num_clients) % n) for c in range(num_clients)]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    from helpers import module_of_ones_own
+
+    module_of_ones_own(tmp_path, monkeypatch, "lab_overlap",
+                       "import numpy as np\n\n\ndef halves(labels, num_clients, rng):\n    n = len(labels)\n"
+                       "    return [np.sort((np.arange(n // 2) + c * n // num_clients) % n) for c in range(num_clients)]\n")
     raw = {**small_config, "data": {**small_config["data"], "partition": {"kind": "lab_overlap:halves"},
                                     "local_test": {"source": "holdout", "fraction": 0.2}}}
     cfg = load_config(raw=raw)
@@ -128,7 +128,6 @@ def test_local_tests_shrunk_to_a_few_images_by_shared_training_images_are_warned
         fed = build_federation(cfg.data, cfg.seed)
     kept = sum(len(te) for te in fed.test_idx)
     assert f"the local tests hold {kept} images" in str(said[0].message)
-    sys.modules.pop("lab_overlap", None)
     plain = load_config(raw={**raw, "data": {**raw["data"], "partition": {"kind": "iid"}}})
     with warnings.catch_warnings():
         warnings.simplefilter("error")

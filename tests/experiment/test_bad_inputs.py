@@ -13,7 +13,7 @@ import warnings
 import pytest
 import torch
 import yaml
-from helpers import small_config_in
+from helpers import module_of_ones_own, small_config_in
 
 from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg
@@ -261,11 +261,10 @@ def test_an_empty_client_is_named_as_such_with_test_set_local_splits(small_confi
 
 def test_an_empty_client_of_a_users_partition_names_it_and_the_images_it_split(small_config, tmp_path, monkeypatch):
     """The partition function is the cause, and data.pool_fraction's count is of the images kept."""
-    (tmp_path / "lab_empty.py").write_text(
-        "import numpy as np\nSEEN = []\n\n\ndef leave_one_empty(labels, num_clients, rng):\n"
-        "    SEEN.append(len(labels))\n"
-        "    return [*np.array_split(np.arange(len(labels)), num_clients - 1), np.array([], dtype=int)]\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
+    module_of_ones_own(tmp_path, monkeypatch, "lab_empty",
+                       "import numpy as np\nSEEN = []\n\n\ndef leave_one_empty(labels, num_clients, rng):\n"
+                       "    SEEN.append(len(labels))\n"
+                       "    return [*np.array_split(np.arange(len(labels)), num_clients - 1), np.array([], dtype=int)]\n")
     import lab_empty
 
     for source in ("test_set", "holdout"):
@@ -278,7 +277,6 @@ def test_an_empty_client_of_a_users_partition_names_it_and_the_images_it_split(s
         assert str(info.value).startswith("client 5 received no training samples from partition "
                                           "'lab_empty:leave_one_empty'; use fewer clients or another partition")
         assert f"data.pool_fraction 0.5 keeps {kept} images for 6 clients (about {kept // 6} each)" in str(info.value)
-    sys.modules.pop("lab_empty", None)
 
 
 def test_an_undrawable_local_test_split_names_data_local_test(small_config):
@@ -835,16 +833,14 @@ def test_list_a_method_gives_its_parameters_types_bounds_and_defaults(capsys):
 
 def test_list_a_users_method_describes_it_by_its_class_where_it_has_a_docstring(capsys, tmp_path, monkeypatch):
     """One module of a user's may hold several methods: each is described by its own docstring."""
-    (tmp_path / "lab_two.py").write_text(
-        '"""The methods of my lab."""\nfrom fedhet.algorithms.fedavg import FedAvg\n\n\nclass Damped(FedAvg):\n'
-        '    """FedAvg with a damped server step. More."""\n    name = "damped"\n\n\nclass Plain(FedAvg):\n'
-        '    name = "plain"\n')
-    monkeypatch.syspath_prepend(str(tmp_path))
+    module_of_ones_own(tmp_path, monkeypatch, "lab_two",
+                       '"""The methods of my lab."""\nfrom fedhet.algorithms.fedavg import FedAvg\n\n\n'
+                       'class Damped(FedAvg):\n    """FedAvg with a damped server step. More."""\n    name = "damped"\n'
+                       '\n\nclass Plain(FedAvg):\n    name = "plain"\n')
     assert main(["list", "lab_two:Damped"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("FedAvg with a damped server step")
     assert main(["list", "lab_two:Plain"]) == 0                      # no docstring of its own: the module's
     assert capsys.readouterr().out.splitlines()[0].endswith("The methods of my lab")
-    sys.modules.pop("lab_two", None)
 
 
 def test_partition_heatmap_goes_to_the_output_folder(small_config, tmp_path, monkeypatch, capsys):

@@ -557,7 +557,7 @@ def test_a_sweeps_runs_import_a_users_method_as_fedhet_run_does(tmp_path, small_
     """A method module in the working directory but not on PYTHONPATH: `fedhet run` cannot import
     it, so neither can the runs a sweep starts (else such a run could not be resumed by hand)."""
     (tmp_path / "lab_here.py").write_text("from fedhet.algorithms.fedavg import FedAvg\n\n\n"
-                                          "class Mine(FedAvg):\n    name = 'mine'\n")
+                                          "class Mine(FedAvg):\n    name = 'mine'\n")     # not on sys.path
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PYTHONPATH", raising=False)
     path = write_sweep(tmp_path, small_config, [("fedavg", {"tag": "mine", "set": ["algorithm.name=lab_here:Mine"]})],
