@@ -13,6 +13,7 @@ from torch import nn
 from torch.func import functional_call, stack_module_state, vmap
 
 from fedhet.models import MODEL_NAMES, build_model, count_params, default_split, param_groups
+from fedhet.training.dropout import batch_masks, masks_applied
 
 PAPER_MODELS = ("fca_resnet18", "fca_shufflenetv2", "fca_googlenet", "fca_alexnet")
 SMALL_CNNS = ("fca_cnn_a", "fca_cnn_b", "fca_cnn_c", "fca_cnn_d")
@@ -248,7 +249,9 @@ def test_shapes_and_512d_features(built, name: str, in_channels: int, image_size
 def test_train_mode_backward_reaches_every_parameter(built, name: str) -> None:
     model = built[name, 1, 28].train()
     model.zero_grad()
-    model(torch.randn(2, 1, 28, 28)).sum().backward()
+    x = torch.randn(2, 1, 28, 28)
+    with masks_applied(batch_masks(model, x, torch.Generator().manual_seed(0))):   # dropout's, as training draws them
+        model(x).sum().backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None]
     assert missing == []
     model.zero_grad()
@@ -320,15 +323,20 @@ def test_too_small_images_name_the_minimum(name: str, min_size: int) -> None:
         assert build_model(name, 1, CLASSES, min_size).feature_dim == 512
 
 
-def test_dropout_is_off_by_default_and_optional(built) -> None:
-    for model in built.values():
-        assert not any(isinstance(m, nn.Dropout) for m in model.modules())
-    g = build_model("fca_googlenet", 1, CLASSES, 28, dropout=0.2)
-    assert [m.p for m in g.modules() if isinstance(m, nn.Dropout)] == [0.2]
+def test_dropout_is_on_as_published_and_can_be_set_or_left_out(built) -> None:
+    """GoogLeNet keeps torchvision's 0.2 after the pool (the authors replace only fc), AlexNet has the
+    authors' 0.5 before its first Linear; the other two have none. dropout=0 leaves the layer out."""
+    published = {"fca_googlenet": [0.2], "fca_alexnet": [0.5]}
+    for (name, _, _), model in built.items():
+        assert [m.p for m in model.modules() if isinstance(m, nn.Dropout)] == published.get(name, []), name
+    g = built["fca_googlenet", 1, 28]
     assert isinstance(g.body.pool[2], nn.Dropout)
-    a = build_model("fca_alexnet", 1, CLASSES, 28, dropout=0.5)
-    assert isinstance(a.body.fc[0], nn.Dropout) and a.body.fc[0].p == 0.5
+    a = build_model("fca_alexnet", 1, CLASSES, 28, dropout=0.3)
+    assert isinstance(a.body.fc[0], nn.Dropout) and a.body.fc[0].p == 0.3
     assert count_params(a) == count_params(built["fca_alexnet", 1, 28])
+    for name in published:
+        plain = build_model(name, 1, CLASSES, 28, dropout=0)
+        assert not any(isinstance(m, nn.Dropout) for m in plain.modules())
     with pytest.raises(ValueError, match="dropout"):
         build_model("fca_alexnet", 1, CLASSES, 28, dropout=1.0)
     with pytest.raises(ValueError, match="does not take"):

@@ -40,10 +40,11 @@ are then the input of the classifier's Linear, as prototype methods define them 
 nearest-prototype evaluation needs a one-Linear head on the features). FedClassAvg keeps the
 default: its SupCon loss works on the unactivated 512-d output.
 
-Dropout (GoogLeNet: 0.2 after the pool; AlexNet: 0.5 before its first Linear) is an option,
-``dropout``, off by default. Pass ``dropout=0.2`` / ``0.5`` for the published layers; their
-masks come from each client's own stream (``fedhet.training.dropout``), so such runs are
-reproducible for a seed and vectorize.
+Dropout is on as published (GoogLeNet: torchvision's 0.2 after the pool, which the authors keep
+when they replace ``fc``; AlexNet: the authors' 0.5 before its first Linear); the option
+``dropout`` sets its rate, and ``dropout=0`` leaves the layer out. Its masks come from each
+client's own stream (``fedhet.training.dropout``), so runs are reproducible for a seed and
+vectorize.
 
 ``norm`` ("bn" default, as published, or "gn" with ``gn_groups``, which must divide every
 channel count) applies to the ResNet, ShuffleNetV2 and GoogLeNet, which use BatchNorm; GoogLeNet

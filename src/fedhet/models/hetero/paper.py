@@ -233,17 +233,17 @@ def fca_googlenet(
     split: str,
     norm: str = "bn",
     gn_groups: int = 2,
-    dropout: float = 0.0,
+    dropout: float = 0.2,
     relu_features: bool = False,
 ) -> SplitModel:
     """torchvision GoogLeNet without auxiliary heads + ``fcin = Linear(1024, 512)`` + classifier.
 
     Stages: stem (7x7/2 conv 64, 3x3/2 max-pool, 1x1 conv 64, 3x3 conv 192, 3x3/2 max-pool; the
     pools use ``ceil_mode=True``), inception3 (3a, 3b, 3x3/2 pool), inception4 (4a..4e, 2x2/2
-    pool), inception5 (5a, 5b), pool (global average, flatten, then dropout: torchvision's 0.2
-    with ``dropout=0.2``, none by default, see the module docstring), fcin, classifier. Norms are
-    BatchNorm with eps 0.001 as torchvision's ``BasicConv2d``; ``transform_input`` is off, as in
-    torchvision without pretrained weights. Maps: 28x28 -> 14 -> 7 -> 3 -> 1 entering inception4,
+    pool), inception5 (5a, 5b), pool (global average, flatten, then torchvision's dropout of 0.2;
+    ``dropout=0`` leaves it out), fcin, classifier. Norms are BatchNorm with eps 0.001 as
+    torchvision's ``BasicConv2d``; ``transform_input`` is off, as in torchvision without
+    pretrained weights. Maps: 28x28 -> 14 -> 7 -> 3 -> 1 entering inception4,
     so inception4/5 run on 1x1 maps at FMNIST size (as in the authors' runs); 32x32 -> ... -> 2x2
     entering inception4, 1x1 entering inception5. The smallest valid input is 15x15.
     """
@@ -303,7 +303,7 @@ def fca_alexnet(
     num_classes: int,
     image_size: int,
     split: str,
-    dropout: float = 0.0,
+    dropout: float = 0.5,
     relu_features: bool = False,
 ) -> SplitModel:
     """The authors' ``alexnet_mnist(in_channels, 512)`` (hukla/FedClassAvg ``src/models.py``).
@@ -313,8 +313,8 @@ def fca_alexnet(
     3x3, flatten: 2304) -> fc (dropout, Linear(2304, 512), ReLU) -> fcin = Linear(512, 512) (the
     authors' ``fcout``, whose output is the feature) -> classifier. 28x28: 28 -> 29 -> 15 -> 3x3;
     32x32: 32 -> 33 -> 17 -> 3x3. The authors use the same model for 3-channel CIFAR-10.
-    The dropout before Linear(2304, 512) is the authors' 0.5 with ``dropout=0.5``, off by
-    default (module docstring). PyTorch default init throughout, as the authors'.
+    The dropout before Linear(2304, 512) is the authors' 0.5 (``dropout=0`` leaves it out).
+    PyTorch default init throughout, as the authors'.
     """
     # below 3 the map entering the 3x3 adaptive pool is smaller than 3x3 and cells get repeated
     require_min_size("fca_alexnet", image_size, 3)
