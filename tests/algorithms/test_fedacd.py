@@ -22,6 +22,7 @@ from fedhet.algorithms.fedacd import (
     pair_flattening_kl,
     probability_matrix,
     template_kl,
+    updated_probability_matrix,
 )
 from fedhet.core.contract import Batch, Forward, Message
 from fedhet.core.errors import ConfigError
@@ -63,6 +64,17 @@ def test_probability_matrix_divides_by_fractional_counts_below_one():
     sums = torch.tensor([[0.45, 0.3], [0.1, 0.15]], dtype=torch.float64)
     P = probability_matrix(sums, torch.tensor([0.75, 0.25], dtype=torch.float64))
     torch.testing.assert_close(P, torch.tensor([[0.6, 0.4], [0.4, 0.6]], dtype=torch.float64))
+
+
+def test_an_epoch_without_a_present_classs_samples_keeps_that_classs_row_of_the_previous_estimate():
+    """drop_last can drop every sample of a class the client holds: the epoch's statistics have no
+    count for it, and its row of P stays the previous estimate instead of turning to zeros (a
+    class "never predicted": log Delta at its clip, a perfect row in the score)."""
+    previous = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4]], dtype=torch.float64)
+    sums = torch.tensor([[1.2, 0.6, 0.2], [0.0, 0.0, 0.0], [0.1, 0.2, 0.7]], dtype=torch.float64)
+    P = updated_probability_matrix(previous, sums, torch.tensor([2.0, 0.0, 1.0], dtype=torch.float64))
+    expected = torch.tensor([[0.6, 0.3, 0.1], [0.1, 0.8, 0.1], [0.1, 0.2, 0.7]], dtype=torch.float64)
+    torch.testing.assert_close(P, expected)
 
 
 # --- L1: flattening ---------------------------------------------------------------------------
@@ -556,3 +568,12 @@ def test_every_epoch_trains_with_mixup_the_methods_parameters_and_a_partners_ter
     assert float(calls[0][0][1].log_delta.abs().max()) == pytest.approx(0.05)   # clipped (unclipped: ~0.1)
     P_last = probability_matrix(calls[1][2]["adjusted_ce.sums"], calls[1][2]["adjusted_ce.counts"])
     assert reply.scalars["kl"] == pytest.approx(template_kl(P_last, present, 0.9))
+
+
+def test_the_methods_defaults_are_the_papers_settings():
+    """FedACD (Zhou et al.) Sec. 4.1: "lambda is set as 1 and tau is set as 1 - 10^-5"; Input Mixup on
+    (the method as proposed; Table 5 ablates it) and score-weighted aggregation (Eq. 10-11;
+    FedACD_base is the uniform one, Table 8)."""
+    params = FedACD.Params()
+    assert (params.margin_weight, params.template_tau, params.mixup, params.weighting) == (1.0, 1 - 1e-5, True, "score")
+    assert FedACDBase.Params().weighting == "uniform"

@@ -7,8 +7,9 @@ is silent are marked [D] below.
 Local probability matrix (Sec. 4.1): ``P_ij`` = mean softmax probability of class j over the
 client's samples of class i. ``P_ii = 1 - eps_i``; rows of classes the client lacks are undefined.
 
-Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mixup
-(``lam L(x~, y_a) + (1 - lam) L(x~, y_b)``, [D] Beta(1, 1)):
+Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms on inputs mixed with
+``lam ~ Beta(1, 1)`` ([D]): L2 as ``lam L2(x~, y_a) + (1 - lam) L2(x~, y_b)``, L1 as
+``flatten_mixed`` says below:
 
 * L1, flattening (Eq. 7): ``KL(p || q)`` with the target ``q_y = p_y``, ``q_k = (1 - p_y)/(C - 1)``
   built from the detached prediction ([D] ``detach_target``), batch mean: the misclassified mass
@@ -32,8 +33,11 @@ Local objective ``L = L1 + lambda L2`` (Eq. 7-9, 11), both terms under input mix
   ``log Delta`` clipped to ``+-log_delta_clip`` ([D]).
 * When P is estimated ([D]): epoch 0 uses one no-grad pass of the received model over
   the client's un-mixed data (eval mode); every epoch accumulates the mixup-weighted softmax of
-  its training forwards (the term's statistics), and the next epoch uses that estimate. The
-  estimate of the last epoch gives the aggregation score (``score_from: training``); with
+  its training forwards (the term's statistics), and the next epoch uses that estimate. (The
+  paper uses mixup to make P's means over classes with few samples reliable (Sec. 3 and the
+  Input Mixup discussion of Table 5), so P is estimated on the mixed inputs; a mixed sample's
+  partner puts mass off the diagonal, so such a P stays less confident than one from un-mixed
+  inputs, and so does the score below.) The estimate of the last epoch gives the aggregation score (``score_from: training``); with
   ``score_from: clean`` the score's P comes instead from one no-grad pass of the trained local
   model over the client's un-mixed training data (eval mode), the P of the local model itself.
 
@@ -83,6 +87,14 @@ def probability_matrix(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     counts = counts.double()
     return torch.where(counts.unsqueeze(1) > 0, sums.double() / counts.clamp(min=1e-12).unsqueeze(1),
                        torch.zeros_like(sums, dtype=torch.float64))
+
+
+def updated_probability_matrix(previous: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The epoch's estimate of ``P`` from its statistics, keeping ``previous``'s row for a class the
+    epoch saw no sample of (all of them in a batch dropped by ``drop_last``): a zero row would read
+    as a class never predicted, ``log Delta`` at its clip and a perfect row in the score."""
+    seen = counts.to(previous.device) > 0
+    return torch.where(seen.unsqueeze(1), probability_matrix(sums, counts).to(previous.device), previous.double())
 
 
 def local_probability_matrix(model: torch.nn.Module, weights: Arrays, data: ClientData,
@@ -278,7 +290,8 @@ class FedACD(FedAvg):
             results.append(result)
             weights, optimizer_state = result.weights, result.optimizer_state
             if result.steps:           # an epoch with no step (fewer samples than a batch, drop_last) keeps P
-                P = probability_matrix(result.statistics["adjusted_ce.sums"], result.statistics["adjusted_ce.counts"])
+                P = updated_probability_matrix(P, result.statistics["adjusted_ce.sums"],
+                                               result.statistics["adjusted_ce.counts"])
         final = concatenate_results(results)
         if self.params.score_from == "clean" and present.any():
             P, _ = local_probability_matrix(client.model, weights, client.data, num_classes,
