@@ -468,3 +468,12 @@ def test_architectures_with_different_classifiers_are_refused_with_their_shapes(
     b = {**small_weights(), "head.w": torch.zeros(4, 2), "head.b": torch.zeros(4)}
     with pytest.raises(ValueError, match=r"same head.*\(4, 2\)"):
         FedClassAvg().init_server_state({"a": a, "b": b})
+
+
+def test_the_methods_defaults_are_the_papers_and_its_codes_settings():
+    """FedClassAvg (Jang et al.) Table 1, Fashion-MNIST: rho = 0.4662; the paper gives no SupCon
+    temperature, the authors' code uses SupConLoss(temperature=100, base_temperature=0.07); every
+    term of Eq. 4 on, the classifier alone averaged (Eq. 3), the code's pre-training epoch on."""
+    params = FedClassAvg.Params()
+    assert (params.rho, params.temperature, params.base_temperature) == (0.4662, 100.0, 0.07)
+    assert params.contrastive and params.proximal and params.pretrain and not params.average_body

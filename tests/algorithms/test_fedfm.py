@@ -877,3 +877,12 @@ def test_matching_term_is_added_for_any_positive_lambda_only(lam, expected):
         assert isinstance(terms[0], AnchorMatching)
         assert (terms[0].lam, terms[0].temperature, terms[0].kind) == (0.5, 0.5, "cg")
 
+
+
+def test_the_methods_defaults_are_the_papers_settings():
+    """FedFM (Ye et al.) Sec. VII-A: "for FedFM, lambda = 50.0 and T_s = 20", CG with alpha = 0.1 on
+    class-size-weighted anchors (Eq. 9) - what a config without algorithm.params runs."""
+    params = FedFM.Params()
+    assert (params.lam, params.temperature, params.start_round) == (50.0, 0.1, 20)
+    assert (params.matching, params.anchor_weighting) == ("cg", "weighted")
+    assert FedFMLite.Params().lam == 50.0
