@@ -385,8 +385,15 @@ def test_fedprox_fedfm_trains_on_both_terms(small_config):
     reply, cstate = algo.client_update(Message("anchors", {"model": state["model"]}), None, client)
     anchors, defined = aggregate_anchors(None, None, [(reply.arrays["anchors"]["mean"], reply.arrays["anchors"]["count"])])
     msg = Message("train", {"model": state["model"], "anchors": {"mean": anchors, "defined": defined}})
-    kinds = {type(t) for t in algo.local_terms(msg, None, client)}
-    assert {Proximal, AnchorMatching} <= kinds
+    terms = algo.local_terms(msg, None, client)
+    prox = next(t for t in terms if isinstance(t, Proximal))
+    match = next(t for t in terms if isinstance(t, AnchorMatching))
+    # each part's own settings reach its term: FedProx's mu around the received model, FedFM's
+    # lambda (default 50) against the aggregated anchors
+    assert prox.mu == 0.5 and prox.anchor.keys() == state["model"].keys()
+    assert all(torch.equal(prox.anchor[k], state["model"][k]) for k in prox.anchor)
+    assert match.lam == 50.0 and match.kind == "cg"
+    assert torch.equal(match.anchors, anchors) and torch.equal(match.defined, defined.bool())
 
 
 def test_fednova_composition_runs_both_phases(small_config):

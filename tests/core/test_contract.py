@@ -28,8 +28,10 @@ def test_weighted_average_hand_computed():
 
 
 def test_weighted_average_rejects_bad_weights():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be non-negative with a positive sum"):
         weighted_average([{"w": torch.zeros(1)}], [0])
+    with pytest.raises(ValueError, match="must be non-negative with a positive sum"):
+        weighted_average([{"w": torch.zeros(1)}, {"w": torch.ones(1)}], [2.0, -1.0])
 
 
 def test_fedavg_round_is_sample_size_weighted():

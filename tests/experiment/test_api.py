@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 import fedhet
-from fedhet.core.errors import ConfigError
+from fedhet.core.errors import CheckpointError, ConfigError
 from fedhet.experiment.rundir import read_metrics
 
 
@@ -114,7 +114,7 @@ def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_t
     loaded = fedhet.load(tmp_path / "r")
     assert loaded.summary == {} and loaded.rows == read_metrics(tmp_path / "r")
     assert repr(loaded) == f"Results({str(tmp_path / 'r')!r}, no summary, {len(loaded.rows)} rounds recorded)"
-    with pytest.raises(Exception, match="fedhet.load .*nothing does not exist"):
+    with pytest.raises(CheckpointError, match="fedhet.load .*nothing does not exist"):
         fedhet.load(tmp_path / "nothing")
     with pytest.raises(ConfigError, match="fedhet.load None is of type NoneType"):
         fedhet.load(None)

@@ -560,16 +560,25 @@ def test_fedcme_with_one_client_a_round_has_no_partner_and_is_refused(small_conf
     assert make_algorithm(load_config(raw=raw)).params.exchange == "none"
 
 
-def test_a_data_root_that_does_not_exist_is_named(small_config, tmp_path):
+def test_a_data_root_that_does_not_exist_is_named(small_config, tmp_path, monkeypatch):
+    import fedhet.data.federated as federated
+
     raw = cfg_of(small_config)
     raw["data"]["root"] = str(tmp_path / "no_such_folder")
     with pytest.raises(DataError, match="data.root .*no_such_folder is not a folder"):
         build_federation(load_config(raw=raw).data, seed=0)
-    raw["data"]["download"] = True          # a folder to download into: made by the download, not refused
-    try:                                    # (found elsewhere, downloaded, or not to be had here)
+    # with data.download the missing folder is where the download goes: handed to the loader, not refused
+    asked = []
+
+    def loader(dataset, root, download, verify):
+        asked.append((str(root), download))
+        raise DataError("stop here")
+
+    monkeypatch.setattr(federated, "load_splits", loader)
+    raw["data"]["download"] = True
+    with pytest.raises(DataError, match="stop here"):
         build_federation(load_config(raw=raw).data, seed=0)
-    except DataError as e:
-        assert "is not a folder" not in str(e)
+    assert asked == [(str(tmp_path / "no_such_folder"), True)]
 
 
 @pytest.mark.parametrize(("section", "key", "value"), [("train", "weight_decay", float("inf")),

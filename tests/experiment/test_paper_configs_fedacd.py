@@ -4,6 +4,7 @@ FedACD round runs on them."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -116,3 +117,7 @@ def test_one_fedacd_round_on_cifar10_files(data_root, tmp_path):
                                 "run.progress=false"])
     row = res.rows[-1]
     assert {"global_acc", "global_labeldist_acc", "local_risk", "local_kl", "fedacd_kl_mean"} <= set(row)
+    # the paper's three evaluations (Tables 1-3) and the scores' KL: error rates, and KL >= 0
+    assert all(0 <= row[k] <= 1 for k in ("global_acc", "global_labeldist_acc", "local_risk"))
+    assert math.isfinite(row["local_kl"]) and math.isfinite(row["fedacd_kl_mean"]) and row["fedacd_kl_mean"] > 0
+    assert 0 < row["fedacd_score_min"] <= row["fedacd_score_max"] < 1

@@ -386,7 +386,8 @@ def test_config_errors_speak_of_keys_and_say_the_fix(small_config, tmp_path):
 
 def test_impossible_partition_is_a_clear_error(small_config):
     raw = {**small_config, "data": {**small_config["data"], "num_clients": 500, "partition": {"kind": "dirichlet", "alpha": 0.5, "min_size": 10}}}
-    with pytest.raises(PartitionError):
+    with pytest.raises(PartitionError, match=r"dirichlet: 500 clients x min_size 10 needs at least 5000 samples "
+                                             r"but there are only \d+; use fewer clients or a smaller min_size"):
         build_federation(load_config(raw=raw).data, 0)
 
 
