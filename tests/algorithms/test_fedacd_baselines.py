@@ -63,6 +63,16 @@ def test_not_true_kl_hand_value_and_zero_for_equal_not_true_logits():
     pt = torch.softmax(torch.tensor([1.0, 0.0]) / tau, 0)
     expected = tau ** 2 * float((pt * (pt / ps).log()).sum())
     assert float(not_true_kl(s, t, torch.tensor([0]), tau)) == pytest.approx(expected, rel=1e-5)
+    # KL(teacher || student) (paper Eq. 5; the official KLDivLoss(student log-probs, teacher probs)):
+    # with three not-true classes whose distributions are not mirror images the direction shows.
+    # Not-true softmaxes at tau 1: student (0.2, 0.3, 0.5), teacher (0.6, 0.3, 0.1).
+    student = torch.tensor([[9.0, math.log(0.2), math.log(0.3), math.log(0.5)]])
+    teacher = torch.tensor([[-9.0, math.log(0.6), math.log(0.3), math.log(0.1)]])
+    teacher_first = 0.6 * math.log(0.6 / 0.2) + 0.3 * math.log(1.0) + 0.1 * math.log(0.1 / 0.5)
+    student_first = 0.2 * math.log(0.2 / 0.6) + 0.5 * math.log(0.5 / 0.1)
+    assert abs(teacher_first - student_first) > 0.05             # 0.498 against 0.585
+    value = float(not_true_kl(student, teacher, torch.tensor([0]), 1.0))
+    assert value == pytest.approx(teacher_first, rel=1e-5)
     # the true class's logit is free: teacher and student differing only there give 0
     assert float(not_true_kl(s, torch.tensor([[-9.0, 0.0, 1.0]]), torch.tensor([0]), tau)) == pytest.approx(0, abs=1e-7)
 
@@ -140,8 +150,13 @@ def test_fedrod_client_keeps_a_personal_head_and_is_evaluated_with_the_sum_of_he
     torch.testing.assert_close(view["head.fc2.weight"], weights["head.fc2.weight"] + personal["head.fc2.weight"])
     torch.testing.assert_close(view["body.conv1.0.weight"], weights["body.conv1.0.weight"])
     assert algo.global_model(loop.server_state) is weights          # the generic model is the global one
-    (term,) = FedROD().data_terms(Message("train"), None, runtime(loop, 2))
+    client = runtime(loop, 2)
+    (term,) = FedROD().data_terms(Message("train"), None, client)
     assert isinstance(term, OffsetCrossEntropy) and term.name == "balanced_ce"
+    # balanced softmax adds +log pi_c (the client's prior), not the logit adjustment's -log pi_c
+    counts = client.data.label_counts(client.num_classes)
+    torch.testing.assert_close(term.offset, log_prior(counts))
+    assert float(term.offset[counts.argmax()]) > float(term.offset[counts.argmin()])
 
 
 # --- FedNH ------------------------------------------------------------------------------------
