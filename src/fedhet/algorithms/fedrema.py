@@ -33,9 +33,11 @@ Decisions (where the paper and the official code differ or are silent):
 * MDS follows the code, not Algorithm 1's off-by-one: sort ``s_k`` ascending with the client
   itself last (``s_kk = 1``), take the gaps between neighbours, ignore the last gap (self vs. its
   most similar peer), cut at the largest remaining gap and keep everything above it. So ``A_k``
-  always holds ``k`` and its most similar peer. Ties go to the lowest gap (the largest set). When
-  no gap is positive (all peers equally similar) or there are fewer than three clients, every
-  uploaded client is relevant and the gap is 0.
+  always holds ``k`` and its most similar peer, and the gap ``Delta s*_k`` that Eq. 8 averages is
+  the largest of the other gaps, never the self-gap (where the self-gap is the largest, the
+  paper's text would average it, and the critical period would end at another round). Ties go
+  to the lowest gap (the largest set). When no gap is positive (all peers equally similar) or
+  there are fewer than three clients, every uploaded client is relevant and the gap is 0.
 * ``Delta s_bar`` is the mean over clients (Eq. 8 writes a sum; the ratio test of Eq. 9 is the
   same). While every gap so far is 0 the ratio is undefined and the CCP continues.
 * Classifier weights in Eq. 7 are sample sizes (the paper; the code uses uniform weights,
