@@ -374,6 +374,27 @@ def test_server_round_fedavg_body_retrained_head(cnn_client):
     assert algo.round_metrics(new) == {"creff_match_loss_start": start, "creff_match_loss_end": end}
 
 
+def test_features_are_matched_at_the_classifier_the_clients_took_their_gradients_at(cnn_client, monkeypatch):
+    """The gradients uploaded in round t are taken at the previous re-trained head (sent with the
+    model); the server matches features against that head, not the head it has just averaged."""
+    import fedhet.algorithms.creff as creff
+
+    seen = []
+    real = creff.match_features
+
+    def recording(features, real_w, real_b, present, head_w, head_b, *rest):
+        seen.append((head_w.clone(), None if head_b is None else head_b.clone()))
+        return real(features, real_w, real_b, present, head_w, head_b, *rest)
+
+    monkeypatch.setattr(creff, "match_features", recording)
+    _, state, phase, new, _ = server_round(cnn_client)
+    (head_w, head_b), = seen
+    assert torch.equal(head_w, state["creff_head"]["head.fc2.weight"])
+    assert torch.equal(head_b, state["creff_head"]["head.fc2.bias"])
+    assert torch.equal(head_w, phase[0].arrays["creff_head"]["head.fc2.weight"])
+    assert not torch.equal(head_w, new["model"]["head.fc2.weight"])          # not the round's average
+
+
 def test_server_retrains_the_classifier_on_the_federated_features(cnn_client):
     algo, _, _, new, _ = server_round(cnn_client)
     feats = new["creff_features"]
