@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -10,7 +11,7 @@ import threading
 import warnings
 from pathlib import Path
 
-from fedhet.core.errors import ConfigError, FedhetError, OutputError
+from fedhet.core.errors import ConfigError, FedhetError, OutputError, Terminated
 
 
 def _positive_int(text: str) -> int:
@@ -54,7 +55,12 @@ def _cmd_run(args) -> int:
         cfg = load_config(args.config, [*args.set, *([f"run.threads={args.threads}"] if args.threads else [])])
         exp = Experiment.create(cfg, args.out)
         print(f"run directory: {exp.run_dir}", file=sys.stderr)
-    exp.run(progress=False if args.no_progress else None)
+    try:
+        with _stop_after_the_round(exp):
+            exp.run(progress=False if args.no_progress else None)
+    except KeyboardInterrupt:
+        print(f"fedhet: {exp.stop_note()}", file=sys.stderr)
+        return 130
     print(compare([exp.run_dir], None, None))
     print(f"\nresults: {exp.run_dir}/summary.json, metrics.jsonl, accuracy.png")
     return 0
@@ -379,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "lanes' runs, such as the one an earlier call left, run)")
     sw.add_argument("--finish-by", type=float, metavar="SECONDS",
                     help="the sweep's time in seconds from its start (e.g. a compute window's): at the limit every "
-                         "run still going on is stopped (it records its summary and checkpoint; a later sweep "
-                         "resumes it) and none starts. Stopped runs do not fail the sweep (exit status 0). The "
+                         "run still going on is stopped (SIGTERM: it ends the round it is in, checkpoints it and "
+                         "records its summary; killed if that takes over 30 s, it keeps its last checkpoint; a "
+                         "later sweep resumes it) and none starts. Stopped runs do not fail the sweep (exit status 0). The "
                          "progress lines say when each running run should end at its pace")
     sw.add_argument("--skip-runs-that-cannot-finish", action="store_true",
                     help="with --finish-by: start no run that would end after the limit, by the seconds a round of "
@@ -462,7 +469,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _stop_after_the_round(exp):
+    """The first Ctrl-C or SIGTERM during a run lets its round end and checkpoints it (a stop in
+    mid-round would lose every round since the last checkpoint); the second stops at once. A
+    parallel engine's workers ignore Ctrl-C, so the round they train can end."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if exp.stop_requested is not None:
+            raise KeyboardInterrupt
+        exp.request_stop(f"{name} received")
+        if exp.rounds_recorded >= exp.cfg.train.rounds:
+            print(f"\nfedhet: {name}: every round is done, the summary is being written; {name} again stops at once",
+                  file=sys.stderr, flush=True)
+            return
+        kept = f"the last checkpoint is of round {exp.checkpointed_round}" if exp.checkpointed_round else "no checkpoint yet"
+        print(f"\nfedhet: {name}: stopping after round {exp.rounds_recorded + 1} of {exp.cfg.train.rounds}, which a "
+              f"checkpoint will keep; {name} again stops at once ({kept})", file=sys.stderr, flush=True)
+
+    # an ignored SIGINT stays ignored (a job started with `&` from a script, which Ctrl-C must not stop)
+    signals = [sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN]
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
 
 
 def _format_warning(message, category, filename, lineno, line=None) -> str:
@@ -490,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedhet: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fedhet: interrupted; recorded metrics are kept (resume with fedhet run --resume RUN_DIR)", file=sys.stderr)
+        print("fedhet: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader of the output has gone (`fedhet sweep FILE --list | head`): stop quietly, as other

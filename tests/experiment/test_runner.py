@@ -113,6 +113,9 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     run_killed_in_round(exp, monkeypatch, 3)   # rounds 1-3 recorded, checkpoint after round 2
     assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2, 3]
     assert json.loads((exp.run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert exp.stop_note() == (f"stopped during round 4 of 4; its checkpoint of round 2 keeps the run: fedhet run "
+                               f"--resume {exp.run_dir} goes on from round 3 (round 3 runs again: a checkpoint every "
+                               "2 rounds, run.checkpoint_every)")
 
     resumed = Experiment.resume(exp.run_dir)
     assert resumed.start_round == 2
@@ -121,6 +124,75 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     for k, v in full.loop.server_state["model"].items():
         assert torch.equal(v, resumed.loop.server_state["model"][k])
     assert resumed.summary["communication"] == full.summary["communication"]
+
+
+def test_a_stop_asked_for_ends_the_round_checkpoints_it_and_resumes_as_uninterrupted(small_config, tmp_path,
+                                                                                         monkeypatch):
+    """request_stop (fedhet run's first Ctrl-C or SIGTERM) in mid-round: that round ends, is recorded
+    and checkpointed though run.checkpoint_every is further off, and the run ends "interrupted"; a
+    resume goes on from the next round and ends with the uninterrupted run's metrics and model."""
+    cfg = dict(small_config, train={**small_config["train"], "rounds": 4},
+               run={**small_config["run"], "checkpoint_every": 10})
+    full = run(cfg, tmp_path / "full")
+    exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "cut")
+    real = exp.loop.run_round
+
+    def asked_during_round_2(rnd, *args):
+        if rnd == 1:
+            exp.request_stop("SIGTERM received")
+        return real(rnd, *args)
+
+    monkeypatch.setattr(exp.loop, "run_round", asked_during_round_2)
+    with pytest.raises(KeyboardInterrupt, match="^stopped after round 2: SIGTERM received\n"):
+        exp.run(progress=False)
+    assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2]
+    summary = json.loads((exp.run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["error"]) == ("interrupted", "stopped after round 2: SIGTERM received")
+    assert exp.stop_note() == (f"stopped after round 2 of 4; its checkpoint of round 2 keeps the run: fedhet run "
+                               f"--resume {exp.run_dir} goes on from round 3")
+    resumed = Experiment.resume(exp.run_dir)
+    assert resumed.start_round == 2
+    resumed.run(progress=False)
+    assert stable(read_metrics(resumed.run_dir)) == stable(read_metrics(full.run_dir))
+    for k, v in full.loop.server_state["model"].items():
+        assert torch.equal(v, resumed.loop.server_state["model"][k])
+
+
+def test_a_stop_asked_for_in_the_last_round_lets_the_run_complete(small_config, tmp_path):
+    exp = Experiment.create(load_config(raw=copy.deepcopy(small_config)), tmp_path / "last")
+    real = exp.loop.run_round
+
+    def asked_during_the_last_round(rnd, *args):
+        if rnd == 2:
+            exp.request_stop("SIGINT received")
+        return real(rnd, *args)
+
+    exp.loop.run_round = asked_during_the_last_round
+    assert exp.run(progress=False)["status"] == "completed"
+
+
+def test_the_command_lines_first_signal_asks_for_a_stop_and_the_second_stops_at_once(capsys):
+    """fedhet run's handlers: SIGTERM (or Ctrl-C) asks the run to stop after its round and says so;
+    the next signal, of either kind, raises KeyboardInterrupt; the handlers before come back."""
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from fedhet.cli import _stop_after_the_round
+
+    assert threading.current_thread() is threading.main_thread()      # where signal handlers run
+    exp = SimpleNamespace(stop_requested=None, rounds_recorded=3, checkpointed_round=2,
+                          cfg=SimpleNamespace(train=SimpleNamespace(rounds=10)))
+    exp.request_stop = lambda why: setattr(exp, "stop_requested", why)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with _stop_after_the_round(exp):
+            signal.raise_signal(signal.SIGTERM)
+            assert exp.stop_requested == "SIGTERM received"
+            assert ("fedhet: SIGTERM: stopping after round 4 of 10, which a checkpoint will keep; SIGTERM again "
+                    "stops at once (the last checkpoint is of round 2)") in capsys.readouterr().err
+            signal.raise_signal(signal.SIGINT)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
 def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(finished_run):

@@ -922,8 +922,11 @@ def test_sigterm_stops_a_background_sweep_and_its_runs_like_ctrl_c(tmp_path, sma
     import sys
     import time
 
+    import torch
+
     raw = copy.deepcopy(small_config)
     raw["train"]["rounds"] = 200
+    raw["run"]["checkpoint_every"] = 1000       # only the stop checkpoints
     (tmp_path / "long.yaml").write_text(yaml.safe_dump(raw))
     spec = {"name": "long", "out": str(tmp_path / "out"), "lanes": 1, "seeds": [0],
             "runs": [{"config": str(tmp_path / "long.yaml"), "tag": "fedavg"}]}
@@ -948,6 +951,12 @@ def test_sigterm_stops_a_background_sweep_and_its_runs_like_ctrl_c(tmp_path, sma
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["rounds_completed"] >= 1
     assert job_status(job) == "interrupted" and not (job.run_dir.parent / f"{job.name}.lock").exists()
+    # the run let its round end and checkpointed it
+    done = summary["rounds_completed"]
+    assert summary["error"] == f"stopped after round {done}: SIGTERM received"
+    assert torch.load(job.run_dir / "checkpoint.pt", weights_only=False)["round"] == done
+    log = (job.run_dir.parent / f"{job.name}.log").read_text()
+    assert f"fedhet: stopped after round {done} of 200; its checkpoint of round {done} keeps the run" in log, log[-2000:]
 
 
 def test_a_job_finished_by_another_sweep_after_this_one_started_is_not_run_again(tmp_path, small_config,

@@ -32,3 +32,8 @@ class NumericalError(FedhetError):
 
 class OutputError(FedhetError):
     """A run directory or output file cannot be created or written (full disk, permissions)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned by the command line into what Ctrl-C raises: a sweep tells it apart, since
+    a Ctrl-C in a terminal reaches its runs too and SIGTERM does not."""

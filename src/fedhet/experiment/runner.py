@@ -212,6 +212,9 @@ class Experiment:
         self.evaluator = evaluator or Experiment.evaluate_round
         self.checkpointer = checkpointer or Experiment.checkpoint
         self.start_round = 0                        # rounds already done (set by resume)
+        self.rounds_recorded = 0                    # rounds in metrics.jsonl
+        self.checkpointed_round = 0                 # the round of the last checkpoint (0: none)
+        self.stop_requested: str | None = None      # why the run stops after its round (request_stop)
         self.restored: dict | None = None           # the checkpoint a resume continues from
         # an extended run's old last round, whose evaluation its row keeps under EVALUATED_AS_LAST
         self.evaluation_set_aside: int | None = None
@@ -400,6 +403,7 @@ class Experiment:
         callbacks = [*self.callbacks, bar, *make_loggers(self)]
         t_run = time.perf_counter()
         status, error = "completed", None
+        self.rounds_recorded = self.checkpointed_round = self.start_round
         try:
             with strict_fp32(torch.device(self.built.device)):   # fp32 means fp32 on CUDA too: TF32 off
                 self.run_rounds(callbacks)
@@ -408,7 +412,7 @@ class Experiment:
             e.add_note(self._where_note())
             raise
         except KeyboardInterrupt as e:
-            status, error = "interrupted", "interrupted by the user"
+            status, error = "interrupted", str(e) or "interrupted by the user"
             e.add_note(self._where_note())
             raise
         except Exception as e:  # a bug or an unexpected failure: never recorded as "completed"
@@ -432,6 +436,25 @@ class Experiment:
             finally:
                 self.rundir.unlock()        # whatever failed above: the folder is free to resume
         return self.summary
+
+    def request_stop(self, why: str) -> None:
+        """Stop after the round now running: it is recorded and checkpointed, then the run ends
+        "interrupted" (KeyboardInterrupt), to go on from there with a resume. ``fedhet run`` asks
+        for it at the first Ctrl-C or SIGTERM."""
+        self.stop_requested = why
+
+    def stop_note(self, resume: str = "fedhet run --resume") -> str:
+        """Where an interrupted run stands and how ``resume RUN_DIR`` goes on: from its checkpoint."""
+        done, kept, total = self.rounds_recorded, self.checkpointed_round, self.cfg.train.rounds
+        where = (f"stopped after round {done} of {total}" if self.stop_requested and done == kept
+                 else f"stopped during round {done + 1} of {total}")
+        if not kept:
+            return f"{where}; no checkpoint yet: {resume} {self.run_dir} starts it again from round 1"
+        rerun = f"round {done} runs" if done == kept + 1 else f"rounds {kept + 1}-{done} run"
+        again = (f" ({rerun} again: a checkpoint every {self.cfg.run.checkpoint_every} rounds, "
+                 "run.checkpoint_every)" if done > kept else "")
+        return (f"{where}; its checkpoint of round {kept} keeps the run: {resume} {self.run_dir} "
+                f"goes on from round {kept + 1}{again}")
 
     def _where_note(self) -> str:
         # a run started from Python with the default, time-stamped folder: where its rounds are
@@ -477,10 +500,14 @@ class Experiment:
             for cb in callbacks:
                 cb.on_row(self, row)
             self.rundir.append_metrics(row)
+            self.rounds_recorded = done
             for cb in callbacks:
                 cb.on_row_written(self, row)
-            if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
+            if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds or self.stop_requested:
                 self.checkpointer(self, done)
+                self.checkpointed_round = done
+            if self.stop_requested and done < cfg.train.rounds:
+                raise KeyboardInterrupt(f"stopped after round {done}: {self.stop_requested}")
 
     def keep_local_model(self, cid: int, reply: Message, evaluating: bool = True) -> None:
         """Under ``eval.local_risk``, every round: check that ``cid``'s upload stands for its whole

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from fedhet.core.cpus import usable_cpus
-from fedhet.core.errors import ConfigError
+from fedhet.core.errors import ConfigError, Terminated
 from fedhet.experiment.config import RESUMABLE_CHANGES, override_key, parse_value, split_override
 from fedhet.experiment.summary import cpu_identity
 from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since, seconds_left
@@ -274,11 +274,12 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                     parts.append(f"{n} (round {recorded}{of}{ends})")
                 log(f"{time.strftime('%H:%M:%S')} {done}/{len(jobs)} completed; running: {', '.join(parts)}")
     except BaseException as e:
-        # A Ctrl-C in a terminal reached the runs too: give them time to record their state; then
-        # SIGTERM (`fedhet run` stops on it like after Ctrl-C: summary and checkpoints kept; a
-        # background job ignores SIGINT), and only then kill. `fedhet sweep` gets SIGTERM as
-        # KeyboardInterrupt too (fedhet.cli.main).
-        _stop([proc for _, proc, _ in running.values()], grace=10.0 if isinstance(e, KeyboardInterrupt) else 0.0)
+        # A Ctrl-C in a terminal reached the runs too, and each is ending its round to checkpoint it:
+        # give them time; then SIGTERM (a run's first signal lets its round end, a second stops it at
+        # once; a background job ignores SIGINT), and only then kill. `fedhet sweep` gets SIGTERM as
+        # Terminated, a KeyboardInterrupt that reached no run (fedhet.cli.main).
+        ctrl_c = isinstance(e, KeyboardInterrupt) and not isinstance(e, Terminated)
+        _stop([proc for _, proc, _ in running.values()], grace=30.0 if ctrl_c else 0.0)
         for job, _, _ in running.values():
             lock_path(job).unlink(missing_ok=True)
         log("sweep stopped: its running runs were stopped; run the same command again to resume them")
