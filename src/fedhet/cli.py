@@ -145,13 +145,13 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
     for job in jobs:
         status = statuses[job.name]
         guess = ""
-        if status == "stale":
-            stale += 1
-            guess = f"  [{stale_note(job)}]"
-        if status == "damaged":
-            guess = f"  [{DAMAGED_FIX}]"
         if job.name in why_broken:
             guess = f"  [its config does not load: {first_problem(why_broken[job.name])}]"
+        elif status == "stale":
+            stale += 1
+            guess = f"  [{stale_note(job)}]"
+        elif status == "damaged":
+            guess = f"  [{DAMAGED_FIX}]"
         elif would_start(status, retry_failed):
             to_run += 1
             if job.tag not in pace_by_tag:
@@ -181,13 +181,16 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
 
 def _cmd_sweep(args) -> int:
     from fedhet.experiment.sweep import adopt_runs, job_status, load_sweep, run_sweep, select_jobs, write_report
-    from fedhet.experiment.sweep.state import STALE_FIX
+    from fedhet.experiment.sweep.state import STALE_FIX, unloadable_jobs, unloadable_message
 
     sweep = load_sweep(args.sweep_file, out=args.out, lanes=args.lanes, extra_set=args.set)
     jobs = select_jobs(sweep, args.only)
     if args.list:
         _list_sweep(sweep, jobs, args.retry_failed)
         return 0
+    # a config that does not load (a typo in --set) makes no run stale and no table: refused first
+    if broken := unloadable_jobs(jobs, {j.name: job_status(j) for j in jobs}, args.retry_failed):
+        raise ConfigError(unloadable_message(broken))
     if args.adopt:
         for source in args.adopt:
             adopt_runs(sweep, source, log=lambda m: print(m, file=sys.stderr))

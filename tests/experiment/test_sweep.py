@@ -99,6 +99,17 @@ def test_command_line_set_applies_to_every_run_after_the_files_sets(tmp_path, sm
     assert "fedhet sweep " + str(path) + " --set train.rounds=1" in (sweep.out / "sweep.md").read_text()
     elsewhere = load_sweep(path, out=tmp_path / "elsewhere", extra_set=["train.rounds=1"])
     assert f"fedhet sweep {path} --out {tmp_path / 'elsewhere'} --set train.rounds=1" in write_report(elsewhere)
+    # a typo in a --set over the completed runs is a config error: no run is called stale, the
+    # table stays, nothing is advised deleted (every mode: run, --list, --table)
+    table = (sweep.out / "sweep.md").read_text()
+    capsys.readouterr()
+    for mode in ([], ["--list"], ["--table"]):
+        assert cli_main(["sweep", str(path), *mode, "--set", "train.rounds=1", "--set", "trian.lr=0.1"]) == 2
+        err = capsys.readouterr().err
+        assert "2 run(s) of the sweep have a config that does not load (fedavg_s0, fedprox_s0): fix the sweep " \
+               "file or the --set values" in err and "did you mean train?" in err and "delete" not in err, err
+    assert (sweep.out / "sweep.md").read_text() == table
+    assert all(job_status(j) == "completed" for j in sweep.jobs)
     # A resumed run takes the --set values of how it is carried out (not run.threads: the sweep's own),
     # so a run stopped on a GPU may go on on the CPU; other settings make a recorded run stale
     job = sweep.jobs[0]
@@ -542,15 +553,15 @@ def test_a_sweep_with_a_config_that_does_not_load_starts_no_run(tmp_path, small_
                        set=["train.rounds=1"])       # the run's own set comes after the file's: still -1
     assert cli_main(["sweep", str(path)]) == 2
     err = capsys.readouterr().err
-    assert "1 run(s) of the sweep have a config that does not load (broken_s0), so none starts; broken_s0: " \
-           "invalid config" in err
+    assert "1 run(s) of the sweep have a config that does not load (broken_s0): fix the sweep file or the --set " \
+           "values; no run starts and no run folder or table is touched. broken_s0: invalid config" in err
     assert "train.rounds: Input should be greater than or equal to 1" in err
     assert not (tmp_path / "out").exists()
     assert cli_main(["sweep", str(path), "--list"]) == 2
     captured = capsys.readouterr()
     assert "broken_s0  <- " in captured.out and "[its config does not load: train.rounds: Input should be greater " \
         "than or equal to 1]" in captured.out
-    assert "1 run(s) of the sweep have a config that does not load (broken_s0), so none starts" in captured.err
+    assert "1 run(s) of the sweep have a config that does not load (broken_s0): fix the sweep file" in captured.err
 
 
 def test_a_sweeps_runs_import_a_users_method_as_fedhet_run_does(tmp_path, small_config, monkeypatch):

@@ -75,16 +75,19 @@ def config_error(job: Job) -> str | None:
 
 def unloadable_jobs(jobs: list[Job], status: dict[str, str], retry_failed: bool) -> list[tuple[Job, str]]:
     """The jobs a sweep would start (by their ``status``, :func:`job_status` by name) whose config
-    does not load, each with why."""
+    does not load, each with why; and the runs "stale" only because of that (a typo in a --set):
+    no run of another config, nothing to delete."""
     return [(job, why) for job in jobs
-            if would_start(status[job.name], retry_failed) and (why := config_error(job))]
+            if (would_start(status[job.name], retry_failed) or status[job.name] == "stale")
+            and (why := config_error(job))]
 
 
 def unloadable_message(broken: list[tuple[Job, str]]) -> str:
     """One error for a sweep with ``broken`` jobs (:func:`unloadable_jobs`): none starts."""
     names = [job.name for job, _ in broken]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
-    return (f"{len(broken)} run(s) of the sweep have a config that does not load ({shown}), so none starts; "
+    return (f"{len(broken)} run(s) of the sweep have a config that does not load ({shown}): fix the sweep file "
+            f"or the --set values; no run starts and no run folder or table is touched. "
             f"{broken[0][0].name}: {broken[0][1]}")
 
 
