@@ -159,6 +159,25 @@ def test_fedhet_data_env_and_home_cache_are_searched(tmp_path, monkeypatch):
     assert torch.equal(load_dataset("mnist").x[:, 0], torch.from_numpy(x_env))
 
 
+def test_a_root_that_holds_no_files_is_said_when_they_are_found_elsewhere(tmp_path, monkeypatch):
+    """A run's config records its data.root: loading from another place without a word would leave
+    the record wrong. Found in the root, or in a folder under it, nothing is said."""
+    import warnings
+
+    x_env, _ = write_mnist(tmp_path / "env" / "mnist", seed=4)
+    monkeypatch.setenv("FEDHET_DATA", str(tmp_path / "env"))
+    (tmp_path / "empty").mkdir()
+    with pytest.warns(RuntimeWarning, match=f"data.root {tmp_path / 'empty'} holds no mnist \\(train split\\) "
+                                            f"files, in it or in its mnist/ folder: they were loaded from "
+                                            f"{tmp_path / 'env' / 'mnist'}, the next place searched"):
+        assert torch.equal(load_dataset("mnist", tmp_path / "empty").x[:, 0], torch.from_numpy(x_env))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_dataset("mnist", tmp_path / "env")            # under the root: its mnist/ folder
+        load_dataset("mnist", tmp_path / "env" / "mnist")  # the root itself
+        load_dataset("mnist")                              # no root given
+
+
 def test_both_splits_come_from_the_folder_that_holds_the_training_files(tmp_path, monkeypatch):
     """A copy of the training files in FEDHET_DATA and the test files elsewhere (the system's): a
     run must not train on one copy and test on another, so the split is refused, naming the folder."""

@@ -52,6 +52,7 @@ disables the check.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,12 @@ def _find(name: str, split: str, root: str | os.PathLike | None, download: bool)
     for d in dirs:
         found = finder(name, d, split)
         if found is not None:
+            if root is not None and not d.is_relative_to(Path(root).expanduser()):
+                # a root given and passed over: said, since the run's config records that root
+                warnings.warn(f"data.root {root} holds no {name} ({split} split) files, in it or in its {name}/ "
+                              f"folder: they were loaded from {d}, the next place searched. Point data.root at "
+                              "the folder that holds them, or drop data.root to search the usual places",
+                              RuntimeWarning, stacklevel=3)
             return found, d
     if download and name in _DOWNLOADS:
         target = _download(name, root)
