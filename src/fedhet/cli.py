@@ -38,13 +38,28 @@ def _cmd_run(args) -> int:
     from fedhet.experiment.report import compare
     from fedhet.experiment.runner import Experiment
 
+    if args.threads and any(item.split("=", 1)[0].strip() == "run.threads" for item in args.set):
+        raise FedhetError("run.threads is given twice, as --threads and as --set run.threads: give it once")
     if args.resume is not None:
         if args.config:
             raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG")
+        if args.out:
+            raise FedhetError(f"--resume continues the run in its own folder ({args.resume}); --out does not apply: "
+                              "copy the folder first to continue a copy elsewhere")
         # --set only for how the run is carried out (run.device, run.engine...): Experiment.resume checks
         exp = Experiment.resume(args.resume, threads=args.threads, run_settings=args.set)
-        print(f"resuming {exp.run_dir} after round {exp.start_round}" if exp.start_round else
-              f"{exp.run_dir} has no checkpoint: the run starts again from round 1", file=sys.stderr)
+        total = exp.cfg.train.rounds
+        planned = (exp.restored or {}).get("config", {}).get("train", {}).get("rounds")
+        if not exp.start_round:
+            said = f"{exp.run_dir} has no checkpoint: the run starts again from round 1"
+        elif exp.start_round >= total:
+            said = (f"{exp.run_dir} has all its {total} rounds: its summary and plot are written again "
+                    "(--set train.rounds=N extends it)")
+        elif planned == exp.start_round:
+            said = f"extending {exp.run_dir} from {exp.start_round} to {total} rounds"
+        else:
+            said = f"resuming {exp.run_dir} after round {exp.start_round} of {total}"
+        print(said, file=sys.stderr)
         if (note := exp.set_aside_note()) is not None:
             print(note, file=sys.stderr)
     else:
@@ -248,7 +263,8 @@ def _cmd_features(args) -> int:
                           round=args.round)
     print(f"{rep['run']} round {rep['round']} ({rep['algorithm']}, {rep['samples']} test samples): "
           f"NMI {rep['feature_nmi']:.4f}, silhouette {rep['feature_silhouette']:.4f}")
-    print(f"wrote features_round{rep['round']}.json" + (f" and {Path(rep['plot']).name}" if "plot" in rep else ""))
+    written = Path(rep["run"]) / f"features_round{rep['round']}.json"
+    print(f"wrote {written}" + (f" and {Path(rep['plot']).name} beside it" if "plot" in rep else ""))
     return 0
 
 
@@ -304,14 +320,23 @@ def _describe_method(name: str) -> None:
 
 
 def _cmd_list(args) -> int:
-    if args.method:
-        _describe_method(args.method)
-        return 0
     from fedhet.algorithms import ALGORITHMS
     from fedhet.data.datasets import DATASET_NAMES
     from fedhet.data.partition import PARTITIONS
     from fedhet.models import MODEL_NAMES
 
+    if args.method:
+        if args.method not in ALGORITHMS:
+            # a model's, dataset's or partition's name (or the word itself): not a method
+            kinds = [("a model", "models", MODEL_NAMES), ("a dataset", "datasets", DATASET_NAMES),
+                     ("a partition kind", "partitions", [*PARTITIONS, "natural"])]
+            for one, many, names in kinds:
+                if args.method in names or args.method == many:
+                    what = one if args.method in names else "not a method"
+                    raise ConfigError(f"fedhet list NAME describes a method's parameters and {args.method} is "
+                                      f"{what}: fedhet list, without a NAME, lists the {many}")
+        _describe_method(args.method)
+        return 0
     print("algorithms (algorithm.name; combine FedAvg-family ones with '+', e.g. fedprox+fedfm):")
     width = max(map(len, ALGORITHMS))
     for name in sorted(ALGORITHMS):
@@ -330,8 +355,19 @@ def _cmd_flower(args) -> int:
     return cli(args)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedhet")
+    except PackageNotFoundError:       # a source tree on PYTHONPATH, not installed
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="fedhet", description="Federated learning under data heterogeneity.")
+    p = argparse.ArgumentParser(prog="fedhet", description="Federated learning under data heterogeneity.",
+                                epilog="A run goes on from its checkpoint with fedhet run --resume RUN_DIR.")
+    p.add_argument("--version", action="version", version=f"fedhet {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run an experiment from a YAML config")
@@ -340,13 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config value, e.g. --set train.rounds=5 (repeatable); with --resume only "
                         "how the run is carried out, e.g. --set run.device=cpu, and a raised train.rounds, which "
                         "extends a finished run")
-    r.add_argument("--out", help="run directory (default: runs/<name>-s<seed>-<time>)")
+    r.add_argument("--out", help="run directory (default: <run.out_dir>/<name>-s<seed>-<time>)")
     r.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint (or "
                                                         "extend a finished one: --set train.rounds=N)")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.add_argument("--threads", type=_positive_int,
-                   help="run.threads: torch intra-op threads and the CPU budget engine: auto picks workers "
-                        "within (also on --resume)")
+                   help="run.threads: the torch threads of the run, and the CPU budget within which engine: auto "
+                        "picks its workers (also on --resume)")
     r.set_defaults(func=_cmd_run)
 
     pa = sub.add_parser("partition", help="print per-client label counts and write a client x class heatmap")
@@ -519,6 +555,11 @@ _python_format_warning = warnings.formatwarning
 
 
 def main(argv: list[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given[:1] == ["resume"]:           # what a user of other tools types first
+        print("fedhet: error: there is no resume command: fedhet run --resume RUN_DIR continues a run from its "
+              "checkpoint (fedhet flower run --resume RUN_DIR a Flower one)", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     warnings.formatwarning = _format_warning
     # SIGTERM (kill, a scheduler, a sweep stopping its runs) stops like Ctrl-C: the run records

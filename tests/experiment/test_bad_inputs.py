@@ -997,3 +997,42 @@ def test_a_compare_plot_of_groups_with_different_headlines_names_each_lines_metr
     assert drawn == [(["other: personal_acc", "tiny: global_acc"], "headline metric")]
     table.compare([a], None, tmp_path / "c.png")                     # one headline: named on the axis
     assert drawn[1] == (["tiny"], "global_acc")
+
+
+def test_a_misspelt_model_or_dataset_name_gets_the_nearest_name():
+    from fedhet.data.datasets import load_dataset
+    from fedhet.models import build_model
+
+    with pytest.raises(ValueError, match=r"^unknown model 'cnn3' \(did you mean cnn2\?\); valid models: cnn2, "):
+        build_model("cnn3", 1, 10, 28)
+    with pytest.raises(ValueError, match=r"^unknown model 'zzz'; valid models"):
+        build_model("zzz", 1, 10, 28)
+    for typed in ("fashionmnist", "Fashion-MNIST"):
+        with pytest.raises(DataError, match=rf"^unknown dataset '{typed}' \(did you mean fashion_mnist\?\)"):
+            load_dataset(typed)
+
+
+def test_command_line_options_that_would_be_ignored_or_given_twice_are_refused(tmp_path, capsys):
+    from fedhet.cli import main
+
+    assert main(["run", "--resume", str(tmp_path / "r"), "--out", str(tmp_path / "elsewhere")]) == 2
+    assert f"--resume continues the run in its own folder ({tmp_path / 'r'}); --out does not apply" in \
+        capsys.readouterr().err
+    assert main(["run", "configs/quickstart.yaml", "--threads", "1", "--set", "run.threads=2"]) == 2
+    assert "run.threads is given twice, as --threads and as --set run.threads: give it once" in capsys.readouterr().err
+    assert main(["resume", str(tmp_path / "r")]) == 2
+    assert "there is no resume command: fedhet run --resume RUN_DIR continues a run" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("fedhet ")
+
+
+@pytest.mark.parametrize(("name", "said"), [("cnn2", "cnn2 is a model: fedhet list, without a NAME, lists the models"),
+                                            ("dirichlet", "dirichlet is a partition kind"),
+                                            ("fashion_mnist", "fashion_mnist is a dataset"),
+                                            ("datasets", "datasets is not a method")])
+def test_fedhet_list_of_a_name_that_is_no_method_says_what_it_is(name, said, capsys):
+    from fedhet.cli import main
+
+    assert main(["list", name]) == 2
+    assert f"fedhet list NAME describes a method's parameters and {said}" in capsys.readouterr().err

@@ -264,7 +264,12 @@ def test_an_extended_run_sets_aside_its_old_last_rounds_evaluation_and_summarize
     raw["train"]["rounds"] = 3
     Experiment.create(load_config(raw=raw), tmp_path / "extended").run(progress=False)
     assert main(["run", "--resume", str(tmp_path / "extended"), "--set", "train.rounds=6", "--no-progress"]) == 0
-    assert "round 3 was evaluated as the last round; a run of 6 rounds evaluates every 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "round 3 was evaluated as the last round; a run of 6 rounds evaluates every 2" in err
+    assert f"extending {tmp_path / 'extended'} from 3 to 6 rounds" in err
+    assert main(["run", "--resume", str(tmp_path / "extended"), "--no-progress"]) == 0      # nothing left to run
+    assert (f"{tmp_path / 'extended'} has all its 6 rounds: its summary and plot are written again "
+            "(--set train.rounds=N extends it)") in capsys.readouterr().err
     raw["train"]["rounds"] = 6
     Experiment.create(load_config(raw=raw), tmp_path / "fresh").run(progress=False)
     rows = {name: [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / name)]
@@ -282,7 +287,8 @@ def test_an_extended_run_sets_aside_its_old_last_rounds_evaluation_and_summarize
     monkeypatch.undo()
     capsys.readouterr()
     assert main(["run", "--resume", str(tmp_path / "killed"), "--no-progress"]) == 0
-    assert "evaluated as the last round" not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "evaluated as the last round" not in err and f"resuming {tmp_path / 'killed'} after round 3 of 6" in err
     assert [{k: v for k, v in r.items() if k != "seconds"} for r in read_metrics(tmp_path / "killed")] == rows["fresh"]
 
 

@@ -6,6 +6,7 @@ valid choices in the message; config-level callers turn it into ``ConfigError``.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import warnings
 from collections.abc import Callable
@@ -79,7 +80,9 @@ __all__ = [
 
 def _entry(name: str) -> _Entry:
     if name not in _MODELS:
-        raise ValueError(f"unknown model {name!r}; valid models: {', '.join(MODEL_NAMES)}")
+        near = difflib.get_close_matches(str(name).lower(), list(_MODELS), n=1)
+        raise ValueError(f"unknown model {name!r}{f' (did you mean {near[0]}?)' if near else ''}; "
+                         f"valid models: {', '.join(MODEL_NAMES)}")
     return _MODELS[name]
 
 
