@@ -387,7 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pa = sub.add_parser("partition", help="print per-client label counts and write a client x class heatmap")
     pa.add_argument("config")
-    pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pa.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config value, e.g. --set data.partition.alpha=0.1 (repeatable)")
     pa.add_argument("--out", help="heatmap PNG path (default: <run.out_dir>/<name>-partition.png)")
     pa.set_defaults(func=_cmd_partition)
 

@@ -176,6 +176,20 @@ def test_a_key_given_twice_in_a_yaml_file_is_an_error(small_config, tmp_path):
         load_config(path)
 
 
+def test_a_yaml_error_names_the_files_line_and_column_and_a_tab_gets_its_fix(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("name: x\ntrain:\n\trounds: 2\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    first = str(caught.value).splitlines()[0]
+    assert first == (f"{path} is not valid YAML: line 3, column 1: found character '\\t' that cannot start any "
+                     "token (while scanning for the next token); YAML indents with spaces, not tabs")
+    assert "unicode string" not in str(caught.value)
+    path.write_text("name: x\ntrain: {rounds: 2\n")
+    with pytest.raises(ConfigError, match=r"c.yaml is not valid YAML: line 3, column 1: expected ',' or '}'"):
+        load_config(path)
+
+
 def test_numbers_in_exponent_form_are_numbers():
     assert parse_yaml("a: 5e-1\nb: 1e3\nc: 1.5e-2\nd: 2e") == {"a": 0.5, "b": 1000.0, "c": 0.015, "d": "2e"}
 
@@ -1036,3 +1050,12 @@ def test_fedhet_list_of_a_name_that_is_no_method_says_what_it_is(name, said, cap
 
     assert main(["list", name]) == 2
     assert f"fedhet list NAME describes a method's parameters and {said}" in capsys.readouterr().err
+
+
+def test_a_kind_changed_alone_names_the_parameters_left_from_the_other_kind(small_config):
+    """--set data.partition.kind=... keeps the section's other keys: the error says to give the whole section."""
+    raw = cfg_of(small_config)
+    cfg = load_config(raw=raw, overrides=["data.partition.kind=iid"])
+    with pytest.raises(PartitionError, match=r"partition 'iid': unknown parameter\(s\) alpha, min_size; .*give the "
+                                             r"whole section, e.g. --set 'data.partition=\{kind: iid, \.\.\.\}'"):
+        build_federation(cfg.data, cfg.seed)

@@ -99,4 +99,19 @@ def read_yaml(path: Path, what: str) -> Any:
     try:
         return parse_yaml(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
+
+
+def yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error as one line with its line and column in the file (PyYAML names the file
+    ``<unicode string>``), the text it stopped at, and the usual fix for a tab."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None)
+    if mark is None or problem is None:
+        return str(e)
+    context = getattr(e, "context", None)
+    said = f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")
+    if "'\\t'" in problem:
+        said += "; YAML indents with spaces, not tabs"
+    snippet = mark.get_snippet()
+    return said + (f"\n{snippet}" if snippet else "")

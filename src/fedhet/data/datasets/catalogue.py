@@ -94,7 +94,7 @@ _SYSTEM_DIRS = {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")}
 
 
 def _how_to_get(name: str) -> str:
-    return _HOW_TO_GET[name] + (" / set data.download: true ({'data.download': True} among fedhet.run's overrides, download=True for load_dataset)" if name in _DOWNLOADS else "")
+    return _HOW_TO_GET[name] + (" / set data.download: true (--set data.download=true on the command line, {'data.download': True} among fedhet.run's overrides, download=True for load_dataset)" if name in _DOWNLOADS else "")
 
 
 def _check_name(name: object) -> _Info:

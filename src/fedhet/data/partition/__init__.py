@@ -122,7 +122,9 @@ def partition(
     unknown = [] if takes_any else sorted(set(params) - set(names))
     if unknown:
         raise PartitionError(
-            f"partition {kind!r}: unknown parameter(s) {', '.join(unknown)}; accepted: {listing}"
+            f"partition {kind!r}: unknown parameter(s) {', '.join(unknown)}; accepted: {listing} (another kind's "
+            "parameters stay when only data.partition.kind changes: give the whole section, e.g. --set "
+            f"'data.partition={{kind: {kind}, ...}}')"
         )
     missing = [p.name for p in accepted if p.default is p.empty and p.name not in params]
     if missing:
