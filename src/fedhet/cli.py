@@ -38,8 +38,11 @@ def _cmd_run(args) -> int:
     from fedhet.experiment.report import compare
     from fedhet.experiment.runner import Experiment
 
-    if args.threads and any(item.split("=", 1)[0].strip() == "run.threads" for item in args.set):
-        raise FedhetError("run.threads is given twice, as --threads and as --set run.threads: give it once")
+    given = [value.strip() for key, value in (item.split("=", 1) for item in args.set if "=" in item)
+             if key.strip() == "run.threads"]
+    if args.threads and any(value != str(args.threads) for value in given):
+        raise FedhetError(f"run.threads is given twice, as --threads {args.threads} and as --set "
+                          f"run.threads={given[-1]}: give it once")
     if args.resume is not None:
         if args.config:
             raise FedhetError("--resume continues a run with its recorded config; do not pass a CONFIG")

@@ -1033,7 +1033,8 @@ def test_command_line_options_that_would_be_ignored_or_given_twice_are_refused(t
     assert f"--resume continues the run in its own folder ({tmp_path / 'r'}); --out does not apply" in \
         capsys.readouterr().err
     assert main(["run", "configs/quickstart.yaml", "--threads", "1", "--set", "run.threads=2"]) == 2
-    assert "run.threads is given twice, as --threads and as --set run.threads: give it once" in capsys.readouterr().err
+    assert "run.threads is given twice, as --threads 1 and as --set run.threads=2: give it once" in \
+        capsys.readouterr().err
     assert main(["resume", str(tmp_path / "r")]) == 2
     assert "there is no resume command: fedhet run --resume RUN_DIR continues a run" in capsys.readouterr().err
     with pytest.raises(SystemExit) as done:
@@ -1059,3 +1060,40 @@ def test_a_kind_changed_alone_names_the_parameters_left_from_the_other_kind(smal
     with pytest.raises(PartitionError, match=r"partition 'iid': unknown parameter\(s\) alpha, min_size; .*give the "
                                              r"whole section, e.g. --set 'data.partition=\{kind: iid, \.\.\.\}'"):
         build_federation(cfg.data, cfg.seed)
+
+
+def test_sigterm_to_every_process_of_a_parallel_run_lets_its_round_end(small_config, tmp_path):
+    """A service manager's stop sends SIGTERM to the run and its workers at once: the workers
+    ignore it and finish the round, which the run records and checkpoints before it stops."""
+    import json
+    import os
+    import signal
+    import time
+
+    import torch
+
+    from fedhet.experiment.runner import read_metrics
+
+    raw = cfg_of(small_config, run={**small_config["run"], "engine": "parallel", "workers": 2, "checkpoint_every": 1000})
+    raw["train"].update(rounds=200)
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    run_dir = tmp_path / "r"
+    proc = subprocess.Popen([sys.executable, "-m", "fedhet.cli", "run", str(path), "--out", str(run_dir),
+                             "--no-progress", "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        end = time.monotonic() + 240
+        while not (run_dir / "metrics.jsonl").is_file() or not read_metrics(run_dir):
+            assert time.monotonic() < end and proc.poll() is None, "the run never finished a round"
+            time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "Traceback" not in out, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    done = summary["rounds_completed"]
+    assert (summary["status"], summary["error"]) == ("interrupted", f"stopped after round {done}: SIGTERM received")
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["round"] == done

@@ -156,10 +156,11 @@ _STOP = b"stop"
 def _worker_main(host: ClientHost, conn, inherited) -> None:
     for c in inherited:          # other workers' pipe ends: closing them lets EOF mean "parent gone"
         c.close()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the parent's to handle
-    # The parent's SIGTERM handler (fedhet.cli: stop like Ctrl-C) is inherited by the fork; a worker
-    # the parent terminates (after another worker's error) just ends, without printing a traceback.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Ctrl-C and SIGTERM are the parent's to handle, also when sent to every process (a terminal's
+    # Ctrl-C, a service manager's stop): the parent lets the round end (fedhet.cli), which needs its
+    # workers. A worker ends on the parent's "stop", at the parent's end (EOF) or killed by it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
     table: list = []
     table_ids: dict[int, int] = {}
@@ -245,7 +246,8 @@ class Forked(Transport):
         return pool
 
     def close(self, wait: bool = True) -> None:
-        """Stop the worker processes (``wait``: let them finish; else terminate at once)."""
+        """Stop the worker processes (``wait``: let them finish; else kill them at once: they ignore
+        SIGTERM)."""
         pool, self._pool = self._pool, None
         if not pool:
             return
@@ -259,7 +261,7 @@ class Forked(Transport):
             if wait:
                 w.process.join(timeout=5)
             if w.process.is_alive():
-                w.process.terminate()
+                w.process.kill()
                 w.process.join(timeout=5)
             w.conn.close()
 

@@ -416,6 +416,12 @@ class Experiment:
             e.add_note(self._where_note())
             raise
         except Exception as e:  # a bug or an unexpected failure: never recorded as "completed"
+            if self.stop_requested:
+                # the stop reached the engine too (a SIGTERM to every process: its workers are gone)
+                status = "interrupted"
+                error = (f"{self.stop_requested}; round {self.rounds_recorded + 1} could not end: "
+                         f"{type(e).__name__}: {e}")
+                raise KeyboardInterrupt(error) from e
             status, error = "failed", f"{type(e).__name__}: {e}"
             e.add_note(self._where_note())
             raise
