@@ -30,6 +30,7 @@ from fedhet.experiment.sweep import (
     rows_since,
     run_sweep,
     seconds_left,
+    sweep_threads,
     write_report,
 )
 from fedhet.experiment.sweep.pace import duration
@@ -1014,3 +1015,19 @@ def test_reading_runs_never_imports_torch(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "completed" in out.stdout and "| fedavg" in out.stdout, out.stdout[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "no torch", out.stdout[-2000:]
+
+
+def test_a_configs_own_run_threads_giving_way_to_the_lanes_share_is_said(tmp_path, small_config):
+    raw = copy.deepcopy(small_config)
+    raw["run"]["threads"] = 3
+    (tmp_path / "own.yaml").write_text(yaml.safe_dump(raw))
+    spec = {"name": "own", "out": str(tmp_path / "out"), "lanes": 1, "seeds": [0], "set": ["train.rounds=1"],
+            "runs": [{"config": str(tmp_path / "own.yaml"), "tag": "fedavg"}]}
+    (tmp_path / "own.sweep.yaml").write_text(yaml.safe_dump(spec))
+    sweep = load_sweep(tmp_path / "own.sweep.yaml")
+    messages: list[str] = []
+    assert run_sweep(sweep, log=messages.append, poll_seconds=0.2) == {"fedavg_s0": "completed"}
+    threads = sweep_threads(sweep)
+    assert (f"run.threads of {tmp_path / 'own.yaml'} is replaced by the sweep's {threads} a run (its lanes' share "
+            "of the CPUs); fedhet sweep FILE --set run.threads=N chooses another") in messages, messages
+    assert load_config(sweep.jobs[0].run_dir / "config.yaml").run.threads == threads

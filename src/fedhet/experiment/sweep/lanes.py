@@ -152,6 +152,10 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     chosen = f" (--only {', '.join(dict.fromkeys(only))}: {len(jobs)} of {len(sweep.jobs)})" if only else ""
     log(f"sweep {sweep.name}: {len(jobs)} runs{chosen}, {skipped or 'none'} left alone, {len(todo)} to run "
         f"in {sweep.lanes} lane(s) of {threads} thread(s); output {sweep.out}")
+    own = sorted({str(j.config) for j in todo if current_config(j).run.threads not in (None, threads)})
+    if own:       # a config's own run.threads gives way to the lanes' share, said rather than silently
+        log(f"run.threads of {', '.join(own)} is replaced by the sweep's {threads} a run (its lanes' share of "
+            "the CPUs); fedhet sweep FILE --set run.threads=N chooses another")
     cpu = cpu_identity()
     running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
     rows_before: dict[str, list[dict]] = {}     # what a run had recorded when this sweep started it
