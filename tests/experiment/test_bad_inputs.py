@@ -1098,3 +1098,36 @@ def test_sigterm_to_every_process_of_a_parallel_run_lets_its_round_end(small_con
     done = summary["rounds_completed"]
     assert (summary["status"], summary["error"]) == ("interrupted", f"stopped after round {done}: SIGTERM received")
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["round"] == done
+
+
+def test_settings_that_would_do_nothing_alone_are_refused(small_config):
+    """Each of these means something only beside another setting: given alone it would be ignored."""
+    from fedhet.experiment.build import algorithm_and_federation
+
+    for overrides, said in [
+        (["train.betas=[0.5, 0.9]"], "train.betas are Adam's; with optimizer: sgd they would do nothing"),
+        (["run.client_state_store=disk", "run.client_state_memory_mb=5"],
+         "run.client_state_memory_mb is the budget of client_state_store: auto; the store 'disk' keeps every "
+         "state on disk"),
+        (["run.mlflow_tracking_uri=http://x"], "run.mlflow_tracking_uri is where the mlflow logger writes, and "
+                                               "run.loggers does not list mlflow"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            load_config(raw=cfg_of(small_config), overrides=overrides)
+    load_config(raw=cfg_of(small_config), overrides=["train.optimizer=adam", "train.betas=[0.5, 0.9]"])
+    cfg = load_config(raw=cfg_of(small_config), overrides=["algorithm.name=local", "eval.features_every=1"])
+    with pytest.raises(ConfigError, match="eval.features_every: the feature-space metrics are of the global model, "
+                                          "and local has none"):
+        algorithm_and_federation(cfg)
+
+
+def test_more_threads_than_usable_cpus_is_said(small_config, monkeypatch):
+    import fedhet.experiment.build as build_module
+
+    monkeypatch.setattr(build_module, "usable_cpus", lambda: 2)
+    before = torch.get_num_threads()
+    try:
+        with pytest.warns(UserWarning, match="run.threads 3 is more than the 2 CPU\\(s\\) this process may use"):
+            build_module.configure_process(load_config(raw=cfg_of(small_config), overrides=["run.threads=3"]))
+    finally:
+        torch.set_num_threads(before)

@@ -2,6 +2,7 @@
 
 import copy
 import json
+import warnings
 
 import pytest
 import torch
@@ -89,7 +90,14 @@ def test_precision_and_capability_are_recorded(small_config, tmp_path, monkeypat
     claimed = not bf16_native("cpu")
     asked = []
     monkeypatch.setattr(runner, "bf16_native", lambda device: asked.append(device) or claimed)
-    exp = Experiment.create(load_config(raw=raw), tmp_path / "bf16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exp = Experiment.create(load_config(raw=raw), tmp_path / "bf16")
+    emulated = [str(w.message) for w in caught if "has no native bf16" in str(w.message)]
+    # bf16 asked for where it is emulated is said (auto never takes it there)
+    assert emulated == ([] if claimed else ["run.precision: bf16 trains on cpu, which has no native bf16 (emulated: "
+                                            "often slower than fp32, bf16_native: false in summary.json); "
+                                            "run.precision: auto takes bf16 only where it is native"])
     exp.run(progress=False)
     summary = json.loads((exp.run_dir / "summary.json").read_text())
     assert summary["precision"] == "bf16" and summary["bf16_native"] is claimed and "cpu" in asked

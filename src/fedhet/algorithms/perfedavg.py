@@ -90,7 +90,7 @@ from fedhet.core.contract import (
 )
 from fedhet.core.errors import NumericalError
 from fedhet.training.dropout import batch_masks, masks_applied
-from fedhet.training.local import check_finite, epoch_batches, forward, trained_names
+from fedhet.training.local import check_finite, epoch_batches, forward, trained_names, trains_in_channels_last
 from fedhet.training.mode import in_mode
 from fedhet.training.objective import LossTerm, total_loss
 
@@ -206,6 +206,8 @@ class PerFedAvg(FedAvg):
         out = add_reasons(super().settings_not_applied(settings), [key for key, on in dropped.items() if on], why)
         if settings.precision != "fp32":
             out = add_reasons(out, ["run.precision"], "Per-FedAvg's meta steps run in fp32")
+        if trains_in_channels_last(settings):
+            out = add_reasons(out, ["run.memory_format"], "Per-FedAvg's meta steps run in the default layout")
         return out
 
     def alpha(self, client: ClientRuntime) -> float:

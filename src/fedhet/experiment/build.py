@@ -18,6 +18,7 @@ import torch
 from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.base import Algorithm
 from fedhet.core.contract import Arrays, TrainSettings, optimizer_state_kept
+from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError
 from fedhet.core.plugins import is_import_path
 from fedhet.core.seeding import derive_seed
@@ -35,6 +36,10 @@ def configure_process(cfg: ExperimentConfig) -> None:
     runner, each Flower node), so float sums are the same everywhere. Neither is undone when the
     run ends (a later run in the same process that asks for neither keeps them)."""
     if cfg.run.threads:
+        if cfg.run.threads > (cpus := usable_cpus()):
+            warnings.warn(f"run.threads {cfg.run.threads} is more than the {cpus} CPU(s) this process may use: the "
+                          "threads take turns on them and a round runs slower; set run.threads to at most "
+                          f"{cpus}", stacklevel=2)
         torch.set_num_threads(cfg.run.threads)
     if cfg.run.deterministic:
         use_deterministic_algorithms()
@@ -158,6 +163,9 @@ def algorithm_and_federation(cfg: ExperimentConfig) -> tuple[Algorithm, Federati
     """The config's algorithm and federation, the data checked against the method
     (``Algorithm.check_data`` on client 0's view: the shared pools, data.public included)."""
     algorithm = make_algorithm(cfg)
+    if cfg.eval.features_every and not algorithm.has_global_model:
+        raise ConfigError(f"eval.features_every: the feature-space metrics are of the global model, and "
+                          f"{algorithm.name} has none (each client keeps a model of its own): drop eval.features_every")
     federation = build_federation(cfg.data, cfg.seed)
     if cfg.train.drop_last:
         sizes = federation.train_counts().sum(axis=1)

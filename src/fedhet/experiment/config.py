@@ -175,6 +175,9 @@ class TrainConfig(Strict):
     def _optimizer_settings(self) -> TrainConfig:
         if self.optimizer == "adam" and self.momentum:
             raise ValueError("train.momentum is SGD's; with optimizer: adam set train.betas instead")
+        if self.optimizer == "sgd" and "betas" in self.model_fields_set:
+            raise ValueError("train.betas are Adam's; with optimizer: sgd they would do nothing: set "
+                             "train.optimizer: adam, or drop train.betas (SGD's is train.momentum)")
         if not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"train.betas must lie in [0, 1), got {list(self.betas)}")
         return self
@@ -315,6 +318,14 @@ class ExperimentConfig(Strict):
                              "on no client; shorten the list or raise data.num_clients")
         if self.data.pool == "train+test" and self.data.local_test.source == "test_set":
             raise ValueError("data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")
+        # settings that only mean something beside another: given alone they would do nothing
+        if self.run.client_state_memory_mb is not None and self.run.client_state_store != "auto":
+            raise ValueError(f"run.client_state_memory_mb is the budget of client_state_store: auto; the store "
+                             f"{self.run.client_state_store!r} keeps {'every state in memory' if self.run.client_state_store == 'memory' else 'every state on disk'} "
+                             "whatever the budget: drop it, or set run.client_state_store: auto")
+        if self.run.mlflow_tracking_uri is not None and "mlflow" not in self.run.loggers:
+            raise ValueError("run.mlflow_tracking_uri is where the mlflow logger writes, and run.loggers does not "
+                             "list mlflow: add it (run.loggers: [mlflow]), or drop the uri")
         return self
 
 

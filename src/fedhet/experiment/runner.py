@@ -186,6 +186,10 @@ class Experiment:
         # eval.precision "run": the evaluation passes in the run's resolved precision, on the
         # run's device (where the clients train).
         self.eval_precision = self.precision if cfg.eval.precision == "run" else "fp32"
+        if self.precision == "bf16" and not bf16_native(self.built.device):
+            warnings.warn(f"run.precision: bf16 trains on {self.built.device}, which has no native bf16 (emulated: "
+                          "often slower than fp32, bf16_native: false in summary.json); run.precision: auto takes "
+                          "bf16 only where it is native", stacklevel=2)
         if self.eval_precision == "bf16" and self.built.device == "cpu" and not bf16_native("cpu"):
             warnings.warn("eval.precision: run evaluates this bf16 run in bf16 on a CPU without native bf16 "
                           "(emulated: several times slower than fp32); set eval.precision: fp32 to evaluate in fp32",
