@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -34,13 +35,13 @@ def _feature_samples(text: str) -> int:
 
 
 def _cmd_run(args) -> int:
-    from fedhet.experiment.config import load_config
+    from fedhet.experiment.config import load_config, parse_value
     from fedhet.experiment.report import compare
     from fedhet.experiment.runner import Experiment
 
     given = [value.strip() for key, value in (item.split("=", 1) for item in args.set if "=" in item)
              if key.strip() == "run.threads"]
-    if args.threads and any(value != str(args.threads) for value in given):
+    if args.threads and given and parse_value(given[-1], "run.threads") != args.threads:
         raise FedhetError(f"run.threads is given twice, as --threads {args.threads} and as --set "
                           f"run.threads={given[-1]}: give it once")
     if args.resume is not None:
@@ -518,24 +519,32 @@ def _interrupt(signum, frame):
 @contextlib.contextmanager
 def _stop_after_the_round(exp):
     """The first Ctrl-C or SIGTERM during a run lets its round end and checkpoints it (a stop in
-    mid-round would lose every round since the last checkpoint); the second stops at once. A
-    parallel engine's workers ignore Ctrl-C, so the round they train can end."""
+    mid-round would lose every round since the last checkpoint); the next stops at once. A
+    parallel engine's workers ignore both, so the round they train can end."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    asked_at: list[float] = []
 
     def handler(signum, frame):
         name = signal.Signals(signum).name
-        if exp.stop_requested is not None:
-            raise KeyboardInterrupt
+        if asked_at:
+            # the same stop sent twice at once (to the process group and again by a sweep): one stop
+            if time.monotonic() - asked_at[0] < 1.0:
+                return
+            raise KeyboardInterrupt(f"{name} received again: stopped at once")
+        asked_at.append(time.monotonic())
         exp.request_stop(f"{name} received")
-        if exp.rounds_recorded >= exp.cfg.train.rounds:
-            print(f"\nfedhet: {name}: every round is done, the summary is being written; {name} again stops at once",
-                  file=sys.stderr, flush=True)
-            return
-        kept = f"the last checkpoint is of round {exp.checkpointed_round}" if exp.checkpointed_round else "no checkpoint yet"
-        print(f"\nfedhet: {name}: stopping after round {exp.rounds_recorded + 1} of {exp.cfg.train.rounds}, which a "
-              f"checkpoint will keep; {name} again stops at once ({kept})", file=sys.stderr, flush=True)
+        total = exp.cfg.train.rounds
+        if exp.rounds_recorded >= total:
+            said = f"every round is done and the summary is being written; {name} again stops at once"
+        else:
+            ending = exp.round_running or exp.rounds_recorded
+            kept = (f"the last checkpoint is of round {exp.checkpointed_round}" if exp.checkpointed_round
+                    else "no checkpoint yet")
+            said = (f"stopping after round {ending} of {total}, which a checkpoint will keep" if ending
+                    else "stopping before round 1") + f"; {name} again stops at once ({kept})"
+        print(f"\nfedhet: {name}: {said}", file=sys.stderr, flush=True)
 
     # an ignored SIGINT stays ignored (a job started with `&` from a script, which Ctrl-C must not stop)
     signals = [sig for sig in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(sig) is not signal.SIG_IGN]

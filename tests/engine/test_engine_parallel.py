@@ -165,3 +165,15 @@ def test_make_engine_builds_the_chosen_engine(small_config):
     assert isinstance(loop.transport, Forked) and loop.transport.workers == 2 and loop.transport._pool is None  # lazy
     assert choice.engine == "parallel"
     assert type(make_loop(host, 3)[0].transport) is InProcess        # auto, test-sized: reference
+
+
+def test_a_pool_never_closed_does_not_hold_up_the_exit():
+    """The workers ignore SIGTERM (a stop lets their round end), which multiprocessing's exit sends
+    its daemon children before waiting for them: a pool left open is killed first."""
+    import subprocess
+    import sys
+
+    script = ("from fedhet.engine.parallel import Forked\n"
+              "t = Forked(workers=1)\nt.host = None\nt._start()\nprint('started', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "started\n", done.stderr

@@ -171,28 +171,74 @@ def test_a_stop_asked_for_in_the_last_round_lets_the_run_complete(small_config, 
     assert exp.run(progress=False)["status"] == "completed"
 
 
-def test_the_command_lines_first_signal_asks_for_a_stop_and_the_second_stops_at_once(capsys):
+def test_the_command_lines_first_signal_asks_for_a_stop_and_a_later_one_stops_at_once(capsys, monkeypatch):
     """fedhet run's handlers: SIGTERM (or Ctrl-C) asks the run to stop after its round and says so;
-    the next signal, of either kind, raises KeyboardInterrupt; the handlers before come back."""
+    the same stop arriving twice at once (a process group's and a sweep's) is one stop; a signal
+    a second later raises KeyboardInterrupt; the handlers before come back."""
     import signal
     import threading
+    import time
     from types import SimpleNamespace
 
-    from fedhet.cli import _stop_after_the_round
+    import fedhet.cli as cli
 
     assert threading.current_thread() is threading.main_thread()      # where signal handlers run
-    exp = SimpleNamespace(stop_requested=None, rounds_recorded=3, checkpointed_round=2,
+    exp = SimpleNamespace(stop_requested=None, rounds_recorded=3, checkpointed_round=2, round_running=4,
                           cfg=SimpleNamespace(train=SimpleNamespace(rounds=10)))
     exp.request_stop = lambda why: setattr(exp, "stop_requested", why)
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        with _stop_after_the_round(exp):
+    with pytest.raises(KeyboardInterrupt, match="^SIGINT received again: stopped at once$"):
+        with cli._stop_after_the_round(exp):
             signal.raise_signal(signal.SIGTERM)
             assert exp.stop_requested == "SIGTERM received"
             assert ("fedhet: SIGTERM: stopping after round 4 of 10, which a checkpoint will keep; SIGTERM again "
                     "stops at once (the last checkpoint is of round 2)") in capsys.readouterr().err
+            signal.raise_signal(signal.SIGTERM)                        # at once: the same stop
+            later = time.monotonic() + 2
+            monkeypatch.setattr(cli.time, "monotonic", lambda: later)
             signal.raise_signal(signal.SIGINT)
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_what_an_interrupted_run_says_of_where_it_stopped(small_config, tmp_path):
+    exp = Experiment.create(load_config(raw=copy.deepcopy(small_config)), tmp_path / "r")     # 3 rounds
+    go_on = f"fedhet run --resume {exp.run_dir}"
+    states = [  # (rounds recorded, checkpointed, stop asked for) -> the note
+        ((0, 0, None), f"stopped during round 1 of 3; no checkpoint yet: {go_on} starts it again from round 1"),
+        ((0, 0, "SIGINT received"), f"stopped during round 1 of 3; no checkpoint yet: {go_on} starts it again "
+                                    "from round 1"),
+        ((2, 2, "SIGINT received"), f"stopped after round 2 of 3; its checkpoint of round 2 keeps the run: {go_on} "
+                                    "goes on from round 3"),
+        ((2, 1, None), f"stopped during round 3 of 3; its checkpoint of round 1 keeps the run: {go_on} goes on "
+                       "from round 2 (round 2 runs again: a checkpoint every 2 rounds, run.checkpoint_every)"),
+        ((3, 3, "SIGINT received"), f"stopped while the summary of its 3 rounds was written: {go_on} writes it "
+                                    "again"),
+    ]
+    for (done, kept, asked), said in states:
+        exp.rounds_recorded, exp.checkpointed_round, exp.stop_requested = done, kept, asked
+        assert exp.stop_note() == said
+    exp.rundir.unlock()
+
+
+def test_a_stop_asked_for_turns_only_a_dead_worker_into_an_interruption(small_config, tmp_path, monkeypatch):
+    """With a stop asked for, workers killed with the run's process group end the run
+    "interrupted"; any other error still fails it, with its own message."""
+    from fedhet.engine.parallel import WorkerError
+
+    for error, status in ((WorkerError("worker process 1 died"), "interrupted"), (RuntimeError("a bug"), "failed")):
+        exp = Experiment.create(load_config(raw=copy.deepcopy(small_config)), tmp_path / status)
+
+        def broken(rnd, *args, error=error, exp=exp):
+            exp.request_stop("SIGTERM received")
+            raise error
+
+        monkeypatch.setattr(exp.loop, "run_round", broken)
+        with pytest.raises(KeyboardInterrupt if status == "interrupted" else RuntimeError):
+            exp.run(progress=False)
+        summary = json.loads((exp.run_dir / "summary.json").read_text())
+        assert summary["status"] == status
+        assert summary["error"] == ("SIGTERM received; round 1 could not end: worker process 1 died"
+                                    if status == "interrupted" else "RuntimeError: a bug")
 
 
 def test_corrupt_checkpoint_is_a_clear_error_and_keeps_metrics(finished_run):

@@ -31,6 +31,8 @@ anyway. The engine is CPU-only (CUDA cannot be forked).
 
 from __future__ import annotations
 
+import atexit
+import functools
 import io
 import multiprocessing as mp
 import pickle
@@ -38,6 +40,7 @@ import signal
 import traceback
 import warnings
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import wait
 
 import torch
@@ -149,6 +152,12 @@ class RemoteTraceback(Exception):
         return f"\n(in the worker process)\n{self.tb}"
 
 
+def _kill_workers(pool: list[_Worker]) -> None:
+    for w in pool:
+        if w.process.is_alive():
+            w.process.kill()
+
+
 # --- the worker -------------------------------------------------------------------------
 _STOP = b"stop"
 
@@ -213,6 +222,7 @@ class Forked(Transport):
             raise ValueError(f"run.workers must be at least 1, got {workers}")
         self.workers = int(workers)
         self._pool: list[_Worker] | None = None
+        self._at_exit: Callable[[], None] | None = None      # kills the pool at exit if never closed
 
     def info(self) -> dict:
         return {"engine": self.name, "workers": self.workers}
@@ -243,6 +253,10 @@ class Forked(Transport):
             self.close(wait=False)
             raise
         self._pool = pool
+        # At exit, multiprocessing terminates daemon workers with SIGTERM, which they ignore, and waits
+        # for them: a pool never closed is killed first (atexit runs the later registration first).
+        self._at_exit = functools.partial(_kill_workers, pool)
+        atexit.register(self._at_exit)
         return pool
 
     def close(self, wait: bool = True) -> None:
@@ -251,6 +265,9 @@ class Forked(Transport):
         pool, self._pool = self._pool, None
         if not pool:
             return
+        if self._at_exit is not None:
+            atexit.unregister(self._at_exit)
+            self._at_exit = None
         for w in pool:
             if wait:
                 try:

@@ -175,7 +175,8 @@ class TrainConfig(Strict):
     def _optimizer_settings(self) -> TrainConfig:
         if self.optimizer == "adam" and self.momentum:
             raise ValueError("train.momentum is SGD's; with optimizer: adam set train.betas instead")
-        if self.optimizer == "sgd" and "betas" in self.model_fields_set:
+        # (not "betas" in model_fields_set: a run's recorded config.yaml holds every default)
+        if self.optimizer == "sgd" and tuple(self.betas) != type(self).model_fields["betas"].default:
             raise ValueError("train.betas are Adam's; with optimizer: sgd they would do nothing: set "
                              "train.optimizer: adam, or drop train.betas (SGD's is train.momentum)")
         if not all(0 <= b < 1 for b in self.betas):

@@ -27,6 +27,7 @@ from fedhet.core.errors import CheckpointError, ConfigError, FedhetError, Output
 from fedhet.engine import EngineChoice, RoundLoop, make_loop
 from fedhet.engine.client_store import ClientStates
 from fedhet.engine.ledger import tensor_floats
+from fedhet.engine.parallel import WorkerError
 from fedhet.experiment.build import (
     Built,
     build,
@@ -219,6 +220,7 @@ class Experiment:
         self.rounds_recorded = 0                    # rounds in metrics.jsonl
         self.checkpointed_round = 0                 # the round of the last checkpoint (0: none)
         self.stop_requested: str | None = None      # why the run stops after its round (request_stop)
+        self.round_running: int | None = None       # the round now training or evaluating (1-based)
         self.restored: dict | None = None           # the checkpoint a resume continues from
         # an extended run's old last round, whose evaluation its row keeps under EVALUATED_AS_LAST
         self.evaluation_set_aside: int | None = None
@@ -402,12 +404,12 @@ class Experiment:
     # --- the loop -----------------------------------------------------------------------
     def run(self, progress: bool | None = None) -> dict:
         cfg = self.cfg
+        self.rounds_recorded = self.checkpointed_round = self.start_round
         show = cfg.run.progress if progress is None else progress
         bar = ProgressBar(self, show)
         callbacks = [*self.callbacks, bar, *make_loggers(self)]
         t_run = time.perf_counter()
         status, error = "completed", None
-        self.rounds_recorded = self.checkpointed_round = self.start_round
         try:
             with strict_fp32(torch.device(self.built.device)):   # fp32 means fp32 on CUDA too: TF32 off
                 self.run_rounds(callbacks)
@@ -420,11 +422,10 @@ class Experiment:
             e.add_note(self._where_note())
             raise
         except Exception as e:  # a bug or an unexpected failure: never recorded as "completed"
-            if self.stop_requested:
-                # the stop reached the engine too (a SIGTERM to every process: its workers are gone)
+            if self.stop_requested and isinstance(e, WorkerError):
+                # the stop reached the workers too (killed with the run's process group): no failure
                 status = "interrupted"
-                error = (f"{self.stop_requested}; round {self.rounds_recorded + 1} could not end: "
-                         f"{type(e).__name__}: {e}")
+                error = f"{self.stop_requested}; round {self.rounds_recorded + 1} could not end: {e}"
                 raise KeyboardInterrupt(error) from e
             status, error = "failed", f"{type(e).__name__}: {e}"
             e.add_note(self._where_note())
@@ -456,15 +457,29 @@ class Experiment:
     def stop_note(self, resume: str = "fedhet run --resume") -> str:
         """Where an interrupted run stands and how ``resume RUN_DIR`` goes on: from its checkpoint."""
         done, kept, total = self.rounds_recorded, self.checkpointed_round, self.cfg.train.rounds
-        where = (f"stopped after round {done} of {total}" if self.stop_requested and done == kept
+        go_on = f"{resume} {self.run_dir}"
+        if done >= total:
+            return f"stopped while the summary of its {total} rounds was written: {go_on} writes it again"
+        where = (f"stopped after round {done} of {total}" if self.stop_requested and done == kept and done
                  else f"stopped during round {done + 1} of {total}")
         if not kept:
-            return f"{where}; no checkpoint yet: {resume} {self.run_dir} starts it again from round 1"
+            return f"{where}; no checkpoint yet: {go_on} starts it again from round 1"
         rerun = f"round {done} runs" if done == kept + 1 else f"rounds {kept + 1}-{done} run"
         again = (f" ({rerun} again: a checkpoint every {self.cfg.run.checkpoint_every} rounds, "
                  "run.checkpoint_every)" if done > kept else "")
-        return (f"{where}; its checkpoint of round {kept} keeps the run: {resume} {self.run_dir} "
-                f"goes on from round {kept + 1}{again}")
+        return f"{where}; its checkpoint of round {kept} keeps the run: {go_on} goes on from round {kept + 1}{again}"
+
+    def _stop_if_asked(self) -> None:
+        """Before a round: stop here if asked to, the rounds recorded checkpointed first (a stop asked
+        for in the last round lets the run complete)."""
+        if not self.stop_requested:
+            return
+        done = self.rounds_recorded
+        if done > self.checkpointed_round:
+            self.checkpointer(self, done)
+            self.checkpointed_round = done
+        raise KeyboardInterrupt(f"stopped after round {done}: {self.stop_requested}" if done
+                                else f"stopped before round 1: {self.stop_requested}")
 
     def _where_note(self) -> str:
         # a run started from Python with the default, time-stamped folder: where its rounds are
@@ -476,8 +491,9 @@ class Experiment:
         """The rounds still to run: train, evaluate when due, record, checkpoint."""
         cfg = self.cfg
         for rnd in range(self.start_round, cfg.train.rounds):
+            self._stop_if_asked()
+            self.round_running = done = rnd + 1
             t0 = time.perf_counter()
-            done = rnd + 1
             evaluating = done % cfg.eval.every == 0 or done == cfg.train.rounds
             self.local_models = {}
             # checked every round (a partial upload stops the run at round 1), kept when evaluated
@@ -513,11 +529,10 @@ class Experiment:
             self.rounds_recorded = done
             for cb in callbacks:
                 cb.on_row_written(self, row)
-            if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds or self.stop_requested:
+            if done % cfg.run.checkpoint_every == 0 or done == cfg.train.rounds:
                 self.checkpointer(self, done)
                 self.checkpointed_round = done
-            if self.stop_requested and done < cfg.train.rounds:
-                raise KeyboardInterrupt(f"stopped after round {done}: {self.stop_requested}")
+            self.round_running = None
 
     def keep_local_model(self, cid: int, reply: Message, evaluating: bool = True) -> None:
         """Under ``eval.local_risk``, every round: check that ``cid``'s upload stands for its whole

@@ -64,7 +64,7 @@ from fedhet.engine.host import ClientHost, Job, Tally  # noqa: E402
 from fedhet.engine.ledger import tensor_floats  # noqa: E402
 from fedhet.experiment.build import Built, build, configure_process  # noqa: E402
 from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config  # noqa: E402
-from fedhet.experiment.yaml_io import parse_yaml  # noqa: E402
+from fedhet.experiment.yaml_io import parse_yaml, yaml_problem  # noqa: E402
 from fedhet.flower import require_flower  # noqa: E402
 from fedhet.metrics.evaluate import predict  # noqa: E402
 
@@ -92,8 +92,8 @@ def parse_config(config_text: str, data_root: str | None = None, device: str | N
     try:
         raw = parse_yaml(config_text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"run config {CONFIG_KEY!r} is not valid YAML ({str(e).splitlines()[0]}); write it with "
-                          "fedhet flower app, or fix the text by hand") from None
+        raise ConfigError(f"run config {CONFIG_KEY!r} is not valid YAML ({yaml_problem(e).splitlines()[0]}); write it "
+                          "with fedhet flower app, or fix the text by hand") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"run config {CONFIG_KEY!r} must hold a fedhet YAML config")
     if data_root:
