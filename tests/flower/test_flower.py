@@ -273,6 +273,14 @@ def test_dropped_client_is_left_out_of_the_average(small_config, tmp_path):
     assert row["flower"]["evaluate"]["answered"] == cfg.data.num_clients - 1
 
 
+def test_the_simulators_client_state_store_settings_are_said_to_be_ignored(small_config, tmp_path):
+    cfg = tiny(small_config, "fedavg")
+    cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"client_state_store": "disk"})})
+    with pytest.warns(UserWarning, match="run.client_state_store and run.client_state_memory_mb are the "
+                                         "simulator's: on Flower each node keeps its clients' states"):
+        flower_run(cfg, tmp_path / "run")
+
+
 def test_node_hosting_several_clients(small_config, tmp_path):
     """Two SuperNodes for six clients (node p hosts clients p, p+2, p+4): each node gets one
     message per phase with all its sampled clients, so its context.state keeps every client's
@@ -296,6 +304,8 @@ def test_node_hosting_several_clients(small_config, tmp_path):
     rounds = {str(r + 1) for r in range(cfg.train.rounds)}
     train_log = [(pid, rnd) for mtype, pid, rnd in grid.log if mtype == "train"]
     assert len(train_log) == len(set(train_log)) and {rnd for _, rnd in train_log} == rounds
+    # the nodes hold the states: the summary names no store of the server's
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["client_states"] is None
 
 
 def test_failing_client_on_a_shared_node_drops_only_that_client(small_config, tmp_path, monkeypatch):

@@ -606,8 +606,9 @@ class Experiment:
             **({"settings_not_applied": self.settings_not_applied} if self.settings_not_applied else {}),
             **({"channels_last_requests": apart} if apart else {}),   # vectorized requests trained apart
             "engine": self.engine_info(),
+            # None where the clients' hosts keep their states (Flower's nodes), not this process's store
             "client_states": (states.info() if isinstance(states := self.loop.client_states, ClientStates)
-                              else None),
+                              and not self.loop.transport.keeps_client_state else None),
             "machine": machine_info(),
         }
         callbacks = callbacks if callbacks is not None else self.callbacks

@@ -40,6 +40,7 @@ import math
 import os
 import time
 import uuid
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -518,6 +519,9 @@ def flower_experiment(cfg: ExperimentConfig, run_dir, grid: Grid, flower: Flower
     if cfg.train.clients_per_round < flower.min_clients:
         raise ConfigError(f"min-clients={flower.min_clients} exceeds train.clients_per_round="
                           f"{cfg.train.clients_per_round}: no round could complete")
+    if cfg.run.client_state_store != "auto" or cfg.run.client_state_memory_mb is not None:
+        warnings.warn("run.client_state_store and run.client_state_memory_mb are the simulator's: on Flower each "
+                      "node keeps its clients' states in its node-state file", stacklevel=2)
     built = build(cfg)
     transport = GridTransport(grid, flower)
     loop = RoundLoop(built.host, cfg.train.clients_per_round, transport)
