@@ -171,6 +171,11 @@ def test_a_root_that_holds_no_files_is_said_when_they_are_found_elsewhere(tmp_pa
                                             f"files, in it or in its mnist/ folder: they were loaded from "
                                             f"{tmp_path / 'env' / 'mnist'}, the next place searched"):
         assert torch.equal(load_dataset("mnist", tmp_path / "empty").x[:, 0], torch.from_numpy(x_env))
+    monkeypatch.setenv("FEDHET_DATA", str(tmp_path / "nowhere"))
+    with pytest.warns(RuntimeWarning, match=f"FEDHET_DATA={tmp_path / 'nowhere'} is not a folder, so nothing is "
+                                            "found there"):
+        load_dataset("mnist", tmp_path / "env")
+    monkeypatch.setenv("FEDHET_DATA", str(tmp_path / "env"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_dataset("mnist", tmp_path / "env")            # under the root: its mnist/ folder

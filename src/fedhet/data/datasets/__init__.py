@@ -130,6 +130,9 @@ def _find(name: str, split: str, root: str | os.PathLike | None, download: bool)
     _check_name(name)
     dirs = data_search_dirs(name, root)
     finder = _FORMATS[name][0]
+    if (env := os.environ.get("FEDHET_DATA")) and not Path(env).expanduser().is_dir():
+        warnings.warn(f"FEDHET_DATA={env} is not a folder, so nothing is found there: point it at the folder that "
+                      "holds your datasets' folders, or unset it", RuntimeWarning, stacklevel=3)
     for d in dirs:
         found = finder(name, d, split)
         if found is not None:
