@@ -186,18 +186,29 @@ def test_the_command_lines_first_signal_asks_for_a_stop_and_a_later_one_stops_at
     exp = SimpleNamespace(stop_requested=None, rounds_recorded=3, checkpointed_round=2, round_running=4,
                           cfg=SimpleNamespace(train=SimpleNamespace(rounds=10)))
     exp.request_stop = lambda why: setattr(exp, "stop_requested", why)
-    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt, match="^SIGINT received again: stopped at once$"):
+    outside = signal.getsignal(signal.SIGINT)       # ignored where the tests run in the background
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)          # as in a terminal
+        before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt, match="^SIGINT received again: stopped at once$"):
+            with cli._stop_after_the_round(exp):
+                signal.raise_signal(signal.SIGTERM)
+                assert exp.stop_requested == "SIGTERM received"
+                assert ("fedhet: SIGTERM: stopping after round 4 of 10, which a checkpoint will keep; SIGTERM "
+                        "again stops at once (the last checkpoint is of round 2)") in capsys.readouterr().err
+                signal.raise_signal(signal.SIGTERM)                        # at once: the same stop
+                later = time.monotonic() + 2
+                monkeypatch.setattr(cli.time, "monotonic", lambda: later)
+                signal.raise_signal(signal.SIGINT)
+        assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+        # an ignored SIGINT (a job started with & from a script) stays ignored
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        exp.stop_requested = None
         with cli._stop_after_the_round(exp):
-            signal.raise_signal(signal.SIGTERM)
-            assert exp.stop_requested == "SIGTERM received"
-            assert ("fedhet: SIGTERM: stopping after round 4 of 10, which a checkpoint will keep; SIGTERM again "
-                    "stops at once (the last checkpoint is of round 2)") in capsys.readouterr().err
-            signal.raise_signal(signal.SIGTERM)                        # at once: the same stop
-            later = time.monotonic() + 2
-            monkeypatch.setattr(cli.time, "monotonic", lambda: later)
-            signal.raise_signal(signal.SIGINT)
-    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in before
+    finally:
+        signal.signal(signal.SIGINT, outside)
 
 
 def test_what_an_interrupted_run_says_of_where_it_stopped(small_config, tmp_path):
