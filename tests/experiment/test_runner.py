@@ -126,6 +126,18 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     assert resumed.summary["communication"] == full.summary["communication"]
 
 
+def stop_asked_in_round(exp, monkeypatch, rnd: int, why: str) -> None:
+    """``exp`` asks itself to stop while 0-based round ``rnd`` runs (as fedhet run's first signal would)."""
+    real = exp.loop.run_round
+
+    def asked(r, *args):
+        if r == rnd:
+            exp.request_stop(why)
+        return real(r, *args)
+
+    monkeypatch.setattr(exp.loop, "run_round", asked)
+
+
 def test_a_stop_asked_for_ends_the_round_checkpoints_it_and_resumes_as_uninterrupted(small_config, tmp_path,
                                                                                          monkeypatch):
     """request_stop (fedhet run's first Ctrl-C or SIGTERM) in mid-round: that round ends, is recorded
@@ -135,14 +147,7 @@ def test_a_stop_asked_for_ends_the_round_checkpoints_it_and_resumes_as_uninterru
                run={**small_config["run"], "checkpoint_every": 10})
     full = run(cfg, tmp_path / "full")
     exp = Experiment.create(load_config(raw=copy.deepcopy(cfg)), tmp_path / "cut")
-    real = exp.loop.run_round
-
-    def asked_during_round_2(rnd, *args):
-        if rnd == 1:
-            exp.request_stop("SIGTERM received")
-        return real(rnd, *args)
-
-    monkeypatch.setattr(exp.loop, "run_round", asked_during_round_2)
+    stop_asked_in_round(exp, monkeypatch, 1, "SIGTERM received")
     with pytest.raises(KeyboardInterrupt, match="^stopped after round 2: SIGTERM received\n"):
         exp.run(progress=False)
     assert [r["round"] for r in read_metrics(exp.run_dir)] == [1, 2]
@@ -158,16 +163,9 @@ def test_a_stop_asked_for_ends_the_round_checkpoints_it_and_resumes_as_uninterru
         assert torch.equal(v, resumed.loop.server_state["model"][k])
 
 
-def test_a_stop_asked_for_in_the_last_round_lets_the_run_complete(small_config, tmp_path):
+def test_a_stop_asked_for_in_the_last_round_lets_the_run_complete(small_config, tmp_path, monkeypatch):
     exp = Experiment.create(load_config(raw=copy.deepcopy(small_config)), tmp_path / "last")
-    real = exp.loop.run_round
-
-    def asked_during_the_last_round(rnd, *args):
-        if rnd == 2:
-            exp.request_stop("SIGINT received")
-        return real(rnd, *args)
-
-    exp.loop.run_round = asked_during_the_last_round
+    stop_asked_in_round(exp, monkeypatch, 2, "SIGINT received")          # 0-based: the last of 3
     assert exp.run(progress=False)["status"] == "completed"
 
 
