@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
-
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.composition import compose
 from fedhet.algorithms.creff import CReFF
@@ -36,6 +34,7 @@ from fedhet.algorithms.perfedavg import PerFedAvg
 from fedhet.algorithms.scaffold import Scaffold
 from fedhet.core.errors import ConfigError
 from fedhet.core.plugins import describe, is_import_path, load_object
+from fedhet.core.suggest import did_you_mean
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
@@ -71,8 +70,7 @@ def algorithm_class(name: str) -> type[Algorithm]:
     parts = [p.strip() for p in name.split("+")]
     unknown = [p for p in parts if p not in ALGORITHMS and not is_import_path(p)]
     if unknown:
-        near = difflib.get_close_matches(unknown[0].lower(), list(ALGORITHMS), n=1)
-        raise ConfigError(f"unknown algorithm {unknown[0]!r}{f' (did you mean {near[0]}?)' if near else ''}; "
+        raise ConfigError(f"unknown algorithm {unknown[0]!r}{did_you_mean(unknown[0], ALGORITHMS)}; "
                           f"available: {', '.join(sorted(ALGORITHMS))} "
                           f"(combine FedAvg-family methods with '+', e.g. fedprox+scaffold; a method of your own: "
                           f"MODULE:CLASS, e.g. mylab.methods:FedFoo)")

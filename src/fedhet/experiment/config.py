@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from fedhet.core.choices import EngineName, StoreMode
 from fedhet.core.errors import ConfigError, FedhetError
 from fedhet.core.settings import refuse_quiet_values
+from fedhet.core.suggest import did_you_mean
 from fedhet.experiment.yaml_io import parse_yaml, read_yaml
 
 
@@ -375,8 +376,8 @@ def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], p
             msg += _quote_hint(full, msg.rpartition("got ")[2])
         if e["type"] == "extra_forbidden":
             parent = _model_at(key.split(".")[:-1], model)
-            near = difflib.get_close_matches(key.split(".")[-1], list(parent.model_fields) if parent else [], n=1)
-            msg = f"unknown {unknown}{f' (did you mean {near[0]}?)' if near else ''}{'; ' + listed if listed else ''}"
+            near = did_you_mean(key.split(".")[-1], parent.model_fields if parent else [])
+            msg = f"unknown {unknown}{near}{'; ' + listed if listed else ''}"
         elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = (f"expects a mapping of settings, got {e['input']!r:.60}; a setting inside it is written "
                    f"{key}.<setting> in --set, or `{key.split('.')[-1]}: {{<setting>: value}}` in YAML")

@@ -6,7 +6,6 @@ valid choices in the message; config-level callers turn it into ``ConfigError``.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import warnings
 from collections.abc import Callable
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from fedhet.core.plugins import describe, is_import_path, load_object
+from fedhet.core.suggest import did_you_mean
 from fedhet.models.base import SplitModel, count_params, param_groups
 from fedhet.models.cnn import alexnet_cifar, alexnet_fedrema, cnn2, pfl_cnn, simple_cnn
 from fedhet.models.hetero import (
@@ -80,8 +80,7 @@ __all__ = [
 
 def _entry(name: str) -> _Entry:
     if name not in _MODELS:
-        near = difflib.get_close_matches(str(name).lower(), list(_MODELS), n=1)
-        raise ValueError(f"unknown model {name!r}{f' (did you mean {near[0]}?)' if near else ''}; "
+        raise ValueError(f"unknown model {name!r}{did_you_mean(name, _MODELS)}; "
                          f"valid models: {', '.join(MODEL_NAMES)}")
     return _MODELS[name]
 

@@ -6,12 +6,12 @@ how to obtain each dataset by hand, and where its files are looked for (:func:`d
 
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedhet.core.errors import DataError
+from fedhet.core.suggest import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,7 @@ def _how_to_get(name: str) -> str:
 
 def _check_name(name: object) -> _Info:
     if name not in _INFO:
-        near = difflib.get_close_matches(str(name).lower().replace("-", "_"), list(_INFO), n=1)
-        raise DataError(f"unknown dataset {name!r}{f' (did you mean {near[0]}?)' if near else ''}; valid names: "
+        raise DataError(f"unknown dataset {name!r}{did_you_mean(str(name).replace('-', '_'), _INFO)}; valid names: "
                         f"{', '.join(DATASET_NAMES)}; data of your own: "
                         "npz:PATH (arrays), folder:PATH (a folder of images per class) or MODULE:FUNCTION "
                         "(a function of yours returning the arrays; docs/extending.md)")

@@ -22,7 +22,6 @@ test share out.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import numbers
 from collections.abc import Callable
@@ -32,6 +31,7 @@ import numpy as np
 
 from fedhet.core.errors import PartitionError
 from fedhet.core.plugins import describe, is_import_path, load_object
+from fedhet.core.suggest import did_you_mean
 from fedhet.data.checks import check_labels
 from fedhet.data.partition.holdout import holdout_split
 from fedhet.data.partition.papers import classes_per_client, grouped_dominant, niid2, niid3
@@ -86,9 +86,8 @@ def partition(
     if is_import_path(kind):
         fn = _user_partitioner(kind)
     elif kind not in PARTITIONS:
-        near = difflib.get_close_matches(kind.lower(), [*PARTITIONS, "natural"], n=1)
         raise PartitionError(
-            f"unknown partition kind {kind!r}{f' (did you mean {near[0]}?)' if near else ''}; valid kinds: "
+            f"unknown partition kind {kind!r}{did_you_mean(kind, [*PARTITIONS, 'natural'])}; valid kinds: "
             f"{', '.join(sorted(PARTITIONS))}, natural; one of your own: "
             "MODULE:FUNCTION (a function (labels, num_clients, rng, **params) -> one index array per client)"
         )

@@ -4,12 +4,12 @@ gives it; and ``compare``, which adds the plot and the paired differences."""
 
 from __future__ import annotations
 
-import difflib
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
 from fedhet.core.errors import CheckpointError
+from fedhet.core.suggest import did_you_mean
 from fedhet.experiment.plots import plot_compare
 from fedhet.experiment.report.paired import paired_differences
 from fedhet.experiment.report.runs import group_runs, load_paper
@@ -31,10 +31,10 @@ def compare_table(run_dirs: list[Path], metric: str | None = None,
     if metric is not None:
         recorded = {m for runs in groups.values() for _, s in runs for m, v in s["metrics"].items() if v}
         if metric not in recorded:
-            near = difflib.get_close_matches(metric, sorted(recorded | set(SUMMARIZED_METRICS)), n=1, cutoff=0.85)
+            near = did_you_mean(metric, sorted(recorded | set(SUMMARIZED_METRICS)), cutoff=0.85)
             if near and metric not in SUMMARIZED_METRICS:       # a misspelling, not a metric these runs lack
-                raise CheckpointError(f"--metric {metric}: no such metric (did you mean {near[0]}?); the runs' "
-                                      f"summaries hold: {', '.join(sorted(recorded)) or 'none'}")
+                raise CheckpointError(f"--metric {metric}: no such metric{near}; the runs' summaries hold: "
+                                      f"{', '.join(sorted(recorded)) or 'none'}")
             per_round = "" if metric in SUMMARIZED_METRICS else (
                 f" (compare reads the metrics the runs' summaries hold: {', '.join(SUMMARIZED_METRICS)}; any "
                 f"other, such as a loss, is in each round's row of metrics.jsonl: fedhet.load(RUN_DIR)"
