@@ -105,6 +105,18 @@ def test_fedavg_ledger_is_two_models_per_client_per_round(small_config, tmp_path
     assert totals["up"]["floats"] + totals["down"]["floats"] == 2 * 3 * 3 * n_params
 
 
+def resumed_as_uninterrupted(run_dir, start_round: int, full: Experiment) -> Experiment:
+    """Resume ``run_dir`` (from ``start_round``) to its end: its rows and model are ``full``'s, the
+    uninterrupted run's."""
+    resumed = Experiment.resume(run_dir)
+    assert resumed.start_round == start_round
+    resumed.run(progress=False)
+    assert stable(read_metrics(resumed.run_dir)) == stable(read_metrics(full.run_dir))
+    for k, v in full.loop.server_state["model"].items():
+        assert torch.equal(v, resumed.loop.server_state["model"][k])
+    return resumed
+
+
 def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
     cfg = dict(small_config, train={**small_config["train"], "rounds": 4})
     full = run(cfg, tmp_path / "full")
@@ -117,12 +129,7 @@ def test_resume_equals_uninterrupted(small_config, tmp_path, monkeypatch):
                                f"--resume {exp.run_dir} goes on from round 3 (round 3 runs again: a checkpoint every "
                                "2 rounds, run.checkpoint_every)")
 
-    resumed = Experiment.resume(exp.run_dir)
-    assert resumed.start_round == 2
-    resumed.run(progress=False)
-    assert stable(read_metrics(resumed.run_dir)) == stable(read_metrics(full.run_dir))
-    for k, v in full.loop.server_state["model"].items():
-        assert torch.equal(v, resumed.loop.server_state["model"][k])
+    resumed = resumed_as_uninterrupted(exp.run_dir, 2, full)
     assert resumed.summary["communication"] == full.summary["communication"]
 
 
@@ -155,12 +162,7 @@ def test_a_stop_asked_for_ends_the_round_checkpoints_it_and_resumes_as_uninterru
     assert (summary["status"], summary["error"]) == ("interrupted", "stopped after round 2: SIGTERM received")
     assert exp.stop_note() == (f"stopped after round 2 of 4; its checkpoint of round 2 keeps the run: fedhet run "
                                f"--resume {exp.run_dir} goes on from round 3")
-    resumed = Experiment.resume(exp.run_dir)
-    assert resumed.start_round == 2
-    resumed.run(progress=False)
-    assert stable(read_metrics(resumed.run_dir)) == stable(read_metrics(full.run_dir))
-    for k, v in full.loop.server_state["model"].items():
-        assert torch.equal(v, resumed.loop.server_state["model"][k])
+    resumed_as_uninterrupted(exp.run_dir, 2, full)
 
 
 def test_a_stop_asked_for_in_the_last_round_lets_the_run_complete(small_config, tmp_path, monkeypatch):
