@@ -207,8 +207,10 @@ def _cmd_sweep(args) -> int:
     if args.list:
         _list_sweep(sweep, jobs, args.retry_failed)
         return 0
-    # a config that does not load (a typo in --set) makes no run stale and no table: refused first
-    if broken := unloadable_jobs(jobs, {j.name: job_status(j) for j in jobs}, args.retry_failed):
+    # a config that does not load (a typo in --set) makes no run stale and no table: refused before
+    # anything is written (run_sweep refuses it too, for a caller of its own)
+    status = {j.name: job_status(j) for j in sweep.jobs}
+    if broken := unloadable_jobs(jobs, status, args.retry_failed):
         raise ConfigError(unloadable_message(broken))
     if args.adopt:
         for source in args.adopt:
@@ -218,7 +220,6 @@ def _cmd_sweep(args) -> int:
               + (f"; not yet: {', '.join(left)}" if left else ""), file=sys.stderr)
         return 0
     if args.table:
-        status = {j.name: job_status(j) for j in sweep.jobs}
         stale = [name for name, now in status.items() if now == "stale"]
         kept = bool(stale) and (sweep.out / "sweep.md").is_file()
         print(write_report(sweep, replace=not kept, status=status))
