@@ -52,6 +52,7 @@ momentum 0.9 at the paper's lr 0.01 on the smooth model, where it stays within T
 
 import copy
 import os
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -1060,3 +1061,37 @@ def test_a_term_the_engine_cannot_stack_is_counted_under_why():
     assert unstackable(Undeclared()) == "not declared vectorizable"
     Listed.__init__ = lambda self: setattr(self, "anchors", {"a": torch.zeros(2)})    # a dict of tensors: stacked
     assert unstackable(Listed()) is None and term_layout(Listed()) is not None
+
+
+def test_a_method_training_in_its_own_loop_is_counted_and_named(small_config):
+    """Per-FedAvg's meta steps never call client.train, so the engine cannot vmap them: each
+    client's own-loop training is counted under its reason and named in one warning (not only in
+    summary.json), and the round is the reference's all the same."""
+    cfg = make_config(small_config, "perfedavg", partition=UNEQUAL, clients_per_round=6)
+    with pytest.warns(RuntimeWarning, match=r"perfedavg trains in its own loop.*one at a time.*own training loop"):
+        ref, vec = run_both(cfg, rounds=1, bn=True)
+    counters = vec.transport.counters
+    assert vec.transport.fallback_reasons == {"own training loop": 6}
+    assert counters["fallback_requests"] == 6 and counters["vectorized_requests"] == 0
+    assert_engines_agree(ref, vec, TIGHT)
+
+
+def test_a_failed_cuda_graph_capture_is_named_once_and_counted(small_config, monkeypatch):
+    """A recurring step whose CUDA graph cannot be captured runs eagerly: slower, so the first
+    failure of each kind is named in a warning and every one is counted in eager_reasons."""
+    from fedhet.engine.vectorized import transport
+
+    class FailingCapture:
+        ok, error = False, "operation not permitted when stream is capturing"
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+    monkeypatch.setattr(transport, "GraphedStep", FailingCapture)
+    engine = Vectorized(device="cpu")
+    with pytest.warns(RuntimeWarning, match=r"cuda graph capture failed \(operation not permitted.*eager_reasons"):
+        engine._capture(None, None, 2, 4, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        engine._capture(None, None, 2, 4, None)
+    assert engine.eager_reasons == {"cuda graph capture failed (operation not permitted when stream is capturing)": 2}

@@ -24,8 +24,11 @@ requests that carry an optimizer state from an earlier call (their clients' step
 requests whose ``augment`` is an opaque callable rather than a
 :class:`fedhet.training.augment.Augmentation`, requests with zero steps, and - when
 ``fallback_on_error`` is true - a group whose vmapped step raises (a term that turns out not to be
-vmappable). ``Vectorized.counters`` counts them, and ``fallback_reasons`` (in the run's summary)
-says why, per reason.
+vmappable). A method that trains in its own loop instead of ``client.train`` (Per-FedAvg's meta
+steps) is never seen by the engine and trains one client at a time; ``ClientRuntime.account``
+reports it. ``Vectorized.counters`` counts them all, and ``fallback_reasons`` (in the run's summary)
+says why, per reason. Other client code outside ``train`` (prototypes, features, SCAFFOLD option I's
+full gradient, evaluation) runs per client in every engine: it is the method's, not a fallback.
 
 Augmentation (FedACD's mixup, FedClassAvg's two views): an ``Augmentation`` splits into ``draw``
 (every random draw of a batch, on the host) and ``apply`` (tensor arithmetic). The schedule takes

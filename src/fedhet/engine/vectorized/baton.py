@@ -149,12 +149,23 @@ class ClientTask:
 class VecClient(SimClient):
     """A :class:`SimClient` whose ``train`` is served by the engine, possibly vectorized."""
 
-    def __init__(self, host: ClientHost, cid: int, rnd: int, tally: Tally, task: ClientTask):
+    def __init__(self, host: ClientHost, cid: int, rnd: int, tally: Tally, task: ClientTask,
+                 on_own_loop: Callable[[LocalResult], None] | None = None):
         super().__init__(host, cid, rnd, tally)
         self._task = task
+        self._on_own_loop = on_own_loop
+        self._served: LocalResult | None = None
 
     def fit(self, weights: Arrays, terms: list[LossTerm], settings: TrainSettings, *, data: ClientData, stream: str,
             start_epoch: int, trainable: Callable[[str], bool] | None, optimizer_state: Arrays | None,
             augment: Callable | None, statistics: dict[str, torch.Tensor] | None) -> LocalResult:
-        return self._task.wait(TrainRequest(self, weights, terms, settings, data, stream, start_epoch, trainable,
-                                            optimizer_state, augment, statistics))
+        self._served = self._task.wait(TrainRequest(self, weights, terms, settings, data, stream, start_epoch,
+                                                    trainable, optimizer_state, augment, statistics))
+        return self._served
+
+    def account(self, result: LocalResult) -> None:
+        """A result the engine did not serve was trained in the method's own loop (Per-FedAvg's
+        meta steps), one client at a time: reported, so that it is counted as not vmapped."""
+        if result is not self._served and result.steps and self._on_own_loop is not None:
+            self._on_own_loop(result)
+        super().account(result)

@@ -96,6 +96,8 @@ def num_steps(req: TrainRequest) -> int:
 
 # The reason of a training call with no step: counted, but not trained on the reference path either.
 ZERO_STEPS = "zero steps"
+# The reason of a training in a method's own loop (not client.train), which the engine never sees.
+OWN_LOOP = "own training loop"
 
 
 def group_key(req: TrainRequest) -> tuple | str:

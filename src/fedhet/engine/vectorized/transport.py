@@ -25,7 +25,7 @@ from fedhet.engine.vectorized.graphs import (
     narrow_kinds,
     step_kind,
 )
-from fedhet.engine.vectorized.grouping import ZERO_STEPS, Group, KeptGroups, build_group, group_key
+from fedhet.engine.vectorized.grouping import OWN_LOOP, ZERO_STEPS, Group, KeptGroups, build_group, group_key
 from fedhet.engine.vectorized.kernels import adam_table
 from fedhet.engine.vectorized.results import unstack
 from fedhet.engine.vectorized.schedule import ClientBatch, Schedule, plan
@@ -88,7 +88,8 @@ class Vectorized(Transport):
         means; its requests on the reference path (counted in this process) in the layout the
         reference engine takes. So: the layout most requests trained in, and how many trained in
         the other one."""
-        trained_apart = sum(n for reason, n in self.fallback_reasons.items() if reason != ZERO_STEPS)
+        # (a method's own loop, Per-FedAvg's, leaves run.memory_format out on every engine)
+        trained_apart = sum(n for reason, n in self.fallback_reasons.items() if reason not in (ZERO_STEPS, OWN_LOOP))
         if not channels_last or not trained_apart:
             return "contiguous", 0
         if not self.counters.get("vectorized_requests"):
@@ -106,7 +107,7 @@ class Vectorized(Transport):
         tasks: dict[int, ClientTask] = {}
         for job in jobs:
             def fn(task, job=job):
-                return host.run(rnd, job, VecClient(host, job.cid, rnd, replace(job.tally), task))
+                return host.run(rnd, job, VecClient(host, job.cid, rnd, replace(job.tally), task, self._own_loop))
 
             tasks[job.cid] = ClientTask(fn)
         order = list(tasks.values())
@@ -178,12 +179,24 @@ class Vectorized(Transport):
         self.counters["fallback_requests"] += 1
         self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
 
+    def _own_loop(self, result) -> None:
+        """A client trained in its method's own loop instead of ``client.train``: the engine never
+        saw it, so it ran one client at a time; counted like a request on the reference path."""
+        self._name_reason_once(OWN_LOOP)
+        self.counters["fallback_requests"] += 1
+        self.fallback_reasons[OWN_LOOP] = self.fallback_reasons.get(OWN_LOOP, 0) + 1
+
     def _name_reason_once(self, reason: str) -> None:
         """Name a reason a request cannot be vmapped in a warning when it first occurs, not only in
         summary.json (a call with no step costs nothing)."""
         if reason == ZERO_STEPS or reason in self._warned:
             return
         self._warned.add(reason)
+        if reason == OWN_LOOP:
+            warnings.warn(f"vectorized engine: {self.host.algorithm.name} trains in its own loop, not "
+                          "client.train, so its clients train one at a time; each such training is counted in "
+                          f"summary.json (engine.fallback_reasons: {OWN_LOOP!r})", RuntimeWarning, stacklevel=2)
+            return
         why = {"augmentation": "an augment callable that is not an Augmentation"}.get(reason, reason)
         warnings.warn(f"vectorized engine: training calls with {why} run on the reference path, one client at "
                       "a time; each is counted in summary.json (engine.fallback_reasons)", RuntimeWarning,
@@ -300,4 +313,9 @@ class Vectorized(Transport):
         if not graphed.ok:
             reason = f"cuda graph capture failed ({graphed.error})"
             self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
+            if reason not in self._warned:
+                self._warned.add(reason)
+                warnings.warn(f"vectorized engine: {reason}; those steps run eagerly (slower, the same arithmetic), "
+                              "each failed capture counted in summary.json (engine.eager_reasons)", RuntimeWarning,
+                              stacklevel=2)
         return graphed
