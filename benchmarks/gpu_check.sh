@@ -10,8 +10,8 @@
 #   1. the machine: GPU, driver, torch, CUDA;
 #   2. the CUDA tests ($PYTEST_SECONDS, default 120; $PYTEST_FILES): tests/engine/test_device.py
 #      (every method on run.device cuda, reference and vectorized engines, against a CPU run, with no
-#      forward pass of the CPU models) and tests/engine/test_engine_vectorized.py with the vectorized
-#      side on CUDA (FEDHET_TEST_DEVICE=cuda), on 8 workers;
+#      forward pass of the CPU models), tests/engine/test_engine_vectorized.py with the vectorized
+#      side on CUDA and a Flower node on CUDA (FEDHET_TEST_DEVICE=cuda), on 8 workers;
 #   3. benchmarks/engine_gpu.py ($BENCH_SECONDS, default 200; $BENCH_ARGS, default "--settings
 #      fedcme_a0.5 --rounds 1", which replaces the whole default: BENCH_ARGS=" " gives the script's own
 #      defaults, BENCH_ARGS="--settings fedcme_a0.5 --rounds 1 --no-families" leaves the families out): samples/s of every engine mode against the same machine's CPU
@@ -101,7 +101,7 @@ cat "$OUT/machine.txt"
 
 [ "${PYTEST_SECONDS:-120}" = 0 ] || step pytest_cuda "${PYTEST_SECONDS:-120}" env FEDHET_TEST_DEVICE="$CHECK_DEVICE" \
   ${FEDHET_TEST_DETERMINISTIC:+CUBLAS_WORKSPACE_CONFIG=:4096:8} python3 -m pytest -p no:cacheprovider \
-  -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py}
+  -n "${PYTEST_WORKERS:-8}" ${PYTEST_FILES:-tests/engine/test_device.py tests/engine/test_engine_vectorized.py tests/flower/test_flower.py::test_a_node_on_the_device_trains_and_evaluates_there}
 [ "${BENCH_SECONDS:-200}" = 0 ] || step engine_gpu "${BENCH_SECONDS:-200}" python3 benchmarks/engine_gpu.py --out "$OUT" ${BENCH_ARGS:---settings fedcme_a0.5 --rounds 1} $BENCH_DEVICE_ARGS
 [ "${CROSS_SECONDS:-0}" = 0 ] || step cross_device "$CROSS_SECONDS" python3 benchmarks/cross_device.py --device "$CHECK_DEVICE" \
   --out "$OUT/cross_device_$CHECK_DEVICE" ${CROSS_ARGS:---rounds 1500 --modes vectorized:fp32 --limit $(( ${CROSS_SECONDS:-0} - 80 ))}

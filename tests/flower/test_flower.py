@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
+import os
 import re
 import uuid
 from pathlib import Path
@@ -306,6 +308,31 @@ def test_node_hosting_several_clients(small_config, tmp_path):
     assert len(train_log) == len(set(train_log)) and {rnd for _, rnd in train_log} == rounds
     # the nodes hold the states: the summary names no store of the server's
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["client_states"] is None
+
+
+def test_each_nodes_training_settings_are_recorded_and_a_node_unlike_the_server_is_named(small_config, tmp_path,
+                                                                                          monkeypatch, caplog):
+    """run.precision and run.memory_format "auto" resolve on each node's hardware: every node's
+    device, precision and layout land in summary.json (engine.nodes), and a node that trains
+    otherwise than the server's summary records is named in a warning with both settings."""
+    cfg = tiny(small_config, "fedavg")
+    real = client_mod.training_of
+    calls = []
+
+    def second_node_in_bf16(host):       # the nodes identify in partition order, one call each
+        calls.append(1)
+        found = real(host)
+        return {**found, "precision": "bf16", "memory_format": "channels_last"} if len(calls) == 2 else found
+
+    monkeypatch.setattr(client_mod, "training_of", second_node_in_bf16)
+    with caplog.at_level(logging.WARNING, logger="flwr.fedhet"):
+        flower_run(cfg, tmp_path / "run", n=2)
+    nodes = json.loads((tmp_path / "run" / "summary.json").read_text())["engine"]["nodes"]
+    plain = {"device": "cpu", "precision": "fp32", "memory_format": "contiguous"}
+    assert nodes == {"0": plain, "1": {**plain, "precision": "bf16", "memory_format": "channels_last"}}
+    named = [r.getMessage() for r in caplog.records if "trains its clients with" in r.getMessage()]
+    assert len(named) == 1 and "(partition 1)" in named[0]
+    assert "precision bf16 (server: fp32), memory_format channels_last (server: contiguous)" in named[0]
 
 
 def test_failing_client_on_a_shared_node_drops_only_that_client(small_config, tmp_path, monkeypatch):
@@ -698,6 +725,42 @@ def test_flower_run_resume_hands_the_deployment_the_recorded_config_with_its_set
     ((given, run_dir, resume),) = handed
     assert resume and run_dir == tmp_path / "run" and given.train.rounds == 5
     assert given.model_copy(update={"train": cfg.train}) == load_config(tmp_path / "run" / "config.yaml")
+
+
+DEVICE = os.environ.get("FEDHET_TEST_DEVICE", "cpu")
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="needs FEDHET_TEST_DEVICE=cuda (a second device)")
+def test_a_node_on_the_device_trains_and_evaluates_there(small_config, tmp_path, monkeypatch):
+    """A run whose run.device is the device: every node trains and evaluates its clients there
+    (no forward pass of a node's CPU models), and the metrics match the simulator's on the device."""
+    raw = copy.deepcopy(small_config)
+    raw["train"]["rounds"] = 1
+    raw["run"]["device"] = DEVICE
+    cfg = load_config(raw=raw)
+    cpu_calls, evaluated_on = [], []
+    real_build, real_predict = client_mod.build, client_mod.predict
+
+    def build_with_hooks(cfg):
+        built = real_build(cfg)
+        for arch, model in built.host.models.items():
+            model.register_forward_pre_hook(lambda *a, arch=arch: cpu_calls.append(arch))
+        return built
+
+    def spy(model, *args, **kwargs):
+        evaluated_on.append(next(model.parameters()).device.type)
+        return real_predict(model, *args, **kwargs)
+
+    monkeypatch.setattr(client_mod, "build", build_with_hooks)
+    monkeypatch.setattr(client_mod, "predict", spy)
+    client_mod._BUILT.clear()
+    ref = reference_run(cfg, tmp_path / "sim")
+    flower_run(cfg, tmp_path / "flower")
+    assert evaluated_on and set(evaluated_on) == {torch.device(DEVICE).type}
+    assert cpu_calls == [], f"{len(cpu_calls)} forward passes of a node's CPU models"
+    sim_row, fl_row = read_metrics(tmp_path / "sim")[-1], read_metrics(tmp_path / "flower")[-1]
+    assert fl_row["personal_acc_by_client"] == pytest.approx(sim_row["personal_acc_by_client"], abs=1e-6)
+    assert ref.summary["device"] == DEVICE
 
 
 def test_flower_evaluates_in_the_precision_eval_precision_names(small_config, tmp_path, monkeypatch):

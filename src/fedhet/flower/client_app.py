@@ -67,6 +67,7 @@ from fedhet.experiment.config import ExperimentConfig, RunConfig, load_config  #
 from fedhet.experiment.yaml_io import parse_yaml, yaml_problem  # noqa: E402
 from fedhet.flower import require_flower  # noqa: E402
 from fedhet.metrics.evaluate import predict  # noqa: E402
+from fedhet.training.local import trains_in_channels_last  # noqa: E402
 
 require_flower()
 
@@ -231,7 +232,15 @@ def handle_identify(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"identify": ConfigRecord({
         "partition-id": node.partition_id, "num-partitions": node.num_partitions,
         "clients": node.clients, "train-sizes": sizes, "fingerprint": node.fingerprint(),
-        "versions": json.dumps(software_versions()), "restored": json.dumps(restored)})}), reply_to=msg)
+        "versions": json.dumps(software_versions()), "restored": json.dumps(restored),
+        "training": json.dumps(training_of(node.host))})}), reply_to=msg)
+
+
+def training_of(host: ClientHost) -> dict[str, str]:
+    """How a host's clients train: its device and what ``run.precision`` and ``run.memory_format``
+    resolved to there (``auto`` resolves by each machine's hardware, so nodes may differ)."""
+    return {"device": str(host.device), "precision": host.settings.precision,
+            "memory_format": "channels_last" if trains_in_channels_last(host.settings) else "contiguous"}
 
 
 # --- node-local state for resuming deployments ---------------------------------------------
@@ -380,8 +389,9 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
         if weights is None:                # never trained: the common initialisation (RoundLoop.client_model)
             weights = host.init_models[arch]
         x, y = fed.local_test(cid)
-        hits, losses = predict(host.models[arch], weights, x, y, fed.normalize, int(head["batch-size"]),
-                               str(head["precision"]) if "precision" in head else "fp32")
+        # on the node's device, as its clients train (host.models stay on the CPU for the server's use)
+        hits, losses = predict(host.client_models[arch], weights, x, y, fed.normalize, int(head["batch-size"]),
+                               str(head["precision"]) if "precision" in head else "fp32", host.device)
         correct.append(int(hits.sum()))
         total.append(int(len(y)))
         loss.append(float(losses.double().sum()))

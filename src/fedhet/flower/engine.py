@@ -67,7 +67,7 @@ from flwr.app import Message as FlowerMessage  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 
 from fedhet.flower import codec  # noqa: E402
-from fedhet.flower.client_app import Node, software_versions  # noqa: E402
+from fedhet.flower.client_app import Node, software_versions, training_of  # noqa: E402
 
 # Child of Flower's logger, so the lines appear in `flwr log` / `flwr run --stream`.
 log = logging.getLogger("flwr").getChild("fedhet")
@@ -138,6 +138,7 @@ class GridTransport(Transport):
         self.versions = software_versions()     # a node must run the same ones
         self.standby: set[int] = set()          # answered, but their partition had a node already
         self.node_errors: list[str] = []        # why nodes could not act as fedhet nodes
+        self.node_training: dict[int, dict[str, str]] = {}   # partition id -> how its node trains (training_of)
         self.num_partitions: int | None = None
         self.state_floats: dict[int, int] = {}  # latest client-state size reported by each client
         self.round_info: dict[str, Any] = {}          # this round's Flower record (metrics row "flower")
@@ -154,7 +155,8 @@ class GridTransport(Transport):
 
     def info(self) -> dict[str, Any]:
         return {"engine": "flower", "workers": len(self.partition_of),
-                "reason": "clients on Flower SuperNodes (fedhet.flower)"}
+                "reason": "clients on Flower SuperNodes (fedhet.flower)",
+                "nodes": {str(pid): self.node_training[pid] for pid in sorted(self.node_training)}}
 
     # --- nodes --------------------------------------------------------------------------
     def discover(self) -> None:
@@ -250,8 +252,22 @@ class GridTransport(Transport):
             self.partition_of[nid] = pid
             for c in mine.clients:
                 self.node_of[c] = nid
+            self._record_training(nid, pid, json.loads(str(ident.get("training", "{}"))))
             if self.restore:
                 self.restore["clients"] -= set(json.loads(str(ident.get("restored", "[]"))))
+
+    def _record_training(self, nid: int, pid: int, theirs: dict[str, str]) -> None:
+        """Keep how a node trains (summary.json: engine.nodes), and say where it is not how the
+        server's summary records the run: ``auto`` settings resolve by each machine's hardware."""
+        self.node_training[pid] = theirs
+        server = training_of(self.host)
+        differ = [f"{k} {theirs[k]} (server: {server[k]})" for k in ("precision", "memory_format")
+                  if k in theirs and theirs[k] != server[k]]
+        if differ:
+            log.warning("fedhet: SuperNode %s (partition %d) trains its clients with %s: run.precision or "
+                        "run.memory_format auto resolved otherwise on its hardware; summary.json's engine.nodes "
+                        "records each node's; name fp32 or bf16 and a layout for one setting on every node",
+                        nid, pid, ", ".join(differ))
 
     # --- two-sided checkpoints -------------------------------------------------------------
     def commit(self, done_rounds: int) -> dict[str, Any]:
