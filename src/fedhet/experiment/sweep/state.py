@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from fedhet.core.errors import ConfigError
+from fedhet.experiment.build import make_algorithm
 from fedhet.experiment.config import ExperimentConfig, config_changes, load_config
 from fedhet.experiment.rundir import CHECKPOINT, read_metrics
 from fedhet.experiment.sweep.spec import Job
@@ -65,9 +66,11 @@ def first_problem(error: str) -> str:
 
 
 def config_error(job: Job) -> str | None:
-    """Why the config the sweep file asks of ``job`` does not load (None when it does)."""
+    """Why the config the sweep file asks of ``job`` does not load, or names an algorithm or
+    algorithm.params its method refuses (a typo that ``fedhet run`` would only meet once the run
+    starts); None when it loads."""
     try:
-        current_config(job)
+        make_algorithm(current_config(job))
     except (ConfigError, OSError) as e:
         return str(e)
     return None
