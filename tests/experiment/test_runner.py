@@ -498,7 +498,8 @@ def test_config_errors_speak_of_keys_and_say_the_fix(small_config, tmp_path):
     assert "model.split: expects a string or null, got false; YAML reads yes, no" in error("model.split=no")
     assert "data.local_tset: unknown key (did you mean local_test?)" in error("data.local_tset.fraction=0.1")
     # a string YAML reads as a number or a boolean: quote it
-    assert """name: Input should be a valid string; YAML reads 2024 as a number: quote it to keep it a string, --set 'name="2024"'""" in error("name=2024")
+    assert """name: Input should be a valid string; YAML reads the value as the number 2024: quote it as you wrote it to keep it a string, --set 'name="..."'""" in error("name=2024")
+    assert "YAML reads the value as the number 83: quote it as you wrote it" in error("name=0123")      # octal to YAML
     assert "name: expects a string, got false; YAML reads yes, no, on, off, true and false as booleans" in error("name=no")
     assert "train.rounds: expects a whole number, got true" in error("train.rounds=true")      # a section's own check, keyed
     # a date where a string goes, and null where a value goes: what YAML read, and the fix

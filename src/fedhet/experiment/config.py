@@ -349,8 +349,9 @@ def _quote_hint(key: str, value: Any) -> str:
     if isinstance(value, bool) or value in ("true", "false"):
         return (f"; YAML reads yes, no, on, off, true and false as booleans: quote the value to keep it a "
                 f"string, --set '{key}=\"...\"' or {key.split('.')[-1]}: \"...\" in the file")
-    return (f"; YAML reads {value} as a number: quote it to keep it a string, --set '{key}=\"{value}\"' or "
-            f"{key.split('.')[-1]}: \"{value}\" in the file")
+    # the text as typed, not the number: YAML reads 0123 as 83 and 1_000 as 1000
+    return (f"; YAML reads the value as the number {value}: quote it as you wrote it to keep it a string, "
+            f"--set '{key}=\"...\"' or {key.split('.')[-1]}: \"...\" in the file")
 
 
 def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], prefix: str = "",
