@@ -370,3 +370,34 @@ def test_recorded_parameters_are_compared_as_the_method_reads_them_not_as_dumped
     then["damp"] = "not a number"                                   # no longer valid: a change too
     assert "damp: 'not a number' -> 1.0" in built_differently({"algorithm_params": then},
                                                               {"algorithm_params": dumped}, now)
+
+
+def test_a_resume_refuses_a_run_whose_model_option_default_changed_since_its_checkpoint(small_config, tmp_path,
+                                                                                         monkeypatch):
+    """A model option the config leaves out takes its builder's default; a default changed since the
+    checkpoint (another fedhet version, a user's builder edited) builds another model from the same
+    config, so a resume names it and refuses. The options recorded hold every default filled in."""
+    from dataclasses import replace
+    from functools import partial
+
+    import fedhet.models as models
+    from fedhet.core.errors import CheckpointError
+    from fedhet.experiment.runner import Experiment, read_metrics
+
+    assert models.resolved_options("fca_googlenet", {}) == {"dropout": 0.2, "gn_groups": 2, "relu_features": False}
+    assert models.resolved_options("fca_alexnet", {"dropout": 0}) == {"dropout": 0, "relu_features": False}
+    raw = copy.deepcopy(small_config)
+    raw["model"] = {"arch": "fca_tiny_a"}
+    raw["train"].update(rounds=1)
+    exp = Experiment.create(load_config(raw=raw), tmp_path / "run")
+    exp.run(progress=False)
+    assert exp.built_from()["model_options"] == {"fca_tiny_a": {"relu_features": False}}
+    rows = read_metrics(exp.run_dir)
+    entry = models._MODELS["fca_tiny_a"]
+    monkeypatch.setitem(models._MODELS, "fca_tiny_a", replace(entry, build=partial(entry.build, relu_features=True)))
+    with pytest.raises(CheckpointError, match=r"cannot go on from its checkpoint of round 1: the models' options "
+                                              r"resolve otherwise than then \(fca_tiny_a relu_features: False -> True\)"):
+        Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"])
+    assert read_metrics(exp.run_dir) == rows
+    monkeypatch.setitem(models._MODELS, "fca_tiny_a", entry)      # as it was: it goes on
+    assert Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"]).run(progress=False)["rounds_completed"] == 2

@@ -67,6 +67,7 @@ from fedhet.experiment.summary import (
     summarize_metrics,
 )
 from fedhet.metrics.evaluate import evaluate_loop, evaluation_clients
+from fedhet.models import resolved_options
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.precision import bf16_native, strict_fp32
 
@@ -159,6 +160,15 @@ def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) ->
                        for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
             problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
                             + "): a default in the method's code changed (yours, or fedhet's in another version)")
+    old_options, new_options = then.get("model_options"), now.get("model_options") or {}
+    if isinstance(old_options, dict) and old_options != new_options:
+        changed = [f"{arch} {k}: {old_options.get(arch, {}).get(k, '<absent>')!r} -> "
+                   f"{new_options.get(arch, {}).get(k, '<absent>')!r}"
+                   for arch in sorted(set(old_options) | set(new_options))
+                   for k in sorted(set(old_options.get(arch, {})) | set(new_options.get(arch, {})))
+                   if old_options.get(arch, {}).get(k) != new_options.get(arch, {}).get(k)]
+        problems.append("the models' options resolve otherwise than then (" + "; ".join(changed)
+                        + "): a default of a model builder changed (yours, or fedhet's in another version)")
     if then.get("data") not in (None, now.get("data")):
         problems.append("the images or labels loaded differ from those it trained on (the dataset's files, "
                         "a user's data function, or the decoder of its image files, Pillow, changed)")
@@ -393,11 +403,14 @@ class Experiment:
 
     def built_from(self) -> dict[str, Any]:
         """What the config alone does not fix and a resume must find unchanged: the method's
-        parameters with every default filled in (a user's code may change a default) and the
+        parameters and each model's options with every default filled in (a user's code, or
+        another fedhet version, may change a default) and the
         federation's :meth:`~fedhet.data.federated.Federation.fingerprint` (dataset files, a user's
         data or partition function). Computed once per run."""
         if self._built_from is None:
             self._built_from = {"algorithm_params": self.algorithm.params.model_dump(mode="json"),
+                                "model_options": {arch: resolved_options(arch, self.cfg.model.options_of(arch))
+                                                  for arch in dict.fromkeys(self.cfg.model.archs())},
                                 **self.federation.fingerprint()}
         return self._built_from
 

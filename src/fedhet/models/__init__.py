@@ -75,6 +75,7 @@ __all__ = [
     "count_params",
     "default_split",
     "param_groups",
+    "resolved_options",
 ]
 
 
@@ -83,6 +84,30 @@ def _entry(name: str) -> _Entry:
         raise ValueError(f"unknown model {name!r}{did_you_mean(name, _MODELS)}; "
                          f"valid models: {', '.join(MODEL_NAMES)}")
     return _MODELS[name]
+
+
+# What the config gives a builder itself (model.split, model.norm) or its positional inputs: not options.
+_NOT_OPTIONS = ("in_channels", "num_classes", "image_size", "split", "norm")
+
+
+def resolved_options(name: str, given: dict) -> dict:
+    """The options model ``name`` is built with: ``given`` (``model.options`` for it) and its
+    builder's defaults for the ones left out, each a plain value (else its repr). A changed default
+    changes the model a config builds (a dropout rate) without changing the config; a resume
+    compares these. Empty where the builder's signature cannot be read."""
+    if is_import_path(name):
+        builder, accepted = load_object(name), None
+    else:
+        entry = _entry(name)
+        builder, accepted = entry.build, set(entry.options)
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):           # a builtin or C callable
+        return {}
+    found = {k: p.default for k, p in params.items()
+             if p.default is not p.empty and k not in _NOT_OPTIONS and (accepted is None or k in accepted)}
+    found.update(given)
+    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else repr(v) for k, v in sorted(found.items())}
 
 
 def default_split(name: str) -> str:
