@@ -133,7 +133,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
     jobs = select_jobs(sweep, only)
     threads = sweep_threads(sweep)          # a bad --set run.threads stops the sweep before it touches its folder
     initial = {j.name: job_status(j) for j in jobs}
-    broken = unloadable_jobs(jobs, initial, retry_failed, methods=True)
+    broken = unloadable_jobs(jobs, initial, retry_failed)
     if broken:       # refused before any run starts: each would fail the same way in its first second
         raise ConfigError(unloadable_message(broken))
     sweep.out.mkdir(parents=True, exist_ok=True)

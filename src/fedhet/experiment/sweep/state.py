@@ -64,29 +64,22 @@ def first_problem(error: str) -> str:
     return lines[1].strip() if len(lines) > 1 and lines[0].startswith("invalid config") else lines[0]
 
 
-def config_error(job: Job, methods: bool = False) -> str | None:
-    """Why the config the sweep file asks of ``job`` does not load (None when it does); with
-    ``methods``, also an algorithm.params its method refuses (a typo ``fedhet run`` would meet only
-    as the run starts), which imports the methods and so torch: only where runs start."""
+def config_error(job: Job) -> str | None:
+    """Why the config the sweep file asks of ``job`` does not load (None when it does)."""
     try:
-        cfg = current_config(job)
-        if methods:
-            from fedhet.experiment.build import make_algorithm
-
-            make_algorithm(cfg)
+        current_config(job)
     except (ConfigError, OSError) as e:
         return str(e)
     return None
 
 
-def unloadable_jobs(jobs: list[Job], status: dict[str, str], retry_failed: bool,
-                    methods: bool = False) -> list[tuple[Job, str]]:
+def unloadable_jobs(jobs: list[Job], status: dict[str, str], retry_failed: bool) -> list[tuple[Job, str]]:
     """The jobs a sweep would start (by their ``status``, :func:`job_status` by name) whose config
-    does not load (``methods``: :func:`config_error`), each with why; and the runs "stale" only
-    because of that (a typo in a --set): no run of another config, nothing to delete."""
+    does not load, each with why; and the runs "stale" only because of that (a typo in a --set):
+    no run of another config, nothing to delete."""
     return [(job, why) for job in jobs
             if (would_start(status[job.name], retry_failed) or status[job.name] == "stale")
-            and (why := config_error(job, methods))]
+            and (why := config_error(job))]
 
 
 def unloadable_message(broken: list[tuple[Job, str]]) -> str:
