@@ -386,6 +386,17 @@ def test_a_resume_refuses_a_run_whose_model_option_default_changed_since_its_che
 
     assert models.resolved_options("fca_googlenet", {}) == {"dropout": 0.2, "gn_groups": 2, "relu_features": False}
     assert models.resolved_options("fca_alexnet", {"dropout": 0}) == {"dropout": 0, "relu_features": False}
+    # a user's builder: every default, written the same in every process (a function by its import
+    # path, not its address) and as the config's JSON round trip gives it back (a tuple as a list)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "lab_net.py").write_text("import numpy as np\nimport torch.nn.functional as F\n\n\n"
+                                         "def build(in_channels, num_classes, image_size, split=None, act=F.relu,\n"
+                                         "          widths=(8, 16), scale=np.float32(0.5), norm='bn'):\n"
+                                         "    raise NotImplementedError\n")
+    assert models.resolved_options("lab_net:build", {"widths": (4, 4)}) == {
+        "act": "torch.nn.functional:relu", "scale": 0.5, "widths": [4, 4]}
+    assert models.resolved_options("lab_net:build", {"widths": [4, 4]}) == models.resolved_options(
+        "lab_net:build", {"widths": (4, 4)})
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "fca_tiny_a"}
     raw["train"].update(rounds=1)

@@ -748,7 +748,8 @@ def test_a_node_on_the_device_trains_and_evaluates_there(small_config, tmp_path,
         return built
 
     def spy(model, *args, **kwargs):
-        evaluated_on.append(next(model.parameters()).device.type)
+        device = args[6] if len(args) > 6 else kwargs.get("device", "cpu")       # where the passes run
+        evaluated_on.append((next(model.parameters()).device.type, torch.device(device).type))
         return real_predict(model, *args, **kwargs)
 
     monkeypatch.setattr(client_mod, "build", build_with_hooks)
@@ -756,7 +757,7 @@ def test_a_node_on_the_device_trains_and_evaluates_there(small_config, tmp_path,
     client_mod._BUILT.clear()
     ref = reference_run(cfg, tmp_path / "sim")
     flower_run(cfg, tmp_path / "flower")
-    assert evaluated_on and set(evaluated_on) == {torch.device(DEVICE).type}
+    assert evaluated_on and set(evaluated_on) == {(torch.device(DEVICE).type, torch.device(DEVICE).type)}
     assert cpu_calls == [], f"{len(cpu_calls)} forward passes of a node's CPU models"
     sim_row, fl_row = read_metrics(tmp_path / "sim")[-1], read_metrics(tmp_path / "flower")[-1]
     assert fl_row["personal_acc_by_client"] == pytest.approx(sim_row["personal_acc_by_client"], abs=1e-6)

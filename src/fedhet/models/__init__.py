@@ -7,6 +7,8 @@ valid choices in the message; config-level callers turn it into ``ConfigError``.
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,9 +92,28 @@ def _entry(name: str) -> _Entry:
 _NOT_OPTIONS = ("in_channels", "num_classes", "image_size", "split", "norm")
 
 
+def _plain(value: object) -> object:
+    """``value`` as the same text in every process: what a config's JSON round trip makes of it (a
+    tuple a list, a numpy number a number), a function or class by its import path (its repr holds
+    an address), a NaN as "nan" (never equal to itself), any other object by its type."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return "nan" if math.isnan(float(value)) else float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', None) or '?'}:{value.__qualname__}"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
 def resolved_options(name: str, given: dict) -> dict:
     """The options model ``name`` is built with: ``given`` (``model.options`` for it) and its
-    builder's defaults for the ones left out, each a plain value (else its repr). A changed default
+    builder's defaults for the ones left out, each as :func:`_plain` writes it. A changed default
     changes the model a config builds (a dropout rate) without changing the config; a resume
     compares these. Empty where the builder's signature cannot be read."""
     if is_import_path(name):
@@ -107,7 +128,7 @@ def resolved_options(name: str, given: dict) -> dict:
     found = {k: p.default for k, p in params.items()
              if p.default is not p.empty and k not in _NOT_OPTIONS and (accepted is None or k in accepted)}
     found.update(given)
-    return {k: v if v is None or isinstance(v, (bool, int, float, str)) else repr(v) for k, v in sorted(found.items())}
+    return {k: _plain(v) for k, v in sorted(found.items())}
 
 
 def default_split(name: str) -> str:
