@@ -101,6 +101,32 @@ def test_fednova_server_rule_with_unequal_steps_hand_computed():
     assert new["model"]["n"].dtype == torch.int64 and int(new["model"]["n"]) == 5
 
 
+@pytest.mark.parametrize("name", ["fednova+fedavgm", "fedavgm+fednova", "fednova+scaffold", "scaffold+fednova",
+                                  "fednova+feddyn", "feddyn+fednova"])
+def test_fednova_in_a_composition_averages_and_the_others_server_rules_go_on_from_its_average(name):
+    """FedNova replaces the average, not the server rule after it, in either order. By hand: w = 1,
+    clients at 0 and 1 with 10 and 30 samples after a_i = 2 and 4 steps: FedNova's average 0.5625
+    (FedAvg's mean 0.75). FedAvgM at server_lr 0.5, momentum 0.9, first round: v = 1 - 0.5625 =
+    0.4375, w = 1 - 0.5 v = 0.78125; SCAFFOLD at server_lr 0.5: 1 + 0.5 (0.5625 - 1) = 0.78125;
+    FedDyn, alpha 0.1, 5 clients, h = 0 before: its uniform weights make FedNova's p = (1/2, 1/2),
+    tau_eff = 3 and the average 1 - 3 (1/4) = 0.25; h = -(0.1/5) ((0 - 1) + (1 - 1)) = 0.02, so
+    w = 0.25 - 0.02/0.1 = 0.05."""
+    params = {"fedavgm": {"server_lr": 0.5, "server_momentum": 0.9}, "scaffold": {"server_lr": 0.5},
+              "feddyn": {"alpha": 0.1}}
+    other = next(part for part in name.split("+") if part != "fednova")
+    cls = compose([ALGORITHMS[part] for part in name.split("+")])
+    algo = cls(cls.Params(**params[other]))
+    state = algo.init_server_state({"cnn": {"w": torch.tensor([1.0])}})
+    control = {"control": {"w": torch.zeros(1)}} if other == "scaffold" else {}
+    replies = {0: Message("update", {"model": {"w": torch.tensor([0.0])}, **control},
+                          {"num_samples": 10, "steps": 2, "a_i": 2.0}),
+               1: Message("update", {"model": {"w": torch.tensor([1.0])}, **control},
+                          {"num_samples": 30, "steps": 4, "a_i": 4.0})}
+    new = algo.aggregate(state, replies, ctx([0, 1]))
+    expected = {"fedavgm": 0.78125, "scaffold": 0.78125, "feddyn": 0.05}[other]
+    assert float(new["model"]["w"]) == pytest.approx(expected, abs=1e-7)
+
+
 def test_fednova_equal_steps_without_momentum_is_fedavg():
     g = torch.Generator().manual_seed(0)
     glob = {"w": torch.randn(4, 3, generator=g), "b": torch.randn(3, generator=g)}

@@ -126,8 +126,9 @@ def test_a_replacing_hook_must_call_every_hook_fedavgs_calls_that_another_method
     with pytest.raises(ConfigError, match="own_loop's client_update does not call uploaded_model as FedAvg's does, "
                                           "so own_upload's uploaded_model would never run"):
         compose([OwnLoop, OwnUpload])
-    with pytest.raises(ConfigError, match="own_aggregate's aggregate does not call aggregation_weights as FedAvg's "
-                                          "does, so weighing's aggregation_weights would never run"):
+    with pytest.raises(ConfigError, match=r"own_aggregate's aggregate does not call average_models \(which calls "
+                                          r"aggregation_weights\) as FedAvg's does, so weighing's aggregation_weights "
+                                          "would never run"):
         compose([OwnAggregate, Weighing])
     compose([HelperLoop, OwnUpload])             # called through its own helper: both parts run
     # without local_training, FedAvg's local_training's own callees (local_terms) never run either
@@ -153,8 +154,10 @@ def test_a_replaced_client_model_need_not_call_global_model_which_evaluation_cal
                       "after_training would never run"),
     ("perfedavg+fedper", "perfedavg's client_update does not call start_weights as FedAvg's does, so fedper's "
                          "start_weights would never run"),
-    ("feddyn+fedproto", "fedproto's aggregate does not call aggregation_weights as FedAvg's does, so feddyn's "
-                        "aggregation_weights would never run")])
+    ("feddyn+fedproto", r"fedproto's aggregate does not call average_models \(which calls aggregation_weights\) as "
+                        "FedAvg's does, so feddyn's aggregation_weights would never run"),
+    ("fednova+fedproto", "fedproto's aggregate does not call average_models as FedAvg's does, so fednova's "
+                         "average_models would never run")])
 def test_built_in_pairs_that_would_drop_a_part_are_refused(name, message):
     with pytest.raises(ConfigError, match=f"cannot combine {name.replace('+', r'[+]')}: {message}"):
         algorithm_class(name)

@@ -179,8 +179,8 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
     """One method whose hooks chain through every component (Python's MRO, left first).
 
     Each FedAvg hook calls ``super()``, so ``fedprox+scaffold`` trains on CE + proximal + control-variate
-    terms, and a component that replaces the server rule (FedNova's ``aggregate``) or the round
-    (FedFM's anchor phase) supplies it for the combination. Hyper-parameters of all components
+    terms, and a component that replaces the average (FedNova's ``average_models``) or the round
+    (FedFM's anchor phase) supplies it for the combination, the others' server rules going on from it. Hyper-parameters of all components
     live in one ``algorithm.params`` mapping, so parts may not share a parameter name. A combination
     in which some component's part would never run is refused (module docstring).
     """
@@ -230,6 +230,10 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
     if len(weighers) > 1:
         raise ConfigError(f"cannot combine {name}: {weighers[0]} and {weighers[1]} each define the aggregation "
                           f"weights (only one would apply)")
+    averagers = [c.name for c in classes if c.average_models is not FedAvg.average_models]
+    if len(averagers) > 1:
+        raise ConfigError(f"cannot combine {name}: {averagers[0]} and {averagers[1]} each define how the uploaded "
+                          f"models are averaged (only one would apply)")
     owner_of_term = [c.name for c in classes if getattr(c, "builds_own_data_term", False)]
     replacers = [c.name for c in classes if c.data_terms is not FedAvg.data_terms]
     if owner_of_term and replacers:

@@ -92,9 +92,15 @@ class FedAvg(Algorithm):
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
         cids = sorted(replies)  # a fixed order keeps float sums identical across engines
-        state["model"] = weighted_average([replies[c].arrays["model"] for c in cids],
-                                          self.aggregation_weights(replies, cids))
+        state["model"] = self.average_models(state.get("model"), replies, cids)
         return state
+
+    def average_models(self, model: Arrays | None, replies: Replies, cids: list[int]) -> Arrays:
+        """The round's average of the uploaded models, from which the server rules of a composition
+        go on (FedAvgM's momentum, FedDyn's correction, SCAFFOLD's server step): the weighted mean
+        here, FedNova's normalised average there. ``model``: the global model the round started
+        from (None in a state without one: the mean needs none)."""
+        return weighted_average([replies[c].arrays["model"] for c in cids], self.aggregation_weights(replies, cids))
 
     def aggregation_weights(self, replies: Replies, cids: list[int]) -> list[float]:
         """Each answering client's weight in the average: its training-set size (FedACD: its score).

@@ -23,7 +23,7 @@ import torch
 
 from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.core.contract import ClientRuntime, Message, Replies, RoundContext, State
+from fedhet.core.contract import Arrays, ClientRuntime, Message, Replies, State
 from fedhet.training.steps import normalizing_factor
 
 
@@ -41,19 +41,19 @@ class FedNova(FedAvg):
         reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), client.settings.momentum)
         return reply, state
 
-    def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
-        cids = sorted(replies)  # fixed order: identical float sums across engines
-        glob = state["model"]
-        # The rest of a composition's server side runs first (SCAFFOLD's control variate, FedACD's
-        # records); the normalised average then replaces its model.
-        state = super().aggregate(state, replies, ctx)
+    def average_models(self, model: Arrays | None, replies: Replies, cids: list[int]) -> Arrays:
+        """The normalised average in place of FedAvg's mean; in a composition the other components'
+        server rules (FedAvgM, FedDyn, SCAFFOLD's server_lr) go on from it, in either order."""
+        if model is None:
+            raise ValueError("FedNova normalises each update against the round's global model, and the server "
+                             "state holds no 'model'")
         models = [replies[c].arrays["model"] for c in cids]
         n = self.aggregation_weights(replies, cids)
         a = [float(replies[c].scalars["a_i"]) for c in cids]
         p = [x / sum(n) for x in n]
         tau_eff = sum(pi * ai for pi, ai in zip(p, a))
         new = {}
-        for name, w in glob.items():
+        for name, w in model.items():
             if not w.is_floating_point():
                 continue
             direction = torch.zeros_like(w)
@@ -61,8 +61,7 @@ class FedNova(FedAvg):
                 if ai > 0:  # a client that took no step has w_i == w and d_i = 0
                     direction += (pi / ai) * (w - m[name])
             new[name] = w - tau_eff * direction
-        ints = [k for k, w in glob.items() if not w.is_floating_point()]
+        ints = [k for k, w in model.items() if not w.is_floating_point()]
         if ints:
             new.update(weighted_average(models, n, keys=ints))
-        state["model"] = {k: new[k] for k in glob}
-        return state
+        return {k: new[k] for k in model}
