@@ -334,6 +334,12 @@ def test_fedpac_server_round_combines_heads_and_builds_prototypes():
     assert algo.client_model(0, new, None)["head.w"] is new["heads"][0]["head.w"]
     assert algo.client_model(1, new, None) is new["model"]
     torch.testing.assert_close(combine_heads([{"a": t(1)}, {"a": t(3)}], [0.0, 2.0])["a"], t(3))
+    # PFLlib's serverpac (FedReMa's code base): the plain mean of the prototypes of the clients with a class
+    uniform = FedPAC(FedPAC.Params(pac_proto_weighting="uniform"))
+    _, new = drive(uniform, uniform.init_server_state({"m": {"body.w": t(0), "head.w": t(0)}}), ctx([2, 0]), {
+        0: pac_reply(1.0, 10.0, 1.0, h[0], t([1, 1], [2, 0]), torch.tensor([3, 0]), 1),
+        2: pac_reply(5.0, 2.0, 2.0, h[1], t([3, 3], [4, 2]), torch.tensor([1, 5]), 3)})
+    torch.testing.assert_close(new["prototypes"], t([2, 2], [4, 2]))     # class 0: ([1,1] + [3,3]) / 2
 
 
 def test_fedpac_client_head_epoch_then_aligned_body_and_uploads():

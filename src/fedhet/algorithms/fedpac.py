@@ -40,7 +40,8 @@ Server:
 
 Decisions where the references disagree or are silent:
 
-* Prototype weighting: class counts (official code); PFLlib's ``serverpac`` uses a plain mean.
+* Prototype weighting: class counts (official code); PFLlib's ``serverpac`` uses a plain mean,
+  which FedReMa's code base (a copy of PFLlib) runs too: ``pac_proto_weighting: uniform``.
 * Alignment for a class without a global prototype: no pull, normalised over the whole batch
   (PFLlib, :class:`fedhet.algorithms.prototypes.PrototypeAlignment`); the official code pulls such
   samples to the client's own pre-training prototype. The two agree whenever every class of the
@@ -65,7 +66,7 @@ Reusable pieces (FedReMa's +F / +A&F variants): :func:`fedhet.training.phases.tr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -234,6 +235,9 @@ class FedPAC(FedPer):
         pac_proto_weight: float = Field(1.0, ge=0)        # lambda of the alignment term (FedReMa Table 1: 1)
         pac_head_epochs: int = Field(1, ge=0)             # classifier epochs before the body's (paper: 1)
         pac_min_weight: float = Field(1e-3, ge=0, lt=1)   # combination weights at or below are zeroed (official eps)
+        # global prototypes: by class counts (official code) or the plain mean (PFLlib's serverpac,
+        # which FedReMa's baselines run)
+        pac_proto_weighting: Literal["counts", "uniform"] = "counts"
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -256,7 +260,7 @@ class FedPAC(FedPer):
         if not cids:
             return state
         uploads = [up for c in cids if (up := uploaded_prototypes(replies[c])) is not None]
-        agg = aggregate_prototypes(uploads, "counts")                         # official protos_aggregation
+        agg = aggregate_prototypes(uploads, self.params.pac_proto_weighting)  # official protos_aggregation: counts
         if agg is not None:
             state["prototypes"], state["defined"] = agg
         variances = [float(replies[c].arrays["statistics"]["variance"].double().sum()) for c in cids]
