@@ -235,6 +235,16 @@ def test_moon_term_first_round_and_client_state():
     assert all(torch.equal(state["moon_prev"][k], reply.arrays["model"][k]) for k in glob)
     algo.client_update(Message("train", {"model": glob}), state, client)
     assert client.terms[1].prev_weights is state["moon_prev"] and client.terms[1].global_weights is glob
+    # later rounds: the global model's features are the positive, the previous model's the negative,
+    # each model in eval mode: mu * mean log(1 + exp((cos(z, z_prev) - cos(z, z_glob)) / tau)) by hand
+    model.eval()
+    with torch.no_grad():
+        z, z_glob, z_prev = (forward(model, w, x).features for w in (local, glob, state["moon_prev"]))
+    gap = (F.cosine_similarity(z, z_prev, dim=-1) - F.cosine_similarity(z, z_glob, dim=-1)) / 0.5
+    expected = 2.0 * torch.log1p(torch.exp(gap)).mean()
+    value = client.terms[1](out, Batch(x, torch.zeros(4, dtype=torch.long), torch.arange(4)), local)
+    assert abs(float(gap.mean())) > 0.1                  # the two references differ: a swap would show
+    assert float(value) == pytest.approx(float(expected), rel=1e-5)
 
 
 # --- end to end -------------------------------------------------------------------------------

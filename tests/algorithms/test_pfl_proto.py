@@ -256,6 +256,10 @@ def test_fedrep_trains_head_epochs_then_body_epochs_and_keeps_its_head():
     assert all(is_head(n) for n in client.calls[0]["trainable"]) and all(is_body(n) for n in client.calls[1]["trainable"])
     assert reply.scalars["steps"] == 5 * 2
     assert set(reply.arrays["model"]) == set(body) and set(state) == {"head"}
+    # the head it keeps is the one its head epochs trained (the body phase starts from it, frozen)
+    trained_head = {k: v for k, v in client.calls[1]["start_weights"].items() if is_head(k)}
+    assert set(state["head"]) == set(trained_head)
+    assert all(torch.equal(state["head"][k], v) and not torch.equal(v, client.init[k]) for k, v in trained_head.items())
     assert FedRep.Params().rep_head_epochs == 10
 
 
