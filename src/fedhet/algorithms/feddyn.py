@@ -15,9 +15,13 @@ The server keeps ``h`` (lines 8-9), with m = all clients and P_t the clients tha
     h^t     = h^{t-1} - alpha * (1/m) * sum_{k in P_t} (theta_k^t - theta^{t-1})
     theta^t = (1/|P_t|) * sum_{k in P_t} theta_k^t - (1/alpha) * h^t
 
-``theta^t`` is both the model sent next round and the one evaluated (the paper's server model).
-The average is the paper's uniform mean, not FedAvg's sample-size weighting. BatchNorm
-statistics get no ``h`` correction: they are plain (uniform) averages.
+``theta^t`` is both the model sent next round and the one evaluated (the paper's server model;
+PFLlib and FL-bench evaluate it too, the authors' ``alpemreacar/FedDyn`` tests the plain mean of
+the round's models). The average is the paper's uniform mean, not FedAvg's sample-size weighting.
+One ``alpha`` for every client, as Algorithm 1 writes it; the authors' code and FL-bench divide it
+by each client's data size relative to the mean (their "adaptive alpha"), which pulls small
+clients harder where sizes differ. BatchNorm statistics get no ``h`` correction: they are plain
+(uniform) averages.
 """
 
 from __future__ import annotations
