@@ -396,6 +396,17 @@ def test_feddistill_client_uploads_mean_logits_and_keeps_its_model():
                       lambda e: rt2.generator("batches", e))
     for k in ref.weights:
         torch.testing.assert_close(st2["model"][k], ref.weights[k])
+    # the server's logits reach the distillation term with their classes and the method's weight and loss
+    g = {"mean": torch.randn(3, 3), "defined": torch.tensor([True, False, True])}
+    rt3 = Runtime(model, data, TrainSettings(epochs=1, batch_size=4, lr=0.0), classes=3)
+    seen, real_train = [], rt3.train
+    rt3.train = lambda weights, terms=None, **kw: (seen.append(list(terms)), real_train(weights, terms, **kw))[1]
+    FedDistill(FedDistill.Params(distill_weight=0.3, distill_loss="mse")).client_update(
+        Message("train", {"global_logits": g}), None, rt3)
+    (ce, term), = seen
+    assert isinstance(ce, CrossEntropy) and isinstance(term, Distillation)
+    assert term.global_logits is g["mean"] and term.defined.tolist() == [True, False, True]
+    assert (term.weight, term.kind) == (0.3, "mse")
 
 
 # --- end to end ---------------------------------------------------------------------------
