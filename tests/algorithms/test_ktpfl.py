@@ -169,6 +169,27 @@ def test_the_client_distils_towards_its_target(small_config):
     assert after[:, 3].mean() > probs[:, 3].mean()
 
 
+@pytest.mark.parametrize("training", ["plain_sgd", "run"])
+def test_distillation_trains_with_plain_sgd_as_both_codes_or_with_the_runs_settings(small_config, training):
+    """Both codes distil with a fresh plain SGD (cugzj: SGD(lr=0.02), no momentum, no weight decay)
+    over every public image, whatever the private training uses; "run" keeps the run's Adam."""
+    cfg = mixed(small_config, distill_training=training, distill_lr=0.02)
+    cfg.train.optimizer, cfg.train.momentum, cfg.train.weight_decay, cfg.train.drop_last = "adam", 0.0, 1e-4, True
+    loop = build_loop(cfg)
+    client = runtime(loop, 1)
+    _, state = loop.algorithm.client_update(Message("train", scalars={"public_seed": 11}), None, client)
+    seen, real_train = [], client.train
+    client.train = lambda weights, terms=None, **kw: (seen.append(kw["settings"]), real_train(weights, terms, **kw))[1]
+    msg = Message("distill", {"target": {"probs": torch.full((64, 10), 0.1)}}, {"public_seed": 11})
+    loop.algorithm.client_update(msg, state, client)
+    (s,) = seen
+    assert (s.lr, s.batch_size, s.epochs) == (0.02, 32, 1)
+    if training == "plain_sgd":
+        assert (s.optimizer, s.momentum, s.weight_decay, s.clip_grad_norm, s.drop_last) == ("sgd", 0.0, 0.0, None, False)
+    else:
+        assert (s.optimizer, s.weight_decay, s.drop_last) == ("adam", 1e-4, True)
+
+
 def test_the_public_batch_comes_from_the_public_set(small_config):
     loop = build_loop(mixed(small_config, public_size=40))
     public = loop.host.federation.public

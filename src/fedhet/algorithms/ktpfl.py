@@ -41,7 +41,10 @@ One round, two phases (the paper's Algorithm 1 order):
 3. ``"distill"`` - the client distils its model towards ``t_k`` on the same public batch for
    ``distill_epochs`` epochs (cugzj ``N_logits_matching_round`` = 1, hukla ``--num_distill`` = 1),
    batches of ``distill_batch_size`` (256 in both codes), learning rate ``distill_lr`` (None: the
-   run's lr; both codes use their local lr 0.02/0.01), with ``distill_loss``:
+   run's lr; both codes use their local lr 0.02/0.01), by ``distill_training``: ``"plain_sgd"`` (both
+   codes: a fresh ``SGD(lr)``, no momentum or weight decay, every public image, cugzj
+   ``engine_kt_pfl.py`` ``collaborative_training``) or ``"run"`` (the run's optimizer settings, e.g.
+   the Adam of FedClassAvg's protocol), with ``distill_loss``:
    ``"kl"`` (cugzj and the paper): ``F.kl_div(log_softmax(z / T), t_k, reduction="mean")`` - the
    mean over the B x C entries (= batch-mean KL / C), no T^2 factor; ``"mse"`` (hukla
    ``distill_one_model``): mean squared error between ``softmax(z)`` (temperature 1) and ``t_k``.
@@ -246,6 +249,9 @@ class KTpFL(Algorithm):
         distill_epochs: int = Field(1, ge=0)                 # N_logits_matching_round / --num_distill
         distill_batch_size: int = Field(256, ge=1)           # logits_matching_batchsize
         distill_lr: float | None = Field(None, gt=0)         # None: the run's lr
+        # both codes distil with a fresh plain SGD (no momentum, no weight decay) over every public
+        # image; "run": the run's optimizer settings (its momentum or Adam, weight decay, clipping)
+        distill_training: Literal["plain_sgd", "run"] = "plain_sgd"
         distill_loss: Literal["kl", "mse"] = "kl"            # cugzj/paper | hukla
         distill_weight: float = Field(1.0, ge=0)             # the paper's lambda
         epoch_ramp: bool = True                              # local epochs 1, 2, ... (both codes)
@@ -335,6 +341,8 @@ class KTpFL(Algorithm):
             settings = client.settings
             lr = p.distill_lr if p.distill_lr is not None else settings.lr
             s = replace(settings, epochs=p.distill_epochs, batch_size=p.distill_batch_size, lr=lr)
+            if p.distill_training == "plain_sgd":
+                s = replace(s, optimizer="sgd", momentum=0.0, weight_decay=0.0, clip_grad_norm=None, drop_last=False)
             term = Distillation(msg.arrays["target"]["probs"], p.temperature, p.distill_loss, p.distill_weight)
             # Apart from the client's own training: its own optimizer, stream and data.
             result = client.train(weights, [term], data=self.public_data(msg, client), settings=s, stream="distill",
