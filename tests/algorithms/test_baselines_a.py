@@ -11,7 +11,7 @@ import torch
 from helpers import train_call_view
 from torch import nn
 
-from fedhet.algorithms import algorithm_class, register
+from fedhet.algorithms import algorithm_class, compose, register
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedavgm import FedAvgM
 from fedhet.algorithms.feddyn import FedDyn
@@ -343,6 +343,33 @@ def test_scaffold_option_i_is_the_full_gradient_at_the_global_model():
     for k, gk in zip(w, g):
         torch.testing.assert_close(st["control"][k], gk, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(rep.arrays["control"][k], gk, rtol=1e-5, atol=1e-6)   # c_i was 0
+
+
+def test_scaffold_option_i_takes_the_gradient_of_the_data_term_local_training_minimises():
+    """In a composition whose other method replaces the cross-entropy (FedRS's restricted softmax,
+    here twice the cross-entropy), c_i is the gradient of that term, as local training minimises it."""
+    class TwiceCE(LossTerm):
+        def __call__(self, out, batch, weights):
+            return 2 * CrossEntropy()(out, batch, weights)
+
+    class Twice(FedAvg):
+        name = "twice"
+
+        def data_terms(self, msg, state, client):
+            return [TwiceCE()]
+
+    torch.manual_seed(3)
+    model, data = TinyNet(), tiny_data(n=10)
+    x = weights_of(model)
+    combined = compose([Scaffold, Twice])
+    algo = combined(combined.Params(option="I"))
+    msg = Message("train", {"model": x, "control": {k: torch.zeros_like(v) for k, v in x.items()}})
+    _, st = algo.client_update(msg, None, Runtime(model, data, TrainSettings(epochs=1, batch_size=4, lr=0.1)))
+    w = {k: v.clone().requires_grad_(True) for k, v in x.items()}
+    batch = data.batch(torch.arange(10))
+    g = torch.autograd.grad(CrossEntropy()(forward(model, w, batch.x), batch, w), list(w.values()))
+    for k, gk in zip(w, g):
+        torch.testing.assert_close(st["control"][k], 2 * gk, rtol=1e-5, atol=1e-6)
 
 
 def test_scaffold_server_rule_uses_sampled_fraction_of_all_clients():

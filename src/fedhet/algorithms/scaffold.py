@@ -9,7 +9,8 @@ explicit state, initially zero). Each local step corrects the client drift:
 implemented as the :class:`Linear` loss term ``sum_p <c_p - c_i,p, w_p>``, whose gradient is
 exactly ``c - c_i``, so the run's SGD needs no special optimizer. After the K local steps:
 
-    option I:  c_i+ = grad f_i(x)   (mean gradient of the cross-entropy at the received model x,
+    option I:  c_i+ = grad f_i(x)   (mean gradient of the data term at the received model x -
+                                     the cross-entropy, or a composed method's own, e.g. FedRS's -
                                      one full pass over the client's data; costs that pass)
     option II: c_i+ = c_i - c + (x - y_i) / (K * eta)                   (Alg. 1, line 12)
 
@@ -62,8 +63,11 @@ from fedhet.training.steps import normalizing_factor
 from fedhet.training.terms import Linear
 
 
-def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batch_size: int) -> Arrays:
-    """Mean cross-entropy gradient over the client's whole training split at ``weights``.
+def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batch_size: int,
+                  terms: list[LossTerm] | None = None) -> Arrays:
+    """Mean gradient of the data ``terms`` (default: cross-entropy; in a composition the method's
+    own, e.g. FedRS's restricted softmax, the loss its local training minimises) over the client's
+    whole training split at ``weights``.
 
     Batches are weighted by their size, so the result does not depend on ``batch_size`` for
     models without BatchNorm. The model runs in training mode like local training does, its dropout
@@ -76,14 +80,15 @@ def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batc
         work[k].requires_grad_(True)
     grads = {k: torch.zeros_like(work[k]) for k in leaves}
     n = len(client.data.train_idx)
-    ce = CrossEntropy()
+    terms = terms if terms is not None else [CrossEntropy()]
     generator = client.generator("scaffold_full_gradient")          # the batches' dropout masks, if any
     with in_mode(client.model, training=True):
         for start in range(0, n, batch_size):
             positions = torch.arange(start, min(n, start + batch_size))
             batch = client.data.batch(positions)
             with masks_applied(batch_masks(client.model, batch.x, generator)):
-                loss = ce(forward(client.model, work, batch.x), batch, work) * (len(positions) / n)
+                out = forward(client.model, work, batch.x)
+                loss = sum(term(out, batch, work) for term in terms) * (len(positions) / n)
             for k, g in zip(leaves, torch.autograd.grad(loss, [work[k] for k in leaves], allow_unused=True)):
                 if g is not None:
                     grads[k] += g
@@ -154,7 +159,8 @@ class Scaffold(FedAvg):
         params = set(trained_names(client.model, x))
         if self.params.option == "I":
             start = self.with_local_buffers(x, state, client)       # the weights training started from
-            grads = full_gradient(client, start, [k for k in c if k in params], client.settings.batch_size)
+            grads = full_gradient(client, start, [k for k in c if k in params], client.settings.batch_size,
+                                  self.data_terms(msg, state, client))
             new_ci = {k: grads[k] if k in grads else ci[k] for k in c}
         elif result.steps == 0:
             new_ci = dict(ci)
