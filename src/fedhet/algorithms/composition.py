@@ -180,8 +180,9 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
 
     Each FedAvg hook calls ``super()``, so ``fedprox+scaffold`` trains on CE + proximal + control-variate
     terms, and a component that replaces the average (FedNova's ``average_models``) or the round
-    (FedFM's anchor phase) supplies it for the combination, the others' server rules going on from it. Hyper-parameters of all components
-    live in one ``algorithm.params`` mapping, so parts may not share a parameter name. A combination
+    (FedFM's anchor phase) supplies it for the combination, the others' server rules going on from
+    it. Hyper-parameters of all components live in one ``algorithm.params`` mapping, so parts may not
+    share a parameter name. A combination
     in which some component's part would never run is refused (module docstring).
     """
     for cls in classes:
