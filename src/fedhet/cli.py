@@ -35,12 +35,11 @@ def _feature_samples(text: str) -> int:
 
 
 def _cmd_run(args) -> int:
-    from fedhet.experiment.config import load_config, parse_value
+    from fedhet.experiment.config import load_config, parse_value, split_override
     from fedhet.experiment.report import compare
     from fedhet.experiment.runner import Experiment
 
-    given = [value.strip() for key, value in (item.split("=", 1) for item in args.set if "=" in item)
-             if key.strip() == "run.threads"]
+    given = [value.strip() for key, value in map(split_override, args.set) if key == "run.threads"]
     if args.threads and given and parse_value(given[-1], "run.threads") != args.threads:
         raise FedhetError(f"run.threads is given twice, as --threads {args.threads} and as --set "
                           f"run.threads={given[-1]}: give it once")

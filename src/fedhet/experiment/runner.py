@@ -147,6 +147,12 @@ def checkpoint_refusal(run_dir: Path, snap: Any, rounds: int, keeps_client_state
     return None
 
 
+def _changes(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """``"key: old -> new"`` for every key whose value differs (``'<absent>'`` where one lacks it)."""
+    return [f"{prefix}{k}: {old.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}"
+            for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+
+
 def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) -> str | None:
     """What differs between two :meth:`Experiment.built_from` records, in words; None if nothing.
     ``params``: the method's parameters now, against which the recorded ones are validated again
@@ -155,18 +161,13 @@ def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) ->
     old_params = then.get("algorithm_params")
     if isinstance(old_params, dict):
         if not params_alike(type(params), old_params, params):
-            new_params = now.get("algorithm_params") or {}
-            changed = [f"{k}: {old_params.get(k, '<absent>')!r} -> {new_params.get(k, '<absent>')!r}"
-                       for k in sorted(set(old_params) | set(new_params)) if old_params.get(k) != new_params.get(k)]
+            changed = _changes(old_params, now.get("algorithm_params") or {})
             problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
                             + "): a default in the method's code changed (yours, or fedhet's in another version)")
     old_options, new_options = then.get("model_options"), now.get("model_options") or {}
     if isinstance(old_options, dict) and old_options != new_options:
-        changed = [f"{arch} {k}: {old_options.get(arch, {}).get(k, '<absent>')!r} -> "
-                   f"{new_options.get(arch, {}).get(k, '<absent>')!r}"
-                   for arch in sorted(set(old_options) | set(new_options))
-                   for k in sorted(set(old_options.get(arch, {})) | set(new_options.get(arch, {})))
-                   if old_options.get(arch, {}).get(k) != new_options.get(arch, {}).get(k)]
+        changed = [change for arch in sorted(set(old_options) | set(new_options))
+                   for change in _changes(old_options.get(arch, {}), new_options.get(arch, {}), f"{arch} ")]
         problems.append("the models' options resolve otherwise than then (" + "; ".join(changed)
                         + "): a default of a model builder changed (yours, or fedhet's in another version)")
     if then.get("data") not in (None, now.get("data")):

@@ -176,15 +176,17 @@ class Vectorized(Transport):
                                        statistics=req.statistics)
         except Exception as e:  # noqa: BLE001 - re-raised in the client's own thread, as the reference would
             req.error = e
-        self.counters["fallback_requests"] += 1
-        self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
+        self._count_fallback(reason)
 
     def _own_loop(self, result) -> None:
         """A client trained in its method's own loop instead of ``client.train``: the engine never
         saw it, so it ran one client at a time; counted like a request on the reference path."""
         self._name_reason_once(OWN_LOOP)
+        self._count_fallback(OWN_LOOP)
+
+    def _count_fallback(self, reason: str) -> None:
         self.counters["fallback_requests"] += 1
-        self.fallback_reasons[OWN_LOOP] = self.fallback_reasons.get(OWN_LOOP, 0) + 1
+        self.fallback_reasons[reason] = self.fallback_reasons.get(reason, 0) + 1
 
     def _name_reason_once(self, reason: str) -> None:
         """Name a reason a request cannot be vmapped in a warning when it first occurs, not only in
