@@ -55,18 +55,42 @@ def deploy_config(small_config, algorithm, rounds=2, clients=3):
     return load_config(raw=raw)
 
 
-def test_loopback_fedcme_over_tls_with_authentication_matches_simulator(small_config, tmp_path):
-    """One deployment checks three things at once (each alone costs a deployment, about a
-    minute and a half here): two-phase FedCME over real Flower, 3 clients on 2 SuperNodes (node 0
-    hosts clients 0 and 2), one round (FedCME's second round, with the global features sent down,
-    runs deployed on Flower's simulation runtime below and in-process in test_flower.py; the other
-    real deployments here run two rounds), ends with the simulator's parameters and metrics; the
-    transport is TLS (self-signed CA; the SuperLink answers HTTPS and refuses plain HTTP); and with
+def users_own_config(small_config, tmp_path, monkeypatch, rounds):
+    """docs/extending.md's files: the method FedDamp, the model small_mlp and a dataset written from
+    arrays by save_arrays, all from examples/extending, which the SuperNodes' ClientApps import from
+    PYTHONPATH as the ServerApp does. 4 users' clients."""
+    examples = Path(__file__).resolve().parents[2] / "examples" / "extending"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(examples), os.environ.get("PYTHONPATH")])))
+    monkeypatch.syspath_prepend(str(examples))
+    from toy_arrays import toy_arrays
+
+    from fedhet.extend import save_arrays
+
+    *splits, users = toy_arrays(users=4, per_user=40)
+    dataset = save_arrays(tmp_path / "toy.npz", *splits, clients_train=users)
+    raw = copy.deepcopy(small_config)
+    raw["algorithm"] = {"name": "feddamp:FedDamp", "params": {"server_lr": 0.5, "logit_penalty": 0.01}}
+    raw["model"] = {"arch": "nets:small_mlp", "options": {"hidden": 16}}
+    raw["data"].update(dataset=dataset, pool="train", num_clients=4, partition={"kind": "natural"})
+    raw["train"].update(rounds=rounds, clients_per_round=4)
+    raw["eval"]["every"] = rounds
+    raw["run"]["threads"] = 1
+    return load_config(raw=raw)
+
+
+def test_loopback_runs_the_users_own_code_over_tls_with_authentication_as_the_simulator_does(
+        small_config, tmp_path, monkeypatch):
+    """One deployment checks three things at once (each alone costs a deployment, about a minute
+    here): the user's own method, model and data (``users_own_config``) on real SuperNodes, 4
+    clients on 2 nodes, one round, end with the simulator's parameters and metrics; the transport is
+    TLS (self-signed CA; the SuperLink answers HTTPS and refuses plain HTTP); and with
     --enable-supernode-auth the registered SuperNodes (keys registered through `flwr supernode
     register`) run the round while both kinds of stranger are refused: a node whose key was never
     registered, and a node without a key (which, on a SuperLink without authentication, registers
-    itself and joins). Each stranger exits and never gets a message."""
-    cfg = deploy_config(small_config, "fedcme", rounds=1)
+    itself and joins). Each stranger exits and never gets a message. Two rounds of the same method
+    run in-process in test_flower.py; FedCME's two phases run deployed on Flower's simulation
+    runtime below, with the same ClientApp."""
+    cfg = users_own_config(small_config, tmp_path, monkeypatch, rounds=1)
     cfg.eval.personalized = False                  # the evaluate message is covered by the kill test
     probes, strangers = {}, {}
 
@@ -92,6 +116,7 @@ def test_loopback_fedcme_over_tls_with_authentication_matches_simulator(small_co
     res = run_loopback(cfg, tmp_path / "flower", nodes=2, auth=True, workdir=tmp_path / "work", timeout=600,
                        on_submitted=probe_then_start_strangers, **SETTINGS)
     assert res.status == "finished:completed" and res.summary["status"] == "completed"
+    assert res.summary["algorithm"] == "feddamp"
     assert probes["https"] == 200 and probes["http"].startswith("refused"), probes
     for name, (code, log) in strangers.items():
         assert code not in (None, 0) and "Failed to" in log and "Receiving" not in log, (name, code, log)
@@ -102,14 +127,14 @@ def test_loopback_fedcme_over_tls_with_authentication_matches_simulator(small_co
     sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
     assert [r["round"] for r in rows] == [1]
     for s, f in zip(sim_rows, rows, strict=True):
-        assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"] and f["fedcme_pairs"] == s["fedcme_pairs"]
-        assert [p["kinds"] for p in f["flower"]["phases"]] == [["train"], ["continue", "exchange"]]
-        assert all(p["sent"] == p["answered"] == 3 and p["messages"] == 2 for p in f["flower"]["phases"])
+        assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"]
+        assert [p["kinds"] for p in f["flower"]["phases"]] == [["train"]]
+        assert all(p["sent"] == p["answered"] == 4 and p["messages"] == 2 for p in f["flower"]["phases"])
     for key in ("global_acc", "global_loss"):
         assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
     for name in ("config.yaml", "metrics.jsonl", "summary.json", "accuracy.png", "checkpoint.pt"):
         assert (tmp_path / "flower" / name).is_file(), name
-    print(f"\nloopback fedcme (TLS, auth): {res.seconds}; "
+    print(f"\nloopback, the user's own code (TLS, auth): {res.seconds}; "
           f"phases: {[[p['seconds'] for p in r['flower']['phases']] for r in rows]}")
 
 
@@ -135,6 +160,7 @@ def test_simulation_runtime_fedcme_matches_simulator(small_config, tmp_path):
     for s, f in zip(sim_rows, rows, strict=True):
         assert f["train_loss"] == s["train_loss"] and f["fedcme_pairs"] == s["fedcme_pairs"]
         assert all(p["sent"] == p["answered"] == 3 for p in f["flower"]["phases"])
+    assert [p["kinds"] for p in rows[0]["flower"]["phases"]] == [["train"], ["continue", "exchange"]]
     for key in ("global_acc", "personal_acc"):           # evaluated after the last round
         assert rows[-1][key] == pytest.approx(sim_rows[-1][key], abs=1e-9), key
 
@@ -214,39 +240,3 @@ def test_supernode_killed_mid_round(small_config, tmp_path):
     assert "2" not in r2["personal_acc_by_client"] and "0" in r2["personal_acc_by_client"]
     print(f"\nkilled node: {res.seconds}; round 1 dropped: {r1['flower']['dropped']}; "
           f"round 2 dropped: {r2['flower']['dropped']}")
-
-
-def test_loopback_runs_the_users_own_method_model_and_data_as_the_simulator_does(small_config, tmp_path,
-                                                                                  monkeypatch):
-    """docs/extending.md's files on a real deployment: the method FedDamp, the model small_mlp and a
-    dataset written from arrays by save_arrays, all from examples/extending, which the SuperNodes'
-    ClientApps import from PYTHONPATH as the ServerApp does. 4 users' clients on 2 SuperNodes, 2
-    rounds: the simulator's server state and metrics."""
-    examples = Path(__file__).resolve().parents[2] / "examples" / "extending"
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(examples), os.environ.get("PYTHONPATH")])))
-    monkeypatch.syspath_prepend(str(examples))
-    from toy_arrays import toy_arrays
-
-    from fedhet.extend import save_arrays
-
-    *splits, users = toy_arrays(users=4, per_user=40)
-    dataset = save_arrays(tmp_path / "toy.npz", *splits, clients_train=users)
-    raw = copy.deepcopy(small_config)
-    raw["algorithm"] = {"name": "feddamp:FedDamp", "params": {"server_lr": 0.5, "logit_penalty": 0.01}}
-    raw["model"] = {"arch": "nets:small_mlp", "options": {"hidden": 16}}
-    raw["data"].update(dataset=dataset, pool="train", num_clients=4, partition={"kind": "natural"})
-    raw["train"].update(rounds=2, clients_per_round=4)
-    raw["eval"]["every"] = 2
-    raw["run"]["threads"] = 1
-    cfg = load_config(raw=raw)
-    res = run_loopback(cfg, tmp_path / "flower", nodes=2, workdir=tmp_path / "work", timeout=600, **SETTINGS)
-    assert res.status == "finished:completed" and res.summary["algorithm"] == "feddamp"
-
-    ref = Experiment.create(cfg, tmp_path / "sim")
-    ref.run(progress=False)
-    assert_identical(load_server_state(tmp_path / "flower")["server_state"], ref.loop.server_state)
-    sim_rows, rows = read_metrics(tmp_path / "sim"), read_metrics(tmp_path / "flower")
-    assert [r["round"] for r in rows] == [1, 2]
-    for s, f in zip(sim_rows, rows, strict=True):
-        assert f["train_loss"] == s["train_loss"] and f["comm"] == s["comm"], f["round"]
-    assert rows[-1]["global_acc"] == pytest.approx(sim_rows[-1]["global_acc"], abs=1e-9)
