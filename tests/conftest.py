@@ -105,8 +105,8 @@ def dump(path: Path, obj) -> None:
 
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory) -> Path:
-    """CIFAR-10 / CIFAR-100 python pickles and CINIC-10 PNG folders, 50-60 images per class
-    (NIID-2 cuts every class into 50 shards)."""
+    """CIFAR-10 / CIFAR-100 python pickles and CINIC-10 PNG folders, 50-90 images per class
+    (NIID-2 cuts every class into 50 shards, CINIC-10's into 90)."""
     from PIL import Image
 
     root = tmp_path_factory.mktemp("papers_data")
@@ -119,7 +119,7 @@ def data_root(tmp_path_factory) -> Path:
         batch[b"coarse_labels"] = [0] * len(batch[b"fine_labels"])
         dump(root / "cifar100" / "cifar-100-python" / name, batch)
     rng = np.random.default_rng(0)
-    for split, per_class in (("train", 60), ("test", 2)):
+    for split, per_class in (("train", 90), ("test", 2)):
         for cls in CINIC_CLASSES:
             folder = root / "cinic-10" / split / cls
             folder.mkdir(parents=True)

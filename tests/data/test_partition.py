@@ -244,6 +244,16 @@ def test_niid2_cifar100_ten_dominant_classes_per_client():
     assert [p.size for p in parts] == [10 * 200 + 100 * 30] * 10
 
 
+def test_niid2_cinic10_as_the_authors_code_cuts_it():
+    # The FedFM configs' CINIC-10 NIID-2: 9,000 per class in 90 shards of 100; client i holds 40
+    # shards of class i and 5 shards of every class: 4,000 + 500 of its own, 500 of each other.
+    labels = balanced(10, 9000)
+    parts = partition("niid2", labels, 10, 0, shards_per_class=90, dominant_shards=40, minor_shards=5)
+    assert_disjoint(parts)
+    assert np.array_equal(class_counts(parts, labels, 10), np.full((10, 10), 500) + np.diag([4000] * 10))
+    assert [p.size for p in parts] == [9000] * 10 and np.concatenate(parts).size == labels.size
+
+
 def test_niid2_errors():
     with pytest.raises(PartitionError, match="must be a multiple of num_clients"):
         partition("niid2", FMNIST, 3, 0)

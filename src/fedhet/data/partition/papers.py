@@ -77,7 +77,9 @@ def niid2(
     (including i) the ``minor_shards`` shards at positions
     ``shards_per_class - num_clients*minor_shards + minor_shards*i + q``: the last
     num_clients*minor_shards shards of each class are divided among clients. Needs one client
-    per class. FMNIST (6000/class, defaults): 6000 per client, 2760 (46%) of its own class.
+    per class. FMNIST (6000/class, defaults): 6000 per client, 2760 (46%) of its own class. The
+    code's CINIC-10 version (shards of 100, 5 minor shards): ``shards_per_class=90,
+    dominant_shards=40, minor_shards=5``, 4500 (50%) of each client's 9000 its own class.
     Disjoint.
 
     With more classes than clients (the paper's CIFAR-100 version: C=100, 10 clients) client i
@@ -125,11 +127,14 @@ def niid3(
     rng: np.random.Generator,
     missing: int,
 ) -> list[np.ndarray]:
-    """Missing classes, FedFM NIID-3 (Ye et al. 2023; not in the FedFM code, defined here).
+    """Missing classes, FedFM NIID-3 (Ye et al. 2023, ``noniid-3-m`` in the code, CIFAR-10 only).
 
     With C classes, client i lacks classes {(i + r) mod C : r < missing}; each class's shuffled
     samples are split near-equally (np.array_split) among the clients that have it, so client
-    sizes are equal when the class sizes divide evenly. Disjoint, covers every sample.
+    sizes are equal when the class sizes divide evenly. Disjoint, covers every sample. The
+    authors' code gives client i the classes (i + j) mod C for j < C - missing (the same sets,
+    rotated) and draws floor(N_c / (C - missing)) samples of each, leaving a class's remainder
+    unused.
     """
     labels, n = check_common("niid3", labels, num_clients)
     groups = by_class(labels)
