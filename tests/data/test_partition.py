@@ -419,6 +419,26 @@ def test_sample_like_proportions_and_exclusion():
         sample_like(train, pool, 2001, 10, rng)
 
 
+def test_sample_like_with_replacement_exceeds_a_class_and_leaves_the_default_draws_alone():
+    # FedClassAvg's code draws each class's quota with replacement: a client of classes 0 and 1
+    # (3:1) asks for 8 images, 6 of class 0, which the pool has only 2 of
+    pool = np.array([0, 0, 1, 1, 1, 2])
+    train = np.array([0, 0, 0, 1])
+    with pytest.raises(PartitionError, match="need 6 samples of class 0 but the pool has only 2"):
+        sample_like(train, pool, 8, 3, np.random.default_rng(0))
+    drawn = sample_like(train, pool, 8, 3, np.random.default_rng(0), replace=True)
+    assert np.bincount(pool[drawn], minlength=3).tolist() == [6, 2, 0]
+    assert set(drawn[pool[drawn] == 0]) <= {0, 1} and np.unique(drawn).size < drawn.size
+    with pytest.raises(PartitionError, match="need 2 samples of class 2 but the pool has only 0"):
+        sample_like(np.array([2, 2]), pool, 2, 3, np.random.default_rng(0), replace=True, exclude=np.array([5]))
+    # without replacement the draws are numpy's choice(replace=False), as before the option
+    big = balanced(3, 50, seed=1)
+    rng_a, rng_b = np.random.default_rng(4), np.random.default_rng(4)
+    expected = np.sort(np.concatenate([rng_b.choice(np.flatnonzero(big == c), size=n, replace=False)
+                                       for c, n in ((0, 5), (1, 5))]))
+    assert np.array_equal(sample_like(np.array([0, 1]), big, 10, 3, rng_a), expected)
+
+
 # --- dispatch errors ----------------------------------------------------------------------
 
 

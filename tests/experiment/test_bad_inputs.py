@@ -298,8 +298,15 @@ def test_an_undrawable_local_test_split_names_data_local_test(small_config):
                                       "local_test": {"source": "test_set", "fraction": 0.9}})
     raw["train"]["clients_per_round"] = 2
     cfg = load_config(raw=raw)
-    with pytest.raises(PartitionError, match=r"data.local_test \(source test_set, fraction 0.9\): client 0"):
+    with pytest.raises(PartitionError, match=r"data.local_test \(source test_set, fraction 0.9\): client 0") as info:
         build_federation(cfg.data, cfg.seed)
+    assert "draw with replacement as FedClassAvg's code does (data.local_test.replace: true)" in str(info.value)
+    raw["data"]["local_test"]["replace"] = True        # the fix the message names builds the federation
+    fed = build_federation(load_config(raw=raw).data, cfg.seed)
+    assert len(fed.test_idx[0]) == round(0.9 * len(fed.train_idx[0]))
+    raw["data"]["local_test"]["source"] = "holdout"
+    with pytest.raises(ConfigError, match="data.local_test.replace draws from the global test set: it needs"):
+        load_config(raw=raw)
 
 
 def test_a_flower_run_that_died_before_its_first_checkpoint_says_how_to_go_on(tmp_path):

@@ -11,7 +11,10 @@ code), Adam with betas (0.5, 0.999) fresh each round - lr 6e-4 and rho 0.4662 on
 Heterogeneous federations (Tables 2 and 4): client i has architecture i mod 4 (ResNet-18,
 ShuffleNetV2, GoogLeNet, AlexNet, each with a 512-d feature layer); Table 3: ResNet-18 for all.
 Local test sets: 30% of the client's training size drawn from the test set with its label
-proportions (fixed; the code re-samples them each round). Rounds: the code runs up to 1,000 with
+proportions (fixed and without replacement; the code draws with replacement and re-samples them
+each round). A seed whose client needs more images of a class than the test set holds (Dir(0.5)
+with seed 3) stops with an error that names ``data.local_test.replace: true``, the code's
+draw. Rounds: the code runs up to 1,000 with
 early stopping (patience 100 on the mean local test loss); fedhet has no early stopping, these
 configs run 200 and report best and final. The number reported is the mean of the clients'
 accuracies (``personal_acc``; its std over clients is ``personal_acc_std``, the paper's +-).

@@ -41,6 +41,7 @@ class PartitionSpec(Protocol):
 class LocalTestSpec(Protocol):
     source: str
     fraction: float
+    replace: bool                     # test_set: each class's share drawn with replacement
 
 
 class PublicSpec(Protocol):
@@ -247,13 +248,15 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             try:
                 if like is None:
                     like = LikeSampler(test_labels, train.num_classes)
-                test_idx.append(like(labels[part], size, rng))
+                test_idx.append(like(labels[part], size, rng, replace=cfg.local_test.replace))
             except PartitionError as e:
                 raise PartitionError(
                     f"data.local_test (source test_set, fraction {cfg.local_test.fraction}): client {cid}'s local "
                     f"test split of {size} images with its label proportions cannot be drawn from the global "
-                    f"test set ({str(e).removeprefix('sample_like: ')}); lower data.local_test.fraction, or use "
-                    f"data.local_test.source: holdout{_pool_hint(cfg, seen, k)}") from None
+                    f"test set ({str(e).removeprefix('sample_like: ')}); lower data.local_test.fraction, "
+                    + ("" if cfg.local_test.replace else "draw with replacement as FedClassAvg's code does "
+                       "(data.local_test.replace: true), ")
+                    + f"or use data.local_test.source: holdout{_pool_hint(cfg, seen, k)}") from None
             train_idx.append(part)
     for cid, (tr, te) in enumerate(zip(train_idx, test_idx)):
         if len(tr) == 0:

@@ -23,6 +23,7 @@ def sample_like(
     rng: np.random.Generator,
     *,
     exclude: np.ndarray | None = None,
+    replace: bool = False,
 ) -> np.ndarray:
     """Draw ``size`` pool indices without replacement, matching a client's label distribution.
 
@@ -30,14 +31,16 @@ def sample_like(
     the lower class id) so they sum to ``size``. Indices in ``exclude`` (e.g. test samples
     already handed to other clients) are never drawn. Returns sorted int64 indices into
     ``pool_labels``. Unlike FedClassAvg's ``get_local_test_indices`` (with replacement,
-    re-drawn per evaluation) this yields a fixed, duplicate-free local test set. Many clients
-    drawing from one pool: :class:`LikeSampler` (the same draws).
+    re-drawn per evaluation) this yields a fixed, duplicate-free local test set; ``replace=True``
+    draws each class's quota with replacement, as that code does (drawn once, not per evaluation),
+    so a quota may exceed the class's images in the pool. Many clients drawing from one pool:
+    :class:`LikeSampler` (the same draws).
     """
     train = check_labels(train_labels_of_client, "train_labels_of_client")
     pool = check_labels(pool_labels, "pool_labels")
     size = check_int("sample_like", "size", size, 0)
     num_classes = check_int("sample_like", "num_classes", num_classes, 1)
-    return LikeSampler(pool, num_classes, exclude=exclude)(train, size, rng)
+    return LikeSampler(pool, num_classes, exclude=exclude)(train, size, rng, replace=replace)
 
 
 class LikeSampler:
@@ -63,7 +66,8 @@ class LikeSampler:
             self._candidates[c] = np.flatnonzero((self.pool == c) & self._allowed)
         return self._candidates[c]
 
-    def __call__(self, train_labels_of_client: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, train_labels_of_client: np.ndarray, size: int, rng: np.random.Generator, *,
+                 replace: bool = False) -> np.ndarray:
         train = check_labels(train_labels_of_client, "train_labels_of_client")
         size = check_int("sample_like", "size", size, 0)
         num_classes = self.num_classes
@@ -82,10 +86,10 @@ class LikeSampler:
         picked = []
         for c in np.flatnonzero(quota):
             candidates = self._candidates_of(int(c))
-            if candidates.size < quota[c]:
+            if candidates.size < (1 if replace else quota[c]):
                 raise PartitionError(
                     f"sample_like: need {quota[c]} samples of class {c} but the pool has only "
                     f"{candidates.size} available; lower size or use a larger pool"
                 )
-            picked.append(rng.choice(candidates, size=int(quota[c]), replace=False))
+            picked.append(rng.choice(candidates, size=int(quota[c]), replace=replace))
         return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)

@@ -47,6 +47,16 @@ class LocalTestConfig(Strict):
     # test_set: drawn from the global test set with the client's label proportions (FedClassAvg, FedNH).
     source: Literal["holdout", "test_set"] = "test_set"
     fraction: float = Field(0.2, gt=0, lt=1)
+    # test_set only: draw each class's share with replacement (FedClassAvg's code does), so a client
+    # may need more images of a class than the test set holds; default: a duplicate-free split.
+    replace: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _replace_needs_test_set(self) -> LocalTestConfig:
+        if self.replace and self.source != "test_set":
+            raise ValueError("data.local_test.replace draws from the global test set: it needs "
+                             "data.local_test.source: test_set (a held-out split is the client's own images, once each)")
+        return self
 
 
 class PublicConfig(Strict):
