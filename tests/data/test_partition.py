@@ -173,6 +173,25 @@ def test_dirichlet_gives_up_after_max_tries():
     assert "larger alpha" in msg
 
 
+def test_dirichlet_min_classes_redraws_until_every_client_holds_that_many_classes():
+    labels = balanced(10, 600)
+    plain = partition("dirichlet", labels, 20, 2, alpha=0.1, min_size=10)
+    held = [np.count_nonzero(np.bincount(labels[p], minlength=10)) for p in plain]
+    assert min(held) == 1                              # this seed gives a client a single class ...
+    # ... which min_classes 2 draws again (FedNH's code base keeps every client at two or more)
+    parts = partition("dirichlet", labels, 20, 2, alpha=0.1, min_size=10, min_classes=2)
+    assert assert_disjoint(parts).size == labels.size
+    assert min(np.count_nonzero(np.bincount(labels[p], minlength=10)) for p in parts) >= 2
+    # min_classes 0 (the default) is the draw without the rule, sample for sample
+    again = partition("dirichlet", labels, 20, 2, alpha=0.1, min_size=10, min_classes=0)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, again))
+    with pytest.raises(PartitionError, match="min_classes 11 exceeds the 10 classes the data has"):
+        partition("dirichlet", labels, 20, 1, alpha=0.1, min_classes=11)
+    with pytest.raises(PartitionError, match=r">= min_classes 10 classes in 5 tries \(the smallest client size "
+                                             r"achieved was \d+, the most classes every client held in one draw \d\)"):
+        partition("dirichlet", labels, 20, 1, alpha=0.1, min_classes=10, max_tries=5)
+
+
 # --- classes_per_client -------------------------------------------------------------------
 
 

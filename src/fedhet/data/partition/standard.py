@@ -46,26 +46,32 @@ def dirichlet(
     min_size: int = 10,
     cap: bool = True,
     max_tries: int = 1000,
+    min_classes: int = 0,
 ) -> list[np.ndarray]:
     """Dirichlet label skew, NIID-Bench ``noniid-labeldir`` (Li et al. 2022, ``utils.py``).
 
     For each class c (in class-id order): p ~ Dir(alpha * 1_n); with ``cap`` a client that
     already holds >= N/n samples gets p_j = 0; renormalise; split class c's shuffled indices
-    at ``int(cumsum(p) * len)[:-1]``. Repeat until every client has >= ``min_size`` samples.
-    Gives label and quantity skew. Disjoint, covers every sample.
+    at ``int(cumsum(p) * len)[:-1]``. Repeat until every client has >= ``min_size`` samples
+    and, with ``min_classes`` > 0, samples of at least that many classes (the FedNH code base's
+    sampler keeps every client at two or more classes, by swapping shares and redrawing; this
+    redraws only). Gives label and quantity skew. Disjoint, covers every sample.
     """
     labels, n = check_common("dirichlet", labels, num_clients)
     alpha = check_positive("dirichlet", "alpha", alpha)
     min_size = check_int("dirichlet", "min_size", min_size, 0)
     cap = check_bool("dirichlet", "cap", cap)
     max_tries = check_int("dirichlet", "max_tries", max_tries, 1)
+    min_classes = check_int("dirichlet", "min_classes", min_classes, 0)
     total = labels.size
     if total < n * min_size:
         raise too_few("dirichlet", total, n, min_size)
     groups = [g for g in by_class(labels) if g.size]
+    if min_classes > len(groups):
+        raise PartitionError(f"dirichlet: min_classes {min_classes} exceeds the {len(groups)} classes the data has")
     limit = total / n
     conc = np.full(n, alpha)
-    best = -1
+    best, fewest_classes = -1, -1
     # Draw only the per-class chunk sizes while searching; shuffle and split once one works.
     for _ in range(max_tries):
         counts = np.zeros((len(groups), n), dtype=np.int64)
@@ -81,7 +87,8 @@ def dirichlet(
             counts[ci] = np.diff(np.concatenate(([0], cuts, [idx.size])))
             sizes += counts[ci]
         else:
-            if sizes.min() >= min_size:
+            classes = int((counts > 0).sum(axis=0).min()) if min_classes else 0
+            if sizes.min() >= min_size and classes >= min_classes:
                 parts: list[list[np.ndarray]] = [[] for _ in range(n)]
                 for ci, idx in enumerate(groups):
                     pieces = np.split(rng.permutation(idx), np.cumsum(counts[ci])[:-1])
@@ -89,7 +96,14 @@ def dirichlet(
                         parts[j].append(pieces[j])
                 return finish(parts)
             best = max(best, int(sizes.min()))
+            fewest_classes = max(fewest_classes, classes)
     achieved = f"the smallest client size achieved was {best}" if best >= 0 else "no draw completed"
+    if min_classes:
+        achieved += f", the most classes every client held in one draw {fewest_classes}" if best >= 0 else ""
+        raise PartitionError(
+            f"dirichlet: no partition with every client >= min_size {min_size} samples of >= min_classes "
+            f"{min_classes} classes in {max_tries} tries ({achieved}); use a larger alpha, fewer clients, a "
+            "smaller min_size or min_classes, or a larger max_tries")
     raise PartitionError(
         f"dirichlet: no partition with every client >= min_size {min_size} samples in "
         f"{max_tries} tries ({achieved}); use a larger alpha, fewer clients, a smaller "
