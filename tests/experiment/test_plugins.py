@@ -410,5 +410,13 @@ def test_a_resume_refuses_a_run_whose_model_option_default_changed_since_its_che
                                               r"resolve otherwise than then \(fca_tiny_a relu_features: False -> True\)"):
         Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"])
     assert read_metrics(exp.run_dir) == rows
+    # an option the builder has gained since the checkpoint takes its default: it goes on
+    def gaining(in_channels, num_classes, image_size, split, relu_features=False, gained=0.5):
+        return entry.build(in_channels, num_classes, image_size, split, relu_features=relu_features)
+
+    monkeypatch.setitem(models._MODELS, "fca_tiny_a", replace(entry, build=gaining, options=(*entry.options, "gained")))
+    resumed = Experiment.resume(exp.run_dir, run_settings=["train.rounds=1"])
+    assert resumed.built_from()["model_options"] == {"fca_tiny_a": {"gained": 0.5, "relu_features": False}}
+    resumed.rundir.unlock()
     monkeypatch.setitem(models._MODELS, "fca_tiny_a", entry)      # as it was: it goes on
     assert Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"]).run(progress=False)["rounds_completed"] == 2

@@ -241,6 +241,23 @@ def test_bad_options_are_rejected() -> None:
         build_model("cnn2", 1, 0, 28)
     with pytest.raises(ValueError, match="body, head"):
         count_params(build_model("cnn2", 1, 10, 28), "neck")
+    # a quoted "false" is a string, which Python reads as true: refused, not built with a bias
+    with pytest.raises(ValueError, match="option fc_bias is true or false, got 'false': write fc_bias: true or "
+                                         "fc_bias: false, unquoted"):
+        build_model("resnet18", 3, 10, 32, fc_bias="false")
+    with pytest.raises(ValueError, match="option relu_features is true or false, got 1"):
+        build_model("fca_alexnet", 1, 10, 28, relu_features=1)
+
+
+def test_resnet_without_a_classifier_bias_is_the_fednh_code_bases_resnet() -> None:
+    # FedNH's ResNetMod (Tiny-ImageNet): GroupNorm(2) everywhere and a bias-free Linear head
+    model = build_model("resnet18", 3, 200, 64, norm="gn", fc_bias=False)
+    head = dict(model.named_parameters())
+    assert "head.fc.weight" in head and "head.fc.bias" not in head and tuple(head["head.fc.weight"].shape) == (200, 512)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert {m.num_groups for m in model.modules() if isinstance(m, torch.nn.GroupNorm)} == {2}
+    with_bias = build_model("resnet18", 3, 200, 64, norm="gn")
+    assert count_params(with_bias) - count_params(model) == 200
 
 
 @pytest.mark.parametrize("name", ["cnn2", "alexnet_fedrema", "resnet18"])

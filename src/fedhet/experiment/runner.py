@@ -165,11 +165,18 @@ def built_differently(then: dict[str, Any], now: dict[str, Any], params: Any) ->
             problems.append("the method's parameters resolve otherwise than then (" + "; ".join(changed)
                             + "): a default in the method's code changed (yours, or fedhet's in another version)")
     old_options, new_options = then.get("model_options"), now.get("model_options") or {}
-    if isinstance(old_options, dict) and old_options != new_options:
-        changed = [change for arch in sorted(set(old_options) | set(new_options))
-                   for change in _changes(old_options.get(arch, {}), new_options.get(arch, {}), f"{arch} ")]
-        problems.append("the models' options resolve otherwise than then (" + "; ".join(changed)
-                        + "): a default of a model builder changed (yours, or fedhet's in another version)")
+    if isinstance(old_options, dict):
+        changed = []
+        for arch in sorted(set(old_options) | set(new_options)):
+            old, new = old_options.get(arch, {}), new_options.get(arch, {})
+            if arch in old_options:
+                # an option the builder has gained since takes its default, which builds the model of
+                # then (as a method's parameter added since does)
+                new = {k: v for k, v in new.items() if k in old}
+            changed += _changes(old, new, f"{arch} ")
+        if changed:
+            problems.append("the models' options resolve otherwise than then (" + "; ".join(changed)
+                            + "): a default of a model builder changed (yours, or fedhet's in another version)")
     if then.get("data") not in (None, now.get("data")):
         problems.append("the images or labels loaded differ from those it trained on (the dataset's files, "
                         "a user's data function, or the decoder of its image files, Pillow, changed)")

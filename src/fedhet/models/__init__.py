@@ -43,7 +43,7 @@ class _Entry:
     has_norm: bool = False  # whether the `norm` argument means anything for this model
 
 
-_RESNET_OPTIONS = ("stem", "gn_groups")
+_RESNET_OPTIONS = ("stem", "gn_groups", "fc_bias")
 _MODELS: dict[str, _Entry] = {
     "cnn2": _Entry(cnn2, "fc2"),
     "simple_cnn": _Entry(simple_cnn, "fc3"),
@@ -131,6 +131,19 @@ def resolved_options(name: str, given: dict) -> dict:
     return {k: _plain(v) for k, v in sorted(found.items())}
 
 
+def _check_switches(name: str, builder: Callable[..., SplitModel], options: dict) -> None:
+    """An option whose default is true or false takes true or false: YAML's ``no`` is false, but a
+    quoted "false" is a string, which Python reads as true."""
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):
+        return
+    for key, value in options.items():
+        if key in params and isinstance(params[key].default, bool) and not isinstance(value, bool):
+            raise ValueError(f"model {name!r} option {key} is true or false, got {value!r}: write "
+                             f"{key}: true or {key}: false, unquoted")
+
+
 def default_split(name: str) -> str:
     """Name of the stage where ``name``'s head starts by default."""
     return _entry(name).default_split
@@ -150,7 +163,7 @@ def build_model(
 
     ``split`` names the first head stage (default: ``default_split(name)``). ``norm`` ("bn"
     or "gn") applies to the ResNets, which also take ``stem`` ("cifar" default, or
-    "imagenet") and ``gn_groups`` (default 2). The other models have no normalization
+    "imagenet"), ``gn_groups`` (default 2) and ``fc_bias`` (default true). The other models have no normalization
     layers, so anything but the default ``norm="bn"`` is rejected rather than ignored.
     ``projection_dim`` (any model) appends MOON's projection head to the body, so the
     features are the ``projection_dim``-d projection (see ``SplitModel.add_projection``).
@@ -169,6 +182,7 @@ def build_model(
     if unknown:
         accepted = ", ".join(entry.options) or "none"
         raise ValueError(f"model {name!r} does not take option(s) {unknown}; accepted: {accepted}")
+    _check_switches(name, entry.build, kwargs)
     if entry.has_norm:
         kwargs["norm"] = norm
     elif norm != "bn":

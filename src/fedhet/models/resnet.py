@@ -10,7 +10,8 @@ flattened map entering that stage.
 (FedFM ``resnet18``, "v2"). ``norm="gn"`` replaces every BatchNorm by
 ``GroupNorm(gn_groups, C)``; the default of 2 groups follows the FL practice of Hsieh et al.
 2020 and Reddi et al. 2021 (GroupNorm keeps no running statistics, so nothing depends on a
-client's batch statistics).
+client's batch statistics). ``fc_bias=False`` leaves the classifier's bias out, as the FedNH code
+base's ``ResNetMod`` does (whose prototypes FedNH trains as a bias-free classifier).
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def resnet(
     norm: str = "bn",
     stem: str = "cifar",
     gn_groups: int = 2,
+    fc_bias: bool = True,
 ) -> SplitModel:
     """ResNet-``depth`` (18, 34 or 50); see the module docstring for stem/norm options."""
     block, blocks = _DEPTHS[depth]
@@ -142,7 +144,7 @@ def resnet(
             in_planes = planes * block.expansion
         stages.append((f"layer{i}", nn.Sequential(*layer)))
     stages.append(("pool", nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten())))
-    stages.append(("fc", nn.Linear(in_planes, num_classes)))
+    stages.append(("fc", nn.Linear(in_planes, num_classes, bias=fc_bias)))
     for _, stage in stages:
         _init_weights(stage)
     return SplitModel(stages, split, (in_channels, image_size, image_size))
