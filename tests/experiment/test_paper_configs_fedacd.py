@@ -11,12 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import REAL_FMNIST
 
 import fedhet
+from fedhet.core.errors import ConfigError
 from fedhet.data.federated import build_federation
 from fedhet.experiment.build import build_models, make_algorithm
 from fedhet.experiment.config import load_config
+from fedhet.models import build_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedacd"
 FILES = sorted(CONFIGS.glob("*.yaml"))
@@ -25,9 +28,19 @@ FILES = sorted(CONFIGS.glob("*.yaml"))
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    # 16 methods (4 of them Table 5's baselines with mixup) x 3 betas x 4 datasets, no FedNH on
-    # Tiny-ImageNet (the ResNet-18 head has a bias)
-    assert len(FILES) == 4 * 3 * 16 - 3 * 2
+    # 16 methods (4 of them Table 5's baselines with mixup) x 3 betas x 4 datasets
+    assert len(FILES) == 4 * 3 * 16
+
+
+def test_tiny_imagenet_builds_the_fednh_code_bases_resnet_which_fednh_accepts():
+    # FedNH's ResNetMod: GroupNorm(2) and a classifier without bias, whose rows are FedNH's prototypes
+    cfg = load_config(CONFIGS / "tiny_b0.1_fednh.yaml")
+    model = build_model(cfg.model.arch, 3, 200, 64, split=cfg.model.split, norm=cfg.model.norm,
+                        **cfg.model.options_of(cfg.model.arch))
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    make_algorithm(cfg).check_model(cfg.model.arch, model)             # accepted; with a bias, refused:
+    with pytest.raises(ConfigError, match="head has a bias"):
+        make_algorithm(cfg).check_model("resnet18", build_model("resnet18", 3, 200, 64, norm="gn"))
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
