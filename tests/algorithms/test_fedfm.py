@@ -510,6 +510,19 @@ def test_lite_schedule_counts_rounds_from_the_warm_up_end():
     assert up == [True, False, False, True, False, True]
 
 
+@pytest.mark.parametrize(("warmup", "transfers"), [("every_round", 36), ("schedule", 20)])
+def test_lite_models_keep_the_schedule_through_the_warm_up_as_the_papers_saving_counts(warmup, transfers):
+    """Sec. VI: models every a rounds give "roughly a times less" communication than FedAvg over T
+    rounds. T=100, T_s=20, a=5: with the warm-up's models every round, 20 + 80/5 = 36 transfers each
+    way (2.8x less); keeping the schedule from round 0, 100/5 = 20 (5x less)."""
+    lite = FedFMLite(FedFMLite.Params(start_round=20, model_every=5, warmup_models=warmup))
+    assert sum(lite.model_down(t) for t in range(100)) == transfers
+    assert sum(lite.model_up(t, 100) for t in range(100)) == transfers
+    if warmup == "schedule":
+        assert [t for t in range(12) if lite.model_down(t)] == [0, 5, 10]
+        assert [t for t in range(12) if lite.model_up(t, 12)] == [4, 9, 11]      # 11: the run's last
+
+
 # --- the client side -------------------------------------------------------------------------
 def test_training_message_without_the_anchor_phase_model_is_refused_with_a_reason(small_config):
     loop = build_loop(config(small_config, "fedfm", {"start_round": 0}))
