@@ -116,6 +116,12 @@ def test_ledger_counts_floats_and_bytes_by_direction_and_group():
     clone = CommLedger()
     clone.load_state_dict(ledger.state_dict())
     assert clone.totals() == ledger.totals()
+    assert "evaluation" not in ledger.totals()
+    # evaluation-only traffic (FedBABU's fine-tuning sends eval_model) is listed, and summed apart
+    ledger.record(1, "down", Message("finetune", {"eval_model": {"w": torch.zeros(3, 4)}}))
+    totals = ledger.totals()
+    assert totals["down/eval_model"] == totals["evaluation"] == {"floats": 12, "bytes": 48}
+    assert totals["down"] == {"floats": 19, "bytes": 12 * 4 + 2 * 8 + 20}
 
 
 def test_labeldist_accuracy_hand_computed():

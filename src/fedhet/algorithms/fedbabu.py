@@ -21,7 +21,7 @@ Delta from FedAvg:
   (``RoundContext.evaluating``) the server adds a phase that sends the new shared part to the
   clients the evaluation tests (``RoundContext.eval_clients``: all of them under ``eval.clients:
   all``, none without personalized metrics; group ``"eval_model"``, so the ledger shows this
-  evaluation-only traffic apart).
+  evaluation-only traffic apart and leaves it out of its up and down totals).
   Each client fine-tunes ``finetune_epochs`` epochs of SGD with the run's lr, momentum, batch
   size and a fresh optimizer, on its training data, updating ``finetune_part``: ``full``
   (default: the paper's and PFLlib's ``fine_tune(['base', 'head'])``), ``head`` or ``body``.

@@ -57,7 +57,8 @@ Defaults and where the references disagree:
 Personalized evaluation: only when the engine evaluates after this round
 (``RoundContext.evaluating``) the server adds a phase that sends the new global model to the
 clients the evaluation tests (``RoundContext.eval_clients``; array group ``"eval_model"``, so
-the ledger shows this evaluation-only traffic apart from ``"model"``). Each client takes one plain SGD step of size alpha on one batch of its
+the ledger shows this evaluation-only traffic apart from ``"model"`` and leaves it out of its up and
+down totals). Each client takes one plain SGD step of size alpha on one batch of its
 training data (``client.generator("perfedavg_adapt")``), keeps the result in its client state
 (``perfedavg_adapted``) and replies with its sample count only; :meth:`client_model` returns
 it. The adaptation is evaluation only: it is not counted as training (``account``), the server

@@ -1,10 +1,18 @@
-"""Communication ledger: floats and bytes by direction and message group, per round and in total."""
+"""Communication ledger: floats and bytes by direction and message group, per round and in total.
+
+Groups named ``eval_*`` (FedBABU's fine-tuning and Per-FedAvg's adaptation send ``eval_model``
+to the clients an evaluation tests) are evaluation-only traffic: listed by group like any other,
+and summed apart under ``evaluation``, not in the ``up`` and ``down`` totals, which compare what
+methods send to train (no other method's evaluation is counted: its clients evaluate what they
+already hold)."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 
 from fedhet.core.contract import Message
+
+EVALUATION_ONLY = "eval_"      # group-name prefix of evaluation-only traffic
 
 
 class CommLedger:
@@ -31,11 +39,15 @@ class CommLedger:
 
     def totals(self) -> dict[str, dict[str, int]]:
         out = {k: {"floats": v[0], "bytes": v[1]} for k, v in sorted(self.total.items())}
+
+        def summed(keys: list[str]) -> dict[str, int]:
+            return {"floats": sum(self.total[k][0] for k in keys), "bytes": sum(self.total[k][1] for k in keys)}
+
+        evaluation = [k for k in self.total if k.split("/", 1)[1].startswith(EVALUATION_ONLY)]
         for direction in ("up", "down"):
-            out[direction] = {
-                "floats": sum(v[0] for k, v in self.total.items() if k.startswith(direction + "/")),
-                "bytes": sum(v[1] for k, v in self.total.items() if k.startswith(direction + "/")),
-            }
+            out[direction] = summed([k for k in self.total if k.startswith(direction + "/") and k not in evaluation])
+        if evaluation:
+            out["evaluation"] = summed(evaluation)
         return out
 
     def state_dict(self) -> dict:
