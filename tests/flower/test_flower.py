@@ -303,6 +303,9 @@ def test_node_hosting_several_clients(small_config, tmp_path):
         per_client = (sim_row["comm"]["down/model"]["bytes"] + sim_row["comm"]["down/control"]["bytes"]) // len(
             row["clients"])
         assert len(nodes) * per_client <= phase["down_bytes"] < 1.01 * len(nodes) * per_client
+        # each client's reply is its own: what the ledger counts up, as sent
+        up = sim_row["comm"]["up/model"]["bytes"] + sim_row["comm"]["up/control"]["bytes"]
+        assert up <= phase["up_bytes"] < 1.01 * up
     rounds = {str(r + 1) for r in range(cfg.train.rounds)}
     train_log = [(pid, rnd) for mtype, pid, rnd in grid.log if mtype == "train"]
     assert len(train_log) == len(set(train_log)) and {rnd for _, rnd in train_log} == rounds

@@ -379,6 +379,7 @@ class GridTransport(Transport):
             msgs.append(FlowerMessage(rd, dst_node_id=nid, message_type=mtype, group_id=str(rnd + 1),
                                       ttl=self.flower.phase_timeout))
         got, missing = self._send_and_receive(msgs, self.flower.phase_timeout)
+        up_bytes = 0
         for nid, why in missing.items():
             for cid in per_node[nid]:
                 dropped[cid] = f"phase {phase_no}: {why}"
@@ -387,6 +388,7 @@ class GridTransport(Transport):
                 for cid in per_node[nid]:
                     dropped[cid] = f"phase {phase_no}: error on its node: {r.error.reason}"
                 continue
+            up_bytes += r.content["batch.tensors"].count_bytes()
             answers, _ = codec.decode_batch(r.content)
             node_profiles.append(dict(r.content["profile"]))
             errors = json.loads(r.content["errors"]["json"])
@@ -414,7 +416,9 @@ class GridTransport(Transport):
         kinds = sorted({m.kind for m in phase.values()})
         self.round_info.setdefault("phases", []).append({
             "phase": phase_no, "kinds": kinds, "sent": sum(map(len, per_node.values())), "answered": len(replies),
-            "messages": len(msgs), "down_bytes": down_bytes, "seconds": round(time.perf_counter() - t0, 4),
+            # the tensors' bytes as sent: once a node (a tensor shared by its clients once), not per client
+            "messages": len(msgs), "down_bytes": down_bytes, "up_bytes": up_bytes,
+            "seconds": round(time.perf_counter() - t0, 4),
             "client_seconds": client_seconds,      # inside the ClientApp handler; the rest is Flower
             "node_profiles": node_profiles})       # client_app.profile of each node that answered
         need = min(self.flower.min_clients, len(phase))
