@@ -250,8 +250,11 @@ def test_every_pair_of_built_in_methods_composes_or_is_refused_with_a_config_err
             assert str(e).startswith(f"cannot combine {first.name}+{second.name}: "), str(e)
     assert 0 < refused < len(family) * (len(family) - 1)
     for name in ("fedprox+scaffold", "fedprox+fedfm", "moon+fedfm", "fedfm+fednova", "fedfm+fedpac",
-                 "perfedavg+fednh", "scaffold+perfedavg", "fedacd+scaffold", "scaffold+fedacd"):
+                 "fednh+perfedavg", "scaffold+perfedavg", "fedacd+scaffold", "scaffold+fedacd"):
         assert algorithm_class(name).name == name
+    # FedNH trims its upload in client_update, which Per-FedAvg's own does not pass on
+    with pytest.raises(ConfigError, match="perfedavg's client_update does not call super.*name fednh first"):
+        algorithm_class("perfedavg+fednh")
 
 
 def test_perfedavg_refuses_a_train_option_its_meta_steps_would_drop():

@@ -12,7 +12,7 @@ from helpers import bn_model, build_loop, config, ctx, run_killed_in_round, runt
 
 from fedhet.algorithms import algorithm_class
 from fedhet.algorithms.fedlc import FedLC, calibration
-from fedhet.algorithms.fednh import SCALE_NAME, CosineCrossEntropy, orthonormal_rows, smoothed_prototypes
+from fedhet.algorithms.fednh import SCALE_NAME, CosineCrossEntropy, FedNH, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
 from fedhet.algorithms.fedrod import FedROD, log_prior, train_personal_head
 from fedhet.core.contract import Batch, Forward, Message, TrainSettings
@@ -298,13 +298,17 @@ def test_fednh_learned_scale_gets_fedprox_pull_and_feddyn_and_scaffold_correctio
     torch.testing.assert_close(state["dyn_grad"][SCALE_NAME], -0.1 * (y - x))
 
 
-def test_fednh_learned_scale_is_meta_trained_by_perfedavg_and_the_prototypes_stay_frozen(small_config):
+def test_fednh_learned_scale_is_meta_trained_by_perfedavg_and_the_prototypes_stay_frozen(small_config,
+                                                                                           monkeypatch):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}
-    loop, msg, reply, _ = learned_scale_round(raw, "perfedavg+fednh", {})
+    _, msg, reply, _ = learned_scale_round(raw, "fednh+perfedavg", {})
+    (head,) = [k for k in msg.arrays["model"] if is_head(k)]
+    assert head not in reply.arrays["model"] and SCALE_NAME in reply.arrays["model"]   # the prototypes stay home
+    monkeypatch.setattr(FedNH, "without_prototypes", staticmethod(lambda model: model))    # to see what trained
+    loop, msg, reply, _ = learned_scale_round(raw, "fednh+perfedavg", {})
     sent, trained = msg.arrays["model"], reply.arrays["model"]
     assert float(trained[SCALE_NAME]) > 1.0                          # CE drives a small scale up
-    (head,) = [k for k in sent if is_head(k)]
     assert torch.equal(trained[head], sent[head])                   # FedNH's prototypes: frozen
     assert all(not torch.equal(trained[k], sent[k]) for k in sent if k.startswith("body.") and k.endswith("weight"))
 
@@ -319,9 +323,11 @@ def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_serv
     W = state["model"][name]
     torch.testing.assert_close(W @ W.T, torch.eye(10), atol=1e-5, rtol=0)
     replies = {}
+    assert not algo.train_options(Message("train", {"model": state["model"]}), None, runtime(loop, 0))["trainable"](name)
     for cid in (0, 1):
         reply, _ = algo.client_update(Message("train", {"model": state["model"]}), None, runtime(loop, cid))
-        assert torch.equal(reply.arrays["model"][name], W)                   # not trained locally
+        assert name not in reply.arrays["model"]                            # not trained, not sent back
+        assert algo.local_model(reply.arrays["model"], state["model"])[name] is W
         assert not torch.equal(reply.arrays["model"]["body.fc1.0.weight"], state["model"]["body.fc1.0.weight"])
         means, counts = reply.arrays["prototypes"]["mean"], reply.arrays["prototypes"]["count"]
         norms = means.norm(dim=1)
@@ -330,7 +336,7 @@ def test_fednh_round_freezes_the_prototypes_locally_and_smooths_them_on_the_serv
     new = algo.aggregate(dict(state), replies, ctx([0, 1], num_clients=6))
     uploads = [(replies[c].arrays["prototypes"]["mean"], replies[c].arrays["prototypes"]["count"]) for c in (0, 1)]
     torch.testing.assert_close(new["model"][name], smoothed_prototypes(W, uploads, 0.9))
-    assert not torch.equal(new["model"][name], W)
+    assert not torch.equal(new["model"][name], W) and list(new["model"]) == list(state["model"])
 
 
 # --- BatchNorm models: the received and the uploaded weights stay untouched ----------------------

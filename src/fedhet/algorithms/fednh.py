@@ -15,7 +15,8 @@ The classifier is a set of class prototypes, one unit vector per class, that cli
   client trains it with the body (same optimizer, weight decay and clipping) and the server
   averages it with the body. After training it computes,
   with its new model in eval mode over its training split, the mean of the L2-normalised features
-  of each class, normalises it, and uploads it with the class counts.
+  of each class, normalises it, and uploads it with the class counts, beside its model without the
+  head (the prototypes it never trains, which the server rebuilds from these means).
 * **Server** - the body is averaged like FedAvg, by sample counts (like for like with the other
   methods of FedACD's comparison; the reference averages uniformly, and clips gradients at norm
   10, which here is the run's ``train.clip_grad_norm``); the new prototypes are
@@ -27,7 +28,8 @@ rows are unit vectors, so the plain logits ``h @ W^T`` used in evaluation rank t
 as the scaled cosine does (``|h|`` and a positive ``s`` are positive factors per sample):
 accuracies are the method's. A learned ``s`` that turned negative would invert that ranking, so
 the server refuses one (from a positive start the cross-entropy usually drives ``s`` up; weight
-decay pulls it towards 0). A learned ``s`` combines with FedProx, FedDyn, SCAFFOLD and Per-FedAvg,
+decay pulls it towards 0). A learned ``s`` combines with FedProx, FedDyn, SCAFFOLD and Per-FedAvg
+(``fednh+perfedavg``: FedNH first, whose ``client_update`` leaves the prototypes out of the upload),
 whose terms, corrections and steps cover every trained entry, but not with FedPer, FedRep or
 FedBABU, whose phases know only the network's body and head (``only_body_and_head``).
 """
@@ -147,11 +149,12 @@ class FedNH(FedAvg):
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
         previous = state["model"]
-        state = super().aggregate(state, replies, ctx)
+        state = super().aggregate(state, replies, ctx)              # the uploads hold no head
         (name,) = [k for k in previous if is_head(k)]
         uploads = [(replies[c].arrays["prototypes"]["mean"], replies[c].arrays["prototypes"]["count"])
                    for c in sorted(replies)]
-        state["model"][name] = smoothed_prototypes(previous[name], uploads, self.params.prototype_smoothing)
+        averaged = {**state["model"], name: smoothed_prototypes(previous[name], uploads, self.params.prototype_smoothing)}
+        state["model"] = {k: averaged[k] for k in previous}
         if self.params.learn_scale and not float(state["model"][SCALE_NAME]) > 0:
             raise NumericalError(
                 f"FedNH's learned logit scale became {float(state['model'][SCALE_NAME])} in round {ctx.round + 1}: "
@@ -178,6 +181,23 @@ class FedNH(FedAvg):
         frozen = options.get("trainable")
         options["trainable"] = (lambda name: not is_head(name) and (frozen is None or frozen(name)))
         return options
+
+    def client_update(self, msg: Message, state: State | None, client: ClientRuntime) -> tuple[Message, State | None]:
+        reply, state = super().client_update(msg, state, client)
+        # the prototypes stay home (frozen in training, rebuilt by the server); trimmed here, not in
+        # uploaded_model, so that a component's own client_update (Per-FedAvg's) is trimmed too
+        if "model" in reply.arrays:
+            reply.arrays["model"] = self.without_prototypes(reply.arrays["model"])
+        return reply, state
+
+    @staticmethod
+    def without_prototypes(model: Arrays) -> Arrays:
+        return {k: v for k, v in model.items() if not is_head(k)}
+
+    def local_model(self, uploaded: Arrays, init: Arrays) -> Arrays:
+        """The upload with the prototypes the client trained against (``init``'s, unchanged)."""
+        model = {**{k: v for k, v in init.items() if is_head(k)}, **super().local_model(uploaded, init)}
+        return {k: model[k] for k in init if k in model}
 
     def uploads(self, result: LocalResult, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Arrays]:
         stats = class_statistics(client.model, result.weights, client.data, client.num_classes,
