@@ -510,6 +510,17 @@ def test_lite_schedule_counts_rounds_from_the_warm_up_end():
     assert up == [True, False, False, True, False, True]
 
 
+def test_lite_between_model_uploads_refuses_scaffold_whose_server_control_needs_every_round():
+    from fedhet.algorithms import algorithm_class
+    from fedhet.core.errors import ConfigError
+
+    both = algorithm_class("scaffold+fedfm_lite")
+    assert both(both.Params(model_every=1)).params.model_every == 1          # aggregates every round
+    with pytest.raises(ConfigError, match=r"model_every 2: scaffold\+fedfm_lite aggregates only in the rounds whose "
+                                          r"models come up, and scaffold's server state takes every round's uploads"):
+        both(both.Params(model_every=2))
+
+
 @pytest.mark.parametrize(("warmup", "transfers"), [("every_round", 36), ("schedule", 20)])
 def test_lite_models_keep_the_schedule_through_the_warm_up_as_the_papers_saving_counts(warmup, transfers):
     """Sec. VI: models every a rounds give "roughly a times less" communication than FedAvg over T

@@ -63,7 +63,7 @@ train message (with the stored model) and hands it to the other methods' hooks.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import pydantic
 import torch
@@ -273,6 +273,15 @@ class FedFMLite(FedFM):
         model_every: int = pydantic.Field(1, ge=1)               # a: rounds between model transfers
         # every_round: the warm-up (t < T_s) is FedAvg's; schedule: models every a rounds from round 0
         warmup_models: Literal["every_round", "schedule"] = "every_round"
+
+    def __init__(self, params: Any = None) -> None:
+        super().__init__(params)
+        every = [c.name for c in type(self).__mro__ if c.__dict__.get("aggregates_every_round")]
+        if every and self.params.model_every > 1:
+            raise ConfigError(f"algorithm.params.model_every {self.params.model_every}: {self.name} aggregates only in the "
+                              f"rounds whose models come up, and {every[0]}'s server state takes every round's "
+                              "uploads (SCAFFOLD: the control deltas), which the other rounds would lose; use "
+                              f"model_every 1, or fedfm_lite without {every[0]}")
 
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
         state = super().init_server_state(init_models)

@@ -98,6 +98,9 @@ def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batc
 class Scaffold(FedAvg):
     name = "scaffold"
     requires_sgd = True
+    # the server's c takes every round's control deltas (c = mean of the c_i): a composition that
+    # skips rounds' aggregation (FedFM-Lite between model uploads) would lose them
+    aggregates_every_round = True
 
     class Params(FedAvg.Params):
         option: Literal["I", "II"] = "II"
