@@ -35,8 +35,9 @@ METHODS = {
     "local": ("Local (no communication)", "{name: local}", None),
     "fedavg": ("FedAvg", "{name: fedavg}", None),
     "fedprox": ("FedProx (mu=1)", "{name: fedprox, params: {mu: 1.0}}", None),
-    "moon": ("MOON (mu=1, tau=0.5, 256-d projection)", "{name: moon, params: {mu: 1.0, tau: 0.5}}",
-             "{projection_dim: 256}"),
+    # PFLlib's MOON (the framework FedReMa's code is trimmed from) contrasts the body's output
+    # (clientmoon.py: model.base(x)), with no projection head
+    "moon": ("MOON (mu=1, tau=0.5, no projection head, as PFLlib)", "{name: moon, params: {mu: 1.0, tau: 0.5}}", None),
     "fedproto": ("FedProto (lambda=1)", "{name: fedproto}", None),
     "fedper": ("FedPer (classifier = every FC layer, kept local)", "{name: fedper}", None),
     "perfedavg": ("Per-FedAvg (first-order)", "{name: perfedavg}", None),
@@ -45,8 +46,8 @@ METHODS = {
     "feddistill": ("FedDistill", "{name: feddistill}", None),
     "fedrema": ("FedReMa (delta=0.5, M=0.5)", "{name: fedrema}", None),
 }
-CIFAR_OVERRIDES = {"moon": ("MOON (mu=5, tau=0.5, 256-d projection)", "{name: moon, params: {mu: 5.0, tau: 0.5}}",
-                            "{projection_dim: 256}")}
+CIFAR_OVERRIDES = {"moon": ("MOON (mu=5, tau=0.5, no projection head, as PFLlib)",
+                            "{name: moon, params: {mu: 5.0, tau: 0.5}}", None)}
 
 # Table 1 (npc=600, s=0.2, best accuracy %, 5 seeds): MNIST / FMNIST / CIFAR-10.
 TABLE_1 = {
@@ -91,8 +92,9 @@ def config(name: str, comment: str, ds: str, algorithm: str, options: str | None
     dataset, title, arch = DATASETS[ds]
     # Like for like: "we consider the fully connected layers of each network as
     # classifiers" (Liang et al., Sec. 5.1) - every FC layer is the head of every head-based method
-    # (FedReMa's main.py too). FedProto keeps PFLlib's split (its prototypes are the last Linear's
-    # input, as its nearest-prototype evaluation needs); for the other methods the split is moot.
+    # (FedReMa's main.py too). FedProto and MOON keep PFLlib's split (FedProto's prototypes and
+    # MOON's contrasted representation are the last Linear's input); for the other methods the
+    # split is moot.
     head_based = any(f"name: {m}" in algorithm for m in HEAD_BASED)
     split = ", split: fc1" if head_based else (", split: fc3" if ds == "cifar10" else "")
     model = f"{{arch: {arch}{split}" + (f", options: {options}" if options else "") + "}"
