@@ -43,7 +43,9 @@ DATASETS = {
     "cifar10": ("cifar10", "{arch: resnet18, options: {stem: imagenet}}", "ResNet-18 with the 7x7 stem (resnet18_7)"),
     "cinic10": ("cinic10", "{arch: resnet18, options: {stem: imagenet}}", "ResNet-18 with the 7x7 stem (resnet18_7)"),
     "cifar100": ("cifar100", "{arch: resnet50, options: {stem: imagenet}}",
-                 "ResNet-50 with the 7x7 stem; the paper augments CIFAR-100 (crop, flip, rotation), fedhet does not"),
+                 "ResNet-50 with the 7x7 stem (the paper does not say which; the authors' code has resnet50_7 and "
+                 "resnet50, the 3x3 stem without max-pool: --set model.options.stem=cifar); the paper augments "
+                 "CIFAR-100 (crop, flip, rotation), fedhet does not"),
     "fmnist": ("fashion_mnist", "{arch: cnn2}", "proxy: no paper number (the paper has no Fashion-MNIST results); "
                "cnn2 features = the 512-d fc1 output (fedhet's choice)"),
 }
