@@ -23,13 +23,33 @@ from fedhet.models import build_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedacd"
 FILES = sorted(CONFIGS.glob("*.yaml"))
+# Tables 4 and 6 vary one setting of Table 1's CIFAR-100 beta 0.1 protocol: clients and participation
+# (_k20_p0.2, _k40, ...), local epochs (_e3, ...)
+ABLATION = re.compile(r"_(k\d+(_p[\d.]+)?|e\d+)$")
 
 
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    # 16 methods (4 of them Table 5's baselines with mixup) x 3 betas x 4 datasets
-    assert len(FILES) == 4 * 3 * 16
+    # 16 methods (4 of them Table 5's baselines with mixup) x 3 betas x 4 datasets, and Table 4's 6
+    # columns beside Table 1's x 7 methods and Table 6's 6 x 8
+    assert len(FILES) == 4 * 3 * 16 + 6 * 7 + 6 * 8
+
+
+def test_tables_4_and_6_vary_one_setting_each_and_state_the_papers_numbers():
+    # Zhou et al. Table 4 (K=20, participation 0.2 and 0.6; K=40..100 at 0.4) and Table 6 (E=3..15),
+    # CIFAR-100 beta 0.1
+    cases = {"cifar100_b0.1_fedacd_k20_p0.2": (20, 4, 5, "Table 4", 44.42),
+             "cifar100_b0.1_creff_k100": (100, 40, 5, "Table 4", 20.86),
+             "cifar100_b0.1_fednh_k60": (60, 24, 5, "Table 4", 39.48),
+             "cifar100_b0.1_fedacd_e3": (20, 8, 3, "Table 6", 46.12),
+             "cifar100_b0.1_fedlc_e15": (20, 8, 15, "Table 6", 36.74)}
+    for stem, (clients, per_round, epochs, table, number) in cases.items():
+        cfg = load_config(CONFIGS / f"{stem}.yaml")
+        assert (cfg.data.num_clients, cfg.train.clients_per_round, cfg.train.local_epochs) == (clients, per_round, epochs)
+        assert cfg.paper.source == f"FedACD (Zhou et al.) {table}" and cfg.paper.value == pytest.approx(number / 100)
+        assert cfg.name == f"fedacd-{stem}" and cfg.data.partition.alpha == 0.1 and cfg.train.rounds == 200
+    assert load_config(CONFIGS / "cifar100_b0.1_feddecorr_e7.yaml").algorithm.params["decorr_beta"] == 0.05
 
 
 def test_tiny_imagenet_builds_the_fednh_code_bases_resnet_which_fednh_accepts():
@@ -51,8 +71,9 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
     assert head.startswith("# FedACD paper (Zhou et al.)")
     if path.stem.startswith("cifar10_") and path.stem.endswith(("_fedavg", "_fedacd", "_fedrod", "_fedlc")):
         assert "Table 1" in head and "%" in head
-    assert cfg.data.num_clients == 20 and cfg.train.clients_per_round == 8
-    assert cfg.train.local_epochs == 5 and cfg.train.batch_size == 64 and cfg.train.rounds == 200
+    if not ABLATION.search(path.stem):
+        assert cfg.data.num_clients == 20 and cfg.train.clients_per_round == 8 and cfg.train.local_epochs == 5
+    assert cfg.train.batch_size == 64 and cfg.train.rounds == 200
     assert cfg.eval.local_risk
     assert algorithm.name == cfg.algorithm.name
     assert algorithm.params.mixup == (path.stem.endswith("_mixup") or "_fedacd" in path.stem

@@ -3,7 +3,7 @@
     python configs/papers/fedacd/generate.py          # writes next to this file
     python configs/papers/fedacd/generate.py --check  # exit 1 if a file differs from what it would write
 
-Protocol of every config (FedACD paper (Zhou et al.) Sec. 4.1): K=20 clients,
+Protocol of every config (FedACD paper (Zhou et al.) Sec. 4.1; Tables 4 and 6 vary one setting each): K=20 clients,
 40% participation (8 per round), Dirichlet(beta) label skew, T=200 rounds, E=5 local epochs,
 batch 64, SGD lr 0.01, momentum 0.9 (fresh each round), weight decay 1e-5 (1e-3 on
 Tiny-ImageNet). CIFAR: the simple CNN of FedNH (``simple_cnn`` = Conv2Cifar); Tiny-ImageNet:
@@ -79,6 +79,23 @@ TABLE5_MIXUP = {  # method with Input Mixup -> dataset -> (beta 0.3, 0.1, 0.05)
     "fednh_mixup": dict(cifar10=(74.16, 66.87, 58.16), cifar100=(46.80, 43.11, 40.58), tiny=(47.47, 42.62, 39.85)),
 }
 TABLE8 = {"cifar100": (48.63, 45.51, 42.76)}
+# Tables 4 and 6: CIFAR-100, beta 0.1, one setting varied from Table 1's (K=20, 40% participation, E=5,
+# whose column is Table 1's cell). Table 4: (K, clients a round) -> method -> %; Table 6: E -> method -> %.
+TABLE4_COLUMNS = {"k20_p0.2": (20, 4), "k20_p0.6": (20, 12), "k40": (40, 16), "k60": (60, 24), "k80": (80, 32),
+                  "k100": (100, 40)}
+TABLE4 = {  # the columns above, in order
+    "fedavg": (36.87, 40.05, 39.64, 38.47, 37.77, 35.76), "creff": (38.60, 36.40, 31.28, 26.50, 23.26, 20.86),
+    "fedrod": (39.85, 40.56, 38.50, 36.97, 34.78, 33.01), "fedntd": (39.11, 40.55, 39.34, 37.69, 37.48, 36.35),
+    "feddecorr": (37.80, 39.87, 39.09, 38.34, 37.82, 35.62), "fednh": (39.99, 42.10, 40.76, 39.48, 38.21, 37.43),
+    "fedacd": (44.42, 46.70, 44.27, 42.49, 41.30, 40.33),
+}
+TABLE6_EPOCHS = (3, 7, 9, 11, 13, 15)
+TABLE6 = {  # E in TABLE6_EPOCHS, in order
+    "fedavg": (40.76, 38.89, 38.51, 37.81, 37.41, 37.32), "creff": (36.93, 38.38, 38.48, 38.23, 38.78, 38.24),
+    "fedrod": (41.72, 39.23, 38.84, 37.28, 37.47, 38.00), "fedntd": (41.61, 39.25, 39.42, 39.30, 39.03, 38.51),
+    "feddecorr": (40.22, 38.33, 38.18, 37.84, 36.87, 36.92), "fedlc": (41.40, 39.53, 38.68, 37.20, 37.63, 36.74),
+    "fednh": (42.17, 41.34, 39.62, 39.55, 39.93, 39.36), "fedacd": (46.12, 45.46, 45.36, 44.73, 44.68, 44.85),
+}
 TABLE3 = {"cifar10": dict(fedacd=(0.25, 0.31, 0.39), fedavg=(0.41, 0.57, 0.70)),
           "cifar100": dict(fedacd=(0.60, 0.67, 0.74), fedavg=(0.69, 0.77, 0.82)),
           "tiny": dict(fedacd=(0.64, 0.73, 0.80), fedavg=(0.68, 0.79, 0.86))}
@@ -115,49 +132,77 @@ def cells() -> list[tuple[str, str, str]]:
     return out
 
 
-def render(dataset: str, beta: str, method: str) -> str:
-    name, model, wd, note = DATASETS[dataset]
+def describe(dataset: str, method: str) -> tuple[str, str]:
     desc, algo = METHODS[method]
     if dataset == "cifar100" and method == "feddecorr":   # the FedDecorr repository's CIFAR-100 script
         desc, algo = "FedDecorr (coefficient 0.05: its CIFAR-100 script)", "{name: feddecorr, params: {decorr_beta: 0.05}}"
-    number = paper(dataset, beta, method)
+    return desc, algo
+
+
+def render(dataset: str, beta: str, method: str, clients: int = 20, per_round: int = 8, epochs: int = 5,
+           setting: str = "", tag: str = "", found: tuple[str, str, float] | None = None) -> str:
+    """One config; ``setting`` (Tables 4 and 6) names what differs from Table 1's protocol, ``found``
+    the table, what its number is and the number."""
+    name, model, wd, note = DATASETS[dataset]
+    desc, algo = describe(dataset, method)
+    number = f"{found[0]} ({found[1]}) {found[2]:.2f}%" if setting and found else paper(dataset, beta, method)
     head = (f"# FedACD paper (Zhou et al.): {desc}; paper: {number}." if number
             else f"# FedACD paper (Zhou et al.) protocol, no paper number for this cell: {desc}.")
+    where = f", {setting}" if setting else ""
     return "\n".join([
         head,
-        f"# {dataset} Dirichlet beta={beta}, {note}.",
-        f"name: fedacd-{dataset}_b{beta}_{method}",
+        f"# {dataset} Dirichlet beta={beta}{where}, {note}.",
+        f"name: fedacd-{dataset}_b{beta}_{method}" + (f"_{tag}" if tag else ""),
         "seed: 0",
         "data:",
         f"  dataset: {name}",
-        "  num_clients: 20",
+        f"  num_clients: {clients}",
         f"  partition: {{kind: dirichlet, alpha: {BETAS[beta]}}}",
         f"  local_test: {{source: test_set, fraction: {LOCAL_TEST_FRACTION[dataset]}}}",
         f"model: {model}",
         f"algorithm: {algo}",
-        "train: {rounds: 200, clients_per_round: 8, local_epochs: 5, batch_size: 64, lr: 0.01, momentum: 0.9,",
+        f"train: {{rounds: 200, clients_per_round: {per_round}, local_epochs: {epochs}, batch_size: 64, lr: 0.01, "
+        "momentum: 0.9,",
         f"        weight_decay: {wd:.1e}}}",
         "eval: {every: 5, final_window: 5, local_risk: true}",
         "run: {checkpoint_every: 5}",
         "",
-    ]) + paper_entry(dataset, beta, method, desc)
+    ]) + paper_entry(dataset, beta, desc, found if setting else accuracy(dataset, beta, method), where)
 
 
-def paper_entry(dataset: str, beta: str, method: str, desc: str) -> str:
+def paper_entry(dataset: str, beta: str, desc: str, found: tuple[str, str, float] | None, where: str = "") -> str:
     """The accuracy as a ``paper`` section, which ``fedhet compare`` prints beside the measured one
     (Table 3's local risk stays in the first comment line: the section holds one number)."""
-    found = accuracy(dataset, beta, method)
     if not found:
         return ""
     table, _, number = found
-    return paper_section(f"FedACD (Zhou et al.) {table}", f"{dataset} beta={beta}: {desc}",
+    return paper_section(f"FedACD (Zhou et al.) {table}", f"{dataset} beta={beta}{where}: {desc}",
                          f"{number:.2f}", "global test accuracy after T=200 rounds (the paper says neither best "
                          "nor final)", metric="global_acc", rounds=200)
 
 
+def ablations() -> dict[str, str]:
+    """Tables 4 and 6 (CIFAR-100, beta 0.1): the clients and participation, and the local epochs,
+    each varied alone; the methods of each table, which compares the best baselines of Table 1."""
+    files = {}
+    for i, (column, (clients, per_round)) in enumerate(TABLE4_COLUMNS.items()):
+        setting = f"K={clients}, {per_round} clients a round"
+        for method, numbers in TABLE4.items():
+            found = ("Table 4", setting, numbers[i])
+            files[f"cifar100_b0.1_{method}_{column}.yaml"] = render("cifar100", "0.1", method, clients, per_round,
+                                                                     setting=setting, tag=column, found=found)
+    for i, epochs in enumerate(TABLE6_EPOCHS):
+        setting = f"E={epochs}"
+        for method, numbers in TABLE6.items():
+            found = ("Table 6", setting, numbers[i])
+            files[f"cifar100_b0.1_{method}_e{epochs}.yaml"] = render("cifar100", "0.1", method, epochs=epochs,
+                                                                      setting=setting, tag=f"e{epochs}", found=found)
+    return files
+
+
 def main() -> int:
     files = {f"{d}_b{b}_{m}.yaml": render(d, b, m) for d, b, m in cells()}
-    return write_configs(HERE, files, check="--check" in sys.argv)
+    return write_configs(HERE, {**files, **ablations()}, check="--check" in sys.argv)
 
 
 if __name__ == "__main__":
