@@ -188,7 +188,7 @@ def test_dirichlet_min_classes_redraws_until_every_client_holds_that_many_classe
     with pytest.raises(PartitionError, match="min_classes 11 exceeds the 10 classes the data has"):
         partition("dirichlet", labels, 20, 1, alpha=0.1, min_classes=11)
     with pytest.raises(PartitionError, match=r">= min_classes 10 classes in 5 tries \(the smallest client size "
-                                             r"achieved was \d+, the most classes every client held in one draw \d\)"):
+                                             r"achieved was \d+, the best draw gave every client at least \d classes\)"):
         partition("dirichlet", labels, 20, 1, alpha=0.1, min_classes=10, max_tries=5)
 
 

@@ -71,7 +71,7 @@ def dirichlet(
         raise PartitionError(f"dirichlet: min_classes {min_classes} exceeds the {len(groups)} classes the data has")
     limit = total / n
     conc = np.full(n, alpha)
-    best, fewest_classes = -1, -1
+    best, best_classes = -1, -1      # the largest smallest size, the most classes every client held
     # Draw only the per-class chunk sizes while searching; shuffle and split once one works.
     for _ in range(max_tries):
         counts = np.zeros((len(groups), n), dtype=np.int64)
@@ -96,10 +96,10 @@ def dirichlet(
                         parts[j].append(pieces[j])
                 return finish(parts)
             best = max(best, int(sizes.min()))
-            fewest_classes = max(fewest_classes, classes)
+            best_classes = max(best_classes, classes)
     achieved = f"the smallest client size achieved was {best}" if best >= 0 else "no draw completed"
     if min_classes:
-        achieved += f", the most classes every client held in one draw {fewest_classes}" if best >= 0 else ""
+        achieved += f", the best draw gave every client at least {best_classes} classes" if best >= 0 else ""
         raise PartitionError(
             f"dirichlet: no partition with every client >= min_size {min_size} samples of >= min_classes "
             f"{min_classes} classes in {max_tries} tries ({achieved}); use a larger alpha, fewer clients, a "
