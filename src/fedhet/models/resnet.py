@@ -11,7 +11,7 @@ flattened map entering that stage.
 ``GroupNorm(gn_groups, C)``; the default of 2 groups follows the FL practice of Hsieh et al.
 2020 and Reddi et al. 2021 (GroupNorm keeps no running statistics, so nothing depends on a
 client's batch statistics). ``fc_bias=False`` leaves the classifier's bias out, as the FedNH code
-base's ``ResNetMod`` does (whose prototypes FedNH trains as a bias-free classifier).
+base's ``ResNetMod`` does (FedNH's prototypes are a bias-free classifier).
 """
 
 from __future__ import annotations
