@@ -32,6 +32,8 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
     assert cfg.train.optimizer == "adam" and cfg.train.betas == (0.5, 0.999) and cfg.train.local_epochs == 1
     if path.stem.startswith(("t2_", "t4_")):
         assert cfg.model.archs() == ["fca_resnet18", "fca_shufflenetv2", "fca_googlenet", "fca_alexnet"]
+    if path.stem.startswith("t3_"):      # Table 3: FedAvg, FedProx and KT-pFL on the FedAvg paper's CNN
+        assert cfg.model.archs() == (["fca_resnet18"] if cfg.algorithm.name == "fedclassavg" else ["cnn2"])
     if path.stem == "t2_fmnist_skewed_fedclassavg":
         assert "paper 0.9800" in head and cfg.algorithm.params["rho"] == 0.4662 and cfg.train.lr == 6e-4
     if cfg.algorithm.name == "ktpfl":                     # the codes' public data: another dataset

@@ -9,7 +9,9 @@ sampled every round (Table 3's 100-client column: 10%), one local epoch, batch 6
 code), Adam with betas (0.5, 0.999) fresh each round - lr 6e-4 and rho 0.4662 on Fashion-MNIST,
 1e-4 / 0.1 on CIFAR-10, 5e-4 / 0.1 on EMNIST (Table 1) - for every method of a table (like for like).
 Heterogeneous federations (Tables 2 and 4): client i has architecture i mod 4 (ResNet-18,
-ShuffleNetV2, GoogLeNet, AlexNet, each with a 512-d feature layer); Table 3: ResNet-18 for all.
+ShuffleNetV2, GoogLeNet, AlexNet, each with a 512-d feature layer); Table 3: ResNet-18 for
+FedClassAvg, and for FedAvg, FedProx and KT-pFL "the same convolutional architecture as FedAvg
+paper" (its caption): McMahan et al.'s CNN, fedhet's ``cnn2``.
 Local test sets: 30% of the client's training size drawn from the test set with its label
 proportions (fixed and without replacement; the code draws with replacement and re-samples them
 each round). A seed whose client needs more images of a class than the test set holds (Dir(0.5)
@@ -109,7 +111,8 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
     head = (f"# FedClassAvg paper (Jang et al., ICPP 2022), Table {table}: {desc}, paper {number:.4f}."
             if number is not None else f"# FedClassAvg paper (Jang et al., ICPP 2022), Table {table} protocol, no paper number: {desc}.")
     homogeneous = table == "3"
-    arch = "fca_resnet18" if homogeneous else HETERO
+    fedavg_cnn = homogeneous and not method.startswith("fedclassavg")     # Table 3's caption
+    arch = "cnn2" if fedavg_cnn else "fca_resnet18" if homogeneous else HETERO
     # FedProto's prototypes are the classifier's inputs (both references): the ReLU of the head
     # moves into the body, leaving a one-Linear head for the nearest-prototype evaluation.
     model = f"{{arch: {arch}, options: {{relu_features: true}}}}" if method == "fedproto" else f"{{arch: {arch}}}"
@@ -117,7 +120,7 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
     return "\n".join([
         head,
         f"# {dataset} {PARTITIONS[partition][0]}, {clients} clients, "
-        f"{'ResNet-18 for every client' if homogeneous else 'client i: architecture i mod 4'}.{note}",
+        f"{'the FedAvg paper CNN (cnn2) for every client, as Table 3 says of FedAvg and KT-pFL' if fedavg_cnn else 'ResNet-18 for every client' if homogeneous else 'client i: architecture i mod 4'}.{note}",
         f"name: fedclassavg-t{table}-{dataset}_{partition}_{method}" + (f"_k{clients}" if clients != 20 else ""),
         "seed: 0",
         "data:",
