@@ -37,7 +37,8 @@ def test_config_parses_and_states_its_number(path):
     if stated:
         assert cfg.paper is not None and cfg.paper.metric == "global_acc"
         assert cfg.paper.value == pytest.approx(float(stated.group(1)) / 100, abs=1e-9)
-        assert cfg.paper.source.startswith("FedFM (Ye et al.) Table")
+        assert cfg.paper.source.startswith(("FedFM (Ye et al.) Table", "FedFM (Ye et al.) Sec. VII-C.6"))
+        assert (path.stem == "cifar10_niid1_fedfm_l2") == ("Sec." in cfg.paper.source)   # 67.98: the text's
     else:
         assert cfg.paper is None
     assert cfg.data.num_clients == 10 and cfg.train.clients_per_round == 10
