@@ -11,7 +11,8 @@ code), Adam with betas (0.5, 0.999) fresh each round - lr 6e-4 and rho 0.4662 on
 Heterogeneous federations (Tables 2 and 4): client i has architecture i mod 4 (ResNet-18,
 ShuffleNetV2, GoogLeNet, AlexNet, each with a 512-d feature layer); Table 3: ResNet-18 for
 FedClassAvg, and for FedAvg, FedProx and KT-pFL "the same convolutional architecture as FedAvg
-paper" (its caption): McMahan et al.'s CNN, fedhet's ``cnn2``.
+paper" (its caption): McMahan et al.'s CNNs, fedhet's ``cnn2`` for (E)MNIST-shaped images and, for
+CIFAR-10, ``simple_cnn`` (the TensorFlow tutorial's CNN that paper trains on CIFAR-10).
 Local test sets: 30% of the client's training size drawn from the test set with its label
 proportions (fixed and without replacement; the code draws with replacement and re-samples them
 each round). A seed whose client needs more images of a class than the test set holds (Dir(0.5)
@@ -73,28 +74,50 @@ PARTITIONS = {
                "{kind: classes_per_client, k: 2}"),
 }
 
-# (table, dataset, partition, method, clients) -> number (fraction)
-PAPER = {
-    **{("2", "fmnist", "dir0.5", m, 20): v for m, v in
-       dict(local=0.8840, fedproto=0.6042, ktpfl=0.9039, fedclassavg=0.9303).items()},
-    **{("2", "fmnist", "skewed", m, 20): v for m, v in
-       dict(local=0.9430, fedproto=0.6364, ktpfl=0.9737, fedclassavg=0.9800).items()},
-    ("2", "cifar10", "dir0.5", "local", 20): 0.6894, ("2", "cifar10", "skewed", "local", 20): 0.8871,
-    ("2", "cifar10", "dir0.5", "fedclassavg", 20): 0.7670, ("2", "cifar10", "skewed", "fedclassavg", 20): 0.9202,
-    ("2", "emnist", "dir0.5", "fedclassavg", 20): 0.9305, ("2", "emnist", "skewed", "fedclassavg", 20): 0.9957,
-    **{("4", "fmnist", "dir0.5", m, 20): v for m, v in
-       dict(fedclassavg_ca=0.8578, fedclassavg_pr=0.8971, fedclassavg_cl=0.924).items()},
-    **{("4", "cifar10", "dir0.5", m, 20): v for m, v in
-       dict(fedclassavg_ca=0.615, fedclassavg_pr=0.6311, fedclassavg_cl=0.7509).items()},
-    **{("3", "fmnist", "dir0.5", m, k): v for (m, k), v in {
-        ("fedavg", 20): 0.8988, ("fedavg", 100): 0.7471, ("fedprox", 20): 0.9025, ("fedprox", 100): 0.7477,
-        ("ktpfl", 20): 0.8954, ("ktpfl", 100): 0.6114, ("fedclassavg", 20): 0.9294, ("fedclassavg", 100): 0.6712,
-        ("fedclassavg_weight", 20): 0.9361, ("fedclassavg_weight", 100): 0.9057}.items()},
+# (table, dataset, partition, method, clients) -> (number, its ±: std over clients), fractions
+RESULTS = {
+    **{("2", d, "dir0.5", m, 20): v for d, row in {
+        "cifar10": dict(local=(0.6894, 0.0665), fedproto=(0.4742, 0.0323), ktpfl=(0.6228, 0.0783),
+                        fedclassavg=(0.7670, 0.0532)),
+        "fmnist": dict(local=(0.8840, 0.0698), fedproto=(0.6042, 0.0500), ktpfl=(0.9039, 0.0435),
+                       fedclassavg=(0.9303, 0.0308)),
+        "emnist": dict(local=(0.9149, 0.0378), fedproto=(0.2249, 0.0210), ktpfl=(0.9055, 0.0500),
+                       fedclassavg=(0.9305, 0.0178))}.items() for m, v in row.items()},
+    **{("2", d, "skewed", m, 20): v for d, row in {
+        "cifar10": dict(local=(0.8871, 0.0417), fedproto=(0.8359, 0.0181), ktpfl=(0.8721, 0.0717),
+                        fedclassavg=(0.9202, 0.0562)),
+        "fmnist": dict(local=(0.9430, 0.0288), fedproto=(0.6364, 0.0423), ktpfl=(0.9737, 0.0434),
+                       fedclassavg=(0.9800, 0.0281)),
+        "emnist": dict(local=(0.9671, 0.1073), fedproto=(0.2183, 0.0661), ktpfl=(0.9921, 0.0076),
+                       fedclassavg=(0.9957, 0.0040))}.items() for m, v in row.items()},
+    # Table 4 gives no ±; its last column is Table 2's FedClassAvg
+    **{("4", d, "dir0.5", m, 20): (v, None) for d, row in {
+        "cifar10": dict(fedclassavg_ca=0.615, fedclassavg_pr=0.6311, fedclassavg_cl=0.7509),
+        "fmnist": dict(fedclassavg_ca=0.8578, fedclassavg_pr=0.8971, fedclassavg_cl=0.924),
+        "emnist": dict(fedclassavg_ca=0.915, fedclassavg_pr=0.8993, fedclassavg_cl=0.9186)}.items()
+       for m, v in row.items()},
+    # Table 3 (20 clients all sampled; 100 clients at 10%); its "KT-pFL +weight" row needs a KT-pFL
+    # that transfers weights, which fedhet's has not
+    **{("3", d, "dir0.5", m, k): v for d, row in {
+        "cifar10": {("fedavg", 20): (0.7729, 0.0501), ("fedavg", 100): (0.6336, 0.1788),
+                    ("fedprox", 20): (0.8123, 0.0363), ("fedprox", 100): (0.6505, 0.1809),
+                    ("ktpfl", 20): (0.5433, 0.0988), ("ktpfl", 100): (0.4777, 0.1978),
+                    ("fedclassavg", 20): (0.7653, 0.0454), ("fedclassavg", 100): (0.5096, 0.1661),
+                    ("fedclassavg_weight", 20): (0.8546, 0.0406), ("fedclassavg_weight", 100): (0.7817, 0.0649)},
+        "fmnist": {("fedavg", 20): (0.8988, 0.0359), ("fedavg", 100): (0.7471, 0.1554),
+                   ("fedprox", 20): (0.9025, 0.0218), ("fedprox", 100): (0.7477, 0.1566),
+                   ("ktpfl", 20): (0.8954, 0.045), ("ktpfl", 100): (0.6114, 0.2721),
+                   ("fedclassavg", 20): (0.9294, 0.0304), ("fedclassavg", 100): (0.6712, 0.1605),
+                   ("fedclassavg_weight", 20): (0.9361, 0.0158), ("fedclassavg_weight", 100): (0.9057, 0.0472)},
+        "emnist": {("fedavg", 20): (0.9343, 0.0247), ("fedavg", 100): (0.8662, 0.0445),
+                   ("fedprox", 20): (0.9462, 0.1566), ("fedprox", 100): (0.8677, 0.0923),
+                   ("ktpfl", 20): (0.8505, 0.0443), ("ktpfl", 100): (0.6589, 0.3258),
+                   ("fedclassavg", 20): (0.9361, 0.0168), ("fedclassavg", 100): (0.7097, 0.1022),
+                   ("fedclassavg_weight", 20): (0.9464, 0.0136), ("fedclassavg_weight", 100): (0.9166, 0.0275)},
+    }.items() for (m, k), v in row.items()},
 }
-
-
-# The ± of Table 2 (std over clients), for the two FedClassAvg cells on Fashion-MNIST.
-STD = {("2", "fmnist", "dir0.5", "fedclassavg", 20): 0.0308, ("2", "fmnist", "skewed", "fedclassavg", 20): 0.0281}
+PAPER = {cell: number for cell, (number, _) in RESULTS.items()}
+STD = {cell: std for cell, (_, std) in RESULTS.items() if std is not None}
 
 
 def cells() -> list[tuple[str, str, str, str, int]]:
@@ -112,7 +135,8 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
             if number is not None else f"# FedClassAvg paper (Jang et al., ICPP 2022), Table {table} protocol, no paper number: {desc}.")
     homogeneous = table == "3"
     fedavg_cnn = homogeneous and not method.startswith("fedclassavg")     # Table 3's caption
-    arch = "cnn2" if fedavg_cnn else "fca_resnet18" if homogeneous else HETERO
+    fedavg_arch = "simple_cnn" if dataset == "cifar10" else "cnn2"
+    arch = fedavg_arch if fedavg_cnn else "fca_resnet18" if homogeneous else HETERO
     # FedProto's prototypes are the classifier's inputs (both references): the ReLU of the head
     # moves into the body, leaving a one-Linear head for the nearest-prototype evaluation.
     model = f"{{arch: {arch}, options: {{relu_features: true}}}}" if method == "fedproto" else f"{{arch: {arch}}}"
@@ -120,7 +144,7 @@ def render(table: str, dataset: str, partition: str, method: str, clients: int) 
     return "\n".join([
         head,
         f"# {dataset} {PARTITIONS[partition][0]}, {clients} clients, "
-        f"{'the FedAvg paper CNN (cnn2) for every client, as Table 3 says of FedAvg and KT-pFL' if fedavg_cnn else 'ResNet-18 for every client' if homogeneous else 'client i: architecture i mod 4'}.{note}",
+        f"{f'the FedAvg paper CNN ({fedavg_arch}) for every client, as Table 3 says of FedAvg and KT-pFL' if fedavg_cnn else 'ResNet-18 for every client' if homogeneous else 'client i: architecture i mod 4'}.{note}",
         f"name: fedclassavg-t{table}-{dataset}_{partition}_{method}" + (f"_k{clients}" if clients != 20 else ""),
         "seed: 0",
         "data:",
