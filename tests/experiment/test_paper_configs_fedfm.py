@@ -19,10 +19,65 @@ from fedhet.experiment.config import load_config
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedfm"
 FILES = sorted(CONFIGS.glob("*.yaml"))
 CIFAR_LIKE = [f for f in FILES if not f.name.startswith("fmnist")]
+BASELINES = ["fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "fednova", "moon", "fedfm"]   # Tables III, IV, VI
+
+
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert len(CIFAR_LIKE) == 36 and len(FILES) == 56
+    # Table III 48, Table IV 40, Table VI 32, Table IX 8, Table VIII 1, Sec. VII-D.6 1, Fashion-MNIST 20
+    assert len(CIFAR_LIKE) == 130 and len(FILES) == 150
+
+
+def test_every_reported_cell_has_a_config():
+    names = {f.stem for f in FILES}
+    table_iii = {f"{d}_{p}_{m}" for d in ("cifar10", "cinic10", "cifar100") for p in ("niid1", "niid2") for m in BASELINES}
+    table_iv = {f"cifar10_niid3-m{x}_{m}" for x in (1, 2, 3, 5, 7) for m in BASELINES}
+    table_vi = {f"cifar100_niid1-k{k}_{m}" for k in (20, 30, 50, 100) for m in BASELINES}
+    table_ix = {f"{d}_niid1_fedfm_temp{t}" for d in ("cifar10", "cifar100") for t in ("0.01", "0.1", "1", "10")}
+    assert not (table_iii | table_iv | table_vi | table_ix) - names
+
+
+# Hand-copied from the paper: file -> (source, value %, std % or None, K, algorithm, its params)
+PAPER_CELLS = {
+    "cifar10_niid1_fedavgm": ("Table III", 66.85, 0.42, 10, "fedavgm", {"server_momentum": 0.9, "server_lr": 0.1}),
+    "cinic10_niid2_scaffold": ("Table III", 60.78, 0.32, 10, "scaffold", {}),
+    "cifar100_niid1_feddyn": ("Table III", 43.41, 0.54, 10, "feddyn", {"alpha": 0.01}),
+    "cifar100_niid2_moon": ("Table III", 62.99, 0.13, 10, "moon", {"mu": 5.0, "tau": 0.5}),
+    "cifar10_niid1_fedfm": ("Table III", 72.89, 0.22, 10, "fedfm", {}),
+    "cifar10_niid3-m7_moon": ("Table IV", 57.80, 1.02, 10, "moon", {"mu": 5.0, "tau": 0.5}),
+    "cifar10_niid3-m5_fedprox": ("Table IV", 67.25, 0.54, 10, "fedprox", {"mu": 0.01}),   # = FedAvg's, as printed
+    "cifar10_niid3-m3_scaffold": ("Table IV", 72.60, 0.22, 10, "scaffold", {}),
+    "cifar100_niid1-k20_feddyn": ("Table VI", 41.90, None, 20, "feddyn", {"alpha": 0.01}),
+    "cifar100_niid1-k50_fedavgm": ("Table VI", 52.86, None, 50, "fedavgm", {"server_momentum": 0.9, "server_lr": 0.1}),
+    "cifar100_niid1-k100_fedfm": ("Table VI", 55.38, None, 100, "fedfm", {}),
+    "cifar10_niid1_fedfm_temp0.01": ("Table IX", 70.44, None, 10, "fedfm", {"temperature": 0.01}),
+    "cifar10_niid1_fedfm_temp0.1": ("Table IX", 72.41, None, 10, "fedfm", {"temperature": 0.1}),   # not Table III's 72.89
+    "cifar100_niid1_fedfm_temp1": ("Table IX", 68.24, None, 10, "fedfm", {"temperature": 1.0}),
+    "cifar100_niid1_fedfm_temp10": ("Table IX", 65.05, None, 10, "fedfm", {"temperature": 10.0}),
+}
+
+
+@pytest.mark.parametrize("stem", sorted(PAPER_CELLS))
+def test_cell_states_the_papers_number_and_setting(stem):
+    source, value, std, k, algo, params = PAPER_CELLS[stem]
+    cfg = load_config(CONFIGS / f"{stem}.yaml")
+    assert cfg.paper.source == f"FedFM (Ye et al.) {source}"
+    assert cfg.paper.value == pytest.approx(value / 100, abs=1e-9)
+    assert cfg.paper.std == (None if std is None else pytest.approx(std / 100, abs=1e-9))
+    assert cfg.data.num_clients == k and cfg.train.clients_per_round == k       # full participation
+    assert cfg.algorithm.name == algo and cfg.algorithm.params == params
+    assert cfg.model.arch == ("resnet50" if stem.startswith("cifar100") else "resnet18")
+    assert cfg.model.options == {"stem": "imagenet"}
+    assert (cfg.train.rounds, cfg.train.local_epochs, cfg.train.batch_size, cfg.train.lr) == (100, 10, 64, 0.01)
+    assert (cfg.train.momentum, cfg.train.weight_decay) == (0.9, 1e-5)
+    part = cfg.data.partition
+    if "niid3" in stem:
+        assert part.kind == "niid3" and part.options() == {"missing": int(stem.split("-m")[1][0])}
+    elif "niid1" in stem:
+        assert part.kind == "dirichlet" and part.options() == {"alpha": 0.5}
+    else:
+        assert part.kind == "niid2"
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
@@ -33,23 +88,41 @@ def test_config_parses_and_states_its_number(path):
     if not path.name.startswith("fmnist"):
         assert "paper " in head and "%" in head                     # the number it corresponds to
     # the same number as a paper section (fedhet compare prints it), none for the Fashion-MNIST proxy
-    stated = re.search(r"paper (\d+\.\d+)%", head)
+    stated = re.search(r"paper (\d+\.\d+)(?:±(\d+\.\d+))?%", head)
     if stated:
         assert cfg.paper is not None and cfg.paper.metric == "global_acc"
         assert cfg.paper.value == pytest.approx(float(stated.group(1)) / 100, abs=1e-9)
-        assert cfg.paper.source.startswith(("FedFM (Ye et al.) Table", "FedFM (Ye et al.) Sec. VII-C.6"))
+        assert cfg.paper.std == (stated.group(2) and pytest.approx(float(stated.group(2)) / 100, abs=1e-9))
+        assert cfg.paper.source.startswith(("FedFM (Ye et al.) Table", "FedFM (Ye et al.) Sec. VII-D.6"))
         assert (path.stem == "cifar10_niid1_fedfm_l2") == ("Sec." in cfg.paper.source)   # 67.98: the text's
+        # Tables III, IV and VIII print mean ± std over 3 trials; Tables VI and IX and the text do not
+        assert (cfg.paper.std is not None) == cfg.paper.source.endswith(("Table III", "Table IV", "Table VIII"))
     else:
         assert cfg.paper is None
-    assert cfg.data.num_clients == 10 and cfg.train.clients_per_round == 10
+    k = int(re.search(r"-k(\d+)_", path.name).group(1)) if "-k" in path.name else 10     # Table VI's K
+    assert cfg.data.num_clients == k and cfg.train.clients_per_round == k
     assert cfg.data.local_test.source == "holdout" and cfg.data.local_test.fraction == 0.2
 
 
-@pytest.mark.parametrize("path", CIFAR_LIKE, ids=[f.stem for f in CIFAR_LIKE])
+def one_per_federation_and_model(paths: list[Path]) -> list[Path]:
+    """The first config of each dataset, partition, client count and model: what building the
+    federation and the model depends on (the method is checked by the test above)."""
+    seen: dict[tuple, Path] = {}
+    for path in paths:
+        cfg = load_config(path)
+        key = (cfg.data.dataset, repr(cfg.data.partition), cfg.data.num_clients, repr(cfg.model))
+        seen.setdefault(key, path)
+    return list(seen.values())
+
+
+BUILT = one_per_federation_and_model(CIFAR_LIKE)
+
+
+@pytest.mark.parametrize("path", BUILT, ids=[f.stem for f in BUILT])
 def test_cifar_configs_build_partition_and_model(path, data_root):
     cfg = load_config(path, overrides=[f"data.root={data_root}", "data.verify=false"])
     fed = build_federation(cfg.data, cfg.seed)
-    assert fed.num_clients == 10 and all(len(t) > 0 for t in fed.train_idx)
+    assert fed.num_clients == cfg.data.num_clients and all(len(t) > 0 for t in fed.train_idx)
     models, arch = build_models(cfg, fed)
     model = models[arch[0]].eval()
     x = fed.normalize(fed.pool.x[fed.train_idx[0][:2]])
