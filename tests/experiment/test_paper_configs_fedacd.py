@@ -23,17 +23,20 @@ from fedhet.models import build_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedacd"
 FILES = sorted(CONFIGS.glob("*.yaml"))
-# Tables 4 and 6 vary one setting of Table 1's CIFAR-100 beta 0.1 protocol: clients and participation
-# (_k20_p0.2, _k40, ...), local epochs (_e3, ...)
-ABLATION = re.compile(r"_(k\d+(_p[\d.]+)?|e\d+)$")
+# Tables 4, 6 and 7 vary one setting of Table 1's CIFAR-100 beta 0.1 protocol: clients and participation
+# (_k20_p0.2, _k40, ...), local epochs (_e3, ...), FedACD's lambda (_lambda0.5, ...)
+ABLATION = re.compile(r"_(k\d+(_p[\d.]+)?|e\d+|lambda[\d.]+)$")
+# Table 1's methods: each has a Table 1 number (mean±std) on CIFAR-10, CIFAR-100 and Tiny-ImageNet
+TABLE1 = re.compile(r"^(cifar10|cifar100|tiny)_b[\d.]+_(fedavg|fedprox|fednova|creff|fedrod|fedntd|feddecorr|fedlc|fednh"
+                    r"|fedacd)$")
 
 
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     # 16 methods (4 of them Table 5's baselines with mixup) x 3 betas x 4 datasets, and Table 4's 6
-    # columns beside Table 1's x 7 methods and Table 6's 6 x 8
-    assert len(FILES) == 4 * 3 * 16 + 6 * 7 + 6 * 8
+    # columns beside Table 1's x 7 methods, Table 6's 6 x 8 and Table 7's 3 lambdas beside lambda=1
+    assert len(FILES) == 4 * 3 * 16 + 6 * 7 + 6 * 8 + 3
 
 
 def test_tables_4_and_6_vary_one_setting_each_and_state_the_papers_numbers():
@@ -69,8 +72,8 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
     algorithm = make_algorithm(cfg)
     head = path.read_text().splitlines()[0]
     assert head.startswith("# FedACD paper (Zhou et al.)")
-    if path.stem.startswith("cifar10_") and path.stem.endswith(("_fedavg", "_fedacd", "_fedrod", "_fedlc")):
-        assert "Table 1" in head and "%" in head
+    if TABLE1.match(path.stem):
+        assert "Table 1 (global model, balanced test)" in head and cfg.paper.std is not None
     if not ABLATION.search(path.stem):
         assert cfg.data.num_clients == 20 and cfg.train.clients_per_round == 8 and cfg.train.local_epochs == 5
     assert cfg.train.batch_size == 64 and cfg.train.rounds == 200
@@ -99,6 +102,39 @@ def test_table5_numbers_with_mixup_are_the_papers():
                 "cifar100_b0.05_fedavg_mixup": "37.17", "tiny_b0.3_fedlc_mixup": "47.33"}
     for stem, number in expected.items():
         assert f"Table 5 (with Input Mixup) {number}%" in (CONFIGS / f"{stem}.yaml").read_text().splitlines()[0], stem
+
+
+def test_table1_numbers_with_their_std_are_the_papers():
+    # Zhou et al. Table 1, copied by hand: stem -> (mean, std) %
+    expected = {"cifar10_b0.3_fedprox": (75.54, 0.91), "cifar10_b0.1_feddecorr": (71.80, 1.81),
+                "cifar10_b0.05_creff": (61.71, 3.57), "cifar10_b0.05_fedacd": (63.57, 0.46),
+                "cifar100_b0.3_fedntd": (43.05, 0.22), "cifar100_b0.1_fednova": (39.38, 0.46),
+                "cifar100_b0.05_fedlc": (35.27, 0.16), "cifar100_b0.3_feddecorr": (38.85, 0.34),
+                "tiny_b0.3_fedntd": (46.86, 0.18), "tiny_b0.1_fedrod": (42.02, 0.14),
+                "tiny_b0.05_fednh": (38.87, 0.21), "tiny_b0.05_fedprox": (35.64, 0.19)}
+    for stem, (mean, std) in expected.items():
+        cfg = load_config(CONFIGS / f"{stem}.yaml")
+        assert cfg.paper.source == "FedACD (Zhou et al.) Table 1", stem
+        assert (cfg.paper.value, cfg.paper.std) == (pytest.approx(mean / 100), pytest.approx(std / 100)), stem
+        assert f"Table 1 (global model, balanced test) {mean:.2f}%" in (CONFIGS / f"{stem}.yaml").read_text()
+    # the Fashion-MNIST proxies have no paper number
+    assert load_config(CONFIGS / "fmnist_b0.1_fedprox.yaml").paper is None
+
+
+def test_table7_varies_fedacds_lambda_alone():
+    # Zhou et al. Table 7 (CIFAR-100, beta 0.1): lambda 0.5 / 1 / 1.5 / 2 -> 46.05±0.21 / 46.24±0.17 /
+    # 45.79±0.18 / 45.35±0.28; lambda=1 is Table 1's cell
+    cases = {"cifar100_b0.1_fedacd_lambda0.5": (0.5, "Table 7", 46.05, 0.21),
+             "cifar100_b0.1_fedacd": (1.0, "Table 1", 46.24, 0.17),
+             "cifar100_b0.1_fedacd_lambda1.5": (1.5, "Table 7", 45.79, 0.18),
+             "cifar100_b0.1_fedacd_lambda2": (2.0, "Table 7", 45.35, 0.28)}
+    base = load_config(CONFIGS / "cifar100_b0.1_fedacd.yaml")
+    for stem, (lam, table, mean, std) in cases.items():
+        cfg = load_config(CONFIGS / f"{stem}.yaml")
+        assert make_algorithm(cfg).params.margin_weight == lam
+        assert cfg.paper.source == f"FedACD (Zhou et al.) {table}" and cfg.name == f"fedacd-{stem}"
+        assert (cfg.paper.value, cfg.paper.std) == (pytest.approx(mean / 100), pytest.approx(std / 100))
+        assert (cfg.data, cfg.model, cfg.train, cfg.eval) == (base.data, base.model, base.train, base.eval)
 
 
 def test_cifar10_table1_numbers_are_the_papers():
