@@ -38,7 +38,8 @@ class FedFlip(FedAvg):
     """FedAvg whose clients train on randomly mirrored images."""
 
     name = "fedflip"
-    takes_mixup = False          # the flips take the augmentation slot mixup would use: mixup is refused
+    takes_mixup = False          # the flips take the augmentation slot mixup would use: mixup is refused,
+    takes_augment = False        # and so is another augmentation (algorithm.params.augment)
 
     class Params(FedAvg.Params):
         flip_p: float = Field(0.5, ge=0, le=1)

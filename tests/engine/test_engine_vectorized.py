@@ -934,6 +934,19 @@ def test_mixup_trains_vectorized_and_equals_reference(small_config, wide, flatte
     assert_engines_agree(ref, vec, TIGHT)
 
 
+def test_crop_flip_rotate_trains_vectorized_and_equals_reference(small_config):
+    """FedProx with FedFM's CIFAR-100 augmentation (crop of the padded image, flip, rotation through
+    the written-out affine grid): the draws come from each client's stream on the host, the images
+    are resampled under vmap, and the engines train on the same images (smooth model)."""
+    cfg = make_config(small_config, "fedprox", {"mu": 0.1, "augment": "crop_flip_rotate"}, UNEQUAL, 0.5, 0.05, 1,
+                      clients_per_round=6)
+    ref, vec = run_both(cfg, bn=True)
+    counters = vec.transport.counters
+    assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
+    assert_every_graph_captured(vec.transport)
+    assert_engines_agree(ref, vec, VIEWS_ON_CUDA if DEVICE == "cuda" else TIGHT)
+
+
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedlc"])
 def test_mixup_of_a_table5_baseline_trains_vectorized_and_equals_reference(small_config, algorithm):
     """FedAvg and FedLC with Input Mixup (the FedACD paper's Table 5 baselines): their cross-entropy

@@ -22,9 +22,11 @@ reaches its owner untouched.
 Input Mixup (``mixup``, Zhang et al. 2018; off by default, on for FedACD): every local batch is
 blended with a shuffled copy of itself, ``lam x_a + (1 - lam) x_b`` with ``lam ~ Beta(mixup_alpha,
 mixup_alpha)`` per batch, and the loss weighs both labels by ``lam``. The FedACD paper's Table 5 runs
-FedAvg, FedROD, FedLC and FedNH with it. It reaches local training through ``train_options``; a
-method that trains without them, or with a loss term that reads only the first label, is refused
-rather than run without mixup.
+FedAvg, FedROD, FedLC and FedNH with it. ``augment`` trains on augmented images instead
+(``crop_flip_rotate``: FedFM's CIFAR-100 pipeline; ``supcon_view``: one view of FedClassAvg's),
+one augmentation a batch, so not with mixup. Either reaches local training through
+``train_options``; a method that trains without them, or with a loss term that reads only the
+first label under mixup, is refused rather than run on clean images.
 
 BatchNorm statistics (policy ``bn_buffers``):
   * ``average`` (default) - running mean/var are averaged like weights, so the global model
@@ -52,7 +54,7 @@ from fedhet.core.contract import (
     State,
 )
 from fedhet.core.errors import ConfigError
-from fedhet.training.augment import Mixup
+from fedhet.training.augment import BaselineAugmentation, Mixup, baseline_augmentation
 from fedhet.training.objective import CrossEntropy, LossTerm
 
 
@@ -66,11 +68,17 @@ class FedAvg(Algorithm):
     # augmentation (Per-FedAvg's meta-steps). It is refused when the method is made, not rounds later
     # when such a term first appears.
     takes_mixup: ClassVar[bool] = True
+    # False for a method whose local steps take no augmentation at all (Per-FedAvg's meta-steps):
+    # ``augment`` is refused when the method is made.
+    takes_augment: ClassVar[bool] = True
 
     class Params(Algorithm.Params):
         bn_buffers: Literal["average", "local"] = "average"
         mixup: bool = False                               # Input Mixup on every local batch
         mixup_alpha: float = Field(1.0, gt=0)             # lam ~ Beta(alpha, alpha)
+        # the images of every local batch: clean, one view of FedClassAvg's pipeline, or the CIFAR
+        # crop, flip and rotation of FedFM's code (fedhet.training.augment)
+        augment: BaselineAugmentation = "none"
 
     def __init__(self, params: Any = None):
         super().__init__(params)
@@ -78,6 +86,12 @@ class FedAvg(Algorithm):
             raise ConfigError(f"algorithm.params.mixup: {self.name} cannot train with mixup (a loss term of its own "
                               "reads the labels as they are, or its local steps take no augmentation); turn mixup "
                               "off for it")
+        if self.params.augment != "none" and not self.takes_augment:
+            raise ConfigError(f"algorithm.params.augment: {self.name}'s local steps take no augmentation; leave "
+                              f"augment at none for it")
+        if self.params.augment != "none" and self.params.mixup:
+            raise ConfigError(f"algorithm.params: mixup and augment {self.params.augment} each take a local batch's "
+                              "one augmentation; choose one")
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
@@ -138,13 +152,18 @@ class FedAvg(Algorithm):
         return uploaded
 
     def refuse_training_without_mixup(self, result: LocalResult, client: ClientRuntime) -> None:
-        """Raise when ``mixup`` is on but the local training just run never passed ``train_options``
-        to ``client.train`` (a method of one's own that builds its own call): it would have trained
-        without mixup. A ``client_update`` of one's own calls this after its local training."""
-        if (self.params.mixup and result.steps
-                and not any(isinstance(a, Mixup) for a in client.train_augmentations)):
+        """Raise when ``mixup`` or ``augment`` is on but the local training just run never passed
+        ``train_options`` to ``client.train`` (a method of one's own that builds its own call): it would
+        have trained on clean images. A ``client_update`` of one's own calls this after its local training."""
+        if not result.steps:
+            return
+        if self.params.mixup and not any(isinstance(a, Mixup) for a in client.train_augmentations):
             raise ConfigError(f"algorithm.params.mixup: {self.name}'s local training does not pass its train_options "
                              "to client.train, so it would run without mixup; turn mixup off for this method")
+        if self.params.augment != "none" and not client.train_augmentations:
+            raise ConfigError(f"algorithm.params.augment: {self.name}'s local training does not pass its "
+                              "train_options to client.train, so it would run on clean images; leave augment at "
+                              "none for this method")
 
     def local_training(self, weights: Arrays, msg: Message, state: State | None, client: ClientRuntime) -> LocalResult:
         """One round's local training: E epochs of SGD on all parameters (FedRep, FedPAC and
@@ -161,8 +180,12 @@ class FedAvg(Algorithm):
         return []
 
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
-        """Keyword arguments of ``client.train``: here the mixup augmentation when ``mixup`` is on."""
-        return {"augment": Mixup(self.params.mixup_alpha)} if self.params.mixup else {}
+        """Keyword arguments of ``client.train``: here the batch augmentation, mixup's or ``augment``'s."""
+        if self.params.mixup:
+            return {"augment": Mixup(self.params.mixup_alpha)}
+        if self.params.augment != "none":
+            return {"augment": baseline_augmentation(self.params.augment, client.data)}
+        return {}
 
     def after_training(self, result: LocalResult, msg: Message, state: State | None,
                        client: ClientRuntime) -> State | None:

@@ -77,7 +77,6 @@ from fedhet.core.contract import (
 )
 from fedhet.core.errors import ConfigError
 from fedhet.core.split import HEAD, linear_classifier, linear_head_names, select
-from fedhet.training.augment import BaselineAugmentation, baseline_augmentation
 from fedhet.training.local import trains_in_channels_last
 from fedhet.training.objective import LossTerm
 
@@ -104,14 +103,13 @@ class FedProto(FedAvg):
     """FedProto; see the module docstring."""
 
     name = "fedproto"
-    takes_mixup = False          # prototype alignment, and its own augmentation takes the slot
+    takes_mixup = False          # prototype alignment pulls each feature to its label's prototype
     personalized = True
     has_global_model = False
 
     class Params(FedAvg.Params):
         proto_weight: float = Field(1.0, ge=0)     # lambda of the local objective (FedReMa Table 1: 1)
         proto_eval: Literal["nearest_prototype", "classifier"] = "nearest_prototype"
-        augment: BaselineAugmentation = "none"     # supcon_view: trained like FedClassAvg's clients
 
     def check_model(self, arch: str, model: torch.nn.Module) -> None:
         super().check_model(arch, model)
@@ -164,10 +162,6 @@ class FedProto(FedAvg):
         reply = update_reply(result, client, {GROUP: {"mean": means, "count": counts},
                                               **self.uploads(result, msg, state, client)})
         return reply, state
-
-    def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
-        return {**super().train_options(msg, state, client),
-                "augment": baseline_augmentation(self.params.augment, client.data)}
 
     # --- evaluation -----------------------------------------------------------------------
     def global_model(self, state: State) -> Arrays | None:

@@ -188,6 +188,7 @@ class PerFedAvg(FedAvg):
     name = "perfedavg"
     personalized = True
     takes_mixup = False                  # meta_train's own steps take no augmentation
+    takes_augment = False
 
     class Params(FedAvg.Params):
         perfedavg_variant: Literal["fo", "hf"] = "fo"

@@ -14,10 +14,13 @@ does not depend on the engine (to float tolerance).
   ``batch.extras`` (``"mix_y"``, ``"mix_lam"``); a loss term takes them into account with
   :func:`mixed` (``lam L(y) + (1 - lam) L(y[perm])``) or :func:`label_weights`.
 * :class:`SupConViews` (FedClassAvg): two augmented views of every image, stacked in one batch.
+* :class:`CropFlipRotate`: random crop of a padded image, horizontal flip and rotation, the CIFAR
+  pipeline of FedFM's code for CIFAR-100 (``RandomCrop(32, padding=4)``, ``RandomHorizontalFlip``,
+  ``RandomRotation(15)``).
 
-Baselines compared with FedClassAvg may train on one such view of every image instead of the
-clean image (:func:`baseline_augmentation`, the methods' ``augment: supcon_view``), so that an
-ablation table compares objectives, not data pipelines.
+A method built on FedAvg trains on one of the last two (:func:`baseline_augmentation`, its
+``augment`` parameter: ``supcon_view``, one view of FedClassAvg's pipeline, so that an ablation
+table compares objectives, not data pipelines; ``crop_flip_rotate``) instead of the clean image.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ import torch.nn.functional as F
 
 from fedhet.core.contract import Batch, ClientData
 
-# What a baseline's ``augment`` parameter may name (see baseline_augmentation).
-BaselineAugmentation = Literal["none", "supcon_view"]
+# What a method's ``augment`` parameter may name (see baseline_augmentation).
+BaselineAugmentation = Literal["none", "supcon_view", "crop_flip_rotate"]
 
 
 class Augmentation:
@@ -233,15 +236,73 @@ class SupConViews(Augmentation):
         return x
 
 
+@dataclass(frozen=True)
+class CropFlipRotate(Augmentation):
+    """Per image: a crop of the image padded by ``pad`` pixels of black on every side, the same size
+    as the image (torchvision's ``RandomCrop(size, padding=pad)``: an offset of -pad..pad pixels on
+    each axis), a horizontal flip with probability ``flip_p`` and a rotation by an angle uniform in
+    [-``degrees``, ``degrees``] about the centre, the corners filled with black. The three compose
+    into one affine map, sampled once, on the images un-normalised with ``mean``/``std`` (so that
+    black is 0, torchvision's fill) and normalised again. Where torchvision's ``RandomRotation``
+    takes the nearest pixel, this interpolates bilinearly (the crop and the flip move whole pixels:
+    exact either way). Square images only (the rotation is written in the grid's [-1, 1] units)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+    pad: int = 4
+    flip_p: float = 0.5
+    degrees: float = 15.0
+
+    def __post_init__(self) -> None:
+        if self.pad < 0 or not 0 <= self.flip_p <= 1 or self.degrees < 0:
+            raise ValueError(f"CropFlipRotate needs pad >= 0, 0 <= flip_p <= 1 and degrees >= 0; got pad={self.pad}, "
+                             f"flip_p={self.flip_p}, degrees={self.degrees}")
+
+    def signature(self) -> tuple[Any, ...]:
+        return ("crop_flip_rotate", id(self.mean), id(self.std), self.pad, self.flip_p, self.degrees)
+
+    def to(self, device: torch.device | str) -> CropFlipRotate:
+        mean, std = self.mean.to(device), self.std.to(device)
+        return self if mean is self.mean and std is self.std else replace(self, mean=mean, std=std)
+
+    def draw(self, n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The offsets (dx, dy) in pixels, the flips, the angles in radians."""
+        shift = torch.randint(-self.pad, self.pad + 1, (n, 2), generator=generator)
+        flip = torch.rand(n, generator=generator) < self.flip_p
+        angle = (2 * torch.rand(n, generator=generator, dtype=torch.float64) - 1) * math.radians(self.degrees)
+        return {"shift": shift, "flip": flip, "angle": angle}
+
+    def apply(self, batch: Batch, draws: dict[str, torch.Tensor]) -> Batch:
+        height, width = batch.x.shape[-2:]
+        if height != width:
+            raise ValueError(f"crop_flip_rotate rotates square images only, got {height}x{width}")
+        mean, std = self.mean.to(batch.x.device), self.std.to(batch.x.device)
+        images = batch.x * std + mean
+        angle = draws["angle"].to(images.dtype)
+        cos, sin = torch.cos(angle), torch.sin(angle)
+        mirror = torch.where(draws["flip"], -torch.ones_like(cos), torch.ones_like(cos))
+        # output pixel q reads input F R q + t: rotated, then mirrored, then cropped (as composed by
+        # torchvision in the other order on images); t: the offset in the grid's units (2 / side a pixel)
+        t = draws["shift"].to(images.dtype) * (2.0 / width)
+        theta = torch.stack([torch.stack([mirror * cos, -mirror * sin, t[:, 0]], 1),
+                             torch.stack([sin, cos, t[:, 1]], 1)], 1)                 # (n, 2, 3)
+        grid = _affine_grid(theta, height, width)
+        out = F.grid_sample(images, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+        return Batch((out - mean) / std, batch.y, batch.index, batch.extras)
+
+
 def baseline_augmentation(name: BaselineAugmentation, data: ClientData) -> Augmentation | None:
-    """The augmentation a baseline's ``augment`` parameter names: ``none`` (clean images) or
+    """The augmentation a method's ``augment`` parameter names: ``none`` (clean images),
     ``supcon_view`` (one view of FedClassAvg's pipeline per image, :class:`SupConViews` with
-    ``views=1``; cross-entropy then sees the same kind of images as FedClassAvg's first view)."""
+    ``views=1``; cross-entropy then sees the same kind of images as FedClassAvg's first view) or
+    ``crop_flip_rotate`` (:class:`CropFlipRotate` with its defaults, FedFM's CIFAR-100 pipeline)."""
     if name == "none":
         return None
     if name == "supcon_view":
         return SupConViews(data.mean, data.std, views=1)
-    raise ValueError(f"unknown augmentation {name!r}; expected one of: none, supcon_view")
+    if name == "crop_flip_rotate":
+        return CropFlipRotate(data.mean, data.std)
+    raise ValueError(f"unknown augmentation {name!r}; expected one of: none, supcon_view, crop_flip_rotate")
 
 
 def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
