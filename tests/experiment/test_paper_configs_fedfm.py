@@ -66,7 +66,9 @@ def test_cell_states_the_papers_number_and_setting(stem):
     assert cfg.paper.value == pytest.approx(value / 100, abs=1e-9)
     assert cfg.paper.std == (None if std is None else pytest.approx(std / 100, abs=1e-9))
     assert cfg.data.num_clients == k and cfg.train.clients_per_round == k       # full participation
-    assert cfg.algorithm.name == algo and cfg.algorithm.params == params
+    # CIFAR-100: every method trains on the code's augmented images (crop, flip, rotation)
+    augmented = {"augment": "crop_flip_rotate"} if stem.startswith("cifar100") else {}
+    assert cfg.algorithm.name == algo and cfg.algorithm.params == {**params, **augmented}
     assert cfg.model.arch == ("resnet50" if stem.startswith("cifar100") else "resnet18")
     assert cfg.model.options == {"stem": "imagenet"}
     assert (cfg.train.rounds, cfg.train.local_epochs, cfg.train.batch_size, cfg.train.lr) == (100, 10, 64, 0.01)

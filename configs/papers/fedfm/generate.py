@@ -18,6 +18,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import yaml
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent))
 from write_configs import paper_section, write_configs  # noqa: E402  (configs/papers/write_configs.py)
@@ -50,8 +52,9 @@ DATASETS = {
     "cinic10": ("cinic10", "{arch: resnet18, options: {stem: imagenet}}", "ResNet-18 with the 7x7 stem (resnet18_7)"),
     "cifar100": ("cifar100", "{arch: resnet50, options: {stem: imagenet}}",
                  "ResNet-50 with the 7x7 stem (the paper does not say which; the authors' code has resnet50_7 and "
-                 "resnet50, the 3x3 stem without max-pool: --set model.options.stem=cifar); the paper augments "
-                 "CIFAR-100 (crop, flip, rotation), fedhet does not"),
+                 "resnet50, the 3x3 stem without max-pool: --set model.options.stem=cifar); every method trains on "
+                 "CIFAR-100 augmented as the code's pipeline (crop of the 4-padded image, flip, rotation by up to "
+                 "15 degrees: algorithm.params.augment crop_flip_rotate)"),
     "fmnist": ("fashion_mnist", "{arch: cnn2}", "proxy: no paper number (the paper has no Fashion-MNIST results); "
                "cnn2 features = the 512-d fc1 output (fedhet's choice)"),
 }
@@ -142,6 +145,10 @@ def render(dataset: str, partition: str, method: str) -> str:
     name, model, note = DATASETS[dataset]
     part_desc, part_yaml = NIID2_OF[dataset] if partition == "niid2" and dataset in NIID2_OF else PARTITIONS[partition]
     desc, algo = METHODS[method]
+    if dataset == "cifar100":          # the code's CIFAR-100 transform, every method's local training
+        spec = yaml.safe_load(algo)
+        spec["params"] = {**spec.get("params", {}), "augment": "crop_flip_rotate"}
+        algo = yaml.safe_dump(spec, default_flow_style=True, sort_keys=False, width=1000).strip()
     table, number = PAPER.get((dataset, partition, method), (None, None))
     k = CLIENTS.get(partition, 10)
     head = (f"# FedFM paper (Ye et al.), {table}: {desc}, paper {number}%."
