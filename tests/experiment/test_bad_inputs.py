@@ -814,7 +814,7 @@ def test_compare_pools_a_parameter_given_at_its_default_with_one_left_out(two_ru
     filled in) decide whether two runs ran the same method settings."""
     a, b = two_runs
     assert json.loads((a / "summary.json").read_text())["algorithm_params"] == {
-        "bn_buffers": "average", "mixup": False, "mixup_alpha": 1.0}
+        "bn_buffers": "average", "mixup": False, "mixup_alpha": 1.0, "augment": "none"}
 
     def recorded_as(run, given, resolved):
         config = yaml.safe_load((run / "config.yaml").read_text())
