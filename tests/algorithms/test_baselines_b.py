@@ -55,9 +55,9 @@ class FakeClient:
     cid, round, arch, num_classes, num_samples = 0, 0, "cnn", 3, 6
     buffer_names: list = []
 
-    def __init__(self, steps=3, momentum=0.0, model=None):
+    def __init__(self, steps=3, momentum=0.0, model=None, lr=0.1):
         self.steps = steps
-        self.settings = SimpleNamespace(momentum=momentum)
+        self.settings = SimpleNamespace(momentum=momentum, lr=lr)
         self.model = model
         self.data = ClientData(torch.zeros(6, 1, 2, 2, dtype=torch.uint8), torch.tensor([0, 0, 2, 0, 2, 0]),
                                torch.arange(6), torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
@@ -74,6 +74,26 @@ def test_fednova_normalizing_factor_hand_values():
     assert normalizing_factor(3, 0.0) == 3.0
     # momentum 0.9, 3 steps: a = 1 + (1 + .9) + (1 + .9 + .81) = 5.61 = (3 - .9 (1 - .729)/.1)/.1
     assert normalizing_factor(3, 0.9) == pytest.approx(5.61)
+    # a proximal term, lr * mu = 0.1 (FedNova Sec. 4, FedProx): a = 1 + .9 + .81 = 2.71 = (1 - .9^3) / .1
+    assert normalizing_factor(3, 0.0, 0.1) == pytest.approx(2.71)
+    # both, 2 steps: v = 1, u = 1; then v = .5 * 1 + 1 - .1 * 1 = 1.4, u = 2.4
+    assert normalizing_factor(2, 0.5, 0.1) == pytest.approx(2.4)
+
+
+def test_fednova_with_fedprox_counts_the_proximal_pull_in_a_i():
+    from fedhet.algorithms import algorithm_class
+
+    both = algorithm_class("fedprox+fednova")
+    msg = Message("train", {"model": {"w": torch.tensor([0.0])}})
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(1))                     # the proximal term's one tensor
+    reply, _ = both(both.Params(mu=0.5)).client_update(msg, None, FakeClient(3, 0.0, model, lr=0.2))
+    assert reply.scalars["a_i"] == pytest.approx(2.71)            # lr * mu = 0.1
+    # FedNova alone, or with a method whose own mu is no proximal term, keeps a_i = steps
+    reply, _ = FedNova().client_update(msg, None, FakeClient(steps=3, momentum=0.0, lr=0.2))
+    assert reply.scalars["a_i"] == 3.0
+    moon = algorithm_class("moon+fednova")
+    assert moon(moon.Params(mu=5.0)).proximal_mu() == 0.0
 
 
 def test_fednova_client_reports_a_i_from_its_momentum():
