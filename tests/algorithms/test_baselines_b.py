@@ -93,7 +93,9 @@ def test_fednova_with_fedprox_counts_the_proximal_pull_in_a_i():
     reply, _ = FedNova().client_update(msg, None, FakeClient(steps=3, momentum=0.0, lr=0.2))
     assert reply.scalars["a_i"] == 3.0
     moon = algorithm_class("moon+fednova")
-    assert moon(moon.Params(mu=5.0)).proximal_mu() == 0.0
+    assert moon(moon.Params(mu=5.0)).proximal_pull() == 0.0
+    dyn = algorithm_class("feddyn+fednova")                          # FedDyn's (alpha/2)||w - w_t||^2 too
+    assert dyn(dyn.Params(alpha=0.25)).proximal_pull() == 0.25
 
 
 def test_fednova_client_reports_a_i_from_its_momentum():

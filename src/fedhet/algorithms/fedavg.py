@@ -179,6 +179,12 @@ class FedAvg(Algorithm):
         """Regularisers added to the data term (FedProx, MOON, FedCME's alignment, ...)."""
         return []
 
+    def proximal_pull(self) -> float:
+        """The summed mu of the ``(mu/2) ||w - w_received||^2`` terms among ``local_terms`` (FedProx's
+        mu, FedDyn's alpha): each local step is pulled back towards the start by lr * mu, which
+        FedNova's a_i counts. A method adding such a term adds its mu to ``super()``'s."""
+        return 0.0
+
     def train_options(self, msg: Message, state: State | None, client: ClientRuntime) -> dict[str, Any]:
         """Keyword arguments of ``client.train``: here the batch augmentation, mixup's or ``augment``'s."""
         if self.params.mixup:

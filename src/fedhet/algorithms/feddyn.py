@@ -91,6 +91,9 @@ class FedDyn(FedAvg):
                 Linear({k: -g for k, g in grad.items()}, name="dyn_linear"),
                 Proximal(msg.arrays["model"], self.params.alpha, list(grad), name="dyn_prox")]
 
+    def proximal_pull(self) -> float:
+        return super().proximal_pull() + self.params.alpha
+
     def after_training(self, result: LocalResult, msg: Message, state: State | None,
                        client: ClientRuntime) -> State | None:
         new_state = super().after_training(result, msg, state, client)

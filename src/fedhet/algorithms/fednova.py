@@ -11,7 +11,7 @@ FedNova branch of its ``experiments.py``):
   server:    p_i = n_i / sum_j n_j,  tau_eff = sum_i p_i a_i,  w <- w - tau_eff * sum_i p_i d_i
 
 The client computes a_i (as in the reference) from the momentum it actually trained with, and
-combined with FedProx (``fedprox+fednova``) from its proximal term too (paper Sec. 4: a_i = (1 - (1 -
+combined with FedProx or FedDyn from their proximal terms too (``proximal_pull``) (paper Sec. 4: a_i = (1 - (1 -
 lr mu)^tau) / (lr mu) without momentum; ``fedhet.training.steps.normalizing_factor``), and
 reports it in the reply scalars next to ``steps``; the uploaded payload is the trained model as
 in FedAvg (the server forms d_i itself), so communication equals FedAvg's. Floating-point
@@ -25,7 +25,6 @@ import torch
 
 from fedhet.algorithms.aggregate import weighted_average
 from fedhet.algorithms.fedavg import FedAvg
-from fedhet.algorithms.fedprox import FedProx
 from fedhet.core.contract import Arrays, ClientRuntime, Message, Replies, State
 from fedhet.training.steps import normalizing_factor
 
@@ -42,13 +41,10 @@ class FedNova(FedAvg):
             return super().client_update(msg, state, client)
         reply, state = super().client_update(msg, state, client)
         s = client.settings
-        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), s.momentum, s.lr * self.proximal_mu())
+        # a composed proximal term (fedprox+fednova, feddyn+fednova) pulls every local step back
+        # towards the start, which shortens a_i (FedNova Sec. 4)
+        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), s.momentum, s.lr * self.proximal_pull())
         return reply, state
-
-    def proximal_mu(self) -> float:
-        """mu of FedProx's proximal term when FedNova is combined with FedProx (``fedprox+fednova``): the
-        term pulls every local step back towards the start, which shortens a_i (FedNova Sec. 4); 0 alone."""
-        return float(self.params.mu) if isinstance(self, FedProx) else 0.0
 
     def average_models(self, model: Arrays | None, replies: Replies, cids: list[int]) -> Arrays:
         """The normalised average in place of FedAvg's mean; in a composition the other components'

@@ -35,3 +35,6 @@ class FedProx(FedAvg):
         anchor = msg.arrays["model"]
         prox = Proximal(anchor, self.params.mu, trained_names(client.model, anchor))
         return [*super().local_terms(msg, state, client), prox]
+
+    def proximal_pull(self) -> float:
+        return super().proximal_pull() + self.params.mu
