@@ -111,6 +111,14 @@ def _plain(value: object) -> object:
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
+def _parameters(builder: Callable[..., object]) -> dict[str, inspect.Parameter]:
+    """A builder's parameters by name; none where its signature cannot be read (a builtin or C callable)."""
+    try:
+        return dict(inspect.signature(builder).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
 def resolved_options(name: str, given: dict) -> dict:
     """The options model ``name`` is built with: ``given`` (``model.options`` for it) and its
     builder's defaults for the ones left out, each as :func:`_plain` writes it. A changed default
@@ -121,9 +129,8 @@ def resolved_options(name: str, given: dict) -> dict:
     else:
         entry = _entry(name)
         builder, accepted = entry.build, set(entry.options)
-    try:
-        params = inspect.signature(builder).parameters
-    except (TypeError, ValueError):           # a builtin or C callable
+    params = _parameters(builder)
+    if not params:
         return {}
     found = {k: p.default for k, p in params.items()
              if p.default is not p.empty and k not in _NOT_OPTIONS and (accepted is None or k in accepted)}
@@ -134,10 +141,7 @@ def resolved_options(name: str, given: dict) -> dict:
 def _check_switches(name: str, builder: Callable[..., SplitModel], options: dict) -> None:
     """An option whose default is true or false takes true or false: YAML's ``no`` is false, but a
     quoted "false" is a string, which Python reads as true."""
-    try:
-        params = inspect.signature(builder).parameters
-    except (TypeError, ValueError):
-        return
+    params = _parameters(builder)
     for key, value in options.items():
         if key in params and isinstance(params[key].default, bool) and not isinstance(value, bool):
             raise ValueError(f"model {name!r} option {key} is true or false, got {value!r}: write "
@@ -163,8 +167,9 @@ def build_model(
 
     ``split`` names the first head stage (default: ``default_split(name)``). ``norm`` ("bn"
     or "gn") applies to the ResNets, which also take ``stem`` ("cifar" default, or
-    "imagenet"), ``gn_groups`` (default 2) and ``fc_bias`` (default true). The other models have no normalization
-    layers, so anything but the default ``norm="bn"`` is rejected rather than ignored.
+    "imagenet"), ``gn_groups`` (default 2) and ``fc_bias`` (default true). The other models
+    have no normalization layers, so anything but the default ``norm="bn"`` is rejected rather
+    than ignored.
     ``projection_dim`` (any model) appends MOON's projection head to the body, so the
     features are the ``projection_dim``-d projection (see ``SplitModel.add_projection``).
     """
