@@ -945,6 +945,12 @@ def test_crop_flip_rotate_trains_vectorized_and_equals_reference(small_config):
     assert counters["fallback_requests"] == 0 and counters["vectorized_requests"] > 0, vec.transport.fallback_reasons
     assert_every_graph_captured(vec.transport)
     assert_engines_agree(ref, vec, VIEWS_ON_CUDA if DEVICE == "cuda" else TIGHT)
+    # the engines agree on augmented images, not on clean ones both left alone
+    clean = build(make_config(small_config, "fedprox", {"mu": 0.1}, UNEQUAL, 0.5, 0.05, 1, clients_per_round=6),
+                  "reference", bn=True)
+    clean.run_round(0)
+    clean.run_round(1)
+    assert model_relative_difference(clean.server_state["model"], ref.server_state["model"]) > 1e-3
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedlc"])
