@@ -138,7 +138,7 @@ def test_per_fedavg_with_mixup_is_refused_when_made(small_config):
 # What each registered method does with mixup on over two rounds (the second is where the methods that
 # receive prototypes or anchors first build their terms): refused when made, or trained on mixed batches.
 REFUSED_WHEN_MADE = {"perfedavg", "fedntd", "fedrs", "fedcme", "fedfm", "fedfm_lite", "fedpac", "fedproto",
-                     "fedclassavg", "feddistill", "ktpfl", "local"}     # the last four have no such parameter
+                     "fedclassavg", "feddistill", "ktpfl", "ktpfl_weight", "local"}     # the last five have no such parameter
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

@@ -20,8 +20,8 @@ FILES = sorted(CONFIGS.glob("*.yaml"))
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    # Table 2: 4 methods x 2 splits x 3 datasets; Table 3: 5 methods x 2 federations x 3; Table 4: 3 x 3
-    assert len(FILES) == 24 + 30 + 9
+    # Table 2: 4 methods x 2 splits x 3 datasets; Table 3: 6 methods x 2 federations x 3; Table 4: 3 x 3
+    assert len(FILES) == 24 + 36 + 9
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.stem for f in FILES])
@@ -41,7 +41,8 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
     # the paper's numbers and their ± (std over clients), hand-copied from Tables 2-4
     published = {"t2_cifar10_dir0.5_ktpfl": (0.6228, 0.0783), "t2_emnist_skewed_fedproto": (0.2183, 0.0661),
                  "t2_fmnist_dir0.5_fedproto": (0.6042, 0.0500), "t3_emnist_dir0.5_fedprox_k100": (0.8677, 0.0923),
-                 "t3_cifar10_dir0.5_fedclassavg_weight": (0.8546, 0.0406), "t4_emnist_dir0.5_fedclassavg_pr": (0.8993, None)}
+                 "t3_cifar10_dir0.5_fedclassavg_weight": (0.8546, 0.0406), "t4_emnist_dir0.5_fedclassavg_pr": (0.8993, None),
+                 "t3_fmnist_dir0.5_ktpfl_weight_k100": (0.8647, 0.066), "t3_emnist_dir0.5_ktpfl_weight": (0.6774, 0.2311)}
     if path.stem in published:
         value, std = published[path.stem]
         assert cfg.paper.value == pytest.approx(value)
@@ -51,6 +52,10 @@ def test_config_parses_builds_its_method_and_states_its_number(path):
         assert cfg.data.public.dataset == ("cifar100" if cfg.data.dataset == "cifar10" else "mnist")
     else:
         assert cfg.data.public is None
+    if cfg.algorithm.name == "ktpfl_weight":             # KTpFL_homo.py's settings per dataset
+        mnist_family = cfg.data.dataset != "cifar10"
+        assert cfg.algorithm.params == {"distill_lr": 0.01, "rho": 0.6 if mnist_family else 0.7,
+                                        "c_lr": 0.005 if mnist_family else 0.01}
     assert cfg.model.options == ({"relu_features": True} if cfg.algorithm.name == "fedproto" else {})
 
 

@@ -161,6 +161,8 @@ EQUIVALENCE = [
     pytest.param("fedrema", {}, id="fedrema"),
     # scalar uploads (KL, score), mixup, per-epoch P; with the local models' risk evaluated on the server
     pytest.param("fedacd", {}, id="fedacd"),
+    # the server keeps a copy of every client's model (a dict by client id) and mixes them
+    pytest.param("ktpfl_weight", {"distill_lr": 2.5}, id="ktpfl_weight"),
 ]
 
 # Row keys that measure time or the engine; everything else must match the simulator, exactly but

@@ -28,6 +28,7 @@ from fedhet.algorithms.fedrep import FedRep
 from fedhet.algorithms.fedrod import FedROD
 from fedhet.algorithms.fedrs import FedRS
 from fedhet.algorithms.ktpfl import KTpFL
+from fedhet.algorithms.ktpfl_weight import KTpFLWeight
 from fedhet.algorithms.local_only import LocalOnly
 from fedhet.algorithms.moon import Moon
 from fedhet.algorithms.perfedavg import PerFedAvg
@@ -39,6 +40,7 @@ from fedhet.core.suggest import did_you_mean
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (FedAvg, LocalOnly, FedProx, FedAvgM, Scaffold, FedDyn, FedNova, Moon, FedRS, FedCME, FedFM, FedFMLite,
                            FedACD, FedACDBase, FedLC, FedROD, FedNTD, FedNH, FedDecorr, CReFF, FedClassAvg, KTpFL,
+                           KTpFLWeight,
                            FedReMa,
                            PerFedAvg, FedBABU, FedDistill, FedPer, FedRep, FedProto, FedPAC)
 }
