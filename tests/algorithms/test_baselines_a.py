@@ -463,6 +463,21 @@ def test_feddyn_server_h_and_model_two_rounds():
     assert algo.global_model(state) is state["model"]
 
 
+def test_feddyn_corrects_only_the_entries_the_clients_upload():
+    """feddyn+fedper: the clients upload the body only; its h and model follow FedDyn's rule, and the
+    head (never uploaded) keeps h = 0 and the server's value."""
+    cls = algorithm_class("feddyn+fedper")
+    algo = cls(cls.Params(alpha=0.5))
+    state = algo.init_server_state({"m": {"body.w": torch.tensor([1.0]), "head.w": torch.tensor([7.0])}})
+    assert set(state["h"]) == {"body.w", "head.w"}
+    # as in the two-round case above: avg 4, h = -0.75, theta = 5.5
+    _, state = drive(algo, state, ctx([0, 1]), {0: reply({"body.w": torch.tensor([3.0])}, 1),
+                                                1: reply({"body.w": torch.tensor([5.0])}, 100)})
+    assert state["h"]["body.w"].item() == pytest.approx(-0.75)
+    assert state["model"]["body.w"].item() == pytest.approx(5.5)
+    assert state["h"]["head.w"].item() == 0.0 and state["model"]["head.w"].item() == 7.0
+
+
 # --- every method end to end, and composition ---------------------------------------------
 @pytest.mark.parametrize("name,params", [("fedprox", {"mu": 0.01}), ("fedavgm", {}), ("feddyn", {"alpha": 0.01})])
 def test_method_learns_end_to_end(small_config, tmp_path, name, params):

@@ -71,8 +71,11 @@ class FedDyn(FedAvg):
         # The mean (FedAvg's, with the uniform weights above) and the rest of a composition's
         # server side (e.g. SCAFFOLD's control variate) first; then the h correction.
         state = super().aggregate(state, replies, ctx)
+        # Only the entries the clients upload (feddyn+fedper: the body) are averaged, so only
+        # theirs drift; the others' h stays as it was (zero).
+        uploaded = set(models[0]) if models else set()
         h = {k: hk - (alpha / ctx.num_clients) * torch.stack([m[k] - prev[k] for m in models]).sum(0)
-             for k, hk in state["h"].items()}
+             if k in uploaded else hk for k, hk in state["h"].items()}
         state["model"] = {k: v - h[k] / alpha if k in h else v for k, v in state["model"].items()}
         state["h"] = h
         return state
