@@ -329,6 +329,48 @@ def test_scaffold_option_ii_with_momentum_recovers_the_true_gradient():
     assert st["control"]["w"].item() == pytest.approx(0.0, abs=1e-5)
 
 
+class BodyHeadScalars(nn.Module):
+    """Two scalar parameters, ``body.w`` and ``head.w``; the data loss is supplied as a term."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Module(), nn.Module()
+        self.body.w, self.head.w = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+
+    def forward(self, x, with_features=False):
+        h, logits = torch.zeros(len(x), 1), torch.zeros(len(x), 2)
+        return (h, logits) if with_features else logits
+
+
+class Flat(LossTerm):
+    """A data loss with zero gradient everywhere: grad f_i = 0, so SCAFFOLD's c_i+ must be 0."""
+
+    name = "flat"
+
+    def __call__(self, out, batch, weights):
+        return 0.0 * (weights["body.w"] + weights["head.w"]).sum()
+
+
+def test_scaffold_option_ii_divides_each_entrys_drift_by_the_steps_of_its_own_phase():
+    """scaffold+fedrep: 6 head steps (3 epochs of 2 batches), then 2 body steps. With a flat loss each
+    entry drifts lr * K_entry * (c - c_i), so c_i+ = 0 only with each entry's own K (the whole
+    training's 8 would give -0.75 for the body and -0.25 for the head)."""
+    cls = algorithm_class("scaffold+fedrep")
+    algo = cls(cls.Params(rep_head_epochs=3))
+    n = 12
+    data = ClientData(torch.zeros(n, 1, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long), torch.arange(n),
+                      torch.zeros(1, 1, 1, 1), torch.ones(1, 1, 1, 1))
+    client = Runtime(BodyHeadScalars(), data, TrainSettings(epochs=1, batch_size=6, lr=0.1), data_loss=Flat())
+    client.init_weights = lambda: {"body.w": torch.zeros(1), "head.w": torch.zeros(1)}
+    one = torch.ones(1)
+    msg = Message("train", {"model": {"body.w": torch.zeros(1)}, "control": {"body.w": one, "head.w": one}})
+    reply, state = algo.client_update(msg, {"control": {"body.w": 0 * one, "head.w": 0 * one}}, client)
+    assert reply.scalars["steps"] == 8
+    assert state["head"]["head.w"].item() == pytest.approx(-0.1 * 6)            # the personal head: 6 steps
+    assert state["control"]["body.w"].item() == pytest.approx(0.0, abs=1e-6)
+    assert state["control"]["head.w"].item() == pytest.approx(0.0, abs=1e-6)
+
+
 def test_scaffold_option_i_is_the_full_gradient_at_the_global_model():
     torch.manual_seed(3)
     model, data = TinyNet(), tiny_data(n=10)

@@ -34,7 +34,10 @@ momentum ``rho`` enlarges the displacement by up to ``1/(1 - rho)``, which would
 round after round until the loss is non-finite; fedhet therefore divides by the momentum-aware
 step count ``eta * sum_{k=1..K} (1 - rho^k)/(1 - rho)`` (the displacement of K heavy-ball steps
 under a constant gradient; ``K * eta`` when ``rho = 0``). Gradient clipping is not accounted for.
-A client that took no step keeps its control variate.
+A client that took no step keeps its control variate. K is the number of steps that trained the
+entry: where a combined method trains in phases over different entries (``scaffold+fedrep``: the
+head, then the body), each entry's own phase (``LocalResult.entry_steps``), since an entry does
+not move in the other's.
 """
 
 from __future__ import annotations
@@ -165,12 +168,12 @@ class Scaffold(FedAvg):
             grads = full_gradient(client, start, [k for k in c if k in params], client.settings.batch_size,
                                   self.data_terms(msg, state, client))
             new_ci = {k: grads[k] if k in grads else ci[k] for k in c}
-        elif result.steps == 0:
-            new_ci = dict(ci)
         else:
+            # K: the steps that trained the entry (in phased training, its own phase's: scaffold+fedrep)
             s = client.settings
-            scale = s.lr * normalizing_factor(result.steps, s.momentum)
-            new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / scale if k in params else ci[k] for k in c}
+            steps = {k: result.entry_steps.get(k, result.steps) for k in c if k in params}
+            new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / (s.lr * normalizing_factor(steps[k], s.momentum))
+                      if steps.get(k, 0) > 0 else ci[k] for k in c}
         return {**(new_state or {}), "control": new_ci}
 
     def round_metrics(self, state: State) -> dict[str, Any]:

@@ -211,6 +211,9 @@ class LocalResult:
     # Totals of what the loss terms observed, batch by batch (LossTerm.statistics), keyed
     # "<term name>.<statistic>": FedCME's per-class feature sums, FedDistill's logit sums.
     statistics: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The steps an entry was trained for where that is not ``steps``: training in phases over
+    # different entries (FedRep's head, then its body) counts each entry's own phase here.
+    entry_steps: dict[str, int] = field(default_factory=dict)
 
 
 class ClientRuntime(Protocol):

@@ -5,6 +5,7 @@ one's own through ``fedhet.extend``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from fedhet.core.contract import Arrays, ClientRuntime, LocalResult
@@ -44,7 +45,9 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
       ``client.train`` (``augment``).
 
     Returns one :class:`LocalResult`: final weights, summed steps and samples, step-weighted
-    mean loss and loss parts. Each phase is counted in the round's statistics by ``client.train``.
+    mean loss and loss parts, and in ``entry_steps`` the steps of the phase that trained each entry
+    (SCAFFOLD's option II divides each entry's drift by its own). Each phase is counted in the
+    round's statistics by ``client.train``.
     """
     results: list[LocalResult] = []
     current = weights
@@ -53,11 +56,14 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
     carried = dict(optimizer_state) if optimizer_state else None
     union = dict(optimizer_state or {})
     epoch = start_epoch
+    entry_steps: dict[str, int] = {}
     for epochs, part, terms in ((head_epochs, is_head, head_terms), (body_epochs, is_body, body_terms)):
         if epochs <= 0:
             continue
+        phase = _both(part, trainable)
         result = client.train(current, terms, epochs=epochs, start_epoch=epoch,
-                              trainable=_both(part, trainable), optimizer_state=carried, **options)
+                              trainable=phase, optimizer_state=carried, **options)
+        entry_steps.update({name: result.steps for name in current if phase(name)})
         results.append(result)
         current = result.weights
         union.update(result.optimizer_state)
@@ -66,4 +72,4 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
         epoch += epochs
     if not results:
         return LocalResult({k: v.detach().clone() for k, v in weights.items()}, union, 0, 0, 0.0)
-    return concatenate_results(results, union)
+    return replace(concatenate_results(results, union), entry_steps=entry_steps)
