@@ -61,8 +61,14 @@ def test_not_true_kl_hand_value_and_zero_for_equal_not_true_logits():
     tau = 2.0
     ps = torch.softmax(torch.tensor([0.0, 1.0]) / tau, 0)
     pt = torch.softmax(torch.tensor([1.0, 0.0]) / tau, 0)
-    expected = tau ** 2 * float((pt * (pt / ps).log()).sum())
+    expected = float((pt * (pt / ps).log()).sum())
     assert float(not_true_kl(s, t, torch.tensor([0]), tau)) == pytest.approx(expected, rel=1e-5)
+    # PFLlib's form multiplies by tau^2; the paper's Eq. 5 and the official criterion do not
+    assert float(not_true_kl(s, t, torch.tensor([0]), tau, tau_squared=True)) == pytest.approx(4 * expected, rel=1e-5)
+    # by hand: not-true student logits (0, 0)/2 -> (0.5, 0.5); teacher (2, 0)/2 -> (0.7311, 0.2689);
+    # KL = 0.7311 ln(0.7311/0.5) + 0.2689 ln(0.2689/0.5) = 0.1109
+    value = float(not_true_kl(torch.tensor([[5.0, 0.0, 0.0]]), torch.tensor([[-5.0, 2.0, 0.0]]), torch.tensor([0]), 2.0))
+    assert value == pytest.approx(0.1109, abs=1e-4)
     # KL(teacher || student) (paper Eq. 5; the official KLDivLoss(student log-probs, teacher probs)):
     # with three not-true classes whose distributions are not mirror images the direction shows.
     # Not-true softmaxes at tau 1: student (0.2, 0.3, 0.5), teacher (0.6, 0.3, 0.1).
@@ -349,13 +355,42 @@ def bn_loop(small_config, algorithm):
     return build_loop(config(raw, algorithm), models={"cnn2": bn_model()})
 
 
-def test_fedntd_teacher_does_not_change_the_received_batchnorm_statistics(small_config):
-    loop = bn_loop(small_config, "fedntd")
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_fedntd_teacher_does_not_change_the_received_batchnorm_statistics(small_config, mode):
+    raw = copy.deepcopy(small_config)
+    raw["train"]["batch_size"] = 16
+    loop = build_loop(config(raw, "fedntd", {"ntd_teacher": mode}), models={"cnn2": bn_model()})
     received = {k: v.clone() for k, v in loop.server_state["model"].items()}
     msg = Message("train", {"model": loop.server_state["model"]})
     loop.algorithm.client_update(msg, None, runtime(loop, 0))
     for k, v in received.items():
         assert torch.equal(loop.server_state["model"][k], v), k
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_fedntd_teacher_runs_in_the_mode_asked_for(small_config, mode):
+    """On a BatchNorm model the teacher's logits are the global model's in eval mode (running
+    statistics: the official code's teacher after its first client) or in train mode (batch statistics)."""
+    from fedhet.training.local import forward
+    from fedhet.training.mode import in_mode
+    loop = bn_loop(small_config, "fedntd")
+    client = runtime(loop, 0)
+    weights = loop.server_state["model"]
+    other = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() and "running" not in k else v
+             for k, v in weights.items()}
+    x = client.data.batch(torch.arange(16))
+    model = client.model.train()
+    out = forward(model, weights, x.x)
+    term = NotTrueDistillation(model, other, tau=2.0, beta=0.5, teacher_mode=mode)
+    value = float(term(out, x, weights))
+    assert model.training                                         # the student's mode is given back
+    teachers = {}
+    for m in ("eval", "train"):
+        copy_of = {k: v.clone() for k, v in other.items()}        # a train-mode pass moves running statistics
+        with torch.no_grad(), in_mode(model, training=m == "train"):
+            teachers[m] = forward(model, copy_of, x.x).logits
+    assert not torch.allclose(teachers["eval"], teachers["train"])
+    assert value == pytest.approx(0.5 * float(not_true_kl(out.logits, teachers[mode], x.y, 2.0)), rel=1e-5)
 
 
 def test_fedrod_personal_head_pass_does_not_change_the_uploaded_batchnorm_statistics(small_config, monkeypatch):
