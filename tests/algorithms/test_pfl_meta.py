@@ -313,6 +313,15 @@ def test_fedbabu_finetuning_is_per_client_and_never_reaches_the_global_model():
                       TrainSettings(epochs=2, batch_size=4, lr=0.5), lambda e: rt.generator("batches", e), start_epoch=1)
     for k in tuned:
         torch.testing.assert_close(tuned[k], ref.weights[k])
+    # the official personalized evaluation's lr and momentum (analysis.ipynb: 1e-3, 0.9) instead of the run's
+    official = FedBABU(FedBABU.Params(finetune_epochs=2, finetune_lr=1e-3, finetune_momentum=0.9))
+    _, st_o = official.client_update(msg, None, rt)
+    ref_o = train_local(model, new["model"], rt.data, [CrossEntropy()],
+                        TrainSettings(epochs=2, batch_size=4, lr=1e-3, momentum=0.9), lambda e: rt.generator("batches", e),
+                        start_epoch=1)
+    for k in tuned:
+        torch.testing.assert_close(st_o[FINETUNED][k], ref_o.weights[k])
+    assert not torch.allclose(st_o[FINETUNED]["head.fc1.weight"], tuned["head.fc1.weight"])
     # head-only fine-tuning leaves the body; the next training drops the fine-tuned model
     head_only = FedBABU(FedBABU.Params(finetune_epochs=1, finetune_part="head"))
     _, st_h = head_only.client_update(msg, None, rt)

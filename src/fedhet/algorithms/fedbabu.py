@@ -38,6 +38,10 @@ Defaults and where the references disagree:
 
 * ``finetune_epochs = 5``: the official code's ``--ft_ep`` default (jhoon-oh/FedBABU
   ``utils/options.py``); PFLlib's ``--fine_tuning_epochs`` default is 10.
+* Fine-tuning lr and momentum: the run's (``finetune_lr`` and ``finetune_momentum`` None), as
+  PFLlib (FedReMa's code base). The official code's personalized evaluation (``analysis.ipynb``)
+  fine-tunes at lr 1e-3 with momentum 0.9 where its scripts train at lr 0.1:
+  ``finetune_lr: 0.001, finetune_momentum: 0.9`` for that.
 * When: PFLlib fine-tunes once, after the last round, and reports the global model (random
   head) in every earlier evaluation; fedhet fine-tunes at every evaluation, from the current
   global model, so every evaluated round reports the personalized accuracy.
@@ -47,6 +51,7 @@ Defaults and where the references disagree:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field
@@ -90,6 +95,8 @@ class FedBABU(FedAvg):
     class Params(FedAvg.Params):
         finetune_epochs: int = Field(5, ge=0)        # official code ft_ep = 5 (PFLlib: 10)
         finetune_part: Literal["full", "head", "body"] = "full"
+        finetune_lr: float | None = Field(None, gt=0)                 # None: the run's lr (PFLlib); official 1e-3
+        finetune_momentum: float | None = Field(None, ge=0, lt=1)     # None: the run's (PFLlib); official 0.9
 
     def check_model(self, arch: str, model: nn.Module) -> None:
         super().check_model(arch, model)
@@ -152,9 +159,14 @@ class FedBABU(FedAvg):
         weights = self.with_local_buffers(self.complete(msg.arrays["eval_model"], client), state, client)
         part = self.params.finetune_part
         trainable = {"full": None, "head": is_head, "body": is_body}[part]
+        p, settings = self.params, client.settings
+        if p.finetune_lr is not None or p.finetune_momentum is not None:
+            settings = replace(settings, lr=settings.lr if p.finetune_lr is None else p.finetune_lr,
+                               momentum=settings.momentum if p.finetune_momentum is None else p.finetune_momentum)
         # Epochs numbered after the round's E training epochs: a batch order of their own.
-        result = client.train(weights, self.data_terms(msg, state, client), epochs=self.params.finetune_epochs,
-                              start_epoch=client.settings.epochs, trainable=trainable, carry_optimizer_state=False)
+        result = client.train(weights, self.data_terms(msg, state, client), epochs=p.finetune_epochs,
+                              start_epoch=client.settings.epochs, trainable=trainable, settings=settings,
+                              carry_optimizer_state=False)
         return Message("finetuned", scalars={"num_samples": client.num_samples}), {**(state or {}), FINETUNED: result.weights}
 
     # --- evaluation -----------------------------------------------------------------------
