@@ -357,6 +357,34 @@ def test_feddistill_global_logits_unweighted_mean_with_a_missing_class():
     assert fresh["defined"].tolist() == [True, False, False]
 
 
+def test_feddistill_leave_one_out_sends_each_client_the_others_mean():
+    """Jeong et al.'s global ensembling: client i distils towards the others' uploads only."""
+    a = (torch.tensor([[1.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]), torch.tensor([5, 1, 0]))
+    b = (torch.tensor([[3.0, 2.0, 1.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]), torch.tensor([1, 0, 0]))
+    c = (torch.tensor([[5.0, 4.0, 2.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]), torch.tensor([2, 0, 3]))
+    algo = FedDistill(FedDistill.Params(leave_one_out=True))
+    state = algo.init_server_state({})
+    _, state = drive(algo, state, ctx([0, 1, 2], num_classes=3),
+                     {i: Message("update", {"logits": {"mean": u[0], "count": u[1]}}) for i, u in enumerate((a, b, c))})
+    sent = {i: algo.train_message(state, i, ctx([i], num_clients=4)).arrays["global_logits"] for i in range(4)}
+    # client 0: class 0 from b and c, (3+5)/2, (2+4)/2, (1+2)/2; class 1 only it saw: none; class 2 from c
+    torch.testing.assert_close(sent[0]["mean"][0], torch.tensor([4.0, 3.0, 1.5]))
+    assert sent[0]["defined"].tolist() == [True, False, True]
+    torch.testing.assert_close(sent[0]["mean"][2], torch.tensor([1.0, 1.0, 1.0]))
+    # client 2: class 0 from a and b, (1+3)/2, (0+2)/2, (0+1)/2; class 1 from a; class 2 only it saw
+    torch.testing.assert_close(sent[2]["mean"][0], torch.tensor([2.0, 1.0, 0.5]))
+    assert sent[2]["defined"].tolist() == [True, True, False]
+    # client 3 did not reply: the mean over all, as PFLlib sends everyone
+    torch.testing.assert_close(sent[3]["mean"], state["logits"])
+    torch.testing.assert_close(state["logits"][0], torch.tensor([3.0, 2.0, 1.0]))
+    # PFLlib's rule (the default) sends client 0 the mean with its own upload
+    plain = FedDistill()
+    _, st = drive(plain, plain.init_server_state({}), ctx([0, 1, 2], num_classes=3),
+                  {i: Message("update", {"logits": {"mean": u[0], "count": u[1]}}) for i, u in enumerate((a, b, c))})
+    torch.testing.assert_close(plain.train_message(st, 0, ctx([0])).arrays["global_logits"]["mean"][0],
+                               torch.tensor([3.0, 2.0, 1.0]))
+
+
 def test_feddistill_loss_values_hand_computed():
     z = torch.tensor([[1.0, 0.0], [0.0, 2.0]], requires_grad=True)
     y = torch.tensor([0, 1])

@@ -37,6 +37,12 @@ The distillation term D (``distill_loss``) - the reference changed it over time:
 * PFLlib's latest version (November 2025) passes the raw global logits as soft targets of
   ``CrossEntropyLoss`` (not a distribution); it is not offered.
 
+``leave_one_out: true`` sends each client the mean over the *other* clients' uploads of the last
+aggregation (a class only it saw then has no global logit for it), as Jeong et al.'s global
+ensembling, where device i distils towards (sum_j F_j,l - F_i,l) / (M - 1); a client that did
+not reply then gets the mean over all. PFLlib (the default) sends every client the same mean,
+its own upload included.
+
 ``distill_weight`` = 1.0 is PFLlib's ``--lamda`` default (FedReMa keeps baselines at their
 defaults). ``personalized = True`` and ``has_global_model = False``: each client is evaluated
 with its own model.
@@ -129,22 +135,32 @@ class FedDistill(Algorithm):
     class Params(Algorithm.Params):
         distill_weight: float = Field(1.0, ge=0)               # PFLlib --lamda
         distill_loss: Literal["soft_ce", "mse"] = "soft_ce"
+        leave_one_out: bool = False                            # Jeong et al.: the others' mean (docstring)
 
     # --- server ---------------------------------------------------------------------------
     def init_server_state(self, init_models: dict[str, Arrays]) -> State:
-        return {"logits": None, "defined": None}
+        return {"logits": None, "defined": None, **({"uploads": {}} if self.params.leave_one_out else {})}
 
     def train_message(self, state: State, cid: int, ctx: RoundContext) -> Message:
         if state.get("logits") is None:
             return Message("train")
-        return Message("train", {"global_logits": {"mean": state["logits"], "defined": state["defined"]}})
+        mean, defined = state["logits"], state["defined"]
+        uploads = state.get("uploads") or {}
+        if self.params.leave_one_out and cid in uploads:
+            others = aggregate_prototypes([u for c, u in sorted(uploads.items()) if c != cid], "uniform")
+            if others is None:
+                return Message("train")
+            mean, defined = others
+        return Message("train", {"global_logits": {"mean": mean, "defined": defined}})
 
     def aggregate(self, state: State, replies: Replies, ctx: RoundContext) -> State:
-        uploads = [(replies[c].arrays["logits"]["mean"], replies[c].arrays["logits"]["count"])
-                   for c in sorted(replies) if "logits" in replies[c].arrays]
+        got = [c for c in sorted(replies) if "logits" in replies[c].arrays]
+        uploads = [(replies[c].arrays["logits"]["mean"], replies[c].arrays["logits"]["count"]) for c in got]
         agg = aggregate_prototypes(uploads, "uniform")     # per class: plain mean over the clients that have it
         if agg is not None:
             state["logits"], state["defined"] = agg
+            if self.params.leave_one_out:
+                state["uploads"] = dict(zip(got, uploads))
         return state
 
     # --- client ---------------------------------------------------------------------------
