@@ -163,7 +163,6 @@ def test_feddecorr_end_to_end_beta_zero_is_fedavg_and_beta_changes_training(smal
     res = fedhet.run(e2e(small_config, "feddecorr", rounds=1), out=tmp_path / "decorr")    # decorr_beta = 0.1
     assert res.summary["status"] == "completed" and len(res.rows) == 1
     assert math.isfinite(res.rows[0]["train_loss"]) and math.isfinite(res.rows[0]["global_acc"])
-    assert res.rows[0]["train_loss"] != read_metrics(avg.run_dir)[0]["train_loss"]
     assert not torch.equal(final_state(res)["model"]["body.fc1.0.weight"], zero_state["model"]["body.fc1.0.weight"])
 
 

@@ -64,6 +64,20 @@ def test_one_coefficient_step_matches_the_hand_gradient():
         torch.testing.assert_close(proj[k], torch.softmax(5.0 * (coef[k] - lr * hand_gradient(coef[k], k, SOFT, rho)), 0))
 
 
+def test_one_coefficient_step_with_the_papers_kl_matches_the_hand_gradient():
+    """c_loss="kl" (the paper's objective): d/dc_j mean_{p,c} [t log t - t log s_k] = mean((log t + 1 - log s_k) s_j)."""
+    coef = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    rho, lr = 0.7, 0.5
+    new = update_coefficients(coef, SOFT, rho=rho, c_loss="kl", step="fixed", lr=lr, projection="none")
+    n, p, c = SOFT.shape
+    for k in range(3):
+        t = sum(coef[k, m] * SOFT[m] for m in range(n))
+        grad = torch.stack([((t.log() + 1 - SOFT[k].log()) * SOFT[j]).sum() / (p * c)
+                            + (2.0 * rho / n) * (coef[k, j] - 1.0 / n) for j in range(n)])
+        torch.testing.assert_close(new[k], coef[k] - lr * grad)
+    assert not torch.allclose(new, update_coefficients(coef, SOFT, rho=rho, step="fixed", lr=lr, projection="none"))
+
+
 def test_adaptive_step_follows_the_authors_heuristic():
     # g = 0.3/3 = 0.1 > 0.01: /5 -> 0.02 (lr 0.2), again /5 -> 0.004 < 0.01: *5 -> 0.02 (lr 1.0); and so on
     g = 0.1

@@ -213,6 +213,7 @@ def test_fedper_client_starts_from_its_own_head_and_uploads_the_body():
     start = client.calls[-1]["start_weights"]
     assert all(torch.equal(start[k], client.init[k]) for k in start)       # first time: initial head
     assert set(reply.arrays) == {"model"} and all(is_body(k) for k in reply.arrays["model"])
+    assert all(not torch.equal(reply.arrays["model"][k], body[k]) for k in body)  # body and head train together
     assert set(state) == {"head"} and all(is_head(k) for k in state["head"])
     assert not torch.equal(state["head"]["head.fc.weight"], client.init["head.fc.weight"])
     new_body = {k: v + 1 for k, v in body.items()}
