@@ -359,9 +359,12 @@ class KTpFL(Algorithm):
         return {}          # client_model reads the client's own state only
 
     def round_metrics(self, state: State) -> dict:
-        c = state.get("coef")
-        if c is None:
-            return super().round_metrics(state)
-        k = c.shape[0]
-        return {**super().round_metrics(state), "ktpfl_c_self": float(c.diagonal().mean()),
-                "ktpfl_c_max_dev": float((c - 1.0 / k).abs().max())}
+        return {**super().round_metrics(state), **coefficient_metrics(state.get("coef"))}
+
+
+def coefficient_metrics(coef: torch.Tensor | None) -> dict:
+    """The coefficient matrix's mean self-weight and its largest departure from uniform (none before C exists)."""
+    if coef is None:
+        return {}
+    k = coef.shape[0]
+    return {"ktpfl_c_self": float(coef.diagonal().mean()), "ktpfl_c_max_dev": float((coef - 1.0 / k).abs().max())}

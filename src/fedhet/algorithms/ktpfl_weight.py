@@ -55,6 +55,7 @@ import torch
 from pydantic import Field
 
 from fedhet.algorithms.base import Algorithm, update_reply
+from fedhet.algorithms.ktpfl import KTpFL, coefficient_metrics
 from fedhet.core.contract import Arrays, ClientRuntime, Message, RoundContext, RoundGenerator, State
 from fedhet.core.errors import ConfigError
 
@@ -174,17 +175,9 @@ class KTpFLWeight(Algorithm):
         model = pull_towards(result.weights, msg.arrays["target"], names, lr, self.params.distill_steps)
         return update_reply(result, client, {"model": {n: model[n] for n in names}}), {**(state or {}), "model": model}
 
-    # --- evaluation -----------------------------------------------------------------------
-    def client_model(self, cid: int, state: State, client_state: State | None) -> Arrays | None:
-        return client_state["model"] if client_state and "model" in client_state else None
-
-    def client_view(self, state: State, cid: int) -> State:
-        return {}          # client_model reads the client's own state only
+    # --- evaluation: each client's own model, as KT-pFL's ----------------------------------
+    client_model = KTpFL.client_model
+    client_view = KTpFL.client_view
 
     def round_metrics(self, state: State) -> dict:
-        c = state.get("coef")
-        if c is None:
-            return super().round_metrics(state)
-        k = c.shape[0]
-        return {**super().round_metrics(state), "ktpfl_c_self": float(c.diagonal().mean()),
-                "ktpfl_c_max_dev": float((c - 1.0 / k).abs().max())}
+        return {**super().round_metrics(state), **coefficient_metrics(state.get("coef"))}
