@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 
 import pytest
 import torch
@@ -210,19 +211,29 @@ def test_a_hook_whose_source_cannot_be_read_counts_as_replacing():
         compose([opaque, Chaining])
 
 
-def test_fedrep_before_fednh_is_refused_and_fednh_first_updates_the_prototypes(small_config):
-    """FedRep's aggregate (FedPer's: the body only) does not call super(): named first it skipped
-    FedNH's prototype update, and the prototypes never moved."""
-    with pytest.raises(ConfigError, match=r"fedrep's aggregate does not call super\(\).aggregate, so fednh's "
-                                          r"aggregate would never run; name fednh first"):
-        algorithm_class("fedrep+fednh")
+def test_methods_that_disagree_on_where_the_head_lives_are_refused(small_config):
+    """FedNH's clients train against the server's prototypes, FedPer's, FedRep's, FedPAC's and FedBABU's
+    with a head of their own: fednh+fedrep used to train every body against the initial head while the
+    server smoothed prototypes no client used. CReFF's server re-trains the averaged model's head, which
+    FedNH and FedBABU put back only after the methods named after them: named after them it stopped
+    with no head to read after the first round's training."""
+    for other in ("fedper", "fedrep", "fedpac", "fedbabu"):
+        for name in (f"fednh+{other}", f"{other}+fednh"):
+            with pytest.raises(ConfigError, match=rf"cannot combine {re.escape(name)}: fednh's clients train against "
+                                                  rf"the head the server keeps, and {other}'s clients train with a "
+                                                  "head of their own"):
+                algorithm_class(name)
+    for other in ("fednh", "fedbabu"):
+        with pytest.raises(ConfigError, match=rf"creff's aggregate reads the averaged model's head, which {other}'s "
+                                              "clients do not upload.*name creff first"):
+            algorithm_class(f"{other}+creff")
+    # the order that works reads the head FedBABU put back
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}
-    loop = build_loop(config(raw, "fednh+fedrep"))
-    (head,) = [k for k in loop.server_state["model"] if is_head(k)]
-    before = loop.server_state["model"][head].clone()
+    loop = build_loop(config(raw, "creff+fedbabu", {"creff_features": 4, "creff_match_iters": 2, "creff_crt_epochs": 1}))
+    before = {k: v.clone() for k, v in loop.server_state["creff_head"].items()}
     loop.run_round(0)
-    assert not torch.equal(loop.server_state["model"][head], before)
+    assert any(not torch.equal(v, before[k]) for k, v in loop.server_state["creff_head"].items())
 
 
 def test_naming_a_method_twice_or_with_its_own_variant_is_refused():

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from helpers import bn_model, build_loop, config, ctx, run_killed_in_round, runtime
 
-from fedhet.algorithms import algorithm_class
+from fedhet.algorithms import algorithm_class, compose
+from fedhet.algorithms.fedavg import FedAvg
 from fedhet.algorithms.fedlc import FedLC, calibration
 from fedhet.algorithms.fednh import SCALE_NAME, CosineCrossEntropy, FedNH, orthonormal_rows, smoothed_prototypes
 from fedhet.algorithms.fedntd import NotTrueDistillation, not_true, not_true_kl
@@ -263,13 +264,25 @@ def test_fednh_learned_scale_run_evaluates_and_resumes_exactly(small_config, tmp
     assert len(set(scales)) == 3 and scales[-1] == float(full.loop.server_state["model"][SCALE_NAME])
 
 
-def test_fednh_learned_scale_is_refused_beside_the_body_and_head_methods(small_config):
+class BodyAndHeadPhases(FedAvg):
+    """A method of one's own whose phases know only the network's body and head."""
+
+    name = "body_and_head_phases"
+    only_body_and_head = True
+
+
+def test_fednh_learned_scale_is_refused_beside_a_method_whose_phases_know_only_body_and_head(small_config):
     raw = copy.deepcopy(small_config)
     raw["model"] = {"arch": "simple_cnn"}
-    for other in ("fedrep", "fedper", "fedbabu"):
-        with pytest.raises(ConfigError, match=f"learn_scale: fednh\\+{other} combines FedNH with {other}, whose phases"):
-            build_loop(config(raw, f"fednh+{other}", {"learn_scale": True}))
-    build_loop(config(raw, "fednh+fedrep"))     # the fixed scale combines
+    init = build_loop(config(raw, "fednh")).host.init_models
+    combined = compose([FedNH, BodyAndHeadPhases])
+    with pytest.raises(ConfigError, match="learn_scale: fednh\\+body_and_head_phases combines FedNH with "
+                                          "body_and_head_phases, whose phases"):
+        combined(combined.Params(learn_scale=True)).init_server_state(init)
+    assert SCALE_NAME not in combined(combined.Params()).init_server_state(init)["model"]   # the fixed scale combines
+    # FedPer, FedRep and FedBABU, whose phases are such, refuse FedNH anyway: their clients train their own head
+    with pytest.raises(ConfigError, match="fednh's clients train against the head the server keeps"):
+        build_loop(config(raw, "fednh+fedrep", {"learn_scale": True}))
 
 
 def learned_scale_round(raw: dict, method: str, params: dict):

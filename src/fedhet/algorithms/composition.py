@@ -240,5 +240,23 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
     if owner_of_term and replacers:
         raise ConfigError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would "
                           f"silently drop {replacers[0]}'s replacement of the cross-entropy")
+    _refuse_head_mismatch(name, classes)
     _refuse_lost_hooks(name, classes, combined)
     return combined
+
+
+def _refuse_head_mismatch(name: str, classes: list[type[Algorithm]]) -> None:
+    """Refuse a combination whose parts disagree on where the head lives (FedAvg's head flags)."""
+    on_server = [c.name for c in classes if getattr(c, "trains_on_server_head", False)]
+    own = [c.name for c in classes if getattr(c, "clients_own_head", False)]
+    if on_server and own:
+        raise ConfigError(f"cannot combine {name}: {on_server[0]}'s clients train against the head the server keeps, "
+                          f"and {own[0]}'s clients train with a head of their own, so {on_server[0]}'s head would "
+                          f"never be the one they train against; run them apart")
+    for i, cls in enumerate(classes):
+        if getattr(cls, "reads_averaged_head", False):
+            before = [c.name for c in classes[:i] if getattr(c, "uploads_no_head", False)]
+            if before:
+                raise ConfigError(f"cannot combine {name}: {cls.name}'s aggregate reads the averaged model's head, "
+                                  f"which {before[0]}'s clients do not upload and {before[0]}'s aggregate puts back "
+                                  f"only after the methods named after it; name {cls.name} first")

@@ -297,6 +297,7 @@ class CReFF(FedAvg):
     """Classifier re-training with federated features; see the module docstring."""
 
     name = "creff"
+    reads_averaged_head = True         # its server re-trains the averaged model's classifier
 
     class Params(FedAvg.Params):
         creff_features: int = Field(100, ge=1)            # num_of_feature: federated features per class

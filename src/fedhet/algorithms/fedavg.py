@@ -71,6 +71,18 @@ class FedAvg(Algorithm):
     # False for a method whose local steps take no augmentation at all (Per-FedAvg's meta-steps):
     # ``augment`` is refused when the method is made.
     takes_augment: ClassVar[bool] = True
+    # The head (``model.split`` on) in a combination, which ``compose`` checks:
+    # True for a method whose clients train against the head the server keeps (FedNH's prototypes) ...
+    trains_on_server_head: ClassVar[bool] = False
+    # ... and for one whose clients train with a head of their own (FedPer's and FedRep's personal
+    # heads, FedPAC's combined ones, FedBABU's initial one): the two cannot combine.
+    clients_own_head: ClassVar[bool] = False
+    # True for a method whose clients upload no head, their server putting one back after the
+    # average (FedNH's prototypes, FedBABU's initial head) ...
+    uploads_no_head: ClassVar[bool] = False
+    # ... and for one whose aggregate reads the averaged model's head (CReFF's re-trained classifier),
+    # which must then be named before such a method, so that the head is back when it reads it.
+    reads_averaged_head: ClassVar[bool] = False
 
     class Params(Algorithm.Params):
         bn_buffers: Literal["average", "local"] = "average"

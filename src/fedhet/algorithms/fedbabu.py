@@ -89,6 +89,8 @@ class FedBABU(FedAvg):
     """FedBABU; see the module docstring for the frozen head, aggregation and fine-tuning."""
 
     name = "fedbabu"
+    clients_own_head = True            # every client rebuilds the initial head itself
+    uploads_no_head = True
     personalized = True
     only_body_and_head = True          # own entries beside the network are neither
 

@@ -114,6 +114,8 @@ class CosineCrossEntropy(LossTerm):
 
 class FedNH(FedAvg):
     name = "fednh"
+    trains_on_server_head = True       # the prototypes: the server's, frozen on the clients
+    uploads_no_head = True             # ... and rebuilt by the server, not uploaded
 
     class Params(FedAvg.Params):
         prototype_smoothing: float = Field(0.9, ge=0, le=1)   # rho

@@ -51,6 +51,7 @@ class FedPer(FedAvg):
     # Whether the client keeps its trained head in its state (FedPer, FedRep). FedPAC's heads are
     # computed by the server and sent down, so its clients keep none.
     head_on_client: ClassVar[bool] = True
+    clients_own_head = True            # personal heads (FedRep's too; FedPAC's combined by the server)
 
     class Params(FedAvg.Params):
         """No parameters of its own (a subclass, so that FedPer combines with other methods)."""
