@@ -369,6 +369,11 @@ def test_scaffold_option_ii_divides_each_entrys_drift_by_the_steps_of_its_own_ph
     assert state["head"]["head.w"].item() == pytest.approx(-0.1 * 6)            # the personal head: 6 steps
     assert state["control"]["body.w"].item() == pytest.approx(0.0, abs=1e-6)
     assert state["control"]["head.w"].item() == pytest.approx(0.0, abs=1e-6)
+    # without a head phase the head never moves, so its control variate stays what it was (not c_i - c = -1)
+    no_head = cls(cls.Params(rep_head_epochs=0))
+    _, state = no_head.client_update(msg, {"control": {"body.w": 0 * one, "head.w": 0.5 * one}}, client)
+    assert state["control"]["head.w"].item() == 0.5
+    assert state["control"]["body.w"].item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_scaffold_option_i_is_the_full_gradient_at_the_global_model():

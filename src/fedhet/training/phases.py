@@ -58,9 +58,10 @@ def train_head_then_body(client: ClientRuntime, weights: Arrays, head_terms: lis
     epoch = start_epoch
     entry_steps: dict[str, int] = {}
     for epochs, part, terms in ((head_epochs, is_head, head_terms), (body_epochs, is_body, body_terms)):
-        if epochs <= 0:
-            continue
         phase = _both(part, trainable)
+        if epochs <= 0:
+            entry_steps.update({name: 0 for name in current if phase(name)})      # a phase left out
+            continue
         result = client.train(current, terms, epochs=epochs, start_epoch=epoch,
                               trainable=phase, optimizer_state=carried, **options)
         entry_steps.update({name: result.steps for name in current if phase(name)})
