@@ -525,6 +525,29 @@ def test_feddyn_corrects_only_the_entries_the_clients_upload():
     assert state["h"]["head.w"].item() == 0.0 and state["model"]["head.w"].item() == 7.0
 
 
+def test_server_rules_over_the_model_leave_the_entries_no_client_uploads():
+    """fedbabu+fedavgm and fedbabu+fednova: FedBABU's clients upload the body only. FedAvgM's momentum
+    and FedNova's normalised step act on it; the head keeps its value and FedAvgM's velocity (they
+    stopped with a KeyError on the head)."""
+    t = torch.tensor
+    for name, params, replies, body in [
+        # avg 4; v = 0.5 * 0 + (1 - 4) = -3; w = 1 - (-3) = 4
+        ("fedbabu+fedavgm", {"server_momentum": 0.5},
+         {0: reply({"body.w": t([3.0])}), 1: reply({"body.w": t([5.0])})}, 4.0),
+        # p = 1/2 each; tau_eff = (1 + 3)/2 = 2; d = 0.5/1 * (1 - 3) + 0.5/3 * (1 - 5) = -5/3; w = 1 + 2 * 5/3
+        ("fedbabu+fednova", {},
+         {0: Message("update", {"model": {"body.w": t([3.0])}}, {"num_samples": 1, "a_i": 1.0}),
+          1: Message("update", {"model": {"body.w": t([5.0])}}, {"num_samples": 1, "a_i": 3.0})}, 1 + 10 / 3)]:
+        cls = algorithm_class(name)
+        algo = cls(cls.Params(**params))
+        state = algo.init_server_state({"m": {"body.w": t([1.0]), "head.w": t([7.0])}})
+        _, state = drive(algo, state, ctx([0, 1]), replies)
+        assert state["model"]["body.w"].item() == pytest.approx(body), name
+        assert state["model"]["head.w"].item() == 7.0, name
+        if "velocity" in state:
+            assert state["velocity"]["head.w"].item() == 0.0 and state["velocity"]["body.w"].item() == -3.0
+
+
 # --- every method end to end, and composition ---------------------------------------------
 @pytest.mark.parametrize("name,params", [("fedprox", {"mu": 0.01}), ("fedavgm", {}), ("feddyn", {"alpha": 0.01})])
 def test_method_learns_end_to_end(small_config, tmp_path, name, params):

@@ -46,6 +46,9 @@ class FedAvgM(FedAvg):
         beta, lr = self.params.server_momentum, self.params.server_lr
         velocity, model = {}, dict(avg)
         for k, v_prev in state["velocity"].items():
+            if k not in avg:             # not uploaded (fedbabu+fedavgm: the head), so not averaged
+                velocity[k] = v_prev
+                continue
             v = beta * v_prev + (old[k] - avg[k])
             velocity[k] = v
             model[k] = old[k] - lr * v

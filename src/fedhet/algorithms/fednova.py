@@ -59,14 +59,15 @@ class FedNova(FedAvg):
         tau_eff = sum(pi * ai for pi, ai in zip(p, a))
         new = {}
         for name, w in model.items():
-            if not w.is_floating_point():
+            if not w.is_floating_point() or name not in models[0]:
+                new[name] = w            # integers: averaged below; not uploaded (fedbabu+fednova: the head): kept
                 continue
             direction = torch.zeros_like(w)
             for pi, ai, m in zip(p, a, models):
                 if ai > 0:  # a client that took no step has w_i == w and d_i = 0
                     direction += (pi / ai) * (w - m[name])
             new[name] = w - tau_eff * direction
-        ints = [k for k, w in model.items() if not w.is_floating_point()]
+        ints = [k for k, w in model.items() if not w.is_floating_point() and k in models[0]]
         if ints:
             new.update(weighted_average(models, n, keys=ints))
         return {k: new[k] for k in model}
