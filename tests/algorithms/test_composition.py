@@ -142,6 +142,7 @@ def test_a_replacing_hook_must_call_every_hook_fedavgs_calls_that_another_method
 def test_a_replaced_client_model_need_not_call_global_model_which_evaluation_calls_itself():
     class GlobalOwn(FedAvg):
         name = "global_own"
+        reads_no_global_model = True       # so that it combines with FedProto, which sends none
 
         def global_model(self, state):
             return super().global_model(state)
@@ -150,15 +151,13 @@ def test_a_replaced_client_model_need_not_call_global_model_which_evaluation_cal
         compose([GlobalOwn, ALGORITHMS[other]])          # the order the first rule asks for
 
 
+# (FedProto's pairs with MOON, FedDyn and FedNova, which these rules refused, are refused before them now:
+# FedProto sends no global model, test_fedproto_combines_only_with_methods_that_read_no_global_model)
 @pytest.mark.parametrize("name, message", [
-    ("moon+fedproto", "fedproto's client_update does not call after_training as FedAvg's does, so moon's "
-                      "after_training would never run"),
     ("perfedavg+fedper", "perfedavg's client_update does not call start_weights as FedAvg's does, so fedper's "
                          "start_weights would never run"),
-    ("feddyn+fedproto", r"fedproto's aggregate does not call average_models \(which calls aggregation_weights\) as "
-                        "FedAvg's does, so feddyn's aggregation_weights would never run"),
-    ("fednova+fedproto", "fedproto's aggregate does not call average_models as FedAvg's does, so fednova's "
-                         "average_models would never run")])
+    ("fednova+fedrema", "fedrema's aggregate does not call average_models as FedAvg's does, so fednova's "
+                        "average_models would never run")])
 def test_built_in_pairs_that_would_drop_a_part_are_refused(name, message):
     with pytest.raises(ConfigError, match=f"cannot combine {name.replace('+', r'[+]')}: {message}"):
         algorithm_class(name)
@@ -234,6 +233,19 @@ def test_methods_that_disagree_on_where_the_head_lives_are_refused(small_config)
     before = {k: v.clone() for k, v in loop.server_state["creff_head"].items()}
     loop.run_round(0)
     assert any(not torch.equal(v, before[k]) for k, v in loop.server_state["creff_head"].items())
+
+
+def test_fedproto_combines_only_with_methods_that_read_no_global_model():
+    """FedProto's clients receive prototypes, no model: FedProx's anchor, FedNTD's teacher, FedAvgM's and
+    FedBABU's server state and FedFM's anchors all read one (they stopped with a KeyError on 'model')."""
+    for other in ("fedprox", "fedntd", "fedavgm", "fedbabu", "fedfm", "scaffold", "moon"):
+        for name in (f"fedproto+{other}", f"{other}+fedproto"):
+            with pytest.raises(ConfigError, match=rf"cannot combine {re.escape(name)}: fedproto's clients receive no "
+                                                  rf"global model, and {other} reads.*read none \(feddecorr, fedlc, "
+                                                  r"fedrs, or one of your own"):
+                algorithm_class(name)
+    for other in ("fedlc", "fedrs", "feddecorr"):
+        assert algorithm_class(f"fedproto+{other}").name == f"fedproto+{other}"
 
 
 def test_naming_a_method_twice_or_with_its_own_variant_is_refused():

@@ -241,8 +241,22 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
         raise ConfigError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would "
                           f"silently drop {replacers[0]}'s replacement of the cross-entropy")
     _refuse_head_mismatch(name, classes)
+    no_model = [c.name for c in classes if not getattr(c, "sends_global_model", True)]
+    readers = [c.name for c in classes if getattr(c, "sends_global_model", True)
+               and not getattr(c, "reads_no_global_model", False)]
+    if no_model and readers:
+        able = sorted({c.name for c in _subclasses(FedAvg)
+                       if vars(c).get("reads_no_global_model") and c.__module__.startswith(__package__ or "")})
+        raise ConfigError(f"cannot combine {name}: {no_model[0]}'s clients receive no global model, and "
+                          f"{readers[0]} reads the model they receive or the server averages; {no_model[0]} "
+                          f"combines only with methods that read none ({', '.join(able)}, or one of your own "
+                          "that says so with reads_no_global_model = True)")
     _refuse_lost_hooks(name, classes, combined)
     return combined
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
 
 
 def _refuse_head_mismatch(name: str, classes: list[type[Algorithm]]) -> None:

@@ -71,6 +71,11 @@ class FedAvg(Algorithm):
     # False for a method whose local steps take no augmentation at all (Per-FedAvg's meta-steps):
     # ``augment`` is refused when the method is made.
     takes_augment: ClassVar[bool] = True
+    # False for a method whose clients receive no global model (FedProto: prototypes only) ...
+    sends_global_model: ClassVar[bool] = True
+    # ... which combines only with methods that read none (their loss terms need the client's own
+    # data and model only: FedLC, FedRS, FedDecorr).
+    reads_no_global_model: ClassVar[bool] = False
     # The head (``model.split`` on) in a combination, which ``compose`` checks:
     # True for a method whose clients train against the head the server keeps (FedNH's prototypes) ...
     trains_on_server_head: ClassVar[bool] = False

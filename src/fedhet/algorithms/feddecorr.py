@@ -80,6 +80,7 @@ class Decorrelation(LossTerm):
 
 class FedDecorr(FedAvg):
     name = "feddecorr"
+    reads_no_global_model = True      # its term needs the client's own data and model only
 
     class Params(FedAvg.Params):
         decorr_beta: float = Field(0.1, ge=0)       # reference --feddecorr_coef

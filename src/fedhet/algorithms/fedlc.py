@@ -32,6 +32,7 @@ def calibration(counts: torch.Tensor, tau: float, absent: float = 1e-8) -> torch
 
 class FedLC(FedAvg):
     name = "fedlc"
+    reads_no_global_model = True      # its term needs the client's own data and model only
 
     class Params(FedAvg.Params):
         calibration_tau: float = Field(1.0, ge=0)

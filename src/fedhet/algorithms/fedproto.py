@@ -106,6 +106,7 @@ class FedProto(FedAvg):
     takes_mixup = False          # prototype alignment pulls each feature to its label's prototype
     personalized = True
     has_global_model = False
+    sends_global_model = False         # prototypes only
 
     class Params(FedAvg.Params):
         proto_weight: float = Field(1.0, ge=0)     # lambda of the local objective (FedReMa Table 1: 1)

@@ -64,6 +64,7 @@ class RestrictedCrossEntropy(LossTerm):
 
 class FedRS(FedAvg):
     name = "fedrs"
+    reads_no_global_model = True      # its term needs the client's own data and model only
     takes_mixup = False          # the restricted softmax's cross-entropy reads the label as it is
 
     class Params(FedAvg.Params):
