@@ -235,6 +235,17 @@ def test_methods_that_disagree_on_where_the_head_lives_are_refused(small_config)
     assert any(not torch.equal(v, before[k]) for k, v in loop.server_state["creff_head"].items())
 
 
+def test_fedbabu_passes_another_methods_phase_on_and_keeps_its_head(small_config):
+    """fedbabu+fedfm: FedFM's anchor phase uploads anchors and no model (FedBABU stopped with a KeyError
+    on 'model' trimming it); the training phase's upload is still the shared part only."""
+    loop = build_loop(config(copy.deepcopy(small_config), "fedbabu+fedfm", {"start_round": 0}))
+    init = {k: v.clone() for k, v in loop.server_state["model"].items()}
+    result = loop.run_round(0)
+    assert result.phases == 2
+    for k, v in loop.server_state["model"].items():
+        assert torch.equal(v, init[k]) == is_head(k), k                 # the head stays, the body moved
+
+
 def test_fedproto_combines_only_with_methods_that_read_no_global_model():
     """FedProto's clients receive prototypes, no model: FedProx's anchor, FedNTD's teacher, FedAvgM's and
     FedBABU's server state and FedFM's anchors all read one (they stopped with a KeyError on 'model')."""

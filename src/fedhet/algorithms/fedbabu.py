@@ -145,10 +145,13 @@ class FedBABU(FedAvg):
         base = {k: v for k, v in (state or {}).items() if k != FINETUNED} or None
         if msg.kind == "finetune":
             return self.finetune(msg, base, client)
-        full = self.complete(msg.arrays["model"], client)
-        reply, new_state = super().client_update(msg.with_model(full), base, client)
-        # the upload trimmed here, not in uploaded_model: a component's own client_update (Per-FedAvg's) is trimmed too
-        reply.arrays["model"] = shared_part(reply.arrays["model"])
+        if "model" in msg.arrays:            # the shared part: completed with the common head
+            msg = msg.with_model(self.complete(msg.arrays["model"], client))
+        reply, new_state = super().client_update(msg, base, client)
+        # the upload trimmed here, not in uploaded_model: a component's own client_update (Per-FedAvg's) is
+        # trimmed too; another component's phase may upload no model (FedFM's anchors, FedCME's exchange)
+        if "model" in reply.arrays:
+            reply.arrays["model"] = shared_part(reply.arrays["model"])
         return reply, new_state
 
     def local_model(self, uploaded: Arrays, init: Arrays) -> Arrays:
