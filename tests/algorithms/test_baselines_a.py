@@ -376,6 +376,34 @@ def test_scaffold_option_ii_divides_each_entrys_drift_by_the_steps_of_its_own_ph
     assert state["control"]["body.w"].item() == pytest.approx(0.0, abs=1e-6)
 
 
+def test_scaffold_option_ii_reads_per_fedavgs_own_step_size_and_no_momentum():
+    """scaffold+perfedavg: the meta-steps are plain SGD at perfedavg_beta whatever the run's lr and
+    momentum. With a flat loss (ScalarNet's logits do not depend on w) c_i+ = grad f_i = 0 only when
+    option II divides by beta and K steps (the run's lr and momentum gave 0.44 of the right norm)."""
+    cls = algorithm_class("scaffold+perfedavg")
+    algo = cls(cls.Params(perfedavg_beta=0.05))
+    c, ci = 0.5, -0.25
+    settings = TrainSettings(epochs=1, batch_size=1, lr=0.1, momentum=0.9)
+    msg = Message("train", {"model": {"w": torch.tensor([0.0])}, "control": {"w": torch.tensor([c])}})
+    client = scalar_runtime(0.0, 0.0, settings)
+    client.account = lambda result: None                                # Per-FedAvg counts its own steps
+    rep, st = algo.client_update(msg, {"control": {"w": torch.tensor([ci])}}, client)
+    steps = rep.scalars["steps"]
+    assert steps == 2                                                   # 4 samples, 2 batches a meta-step
+    assert rep.arrays["model"]["w"].item() == pytest.approx(-0.05 * steps * (c - ci))
+    assert st["control"]["w"].item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_fednova_a_i_counts_per_fedavgs_meta_steps_as_plain_steps(small_config):
+    """fednova+perfedavg with the run's momentum 0.9: a_i is the number of meta-steps (plain SGD),
+    not the momentum-enlarged count."""
+    from helpers import build_loop, config, runtime
+    loop = build_loop(config(copy.deepcopy(small_config), "fednova+perfedavg", {"perfedavg_beta": 0.05}, momentum=0.9))
+    msg = loop.algorithm.train_message(loop.server_state, 0, ctx([0]))
+    rep, _ = loop.algorithm.client_update(msg, None, runtime(loop, 0))
+    assert rep.scalars["steps"] > 1 and rep.scalars["a_i"] == pytest.approx(rep.scalars["steps"])
+
+
 def test_scaffold_option_i_is_the_full_gradient_at_the_global_model():
     torch.manual_seed(3)
     model, data = TinyNet(), tiny_data(n=10)

@@ -153,6 +153,12 @@ class FedAvg(Algorithm):
                              **self.upload_scalars(result, msg, state, client))
         return reply, state
 
+    def local_step(self, client: ClientRuntime) -> tuple[float, float]:
+        """The (step size, momentum) of this method's local steps, which the server rules derived for
+        local SGD read (SCAFFOLD's option II, FedNova's a_i): the run's; Per-FedAvg's meta-steps take
+        ``perfedavg_beta`` and no momentum."""
+        return client.settings.lr, client.settings.momentum
+
     def start_weights(self, msg: Message, state: State | None, client: ClientRuntime) -> Arrays:
         """The weights local training starts from: the received model (FedPer: the received body
         with the client's own head)."""

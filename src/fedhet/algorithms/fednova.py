@@ -40,10 +40,10 @@ class FedNova(FedAvg):
         if msg.kind != "train":                     # another component's phase (FedFM's anchors)
             return super().client_update(msg, state, client)
         reply, state = super().client_update(msg, state, client)
-        s = client.settings
+        lr, momentum = self.local_step(client)
         # a composed proximal term (fedprox+fednova, feddyn+fednova) pulls every local step back
         # towards the start, which shortens a_i (FedNova Sec. 4)
-        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), s.momentum, s.lr * self.proximal_pull())
+        reply.scalars["a_i"] = normalizing_factor(int(reply.scalars["steps"]), momentum, lr * self.proximal_pull())
         return reply, state
 
     def average_models(self, model: Arrays | None, replies: Replies, cids: list[int]) -> Arrays:

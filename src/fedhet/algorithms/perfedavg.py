@@ -216,6 +216,9 @@ class PerFedAvg(FedAvg):
         a = self.params.perfedavg_alpha
         return float(client.settings.lr if a is None else a)
 
+    def local_step(self, client: ClientRuntime) -> tuple[float, float]:
+        return self.beta(client), 0.0          # the meta-steps: plain SGD at beta
+
     def beta(self, client: ClientRuntime) -> float:
         b = self.params.perfedavg_beta
         return float(client.settings.lr if b is None else b)

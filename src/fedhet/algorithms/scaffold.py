@@ -170,9 +170,9 @@ class Scaffold(FedAvg):
             new_ci = {k: grads[k] if k in grads else ci[k] for k in c}
         else:
             # K: the steps that trained the entry (in phased training, its own phase's: scaffold+fedrep)
-            s = client.settings
+            lr, momentum = self.local_step(client)
             steps = {k: result.entry_steps.get(k, result.steps) for k in c if k in params}
-            new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / (s.lr * normalizing_factor(steps[k], s.momentum))
+            new_ci = {k: ci[k] - c[k] + (x[k] - result.weights[k]) / (lr * normalizing_factor(steps[k], momentum))
                       if steps.get(k, 0) > 0 else ci[k] for k in c}
         return {**(new_state or {}), "control": new_ci}
 
