@@ -246,6 +246,24 @@ def test_fedbabu_passes_another_methods_phase_on_and_keeps_its_head(small_config
         assert torch.equal(v, init[k]) == is_head(k), k                 # the head stays, the body moved
 
 
+def test_a_method_that_evaluates_a_model_of_its_own_comes_after_those_that_change_the_evaluated_model():
+    """Per-FedAvg's client_model returns its adapted model as it is (FedBABU's its fine-tuned one):
+    perfedavg+fedrod evaluated without FedROD's personal head. FedROD first adds it to the adapted
+    model; two such methods never combine."""
+    for first in ("perfedavg", "fedbabu"):
+        with pytest.raises(ConfigError, match=rf"cannot combine {first}\+fedrod: {first}'s client_model evaluates a "
+                                              "model of its own making as it is, so fedrod's client_model would "
+                                              "never change it; name fedrod first"):
+            algorithm_class(f"{first}+fedrod")
+        assert algorithm_class(f"fedrod+{first}").name == f"fedrod+{first}"
+    for name in ("fedbabu+perfedavg", "fedbabu+fedper"):
+        with pytest.raises(ConfigError, match="run them apart \\(no order combines them\\)"):
+            algorithm_class(name)
+    # the other order is refused for a hook Per-FedAvg's client_update skips, and names no order: none works
+    with pytest.raises(ConfigError, match="fedbabu's client_update would never run$"):
+        algorithm_class("perfedavg+fedbabu")
+
+
 def test_fedproto_combines_only_with_methods_that_read_no_global_model():
     """FedProto's clients receive prototypes, no model: FedProx's anchor, FedNTD's teacher, FedAvgM's and
     FedBABU's server state and FedFM's anchors all read one (they stopped with a KeyError on 'model')."""

@@ -140,8 +140,9 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
             lost = lost_to(k, definers[i + 1:])
             if lost:
                 (d, other), owner = lost[0], _owner(k, classes)
-                hint = (f"; name {other} first (its {hook} calls super())" if _chains(d, vars(d)[hook], hook)
-                        else "")
+                first = [c for c in classes if c.name == other] + [c for c in classes if c.name != other]
+                hint = (f"; name {other} first (its {hook} calls super())"
+                        if _chains(d, vars(d)[hook], hook) and _composes(first) else "")
                 why = (f"does not call super().{hook}" if _calls(vars(k)[hook]) is not None
                        else f"has no source to read (counted as not calling super().{hook})")
                 raise ConfigError(f"cannot combine {name}: {owner}'s {hook} {why}, so {other}'s {hook} would "
@@ -252,7 +253,37 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
                           f"combines only with methods that read none ({', '.join(able)}, or one of your own "
                           "that says so with reads_no_global_model = True)")
     _refuse_lost_hooks(name, classes, combined)
+    for i, cls in enumerate(classes):
+        if getattr(cls, "evaluates_own_model", False):
+            after = [c for c in classes[i + 1:] if any("client_model" in vars(k) for k in c.__mro__
+                                                       if k not in FedAvg.__mro__ and k not in cls.__mro__)]
+            if after:
+                other = after[0]
+                reordered = [other, *(c for c in classes if c is not other)]
+                works = not getattr(other, "evaluates_own_model", False) and _composes(reordered)
+                fix = f"name {other.name} first" if works else "run them apart (no order combines them)"
+                raise ConfigError(f"cannot combine {name}: {cls.name}'s client_model evaluates a model of its own "
+                                  f"making as it is, so {other.name}'s client_model would never change it; {fix}")
     return combined
+
+
+_probing = False
+
+
+def _composes(classes: list[type[Algorithm]]) -> bool:
+    """Whether ``compose`` accepts this order, so that an error names an order only where one works
+    (False while probing another order: two refusals that name each other's order end there)."""
+    global _probing
+    if _probing:
+        return False
+    _probing = True
+    try:
+        compose(classes)
+    except ConfigError:
+        return False
+    finally:
+        _probing = False
+    return True
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -76,6 +76,11 @@ class FedAvg(Algorithm):
     # ... which combines only with methods that read none (their loss terms need the client's own
     # data and model only: FedLC, FedRS, FedDecorr).
     reads_no_global_model: ClassVar[bool] = False
+    # True for a method whose client_model returns, for an evaluated client, a model of its own
+    # making (Per-FedAvg's adapted model, FedBABU's fine-tuned one) without calling super(): a
+    # method named after it whose client_model changes the model (FedROD's personal head) must be
+    # named first.
+    evaluates_own_model: ClassVar[bool] = False
     # The head (``model.split`` on) in a combination, which ``compose`` checks:
     # True for a method whose clients train against the head the server keeps (FedNH's prototypes) ...
     trains_on_server_head: ClassVar[bool] = False
