@@ -27,7 +27,9 @@ any prototype exists it scores 0). fedhet's evaluator only runs ``logits = head(
 ``logits_c = 2 <C^c, h> - ||C^c||^2 = ||h||^2 - ||h - C^c||^2``, whose argmax is the nearest
 prototype (undefined classes get -1e30 and are never chosen, PFLlib's ``inf`` distance). This
 needs the head to be one Linear layer on the features (cnn2's default split ``fc2``, PFLlib's
-FedProto split ``head = fc``). Decisions:
+FedProto split ``head = fc``). The official code's test (``yuetan031/FedProto``
+``lib/update.py``, ``test_inference_new_het_lt``) chooses only among the classes the client holds;
+fedhet, as PFLlib, among every class with a global prototype. Decisions:
 
 * With a deeper head (e.g. ``split: fc1``), a bias-free Linear, or an activation before the Linear
   (FedClassAvg's ``ReLU + Linear`` heads: set ``model.options.relu_features: true`` there, which
