@@ -264,6 +264,18 @@ def test_a_method_that_evaluates_a_model_of_its_own_comes_after_those_that_chang
         algorithm_class("perfedavg+fedbabu")
 
 
+def test_fedcme_whose_training_spans_two_messages_is_refused_beside_scaffold_and_fednova():
+    """SCAFFOLD's control variate and FedNova's a_i read the training of one message; FedCME trains
+    before and after its exchange (they stopped with a KeyError on 'control' and 'a_i')."""
+    for other in ("scaffold", "fednova"):
+        for name in (f"fedcme+{other}", f"{other}+fedcme"):
+            with pytest.raises(ConfigError, match=rf"cannot combine {re.escape(name)}: fedcme's local training runs "
+                                                  rf"over two messages, and {other}'s client rule reads the training "
+                                                  "of one; run them apart"):
+                algorithm_class(name)
+    assert algorithm_class("feddyn+fedcme").name == "feddyn+fedcme"
+
+
 def test_fedproto_combines_only_with_methods_that_read_no_global_model():
     """FedProto's clients receive prototypes, no model: FedProx's anchor, FedNTD's teacher, FedAvgM's and
     FedBABU's server state and FedFM's anchors all read one (they stopped with a KeyError on 'model')."""

@@ -242,6 +242,11 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
         raise ConfigError(f"cannot combine {name}: {owner_of_term[0]} builds its own data term, which would "
                           f"silently drop {replacers[0]}'s replacement of the cross-entropy")
     _refuse_head_mismatch(name, classes)
+    split = [c.name for c in classes if getattr(c, "trains_over_two_messages", False)]
+    one = [c.name for c in classes if getattr(c, "reads_one_messages_training", False)]
+    if split and one:
+        raise ConfigError(f"cannot combine {name}: {split[0]}'s local training runs over two messages, and "
+                          f"{one[0]}'s client rule reads the training of one; run them apart")
     no_model = [c.name for c in classes if not getattr(c, "sends_global_model", True)]
     readers = [c.name for c in classes if getattr(c, "sends_global_model", True)
                and not getattr(c, "reads_no_global_model", False)]

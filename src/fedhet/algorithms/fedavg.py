@@ -76,6 +76,12 @@ class FedAvg(Algorithm):
     # ... which combines only with methods that read none (their loss terms need the client's own
     # data and model only: FedLC, FedRS, FedDecorr).
     reads_no_global_model: ClassVar[bool] = False
+    # True for a method whose local training runs over two messages (FedCME: before and after its
+    # classifier exchange) ...
+    trains_over_two_messages: ClassVar[bool] = False
+    # ... and for one whose client rule reads the training of one message (SCAFFOLD's control
+    # variate, FedNova's a_i, both from that message's steps and drift): the two cannot combine.
+    reads_one_messages_training: ClassVar[bool] = False
     # True for a method whose client_model returns, for an evaluated client, a model of its own
     # making (Per-FedAvg's adapted model, FedBABU's fine-tuned one) without calling super(): a
     # method named after it whose client_model changes the model (FedROD's personal head) must be

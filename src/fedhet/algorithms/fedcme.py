@@ -304,6 +304,7 @@ class FedCME(FedAvg):
     the ablation table and every decision."""
 
     name = "fedcme"
+    trains_over_two_messages = True    # before and after the classifier exchange
     takes_mixup = False          # the feature alignment pulls each feature to its label's global feature
 
     class Params(FedAvg.Params):

@@ -31,6 +31,7 @@ from fedhet.training.steps import normalizing_factor
 
 class FedNova(FedAvg):
     name = "fednova"
+    reads_one_messages_training = True  # a_i from that training's steps
     requires_sgd = True
 
     class Params(FedAvg.Params):

@@ -100,6 +100,7 @@ def full_gradient(client: ClientRuntime, weights: Arrays, names: list[str], batc
 
 class Scaffold(FedAvg):
     name = "scaffold"
+    reads_one_messages_training = True  # option II: that training's steps and drift
     requires_sgd = True
     # the server's c takes every round's control deltas (c = mean of the c_i): a composition that
     # skips rounds' aggregation (FedFM-Lite between model uploads) would lose them
