@@ -7,8 +7,8 @@ Eq. 7; reference: KarhouTam/FL-bench ``src/client/fedlc.py``):
     loss = CE(f(x) - tau * n^(-1/4), y),   n_c = the client's count of class c (1e-8 when absent)
 
 so an absent class's logit is lowered by ``tau * 100`` during local training. The paper prints the
-softmax's denominator as a sum over the classes other than y; with it training collapses (FL-bench
-issue #5, whose author tried it), so the true class stays in the sum here, as in FL-bench. The server is FedAvg's;
+softmax's denominator as a sum over the classes other than y; with it training collapses (as
+FL-bench's author reported trying it), so the true class stays in the sum here, as in FL-bench. The server is FedAvg's;
 the global model is evaluated with plain logits. ``tau`` = 1.0 is FL-bench's default.
 """
 
