@@ -21,6 +21,16 @@ call on every way through would refuse pairs of built-in methods that run every 
 ``fedfm+fednova`` and ``fedfm+scaffold``, where the only way without it answers FedFM's anchor
 message. A method of one's own that skips ``super()`` on a way where another component has a part
 is not caught: call ``super()`` there.
+
+Parts can also disagree on what travels or what is evaluated, whatever their hooks call. Class flags
+on ``FedAvg`` (each explained where it is defined) say so, and a combination they contradict is
+refused: a method that sends no global model (FedProto) beside one that reads it; one whose clients
+train against the server's head (FedNH) beside one whose clients own theirs (FedPer, FedRep, FedPAC,
+FedBABU); one that reads the averaged head (CReFF) named after one whose clients upload none; one
+whose training spans two messages (FedCME) beside one whose client rule reads one message's
+(SCAFFOLD, FedNova); and one whose ``client_model`` returns a model of its own making as it is
+(Per-FedAvg, FedBABU) named before one whose ``client_model`` changes the evaluated model (FedROD).
+An error names an order only where that order combines (``_composes``).
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class FedBABU(FedAvg):
     """FedBABU; see the module docstring for the frozen head, aggregation and fine-tuning."""
 
     name = "fedbabu"
-    evaluates_own_model = True         # client_model: its adapted/fine-tuned model as it is
+    evaluates_own_model = True         # client_model: its fine-tuned model as it is
     clients_own_head = True            # every client rebuilds the initial head itself
     uploads_no_head = True
     personalized = True

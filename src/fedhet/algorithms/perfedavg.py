@@ -186,7 +186,7 @@ class PerFedAvg(FedAvg):
     """Per-FedAvg (FO or HF); see the module docstring for the step, defaults and evaluation."""
 
     name = "perfedavg"
-    evaluates_own_model = True         # client_model: its adapted/fine-tuned model as it is
+    evaluates_own_model = True         # client_model: its adapted model as it is
     personalized = True
     takes_mixup = False                  # meta_train's own steps take no augmentation
     takes_augment = False
