@@ -11,7 +11,7 @@ part or to disagree on what travels; this finds what it does not know yet. Each 
 image set (random noise with a class-coloured square, 12 clients, 2 sampled a round), 2 rounds of 2
 local epochs, on the architecture its methods need (``simple_cnn`` with FedNH, whose prototypes are a
 bias-free head; ``cnn2`` otherwise), with the parameters that let every part act within 2 rounds
-(FedFM's matching from round 0, one FedRep head epoch, a small CReFF). One process runs the pairs one
+(FedFM's matching from round 0 at lambda 1, one FedRep head epoch, a small CReFF). One process runs the pairs one
 after another; a line per pair goes to ``--results`` (JSON), so a stopped call goes on from there. It
 prints the pairs that failed and exits 1 when there is one. About 2 s a pair on 2 cores (some 380
 pairs).
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 # A pair's parameters that let each part act within two rounds of the toy set.
-PARAMS = {"fedfm": {"start_round": 0}, "fedfm_lite": {"start_round": 0}, "fedrep": {"rep_head_epochs": 1},
+PARAMS = {"fedfm": {"start_round": 0, "lam": 1.0}, "fedfm_lite": {"start_round": 0, "lam": 1.0}, "fedrep": {"rep_head_epochs": 1},
           "creff": {"creff_features": 4, "creff_match_iters": 2, "creff_crt_epochs": 1}}
 
 
