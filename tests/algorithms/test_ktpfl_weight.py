@@ -16,6 +16,7 @@ from fedhet.algorithms.ktpfl_weight import (
     coefficient_gradient,
     coefficient_losses,
     pull_towards,
+    stacked,
     weight_targets,
 )
 from fedhet.core.contract import Message
@@ -27,7 +28,7 @@ def test_targets_are_the_coefficient_mixture_of_every_clients_copy():
               {"a": torch.tensor([3.0, 0.0]), "b": torch.tensor([[8.0]])},
               {"a": torch.tensor([5.0, 6.0]), "b": torch.tensor([[0.0]])}]
     coef = torch.tensor([[0.5, 0.25, 0.25], [0.0, 1.0, 0.0]], dtype=torch.float64)
-    t = weight_targets(coef, copies, ["a", "b"])
+    t = weight_targets(coef, stacked(copies, ["a", "b"]), {"a": torch.Size([2]), "b": torch.Size([1, 1])})
     # row 0: a = 0.5*[1, 2] + 0.25*[3, 0] + 0.25*[5, 6] = [2.5, 2.5]; b = 0.5*4 + 0.25*8 = 4
     torch.testing.assert_close(t[0]["a"], torch.tensor([2.5, 2.5]))
     torch.testing.assert_close(t[0]["b"], torch.tensor([[4.0]]))
@@ -62,7 +63,7 @@ def test_the_coefficient_gradient_by_hand_and_as_the_losses_gradient():
     start = [{"x": torch.tensor([1.0])}, {"x": torch.tensor([3.0])}]
     after = [{"x": torch.tensor([2.0])}, {"x": torch.tensor([3.0])}]
     coef = torch.tensor([[1.0, 0.0], [0.5, 0.5]], dtype=torch.float64)
-    grad = coefficient_gradient(coef, after, start, ["x"], rho=0.6)
+    grad = coefficient_gradient(coef, stacked(after, ["x"]), stacked(start, ["x"]), rho=0.6)
     # row 0: t = 1, r = 1, fit gradient -2 r s_j = [-2, -6]; penalty 2 rho (c - 1/2) / 2 = [0.3, -0.3]
     # row 1: t = 2, r = 1, fit gradient [-2, -6]; penalty 0
     torch.testing.assert_close(grad, torch.tensor([[-1.7, -6.3], [-2.0, -6.0]], dtype=torch.float64))
@@ -72,7 +73,8 @@ def test_the_coefficient_gradient_by_hand_and_as_the_losses_gradient():
     after = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in w.items()} for w in start]
     coef = torch.rand(3, 3, generator=g, dtype=torch.float64).requires_grad_(True)
     coefficient_losses(coef, after, start, ["w", "b"], rho=0.7).sum().backward()
-    torch.testing.assert_close(coefficient_gradient(coef.detach(), after, start, ["w", "b"], rho=0.7), coef.grad,
+    torch.testing.assert_close(coefficient_gradient(coef.detach(), stacked(after, ["w", "b"]), stacked(start, ["w", "b"]),
+                                                    rho=0.7), coef.grad,
                                rtol=1e-5, atol=1e-6)       # float32 products in the written-out form
 
 
@@ -92,7 +94,8 @@ def test_a_round_sends_each_sampled_client_its_mixture_and_steps_every_row_with_
     start = [{"w": init["w"]}] * 3
     after = [uploads[0], {"w": init["w"]}, uploads[2]]            # client 1 was not sampled
     uniform = torch.full((3, 3), 1 / 3, dtype=torch.float64)
-    torch.testing.assert_close(new["coef"], uniform - 0.5 * coefficient_gradient(uniform, after, start, ["w"], 0.6))
+    torch.testing.assert_close(new["coef"], uniform - 0.5 * coefficient_gradient(uniform, stacked(after, ["w"]),
+                                                                                 stacked(start, ["w"]), 0.6))
     assert new["keys"] == ["w"] and sorted(new["copies"]) == [0, 2]
     assert state["copies"] == {} and state["coef"] is None          # the round's input state is left as it was
 

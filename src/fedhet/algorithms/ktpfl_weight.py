@@ -62,15 +62,20 @@ from fedhet.core.errors import ConfigError
 # --- pure pieces (tested by hand) -------------------------------------------------------------
 
 
-def weight_targets(coef: torch.Tensor, copies: Sequence[Arrays], keys: Sequence[str]) -> list[Arrays]:
-    """``t_k = sum_j coef[k, j] * copies[j]`` for each row ``k`` of ``coef`` (m, K), on ``keys``;
-    float32, on the copies' device."""
+def stacked(copies: Sequence[Arrays], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """Every copy's ``keys`` entries flattened and stacked, float32: ``{key: (K, n_key)}``."""
+    return {key: torch.stack([c[key].float().reshape(-1) for c in copies]) for key in keys}
+
+
+def weight_targets(coef: torch.Tensor, stacks: dict[str, torch.Tensor],
+                   shapes: dict[str, torch.Size]) -> list[Arrays]:
+    """``t_k = sum_j coef[k, j] * copy_j`` for each row ``k`` of ``coef`` (m, K), from the copies
+    as :func:`stacked` holds them, each entry in its ``shapes``; float32, on the copies' device."""
     out: list[Arrays] = [{} for _ in range(coef.shape[0])]
-    for key in keys:
-        stacked = torch.stack([c[key].float().reshape(-1) for c in copies])           # (K, n)
-        mixed = coef.to(stacked.device, torch.float64) @ stacked.double()             # (m, n)
+    for key, s in stacks.items():
+        mixed = coef.to(s.device, torch.float32) @ s                                      # (m, n)
         for k in range(coef.shape[0]):
-            out[k][key] = mixed[k].float().reshape(copies[0][key].shape)
+            out[k][key] = mixed[k].reshape(shapes[key])
     return out
 
 
@@ -98,17 +103,17 @@ def coefficient_losses(coef: torch.Tensor, after: Sequence[Arrays], start: Seque
     return fit + rho * (coef - 1.0 / n).pow(2).mean(dim=1)
 
 
-def coefficient_gradient(coef: torch.Tensor, after: Sequence[Arrays], start: Sequence[Arrays],
-                         keys: Sequence[str], rho: float) -> torch.Tensor:
-    """d L_k / d coef[k, :] for every row (K, K): the gradient of :func:`coefficient_losses`,
-    written out so that no K x model graph is kept (float32 products, float64 sums):
-    ``-2/|T| sum_e r_k,T,e w_j,T,e`` summed over ``keys``, with ``r_k = a_k - sum_j c_kj w_j``, plus
-    ``2 rho (c_kj - 1/K) / K``."""
+def coefficient_gradient(coef: torch.Tensor, after: dict[str, torch.Tensor], start: dict[str, torch.Tensor],
+                         rho: float) -> torch.Tensor:
+    """d L_k / d coef[k, :] for every row (K, K): the gradient of :func:`coefficient_losses` on the
+    entries of ``after`` (the weights after the round, as :func:`stacked` holds them; ``start`` the
+    round-start copies, with those entries at least), written out so that no K x model graph is
+    kept (float32 products, float64 sums): ``-2/|T| sum_e r_k,T,e w_j,T,e`` summed over the
+    entries, with ``r_k = a_k - sum_j c_kj w_j``, plus ``2 rho (c_kj - 1/K) / K``."""
     n = coef.shape[0]
     grad = torch.zeros_like(coef, dtype=torch.float64)
-    for key in keys:
-        s = torch.stack([w[key].float().reshape(-1) for w in start])                 # (K, n_T)
-        a = torch.stack([w[key].float().reshape(-1) for w in after]).to(s.device)
+    for key, a in after.items():
+        s = start[key]
         resid = a - coef.to(s.device, torch.float32) @ s
         grad -= (2.0 / s.shape[1]) * (resid @ s.T).to(grad.device, torch.float64)
     return grad + (2.0 * rho / n) * (coef.double() - 1.0 / n)
@@ -147,10 +152,10 @@ class KTpFLWeight(Algorithm):
         if state["coef"] is None:
             state["coef"] = torch.full((k, k), 1.0 / k, dtype=torch.float64)
         copies = dict(state["copies"])
-        start = [copies.get(c, state["init"]) for c in range(k)]
         keys = state["keys"] if state["keys"] is not None else list(state["init"])
+        start = stacked([copies.get(c, state["init"]) for c in range(k)], keys)     # the round-start copies
         sampled = list(ctx.clients)
-        targets = weight_targets(state["coef"][sampled], start, keys)
+        targets = weight_targets(state["coef"][sampled], start, {key: state["init"][key].shape for key in keys})
         replies = yield {cid: Message("train", {"target": targets[i]}) for i, cid in enumerate(sampled)}
         got = sorted(c for c in replies if "model" in replies[c].arrays)
         if not got:
@@ -158,8 +163,12 @@ class KTpFLWeight(Algorithm):
         for c in got:
             copies[c] = replies[c].arrays["model"]
         keys = list(replies[got[0]].arrays["model"])
-        after = [copies.get(c, state["init"]) for c in range(k)]
-        grad = coefficient_gradient(state["coef"], after, start, keys, self.params.rho)
+        rows = torch.as_tensor(got)
+        # after the round: the start copies with the repliers' rows replaced
+        after = {key: start[key].index_copy(0, rows.to(start[key].device),
+                                            stacked([copies[c] for c in got], [key])[key].to(start[key].device))
+                 for key in keys}
+        grad = coefficient_gradient(state["coef"], after, start, self.params.rho)
         state.update(coef=state["coef"] - self.params.c_lr * grad, copies=copies, keys=keys)
         return state
 
