@@ -82,6 +82,10 @@ class FedAvg(Algorithm):
     # ... and for one whose client rule reads the training of one message (SCAFFOLD's control
     # variate, FedNova's a_i, both from that message's steps and drift): the two cannot combine.
     reads_one_messages_training: ClassVar[bool] = False
+    # True for a method whose server state must take every round's uploads (SCAFFOLD's control
+    # deltas): FedFM-Lite, which aggregates only in the rounds whose models come up, refuses it
+    # with model_every > 1 (a check on a parameter, so made when FedFM-Lite is made).
+    aggregates_every_round: ClassVar[bool] = False
     # True for a method whose client_model returns, for an evaluated client, a model of its own
     # making (Per-FedAvg's adapted model, FedBABU's fine-tuned one) without calling super(): a
     # method named after it whose client_model changes the model (FedROD's personal head) must be

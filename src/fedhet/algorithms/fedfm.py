@@ -276,7 +276,7 @@ class FedFMLite(FedFM):
 
     def __init__(self, params: Any = None) -> None:
         super().__init__(params)
-        every = [c.name for c in type(self).__mro__ if c.__dict__.get("aggregates_every_round")]
+        every = [c.name for c in type(self).__mro__ if vars(c).get("aggregates_every_round")]
         if every and self.params.model_every > 1:
             raise ConfigError(f"algorithm.params.model_every {self.params.model_every}: {self.name} aggregates only in the "
                               f"rounds whose models come up, and {every[0]}'s server state takes every round's "

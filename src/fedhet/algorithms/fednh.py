@@ -30,8 +30,10 @@ accuracies are the method's. A learned ``s`` that turned negative would invert t
 the server refuses one (from a positive start the cross-entropy usually drives ``s`` up; weight
 decay pulls it towards 0). A learned ``s`` combines with FedProx, FedDyn, SCAFFOLD and Per-FedAvg
 (``fednh+perfedavg``: FedNH first, whose ``client_update`` leaves the prototypes out of the upload),
-whose terms, corrections and steps cover every trained entry, but not with FedPer, FedRep or
-FedBABU, whose phases know only the network's body and head (``only_body_and_head``).
+whose terms, corrections and steps cover every trained entry, but not with a method whose phases
+know only the network's body and head (``only_body_and_head``). FedPer, FedRep, FedPAC and FedBABU
+do not combine with FedNH at all: their clients train with a head of their own, never the server's
+prototypes (``compose`` refuses them).
 """
 
 from __future__ import annotations
