@@ -4,6 +4,7 @@ ones that stop with an error or a non-finite loss after they were built.
     .venv/bin/python scripts/composition_smoke.py                        # every accepted ordered pair
     .venv/bin/python scripts/composition_smoke.py --only fedbabu fednh   # the pairs with either of them
     .venv/bin/python scripts/composition_smoke.py --pairs fedprox+fedlc  # these pairs only
+    .venv/bin/python scripts/composition_smoke.py --alone fedfm --param fedfm.lam=5   # one method, another setting
     .venv/bin/python scripts/composition_smoke.py --results out.jsonl    # goes on from the pairs in it
 
 ``fedhet.algorithms.compose`` refuses, when a config is loaded, the combinations it knows to drop a
@@ -54,7 +55,7 @@ def toy_dataset(path: Path, seed: int = 0) -> str:
     return save_arrays(path, images(y_train), y_train, images(y_test), y_test)
 
 
-def pair_config(pair: tuple[str, str], dataset: str, out: Path) -> dict:
+def pair_config(pair: tuple[str, ...], dataset: str, out: Path) -> dict:
     params = {k: v for name in pair for k, v in PARAMS.get(name, {}).items()}
     return {"name": "+".join(pair), "seed": 0,
             "data": {"dataset": dataset, "pool": "train", "num_clients": 12, "verify": False,
@@ -85,7 +86,7 @@ def accepted_pairs(only: list[str]) -> list[tuple[str, str]]:
     return pairs
 
 
-def run_pair(pair: tuple[str, str], dataset: str, out: Path) -> dict:
+def run_pair(pair: tuple[str, ...], dataset: str, out: Path) -> dict:
     import fedhet
     from fedhet.core.errors import ConfigError
 
@@ -108,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=[], help="only the pairs with one of these methods")
     ap.add_argument("--pairs", nargs="*", default=[], help="only these pairs (a+b), when accepted")
+    ap.add_argument("--alone", nargs="*", default=[],
+                    help="run these methods by themselves instead, under the same settings (to tell a pair's "
+                         "failure from its methods')")
+    ap.add_argument("--param", action="append", default=[], metavar="METHOD.KEY=VALUE",
+                    help="change a method's parameter from the script's (e.g. fedfm.lam=5, FedFM's default)")
     ap.add_argument("--results", type=Path, default=Path("composition_smoke.jsonl"),
                     help="one JSON line per pair; pairs already in it are skipped")
     args = ap.parse_args(argv)
@@ -115,8 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     done = {}
     if args.results.exists():
         done = {r["pair"]: r for r in map(json.loads, args.results.read_text().splitlines()) if r}
-    pairs = [p for p in accepted_pairs(args.only) if "+".join(p) not in done
-             and (not args.pairs or "+".join(p) in args.pairs)]
+    for item in args.param:
+        target, _, value = item.partition("=")
+        method, _, key = target.partition(".")
+        if not (method and key and value):
+            ap.error(f"--param {item!r}: write METHOD.KEY=VALUE, e.g. fedfm.lam=5")
+        PARAMS.setdefault(method, {})[key] = json.loads(value)
+    if args.alone:
+        pairs: list[tuple[str, ...]] = [(name,) for name in args.alone if name not in done]
+    else:
+        pairs = [p for p in accepted_pairs(args.only) if "+".join(p) not in done
+                 and (not args.pairs or "+".join(p) in args.pairs)]
     print(f"{len(pairs)} pairs to run ({len(done)} in {args.results} already)", file=sys.stderr)
     with tempfile.TemporaryDirectory() as tmp, args.results.open("a") as log:
         dataset = toy_dataset(Path(tmp) / "toy.npz")

@@ -30,3 +30,18 @@ def test_a_pair_runs_two_rounds_on_the_toy_set_and_a_second_call_goes_on_from_th
                                    "where": "fedhet/algorithms/fedprox.py:1"}) + "\n")
     assert smoke.main(["--pairs", "fedprox+fedlc", "--results", str(results)]) == 1      # a recorded failure counts
     assert "fedprox+fedlc: error KeyError: 'x' fedhet/algorithms/fedprox.py:1" in capsys.readouterr().out
+
+
+def test_a_method_alone_runs_with_a_parameter_changed_and_a_bad_parameter_is_refused(tmp_path, capsys):
+    smoke = load()
+    results = tmp_path / "alone.jsonl"
+    assert smoke.main(["--alone", "fedprox", "--param", "fedprox.mu=0.5", "--results", str(results)]) == 0
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["pair"] == "fedprox" and row["status"] == "completed"
+    assert smoke.pair_config(("fedprox",), "npz:x", tmp_path)["algorithm"]["params"] == {"mu": 0.5}
+    try:
+        smoke.main(["--alone", "fedprox", "--param", "mu=0.5", "--results", str(results)])
+    except SystemExit as e:
+        assert e.code == 2 and "write METHOD.KEY=VALUE" in capsys.readouterr().err
+    else:
+        raise AssertionError("a --param without its method was accepted")
