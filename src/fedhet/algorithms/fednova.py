@@ -10,10 +10,11 @@ FedNova branch of its ``experiments.py``):
              for SGD momentum rho (a_i = tau_i when rho = 0),  d_i = (w_global - w_i) / a_i
   server:    p_i = n_i / sum_j n_j,  tau_eff = sum_i p_i a_i,  w <- w - tau_eff * sum_i p_i d_i
 
-The client computes a_i (as in the reference) from the momentum it actually trained with, and
-combined with FedProx or FedDyn from their proximal terms too (``proximal_pull``) (paper Sec. 4: a_i = (1 - (1 -
-lr mu)^tau) / (lr mu) without momentum; ``fedhet.training.steps.normalizing_factor``), and
-reports it in the reply scalars next to ``steps``; the uploaded payload is the trained model as
+The client computes a_i (as in the reference) from the step size and momentum it actually
+trained with (``local_step``: the run's, or Per-FedAvg's plain meta-steps at beta) and, combined
+with FedProx or FedDyn, from their proximal terms too (``proximal_pull``; paper Sec. 4: a_i =
+(1 - (1 - lr mu)^tau) / (lr mu) without momentum; ``fedhet.training.steps.normalizing_factor``). It
+reports a_i in the reply scalars next to ``steps``; the uploaded payload is the trained model as
 in FedAvg (the server forms d_i itself), so communication equals FedAvg's. Floating-point
 tensors, BatchNorm statistics included, follow the normalized rule as in the reference;
 non-float buffers (``num_batches_tracked``) are averaged by sample count.
