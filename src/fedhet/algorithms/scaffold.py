@@ -37,7 +37,8 @@ under a constant gradient; ``K * eta`` when ``rho = 0``). Gradient clipping is n
 A client that took no step keeps its control variate. K is the number of steps that trained the
 entry: where a combined method trains in phases over different entries (``scaffold+fedrep``: the
 head, then the body), each entry's own phase (``LocalResult.entry_steps``), since an entry does
-not move in the other's.
+not move in the other's. The step size and momentum are the method's own local step's
+(``local_step``: the run's, or Per-FedAvg's plain meta-steps at beta in ``scaffold+perfedavg``).
 """
 
 from __future__ import annotations
