@@ -1,5 +1,7 @@
 """The algorithm contract, checked on hand-computed cases without any engine."""
 
+import warnings
+
 import numpy as np
 import pydantic
 import pytest
@@ -129,6 +131,12 @@ def test_labeldist_accuracy_hand_computed():
     correct, total = np.array([8, 1]), np.array([10, 10])
     acc = labeldist_accuracy(counts, correct, total)
     assert acc == pytest.approx([0.8, 0.45])
+    # a test set without class 1 (held-out writers'): client 2, of class 1 only, has no accuracy;
+    # client 1 is judged on class 0 alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # no division by zero on the way
+        acc = labeldist_accuracy(np.array([[10, 0], [5, 5], [0, 4]]), np.array([8, 0]), np.array([10, 0]))
+    assert acc[:2] == pytest.approx([0.8, 0.8]) and np.isnan(acc[2])
 
 
 def test_composed_methods_chain_their_terms_and_merge_params():

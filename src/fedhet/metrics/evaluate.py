@@ -4,7 +4,9 @@
   ``global_per_class`` - its accuracy per class.
 * ``global_labeldist_acc`` - the same model's per-class results re-weighted by each client's
   training label distribution, mean over clients (FedACD Table 2; FedNH's ``labeldist`` metric):
-  acc_k = sum_c pi_kc correct_c / sum_c pi_kc count_c.
+  acc_k = sum_c pi_kc correct_c / sum_c pi_kc count_c. A client none of whose classes the test
+  set holds (a test set of held-out writers, or data of one's own) has no acc_k and is left out of
+  the mean; ``global_labeldist_clients`` says how many clients it averages when some are.
 * ``personal_acc`` / ``personal_acc_std`` - each client's own evaluation model
   (``Algorithm.client_model``) on its own local test split; mean and std over clients.
   ``personal_acc_pooled`` is sum(correct)/sum(samples) over all clients (FedReMa's metric).
@@ -96,9 +98,11 @@ def predict(model: torch.nn.Module, weights, x_uint8: torch.Tensor, y: torch.Ten
 
 def labeldist_accuracy(train_counts: np.ndarray, correct: np.ndarray, total: np.ndarray) -> np.ndarray:
     """Per-client accuracy of one model re-weighted by each client's label distribution pi_k:
-    acc_k = sum_c pi_kc correct_c / sum_c pi_kc total_c (FedNH ``labeldist``; FedACD Table 2)."""
+    acc_k = sum_c pi_kc correct_c / sum_c pi_kc total_c (FedNH ``labeldist``; FedACD Table 2);
+    NaN for a client none of whose classes has a test image."""
     pi = train_counts / train_counts.sum(1, keepdims=True)
-    return (pi @ correct) / (pi @ total)
+    weight = pi @ total
+    return np.divide(pi @ correct, weight, out=np.full(len(weight), np.nan), where=weight > 0)
 
 
 # Clients whose evaluation models are held at once (``evaluate``): the memory of personalized
@@ -145,7 +149,12 @@ def evaluate(algorithm: Algorithm, server_state: State, client_model: Callable[[
         out["global_acc"] = float(correct.sum() / total.sum())
         out["global_loss"] = float(global_losses.double().sum()) / float(total.sum())
         out["global_per_class"] = [float(c / t) if t else None for c, t in zip(correct, total)]
-        out["global_labeldist_acc"] = float(labeldist_accuracy(fed.train_counts(), correct, total).mean())
+        per_client = labeldist_accuracy(fed.train_counts(), correct, total)
+        judged = per_client[~np.isnan(per_client)]
+        if len(judged):
+            out["global_labeldist_acc"] = float(judged.mean())
+        if len(judged) < len(per_client):
+            out["global_labeldist_clients"] = len(judged)
 
     val_hits = val_losses = None
     if global_weights is not None and fed.local_test_source == "holdout":
