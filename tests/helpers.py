@@ -487,3 +487,20 @@ def module_of_ones_own(tmp_path: Path, monkeypatch, name: str, source: str) -> P
     monkeypatch.setitem(sys.modules, name, None)
     del sys.modules[name]
     return path
+
+
+def write_leaf_femnist(root: Path, writers: dict[str, tuple[list[int], list[int]]]) -> Path:
+    """LEAF FEMNIST files under ``root/femnist``: ``writers`` maps a writer's name to its (train,
+    test) labels; every image is blank but for its writer's number and position in its first pixels."""
+    for split, at in (("train", 0), ("test", 1)):
+        users = {}
+        for w, (name, labels) in enumerate(writers.items()):
+            ys = labels[at]
+            if ys:
+                x = np.zeros((len(ys), 784))
+                x[:, 0], x[:, 1], x[:, 2] = (w + 1) / 255, np.arange(len(ys)) / 255, at / 255
+                users[name] = {"x": x.tolist(), "y": list(ys)}
+        doc = {"users": list(users), "num_samples": [len(u["y"]) for u in users.values()], "user_data": users}
+        (root / "femnist" / split).mkdir(parents=True, exist_ok=True)
+        (root / "femnist" / split / f"all_data_0_niid_{split}.json").write_text(json.dumps(doc))
+    return root

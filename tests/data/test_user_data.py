@@ -527,3 +527,51 @@ def test_what_only_both_splits_show_a_single_class_an_error_a_test_split_that_is
     with warnings.catch_warnings():
         warnings.simplefilter("error")            # ordinary data: none of these
         load_splits(write_npz(tmp_path, "fine.npz", **arrs, num_classes=np.array(9)))   # 4..8 on purpose
+
+
+def test_the_natural_partition_holds_writers_out_as_the_test_set(small_config, tmp_path):
+    """FedFM Table VII's protocol, by hand: ten writers of 5 training and 2 test images each, all
+    pooled; test_writers 0.2 makes the 14 images of two writers the test set, and the 8 clients are
+    the other eight writers, each with all 7 of its images (training plus its held-out split)."""
+    from helpers import write_leaf_femnist
+
+    from fedhet.core.errors import PartitionError
+
+    names = [f"f{i:04d}_00" for i in range(10)]
+    write_leaf_femnist(tmp_path, {n: ([i % 62] * 5, [(i + 1) % 62] * 2) for i, n in enumerate(names)})
+    raw = copy.deepcopy(small_config)
+    raw["data"] = {"dataset": "femnist", "root": str(tmp_path), "pool": "train+test", "num_clients": 8,
+                   "partition": {"kind": "natural", "test_writers": 0.2},
+                   "local_test": {"source": "holdout", "fraction": 0.3}}
+    raw["train"]["clients_per_round"] = 2
+
+    def writer_of(images: torch.Tensor) -> list[int]:
+        return (images.reshape(len(images), -1)[:, 0].long() - 1).tolist()     # the helper's pixel 0
+
+    feds = [build_federation(load_config(raw=raw).data, seed=s) for s in (0, 1)]
+    for fed in feds:
+        held = set(writer_of(fed.test.x))
+        assert len(held) == 2 and len(fed.test.y) == 14
+        assert sorted(fed.test.y.tolist()) == sorted(y for w in held for y in [w % 62] * 5 + [(w + 1) % 62] * 2)
+        clients = []
+        for cid in range(fed.num_clients):
+            train = writer_of(fed.pool.x[fed.train_idx[cid]])
+            local = writer_of(fed.local_test(cid)[0])
+            assert len(set(train + local)) == 1 and len(train) + len(local) == 7     # one writer, all its images
+            clients.append(train[0])
+        assert sorted(clients) == sorted(set(range(10)) - held)
+    # the same writers held out whatever the run's seed, as a dataset's fixed test split is
+    assert torch.equal(feds[0].test.x, feds[1].test.x)
+
+    raw["data"]["num_clients"] = 9
+    with pytest.raises(PartitionError, match="9 clients requested but the data has 8 writers once "
+                                             "data.partition.test_writers are held out"):
+        build_federation(load_config(raw=raw).data, seed=0)
+    raw["data"]["num_clients"] = 8
+    for partition, message in [({"kind": "natural", "writers": 0.2}, "takes no option 'writers'; its options: "
+                                                                      "test_writers"),
+                               ({"kind": "natural", "test_writers": 1.0}, r"must be a fraction in \[0, 1\)"),
+                               ({"kind": "natural", "test_writers": 0.96}, "holds out 10 of the data's 10 writers")]:
+        raw["data"]["partition"] = partition
+        with pytest.raises(PartitionError, match=message):
+            build_federation(load_config(raw=raw).data, seed=0)

@@ -154,7 +154,15 @@ class Federation:
 
 
 def _concat(a: ImageData, b: ImageData) -> ImageData:
-    return ImageData(torch.cat([a.x, b.x]), torch.cat([a.y, b.y]), a.num_classes, a.mean, a.std, name=a.name)
+    # writers number the union of both splits' writers (the loaders that give them do), so they carry over
+    writers = None if a.writers is None or b.writers is None else np.concatenate([a.writers, b.writers])
+    return ImageData(torch.cat([a.x, b.x]), torch.cat([a.y, b.y]), a.num_classes, a.mean, a.std, writers, a.name)
+
+
+def _subset(data: ImageData, idx: np.ndarray) -> ImageData:
+    at = torch.as_tensor(idx, dtype=torch.long)
+    return ImageData(data.x[at], data.y[at], data.num_classes, data.mean, data.std,
+                     None if data.writers is None else data.writers[idx], data.name)
 
 
 def build_federation(cfg: DataSpec, seed: int) -> Federation:
@@ -185,7 +193,13 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
                    if train.writers is not None else "give the data them, or choose another data.partition.kind")
             raise PartitionError(f"partition 'natural' needs data with natural clients ({partitioners.WRITERS_SOURCES}), "
                                  f"and {pool.name} has none in this pool: {fix}")
-        parts = _natural_partition(pool, k, numpy_rng(seed, "partition"))
+        test_writers = _natural_options(options)
+        among = np.unique(pool.writers)
+        if test_writers:
+            held = _held_out_writers(among, test_writers)
+            global_test = _subset(pool, np.flatnonzero(np.isin(pool.writers, held)))
+            among = np.setdiff1d(among, held)
+        parts = _natural_partition(pool, k, numpy_rng(seed, "partition"), among)
         seen = len(labels)               # the images the partition split (for the errors below)
     else:
         available = np.arange(len(labels))
@@ -372,12 +386,42 @@ def pool_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -
     return np.sort(np.concatenate(keep))
 
 
-def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """One client per writer (FEMNIST); ``k`` writers chosen at random when there are more."""
+NATURAL_OPTIONS = {"test_writers": "the fraction of the writers held out as the global test set, e.g. 0.1"}
+
+
+def _natural_options(options: dict[str, Any]) -> float:
+    """``test_writers`` of a natural partition's options (0 when not given); anything else is refused."""
+    unknown = sorted(set(options) - set(NATURAL_OPTIONS))
+    if unknown:
+        raise PartitionError(f"data.partition.kind 'natural' takes no option {', '.join(map(repr, unknown))}; its "
+                             "options: " + "; ".join(f"{k} ({v})" for k, v in NATURAL_OPTIONS.items()))
+    fraction = options.get("test_writers", 0)
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction < 1:
+        raise PartitionError(f"data.partition.test_writers must be a fraction in [0, 1) of the writers to hold out "
+                             f"as the global test set, got {fraction!r}")
+    return float(fraction)
+
+
+def _held_out_writers(writers: np.ndarray, fraction: float) -> np.ndarray:
+    """``round(fraction * len(writers))`` writers (at least one), a draw of their own seed: the
+    same writers whatever the run's seed, as a dataset's fixed test split is."""
+    count = max(1, round(fraction * len(writers)))
+    if count >= len(writers):
+        raise PartitionError(f"data.partition.test_writers={fraction} holds out {count} of the data's {len(writers)} "
+                             "writers and leaves none to train: lower it")
+    return np.sort(numpy_rng(0, "test_writers").choice(writers, size=count, replace=False))
+
+
+def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator,
+                       writers: np.ndarray | None = None) -> list[np.ndarray]:
+    """One client per writer (FEMNIST) among ``writers`` (default: all of the pool's); ``k``
+    writers chosen at random when there are more."""
     assert pool.writers is not None             # build_federation says how to give data its writers
-    writers = np.unique(pool.writers)
+    writers = np.unique(pool.writers) if writers is None else writers
     if k > len(writers):
-        raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers")
+        raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers"
+                             + (" once data.partition.test_writers are held out" if len(writers) < len(
+                                 np.unique(pool.writers)) else ""))
     chosen = np.sort(rng.choice(writers, size=k, replace=False))
     # One stable sort, not a scan of the pool per writer: each writer's indices, increasing.
     order = np.argsort(pool.writers, kind="stable")

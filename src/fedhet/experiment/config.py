@@ -328,8 +328,11 @@ class ExperimentConfig(Strict):
             raise ValueError(f"model.arch lists {len(archs)} architectures for {self.data.num_clients} clients "
                              f"(client i gets arch[i % {len(archs)}]): {archs[self.data.num_clients:]} would train "
                              "on no client; shorten the list or raise data.num_clients")
-        if self.data.pool == "train+test" and self.data.local_test.source == "test_set":
-            raise ValueError("data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout")
+        natural = self.data.partition.kind == "natural"
+        if (self.data.pool == "train+test" and self.data.local_test.source == "test_set"
+                and not (natural and self.data.partition.options().get("test_writers"))):
+            raise ValueError("data.pool 'train+test' leaves no separate test set: set data.local_test.source: holdout"
+                             + (", or hold writers out as the test set (data.partition.test_writers)" if natural else ""))
         # settings that only mean something beside another: given alone they would do nothing
         if self.run.client_state_memory_mb is not None and self.run.client_state_store != "auto":
             raise ValueError(f"run.client_state_memory_mb is the budget of client_state_store: auto; the store "
