@@ -1,6 +1,6 @@
 """Every FedFM paper config (configs/papers/fedfm) parses, and the CIFAR-10/CINIC-10/CIFAR-100
-ones build their partition and model on small files written in the datasets' real formats
-(the real archives cannot be downloaded here)."""
+and FEMNIST ones build their partition and model on small files written in the datasets' real
+formats (the real archives cannot be downloaded here)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,16 @@ from fedhet.experiment.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "papers" / "fedfm"
 FILES = sorted(CONFIGS.glob("*.yaml"))
-CIFAR_LIKE = [f for f in FILES if not f.name.startswith("fmnist")]
+FEMNIST = [f for f in FILES if f.name.startswith("femnist")]
+CIFAR_LIKE = [f for f in FILES if not f.name.startswith(("fmnist", "femnist"))]
 BASELINES = ["fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "fednova", "moon", "fedfm"]   # Tables III, IV, VI
 
 
 def test_the_generator_wrote_every_file():
     r = subprocess.run([sys.executable, str(CONFIGS / "generate.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    # Table III 48, Table IV 40, Table VI 32, Table IX 8, Table VIII 1, Sec. VII-D.6 1, Fashion-MNIST 20
-    assert len(CIFAR_LIKE) == 130 and len(FILES) == 150
+    # Table III 48, Table IV 40, Table VI 32, Table IX 8, Table VIII 1, Sec. VII-D.6 1, Table VII 6, Fashion-MNIST 20
+    assert len(CIFAR_LIKE) == 130 and len(FEMNIST) == 6 and len(FILES) == 156
 
 
 def test_every_reported_cell_has_a_config():
@@ -102,8 +103,58 @@ def test_config_parses_and_states_its_number(path):
     else:
         assert cfg.paper is None
     k = int(re.search(r"-k(\d+)_", path.name).group(1)) if "-k" in path.name else 10     # Table VI's K
-    assert cfg.data.num_clients == k and cfg.train.clients_per_round == k
+    if path.name.startswith("femnist"):        # Table VII: 3,150 of 3,500 writers train, 0.2% of 3,500 a round
+        k, per_round = 3150, 7
+    else:
+        per_round = k
+    assert cfg.data.num_clients == k and cfg.train.clients_per_round == per_round
     assert cfg.data.local_test.source == "holdout" and cfg.data.local_test.fraction == 0.2
+
+
+# Hand-copied from the paper's Table VII (FEMNIST; no std printed)
+TABLE_VII = {("v1", "fedavg"): 79.93, ("v1", "scaffold"): 67.61, ("v1", "fedfm"): 81.62,
+             ("v2", "fedavg"): 81.85, ("v2", "scaffold"): 74.63, ("v2", "fedfm"): 83.05}
+
+
+@pytest.mark.parametrize("version, method", sorted(TABLE_VII))
+def test_table_vii_cells_hold_out_a_tenth_of_the_writers_and_sample_a_fifth_of_a_percent(version, method):
+    cfg = load_config(CONFIGS / f"femnist-{version}_writers_{method}.yaml")
+    assert cfg.paper.source == "FedFM (Ye et al.) Table VII" and cfg.paper.std is None and cfg.paper.rounds is None
+    assert cfg.paper.value == pytest.approx(TABLE_VII[version, method] / 100, abs=1e-9)
+    assert cfg.data.dataset == "femnist" and cfg.data.pool == "train+test"
+    assert cfg.data.partition.kind == "natural" and cfg.data.partition.options() == {"test_writers": 0.1}
+    assert (cfg.data.num_clients, cfg.train.clients_per_round) == (3150, 7)
+    # v1: torchvision's 7x7/2 stem and max-pool; v2: the 3x3 stem
+    assert cfg.model.arch == "resnet18" and cfg.model.options == ({"stem": "imagenet"} if version == "v1" else {})
+    assert cfg.algorithm.name == method and not cfg.train.drop_last
+
+
+# Hand-copied from the paper's Table V: (NMI, silhouette) of the CIFAR-10 NIID-1 runs' features
+TABLE_V = {"fedavg": ("0.413", "0.036"), "feddyn": ("0.485", "0.136"), "fedfm": ("0.557", "0.173")}
+
+
+@pytest.mark.parametrize("method", sorted(TABLE_V))
+def test_table_v_numbers_stand_in_the_runs_configs(method):
+    nmi, ss = TABLE_V[method]
+    assert f"# Table V: the final global model's features, NMI {nmi}, silhouette {ss} " in (
+        CONFIGS / f"cifar10_niid1_{method}.yaml").read_text()
+
+
+BUILT_FEMNIST = [f for f in FEMNIST if f.stem.endswith("_fedavg")]       # v1 and v2: what the build depends on
+
+
+@pytest.mark.parametrize("path", BUILT_FEMNIST, ids=[f.stem for f in BUILT_FEMNIST])
+def test_femnist_configs_build_partition_and_model(path, tmp_path):
+    from helpers import write_leaf_femnist
+
+    write_leaf_femnist(tmp_path, {f"f{i:04d}_00": ([i % 62] * 4, [(i + 7) % 62] * 2) for i in range(20)})
+    cfg = load_config(path, overrides=[f"data.root={tmp_path}", "data.num_clients=18", "train.clients_per_round=2"])
+    fed = build_federation(cfg.data, cfg.seed)
+    assert fed.num_clients == 18 and len(fed.test.y) == 12          # 2 of 20 writers' 6 images each
+    models, arch = build_models(cfg, fed)
+    with torch.no_grad():
+        feats, logits = models[arch[0]].eval()(fed.normalize(fed.pool.x[fed.train_idx[0][:2]]), with_features=True)
+    assert logits.shape == (2, 62) and feats.shape[1] == 512
 
 
 def one_per_federation_and_model(paths: list[Path]) -> list[Path]:
@@ -132,3 +183,18 @@ def test_cifar_configs_build_partition_and_model(path, data_root):
         feats, logits = model(x, with_features=True)
     assert logits.shape == (2, fed.num_classes)
     assert feats.shape[1] == (2048 if "cifar100" in path.name else 512)   # ResNet-50 / ResNet-18 features
+
+
+def test_a_femnist_round_reports_accuracy_over_the_clients_whose_classes_the_held_out_writers_have(tmp_path):
+    """Two held-out writers' images hold 4 of the 62 classes, so most clients' label mix has no
+    test image: global_labeldist_acc averages only the clients it can judge, and says how many."""
+    import fedhet
+    from helpers import write_leaf_femnist
+
+    write_leaf_femnist(tmp_path, {f"f{i:04d}_00": ([i % 62] * 4, [(i + 7) % 62] * 2) for i in range(20)})
+    res = fedhet.run(CONFIGS / "femnist-v2_writers_fedavg.yaml",
+                     [f"data.root={tmp_path}", "data.num_clients=18", "train.clients_per_round=2", "train.rounds=1",
+                      "train.local_epochs=1", f"run.out_dir={tmp_path / 'runs'}"], progress=False)
+    row = res.rows[-1]
+    assert 0 < row["global_labeldist_clients"] < 18 and 0 <= row["global_labeldist_acc"] <= 1
+    assert res.summary["status"] == "completed" and res.summary["headline_metric"] == "global_acc"

@@ -4,8 +4,9 @@
     python configs/papers/fedfm/generate.py --check  # exit 1 if a file differs from what it would write
 
 Protocol of every config (FedFM paper (Ye et al.) Sec. VII-A and the authors' code): K=10 clients
-(Table VI: 20, 30, 50, 100), full participation, T=100 rounds, E=10 local epochs, batch 64
-(drop_last as the code), SGD lr 0.01, momentum 0.9 (fresh each round), weight decay 1e-5; 20% of
+(Table VI: 20, 30, 50, 100), full participation (Table VII: 3,150 FEMNIST writers, 7 a round), T=100
+rounds, E=10 local epochs, batch 64 (drop_last as the code; not on FEMNIST, whose writers are
+small), SGD lr 0.01, momentum 0.9 (fresh each round), weight decay 1e-5; 20% of
 every client's data held out for validation; the reported number is the test accuracy at the
 best-validation round (``summary.json`` ``model_selection``). FedFM: lambda 50, temperature 0.1,
 T_s = 20, weighted anchors. Files: ``<dataset>_<partition>_<method>.yaml`` (Table VI's K in the
@@ -57,6 +58,12 @@ DATASETS = {
                  "15 degrees: algorithm.params.augment crop_flip_rotate)"),
     "fmnist": ("fashion_mnist", "{arch: cnn2}", "proxy: no paper number (the paper has no Fashion-MNIST results); "
                "cnn2 features = the 512-d fc1 output (fedhet's choice)"),
+    # Table VII: "ResNet18-v1 is the vanilla backbone in PyTorch and ResNet18-v2 replaces the first
+    # convolution layer with smaller kernel size (from 7 to 3)": the authors' code's resnet18_7 and resnet18
+    "femnist-v1": ("femnist", "{arch: resnet18, options: {stem: imagenet}}",
+                   "ResNet18-v1: ResNet-18 with the 7x7/stride-2 stem and max-pool (torchvision's)"),
+    "femnist-v2": ("femnist", "{arch: resnet18}", "ResNet18-v2: ResNet-18 with a 3x3 stem (stride 1, no max-pool: "
+                   "the authors' code's resnet18)"),
 }
 
 PARTITIONS = {
@@ -68,11 +75,18 @@ PARTITIONS = {
     **{f"niid1-k{k}": (f"NIID-1 (Table VI names none: the default), Dirichlet beta=0.5, K={k} clients",
                        "{kind: dirichlet, alpha: 0.5}")
        for k in (20, 30, 50, 100)},
+    # Table VII: "3500 clients. We hold out 10% of the clients for testing. For each round of FL, we
+    # sample 0.2% clients": every LEAF image pooled (train+test, whichever way LEAF split them), the
+    # images of 10% of the writers the global test set, 3,150 of the others the clients
+    "writers": ("LEAF writers, one client each, 10% of the writers held out as the test set",
+                "{kind: natural, test_writers: 0.1}"),
 }
 
 # Table VI's clients, all taking part every round: its FedAvg cost, 474 x 10^8 floats at K=20, is
 # K x T = 2,000 transfers of ResNet-50's 23.705 x 10^6.
-CLIENTS = {f"niid1-k{k}": k for k in (20, 30, 50, 100)}
+CLIENTS = {**{f"niid1-k{k}": k for k in (20, 30, 50, 100)}, "writers": 3150}
+# Clients a round where not all: Table VII's 0.2% of its 3,500 clients
+PER_ROUND = {"writers": 7}
 
 # The authors' code cuts CINIC-10's classes (9,000 training images each) into shards of 100 and
 # hands each client 5 shards of every class, not 3 (``noniid-2``, ``cinic10`` branch of
@@ -117,6 +131,14 @@ TABLE_VI = {
 # NIID-1, temperature alpha = 0.01, 0.1, 1.0, 10.0; its alpha=0.1 cells are other runs than Table III's FedFM
 TABLE_IX = {"cifar10": "70.44 72.41 71.46 69.17", "cifar100": "68.10 71.41 68.24 65.05"}
 
+# FEMNIST (no std printed; the paper states no rounds, epochs or batch size for it)
+TABLE_VII = {"femnist-v1": {"fedavg": "79.93", "scaffold": "67.61", "fedfm": "81.62"},
+             "femnist-v2": {"fedavg": "81.85", "scaffold": "74.63", "fedfm": "83.05"}}
+# Feature-space quality of the CIFAR-10 NIID-1 runs' final global models: (NMI, silhouette)
+TABLE_V = {"fedavg": ("0.413", "0.036"), "fedavgm": ("0.411", "0.038"), "fedprox": ("0.397", "0.006"),
+           "scaffold": ("0.432", "0.056"), "feddyn": ("0.485", "0.136"), "fednova": ("0.416", "0.049"),
+           "moon": ("0.481", "0.068"), "fedfm": ("0.557", "0.173")}
+
 # (dataset, partition, method) -> (table, paper number % as printed)
 PAPER = {
     **{(d, p, m): ("Table III", v) for m, row in TABLE_III.items()
@@ -129,6 +151,7 @@ PAPER = {
        for t, v in zip((0.01, 0.1, 1.0, 10.0), row.split())},
     ("cifar10", "niid1", "fedfm_uniform"): ("Table VIII", "72.87±0.26"),
     ("cifar10", "niid1", "fedfm_l2"): ("Sec. VII-D.6 (text, beside Table IX)", "67.98"),
+    **{(d, "writers", m): ("Table VII", v) for d, row in TABLE_VII.items() for m, v in row.items()},
 }
 
 FMNIST_METHODS = ["fedavg", "scaffold", "fedprox", "moon", "fednova", "fedfm", "fedfm_l2", "fedfm_uniform",
@@ -151,28 +174,42 @@ def render(dataset: str, partition: str, method: str) -> str:
         algo = yaml.safe_dump(spec, default_flow_style=True, sort_keys=False, width=1000).strip()
     table, number = PAPER.get((dataset, partition, method), (None, None))
     k = CLIENTS.get(partition, 10)
+    femnist = dataset.startswith("femnist")
     head = (f"# FedFM paper (Ye et al.), {table}: {desc}, paper {number}%."
             if table else f"# FedFM paper (Ye et al.) protocol, no paper number for this cell: {desc}.")
+    notes = []
+    if femnist:
+        notes.append("# The paper states no rounds, epochs or batch size for FEMNIST: the protocol of its other tables. "
+                     "drop_last is off (a writer with fewer than 64 training images would take no step).")
+    if (dataset, partition) == ("cifar10", "niid1") and method in TABLE_V:
+        nmi, ss = TABLE_V[method]
+        notes.append(f"# Table V: the final global model's features, NMI {nmi}, silhouette {ss} "
+                     "(fedhet features RUN_DIR computes both from the run's last checkpoint).")
     return "\n".join([
         head,
         f"# {dataset} {part_desc}; {DATASETS[dataset][2]}. Reported: test accuracy at the best-validation round.",
+        *notes,
         f"name: fedfm-{dataset}_{partition}_{method}",
         "seed: 0",
         "data:",
         f"  dataset: {name}",
+        *(["  pool: train+test"] if femnist else []),
         f"  num_clients: {k}",
         f"  partition: {part_yaml}",
         "  local_test: {source: holdout, fraction: 0.2}",
         f"model: {model}",
         f"algorithm: {algo}",
-        f"train: {{rounds: 100, clients_per_round: {k}, local_epochs: 10, batch_size: 64, lr: 0.01, momentum: 0.9,",
-        "        weight_decay: 1.0e-5, drop_last: true}",
+        f"train: {{rounds: 100, clients_per_round: {PER_ROUND.get(partition, k)}, local_epochs: 10, batch_size: 64, "
+        "lr: 0.01, momentum: 0.9,",
+        f"        weight_decay: 1.0e-5, drop_last: {'false' if femnist else 'true'}}}",
         "eval: {every: 1, final_window: 5}",
         "run: {checkpoint_every: 5}",
         "",
     ]) + (paper_section(f"FedFM (Ye et al.) {table}", f"{dataset} {part_desc}: {desc}", number,
-                        "test accuracy of the global model at the round of best validation accuracy, T=100",
-                        metric="global_acc", measured_as="highest:global_val_acc", rounds=100) if table else "")
+                        "test accuracy of the global model at the round of best validation accuracy"
+                        + (" (the paper's protocol; it states no rounds for FEMNIST)" if femnist else ", T=100"),
+                        metric="global_acc", measured_as="highest:global_val_acc",
+                        rounds=None if femnist else 100) if table else "")
 
 
 def main() -> int:
