@@ -111,7 +111,9 @@ def _cmd_partition(args) -> int:
     sizes = train.sum(1)
     present = (train > 0).sum(1)
     print(f"\n{fed.num_clients} clients, {sizes.sum()} training samples (min {sizes.min()}, median {int(np.median(sizes))}, "
-          f"max {sizes.max()}); classes per client: mean {present.mean():.1f}; local test: {fed.local_test_source}")
+          f"max {sizes.max()}); classes per client: mean {present.mean():.1f}; local test: {fed.local_test_source}; "
+          + (f"global test set: {len(fed.test.y)} images of {int((np.bincount(fed.test.y.numpy()) > 0).sum())} classes"
+             if fed.test is not None else "no global test set (data.pool: train+test)"))
     plot_partition(train, out, f"{cfg.data.dataset}: {cfg.data.partition.kind} {cfg.data.partition.options()}")
     print(f"heatmap: {out}")
     return 0

@@ -880,6 +880,10 @@ def test_partition_heatmap_goes_to_the_output_folder(small_config, tmp_path, mon
     assert main(["partition", "c.yaml"]) == 0
     assert not list(tmp_path.glob("*.png"))
     assert (tmp_path / "runs" / "tiny-partition.png").exists()
+    fed = build_federation(load_config(raw=small_config).data, small_config["seed"])
+    summary = capsys.readouterr().out.splitlines()[-2]
+    assert summary.endswith(f"local test: test_set; global test set: {len(fed.test.y)} images of "
+                            f"{len(fed.test.y.unique())} classes")
 
 
 def test_list_describes_every_algorithm(capsys):
