@@ -188,8 +188,9 @@ def test_cifar_configs_build_partition_and_model(path, data_root):
 def test_a_femnist_round_reports_accuracy_over_the_clients_whose_classes_the_held_out_writers_have(tmp_path):
     """Two held-out writers' images hold 4 of the 62 classes, so most clients' label mix has no
     test image: global_labeldist_acc averages only the clients it can judge, and says how many."""
-    import fedhet
     from helpers import write_leaf_femnist
+
+    import fedhet
 
     write_leaf_femnist(tmp_path, {f"f{i:04d}_00": ([i % 62] * 4, [(i + 7) % 62] * 2) for i in range(20)})
     res = fedhet.run(CONFIGS / "femnist-v2_writers_fedavg.yaml",
