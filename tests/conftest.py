@@ -45,6 +45,16 @@ def sweep_lanes_plan_for_one_cpu(monkeypatch):
     monkeypatch.setattr(lanes, "usable_cpus", lambda: 1)
 
 
+@pytest.fixture(autouse=True)
+def leaf_cache_in_the_tests_folder(tmp_path_factory, monkeypatch):
+    """FEMNIST files parsed by tests are kept in the session's temporary folder, never in the
+    user's home (each test's files have their own paths, so their own cache entries)."""
+    from fedhet.data.datasets import femnist
+
+    folder = tmp_path_factory.getbasetemp() / "leaf-cache"
+    monkeypatch.setattr(femnist, "_leaf_cache_dir", lambda: folder)
+
+
 @pytest.fixture
 def determinism_restored():
     """Torch's deterministic-algorithm settings and CUBLAS_WORKSPACE_CONFIG put back after a test that

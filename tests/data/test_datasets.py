@@ -648,6 +648,48 @@ def test_femnist_malformed(tmp_path):
             load_dataset("femnist", tmp_path)
 
 
+def test_femnist_files_are_parsed_once_and_read_from_their_cache_until_they_change(tmp_path, monkeypatch):
+    from fedhet.data.datasets import femnist
+
+    path = tmp_path / "femnist" / "train" / "a.json"
+    leaf_file(path, {"u1": leaf_user(3, [4, 5, 6], 0), "u0": leaf_user(2, [7, 8], 1)})
+    assert not femnist._cache_path(path).exists()
+    first = load_dataset("femnist", tmp_path)
+    assert femnist._cache_path(path).is_file()
+
+    def no_parsing(p):
+        raise AssertionError(f"{p} parsed again")
+
+    parse = femnist._parse_leaf_file
+    monkeypatch.setattr(femnist, "_parse_leaf_file", no_parsing)
+    again = load_dataset("femnist", tmp_path)
+    assert torch.equal(again.x, first.x) and torch.equal(again.y, first.y)
+    assert again.writers.tolist() == first.writers.tolist() == [1, 1, 1, 0, 0]
+    monkeypatch.setattr(femnist, "_parse_leaf_file", parse)
+    # the file changed: parsed again, not read from the cache
+    leaf_file(path, {"u1": leaf_user(1, [9], 2)})
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert load_dataset("femnist", tmp_path).y.tolist() == [9]
+    # a damaged cache is parsed again and replaced
+    cache = femnist._cache_path(path)
+    cache.write_bytes(b"not an npz")
+    assert load_dataset("femnist", tmp_path).y.tolist() == [9]
+    assert femnist._cached(cache, path.stat()) is not None
+
+
+def test_a_femnist_cache_that_cannot_be_written_is_said_and_the_data_still_loads(tmp_path, monkeypatch):
+    from fedhet.data.datasets import femnist
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setattr(femnist, "_leaf_cache_dir", lambda: blocker / "leaf")
+    leaf_file(tmp_path / "femnist" / "test" / "t.json", {"u1": leaf_user(2, [3, 4], 0)})
+    with pytest.warns(UserWarning, match=r"t.json could not be kept parsed in .*blocker/leaf .*parsed again at every "
+                                         r"load"):
+        data = load_dataset("femnist", tmp_path, train=False)
+    assert data.y.tolist() == [3, 4]
+
+
 # --------------------------------------------------------------------------- ImageData
 
 
