@@ -373,8 +373,8 @@ def test_a_partition_function_of_ones_own_gets_the_writers_it_asks_for(small_con
     raw["data"]["partition"] = {"kind": "userdata:writers_in_turn"}
     raw["data"].update(pool="train+test", local_test={"source": "holdout", "fraction": 0.2})
     with pytest.raises(PartitionError, match=r"takes writers, each sample's natural client \(femnist's writers, .*\), "
-                                             r"and this pool has none \(the test split has no writers: a pool of "
-                                             r"data.pool: train\+test has none either\)"):
+                                             r"and this pool has none \(with data.pool: train\+test, both splits "
+                                             r"must have them, and clients_train gives the training split's only\)"):
         build_federation(load_config(raw=raw).data, seed=0)
 
 

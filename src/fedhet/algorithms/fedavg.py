@@ -3,8 +3,9 @@
 Every other generic method in fedhet is a delta from this class, made by overriding hooks:
 
   server:  ``train_message`` (what each client receives), ``aggregate`` (the server rule),
-           ``aggregation_weights`` (each reply's weight in the average), or ``round`` itself
-           for extra phases;
+           ``aggregation_weights`` (each reply's weight in the average), ``average_models``
+           (how the weighted average of the uploads is taken), or ``round`` itself for extra
+           phases;
   client:  ``start_weights`` (what training starts from), ``local_training`` (how the round's
            epochs run), ``data_terms`` (the supervised term, cross-entropy by default),
            ``local_terms`` (regularisers added to it), ``train_options`` (frozen parameters,

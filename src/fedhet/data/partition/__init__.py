@@ -111,8 +111,8 @@ def partition(
                              "sample's natural client (the data's writers or clients_train) there")
     if takes_writers and sample_writers is None:
         raise PartitionError(f"data.partition.kind {kind!r} takes writers, each sample's natural client "
-                             f"({WRITERS_SOURCES}), and this pool has none (the test split has no writers: a pool "
-                             "of data.pool: train+test has none either)")
+                             f"({WRITERS_SOURCES}), and this pool has none (with data.pool: train+test, both "
+                             "splits must have them, and clients_train gives the training split's only)")
     accepted = [p for p in signature[3:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                 and not (takes_writers and p.name == "writers")]
     takes_any = any(p.kind == p.VAR_KEYWORD for p in signature)
