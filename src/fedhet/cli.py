@@ -325,6 +325,57 @@ def _describe_method(name: str) -> None:
         print(f"  {param:<{widths[0]}}  {kind:<{widths[1]}}  default {default:<{widths[2]}}  ({owner})")
 
 
+def _describe_partition(kind: str) -> None:
+    """``fedhet list KIND``: a partition's first docstring line and its parameters (those after
+    labels, num_clients and rng), each with its default or "required"."""
+    import inspect
+
+    from fedhet.data.federated import NATURAL_OPTIONS
+    from fedhet.data.partition import PARTITIONS
+
+    where = "parameters (data.partition.NAME in a config, or --set data.partition.NAME=VALUE):"
+    if kind == "natural":
+        print("natural: one client per writer of the data (FEMNIST's writers, or the clients_train ids of data of "
+              "your own), data.num_clients of them drawn at random")
+        print(where)
+        for name, what in NATURAL_OPTIONS.items():
+            print(f"  {name}  default 0  ({what})")
+        return
+    fn = PARTITIONS[kind]
+    print(f"{kind}: {(fn.__doc__ or '').strip().splitlines()[0]}")
+    print(where)
+    for p in list(inspect.signature(fn).parameters.values())[3:]:
+        kind_name = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+        default = "required" if p.default is p.empty else f"default {p.default!r}"
+        print(f"  {p.name}  {kind_name}  {default}")
+
+
+def _describe_model(name: str) -> None:
+    from fedhet.models import describe_model
+
+    d = describe_model(name)
+    print(f"{name}: {d['doc']}")
+    print(f"head from stage {d['split']} on by default (model.split to move it)"
+          + ("; model.norm: bn (default) or gn" if d["norm"] else "; no normalisation layer (model.norm does not apply)"))
+    if d["options"]:
+        print("options (model.options.NAME in a config, or --set model.options.NAME=VALUE):")
+        for option, default in d["options"].items():
+            print(f"  {option}  default {default!r}")
+    else:
+        print("no options (model.options stays empty)")
+
+
+def _describe_dataset(name: str) -> None:
+    from fedhet.data.datasets import data_search_dirs, dataset_info, how_to_get
+
+    info = dataset_info(name)
+    side = info["image_size"]
+    print(f"{name}: {info['num_classes']} classes, {info['in_channels']}x{side}x{side} images")
+    print(f"looked for in: data.root/{name} and data.root where a config sets data.root, then "
+          + ", ".join(str(d) for d in data_search_dirs(name, None)))
+    print(f"to get it: {how_to_get(name)}")
+
+
 def _cmd_list(args) -> int:
     from fedhet.algorithms import ALGORITHMS
     from fedhet.data.datasets import DATASET_NAMES
@@ -333,14 +384,16 @@ def _cmd_list(args) -> int:
 
     if args.method:
         if args.method not in ALGORITHMS:
-            # a model's, dataset's or partition's name (or the word itself): not a method
-            kinds = [("a model", "models", MODEL_NAMES), ("a dataset", "datasets", DATASET_NAMES),
-                     ("a partition kind", "partitions", [*PARTITIONS, "natural"])]
-            for one, many, names in kinds:
-                if args.method in names or args.method == many:
-                    what = one if args.method in names else "not a method"
-                    raise ConfigError(f"fedhet list NAME describes a method's parameters and {args.method} is "
-                                      f"{what}: fedhet list, without a NAME, lists the {many}")
+            describers = [(MODEL_NAMES, _describe_model), (DATASET_NAMES, _describe_dataset),
+                          ([*PARTITIONS, "natural"], _describe_partition)]
+            for names, describe in describers:
+                if args.method in names:
+                    describe(args.method)
+                    return 0
+            if args.method in ("models", "datasets", "partitions", "algorithms"):
+                raise ConfigError(f"fedhet list NAME describes the method, model, dataset or partition kind of that "
+                                  f"name, and {args.method} is none: fedhet list, without a NAME, lists the "
+                                  f"{args.method}")
         _describe_method(args.method)
         return 0
     print("algorithms (algorithm.name; combine FedAvg-family ones with '+', e.g. fedprox+fedfm):")
@@ -348,7 +401,7 @@ def _cmd_list(args) -> int:
     for name in sorted(ALGORITHMS):
         print(f"  {name:<{width}}  {_one_line(ALGORITHMS[name])}")
     print("  your own method: MODULE:CLASS (docs/extending.md)")
-    print("  a method's parameters and their defaults: fedhet list METHOD")
+    print("  a method's parameters and their defaults: fedhet list METHOD (also a partition, model or dataset)")
     print("datasets:  ", ", ".join(DATASET_NAMES) + "; your own: npz:PATH, folder:PATH, MODULE:FUNCTION")
     print("partitions:", ", ".join(sorted(PARTITIONS)) + ", natural; your own: MODULE:FUNCTION")
     print("models:    ", ", ".join(MODEL_NAMES) + "; your own: MODULE:BUILDER")
@@ -507,9 +560,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "--set as for flower run --resume), to submit to the deployment it ran on")
     fl.set_defaults(func=_cmd_flower)
 
-    ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models; with a method's name, "
-                                     "its parameters and their defaults")
-    ls.add_argument("method", nargs="?", help="a method (fedrema, fedprox+fedfm, MODULE:CLASS): list its parameters")
+    ls = sub.add_parser("list", help="list algorithms, datasets, partitions and models; with a name, that method's, "
+                                     "partition's or model's parameters and their defaults, or the dataset's shape "
+                                     "and where to get it")
+    ls.add_argument("method", nargs="?", help="a method (fedrema, fedprox+fedfm, MODULE:CLASS), partition kind "
+                                              "(dirichlet), model (resnet18) or dataset (femnist) to describe")
     ls.set_defaults(func=_cmd_list)
     return p
 

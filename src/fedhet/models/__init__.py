@@ -76,6 +76,7 @@ __all__ = [
     "build_model",
     "count_params",
     "default_split",
+    "describe_model",
     "param_groups",
     "resolved_options",
 ]
@@ -151,6 +152,15 @@ def _check_switches(name: str, builder: Callable[..., SplitModel], options: dict
 def default_split(name: str) -> str:
     """Name of the stage where ``name``'s head starts by default."""
     return _entry(name).default_split
+
+
+def describe_model(name: str) -> dict:
+    """What ``fedhet list NAME`` says of a built-in model: its builder's first docstring line,
+    its default head split, its options with their defaults, and whether ``model.norm`` applies."""
+    entry = _entry(name)
+    doc = (entry.build.func if isinstance(entry.build, partial) else entry.build).__doc__ or ""
+    return {"doc": doc.strip().split("\n")[0], "split": entry.default_split,
+            "options": resolved_options(name, {}), "norm": entry.has_norm}
 
 
 def build_model(

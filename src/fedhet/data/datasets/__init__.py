@@ -64,6 +64,7 @@ from fedhet.data.datasets.catalogue import (
     _how_to_get,
     data_search_dirs,
     dataset_info,
+    how_to_get,
 )
 from fedhet.data.datasets.cifar import _expected_cifar, _find_cifar, _load_cifar
 from fedhet.data.datasets.download import _download
@@ -80,7 +81,8 @@ from fedhet.data.datasets.image_folders import (
 )
 from fedhet.data.user_data import is_user_dataset, load_user_dataset, load_user_splits
 
-__all__ = ["DATASET_NAMES", "ImageData", "data_search_dirs", "dataset_info", "load_dataset", "load_splits"]
+__all__ = ["DATASET_NAMES", "ImageData", "data_search_dirs", "dataset_info", "how_to_get", "load_dataset",
+           "load_splits"]
 
 # name -> (finder(name, dir, split) -> location or None, loader(name, location, split, verify),
 #          expected(name, split) -> the files a "not found" message lists)

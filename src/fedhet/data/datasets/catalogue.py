@@ -93,6 +93,12 @@ _HOW_TO_GET: dict[str, str] = {
 _SYSTEM_DIRS = {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")}
 
 
+def how_to_get(name: str) -> str:
+    """Where to get dataset ``name`` and where to put it (``fedhet list NAME`` and the errors say it)."""
+    _check_name(name)
+    return _how_to_get(name)
+
+
 def _how_to_get(name: str) -> str:
     return _HOW_TO_GET[name] + (" / set data.download: true (--set data.download=true on the command line, {'data.download': True} among fedhet.run's overrides, download=True for load_dataset)" if name in _DOWNLOADS else "")
 
