@@ -1057,7 +1057,7 @@ def test_command_line_options_that_would_be_ignored_or_given_twice_are_refused(t
 @pytest.mark.parametrize(("name", "said"), [
     ("dirichlet", ["dirichlet: Dirichlet label skew, NIID-Bench", "  alpha  float  required",
                    "  min_size  int  default 10", "  min_classes  int  default 0"]),
-    ("natural", ["  test_writers  default 0  (the fraction of the writers held out as the global test set"]),
+    ("natural", ["  test_writers  default 0  (the fraction of the pool's writers whose images are the global test set"]),
     ("resnet18", ["head from stage fc on by default (model.split to move it); model.norm: bn (default) or gn",
                   "  stem  default 'cifar'", "  gn_groups  default 2", "  fc_bias  default True"]),
     ("cnn2", ["cnn2: McMahan et al. 2017 FedAvg", "no normalisation layer (model.norm does not apply)",

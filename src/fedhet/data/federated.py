@@ -386,7 +386,9 @@ def pool_subset(labels: np.ndarray, fraction: float, rng: np.random.Generator) -
     return np.sort(np.concatenate(keep))
 
 
-NATURAL_OPTIONS = {"test_writers": "the fraction of the writers held out as the global test set, e.g. 0.1"}
+NATURAL_OPTIONS = {"test_writers": "the fraction of the pool's writers whose images are the global test set, "
+                                   "e.g. 0.1, in place of the dataset's test split (data.pool: train+test puts "
+                                   "both splits' images into the pool)"}
 
 
 def _natural_options(options: dict[str, Any]) -> float:
