@@ -420,3 +420,26 @@ def test_a_resume_refuses_a_run_whose_model_option_default_changed_since_its_che
     resumed.rundir.unlock()
     monkeypatch.setitem(models._MODELS, "fca_tiny_a", entry)      # as it was: it goes on
     assert Experiment.resume(exp.run_dir, run_settings=["train.rounds=2"]).run(progress=False)["rounds_completed"] == 2
+
+
+def test_a_builder_of_ones_own_must_give_one_logit_a_class_for_the_datas_images(small_config, tmp_path, monkeypatch):
+    """Fewer outputs than classes failed deep in training with an IndexError; more trained logits
+    that no label ever uses; a model built for other images failed at its first batch."""
+    (tmp_path / "shapes_plugin.py").write_text(
+        "from torch import nn\nfrom fedhet.extend import SplitModel\n\n"
+        "def widths(in_channels, num_classes, image_size, outputs=None, side=None):\n"
+        "    side = side or image_size\n"
+        "    stages = [('flat', nn.Flatten()), ('fc', nn.Linear(in_channels * side ** 2, 8)),\n"
+        "              ('out', nn.Linear(8, outputs or num_classes))]\n"
+        "    return SplitModel(stages, 'out', (in_channels, side, side))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    arch = "shapes_plugin:widths"
+    for options, message in [({"outputs": 2}, r"the model's head gives outputs of shape \(2,\) a sample, and the data "
+                                              r"has 10 classes: its last layer must have num_classes \(10\) outputs"),
+                             ({"outputs": 11}, r".*outputs of shape \(11,\) a sample, and the data has 10 classes"),
+                             ({"side": 14}, r"the builder built the model for inputs of shape \(1, 14, 14\) .*and the data's "
+                                            r"images are \(1, 28, 28\)")]:
+        with pytest.raises(ConfigError, match=f"model {arch}: {message}"):
+            build_loop(cfg_of(small_config, model={"arch": arch, "options": options}))
+    model = build_loop(cfg_of(small_config, model={"arch": arch})).host.models[arch]
+    assert model.training                  # the check leaves the model in the mode it was built in

@@ -213,6 +213,29 @@ def build_model(
     return model
 
 
+def _check_shapes(model: SplitModel, in_channels: int, num_classes: int, image_size: int) -> None:
+    """A builder of one's own must build for the data's images and give one logit a class: a
+    head of another width fails deep in training (fewer) or trains logits no label ever uses (more)."""
+    import torch
+
+    expected = (in_channels, image_size, image_size)
+    if tuple(model.input_shape) != expected:
+        raise ValueError(f"the builder built the model for inputs of shape {tuple(model.input_shape)} (its "
+                         f"SplitModel input_shape), and the data's images are {expected} (channels, height, width): "
+                         "build it from the in_channels and image_size it is called with")
+    training = model.training
+    model.eval()                  # one sample through BatchNorm; no dropout, and no running statistic moves
+    try:
+        with torch.no_grad():
+            logits = model.head(torch.zeros(1, model.feature_dim))
+    finally:
+        model.train(training)
+    if logits.dim() != 2 or logits.shape[1] != num_classes:
+        raise ValueError(f"the model's head gives outputs of shape {tuple(logits.shape[1:])} a sample, and the data "
+                         f"has {num_classes} classes: its last layer must have num_classes ({num_classes}) outputs, "
+                         "the number the builder is called with")
+
+
 def _user_model(
     spec: str,
     in_channels: int,
@@ -265,6 +288,7 @@ def _user_model(
         raise ValueError(f"the builder returned {describe(model)}, not a fedhet SplitModel: build it as "
                          "SplitModel(stages, split, input_shape) so that fedhet knows its body and its head "
                          "(docs/extending.md)")
+    _check_shapes(model, in_channels, num_classes, image_size)
     if projection_dim is not None:
         model.add_projection(projection_dim)
     return model
