@@ -1157,3 +1157,23 @@ def test_more_threads_than_usable_cpus_is_said(small_config, monkeypatch):
             build_module.configure_process(load_config(raw=cfg_of(small_config), overrides=["run.threads=3"]))
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_colon_without_its_space_says_what_yaml_read_and_the_fix(small_config, tmp_path):
+    """{kind:iid} is YAML's one key 'kind:iid' with no value: the partition error named dirichlet (the
+    key the section kept) and the model one an unexpected keyword 'hidden:64'."""
+    from fedhet.experiment.config import apply_override
+
+    with pytest.raises(ConfigError, match=r"--set data.partition=\{kind:iid\}: 'kind:iid' reads as one key with no "
+                                          r"value: YAML needs a space after the colon, write \{kind: iid\}"):
+        apply_override(copy.deepcopy(small_config), "data.partition={kind:iid}")
+    with pytest.raises(ConfigError, match=r"'hidden:64' reads as one key .* write \{hidden: 64\}"):
+        apply_override(copy.deepcopy(small_config), "model.options={hidden: 1, extra: [{hidden:64}]}")
+    path = tmp_path / "glued.yaml"
+    path.write_text("train: {rounds:1}\n")
+    with pytest.raises(ConfigError, match=f"{path}: 'rounds:1' reads as one key with no value"):
+        load_config(path)
+    # a key of one's own that holds a colon and a value is left alone
+    raw = copy.deepcopy(small_config)
+    apply_override(raw, "model.arch_options={nets:small_mlp: {hidden: 8}}")
+    assert raw["model"]["arch_options"] == {"nets:small_mlp": {"hidden": 8}}

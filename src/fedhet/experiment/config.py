@@ -20,7 +20,7 @@ from fedhet.core.choices import EngineName, StoreMode
 from fedhet.core.errors import ConfigError, FedhetError
 from fedhet.core.settings import refuse_quiet_values
 from fedhet.core.suggest import did_you_mean
-from fedhet.experiment.yaml_io import parse_yaml, read_yaml
+from fedhet.experiment.yaml_io import glued_colon, glued_colon_fix, parse_yaml, read_yaml
 
 
 class Strict(BaseModel):
@@ -417,12 +417,15 @@ def _format_validation_error(err: pydantic.ValidationError, origin: str) -> str:
 def parse_value(text: str, key: str = "") -> Any:
     """A ``--set`` value: parsed as YAML so numbers, booleans and lists work (``k=[a,b]``)."""
     try:
-        return parse_yaml(text)
+        value = parse_yaml(text)
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"--set {key}={text}: the value is not valid YAML ({problem}); close brackets and "
                           "quotes, e.g. --set 'model.arch=[cnn2, cnn2]', or quote a plain string: "
                           f"--set '{key}=\"{text}\"'") from None
+    if (glued := glued_colon(value)) is not None:
+        raise ConfigError(f"--set {key}={text}: {glued_colon_fix(glued)}")
+    return value
 
 
 def _model_at(parts: list[str], root: type[BaseModel] = ExperimentConfig) -> type[BaseModel] | None:

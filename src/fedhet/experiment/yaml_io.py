@@ -97,9 +97,34 @@ def read_yaml(path: Path, what: str) -> Any:
     if "\x00" in text:
         raise ConfigError(f"{what} {path} holds NUL bytes: it is a binary file, not YAML text")
     try:
-        return parse_yaml(text)
+        parsed = parse_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
+    if (glued := glued_colon(parsed)) is not None:
+        raise ConfigError(f"{path}: {glued_colon_fix(glued)}")
+    return parsed
+
+
+def glued_colon(obj: Any) -> str | None:
+    """The first mapping key in ``obj`` that reads as ``key:value`` written without the space YAML
+    needs after a colon (``{kind:iid}`` is the one key ``'kind:iid'`` with no value), else None."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if v is None and isinstance(k, str) and ":" in k.strip(":") and " " not in k:
+                return k
+            if (found := glued_colon(v)) is not None:
+                return found
+    elif isinstance(obj, list):
+        for v in obj:
+            if (found := glued_colon(v)) is not None:
+                return found
+    return None
+
+
+def glued_colon_fix(key: str) -> str:
+    name, _, value = key.partition(":")
+    return (f"{key!r} reads as one key with no value: YAML needs a space after the colon, write "
+            f"{{{name}: {value}}}")
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:
