@@ -1177,3 +1177,11 @@ def test_a_colon_without_its_space_says_what_yaml_read_and_the_fix(small_config,
     raw = copy.deepcopy(small_config)
     apply_override(raw, "model.arch_options={nets:small_mlp: {hidden: 8}}")
     assert raw["model"]["arch_options"] == {"nets:small_mlp": {"hidden": 8}}
+
+
+def test_a_methods_parameter_beside_its_name_points_to_algorithm_params(small_config):
+    with pytest.raises(ConfigError, match=r"algorithm.mu: unknown key \(a method's own parameters go under "
+                                          r"algorithm.params: algorithm.params.mu\)"):
+        load_config(raw=cfg_of(small_config, algorithm={"name": "fedprox", "mu": 0.1}))
+    with pytest.raises(ConfigError, match=r"algorithm.nmae: unknown key \(did you mean name\?\)"):
+        load_config(raw=cfg_of(small_config, algorithm={"nmae": "fedprox"}))

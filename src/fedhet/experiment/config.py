@@ -391,6 +391,8 @@ def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], p
         if e["type"] == "extra_forbidden":
             parent = _model_at(key.split(".")[:-1], model)
             near = did_you_mean(key.split(".")[-1], parent.model_fields if parent else [])
+            if not near and parent is AlgorithmConfig:     # a method's own parameter one level too high
+                near = f" (a method's own parameters go under algorithm.params: algorithm.params.{key.split('.')[-1]})"
             msg = f"unknown {unknown}{near}{'; ' + listed if listed else ''}"
         elif e["type"] in ("model_type", "model_attributes_type", "dict_type"):
             msg = (f"expects a mapping of settings, got {e['input']!r:.60}; a setting inside it is written "
