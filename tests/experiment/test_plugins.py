@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -443,3 +444,28 @@ def test_a_builder_of_ones_own_must_give_one_logit_a_class_for_the_datas_images(
             build_loop(cfg_of(small_config, model={"arch": arch, "options": options}))
     model = build_loop(cfg_of(small_config, model={"arch": arch})).host.models[arch]
     assert model.training                  # the check leaves the model in the mode it was built in
+
+
+def test_a_hook_misspelt_in_a_method_of_ones_own_is_said_and_a_builtin_name_refused(small_config, tmp_path,
+                                                                                     monkeypatch):
+    """local_term and agregate are never called (the run would be plain FedAvg's); a class named
+    fedprox would be reported as FedProx."""
+    (tmp_path / "typo_plugin.py").write_text(
+        "from fedhet.extend import FedAvg\n\n"
+        "class Typo(FedAvg):\n    name = 'typo'\n\n"
+        "    def local_term(self, *args):\n        return []\n\n"
+        "    def agregate(self, *args):\n        return None\n\n"
+        "    def scaled_step(self, x):\n        return x\n\n"
+        "class Clash(FedAvg):\n    name = 'fedprox'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_algorithm(cfg_of(small_config, algorithm={"name": "typo_plugin:Typo"}))
+    said = sorted(str(w.message) for w in caught if issubclass(w.category, UserWarning))
+    assert said == ["typo_plugin:Typo: Typo.agregate is no hook of FedAvg's, so fedhet never calls it (did you mean "
+                    "aggregate?)",
+                    "typo_plugin:Typo: Typo.local_term is no hook of FedAvg's, so fedhet never calls it (did you "
+                    "mean local_terms?)"]                       # scaled_step, a helper of its own: nothing
+    with pytest.raises(ConfigError, match="typo_plugin:Clash'?: its name 'fedprox' is the built-in method's, so its "
+                                          "runs would be reported as that method's; give it a name of its own"):
+        make_algorithm(cfg_of(small_config, algorithm={"name": "typo_plugin:Clash"}))

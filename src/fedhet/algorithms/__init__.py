@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from fedhet.algorithms.base import Algorithm
 from fedhet.algorithms.composition import compose
 from fedhet.algorithms.creff import CReFF
@@ -63,7 +65,24 @@ def _user_method(spec: str) -> type[Algorithm]:
     if "name" not in vars(obj):
         raise ConfigError(f"{spec!r}: the class has no name of its own (it inherits {obj.name!r}, so its runs "
                           f"would be reported as that method); give it one, e.g. name = {obj.__name__.lower()!r}")
+    if ALGORITHMS.get(obj.name, obj) is not obj:
+        raise ConfigError(f"{spec!r}: its name {obj.name!r} is the built-in method's, so its runs would be reported "
+                          f"as that method's; give it a name of its own, e.g. name = {obj.__name__.lower()!r}")
+    _warn_of_misspelt_hooks(spec, obj)
     return obj
+
+
+def _warn_of_misspelt_hooks(spec: str, cls: type[Algorithm]) -> None:
+    """A method the class defines that no base class has, named like one that it has (``local_term``
+    for ``local_terms``, ``agregate`` for ``aggregate``), is never called: the run would be its
+    base method's, and nothing would say so."""
+    inherited = {n for base in cls.__mro__[1:] for n, v in vars(base).items() if callable(v) and not n.startswith("_")}
+    for name, value in vars(cls).items():
+        if callable(value) and not name.startswith("_") and name not in inherited:
+            near = did_you_mean(name, inherited, cutoff=0.85)
+            if near:
+                warnings.warn(f"{spec}: {cls.__name__}.{name} is no hook of {cls.__mro__[1].__name__}'s, so fedhet "
+                              f"never calls it{near}", UserWarning, stacklevel=3)
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
