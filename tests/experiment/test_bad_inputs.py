@@ -1072,12 +1072,14 @@ def test_fedhet_list_describes_a_partition_model_or_dataset_by_its_name(name, sa
         assert any(line in out for out in lines), (line, lines)
 
 
-def test_fedhet_list_of_a_category_says_to_list_without_a_name(capsys):
+@pytest.mark.parametrize(("word", "listed"), [("datasets", "datasets"), ("model", "models"), ("methods", "algorithms"),
+                                             ("partition", "partitions")])
+def test_fedhet_list_of_a_category_says_to_list_without_a_name(word, listed, capsys):
     from fedhet.cli import main
 
-    assert main(["list", "datasets"]) == 2
-    assert ("fedhet list NAME describes the method, model, dataset or partition kind of that name, and datasets is "
-            "none: fedhet list, without a NAME, lists the datasets") in capsys.readouterr().err
+    assert main(["list", word]) == 2
+    assert (f"fedhet list NAME describes the method, model, dataset or partition kind of that name, and {word} is "
+            f"none: fedhet list, without a NAME, lists the {listed}") in capsys.readouterr().err
 
 
 def test_a_kind_changed_alone_names_the_parameters_left_from_the_other_kind(small_config):
@@ -1185,3 +1187,25 @@ def test_a_methods_parameter_beside_its_name_points_to_algorithm_params(small_co
         load_config(raw=cfg_of(small_config, algorithm={"name": "fedprox", "mu": 0.1}))
     with pytest.raises(ConfigError, match=r"algorithm.nmae: unknown key \(did you mean name\?\)"):
         load_config(raw=cfg_of(small_config, algorithm={"nmae": "fedprox"}))
+
+
+def test_fedhet_list_describes_a_function_or_data_of_ones_own_and_refuses_a_half_combination(
+        capsys, tmp_path, monkeypatch):
+    from fedhet.cli import main
+
+    (tmp_path / "own_list.py").write_text(
+        "def widths(in_channels, num_classes, image_size, hidden: int = 16, *args, **options):\n"
+        "    '''A ``small`` builder of mine.'''\n\nclass NotAMethod:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["list", "own_list:widths"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "own_list:widths: A small builder of mine."          # no reStructuredText markup
+    assert lines[2:] == ["  in_channels  required", "  num_classes  required", "  image_size  required",
+                         "  hidden  int  default 16"]
+    assert main(["list", "npz:data/mine.npz"]) == 0
+    assert capsys.readouterr().out.startswith("npz:data/mine.npz: data of your own (arrays in an .npz file)")
+    assert main(["list", "own_list:NotAMethod"]) == 2
+    assert "own_list:NotAMethod" in capsys.readouterr().err
+    assert main(["list", "fedprox+"]) == 2
+    assert ("algorithm 'fedprox+': a combination names a method on each side of every '+', e.g. fedprox+fedfm"
+            in capsys.readouterr().err)

@@ -89,6 +89,9 @@ def algorithm_class(name: str) -> type[Algorithm]:
     """The method a config names: a built-in name, an import path ``MODULE:CLASS`` of the user's own
     method, or several of either joined by ``+`` (composed, see :func:`compose`)."""
     parts = [p.strip() for p in name.split("+")]
+    if len(parts) > 1 and not all(parts):
+        raise ConfigError(f"algorithm {name!r}: a combination names a method on each side of every '+', e.g. "
+                          "fedprox+fedfm")
     unknown = [p for p in parts if p not in ALGORITHMS and not is_import_path(p)]
     if unknown:
         raise ConfigError(f"unknown algorithm {unknown[0]!r}{did_you_mean(unknown[0], ALGORITHMS)}; "

@@ -9,7 +9,16 @@ import inspect
 
 from fedhet.core.errors import ConfigError
 
-CATEGORIES = ("algorithms", "datasets", "partitions", "models")
+# What a user may call each list (the plural is the list's own name)
+CATEGORIES = {"algorithms": "algorithms", "algorithm": "algorithms", "methods": "algorithms", "method": "algorithms",
+              "datasets": "datasets", "dataset": "datasets", "partitions": "partitions", "partition": "partitions",
+              "models": "models", "model": "models"}
+
+
+def _plain_doc(text: str) -> str:
+    """A docstring's first line without reStructuredText's double backquotes."""
+    first = (text or "").strip().split("\n")[0].replace("``", "")
+    return first or "(no docstring)"
 
 
 def one_line(cls, limit: int = 100) -> str:
@@ -20,7 +29,7 @@ def one_line(cls, limit: int = 100) -> str:
     users = own and not cls.__module__.startswith("fedhet.")
     text = own if users or ":" in own.split(". ")[0] else " ".join(
         (inspect.getmodule(cls).__doc__ or "").split("\n\n")[0].split())
-    text = text.split(". ")[0].rstrip(".")
+    text = text.split(". ")[0].rstrip(".").replace("``", "") or "(no docstring)"
     return text if len(text) <= limit else text[:limit - 3].rstrip() + "..."
 
 
@@ -72,19 +81,52 @@ def describe_partition(kind: str) -> list[str]:
                 "your own), data.num_clients of them drawn at random", where,
                 *(f"  {name}  default 0  ({what})" for name, what in NATURAL_OPTIONS.items())]
     fn = PARTITIONS[kind]
-    lines = [f"{kind}: {(fn.__doc__ or '').strip().splitlines()[0]}", where]
-    for p in list(inspect.signature(fn).parameters.values())[3:]:
-        kind_name = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
+    return [f"{kind}: {_plain_doc(fn.__doc__ or '')}", where, *_parameters(fn, skip=3)]
+
+
+def _parameters(fn, skip: int) -> list[str]:
+    """``fn``'s parameters after the first ``skip``, each with its annotation and its default or "required"."""
+    lines = []
+    for p in list(inspect.signature(fn).parameters.values())[skip:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        kind_name = "" if p.annotation is p.empty else (
+            p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", ""))
         default = "required" if p.default is p.empty else f"default {p.default!r}"
-        lines.append(f"  {p.name}  {kind_name}  {default}")
+        lines.append("  " + "  ".join(filter(None, [p.name, kind_name, default])))
     return lines
+
+
+def describe_own(spec: str) -> list[str]:
+    """A name of one's own that is no method: data given by path, or a function (a model builder,
+    a partition or a data function) with its parameters."""
+    from fedhet.core.plugins import describe as what_it_is
+    from fedhet.core.plugins import load_object
+
+    source = spec.split(":", 1)[0]
+    if source in ("npz", "folder"):
+        return [f"{spec}: data of your own ({'arrays in an .npz file' if source == 'npz' else 'a folder of images per class'}), "
+                "read when a run starts (data.dataset); what it must hold: docs/extending.md"]
+    try:
+        obj = load_object(spec)
+    except ValueError as e:
+        raise ConfigError(f"fedhet list {spec}: {e}") from None
+    if not callable(obj) or isinstance(obj, type):
+        raise ConfigError(f"fedhet list {spec}: it is {what_it_is(obj)}; a name of your own is a method (MODULE:CLASS "
+                          "of a subclass of fedhet.extend.FedAvg), or a model builder, partition or data function "
+                          "(MODULE:FUNCTION)")
+    return [f"{spec}: {_plain_doc(obj.__doc__ or '')}",
+            "a function of yours: as a model builder (model.arch) it is called with in_channels, num_classes, "
+            "image_size and model.options; as a partition (data.partition.kind) with labels, num_clients, rng "
+            "and the section's other keys; as data (data.dataset) with the split. Its parameters:",
+            *_parameters(obj, skip=0)]
 
 
 def describe_model(name: str) -> list[str]:
     from fedhet.models import describe_model as model_facts
 
     d = model_facts(name)
-    lines = [f"{name}: {d['doc']}",
+    lines = [f"{name}: {_plain_doc(d['doc'])}",
              f"head from stage {d['split']} on by default (model.split to move it)"
              + ("; model.norm: bn (default) or gn" if d["norm"] else
                 "; no normalisation layer (model.norm does not apply)")]
@@ -108,7 +150,8 @@ def describe_dataset(name: str) -> list[str]:
 def describe(name: str) -> str:
     """``fedhet list NAME``: the method, model, dataset or partition kind of that name (a name that
     is none of these is read as a method: a combination, or MODULE:CLASS of one's own)."""
-    from fedhet.algorithms import ALGORITHMS
+    from fedhet.algorithms import ALGORITHMS, Algorithm
+    from fedhet.core.plugins import is_import_path, load_object
     from fedhet.data.datasets import DATASET_NAMES
     from fedhet.data.partition import PARTITIONS
     from fedhet.models import MODEL_NAMES
@@ -120,8 +163,19 @@ def describe(name: str) -> str:
                 return "\n".join(describer(name))
         if name in CATEGORIES:
             raise ConfigError(f"fedhet list NAME describes the method, model, dataset or partition kind of that "
-                              f"name, and {name} is none: fedhet list, without a NAME, lists the {name}")
+                              f"name, and {name} is none: fedhet list, without a NAME, lists the {CATEGORIES[name]}")
+        if "+" not in name and (name.startswith(("npz:", "folder:")) or is_import_path(name)):
+            own = None if name.startswith(("npz:", "folder:")) else _loaded(load_object, name)
+            if not (isinstance(own, type) and issubclass(own, Algorithm)):
+                return "\n".join(describe_own(name))
     return "\n".join(describe_method(name))
+
+
+def _loaded(load_object, spec: str):
+    try:
+        return load_object(spec)
+    except ValueError:
+        return None               # describe_method says why, as a run would
 
 
 def catalogue() -> str:
