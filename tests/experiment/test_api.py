@@ -108,7 +108,9 @@ def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_t
     with pytest.warns(RuntimeWarning, match="recording the summary of the failed run failed too: OSError"):
         with pytest.raises(NumericalError) as info:             # the run's error, not the summary's
             fedhet.run(small_config, {"train.lr": 1e6, "train.rounds": 2}, out=tmp_path / "r")
-    assert f"run directory: {tmp_path / 'r'} (fedhet.load reads what it recorded" in info.value.__notes__[0]
+    assert info.value.__notes__[0] == (f"run directory: {tmp_path / 'r'} (fedhet.load reads what it recorded; it "
+                                       "has no checkpoint yet (one every run.checkpoint_every = 2 rounds), so "
+                                       "fedhet.resume would start it again from round 1)")
     RunDir(tmp_path / "r").lock()                                # not held by this process any more
     monkeypatch.undo()
     loaded = fedhet.load(tmp_path / "r")
@@ -116,6 +118,8 @@ def test_a_failed_run_raises_its_own_error_names_its_folder_and_leaves_it_free_t
     assert repr(loaded) == f"Results({str(tmp_path / 'r')!r}, no summary, {len(loaded.rows)} rounds recorded)"
     with pytest.raises(CheckpointError, match="fedhet.load .*nothing does not exist"):
         fedhet.load(tmp_path / "nothing")
+    with pytest.raises(CheckpointError, match="fedhet.resume .*nothing does not exist"):    # not --resume
+        fedhet.resume(tmp_path / "nothing")
     with pytest.raises(ConfigError, match="fedhet.load None is of type NoneType"):
         fedhet.load(None)
 
@@ -131,3 +135,22 @@ def test_resuming_from_python_warns_where_the_command_line_says_so(small_config,
     fedhet.run(raw, {"train.rounds": 1}, out=tmp_path / "s")
     with pytest.warns(UserWarning, match="round 1 was evaluated as the last round"):
         fedhet.resume(tmp_path / "s", {"train.rounds": 2})
+
+
+def test_a_run_stopped_after_a_checkpoint_names_the_round_a_resume_goes_on_from(small_config, tmp_path, monkeypatch):
+    from fedhet.experiment.config import load_config
+    from fedhet.experiment.runner import Experiment
+
+    exp = Experiment.create(load_config(raw={**small_config, "train": {**small_config["train"], "rounds": 4}}),
+                            tmp_path / "r")
+    real = exp.loop.run_round
+
+    def stopped(r, *args):
+        if r == 3:                      # rounds 1-3 ran, the checkpoint of round 2 keeps the run
+            raise KeyboardInterrupt
+        return real(r, *args)
+
+    monkeypatch.setattr(exp.loop, "run_round", stopped)
+    with pytest.raises(KeyboardInterrupt) as info:
+        exp.run(progress=False)
+    assert info.value.__notes__[0].endswith("fedhet.resume goes on from its checkpoint of round 2)")

@@ -1209,3 +1209,12 @@ def test_fedhet_list_describes_a_function_or_data_of_ones_own_and_refuses_a_half
     assert main(["list", "fedprox+"]) == 2
     assert ("algorithm 'fedprox+': a combination names a method on each side of every '+', e.g. fedprox+fedfm"
             in capsys.readouterr().err)
+
+
+def test_a_missing_config_given_by_a_relative_path_names_the_working_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "configs/quickstart.yaml"]) == 2
+    assert (f"config file configs/quickstart.yaml does not exist (a relative path, read from the working directory "
+            f"{tmp_path})") in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "nothere.yaml")]) == 2
+    assert capsys.readouterr().err.rstrip().endswith(f"config file {tmp_path / 'nothere.yaml'} does not exist")

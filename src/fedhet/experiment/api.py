@@ -154,7 +154,7 @@ def resume(run_dir: str | Path, overrides: dict[str, Any] | list[str] | None = N
     (``{"run.device": "cpu"}``), or a raised ``train.rounds``, which extends a finished run."""
     import warnings
 
-    exp = Experiment.resume(run_dir, run_settings=_assignments(overrides, "fedhet.resume"))
+    exp = Experiment.resume(run_dir, run_settings=_assignments(overrides, "fedhet.resume"), option="fedhet.resume")
     try:
         if not exp.start_round:               # as `fedhet run --resume` says it
             warnings.warn(f"{exp.run_dir} has no checkpoint: the run starts again from round 1", UserWarning,

@@ -305,7 +305,7 @@ class Experiment:
 
     @classmethod
     def resume(cls, run_dir: str | Path, *, threads: int | None = None, config: ExperimentConfig | None = None,
-               run_settings: list[str] | None = None, **kwargs: Any) -> Experiment:
+               run_settings: list[str] | None = None, option: str = "--resume", **kwargs: Any) -> Experiment:
         """Continue the run in ``run_dir`` from its checkpoint; ``threads`` replaces its
         ``run.threads`` (speed only: float sums may differ in the last bits). ``run_settings``
         (``KEY=VALUE``, only :data:`RESUMABLE_CHANGES` keys: how the run is carried out, e.g.
@@ -314,8 +314,9 @@ class Experiment:
         resolve otherwise on the new device (``run.precision: auto``) is refused. The Flower runner
         passes the ``config`` its run config holds (checked against config.yaml and the
         checkpoint like a changed file, and recorded in config.yaml where it differs in those
-        keys) and its loop, callbacks... as ``kwargs``; the checkpoint read is kept as ``restored``."""
-        rundir = RunDir(checked_run_dir(run_dir, resume=True))
+        keys) and its loop, callbacks... as ``kwargs``; the checkpoint read is kept as ``restored``.
+        ``option``: what the errors call the run directory (``fedhet.resume`` from Python)."""
+        rundir = RunDir(checked_run_dir(run_dir, resume=True, option=option))
         # --set on resume: how the run is carried out, and more rounds (the checkpoint check below refuses fewer)
         check_resume_settings(run_settings)
         cfg = load_config(rundir.path / CONFIG, run_settings)
@@ -506,7 +507,11 @@ class Experiment:
         # a run started from Python with the default, time-stamped folder: where its rounds are
         go_on = (f"fedhet flower run --resume {self.run_dir}, or on a deployment fedhet flower app --resume"
                  if self.loop.transport.keeps_client_state else "fedhet.resume")
-        return f"run directory: {self.run_dir} (fedhet.load reads what it recorded; {go_on} goes on from its last checkpoint)"
+        kept = self.checkpointed_round
+        resume = (f"{go_on} goes on from its checkpoint of round {kept}" if kept else
+                  f"it has no checkpoint yet (one every run.checkpoint_every = {self.cfg.run.checkpoint_every} "
+                  f"rounds), so {go_on} would start it again from round 1")
+        return f"run directory: {self.run_dir} (fedhet.load reads what it recorded; {resume})"
 
     def run_rounds(self, callbacks: list[Callback]) -> None:
         """The rounds still to run: train, evaluate when due, record, checkpoint."""

@@ -85,7 +85,8 @@ def read_yaml(path: Path, what: str) -> Any:
     if path.is_dir():
         raise ConfigError(f"{what} {path} is a folder, not a file: name the .yaml file inside it")
     if not path.is_file():
-        raise ConfigError(f"{what} {path} does not exist")
+        where = "" if path.is_absolute() else f" (a relative path, read from the working directory {Path.cwd()})"
+        raise ConfigError(f"{what} {path} does not exist{where}")
     content = path.read_bytes()
     try:
         text = content.decode("utf-8")
