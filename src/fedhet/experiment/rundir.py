@@ -273,7 +273,10 @@ class RunDir:
             raise CheckpointError(f"{self.path / CHECKSUM} is damaged: it holds no sha256 digest, so checkpoint {ckpt} "
                                   "cannot be checked against it (the checkpoint itself may be intact). Nothing was "
                                   f"changed; to resume from the checkpoint unchecked, delete {self.path / CHECKSUM}.")
-        if recorded and _sha256(ckpt) not in recorded:      # runs from before the digest have none
+        if not recorded:            # deleted (the fix its errors name), or a run from before the digest
+            warnings.warn(f"checkpoint {ckpt} has no recorded sha256 ({self.path / CHECKSUM} is missing): it is read "
+                          "unchecked", UserWarning, stacklevel=2)
+        elif _sha256(ckpt) not in recorded:
             raise CheckpointError(f"checkpoint {ckpt} is damaged: its content no longer matches the sha256 recorded "
                                   f"when it was written ({self.path / CHECKSUM}). The recorded metrics in "
                                   f"{self.path / METRICS} are intact; restore the checkpoint from a copy, or delete "
