@@ -911,3 +911,23 @@ def test_compare_says_when_runs_differ_in_precision(small_config, tmp_path):
     (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "eval_precision": "bf16", "precision": "bf16"}))
     table, _ = compare_table([tmp_path / "a", tmp_path / "b"])
     assert "Not every run has the same precision (trained / evaluated): tiny: bf16 / bf16, fp32 / fp32" in table
+
+
+def test_settings_changed_from_a_paper_config_are_recorded_and_said_beside_the_paper(small_config, tmp_path,
+                                                                                     capsys):
+    """--set on a config that states a paper's number: what changes the experiment is kept in the
+    paper section (how the run is carried out, its evaluation, seed, name and rounds are not), and
+    compare says the difference is not like for like."""
+    raw = {**small_config, "paper": {"source": "Some paper", "value": 0.5}}
+    overrides = ["data.num_clients=5", "train.clients_per_round=2", "algorithm.params.bn_buffers=local",
+                 "train.lr=0.05", "run.threads=1", "eval.final_window=1", "seed=4", "name=other",
+                 "train.rounds=1", "data.download=false"]         # train.lr as the config has it: no change
+    cfg = load_config(raw=copy.deepcopy(raw), overrides=overrides)
+    assert cfg.paper.changed == ["algorithm.params.bn_buffers", "data.num_clients", "train.clients_per_round"]
+    assert load_config(raw=copy.deepcopy(raw), overrides=["train.rounds=1", "run.threads=1"]).paper.changed == []
+    assert load_config(raw=copy.deepcopy(small_config), overrides=["data.num_clients=5"]).paper is None
+    Experiment.create(cfg, tmp_path / "r").run(progress=False)
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "r")]) == 0
+    assert ("run with algorithm.params.bn_buffers, data.num_clients, train.clients_per_round changed from the config "
+            "that states the paper's number, so the difference is not like for like") in capsys.readouterr().out

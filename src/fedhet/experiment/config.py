@@ -6,6 +6,7 @@ A YAML file (see configs/) plus ``--set key=value`` overrides is parsed into
 
 from __future__ import annotations
 
+import copy
 import datetime
 import difflib
 import re
@@ -291,6 +292,11 @@ class PaperResult(Strict):
     # lowest or highest (lowest:personal_loss, highest:global_val_acc), as a sweep's verdicts take it.
     measured_as: str = Field("final", pattern=f"^({RUN_VALUE_PATTERN})$")
     rounds: int | None = Field(None, ge=1)   # the paper's T where it states it: fewer rounds run are said
+    # Settings the run changed from the config that states the number (--set, fedhet.run's overrides,
+    # a sweep's set lists), filled in when the config is loaded: compare says the difference is
+    # not like for like. How a run is carried out (run.*), its evaluation, seed and name, and
+    # train.rounds (said against `rounds`) are not counted.
+    changed: list[str] = Field(default_factory=list)
 
 
 class ExperimentConfig(Strict):
@@ -504,8 +510,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                                   "its default: configs/README.md)")
             if not isinstance(raw, dict):
                 raise ConfigError(f"{p} must hold a mapping of sections (data, model, algorithm, train, ...)")
+    before = copy.deepcopy(raw) if overrides and isinstance(raw.get("paper"), dict) else None
     for assignment in overrides or []:
         apply_override(raw, assignment)
+    if before is not None and isinstance(raw.get("paper"), dict):
+        changed = _changed_settings(before, raw)
+        if changed:
+            raw["paper"] = {**raw["paper"], "changed": sorted({*raw["paper"].get("changed", []), *changed})}
     try:
         return ExperimentConfig.model_validate(raw)
     except pydantic.ValidationError as e:
@@ -549,6 +560,28 @@ def check_resume_settings(run_settings: list[str] | None) -> None:
 
 # Mappings that are one value each: compared and recorded whole (a method's or partitioner's own keys).
 OPAQUE_SECTIONS = ("algorithm.params", "data.partition", "model.options")
+
+
+# What a paper's number does not depend on: how a run is carried out and evaluated, its seed and
+# name, where its data is read from; train.rounds is compared with the paper's own T.
+_NOT_THE_PAPERS_SETTING = ("run.", "eval.", "paper.", "name", "seed", "data.root", "data.download", "data.verify",
+                           "train.rounds")
+
+
+def _changed_settings(before: dict, after: dict) -> list[str]:
+    """The settings (``section.key``, into algorithm.params) that differ between two raw configs,
+    but for :data:`_NOT_THE_PAPERS_SETTING`."""
+    def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(d, dict) and d:
+            return {k: v for key, value in d.items() for k, v in leaves(value, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): d}
+
+    a, b = leaves(before), leaves(after)
+    return sorted(k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING)
+                  and not (k.startswith(_NOT_THE_PAPERS_SETTING[:3]) or k in _NOT_THE_PAPERS_SETTING[3:]))
+
+
+_MISSING = object()
 
 
 def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -154,6 +154,11 @@ def _paper_gaps(paper: dict, metric: str, runs: list[tuple[Path, dict]]) -> str:
     ran = min(s["rounds_completed"] for _, s in runs)      # the shortest run decides
     if paper.get("rounds") and ran < paper["rounds"]:
         gaps += f"; ran {ran} of the paper's {paper['rounds']} rounds, so the difference is not like for like"
+    changed = paper.get("changed") or []
+    if changed:
+        listed = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        gaps += (f"; run with {listed} changed from the config that states the paper's number, so the difference "
+                 "is not like for like")
     missing = len(runs) - len(_measured_for_paper(paper, metric, runs))
     if missing:
         by = (paper.get("measured_as") or "final").partition(":")[2]
