@@ -575,3 +575,15 @@ def test_the_natural_partition_holds_writers_out_as_the_test_set(small_config, t
         raw["data"]["partition"] = partition
         with pytest.raises(PartitionError, match=message):
             build_federation(load_config(raw=raw).data, seed=0)
+
+
+def test_data_of_ones_own_named_without_its_format_or_its_npz_suffix_says_the_name_to_use(tmp_path):
+    path = write_npz(tmp_path, "small8.npz", **arrays()).removeprefix("npz:")
+    with pytest.raises(DataError, match=f"npz:{tmp_path / 'small8'}: no such file, and {tmp_path / 'small8.npz'} is "
+                                        f"one .*did you mean npz:{tmp_path / 'small8.npz'}\\?"):
+        load_dataset(f"npz:{tmp_path / 'small8'}")
+    with pytest.raises(DataError, match=f"unknown dataset '{path}': data of your own is named with its format, "
+                                        f"npz:{path} \\(arrays in an .npz file"):
+        load_dataset(path)
+    with pytest.raises(DataError, match=f"data of your own is named with its format, folder:{tmp_path} "):
+        load_dataset(str(tmp_path))

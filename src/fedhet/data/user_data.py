@@ -229,6 +229,10 @@ def _read_npz(path: Path) -> dict[str, np.ndarray]:
     """Every array of the file, checked for the four it needs."""
     where = f"data.dataset npz:{path}"
     if not path.is_file():
+        with_suffix = path.with_name(path.name + ".npz")
+        if path.suffix != ".npz" and with_suffix.is_file():      # numpy.savez and save_arrays add .npz
+            raise DataError(f"{where}: no such file, and {with_suffix} is one (numpy.savez and save_arrays add "
+                            f"the .npz to the name): did you mean npz:{with_suffix}?")
         raise DataError(f"{where}: no such file (working directory {Path.cwd()}); write the arrays with "
                         "numpy.savez(PATH, x_train=..., y_train=..., x_test=..., y_test=...)")
     try:

@@ -105,6 +105,12 @@ def _how_to_get(name: str) -> str:
 
 def _check_name(name: object) -> _Info:
     if name not in _INFO:
+        path = Path(str(name))
+        if path.suffix == ".npz" or path.is_dir():          # a path given without its npz: or folder: prefix
+            prefix = "npz" if path.suffix == ".npz" else "folder"
+            raise DataError(f"unknown dataset {name!r}: data of your own is named with its format, {prefix}:{name} "
+                            f"({'arrays in an .npz file' if prefix == 'npz' else 'a folder of images per class'}; "
+                            "docs/extending.md)")
         raise DataError(f"unknown dataset {name!r}{did_you_mean(str(name).replace('-', '_'), _INFO)}; valid names: "
                         f"{', '.join(DATASET_NAMES)}; data of your own: "
                         "npz:PATH (arrays), folder:PATH (a folder of images per class) or MODULE:FUNCTION "
