@@ -1220,3 +1220,9 @@ def test_a_missing_config_given_by_a_relative_path_names_the_working_directory(t
             f"{tmp_path})") in capsys.readouterr().err
     assert main(["run", str(tmp_path / "nothere.yaml")]) == 2
     assert capsys.readouterr().err.rstrip().endswith(f"config file {tmp_path / 'nothere.yaml'} does not exist")
+
+
+def test_one_item_where_a_list_goes_says_to_write_the_brackets(small_config):
+    with pytest.raises(ConfigError, match=r"run.loggers: .*a list is written in brackets, even of one item: --set "
+                                          r"'run.loggers=\[tensorboard\]' or loggers: \[tensorboard\] in the file"):
+        load_config(raw=small_config, overrides=["run.loggers=tensorboard"])

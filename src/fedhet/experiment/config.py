@@ -408,6 +408,9 @@ def validation_problems(err: pydantic.ValidationError, model: type[BaseModel], p
         elif e["type"] == "string_type" and isinstance(e["input"], (datetime.date, datetime.time)):
             msg += (f"; YAML reads {e['input']} as a date or time: quote it to keep it a string, --set "
                     f"'{full}=\"{e['input']}\"' or {full.split('.')[-1]}: \"{e['input']}\" in the file")
+        elif e["type"] == "list_type" and isinstance(e["input"], (str, int, float)):
+            msg += (f"; a list is written in brackets, even of one item: --set '{full}=[{e['input']}]' or "
+                    f"{full.split('.')[-1]}: [{e['input']}] in the file")
         elif e["input"] is None and e["type"].endswith(("_type", "_parsing")):
             msg += (f"; YAML reads an empty value, ~ and null as null: give {full} a value, or leave the key out "
                     "for its default")
