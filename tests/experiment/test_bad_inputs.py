@@ -1226,3 +1226,10 @@ def test_one_item_where_a_list_goes_says_to_write_the_brackets(small_config):
     with pytest.raises(ConfigError, match=r"run.loggers: .*a list is written in brackets, even of one item: --set "
                                           r"'run.loggers=\[tensorboard\]' or loggers: \[tensorboard\] in the file"):
         load_config(raw=small_config, overrides=["run.loggers=tensorboard"])
+
+
+def test_a_set_into_a_value_the_config_gives_blames_the_config(small_config):
+    with pytest.raises(ConfigError, match=r"--set train.rounds: 'train' holds 5 where the config \(or an earlier "
+                                          r"--set\) gives it, not a section of settings \(a mapping\): write train as "
+                                          r"one, e.g. `train: \{rounds: ...\}`"):
+        load_config(raw={**small_config, "train": 5}, overrides=["train.rounds=1"])

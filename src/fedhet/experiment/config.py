@@ -478,10 +478,12 @@ def apply_override(raw: dict, assignment: str) -> None:
         raise ConfigError(f"--set {assignment!r}: the key {key!r} has an empty name; give section.key, e.g. "
                           "--set train.rounds=5")
     node = raw
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"--set {key}: {part!r} holds {child!r}, not a section of settings (a mapping)")
+            raise ConfigError(f"--set {key}: {part!r} holds {child!r} where the config (or an earlier --set) gives "
+                              f"it, not a section of settings (a mapping): write {part} as one, e.g. "
+                              f"`{part}: {{{parts[i + 1]}: ...}}`")
         node = child
     new = parse_value(value, key)
     old = node.get(parts[-1])
