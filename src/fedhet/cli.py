@@ -181,7 +181,8 @@ def _list_sweep(sweep, jobs, retry_failed: bool) -> None:
                 known.append(estimate.seconds)
                 of = "" if estimate.like_tag == job.tag else f" of {estimate.like_tag} (costs_like)"
                 guess = f"  [about {duration(estimate.seconds)} here: the slowest of {estimate.like_runs} like run(s){of}]"
-        print(f"{status:12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}{guess}")
+        shown = "unloadable" if job.name in why_broken else status    # not stale: nothing is wrong with the run
+        print(f"{shown:12s} {job.run_dir}  <- {job.config} {' '.join(job.overrides)}{guess}")
     like = f"on a machine like this one ({threads} thread(s) a run, on the CPU)"
     if known:
         # a run goes on one lane: the lanes take at least the longest run, and at least an even share

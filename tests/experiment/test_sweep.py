@@ -562,6 +562,7 @@ def test_a_sweep_with_a_config_that_does_not_load_starts_no_run(tmp_path, small_
     captured = capsys.readouterr()
     assert "broken_s0  <- " in captured.out and "[its config does not load: train.rounds: Input should be greater " \
         "than or equal to 1]" in captured.out
+    assert captured.out.startswith("new ") and "\nunloadable  " in captured.out      # not "stale": no run is wrong
     assert "1 run(s) of the sweep have a config that does not load (broken_s0): fix the sweep file" in captured.err
 
 
