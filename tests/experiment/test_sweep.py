@@ -139,6 +139,14 @@ def test_sweep_file_errors_are_clear(tmp_path, small_config, monkeypatch):
     bad.write_text("runs: [a.yaml, nothere.yaml]\n")
     with pytest.raises(ConfigError, match=r"runs\[1\]: config nothere.yaml does not exist \(working directory"):
         load_sweep(bad)
+    # run from another folder: the one the paths start from (here the sweep file's) is named
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    bad.write_text("runs: [a.yaml]\n")
+    with pytest.raises(ConfigError, match=f"config a.yaml does not exist .*run fedhet sweep from {tmp_path}, where "
+                                          "the path is"):
+        load_sweep(bad)
+    monkeypatch.chdir(tmp_path)
     bad.write_text("name: x\nruns: []\n")
     with pytest.raises(ConfigError, match="non-empty 'runs'"):
         load_sweep(bad)

@@ -142,9 +142,12 @@ def load_sweep(path: str | Path, out: str | Path | None = None, lanes: int | Non
             raise ConfigError(f"{where}: unknown keys {sorted(extra)}; known: config, tag, seeds, set, costs_like")
         config = Path(entry["config"])
         if not config.is_file():
+            # the folder its paths start from: the sweep file's own, or one above it (a repository's root)
+            start = next((d for d in path.resolve().parents if (d / config).is_file()), None)
+            fix = (f"run fedhet sweep from {start}, where the path is" if start is not None and not config.is_absolute()
+                   else "run fedhet sweep from the folder the sweep file's paths start from, or fix the path")
             raise ConfigError(f"{where}: config {config} does not exist (working directory {Path.cwd()}); a run's "
-                              "config path is relative to the working directory: run fedhet sweep from the folder "
-                              "the sweep file's paths start from, or fix the path")
+                              f"config path is relative to the working directory: {fix}")
         tag = _folder_name(entry.get("tag") or config.stem, "tag", where)
         run_seeds = _seeds(entry.get("seeds", seeds), where)
         own = [str(s) for s in _as_list(entry.get("set"), "set", where)]
