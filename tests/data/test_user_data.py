@@ -319,7 +319,9 @@ def test_clients_that_share_every_image_have_no_held_out_test_images_and_are_tol
                    "local_test": {"source": "holdout", "fraction": 0.2}}
     with pytest.raises(PartitionError, match=r"client 0 has an empty local test split: the 12 image\(s\) held out of "
                                              r"its data are all in other clients' training data .*use "
-                                             r"data.local_test.source: test_set"):
+                                             r"data.local_test.source: test_set; the partition gave the 6 clients "
+                                             r"360 images of a pool of 60, so most of its images went to several "
+                                             r"clients"):
         build_federation(load_config(raw=raw).data, seed=0)
     raw["data"]["local_test"] = {"source": "test_set", "fraction": 0.2}
     fed = build_federation(load_config(raw=raw).data, seed=0)

@@ -278,10 +278,14 @@ def build_federation(cfg: DataSpec, seed: int) -> Federation:
             raise PartitionError(f"client {cid} received no training samples {why} {cfg.partition.kind!r}; use "
                                  f"fewer clients or another partition{_pool_hint(cfg, seen, k)}")
         if len(te) == 0 and cfg.local_test.source == "holdout" and held_out[cid]:
+            given = sum(len(p) for p in parts)
+            over = (f"; the partition gave the {k} clients {given:,} images of a pool of {seen:,}, so most of its "
+                    "images went to several clients: use fewer clients, or fewer images a client"
+                    if given > seen else "")
             raise PartitionError(f"client {cid} has an empty local test split: the {held_out[cid]} image(s) held out "
                                  "of its data are all in other clients' training data (this partition gives images "
                                  "to more than one client), and a test image is never one some client trains on; "
-                                 "give clients images of their own, or use data.local_test.source: test_set")
+                                 "give clients images of their own, or use data.local_test.source: test_set" + over)
         if len(te) == 0:
             raise PartitionError(f"client {cid} has an empty local test split (fraction {cfg.local_test.fraction} "
                                  f"of {len(tr)} samples); raise data.local_test.fraction or give clients more data"
