@@ -566,8 +566,9 @@ def test_the_natural_partition_holds_writers_out_as_the_test_set(small_config, t
     assert torch.equal(feds[0].test.x, feds[1].test.x)
 
     raw["data"]["num_clients"] = 9
-    with pytest.raises(PartitionError, match="9 clients requested but the data has 8 writers once "
-                                             "data.partition.test_writers are held out"):
+    with pytest.raises(PartitionError, match=r"9 clients requested but the data has 8 writers \(its natural clients: "
+                                             r"FEMNIST's writers, or the client ids of data of one's own\) once "
+                                             r"data.partition.test_writers are held out; lower data.num_clients"):
         build_federation(load_config(raw=raw).data, seed=0)
     raw["data"]["num_clients"] = 8
     for partition, message in [({"kind": "natural", "writers": 0.2}, "takes no option 'writers'; its options: "

@@ -425,9 +425,10 @@ def _natural_partition(pool: ImageData, k: int, rng: np.random.Generator,
     assert pool.writers is not None             # build_federation says how to give data its writers
     writers = np.unique(pool.writers) if writers is None else writers
     if k > len(writers):
-        raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers"
+        raise PartitionError(f"partition 'natural': {k} clients requested but the data has {len(writers)} writers "
+                             "(its natural clients: FEMNIST's writers, or the client ids of data of one's own)"
                              + (" once data.partition.test_writers are held out" if len(writers) < len(
-                                 np.unique(pool.writers)) else ""))
+                                 np.unique(pool.writers)) else "") + "; lower data.num_clients")
     chosen = np.sort(rng.choice(writers, size=k, replace=False))
     # One stable sort, not a scan of the pool per writer: each writer's indices, increasing.
     order = np.argsort(pool.writers, kind="stable")
