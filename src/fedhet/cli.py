@@ -504,6 +504,14 @@ def main(argv: list[str] | None = None) -> int:
         print("fedhet: error: there is no resume command: fedhet run --resume RUN_DIR continues a run from its "
               "checkpoint (fedhet flower run --resume RUN_DIR a Flower one)", file=sys.stderr)
         return 2
+    spaced = next((i for i, word in enumerate(given) if i > 0 and given[i - 1] != "--set" and word.startswith("=")
+                   or (word.endswith("=") and i > 0 and given[i - 1] == "--set" and i + 1 < len(given)
+                       and not given[i + 1].startswith("-"))), None)
+    if spaced is not None:                # --set train.rounds = 1: the shell made three words of one
+        print(f"fedhet: error: {' '.join(given[max(0, spaced - 2):spaced + 2])}: a --set is one word, KEY=VALUE, with "
+              "no space around the '=' (quote it where the value holds spaces: --set 'model.arch=[cnn2, cnn2]')",
+              file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     warnings.formatwarning = _format_warning
     # SIGTERM (kill, a scheduler, a sweep stopping its runs) stops like Ctrl-C: the run records

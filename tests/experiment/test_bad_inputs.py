@@ -1233,3 +1233,16 @@ def test_a_set_into_a_value_the_config_gives_blames_the_config(small_config):
                                           r"--set\) gives it, not a section of settings \(a mapping\): write train as "
                                           r"one, e.g. `train: \{rounds: ...\}`"):
         load_config(raw={**small_config, "train": 5}, overrides=["train.rounds=1"])
+
+
+@pytest.mark.parametrize("words", [["train.rounds", "=", "1"], ["train.rounds=", "1"], ["train.rounds", "=1"]])
+def test_a_set_split_by_spaces_says_it_is_one_word(words, capsys):
+    assert main(["run", "configs/quickstart.yaml", "--set", *words]) == 2
+    assert "a --set is one word, KEY=VALUE, with no space around the '='" in capsys.readouterr().err
+
+
+def test_a_set_ending_in_its_equals_sign_alone_is_left_to_the_config(small_config, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))
+    assert main(["partition", "c.yaml", "--set", "data.num_clients="]) == 2        # null: the config says so
+    assert "one word" not in capsys.readouterr().err
