@@ -1246,3 +1246,14 @@ def test_a_set_ending_in_its_equals_sign_alone_is_left_to_the_config(small_confi
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(small_config))
     assert main(["partition", "c.yaml", "--set", "data.num_clients="]) == 2        # null: the config says so
     assert "one word" not in capsys.readouterr().err
+
+
+def test_a_method_changed_under_a_name_that_names_the_old_one_is_said(small_config):
+    raw = cfg_of(small_config, name="quickstart-fedrema", algorithm={"name": "fedrema"})
+    with pytest.warns(UserWarning, match=r"the run is named 'quickstart-fedrema', after the method 'fedrema' its config "
+                                         r"names, and runs 'local': .*--set name=\.\.\. to tell them apart"):
+        load_config(raw=copy.deepcopy(raw), overrides=["algorithm.name=local"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(raw=copy.deepcopy(raw), overrides=["algorithm.name=local", "name=quickstart-local"])
+        load_config(raw=copy.deepcopy(raw), overrides=["train.rounds=1"])

@@ -10,6 +10,7 @@ import copy
 import datetime
 import difflib
 import re
+import warnings
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -516,8 +517,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             if not isinstance(raw, dict):
                 raise ConfigError(f"{p} must hold a mapping of sections (data, model, algorithm, train, ...)")
     before = copy.deepcopy(raw) if overrides and isinstance(raw.get("paper"), dict) else None
+    named_for = _named_for_its_method(raw)
     for assignment in overrides or []:
         apply_override(raw, assignment)
+    if named_for and _named_for_its_method(raw) is None and raw.get("name") == named_for[0]:
+        new_method = (raw.get("algorithm") or {}).get("name")
+        warnings.warn(f"the run is named {named_for[0]!r}, after the method {named_for[1]!r} its config names, and runs "
+                      f"{new_method!r}: compare and sweep tables would file its runs under {named_for[1]}'s name; "
+                      f"--set name=... to tell them apart", UserWarning, stacklevel=2)
     if before is not None and isinstance(raw.get("paper"), dict):
         changed = _changed_settings(before, raw)
         if changed:
@@ -565,6 +572,15 @@ def check_resume_settings(run_settings: list[str] | None) -> None:
 
 # Mappings that are one value each: compared and recorded whole (a method's or partitioner's own keys).
 OPAQUE_SECTIONS = ("algorithm.params", "data.partition", "model.options")
+
+
+def _named_for_its_method(raw: dict) -> tuple[str, str] | None:
+    """``(name, method)`` where a raw config's name holds its method's name (``quickstart-fedrema``)."""
+    name, algorithm = raw.get("name"), raw.get("algorithm")
+    method = algorithm.get("name") if isinstance(algorithm, dict) else None
+    if isinstance(name, str) and isinstance(method, str) and method and method.lower() in name.lower():
+        return name, method
+    return None
 
 
 # What a paper's number does not depend on: how a run is carried out and evaluated, its seed and
