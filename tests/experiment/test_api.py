@@ -80,7 +80,7 @@ def test_overrides_of_the_wrong_shape_say_what_to_give(small_config, tmp_path):
         fedhet.run(small_config, 5, out=tmp_path / "c")
     with pytest.raises(ConfigError, match="key 1 is not a string"):
         fedhet.run(small_config, {1: 2}, out=tmp_path / "d")
-    with pytest.raises(ConfigError, match="'train' holds 5, not a section of settings"):
+    with pytest.raises(ConfigError, match="'train' holds 5 where the config \\(or an earlier --set\\) gives it, not a section"):
         fedhet.run({**small_config, "train": 5}, {"train.rounds": 1}, out=tmp_path / "e")
     assert not any((tmp_path / n).exists() for n in "abcde")
 

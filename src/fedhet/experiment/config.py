@@ -585,13 +585,13 @@ def _named_for_its_method(raw: dict) -> tuple[str, str] | None:
 
 # What a paper's number does not depend on: how a run is carried out and evaluated, its seed and
 # name, where its data is read from; train.rounds is compared with the paper's own T.
-_NOT_THE_PAPERS_SETTING = ("run.", "eval.", "paper.", "name", "seed", "data.root", "data.download", "data.verify",
-                           "train.rounds")
+_NOT_THE_PAPERS_SECTIONS = ("run.", "eval.", "paper.")
+_NOT_THE_PAPERS_KEYS = ("name", "seed", "data.root", "data.download", "data.verify", "train.rounds")
 
 
 def _changed_settings(before: dict, after: dict) -> list[str]:
     """The settings (``section.key``, into algorithm.params) that differ between two raw configs,
-    but for :data:`_NOT_THE_PAPERS_SETTING`."""
+    but for :data:`_NOT_THE_PAPERS_SECTIONS` and :data:`_NOT_THE_PAPERS_KEYS`."""
     def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
         if isinstance(d, dict) and d:
             return {k: v for key, value in d.items() for k, v in leaves(value, f"{prefix}{key}.").items()}
@@ -599,7 +599,7 @@ def _changed_settings(before: dict, after: dict) -> list[str]:
 
     a, b = leaves(before), leaves(after)
     return sorted(k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING)
-                  and not (k.startswith(_NOT_THE_PAPERS_SETTING[:3]) or k in _NOT_THE_PAPERS_SETTING[3:]))
+                  and not (k.startswith(_NOT_THE_PAPERS_SECTIONS) or k in _NOT_THE_PAPERS_KEYS))
 
 
 _MISSING = object()
