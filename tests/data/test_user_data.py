@@ -590,3 +590,14 @@ def test_data_of_ones_own_named_without_its_format_or_its_npz_suffix_says_the_na
         load_dataset(path)
     with pytest.raises(DataError, match=f"data of your own is named with its format, folder:{tmp_path} "):
         load_dataset(str(tmp_path))
+
+
+def test_images_of_a_bad_shape_are_named_by_the_shape_given(tmp_path):
+    from fedhet.extend import save_arrays
+
+    x, y = np.zeros((12, 16, 15), np.uint8), np.arange(12) % 3
+    with pytest.raises(DataError, match=r"x_train: images must be .*got shape \(12, 16, 15\) \(height and width "
+                                        r"differ: fedhet's models take square images; crop or pad them\)"):
+        save_arrays(tmp_path / "ns", x, y, x, y)
+    with pytest.raises(DataError, match=r"got shape \(12, 2, 16, 16\)$"):
+        save_arrays(tmp_path / "two", np.zeros((12, 2, 16, 16), np.uint8), y, x, y)

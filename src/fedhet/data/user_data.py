@@ -279,13 +279,16 @@ def _npz_split(path: Path, arrays: dict[str, np.ndarray], split: str) -> StoredS
 
 
 def _images(x: np.ndarray, where: str) -> np.ndarray:
+    given = x.shape
     if x.ndim == 3:
         x = x[:, None]
     elif x.ndim == 4 and x.shape[3] in (1, 3) and x.shape[1] == x.shape[2] and x.shape[1] not in (1, 3):
         x = x.transpose(0, 3, 1, 2)
     if x.ndim != 4 or x.shape[1] not in (1, 3) or x.shape[2] != x.shape[3] or len(x) == 0:
+        square = " (height and width differ: fedhet's models take square images; crop or pad them)" if (
+            x.ndim == 4 and x.shape[1] in (1, 3) and x.shape[2] != x.shape[3]) else ""
         raise DataError(f"{where}: images must be (N, H, W), (N, H, W, C) or (N, C, H, W) with C 1 or 3, square "
-                        f"and at least one; got shape {x.shape}")
+                        f"and at least one; got shape {given}{square}")
     if np.issubdtype(x.dtype, np.floating):
         if not np.isfinite(x).all():
             raise DataError(f"{where}: float images hold {int((~np.isfinite(x)).sum())} NaN or infinite values; "
