@@ -55,6 +55,13 @@ def leaf_cache_in_the_tests_folder(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(femnist, "_leaf_cache_dir", lambda: folder)
 
 
+@pytest.fixture(autouse=True)
+def flower_home_in_the_tests_folder(tmp_path_factory, monkeypatch):
+    """Flower nodes without a state directory of their own commit under $FLWR_HOME: the session's
+    temporary folder, never the user's ~/.flwr (which kept every test run's commits, 1.3 GB)."""
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path_factory.getbasetemp() / "flwr-home"))
+
+
 @pytest.fixture
 def determinism_restored():
     """Torch's deterministic-algorithm settings and CUBLAS_WORKSPACE_CONFIG put back after a test that
