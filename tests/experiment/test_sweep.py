@@ -1040,3 +1040,14 @@ def test_a_configs_own_run_threads_giving_way_to_the_lanes_share_is_said(tmp_pat
     assert (f"run.threads of {tmp_path / 'own.yaml'} is replaced by the sweep's {threads} a run (its lanes' share "
             "of the CPUs); fedhet sweep FILE --set run.threads=N chooses another") in messages, messages
     assert load_config(sweep.jobs[0].run_dir / "config.yaml").run.threads == threads
+
+
+def test_a_failed_run_retried_without_a_checkpoint_is_said_to_start_again(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {"tag": "diverge", "set": ["train.lr=1.0e+8"]})],
+                       set=["train.rounds=1"])
+    run_sweep(load_sweep(path), log=lambda m: None, poll_seconds=0.2)
+    (job,) = load_sweep(path).jobs
+    assert job_status(job) == "failed" and not (job.run_dir / "checkpoint.pt").exists()
+    messages = []
+    run_sweep(load_sweep(path), retry_failed=True, log=messages.append, poll_seconds=0.2)
+    assert any("start  diverge_s0 (again from round 1: its folder keeps no checkpoint)" in m for m in messages)

@@ -193,3 +193,15 @@ def test_a_run_of_another_config_is_not_adopted(tmp_path, small_config):
     shutil.rmtree(other.out)
     with pytest.raises(ConfigError, match="no such folder or archive"):
         adopt_runs(sweep, other.out)
+
+
+def test_one_run_folder_given_to_adopt_adopts_that_run_alone(tmp_path, small_config):
+    path = write_sweep(tmp_path, small_config, [("fedavg", {}), ("fedprox", {})], set=["train.rounds=1"])
+    elsewhere = load_sweep(path, out=tmp_path / "elsewhere")
+    run_sweep(elsewhere, log=lambda m: None, poll_seconds=0.2)
+    sweep = load_sweep(path)
+    said = []
+    assert adopt_runs(sweep, elsewhere.out / "fedprox_s0", log=said.append) == ["fedprox_s0"]
+    assert said[-1] == (f"--adopt {elsewhere.out / 'fedprox_s0'}: 1 run(s) adopted; 0 already completed here, 0 there "
+                        "not completed or of another config, 0 not there")
+    assert [job_status(j) for j in sweep.jobs] == ["new", "completed"]          # fedavg_s0 left where it is

@@ -32,9 +32,14 @@ def adopt_runs(sweep: Sweep, source: str | Path, log=print) -> list[str]:
                 raise ConfigError(f"--adopt {source}: not a readable .tar.gz of run folders ({e})") from e
             inner = [p for p in Path(scratch).iterdir() if p.is_dir()]
             folder = inner[0] if len(inner) == 1 else Path(scratch)
+        jobs = sweep.jobs
+        if any(folder.name == job.name for job in jobs) and (folder / "config.yaml").is_file():
+            # one run's own folder (elsewhere/fedavg_s0): that run alone, from the folder above it
+            jobs = [job for job in jobs if job.name == folder.name]
+            folder = folder.parent
         here_done: list[str] = []
         not_done: list[str] = []        # "name (status)" of those there but not completed or of another config
-        for job in sweep.jobs:
+        for job in jobs:
             there = Job(job.tag, job.seed, job.config, job.overrides, folder / job.name, job.run_tag)
             if job_status(job) == "completed":
                 here_done.append(job.name)
@@ -50,7 +55,7 @@ def adopt_runs(sweep: Sweep, source: str | Path, log=print) -> list[str]:
                     shutil.copy2(there.run_dir / name, job.run_dir / name)
             adopted.append(job.name)
             log(f"adopted {job.name} from {source}")
-        absent = len(sweep.jobs) - len(adopted) - len(here_done) - len(not_done)
+        absent = len(jobs) - len(adopted) - len(here_done) - len(not_done)
         shown = f" ({', '.join(not_done[:5])}{' and more' if len(not_done) > 5 else ''})" if not_done else ""
         # a folder with none of the sweep's run folders is likely another sweep's, or one level off
         hint = (f": it holds no folder named like a run of sweep {sweep.name!r}, e.g. {sweep.jobs[0].name}"

@@ -256,7 +256,9 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 logf.close()
                 write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
-                log(f"{time.strftime('%H:%M:%S')} start  {job.name}{' (resuming)' if resume else ''}")
+                how = ("" if not resume else " (resuming)" if (job.run_dir / "checkpoint.pt").is_file()
+                       else " (again from round 1: its folder keeps no checkpoint)")
+                log(f"{time.strftime('%H:%M:%S')} start  {job.name}{how}")
             first_fill = False
             _wait_for_any([proc for _, proc, _ in running.values()], poll_seconds)
             for name, (_, proc, _) in list(running.items()):
