@@ -1208,6 +1208,8 @@ def test_fedhet_list_describes_a_function_or_data_of_ones_own_and_refuses_a_half
     assert capsys.readouterr().out.startswith("npz:data/mine.npz: data of your own (arrays in an .npz file)")
     assert main(["list", "own_list:NotAMethod"]) == 2
     assert "own_list:NotAMethod" in capsys.readouterr().err
+    assert main(["list", "builtins:getattr"]) == 0                          # no signature to read: said
+    assert capsys.readouterr().out.splitlines()[-1] == "  (its signature cannot be read)"
     assert main(["list", "fedprox+"]) == 2
     assert ("algorithm 'fedprox+': a combination names a method on each side of every '+', e.g. fedprox+fedfm"
             in capsys.readouterr().err)

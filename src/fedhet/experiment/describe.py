@@ -86,8 +86,12 @@ def describe_partition(kind: str) -> list[str]:
 
 def _parameters(fn, skip: int) -> list[str]:
     """``fn``'s parameters after the first ``skip``, each with its annotation and its default or "required"."""
-    lines = []
-    for p in list(inspect.signature(fn).parameters.values())[skip:]:
+    lines: list[str] = []
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):       # a builtin or C callable: no signature to read
+        return ["  (its signature cannot be read)"]
+    for p in list(signature.parameters.values())[skip:]:
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
         kind_name = "" if p.annotation is p.empty else (
