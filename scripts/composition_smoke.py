@@ -14,8 +14,8 @@ local epochs, on the architecture its methods need (``simple_cnn`` with FedNH, w
 bias-free head; ``cnn2`` otherwise), with the parameters that let every part act within 2 rounds
 (FedFM's matching from round 0 at lambda 1, one FedRep head epoch, a small CReFF). One process runs the pairs one
 after another; a line per pair goes to ``--results`` (JSON), so a stopped call goes on from there. It
-prints the pairs that failed and exits 1 when there is one. About 2 s a pair on 2 cores (some 380
-pairs).
+prints the pairs that failed and exits 1 when there is one. Every accepted pair took about 6 minutes
+on 2 cores, beside another job (``benchmarks/results/composition_smoke.md``).
 """
 
 from __future__ import annotations

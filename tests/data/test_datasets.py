@@ -672,9 +672,14 @@ def test_femnist_files_are_parsed_once_and_read_from_their_cache_until_they_chan
     assert load_dataset("femnist", tmp_path).y.tolist() == [9]
     # a damaged cache is parsed again and replaced
     cache = femnist._cache_path(path)
-    cache.write_bytes(b"not an npz")
-    assert load_dataset("femnist", tmp_path).y.tolist() == [9]
-    assert femnist._cached(cache, path.stat()) is not None
+    whole = cache.read_bytes()
+    for damaged in (b"not an npz", whole[:len(whole) // 2]):        # a foreign file, a zip cut short
+        cache.write_bytes(damaged)
+        assert load_dataset("femnist", tmp_path).y.tolist() == [9]
+        assert femnist._cached(cache, path.stat()) is not None
+    # the other split's writers, for their numbers: read from the cache without its pixels
+    users = femnist.read_leaf_file(path, users_only=True)
+    assert users.users == ["u1"] and users.pixels.shape == (0, 784)
 
 
 def test_a_femnist_cache_that_cannot_be_written_is_said_and_the_data_still_loads(tmp_path, monkeypatch):

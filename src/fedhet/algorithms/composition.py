@@ -150,9 +150,8 @@ def _refuse_lost_hooks(name: str, classes: list[type[Algorithm]], combined: type
             lost = lost_to(k, definers[i + 1:])
             if lost:
                 (d, other), owner = lost[0], _owner(k, classes)
-                first = [c for c in classes if c.name == other] + [c for c in classes if c.name != other]
                 hint = (f"; name {other} first (its {hook} calls super())"
-                        if _chains(d, vars(d)[hook], hook) and _composes(first) else "")
+                        if _chains(d, vars(d)[hook], hook) and _composes(_named_first(classes, next(c for c in classes if c.name == other))) else "")
                 why = (f"does not call super().{hook}" if _calls(vars(k)[hook]) is not None
                        else f"has no source to read (counted as not calling super().{hook})")
                 raise ConfigError(f"cannot combine {name}: {owner}'s {hook} {why}, so {other}'s {hook} would "
@@ -274,8 +273,7 @@ def compose(classes: list[type[Algorithm]]) -> type[Algorithm]:
                                                        if k not in FedAvg.__mro__ and k not in cls.__mro__)]
             if after:
                 other = after[0]
-                reordered = [other, *(c for c in classes if c is not other)]
-                works = not getattr(other, "evaluates_own_model", False) and _composes(reordered)
+                works = not getattr(other, "evaluates_own_model", False) and _composes(_named_first(classes, other))
                 fix = f"name {other.name} first" if works else "run them apart (no order combines them)"
                 raise ConfigError(f"cannot combine {name}: {cls.name}'s client_model evaluates a model of its own "
                                   f"making as it is, so {other.name}'s client_model would never change it; {fix}")
@@ -299,6 +297,11 @@ def _composes(classes: list[type[Algorithm]]) -> bool:
     finally:
         _probing = False
     return True
+
+
+def _named_first(classes: list[type[Algorithm]], front: type[Algorithm]) -> list[type[Algorithm]]:
+    """``classes`` (a combination's order) with ``front``, one of them, named first."""
+    return [front, *(c for c in classes if c is not front)]
 
 
 def _subclasses(cls: type) -> list[type]:

@@ -22,7 +22,7 @@ from fedhet.core.choices import EngineName, StoreMode
 from fedhet.core.errors import ConfigError, FedhetError
 from fedhet.core.settings import refuse_quiet_values
 from fedhet.core.suggest import did_you_mean
-from fedhet.experiment.yaml_io import glued_colon, glued_colon_fix, parse_yaml, read_yaml
+from fedhet.experiment.yaml_io import parse_yaml, read_yaml, refuse_glued_colon
 
 
 class Strict(BaseModel):
@@ -435,8 +435,7 @@ def parse_value(text: str, key: str = "") -> Any:
         raise ConfigError(f"--set {key}={text}: the value is not valid YAML ({problem}); close brackets and "
                           "quotes, e.g. --set 'model.arch=[cnn2, cnn2]', or quote a plain string: "
                           f"--set '{key}=\"{text}\"'") from None
-    if (glued := glued_colon(value)) is not None:
-        raise ConfigError(f"--set {key}={text}: {glued_colon_fix(glued)}")
+    refuse_glued_colon(value, f"--set {key}={text}")
     return value
 
 
@@ -592,12 +591,7 @@ _NOT_THE_PAPERS_KEYS = ("name", "seed", "data.root", "data.download", "data.veri
 def _changed_settings(before: dict, after: dict) -> list[str]:
     """The settings (``section.key``, into algorithm.params) that differ between two raw configs,
     but for :data:`_NOT_THE_PAPERS_SECTIONS` and :data:`_NOT_THE_PAPERS_KEYS`."""
-    def leaves(d: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(d, dict) and d:
-            return {k: v for key, value in d.items() for k, v in leaves(value, f"{prefix}{key}.").items()}
-        return {prefix.rstrip("."): d}
-
-    a, b = leaves(before), leaves(after)
+    a, b = flatten_config(before, opaque=()), flatten_config(after, opaque=())
     return sorted(k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING)
                   and not (k.startswith(_NOT_THE_PAPERS_SECTIONS) or k in _NOT_THE_PAPERS_KEYS))
 
@@ -605,13 +599,13 @@ def _changed_settings(before: dict, after: dict) -> list[str]:
 _MISSING = object()
 
 
-def flatten_config(d: dict, prefix: str = "") -> dict[str, Any]:
-    """A dumped config as ``{"train.lr": 0.01, ...}``; :data:`OPAQUE_SECTIONS` stay dicts."""
+def flatten_config(d: dict, prefix: str = "", opaque: tuple[str, ...] = OPAQUE_SECTIONS) -> dict[str, Any]:
+    """A dumped config as ``{"train.lr": 0.01, ...}``; the ``opaque`` sections stay dicts."""
     out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
-        if isinstance(v, dict) and v and key not in OPAQUE_SECTIONS:
-            out.update(flatten_config(v, key + "."))
+        if isinstance(v, dict) and v and key not in opaque:
+            out.update(flatten_config(v, key + ".", opaque))
         else:
             out[key] = v
     return out

@@ -101,9 +101,17 @@ def read_yaml(path: Path, what: str) -> Any:
         parsed = parse_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path} is not valid YAML: {yaml_problem(e)}") from None
-    if (glued := glued_colon(parsed)) is not None:
-        raise ConfigError(f"{path}: {glued_colon_fix(glued)}")
+    refuse_glued_colon(parsed, str(path))
     return parsed
+
+
+def refuse_glued_colon(obj: Any, where: str) -> None:
+    """A ConfigError at ``where`` for a mapping key in ``obj`` written ``key:value`` without the
+    space YAML needs (:func:`glued_colon`)."""
+    if (glued := glued_colon(obj)) is not None:
+        name, _, value = glued.partition(":")
+        raise ConfigError(f"{where}: {glued!r} reads as one key with no value: YAML needs a space after the "
+                          f"colon, write {{{name}: {value}}}")
 
 
 def glued_colon(obj: Any) -> str | None:
@@ -120,12 +128,6 @@ def glued_colon(obj: Any) -> str | None:
             if (found := glued_colon(v)) is not None:
                 return found
     return None
-
-
-def glued_colon_fix(key: str) -> str:
-    name, _, value = key.partition(":")
-    return (f"{key!r} reads as one key with no value: YAML needs a space after the colon, write "
-            f"{{{name}: {value}}}")
 
 
 def yaml_problem(e: yaml.YAMLError) -> str:

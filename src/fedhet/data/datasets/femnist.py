@@ -1,12 +1,12 @@
 """FEMNIST as LEAF writes it: JSON files of per-writer samples, the writer kept per sample.
 
-LEAF stores every pixel as a JSON float, so a file of 20,000 images is about 125 MB of text
-and the whole dataset several GB: parsing it takes minutes and holds each file's pixels as
-Python floats. Each file is therefore parsed once into ``uint8`` pixels, labels and its
-writers, and kept under ``~/.cache/fedhet/leaf/`` as an uncompressed ``.npz`` (about 785
-bytes an image, 0.6 GB for LEAF's whole FEMNIST); later loads read that, as long as the JSON
-file's size and modification time are those it was made from. A cache that cannot be written
-is said in a warning, and the data is parsed again on the next load.
+LEAF stores every pixel as a JSON float, so parsing is slow and holds each file's pixels as
+Python floats (``benchmarks/results/leaf_loading.md``: 120,000 images, 754 MB of JSON, 27 s
+to parse, 1.1 s from the cache). Each file is therefore parsed once into ``uint8`` pixels,
+labels and its writers, and kept under ``~/.cache/fedhet/leaf/`` as an uncompressed ``.npz``
+(785 bytes an image); later loads read that, as long as the JSON file's size and modification
+time are those it was made from. A cache that cannot be written is said in a warning, and the
+data is parsed again on the next load.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 import warnings
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,14 +88,19 @@ def _cache_path(path: Path) -> Path:
     return _leaf_cache_dir() / f"{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]}.npz"
 
 
-def _cached(cache: Path, stat: os.stat_result) -> LeafFile | None:
+def _cached(cache: Path, stat: os.stat_result, users_only: bool = False) -> LeafFile | None:
+    """The cache's content while it was made from the file as it is now, else None; with
+    ``users_only`` its writers alone (an .npz reads an array only when asked for it)."""
     try:
         with np.load(cache, allow_pickle=False) as z:
             if (int(z["format"]), int(z["size"]), int(z["mtime_ns"])) != (_CACHE_FORMAT, stat.st_size,
                                                                           stat.st_mtime_ns):
                 return None
-            return LeafFile([str(u) for u in z["users"]], z["counts"], z["pixels"], z["labels"])
-    except (OSError, ValueError, KeyError, EOFError):       # none yet, or damaged: parse the JSON again
+            users = [str(u) for u in z["users"]]
+            if users_only:
+                return LeafFile(users, np.zeros(0, np.int64), np.zeros((0, 784), np.uint8), np.zeros(0, np.int64))
+            return LeafFile(users, z["counts"], z["pixels"], z["labels"])
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):   # none yet, or damaged: parse again
         return None
 
 
@@ -113,11 +119,12 @@ def _store(cache: Path, stat: os.stat_result, leaf: LeafFile, source: Path) -> N
                       UserWarning, stacklevel=2)
 
 
-def read_leaf_file(path: Path) -> LeafFile:
-    """``path`` parsed, from its cache when the file has not changed since (module docstring)."""
+def read_leaf_file(path: Path, users_only: bool = False) -> LeafFile:
+    """``path`` parsed, from its cache when the file has not changed since (module docstring);
+    with ``users_only``, read from a cache, its writers alone (the other split's, for their numbers)."""
     stat = path.stat()
     cache = _cache_path(path)
-    leaf = _cached(cache, stat)
+    leaf = _cached(cache, stat, users_only)
     if leaf is None:
         leaf = _parse_leaf_file(path)
         _store(cache, stat, leaf, path)
@@ -134,7 +141,7 @@ def _load_femnist(name: str, folder: Path, split: str, verify: bool) -> ImageDat
     other = folder.parent / ("test" if split == "train" else "train")
     users: set[str] = set()
     for path in sorted(other.glob("*.json")) if other.is_dir() else []:
-        users.update(read_leaf_file(path).users)
+        users.update(read_leaf_file(path, users_only=True).users)
     for leaf in files:
         users.update(leaf.users)
     writer_index = {user: i for i, user in enumerate(sorted(users))}

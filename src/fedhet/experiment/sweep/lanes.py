@@ -15,6 +15,7 @@ from typing import NamedTuple
 from fedhet.core.cpus import usable_cpus
 from fedhet.core.errors import ConfigError, Terminated
 from fedhet.experiment.config import RESUMABLE_CHANGES, override_key, parse_value, split_override
+from fedhet.experiment.rundir import CHECKPOINT
 from fedhet.experiment.summary import cpu_identity
 from fedhet.experiment.sweep.pace import clock_at, expected_seconds, rows_since, seconds_left
 from fedhet.experiment.sweep.spec import Job, Sweep, select_jobs
@@ -256,7 +257,7 @@ def run_sweep(sweep: Sweep, *, retry_failed: bool = False, only: list[str] | Non
                 logf.close()
                 write_lock(job, f"{os.getpid()} {proc.pid}\n")      # the run outlives a killed sweep
                 running[job.name] = (job, proc, time.monotonic())
-                how = ("" if not resume else " (resuming)" if (job.run_dir / "checkpoint.pt").is_file()
+                how = ("" if not resume else " (resuming)" if (job.run_dir / CHECKPOINT).is_file()
                        else " (again from round 1: its folder keeps no checkpoint)")
                 log(f"{time.strftime('%H:%M:%S')} start  {job.name}{how}")
             first_fill = False
