@@ -1,8 +1,8 @@
 """FEMNIST as LEAF writes it: JSON files of per-writer samples, the writer kept per sample.
 
 LEAF stores every pixel as a JSON float, so parsing is slow and holds each file's pixels as
-Python floats (``benchmarks/results/leaf_loading.md``: 120,000 images, 754 MB of JSON, 27 s
-to parse, 1.1 s from the cache). Each file is therefore parsed once into ``uint8`` pixels,
+Python floats (``benchmarks/results/leaf_loading.md``: 120,000 images, 754 MB of JSON, 26 s
+to parse, 1.05 s from the cache). Each file is therefore parsed once into ``uint8`` pixels,
 labels and its writers, and kept under ``~/.cache/fedhet/leaf/`` as an uncompressed ``.npz``
 (785 bytes an image); later loads read that, as long as the JSON file's size and modification
 time are those it was made from. A cache that cannot be written is said in a warning, and the
